@@ -1,0 +1,24 @@
+"""Progress on stderr with per-step timings (like cibuildwheel's logger)."""
+import sys
+import time
+from contextlib import contextmanager
+
+timings: dict[str, float] = {}
+
+
+def info(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def step(name: str):
+    info(f"==> {name}")
+    start = time.monotonic()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        took = time.monotonic() - start
+        timings[name] = round(took, 3)
+        info(f"<== {name} ({took:.2f} s){'' if ok else ' FAILED'}")

@@ -1,0 +1,104 @@
+"""Typed records that flow one way through the stages: sources -> build -> acceptance -> report -> publish."""
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GateStatus = Literal["pass", "fail", "inconclusive", "not_run"]
+GATES = ("provenance", "zero_update", "rl_step", "control")
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Submodule(Record):
+    path: str
+    url: str
+    commit: str
+    tree: str = "unknown"
+
+
+class ResolvedComponent(Record):
+    name: str
+    url: str
+    target: str
+    pr: int
+    commit: str
+    tree: str
+    commit_time: int
+    pr_head: str
+    pr_moved: bool
+    merge_base: str
+    ahead: int
+    behind: int
+    target_head: str
+    submodules: list[Submodule] = Field(default_factory=list)
+    export_sha256: str
+    files: int
+
+
+class ResolvedSources(Record):
+    pins_path: str
+    pins_sha256: str
+    resolved_at: str
+    components: dict[str, ResolvedComponent]
+
+
+class RenderedBuild(Record):
+    dockerfile: str
+    dockerfile_sha256: str
+    context_path: str
+    context_sha256: str
+    labels: dict[str, str]
+    tag: str
+
+
+class BuiltImage(Record):
+    image_id: str
+    tags: list[str]
+    size: int
+    created: str
+    engine_version: str
+    builder_version: str
+    context_sha256: str
+    dockerfile_sha256: str
+    stage_times: dict[str, float]
+    log_path: str
+    cached: bool
+
+
+class GateResult(Record):
+    name: str
+    status: GateStatus
+    reason: str
+    evidence: dict = Field(default_factory=dict)
+    log: str = ""
+
+
+class AcceptanceResult(Record):
+    image_id: str
+    container: dict = Field(default_factory=dict)
+    gates: list[GateResult]
+    environment: dict = Field(default_factory=dict)
+    throughput: dict = Field(default_factory=dict)
+
+
+class PublishReceipt(Record):
+    repository: str
+    tags: list[str]
+    digest: str
+    config_digest: str
+    verified: bool
+    pushed_at: str
+
+
+class Report(Record):
+    verdict: Literal["ACCEPTED", "NOT ACCEPTED"]
+    name: str
+    sources: ResolvedSources
+    build: BuiltImage | None = None
+    acceptance: AcceptanceResult | None = None
+    run_manifest: dict = Field(default_factory=dict)
+    platform: str = "unknown"
+    base_image: str = "unknown"
+    publish: PublishReceipt | None = None
