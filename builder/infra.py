@@ -1,0 +1,304 @@
+"""Local infrastructure: a Docker engine and a registry on 127.0.0.1:5000 (`builder setup`).
+
+Both `ensure_*` functions are idempotent: they start something only when nothing answers, and
+return a small dict saying what was found or started and where its log is.  Run as
+`python -m builder.infra` (prints that dict as JSON on stdout).
+
+Rules kept here: the engine runs with `--bridge=none --iptables=false --ip-masq=false` (no bridge
+network is ever created), the registry listens on 127.0.0.1 only, and nothing is pulled.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from builder import log
+from builder.errors import BuilderError, InfraError
+from builder.paths import cache_dir
+
+REGISTRY_HOST = "127.0.0.1"
+REGISTRY_PORT = 5000
+DOCKERD_ARGS = ["--bridge=none", "--iptables=false", "--ip-masq=false"]
+REGISTRY_BIN = "/usr/bin/docker-registry"
+ENGINE_TIMEOUT_S = float(os.environ.get("BUILDER_ENGINE_TIMEOUT", "90"))
+REGISTRY_TIMEOUT_S = float(os.environ.get("BUILDER_REGISTRY_TIMEOUT", "30"))
+
+
+def registry_url() -> str:
+    """host:port of the local registry (no scheme), as used in image references."""
+    return f"{REGISTRY_HOST}:{REGISTRY_PORT}"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _apt_install(*packages: str) -> None:
+    """apt-get install without letting maintainer scripts start services (policy-rc.d = 101):
+    Debian's docker.io would start dockerd with a bridge and docker-registry would listen on
+    all addresses."""
+    if os.geteuid() != 0:
+        raise InfraError(f"{' '.join(packages)}: missing; install them as root (apt-get install {' '.join(packages)})")
+    if not shutil.which("apt-get"):
+        raise InfraError(f"{' '.join(packages)}: missing and apt-get is not available to install them")
+    policy = Path("/usr/sbin/policy-rc.d")
+    added_policy = not policy.exists()
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    logfile = cache_dir("logs") / "apt.log"
+    try:
+        if added_policy:
+            policy.write_text("#!/bin/sh\nexit 101\n")
+            policy.chmod(0o755)
+        with log.step(f"apt-get install {' '.join(packages)}"), open(logfile, "ab") as out:
+            for argv in (["apt-get", "update"],
+                         ["apt-get", "install", "-y", "--no-install-recommends", *packages]):
+                rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+                if rc != 0:
+                    raise InfraError(f"{' '.join(argv)}: exit {rc}; see {logfile}")
+    finally:
+        if added_policy:
+            policy.unlink(missing_ok=True)
+
+
+def _spawn(argv: list[str], logfile: Path) -> int:
+    """Start a detached process (own session, survives this one), output appended to logfile."""
+    with open(logfile, "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    return proc.pid
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _pids_named(name: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "comm").read_text().strip() == name:
+                    pids.append(int(proc.name))
+            except OSError:
+                pass
+    return pids
+
+
+def tcp_listeners(port: int) -> list[str]:
+    """Local addresses listening on TCP `port` (from /proc/net/tcp{,6}), e.g. ['127.0.0.1']."""
+    found = []
+    for name, v6 in (("tcp", False), ("tcp6", True)):
+        try:
+            rows = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state = fields[1], fields[3]
+            if state != "0A":  # LISTEN
+                continue
+            addr_hex, port_hex = local.split(":")
+            if int(port_hex, 16) != port:
+                continue
+            if v6:
+                import ipaddress
+                raw = bytes.fromhex(addr_hex)
+                # /proc stores each 32-bit word in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+                found.append(str(ipaddress.IPv6Address(raw)))
+            else:
+                found.append(".".join(str(b) for b in bytes.fromhex(addr_hex)[::-1]))
+    return found
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def engine_client(timeout: int = 10):
+    """A docker SDK client that answered ping, or InfraError."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+        return client
+    except Exception as exc:  # docker.errors.DockerException, requests errors, ...
+        raise InfraError(f"docker engine: not answering ({type(exc).__name__}: {str(exc)[:200]}); run `builder setup`") from None
+
+
+def _engine_answers() -> bool:
+    try:
+        engine_client(timeout=5)
+        return True
+    except InfraError:
+        return False
+
+
+def _engine_info() -> dict:
+    client = engine_client()
+    version = client.version()
+    return {"version": version.get("Version"), "api_version": version.get("ApiVersion")}
+
+
+def _wait(predicate, timeout: float, what: str, logfile: Path | None, pid: int | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if pid is not None and not _alive(pid):
+            raise InfraError(f"{what}: exited while starting; log {logfile}: {_tail(logfile) if logfile else ''}")
+        time.sleep(0.5)
+    raise InfraError(f"{what}: not answering after {timeout:.0f} s; log {logfile}: {_tail(logfile) if logfile else ''}")
+
+
+def ensure_engine() -> dict:
+    """Make sure a Docker engine answers; install docker.io and start dockerd when needed."""
+    if _engine_answers():
+        info = {"engine": "found", **_engine_info(), "log": None, "pid": None}
+        log.info(f"docker engine: already running (version {info['version']})")
+        return info
+
+    host = os.environ.get("DOCKER_HOST", "")
+    if host and host not in ("unix:///var/run/docker.sock", "unix://var/run/docker.sock"):
+        raise InfraError(f"DOCKER_HOST={host}: engine not answering; not starting a local dockerd for a remote host")
+
+    logfile = cache_dir("logs") / "dockerd.log"
+    running = _pids_named("dockerd")
+    if running:  # started but not answering yet (e.g. just launched): wait for it, start nothing
+        log.info(f"docker engine: dockerd (pid {running[0]}) is running but not answering yet; waiting")
+        _wait(_engine_answers, ENGINE_TIMEOUT_S, "docker engine", None)
+        return {"engine": "found", **_engine_info(), "log": None, "pid": running[0]}
+
+    installed = False
+    if not shutil.which("dockerd"):
+        _apt_install("docker.io")
+        installed = True
+        if not shutil.which("dockerd"):
+            raise InfraError("dockerd: still missing after apt-get install docker.io")
+    if os.geteuid() != 0:
+        raise InfraError("dockerd: must be started as root; run `builder setup` as root")
+
+    with log.step("start dockerd"):
+        pid = _spawn([shutil.which("dockerd"), *DOCKERD_ARGS], logfile)
+        _wait(_engine_answers, ENGINE_TIMEOUT_S, "docker engine (dockerd)", logfile, pid)
+    info = {"engine": "started", **_engine_info(), "log": str(logfile), "pid": pid, "installed": installed}
+    log.info(f"docker engine: started dockerd {' '.join(DOCKERD_ARGS)} (pid {pid}), log {logfile}")
+    return info
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def registry_answers(timeout: float = 2.0) -> bool:
+    import requests
+
+    session = requests.Session()
+    session.trust_env = False  # never through a proxy
+    try:
+        return session.get(f"http://{registry_url()}/v2/", timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _registry_config_text(data_dir: Path) -> str:
+    # JSON is valid YAML; keeps us independent of a YAML emitter.
+    config = {
+        "version": 0.1,
+        "log": {"level": "info", "fields": {"service": "registry"}},
+        "storage": {
+            "filesystem": {"rootdirectory": str(data_dir)},
+            "delete": {"enabled": True},
+            "maintenance": {"uploadpurging": {"enabled": False}},
+        },
+        "http": {"addr": registry_url(), "headers": {"X-Content-Type-Options": ["nosniff"]}},
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def _check_loopback_only() -> None:
+    bad = [a for a in tcp_listeners(REGISTRY_PORT) if a not in ("127.0.0.1", "::1")]
+    if bad:
+        raise InfraError(f"port {REGISTRY_PORT}: something listens on {', '.join(bad)}; the registry must listen on 127.0.0.1 only")
+
+
+def ensure_registry() -> dict:
+    """Make sure a registry answers on 127.0.0.1:5000 (only); start docker-registry when needed."""
+    config = cache_dir("registry") / "config.yml"
+    if registry_answers():
+        _check_loopback_only()
+        pid_file, logfile = cache_dir("registry") / "registry.pid", cache_dir("logs") / "registry.log"
+        pid = int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text().strip().isdigit() else None
+        ours = _alive(pid) and pid in _pids_named("docker-registry")
+        log.info(f"registry: already answering on http://{registry_url()}/v2/"
+                 + (f" (pid {pid}, log {logfile})" if ours else " (not started by this cache)"))
+        return {"registry": "found", "url": registry_url(), "log": str(logfile) if ours else None,
+                "pid": pid if ours else None, "config": str(config) if ours else None}
+
+    installed = False
+    if not Path(REGISTRY_BIN).exists():
+        _apt_install("docker-registry")
+        installed = True
+        if not Path(REGISTRY_BIN).exists():
+            raise InfraError(f"{REGISTRY_BIN}: still missing after apt-get install docker-registry")
+
+    data_dir = cache_dir("registry", "data")
+    text = _registry_config_text(data_dir)
+    if not config.exists() or config.read_text() != text:
+        config.write_text(text)
+    logfile = cache_dir("logs") / "registry.log"
+    with log.step("start docker-registry"):
+        pid = _spawn([REGISTRY_BIN, "serve", str(config)], logfile)
+        _wait(registry_answers, REGISTRY_TIMEOUT_S, f"registry on {registry_url()}", logfile, pid)
+    (cache_dir("registry") / "registry.pid").write_text(f"{pid}\n")
+    _check_loopback_only()
+    log.info(f"registry: started {REGISTRY_BIN} serve {config} on {registry_url()} (pid {pid}), "
+             f"data {data_dir}, log {logfile}")
+    return {"registry": "started", "url": registry_url(), "log": str(logfile), "pid": pid,
+            "config": str(config), "data": str(data_dir), "installed": installed}
+
+
+def ensure_all() -> dict:
+    """Engine then registry; returns {'engine': {...}, 'registry': {...}}."""
+    with log.step("setup: docker engine"):
+        engine = ensure_engine()
+    with log.step("setup: registry"):
+        registry = ensure_registry()
+    return {"engine": engine, "registry": registry}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        result = ensure_all()
+    except BuilderError as exc:
+        log.info(f"error: {exc}")
+        return exc.exit_code
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
