@@ -90,6 +90,7 @@ class PublishReceipt(Record):
     config_digest: str
     verified: bool
     pushed_at: str
+    platform: str = "unknown"          # os/architecture of the config blob the registry serves
 
 
 class Report(Record):
@@ -102,3 +103,12 @@ class Report(Record):
     platform: str = "unknown"
     base_image: str = "unknown"
     publish: PublishReceipt | None = None
+    # added by report.py: what the report is about and how the verdict was reached
+    image_id: str = "unknown"
+    repository: str = "unknown"
+    tags: list[str] = Field(default_factory=list)      # sha tag first, then pins.image.tags
+    required_gates: list[str] = Field(default_factory=list)
+    gates: list[GateResult] = Field(default_factory=list)   # every gate; missing ones read not_run
+    reasons: list[str] = Field(default_factory=list)  # why NOT ACCEPTED (empty when ACCEPTED)
+    compat: list[dict] = Field(default_factory=list)  # {package, version, reason}
+    created: str = ""

@@ -12,6 +12,7 @@ RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/python -m pip install --no-cache-dir --disable-pip-version-check \
       --no-index --require-hashes -r /tmp/requirements.lock --find-links /wheels \
  && /opt/venv/bin/python -m pip check \
+ && /opt/venv/bin/python -c "import torch, setuptools, wheel; print('torch', torch.__version__)" \
  && rm -rf /wheels /tmp/requirements.lock
 
 # Stage 2: rootfs + venv only.
@@ -22,5 +23,4 @@ ENV LANG=C.UTF-8 \
     PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
-RUN ["/opt/venv/bin/python", "-c", "import torch, setuptools, wheel; print('torch', torch.__version__)"]
 CMD ["/bin/bash"]

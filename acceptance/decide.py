@@ -1,0 +1,155 @@
+"""Gate decisions from a parsed run: pure functions, so they are unit-tested on real log text.
+
+Every decision returns (status, reason, evidence). A missing step, a missing metric, a NaN or a
+non-zero exit is never a pass.
+"""
+import math
+from dataclasses import dataclass, field
+
+from acceptance.metrics import disagreements, is_finite, number
+
+ZERO_KEYS = ("diff_max", "k3_kl")
+
+
+@dataclass
+class Run:
+    exit_code: int | None
+    steps: dict[int, dict]              # {step: metrics}, from the file log (else the console)
+    source: str = "file"                # file | console | none
+    console: dict[int, dict] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)   # unparsable JSONL lines
+
+
+def _table(run: Run, n_steps: int, metrics: dict) -> dict:
+    """Per-step values of the metrics named in the settings (evidence)."""
+    names = {role: name for role, name in metrics.items()}
+    return {str(step): {role: run.steps.get(step, {}).get(name) for role, name in names.items()
+                        if name in run.steps.get(step, {})}
+            for step in range(1, n_steps + 1)}
+
+
+def _basic(run: Run, n_steps: int) -> str | None:
+    """Reason to fail before looking at values: exit status, empty or incomplete log."""
+    if run.exit_code != 0:
+        return f"recipe exited with status {run.exit_code}"
+    if not run.steps:
+        return "no step metrics in the file log or the console"
+    missing = [s for s in range(1, n_steps + 1) if s not in run.steps]
+    if missing:
+        return f"step(s) {missing} missing from the {run.source} log (expected 1..{n_steps})"
+    return None
+
+
+def _exact_zero(run: Run, n_steps: int, metrics: dict) -> str | None:
+    """Reason to fail unless diff_max and k3_kl (and diff_mean where logged) are exactly 0.0 at every step."""
+    for step in range(1, n_steps + 1):
+        data = run.steps[step]
+        roles = list(ZERO_KEYS) + (["diff_mean"] if metrics.get("diff_mean") in data else [])
+        for role in roles:
+            name = metrics[role]
+            if name not in data:
+                return f"step {step}: metric {name} missing"
+            value = number(data[name])
+            if value is None or math.isnan(value):
+                return f"step {step}: {name} is {data[name]!r}, not a number"
+            if value != 0.0:
+                return f"step {step}: {name} = {value!r}, expected exactly 0.0"
+    names = [metrics[r] for r in (*ZERO_KEYS, "diff_mean") if metrics.get(r)]
+    odd = disagreements(run.steps, run.console, names)
+    if odd:
+        return "file and console logs disagree: " + "; ".join(odd[:3])
+    return None
+
+
+def _checksums(run: Run, n_steps: int, metrics: dict):
+    """[(before, after)] per step; None when neither checksum is logged at all; 'partial' when only some are."""
+    pairs = [(run.steps[s].get(metrics["weights_before"]), run.steps[s].get(metrics["weights_after"]))
+             for s in range(1, n_steps + 1)]
+    present = [v is not None for pair in pairs for v in pair]
+    if not any(present):
+        return None
+    if not all(present):
+        return "partial"
+    return pairs
+
+
+def zero_update(run: Run, n_steps: int, metrics: dict):
+    evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
+    reason = _basic(run, n_steps) or _exact_zero(run, n_steps, metrics)
+    if reason:
+        return "fail", reason, evidence
+    sums = _checksums(run, n_steps, metrics)
+    if sums is None:
+        return ("inconclusive", f"diff and k3 exactly 0 at steps 1..{n_steps}, but the weight checksums "
+                f"({metrics['weights_before']}, {metrics['weights_after']}) are not logged", evidence)
+    if sums == "partial":
+        return "fail", "weight checksum missing at some step", evidence
+    values = {v for pair in sums for v in pair}
+    evidence["weights"] = sorted(values)
+    if len(values) != 1:
+        changed = [i + 1 for i, (b, a) in enumerate(sums) if b != a]
+        where = f"at step(s) {changed}" if changed else "between steps"
+        return "fail", f"actor weights changed with lr 0 {where} (checksums {sorted(values)})", evidence
+    return "pass", f"diff and k3 exactly 0 at steps 1..{n_steps}; weights unchanged with lr 0", evidence
+
+
+def rl_step(run: Run, n_steps: int, metrics: dict):
+    evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
+    reason = _basic(run, n_steps) or _exact_zero(run, n_steps, metrics)
+    if reason:
+        return "fail", reason, evidence
+    if n_steps < 2:
+        return "inconclusive", "one step shows no update and reload; run at least 2 steps", evidence
+    for step in range(1, n_steps + 1):
+        for role in ("reward", "loss"):
+            name = metrics[role]
+            value = run.steps[step].get(name)
+            if not is_finite(value):
+                return "fail", f"step {step}: {name} is {value!r}, expected a finite number", evidence
+    evidence["throughput"] = mean_metric(run, n_steps, metrics["throughput"])
+    evidence["throughput_steps"] = [run.steps[s].get(metrics["throughput"]) for s in range(1, n_steps + 1)]
+    sums = _checksums(run, n_steps, metrics)
+    if sums is None:
+        return ("inconclusive", f"diff and k3 exactly 0 at steps 1..{n_steps}, but the weight checksums are not"
+                " logged, so the update and reload are not shown", evidence)
+    if sums == "partial":
+        return "fail", "weight checksum missing at some step", evidence
+    if sums[0][0] == sums[0][1]:
+        return "fail", f"weights did not change at step 1 with lr > 0 (checksum {sums[0][0]})", evidence
+    return ("pass", f"diff and k3 exactly 0 at steps 1..{n_steps} after a real update and reload "
+            f"(weights {sums[0][0]} -> {sums[0][1]}); reward and loss finite", evidence)
+
+
+def control(run: Run, n_steps: int, metrics: dict):
+    evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
+    reason = _basic(run, n_steps)
+    if reason:
+        return "fail", reason, evidence
+    name = metrics["diff_max"]
+    values = []
+    for step in range(1, n_steps + 1):
+        k3 = number(run.steps[step].get(metrics["k3_kl"]))
+        if k3 is None or math.isnan(k3):
+            return "fail", f"step {step}: {metrics['k3_kl']} is {run.steps[step].get(metrics['k3_kl'])!r}", evidence
+        value = number(run.steps[step].get(name))
+        if value is None or math.isnan(value):
+            return "fail", f"step {step}: {name} is {run.steps[step].get(name)!r}, not a number", evidence
+        values.append(value)
+    evidence["diff_max"] = max(values)
+    evidence["throughput"] = mean_metric(run, n_steps, metrics["throughput"])
+    evidence["throughput_steps"] = [run.steps[s].get(metrics["throughput"]) for s in range(1, n_steps + 1)]
+    if max(values) > 0:
+        return "pass", f"control arm shows a mismatch ({name} max {max(values)!r}): the gates tell arms apart", evidence
+    return ("inconclusive", f"control arm also has {name} exactly 0 at every step: the suite cannot tell "
+            "aligned from unaligned here", evidence)
+
+
+def mean_metric(run: Run, n_steps: int, name: str):
+    """Mean of a numeric metric over steps 1..n (None when any step lacks a finite value)."""
+    values = [number(run.steps.get(s, {}).get(name)) for s in range(1, n_steps + 1)]
+    if not values or any(v is None or not math.isfinite(v) for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+DECISIONS = {"zero_update": zero_update, "rl_step": rl_step, "control": control}

@@ -1,0 +1,95 @@
+"""Parse verl-format training logs: the file logger's JSONL and the console `step:N - key:value` lines."""
+import json
+import math
+import re
+
+STEP_LINE = re.compile(r"^\s*(?:\S.*?\s)?step:(\d+)(?: - |$)")
+
+
+def _value(text: str):
+    """A console value: a number when it parses as one (nan/inf included), else the raw string."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_jsonl(text: str) -> tuple[dict[int, dict], list[str]]:
+    """{step: data} from `{"step": N, "data": {...}}` lines; later lines for a step update earlier ones."""
+    steps: dict[int, dict] = {}
+    problems = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)  # json accepts NaN / Infinity as Python writes them
+            step, data = int(row["step"]), row["data"]
+            if not isinstance(data, dict):
+                raise TypeError("data is not an object")
+        except (ValueError, KeyError, TypeError) as err:
+            problems.append(f"line {number}: {err}")
+            continue
+        steps.setdefault(step, {}).update(data)
+    return steps, problems
+
+
+def parse_console(text: str) -> dict[int, dict]:
+    """{step: metrics} from console lines split on ' - ' (as verl's check_results.py does)."""
+    steps: dict[int, dict] = {}
+    for line in text.splitlines():
+        match = STEP_LINE.match(line)
+        if not match:
+            continue
+        parts = line[match.start(1) - len("step:"):].strip().split(" - ")
+        data = {}
+        for part in parts[1:]:
+            key, sep, value = part.partition(":")
+            if sep:
+                data[key.strip()] = _value(value)
+        steps.setdefault(int(match.group(1)), {}).update(data)
+    return steps
+
+
+def number(value):
+    """The float of a logged value, or None when it is not a number."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def is_finite(value) -> bool:
+    num = number(value)
+    return num is not None and math.isfinite(num)
+
+
+def disagreements(file_steps: dict, console_steps: dict, keys) -> list[str]:
+    """Metrics both logs carry for a step where one says exactly 0 and the other does not
+    (console values may be rounded, so only the zero / non-zero / NaN class is compared)."""
+    def kind(value):
+        num = number(value)
+        return "nan" if num is None or math.isnan(num) else ("zero" if num == 0.0 else "nonzero")
+
+    out = []
+    for step in sorted(set(file_steps) & set(console_steps)):
+        for key in keys:
+            a, b = file_steps[step].get(key), console_steps[step].get(key)
+            if a is not None and b is not None and kind(a) != kind(b):
+                out.append(f"step {step} {key}: file {a!r} vs console {b!r}")
+    return out
+
+
+def merged(file_steps: dict, console_steps: dict) -> tuple[dict[int, dict], str]:
+    """The file log when it has any step, else the console lines; and which one was used."""
+    if file_steps:
+        return file_steps, "file"
+    if console_steps:
+        return console_steps, "console"
+    return {}, "none"

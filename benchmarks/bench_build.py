@@ -1,0 +1,60 @@
+"""Build timings of the demo image (prints figures; not a test).
+
+1. cold build (nocache), 2. no-op rebuild (full cache hit, same image ID),
+3. rebuild after changing only the verl pin (tinyrl PR #34 head): vllm and megatron layers reused.
+Targets: no-op under 3 s; verl-only change under 15% of the cold build.
+usage: python benchmarks/bench_build.py
+"""
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from builder import build, pins as pins_mod, render, sources  # noqa: E402
+from builder.demo import prepare_demo, variant_pins  # noqa: E402
+
+
+def timed_build(pins_path, nocache=False):
+    """Seconds for render + build (what `builder build` does after resolving)."""
+    pins = pins_mod.load(pins_path)
+    resolved = sources.resolve(pins)
+    start = time.monotonic()
+    rendered = render.render(pins, resolved)
+    built = build.build(rendered, pins, nocache=nocache, echo=False)
+    return time.monotonic() - start, built
+
+
+def reused(built) -> dict:
+    steps = json.loads((Path(built.log_path).parent / "steps.json").read_text())
+    groups = render.instructions((Path(built.log_path).parent / "Dockerfile").read_text())
+    out = {}
+    for step in steps:
+        group = groups[step["step"] - 1][0]
+        hits, total = out.get(group, (0, 0))
+        out[group] = (hits + step["cached"], total + 1)
+    return {g: f"{hits}/{total} cached" for g, (hits, total) in out.items()}
+
+
+def main() -> int:
+    pins_path = prepare_demo()
+    cold_s, cold = timed_build(pins_path, nocache=True)
+    noop_s, noop = timed_build(pins_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        verl_s, verl = timed_build(variant_pins(Path(tmp), "verl", 34, pins_path=pins_path))
+    print(f"cold build (nocache):        {cold_s:7.2f} s  image {cold.image_id[:19]}  {cold.size / 1e6:.0f} MB")
+    print(f"  stages: {cold.stage_times}")
+    print(f"no-op rebuild:               {noop_s:7.2f} s  same image ID: {noop.image_id == cold.image_id},"
+          f" all cached: {noop.cached}  (target < 3 s: {'ok' if noop_s < 3 else 'MISSED'})")
+    ratio = verl_s / cold_s
+    print(f"verl-only change (PR #34):   {verl_s:7.2f} s  = {ratio:.1%} of cold"
+          f"  (target < 15%: {'ok' if ratio < 0.15 else 'MISSED'})")
+    print(f"  layers: {reused(verl)}")
+    print(f"  stages: {verl.stage_times}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Build a rendered context into the local image `<repository>:<sha tag>` and record how it went."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builder import __version__ as BUILDER_VERSION
+from builder import engine, log
+from builder.errors import BuildFailed
+from builder.records import BuiltImage, RenderedBuild
+from builder.render import instructions
+
+
+def stage_times(dockerfile: str, steps: list[engine.Step], total: float) -> dict[str, float]:
+    """Seconds per stage group (`# stage:` comments in the Dockerfile), plus the total."""
+    groups = instructions(dockerfile)
+    times: dict[str, float] = {}
+    for step in steps:
+        group = groups[step.index - 1][0] if step.total == len(groups) else "unknown"
+        times[group] = round(times.get(group, 0.0) + step.seconds, 3)
+    times["total"] = total
+    return times
+
+
+def all_cached(steps: list[engine.Step]) -> bool:
+    """Every step but FROM reported `Using cache` (FROM never does)."""
+    return bool(steps) and all(s.cached for s in steps if not s.instruction.upper().startswith("FROM "))
+
+
+SYSTEM_MOUNTS = ("/proc", "/dev", "/sys")
+ENGINE_FILES = ("/etc/resolv.conf", "/etc/hostname", "/etc/hosts")  # the engine's own per-container files
+
+
+def isolation_problems(build_env: dict, host_paths: list[str]) -> list[str]:
+    """From smoke.py's record of the build container: anything but loopback, or any mount besides
+    the root overlay, /proc, /dev, /sys and the engine's resolv.conf/hostname/hosts."""
+    problems = []
+    if build_env.get("net") != ["lo"]:
+        problems.append(f"network interfaces {build_env.get('net')} (expected only lo)")
+    for line in build_env.get("mountinfo", []):
+        fields = line.split()
+        root, point = fields[3], fields[4]
+        system = point == "/" or any(point == m or point.startswith(m + "/") for m in SYSTEM_MOUNTS)
+        engine_file = point in ENGINE_FILES and root.startswith("/var/lib/docker/containers/")
+        if not (system or engine_file):
+            problems.append(f"mount {root} on {point}")
+        elif any(root == h or root.startswith(h.rstrip("/") + "/") for h in host_paths):
+            problems.append(f"host path {root} mounted on {point}")
+    return problems
+
+
+def check_labels(attrs: dict, labels: dict[str, str], ref: str) -> None:
+    found = (attrs.get("Config") or {}).get("Labels") or {}
+    wrong = sorted(k for k, v in labels.items() if found.get(k) != v)
+    if wrong:
+        raise BuildFailed(f"{ref}: built image lacks the rendered labels {wrong}")
+
+
+def build(rendered: RenderedBuild, pins=None, nocache: bool = False, client=None, echo: bool = True) -> BuiltImage:
+    """Send the rendered context to the engine (network none), tag it with the sha tag, record it."""
+    client = client or engine.connect()
+    out_dir = Path(rendered.context_path).parent
+    log_path = out_dir / "build.log"
+    with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
+        result = engine.build(client, context, rendered.tag, log_path, nocache=nocache, echo=echo)
+    attrs = engine.inspect_image(client, result.image_id)
+    if attrs is None:
+        raise BuildFailed(f"{rendered.tag}: image {result.image_id} vanished after the build")
+    check_labels(attrs, rendered.labels, rendered.tag)
+    if rendered.tag not in (attrs.get("RepoTags") or []):
+        engine.tag_image(client, result.image_id, rendered.tag)
+        attrs = engine.inspect_image(client, result.image_id)
+    built = BuiltImage(
+        image_id=result.image_id, tags=sorted(attrs.get("RepoTags") or []), size=int(attrs.get("Size") or 0),
+        created=str(attrs.get("Created", "")), engine_version=engine.engine_version(client),
+        builder_version=BUILDER_VERSION, context_sha256=rendered.context_sha256,
+        dockerfile_sha256=rendered.dockerfile_sha256,
+        stage_times=stage_times(rendered.dockerfile, result.steps, result.seconds),
+        log_path=result.log_path, cached=all_cached(result.steps))
+    steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached}
+             for s in result.steps]
+    (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")
+    (out_dir / "built.json").write_text(built.model_dump_json(indent=2) + "\n")
+    log.info(f"built {rendered.tag} {result.image_id[:19]} ({built.size / 1e6:.0f} MB,"
+             f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
+    return built

@@ -1,0 +1,47 @@
+"""Helpers shared by the scripts that run inside the build (stdlib only, Python >= 3.8)."""
+import base64
+import hashlib
+import re
+import sysconfig
+from pathlib import Path
+
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def site_dirs(prefix=None):
+    """purelib and platlib of the running interpreter, or of an install prefix."""
+    kw = {"vars": {"base": prefix, "platbase": prefix}} if prefix else {}
+    return sorted({sysconfig.get_path("purelib", **kw), sysconfig.get_path("platlib", **kw)})
+
+
+def find_dist_info(distribution, dirs):
+    """The single <name>-<version>.dist-info of a distribution in dirs, or SystemExit."""
+    found = []
+    for directory in dirs:
+        for info in sorted(Path(directory).glob("*.dist-info")):
+            meta = info / "METADATA"
+            if meta.is_file():
+                for line in meta.read_text(errors="replace").splitlines():
+                    if line.startswith("Name:"):
+                        if norm(line[5:].strip()) == norm(distribution):
+                            found.append(info)
+                        break
+    if len(found) != 1:
+        raise SystemExit(f"{distribution}: expected one installed dist-info in {dirs}, found {found}")
+    return found[0]
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record_hash(hex_digest):
+    """RECORD's form of a sha256: sha256=<urlsafe base64, no padding>."""
+    raw = bytes.fromhex(hex_digest)
+    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()

@@ -1,0 +1,58 @@
+"""Smoke check in the runtime stage: every component imports from the venv, its __version__ (when
+present) equals the installed distribution version, and its stamped commit/tree equal the pinned ones.
+Also records what the build container saw: network interfaces and mounts.
+
+usage: smoke.py COMPONENTS_JSON OUT_JSON
+"""
+import importlib
+import json
+import os
+import sys
+from importlib import metadata
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import site_dirs  # noqa: E402
+
+
+def check(name, spec, sites):
+    dist = metadata.distribution(spec["distribution"])
+    stamp = json.loads(dist.read_text("BUILDER_PROVENANCE.json") or "null")
+    if not stamp:
+        raise SystemExit(f"{name}: {spec['distribution']} has no BUILDER_PROVENANCE.json")
+    for key in ("commit", "tree", "pr"):
+        if stamp.get(key) != spec[key]:
+            raise SystemExit(f"{name}: stamped {key} {stamp.get(key)!r} != pinned {spec[key]!r}")
+    modules = {}
+    for module_name in spec["modules"]:
+        module = importlib.import_module(module_name)
+        where = os.path.realpath(getattr(module, "__file__", "") or "")
+        if not any(where.startswith(os.path.realpath(s) + os.sep) for s in sites):
+            raise SystemExit(f"{name}: {module_name} imported from {where}, outside {sites}")
+        version = getattr(module, "__version__", None)
+        if version is not None and str(version) != dist.version:
+            raise SystemExit(f"{name}: {module_name}.__version__ {version} != installed {dist.version}")
+        modules[module_name] = {"file": where, "version": version}
+    return {"distribution": spec["distribution"], "version": dist.version, "modules": modules}
+
+
+def main(components_json, out_json):
+    spec = json.load(open(components_json))
+    sites = site_dirs()
+    result = {name: check(name, comp, sites) for name, comp in sorted(spec["components"].items())}
+    env = {
+        "smoke": result,
+        "net": sorted(os.listdir("/sys/class/net")),
+        "mountinfo": open("/proc/self/mountinfo").read().splitlines(),
+        "python": sys.executable,
+        "site_packages": sites,
+    }
+    with open(out_json, "w") as fh:
+        json.dump(env, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    for name, res in result.items():
+        print(f"smoke ok: {name} {res['distribution']} {res['version']}")
+    print("build network interfaces:", " ".join(env["net"]))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

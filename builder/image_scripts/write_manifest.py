@@ -1,0 +1,78 @@
+"""Write /opt/delivery/manifest.json (format in DESIGN.md) from what is installed in this image.
+
+usage: write_manifest.py COMPONENTS_JSON PINS_JSON DOCKERFILE_SHA256 OUT
+Every file a component's RECORD lists is hashed on disk; a hash that disagrees with RECORD fails.
+"""
+import csv
+import io
+import json
+import os
+import sys
+from importlib import metadata
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import record_hash, sha256_file, site_dirs  # noqa: E402
+
+
+def is_native(path):
+    base = os.path.basename(path)
+    return base.endswith(".so") or ".so." in base
+
+
+def installed_files(dist, site):
+    files, native = {}, {}
+    info = os.path.dirname(str(dist._path)) if hasattr(dist, "_path") else site
+    record = dist.read_text("RECORD") or ""
+    for row in csv.reader(io.StringIO(record)):
+        if not row or not row[0]:
+            continue
+        path = os.path.realpath(os.path.join(info, row[0]))
+        if not os.path.isfile(path):
+            raise SystemExit(f"{dist.metadata['Name']}: RECORD lists {row[0]}, missing at {path}")
+        digest = sha256_file(path)
+        if len(row) > 1 and row[1] and row[1] != record_hash(digest):
+            raise SystemExit(f"{dist.metadata['Name']}: {path} does not match its RECORD hash")
+        files[path] = digest
+        if is_native(path):
+            native[path] = digest
+    return dict(sorted(files.items())), dict(sorted(native.items()))
+
+
+def main(components_json, pins_json, dockerfile_sha_file, out):
+    spec = json.load(open(components_json))
+    site = site_dirs()[0]
+    components = {}
+    for name, comp in sorted(spec["components"].items()):
+        dist = metadata.distribution(comp["distribution"])
+        files, native = installed_files(dist, site)
+        components[name] = {**{k: comp[k] for k in ("commit", "tree", "pr", "url", "target", "distribution",
+                                                     "modules")},
+                            "version": dist.version, "files": files, "native_libs": native}
+    extra = {}
+    try:
+        suite = metadata.distribution("truepolicy-acceptance")
+        extra["acceptance"] = {"distribution": "truepolicy-acceptance", "version": suite.version}
+    except metadata.PackageNotFoundError:
+        extra["acceptance"] = None
+    manifest = {
+        "schema": 1,
+        "pins": json.load(open(pins_json)),
+        "base": {"image": spec["base"]["image"], "digest": spec["base"]["digest"]},
+        "builder_version": spec["builder_version"],
+        "dockerfile_sha256": open(dockerfile_sha_file).read().strip(),
+        "components": components,
+        "python": spec["python"],
+        "site_packages": site,
+        "tag": spec["tag"],
+        **extra,
+    }
+    with open(out, "w") as fh:
+        json.dump(manifest, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    for name, comp in components.items():
+        print(f"manifest: {name} {comp['distribution']} {comp['version']}: {len(comp['files'])} files,"
+              f" {len(comp['native_libs'])} native")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,125 @@
+"""Publish exactly the accepted image: tag, push, then verify what the registry serves.
+
+Refuses a report that is not ACCEPTED, a report whose gates do not support its verdict, and a
+report for another image than the local one.  A receipt is written into the report only after every
+tag serves the manifest the push reported, whose config digest is our image ID.  Credentials come from
+BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD (or `credentials`) and are masked in every message.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from builder import log, report as report_mod
+from builder.errors import BadInput, PublishError
+from builder.records import PublishReceipt, Report
+from builder.registry import Registry, mask, split_repository, verify_tag
+
+
+def credentials_from_env() -> tuple[str, str] | None:
+    user = os.environ.get("BUILDER_REGISTRY_USERNAME", "")
+    password = os.environ.get("BUILDER_REGISTRY_PASSWORD", "")
+    if bool(user) != bool(password):
+        raise BadInput("BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD: expected both set or both unset")
+    return (user, password) if user else None
+
+
+def check_accepted(report: Report, where: str) -> None:
+    """The verdict must be ACCEPTED and every required gate must read pass in the report itself."""
+    if report.verdict != "ACCEPTED":
+        raise PublishError(f"{where}: verdict is {report.verdict}; only an ACCEPTED image is published")
+    status = {g.name: g.status for g in report.gates}
+    if report.acceptance is None or not report.required_gates:
+        raise PublishError(f"{where}: verdict ACCEPTED without acceptance evidence; refusing")
+    for name in report.required_gates:
+        if status.get(name) != "pass":
+            raise PublishError(f"{where}: required gate {name} reads {status.get(name, 'not run')}, "
+                               "not pass; the verdict is inconsistent; refusing")
+    if report.acceptance.image_id != report.image_id:
+        raise PublishError(f"{where}: acceptance ran on {report.acceptance.image_id}, "
+                           f"the report is for {report.image_id}; refusing")
+
+
+def local_image(client, report: Report, image: str | None, where: str):
+    """The local image the SHA tag (or `image`) points to; it must be the one the report accepted."""
+    ref = image or f"{report.repository}:{report.tags[0]}"
+    import docker
+
+    try:
+        found = client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        raise PublishError(f"{where}: no local image {ref}; build it or pass the image ID") from None
+    if found.id != report.image_id:
+        raise PublishError(f"{where}: local image {ref} is {found.id}, the report accepted {report.image_id}; refusing")
+    return found
+
+
+def _push(client, repository: str, tag: str, auth: tuple[str, str] | None, secrets: list[str]) -> str:
+    """Push one tag; return the digest the engine reported.  Any error -> PublishError."""
+    auth_config = {"username": auth[0], "password": auth[1]} if auth else None
+    digest, errors = "", []
+    try:
+        for item in client.api.push(repository, tag=tag, stream=True, decode=True, auth_config=auth_config):
+            if "error" in item or "errorDetail" in item:
+                errors.append(item.get("error") or (item.get("errorDetail") or {}).get("message", "error"))
+            aux = item.get("aux") or {}
+            if aux.get("Tag") == tag and aux.get("Digest"):
+                digest = aux["Digest"]
+    except Exception as exc:  # docker.errors.APIError, requests errors while streaming
+        raise PublishError(mask(f"push {repository}:{tag}: {type(exc).__name__}: {exc}", secrets)) from None
+    if errors:
+        raise PublishError(mask(f"push {repository}:{tag}: {errors[-1]}", secrets))
+    if not digest:
+        raise PublishError(f"push {repository}:{tag}: the engine reported no manifest digest")
+    return digest
+
+
+def publish(report_path: str | Path, client=None, credentials: tuple[str, str] | None = None,
+            image: str | None = None) -> PublishReceipt:
+    """Tag and push the image of an ACCEPTED report, verify it through the registry API, record the receipt."""
+    report_path = Path(report_path)
+    report = report_mod.load(report_path)
+    where = str(report_path)
+    check_accepted(report, where)
+    if not report.tags or report.repository == report_mod.UNKNOWN:
+        raise PublishError(f"{where}: the report names no repository or tags")
+    auth = credentials or credentials_from_env()
+    secrets = [auth[1]] if auth else []
+    host, name = split_repository(report.repository)
+    registry = Registry(host, auth)
+    registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
+    if client is None:
+        from builder.infra import engine_client
+
+        client = engine_client()
+    found = local_image(client, report, image, where)
+    pushed = {}
+    for tag in report.tags:
+        if not found.tag(report.repository, tag):
+            raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
+        with log.step(f"push {report.repository}:{tag}"):
+            pushed[tag] = _push(client, report.repository, tag, auth, secrets)
+    facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform) for tag in report.tags]
+    digests = sorted({f["digest"] for f in facts})
+    if len(digests) != 1:
+        raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
+    receipt = PublishReceipt(repository=report.repository, tags=list(report.tags), digest=digests[0],
+                             config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
+                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    record_receipt(report, receipt, report_path)
+    log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
+             f"{receipt.platform}); verified")
+    return receipt
+
+
+def record_receipt(report: Report, receipt: PublishReceipt, report_path: Path) -> None:
+    """Put the receipt into the report and re-render report.json / report.md next to report_path."""
+    report.publish = receipt
+    container = report.run_manifest.get("container")
+    if isinstance(container, dict):
+        container["registry_digest"] = receipt.digest
+        container["platform"] = receipt.platform
+    paths = report_mod.write(report, report_path.parent)
+    if paths["json"].resolve() != report_path.resolve():
+        report_path.write_text(report.model_dump_json(indent=2) + "\n")

@@ -1,0 +1,172 @@
+"""`builder resolve PINS`: map each pinned PR commit to its mirror, check it, and record it.
+
+For vllm, megatron and verl: fetch the target branch and refs/pull/<N>/head into the mirror,
+require the pinned commit to be the PR head (or, with allow_moved_pr, an ancestor of it),
+record merge-base/ahead/behind against the target tip, the submodule gitlinks (each fetched
+into its own mirror, recursively), and the sha256 + file count of the deterministic export.
+"""
+import posixpath
+import tempfile
+from datetime import datetime, timezone
+
+import pygit2
+
+from builder import export, log, mirror
+from builder.errors import BadInput
+from builder.records import ResolvedComponent, ResolvedSources, Submodule
+
+COMPONENTS = ("vllm", "megatron", "verl")
+MAX_DEPTH = 8  # submodule nesting
+
+
+def resolve(pins, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedSources:
+    components = {}
+    for name in COMPONENTS:
+        with log.step(f"resolve {name}"):
+            components[name] = resolve_component(name, pins.components[name], pins.component_url(name),
+                                                 offline, allow_moved_pr)
+    return ResolvedSources(
+        pins_path=str(pins.path), pins_sha256=pins.sha256,
+        resolved_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), components=components)
+
+
+def resolve_component(name: str, pin, url: str, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedComponent:
+    where = f"components.{name}"
+    target_ref, pr_ref = f"refs/heads/{pin.target}", f"refs/pull/{pin.pr}/head"
+    repo, found = mirror.sync(url, {target_ref: f"refs/remotes/origin/{pin.target}",
+                                    pr_ref: f"refs/remotes/origin/pr/{pin.pr}"}, offline)
+    if offline and None in found.values():
+        missing = target_ref if found[target_ref] is None else pr_ref
+        raise BadInput(f"{where}: {missing} of {url} is {mirror.OFFLINE_HINT}")
+    if found[target_ref] is None:
+        raise BadInput(f"{where}.target: branch {pin.target!r} not found at {url}")
+    if found[pr_ref] is None:
+        raise BadInput(f"{where}.pr: PR #{pin.pr} ({pr_ref}) not found at {url}")
+    commit = _commit(repo, pin.commit)
+    if commit is None:
+        hint = f" ({mirror.OFFLINE_HINT})" if offline else ""
+        raise BadInput(f"{where}.commit: commit {pin.commit} of {name} not found in the fetched refs of {url}{hint}")
+    pr_head, target_head = found[pr_ref], found[target_ref]
+    moved = pr_head != commit.id
+    if moved and not repo.descendant_of(pr_head, commit.id):
+        raise BadInput(f"{where}.commit: commit {pin.commit} is not on PR #{pin.pr} (head {pr_head})")
+    if moved:
+        ahead = repo.ahead_behind(pr_head, commit.id)[0]
+        log.info(f"{name}: PR #{pin.pr} head moved {ahead} commit(s) past the pinned {pin.commit[:12]}"
+                 f" (now {str(pr_head)[:12]})")
+        if not allow_moved_pr:
+            raise BadInput(f"{where}.commit: PR #{pin.pr} head moved past {pin.commit} to {pr_head}"
+                           " (update the pin, or pass --allow-moved-pr)")
+    base = repo.merge_base(commit.id, target_head)
+    if base is None:
+        raise BadInput(f"{where}.commit: {pin.commit} shares no history with {pin.target} of {url}")
+    ahead, behind = repo.ahead_behind(commit.id, target_head)
+    subs = submodules(repo, commit, url, offline)
+    stats = export.export_tar(repo, commit.id, None, modules=modules_for(subs))
+    return ResolvedComponent(
+        name=name, url=url, target=pin.target, pr=pin.pr, commit=str(commit.id), tree=str(commit.tree_id),
+        commit_time=commit.committer.time, pr_head=str(pr_head), pr_moved=moved, merge_base=str(base),
+        ahead=ahead, behind=behind, target_head=str(target_head), submodules=subs,
+        export_sha256=stats.sha256, files=stats.files)
+
+
+def _commit(repo: pygit2.Repository, sha: str) -> pygit2.Commit | None:
+    try:
+        obj = repo.get(sha)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, pygit2.Commit) else None
+
+
+def submodules(repo: pygit2.Repository, commit: pygit2.Commit, url: str, offline: bool,
+               base: str = "", depth: int = 0) -> list[Submodule]:
+    """Every gitlink below commit (recursively), each checked to exist in its own mirror."""
+    links = list(_gitlinks(repo, commit.tree))
+    if not links:
+        return []
+    if depth >= MAX_DEPTH:
+        raise BadInput(f"{url}: submodules nested deeper than {MAX_DEPTH}")
+    urls = gitmodules(repo, commit.tree)
+    out = []
+    for path, sha in links:
+        full = base + path
+        if path not in urls:
+            raise BadInput(f"{url}: .gitmodules at {commit.id}: no entry for the submodule at {full!r}")
+        sub_url = absolute_url(urls[path], url)
+        sub_repo = mirror.ensure_commit(sub_url, sha, offline)
+        sub = _commit(sub_repo, sha)
+        if sub is None:
+            hint = mirror.OFFLINE_HINT if offline else "not found after fetching its branches, tags and the commit"
+            raise BadInput(f"{full}: submodule commit {sha} of {sub_url}: {hint}")
+        out.append(Submodule(path=full, url=sub_url, commit=sha, tree=str(sub.tree_id)))
+        out += submodules(sub_repo, sub, sub_url, offline, full + "/", depth + 1)
+    return out
+
+
+def _gitlinks(repo: pygit2.Repository, tree: pygit2.Tree, base: str = ""):
+    for item in tree:
+        if item.filemode == export.GITLINK:
+            yield base + item.name, str(item.id)
+        elif item.filemode == export.TREE:
+            yield from _gitlinks(repo, repo[item.id], base + item.name + "/")
+
+
+def gitmodules(repo: pygit2.Repository, tree: pygit2.Tree) -> dict[str, str]:
+    """{path: url} from .gitmodules at tree (git-config syntax, read by libgit2)."""
+    if ".gitmodules" not in tree:
+        return {}
+    data = repo[tree[".gitmodules"].id].data
+    with tempfile.NamedTemporaryFile(suffix=".gitmodules") as fh:
+        fh.write(data)
+        fh.flush()
+        entries = {e.name: e.value for e in pygit2.Config(fh.name)}
+    out = {}
+    for key, value in entries.items():
+        section, _, field = key.rpartition(".")
+        if key.startswith("submodule.") and field == "path" and f"{section}.url" in entries:
+            out[value.strip("/")] = entries[f"{section}.url"]
+    return out
+
+
+def absolute_url(sub_url: str, parent_url: str) -> str:
+    """A .gitmodules URL made absolute: ./x and ../x are relative to the superproject's URL."""
+    if not sub_url.startswith(("./", "../")):
+        return sub_url
+    scheme, sep, rest = parent_url.rstrip("/").partition("://")
+    if not sep:
+        scheme, rest = "", parent_url.rstrip("/")
+    joined = posixpath.normpath(posixpath.join(rest, sub_url))
+    return f"{scheme}://{joined}" if scheme else joined
+
+
+def modules_for(subs: list[Submodule]) -> export.Modules:
+    """The modules(path, sha) callback export_tar needs, from resolved submodules (no fetch)."""
+    urls = {s.path: s.url for s in subs}
+
+    def lookup(path: str, sha: str) -> pygit2.Repository:
+        if path not in urls:
+            raise BadInput(f"{path}: submodule not in the resolved sources")
+        return mirror.open_mirror(urls[path])
+
+    return lookup
+
+
+def export_component(component: ResolvedComponent, fileobj, prefix: str = "") -> export.ExportStats:
+    """The deterministic tar of a resolved component, submodules included, from the mirrors."""
+    return export.export_tar(mirror.open_mirror(component.url), component.commit, fileobj, prefix,
+                             modules_for(component.submodules))
+
+
+def format_table(resolved: ResolvedSources) -> str:
+    head = ("component", "PR", "target", "merge-base", "head", "ahead/behind", "tree", "files", "moved")
+    rows = [head] + [
+        (c.name, f"#{c.pr}", c.target, c.merge_base[:12], c.commit[:12], f"+{c.ahead}/-{c.behind}",
+         c.tree[:12], str(c.files), "yes" if c.pr_moved else "")
+        for c in resolved.components.values()
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    for c in resolved.components.values():
+        for s in c.submodules:
+            lines.append(f"  {c.name}: submodule {s.path} @ {s.commit[:12]} ({s.url})")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The demo stack: three tiny packages in deterministic git repositories (see README.md)."""

@@ -1,0 +1,170 @@
+"""Generate the demo stack: three bare git repositories with fixed, reproducible history.
+
+    python demo/make_stack.py OUTDIR
+
+Writes OUTDIR/{tinyengine,tinycore,tinyrl}.git and OUTDIR/stack.json. Every commit is
+built from the overlay directories under demo/src/<repo>/ (a commit's tree = its
+parent's tree plus the overlay's files) with a fixed author, committer and date, so
+the SHAs are identical on every machine and on every run. Objects are written with
+pygit2 directly (no working tree, no git config involved); re-running on an existing
+OUTDIR resets the refs to the same commits.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pygit2
+
+SRC = Path(__file__).resolve().parent / "src"
+AUTHOR = ("Demo Stack", "demo-stack@example.invalid")
+BASE_TIME = 1735725600  # 2025-01-01T10:00:00Z; commit k of repo r is at BASE + r days + k hours
+SKIP = ("__pycache__", ".pyc", ".so", ".egg-info", ".o")
+
+# name: (role, [(commit id, parent id, overlay dir, message)], main head, {pr: (head id, title, defect or None)})
+REPOS = {
+    "tinyengine": ("vllm", [
+        ("e1", None, "e1-initial", "Initial tinyengine: tiny decoder-only model, batched KV-cache generation\n\n"
+         "Seeded per-row sampling returning the logprob of each sampled token,\n"
+         "load_weights() for weight sync, native module tinyengine._C."),
+        ("e2", "e1", "e2-docs", "Add CHANGELOG"),
+        ("e3", "e2", "e3-weights-check", "weights: native FNV-1a fingerprint of the resident weights"),
+        ("p11a", "e3", "p11-1-kernels", "Add batch-invariant per-row kernels\n\n"
+         "Every op on one row and one position with fixed shapes: [1, d] @ W, attention\n"
+         "as a product and a sum over exactly t + 1 keys."),
+        ("p11b", "p11a", "p11-2-switch", "engine: DEMO_BATCH_INVARIANT selects the batch-invariant kernels\n\n"
+         "Read once at construction and recorded as LLM.batch_invariant\n"
+         "(the counterpart of VLLM_BATCH_INVARIANT)."),
+        ("e4", "e3", "e4-main-later", "docs: per-row sampling seeds"),
+        ("p12", "p11b", "p12-defect", "engine: always use the batched kernels (faster)"),
+        ("p13", "p11b", "p13-defect", "weights: skip the copy when weights are already resident"),
+    ], "e4", {
+        11: ("p11b", "Batch-invariant inference (DEMO_BATCH_INVARIANT)", None),
+        12: ("p12", "Batch-invariant inference, faster path", "batch invariance broken: the switch is read "
+             "and recorded but the batched kernels are still used"),
+        13: ("p13", "Batch-invariant inference, cheaper weight sync", "skips weight reload: load_weights "
+             "silently does nothing after the first load"),
+    }),
+    "tinycore": ("megatron", [
+        ("c1", None, "c1-initial", "Initial tinycore: full-sequence forward, backward, AdamW\n\n"
+         "Same architecture and parameter names as tinyengine (state_dicts are interchangeable)."),
+        ("c2", "c1", "c2-utils", "utils: clip_grad_norm and params_checksum"),
+        ("c3", "c2", "c3-changelog", "Add CHANGELOG"),
+        ("p22a", "c3", "p22-1-aligned", "Add aligned forward reproducing the engine's batch-invariant kernels"),
+        ("p22b", "p22a", "p22-2-wire", "model: token_logprobs(aligned=True) uses the aligned forward"),
+        ("c4", "c3", "c4-main-later", "docs: weight sync into the engine"),
+        ("p23", "p22b", "p23-defect", "optim: simplify decoupled weight decay"),
+    ], "c4", {
+        22: ("p22b", "Aligned forward: training logprobs equal batch-invariant rollout logprobs", None),
+        23: ("p23", "Aligned forward, simplified AdamW decay", "weight decay not scaled by lr: "
+             "weights change even at lr 0"),
+    }),
+    "tinyrl": ("verl", [
+        ("r1", None, "r1-initial", "Initial tinyrl: GRPO with tinyengine rollouts and tinycore training\n\n"
+         "verl-style overrides (python -m tinyrl.main_ppo key=value), console and JSONL loggers,\n"
+         "engine.load_weights(model.state_dict()) after every optimizer step."),
+        ("r2", "r1", "r2-docs", "Add CHANGELOG"),
+        ("r3", "r2", "r3-reward", "reward: parity rule from the prompt's first token"),
+        ("p33a", "r3", "p33-1-metrics", "Add train/rollout mismatch metrics (rollout_probs_diff, rollout_corr)"),
+        ("p33b", "p33a", "p33-2-wire", "main_ppo: log mismatch metrics, weight checksums, batch invariance; "
+         "aligned forward\n\nold_log_prob uses tinycore's aligned forward when the engine is batch-invariant."),
+        ("r4", "r3", "r4-main-later", "Update CHANGELOG"),
+        ("p34", "p33b", "p34-defect", "metrics: mask padding before the max"),
+        ("p35", "p33b", "p35-defect", "metrics: drop the redundant k3 estimator"),
+    ], "r4", {
+        33: ("p33b", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
+        34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
+        35: ("p35", "Mismatch metrics without k3", "missing metric: rollout_corr/k3_kl is not logged"),
+    }),
+}
+
+
+def _overlay(path: Path) -> dict:
+    files = {}
+    for f in sorted(path.rglob("*")):
+        rel = f.relative_to(path).as_posix()
+        if f.is_file() and not any(s in rel for s in SKIP):
+            files[rel] = f.read_bytes()
+    return files
+
+
+def _tree(repo, files: dict):
+    """Write a nested tree for {posix path: bytes}; returns its oid."""
+    blobs, dirs = {}, {}
+    for path, data in files.items():
+        head, sep, rest = path.partition("/")
+        if sep:
+            dirs.setdefault(head, {})[rest] = data
+        else:
+            blobs[head] = data
+    tb = repo.TreeBuilder()
+    for name, data in blobs.items():
+        tb.insert(name, repo.create_blob(data), pygit2.GIT_FILEMODE_BLOB)
+    for name, sub in dirs.items():
+        tb.insert(name, _tree(repo, sub), pygit2.GIT_FILEMODE_TREE)
+    return tb.write()
+
+
+def _make_repo(path: Path, index: int, spec) -> dict:
+    role, commits, main, prs = spec
+    repo = pygit2.Repository(str(path)) if path.exists() else pygit2.init_repository(str(path), bare=True)
+    files_at, sha = {}, {}
+    for k, (cid, parent, overlay, message) in enumerate(commits):
+        files = dict(files_at[parent]) if parent else {}
+        files.update(_overlay(SRC / path.stem / overlay))
+        files_at[cid] = files
+        when = BASE_TIME + index * 86400 + k * 3600
+        sig = pygit2.Signature(AUTHOR[0], AUTHOR[1], when, 0)
+        parents = [pygit2.Oid(hex=sha[parent])] if parent else []
+        sha[cid] = str(repo.create_commit(None, sig, sig, message + "\n", _tree(repo, files), parents))
+    refs = {"refs/heads/main": sha[main]}
+    for n, (head, _, _) in prs.items():
+        refs[f"refs/pull/{n}/head"] = refs[f"refs/heads/pr-{n}"] = sha[head]
+    for name in list(repo.references):
+        if name not in refs and name != "HEAD":
+            repo.references.delete(name)
+    for name, target in sorted(refs.items()):
+        repo.references.create(name, pygit2.Oid(hex=target), force=True)
+    repo.references.create("HEAD", "refs/heads/main", force=True)
+    main_oid = pygit2.Oid(hex=sha[main])
+    pr_info = {}
+    for n, (head, title, defect) in prs.items():
+        head_oid = pygit2.Oid(hex=sha[head])
+        ahead, behind = repo.ahead_behind(head_oid, main_oid)
+        pr_info[str(n)] = {
+            "ref": f"refs/pull/{n}/head", "head": sha[head], "title": title,
+            "description": defect or title, "defect": defect, "good": defect is None,
+            "merge_base": str(repo.merge_base(head_oid, main_oid)), "ahead": ahead, "behind": behind,
+        }
+    good = [n for n, (_, _, d) in prs.items() if d is None][0]
+    return {
+        "url": path.name, "role": role, "distribution": path.stem, "modules": [path.stem], "target": "main",
+        "main": sha[main], "pr": good, "fork_point": pr_info[str(good)]["merge_base"],
+        "prs": pr_info, "refs": refs,
+    }
+
+
+def make_stack(outdir) -> dict:
+    """Create or refresh the three repositories under outdir; returns (and writes to stack.json) all SHAs."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    stack = {"schema": 1, "repos": {}}
+    for index, (name, spec) in enumerate(REPOS.items()):
+        stack["repos"][name] = _make_repo(outdir / f"{name}.git", index, spec)
+    (outdir / "stack.json").write_text(json.dumps(stack, indent=2, sort_keys=True) + "\n")
+    return stack
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: make_stack.py OUTDIR", file=sys.stderr)
+        return 2
+    stack = make_stack(Path(argv[0]))
+    for name, r in stack["repos"].items():
+        prs = " ".join(f"#{n}={p['head'][:12]}" for n, p in r["prs"].items())
+        print(f"{name}: main={r['main'][:12]} fork_point={r['fork_point'][:12]} {prs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

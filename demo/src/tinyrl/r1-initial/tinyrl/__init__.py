@@ -1,0 +1,2 @@
+"""tinyrl: a tiny GRPO trainer."""
+__version__ = "0.4.0"

@@ -1,0 +1,168 @@
+"""Shared fixtures.
+
+Tests that need a Docker engine are marked `@pytest.mark.docker`: without an engine they skip with
+the reason, except when `CI` is set, where they fail (CI must run them).
+"""
+import os
+
+import pytest
+
+
+def _docker_unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set, so Docker tests must run, but {reason}", pytrace=False)
+    pytest.skip(f"needs a Docker engine: {reason}")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """A docker SDK client that answered ping (skip/fail as above otherwise)."""
+    from builder import infra
+    from builder.errors import InfraError
+
+    try:
+        return infra.engine_client()
+    except InfraError as exc:
+        _docker_unavailable(str(exc))
+
+
+@pytest.fixture(autouse=True)
+def _docker_marker(request):
+    """Tests marked `docker` get the engine check (and its skip/fail) without asking for it."""
+    if request.node.get_closest_marker("docker"):
+        request.getfixturevalue("docker_client")
+
+
+@pytest.fixture(scope="session")
+def infra_setup(docker_client):
+    """Engine + registry running (idempotent `builder setup`); the dict of what was found/started."""
+    from builder import infra
+
+    return infra.ensure_all()
+
+
+@pytest.fixture(scope="session")
+def base_image(infra_setup):
+    """`127.0.0.1:5000/demo/base@sha256:...`, built once per recipe (cached across sessions)."""
+    from builder import baseimage
+
+    return baseimage.ensure_base_image()
+
+
+# ---- report / publish: records without git or Docker, and registries of our own
+
+
+@pytest.fixture(scope="session")
+def report_inputs():
+    """Factory: (pins, sources, build, acceptance) records shaped like real ones, from pins/demo.yaml
+    with fixed commits.  `statuses` overrides gate statuses; a gate set to None is left out."""
+    import copy
+    import hashlib
+    from pathlib import Path
+
+    import yaml
+
+    from builder import pins as pins_mod
+    from builder.records import (AcceptanceResult, BuiltImage, GateResult, ResolvedComponent,
+                                 ResolvedSources)
+
+    pins_dir = Path(__file__).resolve().parent.parent / "pins"
+    data = yaml.safe_load((pins_dir / "demo.yaml").read_text())
+
+    def sha1(text):
+        return hashlib.sha1(text.encode()).hexdigest()
+
+    site = "/opt/venv/lib/python3.11/site-packages"
+    steps = {"1": {"diff_max": 0.0, "k3_kl": 0.0, "weights_before": "0f1e2d3c4b5a6978", "weights_after": "8877665544332211"},
+             "2": {"diff_max": 0.0, "k3_kl": 0.0, "weights_before": "8877665544332211", "weights_after": "1122334455667788"}}
+    evidence = {  # shapes as acceptance/provenance.py and acceptance/decide.py write them
+        "provenance": {"manifest": {"path": "/opt/delivery/manifest.json", "sha256": "56" * 32, "site_packages": site},
+                       "interpreter": {"executable": "/opt/venv/bin/python", "version": "3.11.9"},
+                       "components": {"vllm": {"version": "0.2.0", "stamp": {"commit": sha1("vllm")},
+                                               "modules": {"tinyengine": {"file": f"{site}/tinyengine/__init__.py"}},
+                                               "files": {"manifest": 9}}},
+                       "native_libs_loaded": {}, "caches_at_start": {"/cache/triton": []}, "failures": []},
+        "zero_update": {"exit_code": 0, "steps": {"1": {"diff_max": 0.0, "k3_kl": 0.0}, "2": {"diff_max": 0.0, "k3_kl": 0.0}},
+                        "weights": ["0f1e2d3c4b5a6978"]},
+        "rl_step": {"exit_code": 0, "steps": steps, "throughput": 1234.5},
+        "control": {"exit_code": 0, "diff_max": 0.0123, "throughput": 1200.0},
+    }
+
+    def make(repository="127.0.0.1:5000/demo/unified", image_id="sha256:" + "ab" * 32, statuses=None,
+             acceptance=True, build=True, accepted_image=None, required=None, tags=("demo",)):
+        d = copy.deepcopy(data)
+        d["image"] = {"repository": repository, "tags": list(tags)}
+        d["base"]["image"] = "127.0.0.1:5000/demo/base@sha256:" + "cd" * 32
+        for name in ("vllm", "megatron", "verl"):
+            d["components"][name]["commit"] = sha1(name)
+        if required is not None:
+            d["acceptance"]["required_gates"] = list(required)
+        pins = pins_mod.validate(d, pins_dir)
+        comps = {name: ResolvedComponent(
+            name=name, url=str(pins_dir / comp.url), target=comp.target, pr=comp.pr, commit=comp.commit,
+            tree=sha1("tree" + name), commit_time=946684800, pr_head=comp.commit, pr_moved=False,
+            merge_base=sha1("base" + name), ahead=2, behind=1, target_head=sha1("main" + name),
+            export_sha256=hashlib.sha256(name.encode()).hexdigest(), files=7) for name, comp in pins.components.items()}
+        sources = ResolvedSources(pins_path=str(pins_dir / "demo.yaml"), pins_sha256="ef" * 32,
+                                  resolved_at="2026-11-01T00:00:00Z", components=comps)
+        built = BuiltImage(image_id=image_id, tags=[f"{repository}:x"], size=123456789, created="2026-11-01T00:00:00Z",
+                           engine_version="20.10.24", builder_version="0.1.0", context_sha256="12" * 32,
+                           dockerfile_sha256="34" * 32, stage_times={"sources": 1.5, "install": 20.25},
+                           log_path="/tmp/build.log", cached=False) if build else None
+        status = {g: "pass" for g in evidence}
+        status.update(statuses or {})
+        gates = [GateResult(name=g, status=s, reason=f"{g} {s}", evidence=evidence[g], log="tail")
+                 for g, s in status.items() if s is not None]
+        result = AcceptanceResult(image_id=accepted_image or image_id, gates=gates,
+                                  container={"run_id": "c0ffee", "network": "none", "env": {"TRITON_CACHE_DIR": "/cache/triton"},
+                                             "tmpfs": {"/cache": "rw,exec"}},
+                                  environment={"engine": "20.10.24"},
+                                  throughput={"metric": "perf/rollout_tokens_per_s", "aligned": 1234.5, "control": 1200.0,
+                                              "ratio": 1.02875}) if acceptance else None
+        return pins, sources, built, result
+
+    return make
+
+
+# ---- render / build: the demo image, built once per session
+
+
+@pytest.fixture(scope="session")
+def demo_pins(docker_client):
+    """pins/demo.yaml ready to build: engine, registry, base image, demo stack (builder.demo)."""
+    from builder.demo import prepare_demo
+
+    return prepare_demo()
+
+
+def _resolve_render_build(pins_path):
+    from builder import build, pins as pins_mod, render, sources
+
+    pins = pins_mod.load(pins_path)
+    resolved = sources.resolve(pins)
+    rendered = render.render(pins, resolved)
+    return pins, resolved, rendered, build.build(rendered, pins, echo=False)
+
+
+@pytest.fixture(scope="session")
+def demo_image(demo_pins):
+    """(pins, sources, rendered, built) of pins/demo.yaml, built once per session."""
+    return _resolve_render_build(demo_pins)
+
+
+@pytest.fixture(scope="session")
+def build_variant(demo_pins, tmp_path_factory):
+    """Factory: build(component, pr) -> BuiltImage of the demo stack with that component pinned to
+    the head of demo PR `pr` (e.g. ('vllm', 13)); one build per key per session."""
+    from builder.demo import variant_pins
+
+    built = {}
+
+    def build(component: str, pr: int):
+        key = (component, int(pr))
+        if key not in built:
+            out = tmp_path_factory.mktemp(f"variant-{component}-{pr}")
+            built[key] = _resolve_render_build(variant_pins(out, component, pr, pins_path=demo_pins))[3]
+        return built[key]
+
+    return build

@@ -1,0 +1,149 @@
+"""build(): the demo image through the Docker engine (network none), its labels, manifest and cache."""
+import json
+import time
+
+import pytest
+
+from builder import build, engine, paths, pins as pins_mod, render, sources
+from builder.demo import variant_pins
+from builder.errors import BuildFailed, InfraError
+
+COMPONENTS = ("vllm", "megatron", "verl")
+
+
+def run_in(client, image: str, argv: list[str]) -> tuple[int, str]:
+    """Run argv in a fresh network-none container of image; (exit code, output); container removed."""
+    container = client.containers.create(image, argv, network_mode="none")
+    try:
+        container.start()
+        rc = container.wait(timeout=300)["StatusCode"]
+        return rc, container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+
+
+def read_json(client, image: str, path: str) -> dict:
+    rc, out = run_in(client, image, ["cat", path])
+    assert rc == 0, out
+    return json.loads(out)
+
+
+@pytest.mark.docker
+def test_labels_and_manifest(demo_image, docker_client):
+    pins, resolved, rendered, built = demo_image
+    attrs = docker_client.api.inspect_image(built.image_id)
+    assert rendered.tag in attrs["RepoTags"] and built.tags == sorted(attrs["RepoTags"])
+    labels = attrs["Config"]["Labels"]
+    assert {k: labels.get(k) for k in rendered.labels} == rendered.labels
+    for name in COMPONENTS:
+        assert labels[f"io.truepolicy.{name}.commit"] == pins.components[name].commit
+    manifest = read_json(docker_client, built.image_id, "/opt/delivery/manifest.json")
+    assert manifest["schema"] == 1
+    assert manifest["dockerfile_sha256"] == rendered.dockerfile_sha256 == built.dockerfile_sha256
+    assert manifest["base"] == {"image": pins.base.image, "digest": pins.base.digest}
+    assert manifest["pins"] == pins.to_json_dict()
+    assert manifest["python"] == pins.base.python_bin
+    for name in COMPONENTS:
+        comp, res = manifest["components"][name], resolved.components[name]
+        assert (comp["commit"], comp["tree"], comp["pr"]) == (res.commit, res.tree, res.pr)
+        assert comp["distribution"] == pins.components[name].distribution
+        stamp = [p for p in comp["files"] if p.endswith("BUILDER_PROVENANCE.json")]
+        assert len(stamp) == 1 and all(p.startswith(manifest["site_packages"]) for p in comp["files"])
+        assert json.loads(run_in(docker_client, built.image_id, ["cat", stamp[0]])[1])["commit"] == res.commit
+    # the vllm-role package ships a C extension: its .so is listed and hashed as built
+    native = manifest["components"]["vllm"]["native_libs"]
+    assert len(native) == 1
+    (so_path, so_sha), = native.items()
+    rc, out = run_in(docker_client, built.image_id, ["sha256sum", so_path])
+    assert rc == 0 and out.split()[0] == so_sha
+
+
+@pytest.mark.docker
+def test_build_container_had_no_network_and_no_source_mounts(demo_image, docker_client):
+    pins, _, _, built = demo_image
+    env = read_json(docker_client, built.image_id, "/opt/delivery/build-env.json")
+    host_paths = [str(paths.PROJECT), str(paths.cache_dir()), str(pins.directory)]
+    assert env["net"] == ["lo"]
+    assert build.isolation_problems(env, host_paths) == []
+    # the same check fails on what a bind mount of sources or a bridge network would leave
+    planted = dict(env, mountinfo=env["mountinfo"] + [
+        f"120 80 254:0 {pins.directory}/demo-stack /builder/src rw,relatime - ext4 /dev/vda rw"])
+    assert any("/builder/src" in p for p in build.isolation_problems(planted, host_paths))
+    assert build.isolation_problems(dict(env, net=["eth0", "lo"]), host_paths)
+    # nothing of the build stage reaches the final image
+    rc, out = run_in(docker_client, built.image_id, ["ls", "/builder", "/install", "/root/.cache/pip"])
+    assert rc != 0 and out.count("No such file") == 3
+
+
+@pytest.mark.docker
+def test_rebuild_with_nothing_changed_is_a_full_cache_hit(demo_image):
+    pins, resolved, rendered, built = demo_image
+    again = render.render(pins, sources.resolve(pins))
+    assert again.context_sha256 == rendered.context_sha256
+    start = time.monotonic()
+    rebuilt = build.build(again, pins, echo=False)
+    took = time.monotonic() - start
+    assert rebuilt.image_id == built.image_id
+    assert rebuilt.cached is True
+    assert took < 10, f"no-op rebuild took {took:.1f} s"
+    assert built.cached is False or built.stage_times["total"] < 10  # first build of the session may be warm too
+
+
+@pytest.mark.docker
+def test_verl_change_reuses_the_vllm_and_megatron_layers(demo_image, build_variant):
+    _, _, _, built = demo_image
+    variant = build_variant("verl", 34)
+    assert variant.image_id != built.image_id and variant.cached is False
+    steps = json.loads((paths.Path(variant.log_path).parent / "steps.json").read_text())
+    groups = render.instructions((paths.Path(variant.log_path).parent / "Dockerfile").read_text())
+    by_group = {}
+    for step in steps:
+        by_group.setdefault(groups[step["step"] - 1][0], []).append(step["cached"])
+    assert all(by_group["vllm"]) and all(by_group["megatron"]) and all(by_group["deps"])
+    assert not all(by_group["verl"])
+
+
+@pytest.mark.docker
+def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins, docker_client, tmp_path):
+    def bad_pip_arg(data):
+        data["components"]["verl"]["install"]["pip_args"] = ["--no-deps", "--no-such-pip-option"]
+
+    pins = pins_mod.load(variant_pins(tmp_path, "verl", 35, edit=bad_pip_arg, pins_path=demo_pins))
+    rendered = render.render(pins, sources.resolve(pins))
+    before = engine.inspect_image(docker_client, rendered.tag)
+    with pytest.raises(BuildFailed) as failed:
+        build.build(rendered, pins, echo=False)
+    message = str(failed.value)
+    assert "pip" in message and "install" in message and "/install/verl" in message and "--no-such-pip-option" in message
+    assert "step " in message and "last lines" in message and "\n" not in message
+    after = engine.inspect_image(docker_client, rendered.tag)
+    assert (after is None) if before is None else after["Id"] == before["Id"]
+
+
+@pytest.mark.docker
+def test_smoke_and_manifest_scripts_fail_on_planted_defects(demo_image, docker_client):
+    pins, resolved, _, built = demo_image
+    spec = read_json(docker_client, built.image_id, "/opt/delivery/components.json")
+    smoke = ["/opt/venv/bin/python", "-B", "/opt/delivery/scripts/smoke.py"]
+    rc, out = run_in(docker_client, built.image_id, smoke + ["/opt/delivery/components.json", "/tmp/env.json"])
+    assert rc == 0, out
+    spec["components"]["megatron"]["commit"] = "0" * 40
+    tampered = json.dumps(spec)
+    rc, out = run_in(docker_client, built.image_id, ["sh", "-c", f"printf '%s' '{tampered}' > /tmp/c.json && "
+                                                     + " ".join(smoke) + " /tmp/c.json /tmp/env.json"])
+    assert rc != 0 and "stamped commit" in out
+    manifest = read_json(docker_client, built.image_id, "/opt/delivery/manifest.json")
+    victim = next(p for p in manifest["components"]["verl"]["files"] if p.endswith(".py"))
+    write = ("/opt/venv/bin/python -B /opt/delivery/scripts/write_manifest.py /opt/delivery/components.json"
+             " /opt/delivery/pins.json /opt/delivery/dockerfile.sha256 /tmp/m.json")
+    rc, out = run_in(docker_client, built.image_id, ["sh", "-c", write])
+    assert rc == 0, out
+    rc, out = run_in(docker_client, built.image_id, ["sh", "-c", f"echo '# changed' >> {victim} && {write}"])
+    assert rc != 0 and "does not match its RECORD hash" in out
+
+
+def test_unreachable_engine_is_an_infra_error(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(InfraError) as err:
+        engine.connect(timeout=5)
+    assert err.value.exit_code == 3 and "docker engine" in str(err.value)

@@ -1,0 +1,121 @@
+"""Local infrastructure (engine, registry) and the demo base image."""
+import io
+import re
+import socket
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from builder import baseimage, infra
+from builder.errors import BadInput
+
+DIGEST_REF = re.compile(r"^127\.0\.0\.1:5000/demo/base@sha256:[0-9a-f]{64}$")
+
+
+@pytest.mark.docker
+def test_setup_is_idempotent(infra_setup):
+    again = infra.ensure_all()
+    assert again["engine"]["engine"] == "found"
+    assert again["registry"]["registry"] == "found"
+    assert again["engine"]["pid"] is None or again["engine"]["pid"] == infra_setup["engine"].get("pid")
+
+
+@pytest.mark.docker
+def test_registry_answers_on_loopback_only(infra_setup):
+    assert infra.registry_url() == "127.0.0.1:5000"
+    assert infra.registry_answers()
+    listeners = infra.tcp_listeners(5000)
+    assert listeners and set(listeners) <= {"127.0.0.1", "::1"}, listeners
+    # not reachable through any other local address
+    for addr in _non_loopback_ipv4():
+        with socket.socket() as sock:
+            sock.settimeout(2)
+            assert sock.connect_ex((addr, 5000)) != 0, f"registry reachable on {addr}:5000"
+
+
+def _non_loopback_ipv4():
+    """Local IPv4 addresses other than 127/8 (the LOCAL /32 host entries of /proc/net/fib_trie)."""
+    addrs, last = set(), None
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        match = re.search(r"\|-- (\d+\.\d+\.\d+\.\d+)$", line)
+        if match:
+            last = match.group(1)
+        elif "/32 host LOCAL" in line and last:
+            addrs.add(last)
+    return sorted(a for a in addrs if not a.startswith("127."))
+
+
+def test_recipe_hash_is_stable():
+    first, second = baseimage.recipe_hash(), baseimage.recipe_hash()
+    assert first == second
+    assert re.fullmatch(r"[0-9a-f]{64}", first)
+
+
+def test_lock_parser_requires_hashes(tmp_path):
+    assert baseimage.parse_lock("a==1 --hash=sha256:" + "0" * 64 + "  # c\n") == [("a", "1", ["0" * 64])]
+    with pytest.raises(BadInput):
+        baseimage.parse_lock("a==1\n")
+    with pytest.raises(BadInput):
+        baseimage.parse_lock("a>=1 --hash=sha256:" + "0" * 64 + "\n")
+
+
+def test_demo_lock_wheels_verified():
+    lock = Path(__file__).resolve().parent.parent / "pins" / "locks" / "demo.lock"
+    wheels = baseimage.ensure_wheels(lock)
+    entries = baseimage.parse_lock(lock.read_text())
+    hashes = {baseimage.sha256_file(p) for p in wheels.iterdir() if p.is_file()}
+    for name, _version, expected in entries:
+        assert hashes & set(expected), name
+    assert baseimage.ensure_wheels(lock) == wheels  # reused
+
+
+def test_write_demo_pins_digest(tmp_path):
+    pins = tmp_path / "pins.yaml"
+    pins.write_text("# head\nimage:\n  repository: x/y\nbase:\n  # the base\n"
+                    "  image: 127.0.0.1:5000/demo/base@sha256:" + "0" * 64 + "  # keep me\n"
+                    "  platform: linux/amd64\ncomponents: {}\n")
+    ref = "127.0.0.1:5000/demo/base@sha256:" + "a" * 64
+    assert baseimage.write_demo_pins_digest(pins, ref) is True
+    text = pins.read_text()
+    assert f"  image: {ref}  # keep me\n" in text
+    assert "# head\nimage:\n  repository: x/y\nbase:\n  # the base\n" in text
+    assert baseimage.write_demo_pins_digest(pins, ref) is False
+    with pytest.raises(BadInput):
+        baseimage.write_demo_pins_digest(pins, "127.0.0.1:5000/demo/base:latest")
+
+
+@pytest.mark.docker
+def test_base_image_is_a_digest_with_torch(docker_client, base_image):
+    assert DIGEST_REF.match(base_image), base_image
+    image = docker_client.images.get(base_image)  # resolves locally, no pull
+    assert image.labels[baseimage.RECIPE_LABEL] == baseimage.recipe_hash()
+    out = docker_client.containers.run(
+        base_image, ["/opt/venv/bin/python", "-c", "import sys, torch; print(torch.__version__, torch.__file__, sys.prefix)"],
+        network_mode="none", remove=True)
+    version, path, prefix = out.decode().split()
+    assert version.startswith("2.13.0"), version
+    assert path.startswith("/opt/venv/") and prefix == "/opt/venv"
+
+
+@pytest.mark.docker
+def test_base_image_is_cached(base_image):
+    assert baseimage.ensure_base_image() == base_image
+
+
+@pytest.mark.docker
+def test_from_digest_builds_without_network(docker_client, base_image):
+    dockerfile = f"FROM {base_image}\nRUN [\"/opt/venv/bin/python\", \"-c\", \"import setuptools, wheel\"]\n".encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile))
+    buf.seek(0)
+    image, _logs = docker_client.images.build(fileobj=buf, custom_context=True, network_mode="none",
+                                              pull=False, rm=True, forcerm=True)
+    docker_client.images.remove(image.id)

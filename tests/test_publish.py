@@ -1,0 +1,337 @@
+"""Publish against real registries: the main one on 127.0.0.1:5000 and our own on 127.0.0.1:5001+
+(read-only, stopped, with htpasswd auth, behind a proxy that tampers with manifest digests)."""
+import hashlib
+import http.client
+import io
+import json
+import socket
+import subprocess
+import tarfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from builder import publish, report
+from builder.errors import InfraError, PublishError
+from builder.registry import MANIFEST_TYPES
+
+REGISTRY_BIN = "/usr/bin/docker-registry"
+ANY = "sha256:" + "0" * 64
+
+
+# ---------------------------------------------------------------- helpers and fixtures
+
+
+def free_port(start=5001) -> int:
+    for port in range(start, start + 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port on 127.0.0.1 from 5001")
+
+
+def tiny_tar(text: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = text.encode()
+        info = tarfile.TarInfo("hello.txt")
+        info.size, info.mtime = len(data), 946684800
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def tiny_images(docker_client):
+    """Two tiny imported images (a, b): {name: image ID}; removed at the end of the session."""
+    ids = {}
+    for name in ("a", "b"):
+        docker_client.api.import_image_from_data(tiny_tar(f"publish test image {name}\n"),
+                                                 repository="builder-tests/tiny", tag=name)
+        ids[name] = docker_client.images.get(f"builder-tests/tiny:{name}").id
+    yield ids
+    for image_id in ids.values():
+        try:
+            docker_client.images.remove(image_id, force=True)
+        except Exception:  # already gone
+            pass
+
+
+def wait_answers(url, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=1).status_code in (200, 401):
+                return
+        except requests.RequestException:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer")
+
+
+@pytest.fixture
+def start_registry(tmp_path):
+    """Factory: a docker-registry on 127.0.0.1:<free port >= 5001>; returns (host:port, process)."""
+    procs = []
+
+    def start(readonly=False, htpasswd=None):
+        port = free_port()
+        storage = {"filesystem": {"rootdirectory": str(tmp_path / f"data{port}")},
+                   "maintenance": {"uploadpurging": {"enabled": False}, "readonly": {"enabled": readonly}}}
+        config = {"version": 0.1, "log": {"level": "warn"}, "storage": storage, "http": {"addr": f"127.0.0.1:{port}"}}
+        if htpasswd:
+            import warnings
+
+            with warnings.catch_warnings():  # crypt is deprecated (removed in 3.13); bcrypt is not installed
+                warnings.simplefilter("ignore", DeprecationWarning)
+                import crypt
+            user, password = htpasswd
+            path = tmp_path / "htpasswd"
+            path.write_text(f"{user}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+            config["auth"] = {"htpasswd": {"realm": "tests", "path": str(path)}}
+        (tmp_path / f"registry{port}.yml").write_text(json.dumps(config))
+        proc = subprocess.Popen([REGISTRY_BIN, "serve", str(tmp_path / f"registry{port}.yml")],
+                                stdout=open(tmp_path / f"registry{port}.log", "wb"), stderr=subprocess.STDOUT)
+        procs.append(proc)
+        wait_answers(f"http://127.0.0.1:{port}/v2/")
+        return f"127.0.0.1:{port}", proc
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def read_chunked(rfile) -> bytes:
+    body = b""
+    while True:
+        size = int(rfile.readline().split(b";")[0].strip(), 16)
+        if size == 0:
+            rfile.readline()
+            return body
+        body += rfile.read(size)
+        rfile.readline()
+
+
+@pytest.fixture
+def tamper_proxy():
+    """Factory: an HTTP proxy on 127.0.0.1 in front of a registry that forwards everything but tampers with
+    successful manifest HEAD/GET answers: mode 'header' (wrong Docker-Content-Digest), 'body' (other bytes,
+    header kept), 'consistent' (other bytes with their own matching digest)."""
+    servers = []
+
+    def start(upstream: str, mode: str) -> str:
+        up_host, up_port = upstream.split(":")
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def forward(self):
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    body = read_chunked(self.rfile)
+                else:
+                    body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                skip = ("transfer-encoding", "content-length", "connection")
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+                conn = http.client.HTTPConnection(up_host, int(up_port), timeout=60)
+                conn.request(self.command, self.path, body=body if body or self.command in ("PUT", "POST", "PATCH")
+                             else None, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                out = {k: v for k, v in resp.getheaders() if k.lower() not in skip + ("date", "server")}
+                length = resp.getheader("Content-Length", str(len(data)))
+                if "/manifests/" in self.path and self.command in ("GET", "HEAD") and resp.status == 200:
+                    if mode == "header":
+                        out["Docker-Content-Digest"] = ANY
+                    elif mode == "body" and self.command == "GET":
+                        data = data + b"\n"
+                    elif mode == "consistent":
+                        if self.command == "GET":
+                            data = data + b"\n"
+                        fake = data if self.command == "GET" else conn_get(upstream, self.path, headers) + b"\n"
+                        out["Docker-Content-Digest"] = "sha256:" + hashlib.sha256(fake).hexdigest()
+                        length = str(len(fake))
+                    if self.command == "GET":
+                        length = str(len(data))
+                conn.close()
+                self.send_response(resp.status)
+                for key, value in out.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = forward
+
+        server = ThreadingHTTPServer(("127.0.0.1", free_port(5101)), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def conn_get(upstream, path, headers) -> bytes:
+    host, port = upstream.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", path, headers=headers)
+    data = conn.getresponse().read()
+    conn.close()
+    return data
+
+
+def report_for(report_inputs, outdir, repository, image_id, client=None, tag_image=None, **kwargs):
+    """Write a report for image_id to outdir; tag tag_image (default image_id) with the report's SHA tag."""
+    pins, sources, build, acceptance = report_inputs(repository=repository, image_id=image_id, **kwargs)
+    rep = report.make_report(pins, sources, build, acceptance)
+    paths = report.write(rep, outdir)
+    if client is not None:
+        client.images.get(tag_image or image_id).tag(repository, rep.tags[0])
+    return rep, paths
+
+
+def snapshot(paths) -> dict:
+    return {name: path.read_bytes() for name, path in paths.items()}
+
+
+def served_digest(repository: str, tag: str, auth=None) -> tuple[str, str]:
+    """(Docker-Content-Digest of HEAD, sha256 of the GET bytes), straight from the registry."""
+    host, _, name = repository.partition("/")
+    accept = {"Accept": ", ".join(MANIFEST_TYPES)}
+    url = f"http://{host}/v2/{name}/manifests/{tag}"
+    head = requests.head(url, headers=accept, auth=auth, timeout=10)
+    got = requests.get(url, headers=accept, auth=auth, timeout=10)
+    return head.headers["Docker-Content-Digest"], "sha256:" + hashlib.sha256(got.content).hexdigest()
+
+
+# ---------------------------------------------------------------- refusals (before any push)
+
+
+def test_refuses_not_accepted_report(report_inputs, tmp_path):
+    _, paths = report_for(report_inputs, tmp_path, "127.0.0.1:5000/tests/refused", "sha256:" + "ab" * 32,
+                          statuses={"rl_step": "fail"})
+    before = snapshot(paths)
+    with pytest.raises(PublishError, match="verdict is NOT ACCEPTED; only an ACCEPTED image is published"):
+        publish.publish(paths["json"])
+    assert snapshot(paths) == before
+
+
+def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs, tmp_path):
+    rep, paths = report_for(report_inputs, tmp_path, "127.0.0.1:5000/tests/refused", "sha256:" + "ab" * 32,
+                            statuses={"control": None})
+    forged = rep.model_copy(update={"verdict": "ACCEPTED", "reasons": []})
+    paths["json"].write_text(forged.model_dump_json())
+    with pytest.raises(PublishError, match="required gate control reads not_run"):
+        publish.publish(paths["json"])
+
+
+@pytest.mark.docker
+def test_refuses_report_for_another_image(report_inputs, tmp_path, docker_client, tiny_images, infra_setup):
+    repo = "127.0.0.1:5000/tests/other-image"
+    _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client, tag_image=tiny_images["b"])
+    before = snapshot(paths)
+    with pytest.raises(PublishError, match=f"is {tiny_images['b']}, the report accepted {tiny_images['a']}"):
+        publish.publish(paths["json"], client=docker_client)
+    with pytest.raises(PublishError, match="the report accepted"):
+        publish.publish(paths["json"], client=docker_client, image="builder-tests/tiny:b")
+    assert snapshot(paths) == before
+
+
+# ---------------------------------------------------------------- push and registry failures
+
+
+@pytest.mark.docker
+def test_push_to_read_only_registry_fails_without_receipt(report_inputs, tmp_path, docker_client, tiny_images,
+                                                          start_registry):
+    host, _ = start_registry(readonly=True)
+    _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/readonly", tiny_images["a"], docker_client)
+    before = snapshot(paths)
+    with pytest.raises(PublishError, match=f"push {host}/tests/readonly:vllm-"):
+        publish.publish(paths["json"], client=docker_client)
+    assert snapshot(paths) == before
+    assert report.load(paths["json"]).publish is None
+
+
+@pytest.mark.docker
+def test_stopped_registry_is_infra_error(report_inputs, tmp_path, docker_client, tiny_images, start_registry):
+    host, proc = start_registry()
+    proc.terminate()
+    proc.wait(timeout=10)
+    _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/stopped", tiny_images["a"], docker_client)
+    before = snapshot(paths)
+    with pytest.raises(InfraError, match=f"registry {host}: unreachable") as err:
+        publish.publish(paths["json"], client=docker_client)
+    assert err.value.exit_code == 3
+    assert snapshot(paths) == before
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("mode, message", [
+    ("header", "HEAD Docker-Content-Digest sha256:0000.* does not match the sha256 of the manifest bytes"),
+    ("body", "HEAD Docker-Content-Digest sha256:(?!0{64})[0-9a-f]{64} does not match the sha256 of the manifest"),
+    ("consistent", "registry serves sha256:.*, the push reported sha256:"),
+])
+def test_digest_mismatch_is_refused(report_inputs, tmp_path, docker_client, tiny_images, start_registry,
+                                    tamper_proxy, mode, message):
+    upstream, _ = start_registry()
+    host = tamper_proxy(upstream, mode)
+    _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/tampered", tiny_images["a"], docker_client)
+    before = snapshot(paths)
+    with pytest.raises(PublishError, match=message):
+        publish.publish(paths["json"], client=docker_client)
+    assert snapshot(paths) == before
+
+
+# ---------------------------------------------------------------- success
+
+
+@pytest.mark.docker
+def test_publish_pushes_verifies_and_records_receipt(report_inputs, tmp_path, docker_client, tiny_images,
+                                                     infra_setup):
+    repo = "127.0.0.1:5000/tests/published"
+    rep, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client)
+    receipt = publish.publish(paths["json"], client=docker_client)
+    head, computed = served_digest(repo, rep.tags[0])
+    assert receipt.verified and receipt.digest == head == computed
+    assert served_digest(repo, "demo") == (head, computed)
+    assert receipt.config_digest == tiny_images["a"] != receipt.digest
+    assert receipt.tags == rep.tags and receipt.platform == "linux/amd64"
+    stored = report.load(paths["json"])
+    assert stored.publish == receipt and stored.run_manifest["container"]["registry_digest"] == receipt.digest
+    md = paths["md"].read_text()
+    assert f"| `{receipt.digest}` |" in md and "### Publish receipt" in md
+    assert "not published" not in md
+
+
+@pytest.mark.docker
+def test_credentials_never_leak(report_inputs, tmp_path, docker_client, tiny_images, start_registry, monkeypatch,
+                                capfd):
+    password = "planted-Secret-4711"
+    host, _ = start_registry(htpasswd=("builder", password))
+    monkeypatch.setenv("BUILDER_REGISTRY_USERNAME", "builder")
+    monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", password)
+    rep, paths = report_for(report_inputs, tmp_path / "ok", f"{host}/tests/auth", tiny_images["a"], docker_client)
+    receipt = publish.publish(paths["json"], client=docker_client)
+    assert receipt.digest == served_digest(f"{host}/tests/auth", rep.tags[0], auth=("builder", password))[1]
+    # a wrong password fails with a masked message
+    monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "wrong-" + password)
+    _, bad = report_for(report_inputs, tmp_path / "bad", f"{host}/tests/auth2", tiny_images["a"], docker_client)
+    with pytest.raises(PublishError) as err:
+        publish.publish(bad["json"], client=docker_client)
+    assert password not in str(err.value) and "unauthorized" in str(err.value)
+    out, errout = capfd.readouterr()
+    texts = [out, errout, str(err.value), json.dumps(docker_client.api.inspect_image(tiny_images["a"]))]
+    texts += [p.read_text() for p in list(paths.values()) + list(bad.values())]
+    assert all(password not in text for text in texts)
+    assert any("published" in text for text in texts)  # the capture did see publish's log

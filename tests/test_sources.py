@@ -1,0 +1,262 @@
+"""resolve() against real git repositories built here: a bare "upstream" with refs/pull/N/head."""
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from builder import mirror, sources
+from builder.errors import BadInput, InfraError
+
+ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+       "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
+
+
+def git(cwd, *args, date="2024-01-01T00:00:00Z") -> str:
+    env = {**os.environ, **ENV, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    out = subprocess.run(["git", "-c", "protocol.file.allow=always", "-c", "init.defaultBranch=main", *args],
+                         cwd=cwd, env=env, check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def commit(work, name, text="x") -> str:
+    (Path(work) / name).write_text(text)
+    git(work, "add", name)
+    git(work, "commit", "-qm", name)
+    return git(work, "rev-parse", "HEAD")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    """main: A-B-C; PR #7 branches at B: P1-P2 (head P2); extra P3 on top of P2 (not pushed yet);
+    X on an unrelated branch from A."""
+    work, bare = tmp_path / "work", tmp_path / "upstream.git"
+    git(tmp_path, "init", "-q", str(work))
+    a = commit(work, "a")
+    b = commit(work, "b")
+    git(work, "checkout", "-qb", "pr")
+    p1 = commit(work, "p1")
+    p2 = commit(work, "p2")
+    p3 = commit(work, "p3")
+    git(work, "checkout", "-q", "main")
+    c = commit(work, "c")
+    git(work, "checkout", "-qb", "other", a)
+    x = commit(work, "x")
+    git(tmp_path, "init", "-q", "--bare", str(bare))
+    git(work, "push", "-q", str(bare), "main:refs/heads/main", f"{p2}:refs/pull/7/head", "other:refs/heads/other")
+    return SimpleNamespace(work=work, bare=bare, url=str(bare), a=a, b=b, c=c, p1=p1, p2=p2, p3=p3, x=x)
+
+
+def pin(commit, pr=7, target="main"):
+    return SimpleNamespace(url="", target=target, pr=pr, commit=commit)
+
+
+def pins_for(url, commit, tmp_path, pr=7):
+    """Stand-in with the attributes resolve() reads from builder.pins.Pins."""
+    comps = {n: pin(commit, pr) for n in sources.COMPONENTS}
+    return SimpleNamespace(components=comps, component_url=lambda name: url, path=tmp_path / "pins.yaml",
+                           sha256="0" * 64)
+
+
+def test_happy_path_records_merge_base_and_counts(upstream, tmp_path):
+    resolved = sources.resolve(pins_for(upstream.url, upstream.p2, tmp_path))
+    comp = resolved.components["verl"]
+    assert list(resolved.components) == ["vllm", "megatron", "verl"]
+    assert comp.commit == comp.pr_head == upstream.p2 and comp.pr_moved is False
+    assert comp.merge_base == upstream.b
+    assert (comp.ahead, comp.behind) == (2, 1)
+    assert comp.target_head == upstream.c
+    assert comp.tree == git(upstream.work, "rev-parse", f"{upstream.p2}^{{tree}}")
+    assert comp.commit_time == 1704067200
+    assert comp.files == 4 and len(comp.export_sha256) == 64  # a, b, p1, p2
+    assert comp.submodules == []
+    data = json.loads(resolved.model_dump_json(indent=2))
+    assert data["components"]["vllm"]["merge_base"] == upstream.b
+    table = sources.format_table(resolved)
+    assert "merge-base" in table and upstream.b[:12] in table and "+2/-1" in table
+
+
+def test_file_url_works(upstream):
+    comp = sources.resolve_component("vllm", pin(upstream.p2), f"file://{upstream.bare}")
+    assert comp.merge_base == upstream.b
+
+
+def test_missing_commit_fails(upstream):
+    with pytest.raises(BadInput, match=r"components.vllm.commit: commit 1{40} of vllm not found"):
+        sources.resolve_component("vllm", pin("1" * 40), upstream.url)
+
+
+def test_missing_pr_ref_fails(upstream):
+    with pytest.raises(BadInput, match=r"PR #99 \(refs/pull/99/head\) not found"):
+        sources.resolve_component("vllm", pin(upstream.p2, pr=99), upstream.url)
+
+
+def test_missing_target_branch_fails(upstream):
+    with pytest.raises(BadInput, match="branch 'develop' not found"):
+        sources.resolve_component("vllm", pin(upstream.p2, target="develop"), upstream.url)
+
+
+def test_moved_pr_head_fails_unless_allowed(upstream):
+    git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
+    with pytest.raises(BadInput, match=f"PR #7 head moved past {upstream.p2} to {upstream.p3}"):
+        sources.resolve_component("megatron", pin(upstream.p2), upstream.url)
+    comp = sources.resolve_component("megatron", pin(upstream.p2), upstream.url, allow_moved_pr=True)
+    assert comp.pr_moved is True and comp.pr_head == upstream.p3 and comp.commit == upstream.p2
+
+
+def test_commit_not_on_pr_fails_even_when_allowed(upstream):
+    for sha in (upstream.c, upstream.x):  # on main / on another branch, not under the PR head
+        with pytest.raises(BadInput, match=f"commit {sha} is not on PR #7"):
+            sources.resolve_component("verl", pin(sha), upstream.url, allow_moved_pr=True)
+
+
+def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream):
+    sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    git(upstream.bare, "update-ref", "-d", "refs/pull/7/head")
+    with pytest.raises(BadInput, match="PR #7"):
+        sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+
+
+def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path, cache):
+    warm = sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    upstream.bare.rename(tmp_path / "gone.git")  # any fetch would now fail
+    with pytest.raises(InfraError, match=f"{upstream.url}: fetch failed"):
+        sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    offline = sources.resolve_component("vllm", pin(upstream.p2), upstream.url, offline=True)
+    assert offline == warm
+
+
+def test_offline_cold_cache_fails_clearly(upstream, monkeypatch, tmp_path):
+    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cold"))
+    with pytest.raises(BadInput, match="not in the mirror cache; run without --offline"):
+        sources.resolve_component("vllm", pin(upstream.p2), upstream.url, offline=True)
+
+
+def test_offline_missing_pr_in_warm_cache_fails_clearly(upstream):
+    sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    with pytest.raises(BadInput, match="refs/pull/8/head .* not in the mirror cache; run without --offline"):
+        sources.resolve_component("vllm", pin(upstream.p2, pr=8), upstream.url, offline=True)
+
+
+def test_unreachable_url_is_infra_error(tmp_path):
+    with pytest.raises(InfraError, match="/no/such/repo.git: fetch failed"):
+        sources.resolve_component("vllm", pin("1" * 40), "/no/such/repo.git")
+
+
+def test_two_processes_share_a_cold_cache(upstream, cache):
+    code = ("import sys; from types import SimpleNamespace as N; from builder import sources;"
+            "c = sources.resolve_component('vllm', N(target='main', pr=7, commit=sys.argv[2]), sys.argv[1]);"
+            "print(c.export_sha256)")
+    env = {**os.environ, "BUILDER_CACHE": str(cache), "PYTHONPATH": str(Path(sources.__file__).parent.parent)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, upstream.url, upstream.p2], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][0] == outs[1][0] and len(outs[0][0].strip()) == 64
+
+
+def test_fetch_waits_for_the_mirror_lock(upstream):
+    path = mirror.mirror_path(upstream.url)
+    done = threading.Event()
+    with open(path.with_name(path.name + ".lock"), "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        worker = threading.Thread(target=lambda: (sources.resolve_component("vllm", pin(upstream.p2), upstream.url),
+                                                  done.set()))
+        worker.start()
+        assert not done.wait(0.5)  # blocked while another run holds the lock
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    worker.join(30)
+    assert done.is_set()
+
+
+def test_mirror_dir_name_is_readable_and_unique(cache):
+    one, two = mirror.mirror_path("https://github.com/a/b.git"), mirror.mirror_path("https://github.com/a/b")
+    assert one.parent == cache / "mirrors" and one.name.startswith("https_github.com_a_b.git-")
+    assert one != two
+
+
+@pytest.fixture
+def with_submodules(tmp_path, upstream):
+    """PR head P4 on top of P2 adds libs/sub (relative URL ../sub.git) which itself has deep/ (absolute URL)."""
+    def bare_repo(name, files):
+        work = tmp_path / f"{name}-work"
+        git(tmp_path, "init", "-q", str(work))
+        for f in files:
+            commit(work, f)
+        return work
+
+    deep = bare_repo("deep", ["d"])
+    git(tmp_path, "clone", "-q", "--bare", str(deep), str(tmp_path / "deep.git"))
+    sub = bare_repo("sub", ["s"])
+    git(sub, "submodule", "add", "-q", str(tmp_path / "deep.git"), "deep")
+    git(sub, "commit", "-qm", "deep")
+    git(tmp_path, "clone", "-q", "--bare", str(sub), str(tmp_path / "sub.git"))
+    git(upstream.work, "checkout", "-q", upstream.p2)
+    git(upstream.work, "submodule", "add", "-q", "../sub.git", "libs/sub")
+    git(upstream.work, "commit", "-qm", "sub")
+    p4 = git(upstream.work, "rev-parse", "HEAD")
+    git(upstream.work, "push", "-qf", str(upstream.bare), f"{p4}:refs/pull/7/head")
+    return SimpleNamespace(p4=p4, sub=git(sub, "rev-parse", "HEAD"), deep=git(deep, "rev-parse", "HEAD"),
+                           sub_url=str(tmp_path / "sub.git"), deep_url=str(tmp_path / "deep.git"))
+
+
+def test_submodules_recorded_recursively(upstream, with_submodules):
+    s = with_submodules
+    comp = sources.resolve_component("verl", pin(s.p4), upstream.url)
+    got = [(m.path, m.url, m.commit) for m in comp.submodules]
+    assert got == [("libs/sub", s.sub_url, s.sub), ("libs/sub/deep", s.deep_url, s.deep)]
+    assert comp.submodules[0].tree == git(s.sub_url, "rev-parse", f"{s.sub}^{{tree}}")
+    assert comp.files == 4 + 1 + 2 + 1  # a b p1 p2, .gitmodules, sub: s .gitmodules, deep: d
+    again = sources.resolve_component("verl", pin(s.p4), upstream.url, offline=True)
+    assert again.export_sha256 == comp.export_sha256
+
+
+def test_submodule_commit_missing_fails(upstream, with_submodules, tmp_path):
+    work = upstream.work
+    git(work, "update-index", "--cacheinfo", f"160000,{'2' * 40},libs/sub")
+    git(work, "commit", "-qm", "bad gitlink")
+    bad = git(work, "rev-parse", "HEAD")
+    git(work, "push", "-qf", str(upstream.bare), f"{bad}:refs/pull/7/head")
+    with pytest.raises(BadInput, match=f"libs/sub: submodule commit {'2' * 40} of .*sub.git: not found"):
+        sources.resolve_component("verl", pin(bad), upstream.url)
+
+
+def test_absolute_url():
+    assert sources.absolute_url("../c.git", "https://h/a/b.git") == "https://h/a/c.git"
+    assert sources.absolute_url("./c", "/srv/a/b") == "/srv/a/b/c"
+    assert sources.absolute_url("git@h:x/y.git", "/srv/a") == "git@h:x/y.git"
+
+
+def test_unrelated_history_fails(upstream):
+    git(upstream.work, "checkout", "-q", "--orphan", "lonely")
+    orphan = commit(upstream.work, "lonely")
+    git(upstream.work, "push", "-q", str(upstream.bare), f"{orphan}:refs/pull/9/head")
+    with pytest.raises(BadInput, match=f"{orphan} shares no history with main"):
+        sources.resolve_component("vllm", pin(orphan, pr=9), upstream.url)
+
+
+def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules):
+    work = upstream.work
+    git(work, "update-index", "--add", "--cacheinfo", f"160000,{with_submodules.sub},stray")
+    git(work, "commit", "-qm", "stray gitlink")
+    bad = git(work, "rev-parse", "HEAD")
+    git(work, "push", "-qf", str(upstream.bare), f"{bad}:refs/pull/7/head")
+    with pytest.raises(BadInput, match="no entry for the submodule at 'stray'"):
+        sources.resolve_component("verl", pin(bad), upstream.url)
+
+
+def test_submodule_nesting_limit(upstream, with_submodules, monkeypatch):
+    monkeypatch.setattr(sources, "MAX_DEPTH", 1)  # the fixture nests two levels
+    with pytest.raises(BadInput, match="submodules nested deeper than 1"):
+        sources.resolve_component("verl", pin(with_submodules.p4), upstream.url)
