@@ -191,6 +191,11 @@ def ensure_wheels(lock_path) -> Path:
         raise BadInput(f"{lock_path}: expected a readable lock file ({exc.strerror})") from None
     entries = parse_lock(data.decode(), str(lock_path))
     dest = cache_dir("wheels", "lock", hashlib.sha256(data).hexdigest()[:16])
+    with infra.locked(dest.parent / f".{dest.name}.lock"):
+        return _ensure_wheels(lock_path, entries, dest)
+
+
+def _ensure_wheels(lock_path: Path, entries, dest: Path) -> Path:
     if _verify_dir(dest, entries) is not None:
         log.info(f"wheels for {lock_path}: reused {dest}")
         return dest
@@ -343,7 +348,7 @@ def _stream(chunks, logfile: Path, what: str, error_type) -> list[dict]:
             if "stream" in chunk:
                 out.write(chunk["stream"])
             elif "status" in chunk:
-                out.write(f"{chunk.get('id', '')} {chunk['status']} {chunk.get('progress', '') if False else ''}\n")
+                out.write(f"{chunk.get('id', '')} {chunk['status']}\n")
             if "error" in chunk:
                 out.write(f"ERROR: {chunk['error']}\n")
                 out.flush()
@@ -408,6 +413,11 @@ def verify_from(client, ref: str) -> None:
 
 def ensure_base_image(force: bool = False) -> str:
     """Build (once per recipe), push and return `127.0.0.1:5000/demo/base@sha256:...`."""
+    with infra.locked(cache_dir("demo", "base") / ".lock"):
+        return _ensure_base_image(force)
+
+
+def _ensure_base_image(force: bool) -> str:
     client = infra.engine_client(timeout=600)
     if not infra.registry_answers():
         raise InfraError(f"registry {infra.registry_url()}: not answering; run `builder setup`")

@@ -202,7 +202,9 @@ def _pad(data: bytes) -> bytes:
 
 
 def export_tar(repo, commit, fileobj, prefix: str = "", modules: Modules | None = None) -> ExportStats:
-    """Write the tree of commit as a deterministic tar to fileobj (or only hash it if None)."""
+    """Write the tree of commit as a deterministic tar to fileobj (or only hash it if None).
+    Streams as it goes: after a BadInput (e.g. a symlink chain found escaping at the end) the
+    output is incomplete and must be discarded (export_file does that)."""
     repo = open_repo(repo)
     top = commit_of(repo, commit)
     mtime = top.committer.time
@@ -240,7 +242,11 @@ def file_manifest(repo, commit, modules: Modules | None = None) -> dict[str, str
 def export_file(repo, commit, path: Path, prefix: str = "", modules: Modules | None = None) -> ExportStats:
     """export_tar into a file, written next to it first and renamed into place."""
     tmp = Path(path).with_name(Path(path).name + ".part")
-    with open(tmp, "wb") as fh:
-        stats = export_tar(repo, commit, fh, prefix, modules)
+    try:
+        with open(tmp, "wb") as fh:
+            stats = export_tar(repo, commit, fh, prefix, modules)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
     return stats

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from builder import log
@@ -69,6 +70,19 @@ def _apt_install(*packages: str) -> None:
     finally:
         if added_policy:
             policy.unlink(missing_ok=True)
+
+
+@contextmanager
+def locked(path: Path):
+    """Exclusive advisory lock (flock) so concurrent callers do the work once."""
+    import fcntl
+
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _spawn(argv: list[str], logfile: Path) -> int:
@@ -177,6 +191,11 @@ def _wait(predicate, timeout: float, what: str, logfile: Path | None, pid: int |
 
 def ensure_engine() -> dict:
     """Make sure a Docker engine answers; install docker.io and start dockerd when needed."""
+    with locked(cache_dir("logs") / ".engine.lock"):
+        return _ensure_engine()
+
+
+def _ensure_engine() -> dict:
     if _engine_answers():
         info = {"engine": "found", **_engine_info(), "log": None, "pid": None}
         log.info(f"docker engine: already running (version {info['version']})")
@@ -247,6 +266,11 @@ def _check_loopback_only() -> None:
 
 def ensure_registry() -> dict:
     """Make sure a registry answers on 127.0.0.1:5000 (only); start docker-registry when needed."""
+    with locked(cache_dir("registry") / ".setup.lock"):
+        return _ensure_registry()
+
+
+def _ensure_registry() -> dict:
     config = cache_dir("registry") / "config.yml"
     if registry_answers():
         _check_loopback_only()

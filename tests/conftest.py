@@ -166,3 +166,15 @@ def build_variant(demo_pins, tmp_path_factory):
         return built[key]
 
     return build
+
+
+# ---- acceptance of the demo image, once per session (report / publish end to end)
+
+
+@pytest.fixture(scope="session")
+def demo_accepted(demo_image):
+    """(pins, sources, built, AcceptanceResult) of all four gates run on the demo image."""
+    from builder import accept
+
+    pins, resolved, _, built = demo_image
+    return pins, resolved, built, accept.accept(built.image_id, pins)

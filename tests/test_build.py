@@ -86,7 +86,6 @@ def test_rebuild_with_nothing_changed_is_a_full_cache_hit(demo_image):
     assert rebuilt.image_id == built.image_id
     assert rebuilt.cached is True
     assert took < 10, f"no-op rebuild took {took:.1f} s"
-    assert built.cached is False or built.stage_times["total"] < 10  # first build of the session may be warm too
 
 
 @pytest.mark.docker

@@ -215,3 +215,16 @@ def test_stays_inside_follows_links():
     assert export._stays_inside(links, b"x", b"d/l1/sub")  # a/l1 -> b, b/sub: inside
     assert not export._stays_inside(links, b"c", b"a/l1/../..")
     assert not export._stays_inside(links, b"loop", b"loop")
+
+
+def test_export_file_writes_whole_tar_or_nothing(repo, tmp_path):
+    work, lib = repo
+    head = git(work, "rev-parse", "HEAD")
+    out = tmp_path / "out.tar"
+    stats = export.export_file(str(work), head, out, modules=modules_from(lib))
+    assert out.read_bytes() == export_bytes(str(work), head, modules=modules_from(lib))
+    assert stats.size == out.stat().st_size
+    bad = tmp_path / "bad.tar"
+    with pytest.raises(BadInput, match="needs its mirror"):
+        export.export_file(str(work), head, bad)
+    assert not bad.exists() and not (tmp_path / "bad.tar.part").exists()

@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import tarfile
+import xml.etree.ElementTree as ET
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -335,3 +336,24 @@ def test_credentials_never_leak(report_inputs, tmp_path, docker_client, tiny_ima
     texts += [p.read_text() for p in list(paths.values()) + list(bad.values())]
     assert all(password not in text for text in texts)
     assert any("published" in text for text in texts)  # the capture did see publish's log
+
+
+# ---------------------------------------------------------------- end to end on the demo image
+
+
+@pytest.mark.docker
+def test_demo_image_accepted_report_and_publish(demo_accepted, tmp_path, docker_client):
+    pins, sources, built, acceptance = demo_accepted
+    rep = report.make_report(pins, sources, built, acceptance)
+    assert rep.verdict == "ACCEPTED", rep.reasons
+    assert rep.run_manifest["source"]["verl"]["commit_in_image"] == pins.components["verl"].commit
+    assert rep.run_manifest["installed_packages"]["vllm"]["version"] != "unknown"
+    paths = report.write(rep, tmp_path)
+    receipt = publish.publish(paths["json"], client=docker_client)
+    head, computed = served_digest(pins.image.repository, rep.tags[0])
+    assert receipt.digest == head == computed and receipt.config_digest == built.image_id
+    stored = report.load(paths["json"])
+    assert stored.publish == receipt and f"`{receipt.digest}`" in paths["md"].read_text()
+    cases = ET.parse(paths["junit"]).getroot().findall("testcase")
+    assert [c.get("name") for c in cases] == ["provenance", "zero_update", "rl_step", "control"]
+    assert all(len(c.findall("failure") + c.findall("error") + c.findall("skipped")) == 0 for c in cases)

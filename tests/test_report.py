@@ -149,7 +149,7 @@ def test_markdown_has_pr_table_gates_and_no_ansi(report_inputs):
     assert "**NOT ACCEPTED**" in lines[0]
     assert "| rl_step | yes | fail | rl_step fail |" in md
     assert "steps.2.diff_max=0.0" in md and "steps.1.weights_before=0f1e2d3c4b5a6978" in md
-    assert "ratio 1.02875" in md
+    assert "aligned 1234, control 1200, ratio 1.029." in md
     assert "| tinyengine | 0.2.0 | tinycore works only" in md
 
 
