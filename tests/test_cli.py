@@ -1,0 +1,53 @@
+"""The CLI composes the stages: exit codes and one-line errors, end to end through subprocesses."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from demo.make_stack import make_stack
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def demo_stack_ready():
+    make_stack(ROOT / "pins" / "demo-stack")
+
+
+def cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_resolve_demo_prints_record(demo_stack_ready):
+    out = cli("resolve", "pins/demo.yaml")
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    assert set(record["components"]) == {"vllm", "megatron", "verl"}
+    vllm = record["components"]["vllm"]
+    assert (vllm["pr"], vllm["ahead"], vllm["behind"]) == (11, 2, 1)
+    assert "merge-base" in out.stderr  # the readable table
+
+
+def test_bad_pins_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    text = (ROOT / "pins" / "demo.yaml").read_text().replace("pr: 11", "pr: eleven")
+    bad.write_text(text)
+    out = cli("resolve", str(bad))
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "components.vllm.pr" in errors[0] and str(bad) in errors[0]
+    assert out.stdout == ""
+
+
+def test_missing_pins_file_exit_2(tmp_path):
+    out = cli("build", str(tmp_path / "nope.yaml"))
+    assert out.returncode == 2
+    assert "nope.yaml" in out.stderr
+
+
+def test_bad_report_format_exit_2(tmp_path):
+    out = cli("report", str(tmp_path / "report.json"), "--format", "pdf")
+    assert out.returncode == 2
