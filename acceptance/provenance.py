@@ -137,7 +137,8 @@ class Checker:
         if not real.startswith(os.path.realpath(site) + "/"):
             self.fail(f"{name}: {module} imported from {path}, not from site-packages {site}")
         for m in table:
-            if m["mount_point"] != "/" and (procfs.covers(m["mount_point"], path) or procfs.covers(m["mount_point"], real)):
+            point = m["mount_point"]
+            if point != "/" and (procfs.covers(point, path) or procfs.covers(point, real)):
                 self.fail(f"{name}: {module} file {path} lies under mount {m['mount_point']} ({m['source']})")
         return {"file": path, "realpath": real, "version": getattr(mod, "__version__", None)}
 

@@ -137,12 +137,15 @@ def throughput(gates: list[GateResult], metric: str) -> dict:
     by_name = {g.name: g for g in gates}
     aligned = (by_name.get("rl_step").evidence.get("throughput") if "rl_step" in by_name else None)
     control = (by_name.get("control").evidence.get("throughput") if "control" in by_name else None)
-    ratio = aligned / control if isinstance(aligned, (int, float)) and isinstance(control, (int, float)) and control else None
+    numbers = all(isinstance(v, (int, float)) for v in (aligned, control))
+    ratio = aligned / control if numbers and control else None
     return {"metric": metric, "aligned": aligned, "control": control, "ratio": ratio}
 
 
-def accept(image_id: str, pins, gates=None, client=None, timeout_s: int | None = None) -> AcceptanceResult:
-    """Run the selected gates (default all) in fresh containers; unselected ones are not_run."""
+def accept(image_id: str, pins, gates=None, client=None, timeout_s: int | None = None,
+           run_id: str | None = None) -> AcceptanceResult:
+    """Run the selected gates (default all) in fresh containers; unselected ones are not_run.
+    Every container carries the label io.truepolicy.acceptance=<run_id> (random unless given)."""
     from . import infra
 
     selected = list(gates) if gates else list(GATES)
@@ -152,7 +155,7 @@ def accept(image_id: str, pins, gates=None, client=None, timeout_s: int | None =
     client = client or infra.engine_client()
     full_id = _image_id(client, image_id)
     timeout = timeout_s or pins.acceptance.timeout_s
-    run_id = uuid.uuid4().hex[:12]
+    run_id = run_id or uuid.uuid4().hex[:12]
     results, facts = [], {}
     for gate in GATES:
         if gate not in selected:

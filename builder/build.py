@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from builder import __version__ as BUILDER_VERSION
@@ -60,7 +61,8 @@ def build(rendered: RenderedBuild, pins=None, nocache: bool = False, client=None
     """Send the rendered context to the engine (network none), tag it with the sha tag, record it."""
     client = client or engine.connect()
     out_dir = Path(rendered.context_path).parent
-    log_path = out_dir / "build.log"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
+    log_path = out_dir / f"build-{stamp}.log"
     with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
         result = engine.build(client, context, rendered.tag, log_path, nocache=nocache, echo=echo)
     attrs = engine.inspect_image(client, result.image_id)
@@ -79,7 +81,9 @@ def build(rendered: RenderedBuild, pins=None, nocache: bool = False, client=None
         log_path=result.log_path, cached=all_cached(result.steps))
     steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached}
              for s in result.steps]
-    (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")
+    steps_path = Path(str(log_path).replace(".log", ".steps.json"))
+    steps_path.write_text(json.dumps(steps, indent=2) + "\n")
+    (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")  # the latest build
     (out_dir / "built.json").write_text(built.model_dump_json(indent=2) + "\n")
     log.info(f"built {rendered.tag} {result.image_id[:19]} ({built.size / 1e6:.0f} MB,"
              f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")

@@ -154,7 +154,7 @@ def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out):
 
 
 def _print_verdict(report, paths):
-    for gate in report.acceptance.gates if report.acceptance else []:
+    for gate in report.gates:
         log.info(f"  {gate.name:<12} {gate.status:<13} {gate.reason}")
     log.info(f"verdict: {report.verdict}")
     for kind, path in paths.items():
@@ -181,12 +181,13 @@ def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a ru
 
 @app.command()
 @handled
-def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run")):
+def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
+            image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)")):
     """Tag and push an ACCEPTED image, then verify the digest the registry serves."""
     from . import publish as publish_mod
 
     with log.step("publish"):
-        receipt = publish_mod.publish(report_json)
+        receipt = publish_mod.publish(report_json, image=image)
     typer.echo(receipt.model_dump_json(indent=2))
 
 

@@ -99,7 +99,11 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
         if not found.tag(report.repository, tag):
             raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
         with log.step(f"push {report.repository}:{tag}"):
-            pushed[tag] = _push(client, report.repository, tag, auth, secrets)
+            try:
+                pushed[tag] = _push(client, report.repository, tag, auth, secrets)
+            except PublishError:
+                registry.ping()  # a registry gone meanwhile is InfraError (exit 3), not a refused push
+                raise
     facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform) for tag in report.tags]
     digests = sorted({f["digest"] for f in facts})
     if len(digests) != 1:

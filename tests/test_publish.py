@@ -17,7 +17,7 @@ import requests
 
 from builder import publish, report
 from builder.errors import InfraError, PublishError
-from builder.registry import MANIFEST_TYPES
+from builder.registry import MANIFEST_TYPES, Registry, verify_tag
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 ANY = "sha256:" + "0" * 64
@@ -313,6 +313,24 @@ def test_publish_pushes_verifies_and_records_receipt(report_inputs, tmp_path, do
     md = paths["md"].read_text()
     assert f"| `{receipt.digest}` |" in md and "### Publish receipt" in md
     assert "not published" not in md
+    # the same verification refuses another config digest or another platform
+    reg = Registry("127.0.0.1:5000")
+    with pytest.raises(PublishError, match=f"manifest config {tiny_images['a']} is not image {tiny_images['b']}"):
+        verify_tag(reg, "tests/published", "demo", receipt.digest, tiny_images["b"], "linux/amd64")
+    with pytest.raises(PublishError, match="image platform linux/amd64, the report says linux/arm64"):
+        verify_tag(reg, "tests/published", "demo", receipt.digest, tiny_images["a"], "linux/arm64")
+
+
+@pytest.mark.docker
+def test_platform_other_than_reported_gets_no_receipt(report_inputs, tmp_path, docker_client, tiny_images,
+                                                      infra_setup):
+    repo = "127.0.0.1:5000/tests/platform"
+    rep, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client)
+    report.write(rep.model_copy(update={"platform": "linux/arm64"}), tmp_path)
+    before = snapshot(paths)
+    with pytest.raises(PublishError, match="image platform linux/amd64, the report says linux/arm64"):
+        publish.publish(paths["json"], client=docker_client)
+    assert snapshot(paths) == before
 
 
 @pytest.mark.docker

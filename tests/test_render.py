@@ -94,13 +94,15 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
     for name in ("vllm", "megatron", "verl"):
         steps = [t for g, t in render.instructions(built.dockerfile) if g == name]
         assert steps[0] == f'COPY ["src/{name}/", "/builder/src/{name}/"]'
-        assert f'"--prefix", "/install/{name}"' in steps[1] and '"-c", "/builder/constraints.txt"' in steps[1]
+        assert steps[1] == f'COPY ["provenance/{name}.json", "/builder/provenance/{name}.json"]'
+        install = steps[2]  # pip install into its own prefix, then stamp.py
+        assert f'"/builder/scripts/install.py", "/builder/provenance/{name}.json", "/install/{name}"' in install
+        assert '"-c", "/builder/constraints.txt"' in install and '"--no-index"' in install
         for arg in pins.components[name].install.pip_args:
-            assert f'"{arg}"' in steps[1]
-        assert "stamp.py" in steps[3]
-    copies = re.findall(r'^COPY --from=build \["(/install/[a-z]+)/"', built.dockerfile, re.M)
-    assert copies[:4] == ["/install/deps", "/install/vllm", "/install/megatron", "/install/verl"]
-    assert built.dockerfile.count("FROM ") == 2 and " AS runtime" in built.dockerfile
+            assert f'"{arg}"' in install
+    copies = re.findall(r'^COPY --from=[a-z]+ \["(/install/[a-z]+)/"', built.dockerfile, re.M)
+    assert copies == ["/install/deps", "/install/vllm", "/install/megatron", "/install/verl", "/install/acceptance"]
+    assert built.dockerfile.count("\nFROM ") == 3 and " AS runtime" in built.dockerfile
 
 
 def test_context_is_normalised_sorted_and_complete(rendered):

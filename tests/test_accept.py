@@ -1,0 +1,184 @@
+"""Acceptance against REAL images built by the builder: the clean demo stack passes every gate and
+each planted defect is caught by the right gate. Only the gates a test needs are run."""
+import io
+import tarfile
+import uuid
+
+import pytest
+
+from builder import accept
+from builder.pins import Mount
+
+pytestmark = pytest.mark.docker
+
+SITE = "/opt/venv/lib/python3.11/site-packages"
+
+
+@pytest.fixture
+def run_id(docker_client):
+    """The label value of this test's acceptance containers; all of them are gone afterwards."""
+    value = f"test-{uuid.uuid4().hex[:10]}"
+    yield value
+    left = accept.leftover_containers(docker_client, value)
+    for container in left:
+        container.remove(force=True)
+    assert left == [], "acceptance containers left behind"
+
+
+def _gates(result) -> dict:
+    return {g.name: g for g in result.gates}
+
+
+def _with(model, **changes):
+    return model.model_copy(update=changes)
+
+
+def test_clean_demo_stack_passes_every_gate(demo_image, docker_client, run_id):
+    pins, _, _, built = demo_image
+    result = accept.accept(built.image_id, pins, client=docker_client, run_id=run_id)
+    gates = _gates(result)
+    assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in accept.GATES}, \
+        {n: g.reason for n, g in gates.items()}
+    assert result.image_id == built.image_id
+    prov = gates["provenance"].evidence
+    assert set(prov["components"]) == {"vllm", "megatron", "verl"}
+    assert any(p.endswith(".so") for p in prov["native_libs_loaded"])
+    assert gates["control"].evidence["diff_max"] > 0
+    assert 0 < result.throughput["ratio"]
+    for facts in result.container["gates"].values():
+        assert facts["network"] == "none" and facts["networks"] == ["none"]
+        assert facts["mounts"] == [] and set(facts["tmpfs"]) == {"/cache", "/tmp"}
+        assert facts["image"] == built.image_id and facts["exit_code"] == 0
+
+
+def test_batch_invariance_off_fails_zero_update(demo_image, build_variant, docker_client, run_id):
+    pins = demo_image[0]
+    result = accept.accept(build_variant("vllm", 12).image_id, pins, gates=["zero_update"],
+                           client=docker_client, run_id=run_id)
+    gates = _gates(result)
+    assert gates["zero_update"].status == "fail"
+    assert "expected exactly 0.0" in gates["zero_update"].reason
+    assert {gates[n].status for n in ("provenance", "rl_step", "control")} == {"not_run"}
+
+
+def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image, build_variant, docker_client, run_id):
+    pins = demo_image[0]
+    result = accept.accept(build_variant("vllm", 13).image_id, pins, gates=["zero_update", "rl_step"],
+                           client=docker_client, run_id=run_id)
+    gates = _gates(result)
+    assert gates["zero_update"].status == "pass", gates["zero_update"].reason
+    assert gates["rl_step"].status == "fail"
+    assert gates["rl_step"].reason.startswith("step 2:")
+
+
+def test_weight_decay_at_lr_zero_fails_zero_update(demo_image, build_variant, docker_client, run_id):
+    pins = demo_image[0]
+    result = accept.accept(build_variant("megatron", 23).image_id, pins, gates=["zero_update"],
+                           client=docker_client, run_id=run_id)
+    gate = _gates(result)["zero_update"]
+    assert gate.status == "fail"
+    assert "weights changed with lr 0" in gate.reason
+
+
+@pytest.mark.parametrize("pr, words", [(34, "not a number"), (35, "rollout_corr/k3_kl missing")])
+def test_bad_metrics_fail_zero_update(demo_image, build_variant, docker_client, pr, words, run_id):
+    pins = demo_image[0]
+    result = accept.accept(build_variant("verl", pr).image_id, pins, gates=["zero_update"],
+                           client=docker_client, run_id=run_id)
+    gate = _gates(result)["zero_update"]
+    assert gate.status == "fail"
+    assert words in gate.reason
+
+
+@pytest.fixture(scope="module")
+def edited_image(demo_image, docker_client):
+    """The demo image plus one layer that appends to an installed tinyengine file (network none)."""
+    image_id = demo_image[3].image_id
+    dockerfile = (f"FROM {image_id}\n"
+                  f"RUN echo '# edited after install' >> {SITE}/tinyengine/engine.py\n").encode()
+    image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile), network_mode="none", rm=True,
+                                          forcerm=True, labels={"io.truepolicy.test": "edited"})
+    yield image.id
+    docker_client.images.remove(image.id, force=True)
+
+
+def test_file_changed_after_install_fails_provenance(demo_image, edited_image, docker_client, run_id):
+    pins = demo_image[0]
+    result = accept.accept(edited_image, pins, gates=["provenance"], client=docker_client, run_id=run_id)
+    gate = _gates(result)["provenance"]
+    assert gate.status == "fail"
+    assert f"{SITE}/tinyengine/engine.py sha256" in gate.reason
+
+
+def _copy_out(client, image_id: str, path: str, dest, run_id: str):
+    """Copy a directory out of an image (a created, never started container)."""
+    container = client.containers.create(image_id, command=["true"], network_mode="none",
+                                         labels={accept.LABEL: run_id})
+    try:
+        stream, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            tar.extractall(dest, filter="data")
+    finally:
+        container.remove(force=True)
+
+
+def test_host_directory_mounted_over_package_fails_provenance(demo_image, docker_client, tmp_path, run_id):
+    pins, _, _, built = demo_image
+    # identical files: only the mount differs from the image
+    _copy_out(docker_client, built.image_id, f"{SITE}/tinyengine", tmp_path, run_id)
+    mounted = _with(pins, acceptance=_with(pins.acceptance, mounts=[
+        Mount(source=str(tmp_path / "tinyengine"), target=f"{SITE}/tinyengine")]))
+    result = accept.accept(built.image_id, mounted, gates=["provenance"], client=docker_client, run_id=run_id)
+    gate = _gates(result)["provenance"]
+    assert gate.status == "fail"
+    assert f"mount at {SITE}/tinyengine" in gate.reason
+    facts = result.container["gates"]["provenance"]
+    assert facts["mounts"] == [{"source": str(tmp_path / "tinyengine"), "target": f"{SITE}/tinyengine", "rw": False}]
+
+
+def test_hanging_gate_is_killed_at_timeout(demo_image, docker_client, run_id):
+    pins, _, _, built = demo_image
+    hang = _with(pins, recipe=_with(pins.recipe, entry=["python", "-c", "import time; time.sleep(600)"]))
+    result = accept.accept(built.image_id, hang, gates=["zero_update"], client=docker_client, timeout_s=5,
+                           run_id=run_id)
+    gate = _gates(result)["zero_update"]
+    assert gate.status == "fail"
+    assert gate.reason.startswith("timed out after 5 s")
+    assert result.container["gates"]["zero_update"]["timed_out"] is True
+    assert result.container["run_id"] == run_id
+    assert accept.leftover_containers(docker_client, run_id) == []
+
+
+def test_gate_that_dies_without_result_fails(demo_image, docker_client, run_id):
+    pins, _, _, built = demo_image
+    broken = _with(pins, base=_with(pins.base, python_bin="/bin/false"))
+    result = accept.accept(built.image_id, broken, gates=["provenance"], client=docker_client, run_id=run_id)
+    gate = _gates(result)["provenance"]
+    assert gate.status == "fail"
+    assert "without a result line" in gate.reason
+
+
+def test_ctrl_c_removes_the_container(demo_image, docker_client, monkeypatch, run_id):
+    import docker
+
+    pins, _, _, built = demo_image
+    seen = []
+
+    def interrupted(self, **kwargs):
+        seen.append(self.id)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(docker.models.containers.Container, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        accept.accept(built.image_id, pins, gates=["zero_update"], client=docker_client, run_id=run_id)
+    assert len(seen) == 1
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(seen[0])
+
+
+def test_unknown_gate_is_bad_input(demo_image, docker_client, run_id):
+    from builder.errors import BadInput
+
+    pins, _, _, built = demo_image
+    with pytest.raises(BadInput, match="--gate"):
+        accept.accept(built.image_id, pins, gates=["nope"], client=docker_client, run_id=run_id)
