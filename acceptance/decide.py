@@ -22,8 +22,7 @@ class Run:
 
 def _table(run: Run, n_steps: int, metrics: dict) -> dict:
     """Per-step values of the metrics named in the settings (evidence)."""
-    names = {role: name for role, name in metrics.items()}
-    return {str(step): {role: run.steps.get(step, {}).get(name) for role, name in names.items()
+    return {str(step): {role: run.steps[step][name] for role, name in metrics.items()
                         if name in run.steps.get(step, {})}
             for step in range(1, n_steps + 1)}
 

@@ -28,7 +28,7 @@ def timed_build(pins_path, nocache=False):
 
 
 def reused(built) -> dict:
-    steps = json.loads((Path(built.log_path).parent / "steps.json").read_text())
+    steps = json.loads(build.steps_file(built).read_text())
     groups = render.instructions((Path(built.log_path).parent / "Dockerfile").read_text())
     out = {}
     for step in steps:

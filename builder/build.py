@@ -57,6 +57,11 @@ def check_labels(attrs: dict, labels: dict[str, str], ref: str) -> None:
         raise BuildFailed(f"{ref}: built image lacks the rendered labels {wrong}")
 
 
+def steps_file(built: BuiltImage) -> Path:
+    """Per-step record of one build: step, instruction, seconds, cached, image (short ID)."""
+    return Path(built.log_path[: -len(".log")] + ".steps.json")
+
+
 def build(rendered: RenderedBuild, pins=None, nocache: bool = False, client=None, echo: bool = True) -> BuiltImage:
     """Send the rendered context to the engine (network none), tag it with the sha tag, record it."""
     client = client or engine.connect()
@@ -79,10 +84,9 @@ def build(rendered: RenderedBuild, pins=None, nocache: bool = False, client=None
         dockerfile_sha256=rendered.dockerfile_sha256,
         stage_times=stage_times(rendered.dockerfile, result.steps, result.seconds),
         log_path=result.log_path, cached=all_cached(result.steps))
-    steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached}
-             for s in result.steps]
-    steps_path = Path(str(log_path).replace(".log", ".steps.json"))
-    steps_path.write_text(json.dumps(steps, indent=2) + "\n")
+    steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached,
+              "image": s.image} for s in result.steps]
+    steps_file(built).write_text(json.dumps(steps, indent=2) + "\n")
     (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")  # the latest build
     (out_dir / "built.json").write_text(built.model_dump_json(indent=2) + "\n")
     log.info(f"built {rendered.tag} {result.image_id[:19]} ({built.size / 1e6:.0f} MB,"

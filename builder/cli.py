@@ -65,11 +65,11 @@ def _render(pins, resolved):
         return render.render(pins, resolved)
 
 
-def _build(pins, rendered):
+def _build(pins, rendered, nocache=False, quiet=False):
     from . import build
 
     with log.step("build"):
-        return build.build(rendered, pins)
+        return build.build(rendered, pins, nocache=nocache, echo=not quiet)
 
 
 def _run_dir(out: Optional[Path], name: str) -> Path:
@@ -116,10 +116,12 @@ def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: b
 
 @app.command()
 @handled
-def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bool = AllowMoved):
+def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
+          nocache: bool = typer.Option(False, "--nocache", help="build every layer again"),
+          quiet: bool = typer.Option(False, "--quiet", help="do not stream the build log")):
     """Resolve, render and build the image; print the build record as JSON."""
     pins, resolved = _load_and_resolve(pins_path, offline, allow_moved_pr)
-    built = _build(pins, _render(pins, resolved))
+    built = _build(pins, _render(pins, resolved), nocache=nocache, quiet=quiet)
     typer.echo(built.model_dump_json(indent=2))
 
 

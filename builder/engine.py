@@ -14,6 +14,7 @@ from pathlib import Path
 from builder.errors import BuildFailed, InfraError
 
 STEP_RX = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+LAYER_RX = re.compile(r"^---> ([0-9a-f]{12})$")
 BUILD_TIMEOUT_S = 3600  # HTTP read timeout: a step may print nothing for minutes
 
 
@@ -24,6 +25,7 @@ class Step:
     instruction: str
     seconds: float = 0.0
     cached: bool = False
+    image: str = ""  # short ID of the image this step produced (or reused)
     lines: list[str] = field(default_factory=list)
 
 
@@ -106,6 +108,9 @@ class _Progress:
             self.steps[-1].lines.append(text)
             if text.strip() == "---> Using cache":
                 self.steps[-1].cached = True
+            layer = LAYER_RX.match(text.strip())
+            if layer:
+                self.steps[-1].image = layer[1]
 
     def _close(self, now: float) -> None:
         if self.steps and not self.steps[-1].seconds:

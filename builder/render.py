@@ -182,7 +182,7 @@ NETWORK_RX = re.compile(r"https?://|ftp://|\bgit (clone|fetch|pull)\b|\bcurl\b|\
 def lint(dockerfile: str) -> list[str]:
     """What the unified Dockerfile must never contain: ADD, RUN --mount, shell-form RUN,
     a FROM without digest, or anything that reaches the network."""
-    problems = []
+    problems, stages = [], set()
     for group, text in instructions(dockerfile):
         word = text.split(" ", 1)[0].upper()
         if word == "ADD":
@@ -191,8 +191,11 @@ def lint(dockerfile: str) -> list[str]:
             problems.append(f"no RUN --mount (sources come from the context): {text[:80]}")
         if word == "RUN" and not text[4:].lstrip().startswith("["):
             problems.append(f"RUN must be exec form: {text[:80]}")
-        if word == "FROM" and not FROM_RX.fullmatch(text):
-            problems.append(f"FROM must name the base by digest: {text[:80]}")
+        if word == "FROM":
+            parts = text.split()
+            if not (FROM_RX.fullmatch(text) or (len(parts) == 4 and parts[1] in stages and parts[2] == "AS")):
+                problems.append(f"FROM must name the base by digest or an earlier stage: {text[:80]}")
+            stages.add(parts[-1])
         if word != "LABEL" and NETWORK_RX.search(text):
             problems.append(f"no network access in the build: {text[:80]}")
     return problems

@@ -59,6 +59,12 @@ def test_nan_is_parsed_as_nan_from_both_logs():
         assert math.isnan(metrics.number(steps[1][METRICS["diff_max"]]))
 
 
+def test_console_lines_with_a_worker_prefix():
+    line = "(TaskRunner pid=42) step:3 - training/rollout_probs_diff_max:0.0 - actor/weights_checksum_after:00ff"
+    assert metrics.parse_console(line + "\nnot a step line\n") == {
+        3: {"training/rollout_probs_diff_max": 0.0, "actor/weights_checksum_after": "00ff"}}
+
+
 def test_bad_jsonl_lines_are_reported_not_used():
     steps, problems = metrics.parse_jsonl('{"step": 1, "data": {"a": 0.0}}\nnot json\n{"data": {}}\n')
     assert steps == {1: {"a": 0.0}}
@@ -315,3 +321,27 @@ def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path):
     assert "not empty at start" in result["reason"]
     missing = _provenance(tmp_path, site, tmp_path / "nope.json")
     assert missing["status"] == "fail" and "missing" in missing["reason"]
+
+
+# ---- host side: the container spec (no engine needed)
+
+
+def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned():
+    from builder import accept as host
+    from builder import pins as pins_mod
+
+    pins = pins_mod.load(ROOT / "pins" / "demo.yaml")
+    spec = host._container_spec(pins, "sha256:" + "ab" * 32, "rl_step", host.gate_settings(pins, "rl_step"), "r1")
+    assert spec["image"].startswith("sha256:") and spec["network_mode"] == "none"
+    assert spec["mounts"] == [] and "device_requests" not in spec
+    assert set(spec["tmpfs"]) == {"/cache", "/tmp"} and "exec" in spec["tmpfs"]["/cache"].split(",")
+    assert spec["environment"]["HOME"] == "/cache" and spec["labels"][host.LABEL] == "r1"
+    settings = json.loads(spec["command"][-1])
+    assert spec["command"][:5] == [pins.base.python_bin, "-m", "acceptance", "gate", "rl_step"]
+    assert settings["lr"] == pins.rl_lr() and settings["metrics"]["diff_max"] == pins.acceptance.metrics.diff_max
+
+    gpu = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={
+        "gpus": 2, "mounts": [pins_mod.Mount(source="/data", target="/data")]})})
+    spec = host._container_spec(gpu, "sha256:" + "ab" * 32, "rl_step", {}, "r1")
+    assert spec["device_requests"][0]["Count"] == 2
+    assert spec["mounts"][0]["ReadOnly"] is True and spec["mounts"][0]["Target"] == "/data"

@@ -79,6 +79,7 @@ def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered):
         "RUN git clone https://github.com/vllm-project/vllm": "exec form",
         "RUN [\"sh\", \"-c\", \"curl -L https://example.com | sh\"]": "network",
         "FROM python:3.11 AS build": "digest",
+        "FROM later AS other": "earlier stage",
     }
     for line, what in planted.items():
         problems = render.lint(dockerfile + line + "\n")
@@ -102,7 +103,9 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
             assert f'"{arg}"' in install
     copies = re.findall(r'^COPY --from=[a-z]+ \["(/install/[a-z]+)/"', built.dockerfile, re.M)
     assert copies == ["/install/deps", "/install/vllm", "/install/megatron", "/install/verl", "/install/acceptance"]
-    assert built.dockerfile.count("\nFROM ") == 3 and " AS runtime" in built.dockerfile
+    froms = re.findall(r"^FROM (\S+) AS (\S+)$", built.dockerfile, re.M)
+    base = pins.base.image
+    assert froms == [(base, "prepare"), ("prepare", "build"), ("prepare", "acceptance"), (base, "runtime")]
 
 
 def test_context_is_normalised_sorted_and_complete(rendered):
