@@ -148,11 +148,19 @@ def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out):
         image = built.image_id
     with log.step("acceptance"):
         result = accept_mod.accept(image, pins, gates=gates or None)
-    report = report_mod.make_report(pins, resolved, built, result)
+    report = report_mod.make_report(pins, resolved, built, result, image_manifest=_image_manifest(image))
     run_dir = _run_dir(out, pins.name)
     paths = report_mod.write(report, run_dir)
     _print_verdict(report, paths)
     return report
+
+
+def _image_manifest(image_id: str) -> dict | None:
+    """/opt/delivery/manifest.json of the image, for the report's run manifest."""
+    from . import engine
+
+    data = engine.read_file(engine.connect(), image_id, "/opt/delivery/manifest.json")
+    return json.loads(data) if data else None
 
 
 def _print_verdict(report, paths):

@@ -69,6 +69,25 @@ def tag_image(client, image_id: str, ref: str) -> None:
         raise BuildFailed(f"{ref}: the engine refused to tag {image_id}")
 
 
+def read_file(client, image_id: str, path: str) -> bytes | None:
+    """One file of an image, through a created (never started) container; None when absent."""
+    import io
+    import tarfile
+
+    import docker
+
+    container = client.containers.create(image_id, command=["true"], network_mode="none")
+    try:
+        stream, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.extractfile(tar.getmembers()[0])
+            return member.read() if member else None
+    except docker.errors.NotFound:
+        return None
+    finally:
+        container.remove(force=True)
+
+
 def remove_image(client, ref: str) -> bool:
     """Remove a tag (or image); True when something was removed."""
     import docker
