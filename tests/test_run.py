@@ -1,0 +1,81 @@
+"""`builder run` end to end on the demo stack: exit codes 0 / 1 / 2 / 3, publish only when accepted,
+and a second run that reuses the build but accepts again in new containers."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from builder.demo import variant_pins
+from builder.registry import Registry, split_repository
+from builder.render import sha_tag
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.docker
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200, env={**os.environ, **(env or {})})
+
+
+def container_ids(report: dict) -> set[str]:
+    return {g["id"] for g in report["acceptance"]["container"]["gates"].values()}
+
+
+def served(repository: str, tag: str) -> int:
+    host, name = split_repository(repository)
+    return requests.head(f"http://{host}/v2/{name}/manifests/{tag}", timeout=10,
+                         headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}).status_code
+
+
+def test_run_accepts_publishes_and_reruns(demo_pins, tmp_path):
+    first = run_cli("run", str(demo_pins), "--publish", "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["verdict"] == "ACCEPTED"
+    receipt = report["publish"]
+    assert receipt["verified"] and receipt["config_digest"] == report["build"]["image_id"]
+    host, name = split_repository(receipt["repository"])
+    served_digest = Registry(host).manifest(name, report["tags"][0])["computed"]
+    assert served_digest == receipt["digest"]
+    assert "verdict: ACCEPTED" in first.stderr and "report md:" in first.stderr
+
+    second = run_cli("run", str(demo_pins), "--out", str(tmp_path / "b"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert again["build"]["image_id"] == report["build"]["image_id"]
+    assert again["build"]["cached"] is True
+    assert container_ids(again).isdisjoint(container_ids(report))  # fresh containers
+    assert again["publish"] is None  # not asked this time
+
+
+def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins, tmp_path):
+    pins_path = variant_pins(tmp_path / "pins", "vllm", 12, pins_path=demo_pins)  # batch invariance broken
+    out = run_cli("run", str(pins_path), "--publish", "--out", str(tmp_path / "run"))
+    assert out.returncode == 1, out.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["verdict"] == "NOT ACCEPTED" and report["publish"] is None
+    assert {g["name"]: g["status"] for g in report["gates"]}["zero_update"] == "fail"
+    from builder import pins as pins_mod
+
+    pins = pins_mod.load(pins_path)
+    assert served(pins.image.repository, sha_tag(pins)) == 404
+
+
+def test_run_bad_input_exits_2(tmp_path):
+    bad = tmp_path / "pins.yaml"
+    bad.write_text("- a list\n- not a mapping\n")
+    out = run_cli("run", str(bad))
+    assert out.returncode == 2 and str(bad) in out.stderr
+
+
+def test_run_engine_unreachable_exits_3(demo_pins, tmp_path):
+    out = run_cli("run", str(demo_pins), "--out", str(tmp_path / "run"),
+                  env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "docker engine" in out.stderr
+    assert not (tmp_path / "run" / "report.json").exists()
