@@ -106,8 +106,15 @@ def resolve(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: 
 
 @app.command()
 @handled
-def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bool = AllowMoved):
+def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
+           pins_only: bool = typer.Option(False, "--pins-only",
+                                          help="render from the pins alone (no fetch, no context; trees unresolved)")):
     """Print the Dockerfile; build nothing (the context is assembled but not sent)."""
+    if pins_only:
+        from . import pins as pins_mod, render as render_mod
+
+        sys.stdout.write(render_mod.render_dockerfile(pins_mod.load(pins_path), None))
+        return
     pins, resolved = _load_and_resolve(pins_path, offline, allow_moved_pr)
     rendered = _render(pins, resolved)
     log.info(f"context {rendered.context_path} sha256:{rendered.context_sha256}")
@@ -130,15 +137,16 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
 def accept(pins_path: Path = PinsArg,
            image: Optional[str] = typer.Option(None, "--image", help="image ID (default: build from the pins)"),
            gate: Optional[list[str]] = typer.Option(None, "--gate", help="run only these gates"),
+           timeout: Optional[int] = typer.Option(None, "--timeout", help="seconds per gate (default: the pins')"),
            offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")):
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
-    report = _accept_and_report(pins_path, image, gate, offline, allow_moved_pr, out)
+    report = _accept_and_report(pins_path, image, gate, offline, allow_moved_pr, out, timeout)
     if report.verdict != "ACCEPTED":
         raise typer.Exit(NotAccepted.exit_code)
 
 
-def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out):
+def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out, timeout=None):
     from . import accept as accept_mod, report as report_mod
 
     pins, resolved = _load_and_resolve(pins_path, offline, allow_moved_pr)
@@ -147,7 +155,7 @@ def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out):
         built = _build(pins, _render(pins, resolved))
         image = built.image_id
     with log.step("acceptance"):
-        result = accept_mod.accept(image, pins, gates=gates or None)
+        result = accept_mod.accept(image, pins, gates=gates or None, timeout_s=timeout)
     report = report_mod.make_report(pins, resolved, built, result, image_manifest=_image_manifest(image))
     run_dir = _run_dir(out, pins.name)
     paths = report_mod.write(report, run_dir)

@@ -74,8 +74,13 @@ def image_ref(pins) -> str:
     return f"{pins.image.repository}:{sha_tag(pins)}"
 
 
-def created(sources: ResolvedSources) -> str:
+UNRESOLVED = "unresolved"
+
+
+def created(sources: ResolvedSources | None) -> str:
     """Newest commit time of the three, ISO 8601 UTC (keeps the label reproducible)."""
+    if sources is None:
+        return UNRESOLVED
     newest = max(sources.components[name].commit_time for name in COMPONENTS)
     return datetime.fromtimestamp(newest, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -85,7 +90,11 @@ def venv_root(pins) -> str:
     return str(Path(pins.base.python_bin).parent.parent)
 
 
-def labels(pins, sources: ResolvedSources) -> dict[str, str]:
+def _tree(sources: ResolvedSources | None, name: str) -> str:
+    return sources.components[name].tree if sources else UNRESOLVED
+
+
+def labels(pins, sources: ResolvedSources | None) -> dict[str, str]:
     verl = pins.components["verl"]
     out = {
         "org.opencontainers.image.source": verl.url,
@@ -97,28 +106,27 @@ def labels(pins, sources: ResolvedSources) -> dict[str, str]:
         "org.opencontainers.image.title": pins.name,
     }
     for name in COMPONENTS:
-        comp, res = pins.components[name], sources.components[name]
+        comp = pins.components[name]
         out[f"io.truepolicy.{name}.commit"] = comp.commit
-        out[f"io.truepolicy.{name}.tree"] = res.tree
+        out[f"io.truepolicy.{name}.tree"] = _tree(sources, name)
         out[f"io.truepolicy.{name}.pr"] = str(comp.pr)
     return out
 
 
-def component_entries(pins, sources: ResolvedSources) -> list[dict]:
-    """Per-component template data, in install order."""
+def component_entries(pins, sources: ResolvedSources | None) -> list[dict]:
+    """Per-component template data, in install order (sources None: pins-only review render)."""
     out, earlier = [], []
-    site = f"lib/python{pins.base.python}/site-packages"
     for name in COMPONENTS:
-        comp, res = pins.components[name], sources.components[name]
-        if res.commit != comp.commit:
-            raise BadInput(f"components.{name}.commit: resolved {res.commit}, pinned {comp.commit}")
+        comp = pins.components[name]
+        if sources and sources.components[name].commit != comp.commit:
+            raise BadInput(f"components.{name}.commit: resolved {sources.components[name].commit}, "
+                           f"pinned {comp.commit}")
         prefix = f"/install/{name}"
         env = [f"{envkey(k)}={v}" for k, v in items(comp.install.env)]
-        if earlier:  # earlier components are importable while this one installs
-            env.append("PYTHONPATH=" + ":".join(f"{p}/{site}" for p in earlier))
-        out.append({"name": name, "prefix": prefix, "commit": comp.commit, "tree": res.tree, "pr": comp.pr,
+        out.append({"name": name, "prefix": prefix, "commit": comp.commit, "tree": _tree(sources, name), "pr": comp.pr,
                     "url": comp.url, "target": comp.target, "distribution": comp.distribution,
-                    "modules": list(comp.modules), "pip_args": list(comp.install.pip_args), "env": env})
+                    "modules": list(comp.modules), "pip_args": list(comp.install.pip_args), "env": env,
+                    "earlier": list(earlier)})  # importable while this one installs
         earlier.append(prefix)
     return out
 
@@ -131,7 +139,11 @@ def lock_has_requirements(lock_path: Path) -> bool:
     return False
 
 
-def render_dockerfile(pins, sources: ResolvedSources, acceptance: bool, deps: bool) -> str:
+def render_dockerfile(pins, sources: ResolvedSources | None, acceptance: bool = True, deps: bool | None = None) -> str:
+    """The Dockerfile text; with sources None the tree and created labels read "unresolved"
+    (a review render of pins whose repositories are not reachable; never built)."""
+    if deps is None:
+        deps = lock_has_requirements(pins.lock_path())
     if not BASE_RX.fullmatch(pins.base.image):
         raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image!r}")
     comps = component_entries(pins, sources)

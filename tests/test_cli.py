@@ -51,3 +51,17 @@ def test_missing_pins_file_exit_2(tmp_path):
 def test_bad_report_format_exit_2(tmp_path):
     out = cli("report", str(tmp_path / "report.json"), "--format", "pdf")
     assert out.returncode == 2
+
+
+def test_nemotron_pins_validate_and_render_from_pins_alone(tmp_path):
+    first = cli("render", "--pins-only", "pins/nemotron-3.5-lightning.yaml")
+    assert first.returncode == 0, first.stderr
+    again = cli("render", "--pins-only", str(ROOT / "pins" / "nemotron-3.5-lightning.yaml"), cwd=tmp_path)
+    assert again.stdout == first.stdout  # byte-identical, whatever the cwd
+    text = first.stdout
+    assert text.count("FROM nvcr.io/nvidia/pytorch:26.07-py3@sha256:2140e699b3beaf7f96a0081fd9c9406bc3832b435cdb60"
+                      "dfa2d261f7d2f34a1c AS ") == 2
+    assert '"io.truepolicy.vllm.commit"="4b5c627c23e6690b8987100d1cbf78e34ac14bf9"' in text
+    assert '"io.truepolicy.megatron.pr"="7050"' in text and '"io.truepolicy.verl.pr"="7688"' in text
+    assert '"TORCH_CUDA_ARCH_LIST=' in text and '"megatron-core"' in text
+    assert "git clone" not in text and "http" not in text.split("LABEL")[0]

@@ -98,7 +98,10 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
         assert steps[1] == f'COPY ["provenance/{name}.json", "/builder/provenance/{name}.json"]'
         install = steps[2]  # pip install into its own prefix, then stamp.py
         assert f'"/builder/scripts/install.py", "/builder/provenance/{name}.json", "/install/{name}"' in install
-        assert '"-c", "/builder/constraints.txt"' in install and '"--no-index"' in install
+        assert '"--no-index"' in install  # install.py adds -c with the base and earlier pins
+        earlier = ["vllm", "megatron", "verl"][:["vllm", "megatron", "verl"].index(name)]
+        assert f'"{pins.components[name].distribution}"' + "".join(f', "/install/{e}"' for e in earlier) + ', "--"' \
+            in install
         for arg in pins.components[name].install.pip_args:
             assert f'"{arg}"' in install
     copies = re.findall(r'^COPY --from=[a-z]+ \["(/install/[a-z]+)/"', built.dockerfile, re.M)

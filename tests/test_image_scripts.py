@@ -1,0 +1,30 @@
+"""Scripts that run inside the build: constraints keep the base's and earlier components' versions."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "builder" / "image_scripts"))
+import install  # noqa: E402
+from common import site_dirs  # noqa: E402
+
+
+def fake_install(prefix: Path, name: str, version: str) -> None:
+    site = Path(site_dirs(str(prefix))[0])
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_constraints_pin_base_and_earlier_components(tmp_path):
+    (tmp_path / "names").write_text("torch\nvllm\nnot-installed\n")
+    (tmp_path / "base").write_text("torch==2.13.0\n")
+    fake_install(tmp_path / "vllm", "vllm", "0.11.1")
+    dirs = site_dirs(str(tmp_path / "vllm"))
+    out = install.constraints(dirs, tmp_path / "c.txt", tmp_path / "names", tmp_path / "base")
+    assert Path(out).read_text().splitlines() == ["torch==2.13.0", "vllm==0.11.1"]
+
+
+def test_constraints_without_earlier_components_keep_only_base(tmp_path):
+    (tmp_path / "names").write_text("torch\nvllm\n")
+    (tmp_path / "base").write_text("torch==2.13.0\n")
+    out = install.constraints([], tmp_path / "c.txt", tmp_path / "names", tmp_path / "base")
+    assert Path(out).read_text().splitlines() == ["torch==2.13.0"]
