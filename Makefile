@@ -20,4 +20,4 @@ demo: setup
 	$(PYTHON) -m builder.cli demo
 
 test:
-	$(PYTHON) -m pytest -x -q
+	$(PYTHON) -m pytest -q -ra

@@ -122,12 +122,7 @@ def _pip_download(args: list[str], dest: Path, logname: str) -> None:
     logfile = cache_dir("logs") / logname
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(dest),
             *_target_args(), *args]
-    with open(logfile, "ab") as out:
-        out.write(("$ " + " ".join(argv) + "\n").encode())
-        out.flush()
-        rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    if rc != 0:
-        raise InfraError(f"pip download: exit {rc}; see {logfile}: {infra._tail(logfile, 5)}")
+    _run(argv, logfile, "pip download", InfraError)
 
 
 def _wheel_name_version(filename: str) -> tuple[str, str]:
@@ -269,13 +264,14 @@ def _cached(client, recipe: str) -> str | None:
 # --------------------------------------------------------------------------- build steps
 
 
-def _run(argv: list[str], logfile: Path, what: str) -> None:
+def _run(argv: list[str], logfile: Path, what: str, error=BuildFailed) -> None:
+    """Run a host command with its output appended to logfile; `error` on a non-zero exit."""
     with open(logfile, "ab") as out:
         out.write(("$ " + " ".join(argv) + "\n").encode())
         out.flush()
         rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     if rc != 0:
-        raise BuildFailed(f"{what}: exit {rc}; see {logfile}: {infra._tail(logfile, 5)}")
+        raise error(f"{what}: exit {rc}; see {logfile}: {infra._tail(logfile, 5)}")
 
 
 def _normalise(root: Path) -> None:
