@@ -28,9 +28,9 @@ REPOS = {
          "load_weights() for weight sync, native module tinyengine._C."),
         ("e2", "e1", "e2-docs", "Add CHANGELOG"),
         ("e3", "e2", "e3-weights-check", "weights: native FNV-1a fingerprint of the resident weights"),
-        ("p11a", "e3", "p11-1-kernels", "Add batch-invariant per-row kernels\n\n"
-         "Every op on one row and one position with fixed shapes: [1, d] @ W, attention\n"
-         "as a product and a sum over exactly t + 1 keys."),
+        ("p11a", "e3", "p11-1-kernels", "Add batch-invariant kernels\n\n"
+         "Vectorised, with a fixed reduction order per output: linear = elementwise product\n"
+         "and a sum over the input dim, attention over all max_seq_len key slots (masked)."),
         ("p11b", "p11a", "p11-2-switch", "engine: DEMO_BATCH_INVARIANT selects the batch-invariant kernels\n\n"
          "Read once at construction and recorded as LLM.batch_invariant\n"
          "(the counterpart of VLLM_BATCH_INVARIANT)."),

@@ -1,51 +1,60 @@
 """Aligned forward: the rollout engine's batch-invariant kernels, reproduced.
 
-Each position of each row runs as its own fixed-shape computation ([1, d] @ W,
-attention as an elementwise product and a sum over exactly t + 1 keys), the same
-math as the engine's DEMO_BATCH_INVARIANT=1 path, so training logprobs equal
-rollout logprobs bitwise. This is a copy of the math, not an import of the engine.
+The same fixed-layout reductions as the engine's DEMO_BATCH_INVARIANT=1 path: a linear
+layer is an elementwise product and a sum over the input dim ((x[..., :, None] * W).sum(-2)),
+attention always spans all max_seq_len key slots (later ones masked to probability 0,
+their values zero). Each token's logprob is computed in exactly the same order as in
+the engine's prefill or decode, so training logprobs equal rollout logprobs bitwise.
+This is a copy of the math, not an import of the engine.
 """
 import math
 
 import torch
 import torch.nn.functional as F
 
+CHUNK = 2 ** 17  # elements of one product temporary
 
-def rms_norm_row(x, w, eps):  # x: [1, d]
+
+def linear(x, w):
+    """[..., din] x [din, dout]: every output is an elementwise product and a sum over din,
+    over fixed-size row chunks (bounded temporaries; a row's result never depends on its chunk)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.cat([(r.unsqueeze(-1) * w).sum(-2) for r in rows.split(max(1, CHUNK // w.numel()))])
+    return out.view(*x.shape[:-1], w.shape[1])
+
+
+def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def attend(q, ks, vs, scale):
-    """q: [H, hd]; ks, vs: lists of [H, hd] for positions 0..t -> [H, hd]."""
-    k = torch.stack(ks, dim=1)  # [H, t+1, hd]
-    v = torch.stack(vs, dim=1)
-    probs = torch.softmax((q.unsqueeze(1) * k).sum(-1) * scale, dim=-1)  # [H, t+1]
-    return (probs.unsqueeze(-1) * v).sum(1)
-
-
-def token_logprobs(p, cfg, token: int, pos: int, cache):
-    """One token of one row; cache: per layer (keys, values) lists, extended in place -> [1, V]."""
-    H, hd, d = cfg.n_heads, cfg.head_dim, cfg.d_model
-    scale = 1.0 / math.sqrt(hd)
-    x = (p["tok_emb.weight"][token] + p["pos_emb.weight"][pos]).unsqueeze(0)
-    for i in range(cfg.n_layers):
-        pre = f"layers.{i}."
-        h = rms_norm_row(x, p[pre + "attn_norm.weight"], cfg.eps)
-        q = (h @ p[pre + "attn.wq"]).view(H, hd)
-        cache[i][0].append((h @ p[pre + "attn.wk"]).view(H, hd))
-        cache[i][1].append((h @ p[pre + "attn.wv"]).view(H, hd))
-        x = x + attend(q, cache[i][0], cache[i][1], scale).reshape(1, d) @ p[pre + "attn.wo"]
-        h = rms_norm_row(x, p[pre + "mlp_norm.weight"], cfg.eps)
-        x = x + F.gelu(h @ p[pre + "mlp.w_in"]) @ p[pre + "mlp.w_out"]
-    h = rms_norm_row(x, p["norm.weight"], cfg.eps)
-    return torch.log_softmax(h @ p["lm_head.weight"], dim=-1)
+def attend(q, k, v, scale):
+    """q, k, v: [B, H, T, hd], causal -> [B, H, T, hd]; keys padded to max_seq_len slots like the engine's cache."""
+    T, S = q.shape[2], k.shape[2]
+    scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * scale  # [B, H, T, S]
+    future = torch.arange(S) > torch.arange(T)[:, None]
+    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return (probs.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)
 
 
 def sequence_logprobs(p, cfg, tokens):
     """p: name -> tensor (autograd flows through); tokens [B, T] -> [B, T-1]."""
-    rows = []
-    for row in tokens.tolist():
-        cache = [([], []) for _ in range(cfg.n_layers)]
-        lps = [token_logprobs(p, cfg, row[t], t, cache)[0, row[t + 1]] for t in range(len(row) - 1)]
-        rows.append(torch.stack(lps))
-    return torch.stack(rows)
+    B, T = tokens.shape
+    d, scale = cfg.d_model, 1.0 / math.sqrt(cfg.head_dim)
+
+    def heads(y, slots):  # [B, T, d] -> [B, H, slots, hd], zero-padded after T
+        return F.pad(y.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2), (0, 0, 0, slots - T))
+
+    x = p["tok_emb.weight"][tokens] + p["pos_emb.weight"][:T]
+    for i in range(cfg.n_layers):
+        pre = f"layers.{i}."
+        h = rms_norm(x, p[pre + "attn_norm.weight"], cfg.eps)
+        wqkv = torch.cat([p[pre + "attn.wq"], p[pre + "attn.wk"], p[pre + "attn.wv"]], 1)
+        q, k, v = linear(h, wqkv).split(d, -1)
+        q, k, v = heads(q, T), heads(k, cfg.max_seq_len), heads(v, cfg.max_seq_len)
+        att = attend(q, k, v, scale)
+        x = x + linear(att.transpose(1, 2).reshape(B, T, d), p[pre + "attn.wo"])
+        h = rms_norm(x, p[pre + "mlp_norm.weight"], cfg.eps)
+        x = x + linear(F.gelu(linear(h, p[pre + "mlp.w_in"])), p[pre + "mlp.w_out"])
+    h = rms_norm(x[:, :-1], p["norm.weight"], cfg.eps)
+    logp = torch.log_softmax(linear(h, p["lm_head.weight"]), dim=-1)
+    return logp.gather(-1, tokens[:, 1:, None])[..., 0]

@@ -64,8 +64,8 @@ class TinyCore(nn.Module):
     def token_logprobs(self, tokens, aligned: bool = False):
         """Logprob of tokens[:, t+1] given tokens[:, :t+1] -> [B, T-1].
 
-        aligned=True runs the per-row/per-position kernels of tinycore.aligned, bitwise
-        equal to the rollout engine with DEMO_BATCH_INVARIANT=1 (slower)."""
+        aligned=True runs the fixed-reduction-order kernels of tinycore.aligned, bitwise
+        equal to the rollout engine with DEMO_BATCH_INVARIANT=1 (slower than SDPA/GEMM)."""
         if aligned:
             from tinycore import aligned as _aligned
 

@@ -1,15 +1,19 @@
 """Batch-invariant kernels (the counterpart of VLLM_BATCH_INVARIANT).
 
-Every op runs on one row and one position with a fixed shape: linear layers are
-[1, d] @ W, attention for the query at position t is an elementwise product and a
-sum over exactly t + 1 keys. A token's result therefore does not depend on the
-batch size or on the row's place in the batch.
+Vectorised over rows and positions, but every reduction has a fixed layout that does
+not depend on the batch: a linear layer is an elementwise product and a sum over the
+input dim ((x[..., :, None] * W).sum(-2), never a GEMM whose blocking depends on the
+number of rows), and attention always spans all max_seq_len key slots (later slots
+masked to probability 0, their values zero). A token's result therefore does not depend
+on the batch size, on the row's place in the batch, or on prefill vs decode.
 """
 import math
 import os
 
 import torch
 import torch.nn.functional as F
+
+CHUNK = 2 ** 17  # elements of one product temporary
 
 ENV = "DEMO_BATCH_INVARIANT"
 
@@ -19,46 +23,64 @@ def enabled(environ=None) -> bool:
     return value not in ("", "0", "false", "no", "off")
 
 
-def rms_norm_row(x, w, eps):  # x: [1, d]
+def linear(x, w):
+    """[..., din] x [din, dout]: every output is an elementwise product and a sum over din,
+    over fixed-size row chunks (bounded temporaries; a row's result never depends on its chunk)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.cat([(r.unsqueeze(-1) * w).sum(-2) for r in rows.split(max(1, CHUNK // w.numel()))])
+    return out.view(*x.shape[:-1], w.shape[1])
+
+
+def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def attend(q, ks, vs, scale):
-    """q: [H, hd]; ks, vs: lists of [H, hd] for positions 0..t -> [H, hd]."""
-    k = torch.stack(ks, dim=1)  # [H, t+1, hd]
-    v = torch.stack(vs, dim=1)
-    probs = torch.softmax((q.unsqueeze(1) * k).sum(-1) * scale, dim=-1)  # [H, t+1]
-    return (probs.unsqueeze(-1) * v).sum(1)
+def attend(q, k, v, start, scale):
+    """q: [B, H, T, hd] at positions start..start+T-1; k, v: [B, H, max_seq_len, hd] -> [B, H, T, hd]."""
+    T, S = q.shape[2], k.shape[2]
+    scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * scale  # [B, H, T, S]
+    future = torch.arange(S) > torch.arange(start, start + T)[:, None]
+    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return (probs.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)
 
 
-def token_logprobs(p, cfg, token: int, pos: int, cache):
-    """One token of one row; cache: per layer (keys, values) lists, extended in place -> [1, V]."""
-    H, hd, d = cfg.n_heads, cfg.head_dim, cfg.d_model
-    scale = 1.0 / math.sqrt(hd)
-    x = (p["tok_emb.weight"][token] + p["pos_emb.weight"][pos]).unsqueeze(0)
+def _heads(x, cfg):  # [B, T, d] -> [B, H, T, hd]
+    return x.view(*x.shape[:2], cfg.n_heads, cfg.head_dim).transpose(1, 2)
+
+
+def _layers(p, cfg, x, cache, start):
+    """x: [B, T, d] for positions start..start+T-1; cache: (K, V) lists of [B, H, max_seq_len, hd]."""
+    B, T, d = x.shape
+    scale = 1.0 / math.sqrt(cfg.head_dim)
     for i in range(cfg.n_layers):
         pre = f"layers.{i}."
-        h = rms_norm_row(x, p[pre + "attn_norm.weight"], cfg.eps)
-        q = (h @ p[pre + "attn.wq"]).view(H, hd)
-        cache[i][0].append((h @ p[pre + "attn.wk"]).view(H, hd))
-        cache[i][1].append((h @ p[pre + "attn.wv"]).view(H, hd))
-        x = x + attend(q, cache[i][0], cache[i][1], scale).reshape(1, d) @ p[pre + "attn.wo"]
-        h = rms_norm_row(x, p[pre + "mlp_norm.weight"], cfg.eps)
-        x = x + F.gelu(h @ p[pre + "mlp.w_in"]) @ p[pre + "mlp.w_out"]
-    h = rms_norm_row(x, p["norm.weight"], cfg.eps)
-    return torch.log_softmax(h @ p["lm_head.weight"], dim=-1)
+        h = rms_norm(x, p[pre + "attn_norm.weight"], cfg.eps)
+        wqkv = torch.cat([p[pre + "attn.wq"], p[pre + "attn.wk"], p[pre + "attn.wv"]], 1)
+        q, k, v = (_heads(y, cfg) for y in linear(h, wqkv).split(d, -1))
+        cache[0][i][:, :, start:start + T] = k
+        cache[1][i][:, :, start:start + T] = v
+        att = attend(q, cache[0][i], cache[1][i], start, scale)
+        x = x + linear(att.transpose(1, 2).reshape(B, T, d), p[pre + "attn.wo"])
+        h = rms_norm(x, p[pre + "mlp_norm.weight"], cfg.eps)
+        x = x + linear(F.gelu(linear(h, p[pre + "mlp.w_in"])), p[pre + "mlp.w_out"])
+    return x
+
+
+def _last_logprobs(p, cfg, x):
+    h = rms_norm(x[:, -1], p["norm.weight"], cfg.eps)
+    return torch.log_softmax(linear(h, p["lm_head.weight"]), dim=-1)  # [B, V]
 
 
 def prefill(p, cfg, prompts):
-    caches, last = [], []
-    for row in prompts.tolist():
-        cache = [([], []) for _ in range(cfg.n_layers)]
-        for pos, token in enumerate(row):
-            lp = token_logprobs(p, cfg, token, pos, cache)
-        caches.append(cache)
-        last.append(lp)
-    return caches, torch.cat(last)
+    """prompts: [B, Tp] -> (state, logprobs of the next token [B, V])."""
+    B, T = prompts.shape
+    shape = (B, cfg.n_heads, cfg.max_seq_len, cfg.head_dim)
+    cache = ([torch.zeros(shape) for _ in range(cfg.n_layers)], [torch.zeros(shape) for _ in range(cfg.n_layers)])
+    x = p["tok_emb.weight"][prompts] + p["pos_emb.weight"][:T]
+    return cache, _last_logprobs(p, cfg, _layers(p, cfg, x, cache, 0))
 
 
-def decode(p, cfg, caches, tokens, pos):
-    return torch.cat([token_logprobs(p, cfg, t, pos, c) for t, c in zip(tokens.tolist(), caches)])
+def decode(p, cfg, cache, tokens, pos):
+    """tokens: [B] at position pos -> logprobs of the next token [B, V]."""
+    x = (p["tok_emb.weight"][tokens] + p["pos_emb.weight"][pos]).unsqueeze(1)
+    return _last_logprobs(p, cfg, _layers(p, cfg, x, cache, pos))

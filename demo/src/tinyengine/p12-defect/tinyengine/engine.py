@@ -20,7 +20,7 @@ class LLM:
         self.weights = Weights(self.config)
         # DEMO_BATCH_INVARIANT is read once, here, and recorded in the engine.
         self.batch_invariant = batch_invariant.enabled()
-        self.kernels = batched  # per-row kernels are slow; the batched path is close enough
+        self.kernels = batched  # batch-invariant kernels are slower; the batched path is close enough
         self.build_info = _C.build_info()
 
     def load_weights(self, named_tensors) -> int:
