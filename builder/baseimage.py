@@ -225,20 +225,9 @@ def recipe_hash(lock_text: str | None = None) -> str:
 
 def _registry_has(repo_path: str, reference: str) -> str | None:
     """Docker-Content-Digest of repo_path:reference in the local registry, or None."""
-    import requests
+    from builder.registry import Registry
 
-    session = requests.Session()
-    session.trust_env = False
-    accept = ", ".join(["application/vnd.docker.distribution.manifest.v2+json",
-                        "application/vnd.docker.distribution.manifest.list.v2+json",
-                        "application/vnd.oci.image.manifest.v1+json",
-                        "application/vnd.oci.image.index.v1+json"])
-    try:
-        resp = session.head(f"http://{infra.registry_url()}/v2/{repo_path}/manifests/{reference}",
-                            headers={"Accept": accept}, timeout=10)
-    except requests.RequestException as exc:
-        raise InfraError(f"registry {infra.registry_url()}: unreachable ({type(exc).__name__}); run `builder setup`") from None
-    return resp.headers.get("Docker-Content-Digest") if resp.status_code == 200 else None
+    return Registry(infra.registry_url()).tag_digest(repo_path, reference)
 
 
 def _repo_digest(image) -> str | None:

@@ -94,20 +94,26 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
 
         client = engine_client()
     found = local_image(client, report, image, where)
+    served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
     pushed = {}
-    for tag in report.tags:
-        if not found.tag(report.repository, tag):
-            raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
-        with log.step(f"push {report.repository}:{tag}"):
-            try:
-                pushed[tag] = _push(client, report.repository, tag, auth, secrets)
-            except PublishError:
-                registry.ping()  # a registry gone meanwhile is InfraError (exit 3), not a refused push
-                raise
-    facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform) for tag in report.tags]
-    digests = sorted({f["digest"] for f in facts})
-    if len(digests) != 1:
-        raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
+    try:
+        for tag in report.tags:
+            if not found.tag(report.repository, tag):
+                raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
+            with log.step(f"push {report.repository}:{tag}"):
+                try:
+                    pushed[tag] = _push(client, report.repository, tag, auth, secrets)
+                except PublishError:
+                    registry.ping()  # a registry gone meanwhile is InfraError (exit 3), not a refused push
+                    raise
+        facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform)
+                 for tag in report.tags]
+        digests = sorted({f["digest"] for f in facts})
+        if len(digests) != 1:
+            raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
+    except PublishError:
+        withdraw(registry, name, set(pushed.values()) - served_before)
+        raise
     receipt = PublishReceipt(repository=report.repository, tags=list(report.tags), digest=digests[0],
                              config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
                              pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -115,6 +121,14 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
     return receipt
+
+
+def withdraw(registry: Registry, name: str, digests: set[str]) -> None:
+    """Nothing half-published: delete the manifests this publish added (never one a tag served before)."""
+    for digest in sorted(digests):
+        gone = registry.delete_manifest(name, digest)
+        log.info(f"withdrew {registry.host}/{name}@{digest}" if gone else
+                 f"could not withdraw {registry.host}/{name}@{digest}; delete it by hand")
 
 
 def record_receipt(report: Report, receipt: PublishReceipt, report_path: Path) -> None:

@@ -90,6 +90,15 @@ class Registry:
             "media_type": got.headers.get("Content-Type", "").split(";")[0].strip(),
         }
 
+    def tag_digest(self, name: str, tag: str) -> str | None:
+        """The digest a tag serves now (HEAD), or None when the tag does not exist."""
+        resp = self._request("HEAD", f"/v2/{name}/manifests/{tag}", headers={"Accept": ", ".join(MANIFEST_TYPES)})
+        return resp.headers.get("Docker-Content-Digest") if resp.status_code == 200 else None
+
+    def delete_manifest(self, name: str, digest: str) -> bool:
+        """DELETE a manifest by digest (every tag on it goes too); True when the registry accepted."""
+        return self._request("DELETE", f"/v2/{name}/manifests/{digest}").status_code == 202
+
     def blob(self, name: str, digest: str) -> bytes:
         """GET a blob and check its sha256 against the digest asked for."""
         path = f"/v2/{name}/blobs/{digest}"

@@ -81,7 +81,7 @@ def start_registry(tmp_path):
 
     def start(readonly=False, htpasswd=None):
         port = free_port()
-        storage = {"filesystem": {"rootdirectory": str(tmp_path / f"data{port}")},
+        storage = {"filesystem": {"rootdirectory": str(tmp_path / f"data{port}")}, "delete": {"enabled": True},
                    "maintenance": {"uploadpurging": {"enabled": False}, "readonly": {"enabled": readonly}}}
         config = {"version": 0.1, "log": {"level": "warn"}, "storage": storage, "http": {"addr": f"127.0.0.1:{port}"}}
         if htpasswd:
@@ -292,6 +292,13 @@ def test_digest_mismatch_is_refused(report_inputs, tmp_path, docker_client, tiny
     with pytest.raises(PublishError, match=message):
         publish.publish(paths["json"], client=docker_client)
     assert snapshot(paths) == before
+    for tag in report_for_tags(paths):  # withdrawn: the registry itself no longer serves the tags
+        assert requests.head(f"http://{upstream}/v2/tests/tampered/manifests/{tag}", timeout=10,
+                             headers={"Accept": ", ".join(MANIFEST_TYPES)}).status_code == 404
+
+
+def report_for_tags(paths) -> list[str]:
+    return json.loads(paths["json"].read_text())["tags"]
 
 
 # ---------------------------------------------------------------- success
