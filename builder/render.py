@@ -147,8 +147,8 @@ def render_dockerfile(pins, sources: ResolvedSources | None, acceptance: bool = 
     if not BASE_RX.fullmatch(pins.base.image):
         raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image!r}")
     comps = component_entries(pins, sources)
-    prefixes = ([("build", "/install/deps")] if deps else []) + [("build", c["prefix"]) for c in comps]
-    prefixes += [("acceptance", "/install/acceptance")] if acceptance else []
+    prefixes = [("acceptance", "/install/acceptance")] if acceptance else []
+    prefixes += ([("build", "/install/deps")] if deps else []) + [("build", c["prefix"]) for c in comps]
     data = {
         "builder_version": BUILDER_VERSION, "pins_name": pins.name, "base_image": pins.base.image,
         "python": pins.base.python_bin, "venv": venv_root(pins), "build_env": dict(pins.build.env),

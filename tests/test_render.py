@@ -105,7 +105,7 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
         for arg in pins.components[name].install.pip_args:
             assert f'"{arg}"' in install
     copies = re.findall(r'^COPY --from=[a-z]+ \["(/install/[a-z]+)/"', built.dockerfile, re.M)
-    assert copies == ["/install/deps", "/install/vllm", "/install/megatron", "/install/verl", "/install/acceptance"]
+    assert copies == ["/install/acceptance", "/install/deps", "/install/vllm", "/install/megatron", "/install/verl"]
     froms = re.findall(r"^FROM (\S+) AS (\S+)$", built.dockerfile, re.M)
     base = pins.base.image
     assert froms == [(base, "prepare"), ("prepare", "build"), ("prepare", "acceptance"), (base, "runtime")]
