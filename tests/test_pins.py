@@ -434,22 +434,13 @@ def test_nemotron_lock_has_hashes_for_every_requirement():
     assert any(r.startswith("megatron-bridge==0.6.2 ") for r in reqs)
 
 
-def test_demo_pins_validate(tmp_path):
-    """Checked in a copy with a stand-in lock, so it does not depend on the infra-owned demo.lock."""
-    (tmp_path / "locks").mkdir()
-    (tmp_path / "locks" / "demo.lock").write_text("")
-    copy_path = tmp_path / "demo.yaml"
-    copy_path.write_bytes((ROOT / "pins" / "demo.yaml").read_bytes())
-    p = pins.load(copy_path)
+def test_demo_pins_validate_in_place():
+    p = pins.load(ROOT / "pins" / "demo.yaml")
+    assert p.build.lock == "locks/demo.lock"
     assert p.image.repository == "127.0.0.1:5000/demo/unified" and p.base.python_bin == "/opt/venv/bin/python"
     assert [p.components[n].distribution for n in pins.COMPONENTS] == ["tinyengine", "tinycore", "tinyrl"]
     assert p.rl_lr() == 0.001 and p.acceptance.timeout_s == 600
     assert p.acceptance.metrics.throughput == "perf/rollout_tokens_per_s"
-
-
-@pytest.mark.skipif(not (ROOT / "pins" / "locks" / "demo.lock").exists(), reason="demo.lock not written yet")
-def test_demo_pins_validate_in_place():
-    assert pins.load(ROOT / "pins" / "demo.yaml").build.lock == "locks/demo.lock"
 
 
 @pytest.mark.parametrize("name", ["demo.yaml", "nemotron-3.5-lightning.yaml"])
