@@ -79,3 +79,33 @@ def test_run_engine_unreachable_exits_3(demo_pins, tmp_path):
     assert out.returncode == 3, out.stderr[-2000:]
     assert "docker engine" in out.stderr
     assert not (tmp_path / "run" / "report.json").exists()
+
+
+def test_sigint_during_a_gate_removes_its_container(demo_pins, tmp_path, docker_client):
+    """A real Ctrl-C (SIGINT) to `builder accept` while a gate runs: exit 130, no container left."""
+    import signal
+    import time
+
+    def long_run(data):  # a recipe that runs far longer than the test waits
+        data["acceptance"]["steps"] = 100000
+        data["recipe"]["overrides"][data["acceptance"].get("steps_key", "trainer.total_training_steps")] = 100000
+
+    pins_path = variant_pins(tmp_path / "pins", edit=long_run, pins_path=demo_pins)
+    image = run_cli("build", str(pins_path), "--quiet")
+    assert image.returncode == 0, image.stderr[-2000:]
+    image_id = json.loads(image.stdout)["image_id"]
+    proc = subprocess.Popen([sys.executable, "-m", "builder.cli", "accept", str(pins_path), "--image", image_id,
+                             "--gate", "zero_update", "--out", str(tmp_path / "run")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    label = {"label": "io.truepolicy.acceptance", "ancestor": image_id}
+    deadline = time.monotonic() + 120
+    while not docker_client.containers.list(filters=label) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    running = docker_client.containers.list(filters=label)
+    assert running, "the gate's container never started"
+    time.sleep(3)  # the recipe is under way
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert docker_client.containers.list(all=True, filters=label) == []
+    assert not (tmp_path / "run" / "report.json").exists()
