@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import build, pins as pins_mod, render, sources  # noqa: E402
+from builder import build, engine, pins as pins_mod, render, sources  # noqa: E402
 from builder.demo import prepare_demo, variant_pins  # noqa: E402
 
 
@@ -53,6 +53,9 @@ def main() -> int:
           f"  (target < 15%: {'ok' if ratio < 0.15 else 'MISSED'})")
     print(f"  layers: {reused(verl)}")
     print(f"  stages: {verl.stage_times}")
+    client = engine.connect()
+    for tag in verl.tags:  # the variant is never accepted: leave no tag of it
+        engine.remove_image(client, tag)
     return 0
 
 

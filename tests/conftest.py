@@ -165,7 +165,14 @@ def build_variant(demo_pins, tmp_path_factory):
             built[key] = _resolve_render_build(variant_pins(out, component, pr, pins_path=demo_pins))[3]
         return built[key]
 
-    return build
+    yield build
+    # defect variants are never accepted: leave no tag of theirs in the publish namespace
+    from builder import engine
+
+    client = engine.connect()
+    for image in built.values():
+        for tag in image.tags:
+            engine.remove_image(client, tag)
 
 
 # ---- acceptance of the demo image, once per session (report / publish end to end)

@@ -22,6 +22,18 @@ def run_cli(*args, env=None):
                           text=True, timeout=1200, env={**os.environ, **(env or {})})
 
 
+@pytest.fixture
+def untag():
+    """Image refs to untag after the test (never-accepted variants leave no tag behind)."""
+    refs = []
+    yield refs
+    from builder import engine
+
+    client = engine.connect()
+    for ref in refs:
+        engine.remove_image(client, ref)
+
+
 def container_ids(report: dict) -> set[str]:
     return {g["id"] for g in report["acceptance"]["container"]["gates"].values()}
 
@@ -53,7 +65,7 @@ def test_run_accepts_publishes_and_reruns(demo_pins, tmp_path):
     assert again["publish"] is None  # not asked this time
 
 
-def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins, tmp_path):
+def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins, tmp_path, untag):
     pins_path = variant_pins(tmp_path / "pins", "vllm", 12, pins_path=demo_pins)  # batch invariance broken
     out = run_cli("run", str(pins_path), "--publish", "--out", str(tmp_path / "run"))
     assert out.returncode == 1, out.stderr[-3000:]
@@ -63,6 +75,7 @@ def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins, tmp_path):
     from builder import pins as pins_mod
 
     pins = pins_mod.load(pins_path)
+    untag.append(f"{pins.image.repository}:{sha_tag(pins)}")
     assert served(pins.image.repository, sha_tag(pins)) == 404
 
 
@@ -81,7 +94,7 @@ def test_run_engine_unreachable_exits_3(demo_pins, tmp_path):
     assert not (tmp_path / "run" / "report.json").exists()
 
 
-def test_sigint_during_a_gate_removes_its_container(demo_pins, tmp_path, docker_client):
+def test_sigint_during_a_gate_removes_its_container(demo_pins, tmp_path, docker_client, untag):
     """A real Ctrl-C (SIGINT) to `builder accept` while a gate runs: exit 130, no container left."""
     import signal
     import time
@@ -94,6 +107,7 @@ def test_sigint_during_a_gate_removes_its_container(demo_pins, tmp_path, docker_
     image = run_cli("build", str(pins_path), "--quiet")
     assert image.returncode == 0, image.stderr[-2000:]
     image_id = json.loads(image.stdout)["image_id"]
+    untag.extend(json.loads(image.stdout)["tags"])
     proc = subprocess.Popen([sys.executable, "-m", "builder.cli", "accept", str(pins_path), "--image", image_id,
                              "--gate", "zero_update", "--out", str(tmp_path / "run")], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
