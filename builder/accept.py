@@ -146,13 +146,13 @@ def accept(image_id: str, pins, gates=None, client=None, timeout_s: int | None =
            run_id: str | None = None) -> AcceptanceResult:
     """Run the selected gates (default all) in fresh containers; unselected ones are not_run.
     Every container carries the label io.truepolicy.acceptance=<run_id> (random unless given)."""
-    from . import infra
+    from . import engine
 
     selected = list(gates) if gates else list(GATES)
     unknown = [g for g in selected if g not in GATES]
     if unknown:
         raise BadInput(f"--gate: expected one of {', '.join(GATES)}, got {unknown[0]!r}")
-    client = client or infra.engine_client()
+    client = client or engine.connect()
     full_id = _image_id(client, image_id)
     timeout = timeout_s or pins.acceptance.timeout_s
     run_id = run_id or uuid.uuid4().hex[:12]

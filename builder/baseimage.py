@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from builder import infra, log
+from builder import engine, infra, log
 from builder.errors import BadInput, BuildFailed, BuilderError, InfraError, PublishError
 from builder.paths import PROJECT, cache_dir
 
@@ -403,7 +403,7 @@ def ensure_base_image(force: bool = False) -> str:
 
 
 def _ensure_base_image(force: bool) -> str:
-    client = infra.engine_client(timeout=600)
+    client = engine.connect(timeout=600)
     if not infra.registry_answers():
         raise InfraError(f"registry {infra.registry_url()}: not answering; run `builder setup`")
     with log.step("base: wheels + lock"):

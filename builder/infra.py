@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from builder import log
+from builder import engine, log
 from builder.errors import BuilderError, InfraError
 from builder.paths import cache_dir
 
@@ -152,28 +152,16 @@ def tcp_listeners(port: int) -> list[str]:
 # --------------------------------------------------------------------------- engine
 
 
-def engine_client(timeout: int = 10):
-    """A docker SDK client that answered ping, or InfraError."""
-    import docker
-
-    try:
-        client = docker.from_env(timeout=timeout)
-        client.ping()
-        return client
-    except Exception as exc:  # docker.errors.DockerException, requests errors, ...
-        raise InfraError(f"docker engine: not answering ({type(exc).__name__}: {str(exc)[:200]}); run `builder setup`") from None
-
-
 def _engine_answers() -> bool:
     try:
-        engine_client(timeout=5)
+        engine.connect(timeout=5)
         return True
     except InfraError:
         return False
 
 
 def _engine_info() -> dict:
-    client = engine_client()
+    client = engine.connect(timeout=10)
     version = client.version()
     return {"version": version.get("Version"), "api_version": version.get("ApiVersion")}
 

@@ -90,9 +90,9 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     registry = Registry(host, auth)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
     if client is None:
-        from builder.infra import engine_client
+        from builder import engine
 
-        client = engine_client()
+        client = engine.connect()
     found = local_image(client, report, image, where)
     served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
     pushed = {}

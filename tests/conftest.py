@@ -17,11 +17,11 @@ def _docker_unavailable(reason: str):
 @pytest.fixture(scope="session")
 def docker_client():
     """A docker SDK client that answered ping (skip/fail as above otherwise)."""
-    from builder import infra
+    from builder import engine
     from builder.errors import InfraError
 
     try:
-        return infra.engine_client()
+        return engine.connect()
     except InfraError as exc:
         _docker_unavailable(str(exc))
 

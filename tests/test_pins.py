@@ -1,7 +1,6 @@
 """Pins: every rejection is a BadInput (exit 2) whose one line names the file and the field."""
 import copy
 import hashlib
-import os
 import subprocess
 import sys
 from pathlib import Path
