@@ -182,3 +182,17 @@ def test_unknown_gate_is_bad_input(demo_image, docker_client, run_id):
     pins, _, _, built = demo_image
     with pytest.raises(BadInput, match="--gate"):
         accept.accept(built.image_id, pins, gates=["nope"], client=docker_client, run_id=run_id)
+
+
+def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image, docker_client, run_id):
+    """A planted defect in the recipe: the control env still selects batch invariance ("on" is
+    non-zero), so the control run also shows diff 0 and the suite cannot tell the arms apart."""
+    from builder import report
+
+    pins, resolved, _, built = demo_image
+    broken = _with(pins, recipe=_with(pins.recipe, control_env={"DEMO_BATCH_INVARIANT": "on"}))
+    result = accept.accept(built.image_id, broken, gates=["control"], client=docker_client, run_id=run_id)
+    gate = _gates(result)["control"]
+    assert gate.status == "inconclusive", gate.reason
+    assert gate.evidence["diff_max"] == 0.0
+    assert report.make_report(broken, resolved, built, result).verdict == "NOT ACCEPTED"
