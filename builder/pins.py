@@ -309,7 +309,7 @@ class Metrics(Strict):
     loss: Metric = "actor/pg_loss"
     weights_before: Metric = "actor/weights_checksum_before"
     weights_after: Metric = "actor/weights_checksum_after"
-    throughput: Metric = "rollout/throughput_tokens_per_s"
+    throughput: Metric = "perf/throughput"  # verl: tokens/s per GPU over the whole step
 
 
 class Mount(Strict):
