@@ -1,5 +1,6 @@
 """What the running process actually sees: mounts (/proc/self/mountinfo) and mapped files (/proc/self/maps)."""
 import hashlib
+import os
 import re
 
 ESCAPE = re.compile(r"\\([0-7]{3})")
@@ -60,3 +61,18 @@ def sha256(path: str) -> str | None:
     except OSError:
         return None
     return digest.hexdigest()
+
+
+def startup_hooks(path_entries):
+    """Code the interpreter runs at start-up: *.pth files in site dirs and sitecustomize/usercustomize
+    modules anywhere on sys.path. {absolute path: sha256}; the caller passes sys.path."""
+    found = {}
+    for entry in path_entries:
+        if not entry or not os.path.isdir(entry):
+            continue
+        for name in sorted(os.listdir(entry)):
+            if name.endswith(".pth") or name in ("sitecustomize.py", "usercustomize.py",
+                                                  "sitecustomize", "usercustomize"):
+                path = os.path.realpath(os.path.join(entry, name))
+                found[path] = sha256(path) if os.path.isfile(path) else "directory"
+    return dict(sorted(found.items()))

@@ -166,6 +166,21 @@ class Checker:
             self.fail(f"{name}: {path} is installed but not in the manifest")
         out["files"]["unlisted"] = strays[:20]
 
+    def startup(self, manifest: dict) -> None:
+        """.pth files and sitecustomize/usercustomize on sys.path now must be exactly those of the build:
+        a new one can patch a component at start-up without touching its files."""
+        expected = manifest.get("startup_hooks")
+        now = procfs.startup_hooks(sys.path)
+        self.evidence["startup_hooks"] = now
+        if expected is None:
+            self.fail("manifest records no startup_hooks (.pth / sitecustomize); cannot rule out start-up patches")
+            return
+        for path, digest in now.items():
+            if path not in expected:
+                self.fail(f"start-up hook {path} is not in the manifest")
+            elif expected[path] != digest:
+                self.fail(f"start-up hook {path} changed since the build")
+
     def native(self, manifest: dict) -> None:
         """Hash every mapped .so; component ones must be in the manifest's native_libs with that hash."""
         comps = manifest.get("components") or {}
@@ -216,6 +231,7 @@ def check(settings: dict):
     site = manifest.get("site_packages") or ""
     checker.evidence["manifest"] = {"path": path, "sha256": procfs.sha256(path), "site_packages": site}
     checker.interpreter(manifest)
+    checker.startup(manifest)
     table = checker.mounts(site)
     checker.evidence["components"] = {}
     for name, spec in (manifest.get("components") or {}).items():

@@ -90,16 +90,34 @@ def test_bad_metrics_fail_zero_update(demo_image, build_variant, docker_client, 
     assert words in gate.reason
 
 
+def _derived(docker_client, image_id: str, run: str) -> str:
+    """The image plus one RUN layer (network none), as a tampered delivery would be."""
+    dockerfile = f"FROM {image_id}\nRUN {run}\n".encode()
+    image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile), network_mode="none", rm=True,
+                                          forcerm=True, labels={"io.truepolicy.test": "derived"})
+    return image.id
+
+
 @pytest.fixture(scope="module")
 def edited_image(demo_image, docker_client):
-    """The demo image plus one layer that appends to an installed tinyengine file (network none)."""
-    image_id = demo_image[3].image_id
-    dockerfile = (f"FROM {image_id}\n"
-                  f"RUN echo '# edited after install' >> {SITE}/tinyengine/engine.py\n").encode()
-    image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile), network_mode="none", rm=True,
-                                          forcerm=True, labels={"io.truepolicy.test": "edited"})
-    yield image.id
-    docker_client.images.remove(image.id, force=True)
+    """The demo image plus one layer that appends to an installed tinyengine file."""
+    image = _derived(docker_client, demo_image[3].image_id,
+                     f"echo '# edited after install' >> {SITE}/tinyengine/engine.py")
+    yield image
+    docker_client.images.remove(image, force=True)
+
+
+def test_startup_hook_added_after_build_fails_provenance(demo_image, docker_client, run_id):
+    """A .pth line runs code at interpreter start-up: it can patch a component without touching its files."""
+    hook = f"{SITE}/zz_patch.pth"
+    image = _derived(docker_client, demo_image[3].image_id, f"echo 'import os' > {hook}")
+    try:
+        result = accept.accept(image, demo_image[0], gates=["provenance"], client=docker_client, run_id=run_id)
+    finally:
+        docker_client.images.remove(image, force=True)
+    gate = _gates(result)["provenance"]
+    assert gate.status == "fail"
+    assert f"start-up hook {hook} is not in the manifest" in gate.reason
 
 
 def test_file_changed_after_install_fails_provenance(demo_image, edited_image, docker_client, run_id):

@@ -13,6 +13,8 @@ from importlib import metadata
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import record_hash, sha256_file, site_dirs  # noqa: E402
 
+from acceptance.procfs import startup_hooks  # the suite is installed before this step; one definition
+
 
 def is_native(path):
     base = os.path.basename(path)
@@ -63,6 +65,7 @@ def main(components_json, pins_json, dockerfile_sha_file, out):
         "components": components,
         "python": spec["python"],
         "site_packages": site,
+        "startup_hooks": startup_hooks(sys.path),
         "tag": spec["tag"],
         **extra,
     }
