@@ -271,15 +271,29 @@ def _fake_install(tmp_path: Path) -> tuple[Path, dict, Path]:
                                         "modules": ["accdemo"], "files": files, "native_libs": {}}}}
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(manifest))
-    return site, manifest, path
+    _record_startup_hooks(tmp_path, site, path)
+    return site, json.loads(path.read_text()), path
+
+
+def _gate_env(tmp_path: Path, site: Path) -> dict:
+    return {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "PYTHONPATH": f"{ROOT}:{site}"}
+
+
+def _record_startup_hooks(tmp_path: Path, site: Path, manifest_path: Path) -> None:
+    """What write_manifest.py does at build time: the start-up hooks this interpreter sees."""
+    code = "import json, sys; from acceptance import procfs; print(json.dumps(procfs.startup_hooks(sys.path)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=_gate_env(tmp_path, site), cwd=tmp_path, timeout=60)
+    manifest = json.loads(manifest_path.read_text())
+    manifest["startup_hooks"] = json.loads(out.stdout)
+    manifest_path.write_text(json.dumps(manifest))
 
 
 def _provenance(tmp_path: Path, site: Path, manifest_path: Path) -> dict:
     (tmp_path / "cache").mkdir(exist_ok=True)
     settings = {"manifest": str(manifest_path), "cache_dir": str(tmp_path / "cache"), "entry": [sys.executable]}
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "PYTHONPATH": f"{ROOT}:{site}"}
     out = subprocess.run([sys.executable, "-m", "acceptance", "gate", "provenance", "--settings", json.dumps(settings)],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+                         capture_output=True, text=True, env=_gate_env(tmp_path, site), cwd=tmp_path, timeout=120)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -289,6 +303,22 @@ def test_provenance_passes_on_a_matching_install(tmp_path):
     assert result["status"] == "pass", result["reason"]
     mod = result["evidence"]["components"]["verl"]["modules"]["accdemo"]
     assert mod["file"] == str(site / "accdemo" / "__init__.py")
+
+
+def test_provenance_fails_on_a_pth_added_after_the_build(tmp_path):
+    site, _, manifest_path = _fake_install(tmp_path)
+    (site / "zz_patch.pth").write_text("import os\n")
+    result = _provenance(tmp_path, site, manifest_path)
+    assert result["status"] == "fail"
+    assert f"start-up hook {site / 'zz_patch.pth'} is not in the manifest" in result["reason"]
+
+
+def test_provenance_fails_without_recorded_startup_hooks(tmp_path):
+    site, manifest, manifest_path = _fake_install(tmp_path)
+    del manifest["startup_hooks"]
+    manifest_path.write_text(json.dumps(manifest))
+    result = _provenance(tmp_path, site, manifest_path)
+    assert result["status"] == "fail" and "records no startup_hooks" in result["reason"]
 
 
 def test_provenance_fails_on_an_edited_file(tmp_path):
