@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from builder import engine, infra, log
+from builder import engine, infra, log, options
 from builder.errors import BadInput, BuildFailed, BuilderError, InfraError, PublishError
 from builder.paths import PROJECT, cache_dir
 
@@ -45,7 +45,6 @@ DEBOOTSTRAP = {
     "components": ["main"],
     "include": ["python3", "python3-venv", "python3-dev", "gcc", "libc6-dev"],
 }
-DEBIAN_MIRROR = os.environ.get("BUILDER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # Removed from the rootfs before import (part of the recipe: change it and the image changes).
 NORMALISE = {
     "version": 1,
@@ -307,7 +306,7 @@ def _rootfs_image(client, work: Path) -> str:
     with log.step("base: debootstrap"):
         _run(["debootstrap", f"--variant={d['variant']}", f"--arch={d['arch']}",
               f"--components={','.join(d['components'])}", f"--include={','.join(d['include'])}",
-              d["suite"], str(rootfs), DEBIAN_MIRROR], logfile, "debootstrap")
+              d["suite"], str(rootfs), options.debian_mirror()], logfile, "debootstrap")
     tar_path = work / "rootfs.tar"
     with log.step("base: normalise + import rootfs"):
         _normalise(rootfs)

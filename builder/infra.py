@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from builder import engine, log
+from builder import engine, log, options
 from builder.errors import BuilderError, InfraError
 from builder.paths import cache_dir
 
@@ -26,8 +26,6 @@ REGISTRY_HOST = "127.0.0.1"
 REGISTRY_PORT = 5000
 DOCKERD_ARGS = ["--bridge=none", "--iptables=false", "--ip-masq=false"]
 REGISTRY_BIN = "/usr/bin/docker-registry"
-ENGINE_TIMEOUT_S = float(os.environ.get("BUILDER_ENGINE_TIMEOUT", "90"))
-REGISTRY_TIMEOUT_S = float(os.environ.get("BUILDER_REGISTRY_TIMEOUT", "30"))
 
 
 def registry_url() -> str:
@@ -197,7 +195,7 @@ def _ensure_engine() -> dict:
     running = _pids_named("dockerd")
     if running:  # started but not answering yet (e.g. just launched): wait for it, start nothing
         log.info(f"docker engine: dockerd (pid {running[0]}) is running but not answering yet; waiting")
-        _wait(_engine_answers, ENGINE_TIMEOUT_S, "docker engine", None)
+        _wait(_engine_answers, options.engine_timeout_s(), "docker engine", None)
         return {"engine": "found", **_engine_info(), "log": None, "pid": running[0]}
 
     installed = False
@@ -211,7 +209,7 @@ def _ensure_engine() -> dict:
 
     with log.step("start dockerd"):
         pid = _spawn([shutil.which("dockerd"), *DOCKERD_ARGS], logfile)
-        _wait(_engine_answers, ENGINE_TIMEOUT_S, "docker engine (dockerd)", logfile, pid)
+        _wait(_engine_answers, options.engine_timeout_s(), "docker engine (dockerd)", logfile, pid)
     info = {"engine": "started", **_engine_info(), "log": str(logfile), "pid": pid, "installed": installed}
     log.info(f"docker engine: started dockerd {' '.join(DOCKERD_ARGS)} (pid {pid}), log {logfile}")
     return info
@@ -284,7 +282,7 @@ def _ensure_registry() -> dict:
     logfile = cache_dir("logs") / "registry.log"
     with log.step("start docker-registry"):
         pid = _spawn([REGISTRY_BIN, "serve", str(config)], logfile)
-        _wait(registry_answers, REGISTRY_TIMEOUT_S, f"registry on {registry_url()}", logfile, pid)
+        _wait(registry_answers, options.registry_timeout_s(), f"registry on {registry_url()}", logfile, pid)
     (cache_dir("registry") / "registry.pid").write_text(f"{pid}\n")
     _check_loopback_only()
     log.info(f"registry: started {REGISTRY_BIN} serve {config} on {registry_url()} (pid {pid}), "

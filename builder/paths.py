@@ -1,12 +1,10 @@
-"""Where the tool keeps its caches: $BUILDER_CACHE, else <project>/.cache."""
-import os
+"""Where the tool keeps its caches: $BUILDER_CACHE, else <project>/.cache (builder/options.py)."""
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parent.parent
+from builder.options import PROJECT, cache_root  # noqa: F401  (PROJECT is used by callers)
 
 
 def cache_dir(*parts: str) -> Path:
-    root = Path(os.environ.get("BUILDER_CACHE") or PROJECT / ".cache")
-    path = root.joinpath(*parts)
+    path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path

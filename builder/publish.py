@@ -7,22 +7,13 @@ BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD (or `credentials`) and are
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
-from builder import log, report as report_mod
-from builder.errors import BadInput, PublishError
+from builder import log, options, report as report_mod
+from builder.errors import PublishError
 from builder.records import PublishReceipt, Report
 from builder.registry import Registry, mask, split_repository, verify_tag
-
-
-def credentials_from_env() -> tuple[str, str] | None:
-    user = os.environ.get("BUILDER_REGISTRY_USERNAME", "")
-    password = os.environ.get("BUILDER_REGISTRY_PASSWORD", "")
-    if bool(user) != bool(password):
-        raise BadInput("BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD: expected both set or both unset")
-    return (user, password) if user else None
 
 
 def check_accepted(report: Report, where: str) -> None:
@@ -84,7 +75,7 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     check_accepted(report, where)
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")
-    auth = credentials or credentials_from_env()
+    auth = credentials or options.registry_credentials()
     secrets = [auth[1]] if auth else []
     host, name = split_repository(report.repository)
     registry = Registry(host, auth)
