@@ -141,12 +141,14 @@ def accept(pins_path: Path = PinsArg,
            offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")):
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
-    report = _accept_and_report(pins_path, image, gate, offline, allow_moved_pr, out, timeout)
+    report, _ = _accept_and_report(pins_path, image, gate, offline, allow_moved_pr, out, timeout)
     if report.verdict != "ACCEPTED":
         raise typer.Exit(NotAccepted.exit_code)
 
 
 def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out, timeout=None):
+    """Resolve, build unless an image is given, accept, write the report; the run directory is made
+    only once there is a report to put in it. Returns (report, run directory)."""
     from . import accept as accept_mod, report as report_mod
 
     pins, resolved = _load_and_resolve(pins_path, offline, allow_moved_pr)
@@ -160,7 +162,7 @@ def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out, ti
     run_dir = _run_dir(out, pins.name)
     paths = report_mod.write(report, run_dir)
     _print_verdict(report, paths)
-    return report
+    return report, run_dir
 
 
 def _image_manifest(image_id: str) -> dict | None:
@@ -217,8 +219,8 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
     """Resolve, build, accept, report, and publish when asked. Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from . import publish as publish_mod
 
-    run_dir = _run_dir(out, "run")
-    report = _accept_and_report(pins_path, None, None, offline, allow_moved_pr, run_dir)
+    report, run_dir = _accept_and_report(pins_path, None, None, offline, allow_moved_pr, out)
+    log.info("timings: " + json.dumps(log.timings))
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{pins_path}: image {report.build.image_id if report.build else '?'} not accepted; "
                           f"see {run_dir / 'report.md'}")
@@ -226,7 +228,6 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         with log.step("publish"):
             receipt = publish_mod.publish(run_dir / "report.json")
         log.info(f"published {receipt.repository}@{receipt.digest}")
-    log.info("timings: " + json.dumps(log.timings))
 
 
 @app.command()

@@ -82,8 +82,9 @@ def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins, tmp_path, unt
 def test_run_bad_input_exits_2(tmp_path):
     bad = tmp_path / "pins.yaml"
     bad.write_text("- a list\n- not a mapping\n")
-    out = run_cli("run", str(bad))
+    out = run_cli("run", str(bad), "--out", str(tmp_path / "run"))
     assert out.returncode == 2 and str(bad) in out.stderr
+    assert not (tmp_path / "run").exists()  # nothing half-made
 
 
 def test_run_engine_unreachable_exits_3(demo_pins, tmp_path):
@@ -91,7 +92,7 @@ def test_run_engine_unreachable_exits_3(demo_pins, tmp_path):
                   env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert out.returncode == 3, out.stderr[-2000:]
     assert "docker engine" in out.stderr
-    assert not (tmp_path / "run" / "report.json").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_sigint_during_a_gate_removes_its_container(demo_pins, tmp_path, docker_client, untag):
