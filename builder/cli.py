@@ -228,6 +228,7 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         with log.step("publish"):
             receipt = publish_mod.publish(run_dir / "report.json")
         log.info(f"published {receipt.repository}@{receipt.digest}")
+    log.info(f"report: {run_dir / 'report.md'}")
 
 
 @app.command()
