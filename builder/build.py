@@ -5,6 +5,7 @@ import json
 import time
 from pathlib import Path
 
+from acceptance import procfs  # one mountinfo parser (proc(5)), also used in the image
 from builder import __version__ as BUILDER_VERSION
 from builder import engine, log
 from builder.errors import BuildFailed
@@ -38,9 +39,8 @@ def isolation_problems(build_env: dict, host_paths: list[str]) -> list[str]:
     problems = []
     if build_env.get("net") != ["lo"]:
         problems.append(f"network interfaces {build_env.get('net')} (expected only lo)")
-    for line in build_env.get("mountinfo", []):
-        fields = line.split()
-        root, point = fields[3], fields[4]
+    for mount in procfs.mounts("\n".join(build_env.get("mountinfo", []))):
+        root, point = mount["root"], mount["mount_point"]
         system = point == "/" or any(point == m or point.startswith(m + "/") for m in SYSTEM_MOUNTS)
         engine_file = point in ENGINE_FILES and root.startswith("/var/lib/docker/containers/")
         if not (system or engine_file):

@@ -7,7 +7,6 @@ Entries sorted by path, directories left out, mtime fixed, uid/gid 0, modes 0644
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -141,11 +140,7 @@ def assemble(pins, sources, dockerfile: str, dockerfile_sha: str, delivery: dict
                         _add_export(tar, exported)
             for key in after:
                 _add_small(tar, key, files[key])
-        digest = hashlib.sha256()
-        with open(tmp, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        sha = digest.hexdigest()
+        sha = baseimage.sha256_file(Path(tmp))
         out_dir = paths.cache_dir("builds", sha[:16])
         path = out_dir / "context.tar"
         os.replace(tmp, path)
