@@ -48,12 +48,13 @@ def _is_infra(err: Exception) -> bool:
 
 
 def _load_and_resolve(pins_path: Path, offline: bool, allow_moved_pr: bool):
-    from . import pins as pins_mod, sources
+    from . import options, pins as pins_mod, sources
 
     with log.step("load pins"):
         pins = pins_mod.load(pins_path)
     with log.step("resolve sources"):
-        resolved = sources.resolve(pins, offline=offline, allow_moved_pr=allow_moved_pr)
+        resolved = sources.resolve(pins, offline=offline, allow_moved_pr=allow_moved_pr,
+                                   git_config=options.git_config())
     log.info(sources.format_table(resolved))
     return pins, resolved
 

@@ -7,6 +7,7 @@
 | BUILDER_DEBIAN_MIRROR | http://deb.debian.org/debian | debootstrap mirror of the demo base image |
 | BUILDER_ENGINE_TIMEOUT | 90 | seconds to wait for a started dockerd to answer |
 | BUILDER_REGISTRY_TIMEOUT | 30 | seconds to wait for a started registry to answer |
+| BUILDER_GIT_CONFIG | unset | a git config file included in every fetch, e.g. url.<base>.insteadOf mirrors (submodules too) |
 | DOCKER_HOST | the local socket | which Docker engine (read by the Docker SDK) |
 """
 import os
@@ -39,3 +40,14 @@ def engine_timeout_s() -> float:
 
 def registry_timeout_s() -> float:
     return float(os.environ.get("BUILDER_REGISTRY_TIMEOUT", "30"))
+
+
+def git_config() -> Path | None:
+    """BUILDER_GIT_CONFIG: an existing git config file, made absolute (git includes it by path)."""
+    value = os.environ.get("BUILDER_GIT_CONFIG", "")
+    if not value:
+        return None
+    path = Path(value).resolve()
+    if not path.is_file():
+        raise BadInput(f"BUILDER_GIT_CONFIG: expected an existing git config file, got {value!r}")
+    return path

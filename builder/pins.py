@@ -54,6 +54,7 @@ URL_RX = [
     r"ssh://([A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9_.~%+-]+)+/?",
     r"[A-Za-z0-9_][A-Za-z0-9_.-]*@[A-Za-z0-9][A-Za-z0-9.-]*:[A-Za-z0-9_.~+][A-Za-z0-9_.~/+-]*",
     r"file://" + RX["abs_path"],
+    RX["abs_path"],  # a plain absolute path, as git accepts it
 ]
 # pip options that would change where packages come from or where they land (the lock decides that)
 PIP_DENIED = {"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--trusted-host", "-r",
@@ -204,7 +205,7 @@ class Component(Strict):
         if "://" not in value and _match("rel_path", value):
             _inside(_directory(info), value)
             return value
-        raise ValueError("expected https://, http://, ssh://, git@host:path, file:///abs or a path"
+        raise ValueError("expected https://, http://, ssh://, git@host:path, file:///abs, /abs or a path"
                          f" relative to the pins file's directory, got {value!r}")
 
     @field_validator("target")

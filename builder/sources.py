@@ -1,13 +1,15 @@
 """`builder resolve PINS`: map each pinned PR commit to its mirror, check it, and record it.
 
 For vllm, megatron and verl: fetch the target branch and refs/pull/<N>/head into the mirror,
-require the pinned commit to be the PR head (or, with allow_moved_pr, an ancestor of it),
+require the pinned commit to be the PR head (or, with allow_moved_pr, an older commit of the
+PR: reachable from its head and not from the target branch),
 record merge-base/ahead/behind against the target tip, the submodule gitlinks (each fetched
 into its own mirror, recursively), and the sha256 + file count of the deterministic export.
 """
 import posixpath
 import tempfile
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pygit2
 
@@ -19,22 +21,24 @@ COMPONENTS = ("vllm", "megatron", "verl")
 MAX_DEPTH = 8  # submodule nesting
 
 
-def resolve(pins, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedSources:
+def resolve(pins, offline: bool = False, allow_moved_pr: bool = False,
+            git_config: Path | None = None) -> ResolvedSources:
     components = {}
     for name in COMPONENTS:
         with log.step(f"resolve {name}"):
             components[name] = resolve_component(name, pins.components[name], pins.component_url(name),
-                                                 offline, allow_moved_pr)
+                                                 offline, allow_moved_pr, git_config)
     return ResolvedSources(
         pins_path=str(pins.path), pins_sha256=pins.sha256,
         resolved_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), components=components)
 
 
-def resolve_component(name: str, pin, url: str, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedComponent:
+def resolve_component(name: str, pin, url: str, offline: bool = False, allow_moved_pr: bool = False,
+                      git_config: Path | None = None) -> ResolvedComponent:
     where = f"components.{name}"
     target_ref, pr_ref = f"refs/heads/{pin.target}", f"refs/pull/{pin.pr}/head"
     repo, found = mirror.sync(url, {target_ref: f"refs/remotes/origin/{pin.target}",
-                                    pr_ref: f"refs/remotes/origin/pr/{pin.pr}"}, offline)
+                                    pr_ref: f"refs/remotes/origin/pr/{pin.pr}"}, offline, git_config)
     if offline and None in found.values():
         missing = target_ref if found[target_ref] is None else pr_ref
         raise BadInput(f"{where}: {missing} of {url} is {mirror.OFFLINE_HINT}")
@@ -50,6 +54,10 @@ def resolve_component(name: str, pin, url: str, offline: bool = False, allow_mov
     moved = pr_head != commit.id
     if moved and not repo.descendant_of(pr_head, commit.id):
         raise BadInput(f"{where}.commit: commit {pin.commit} is not on PR #{pin.pr} (head {pr_head})")
+    if moved and (commit.id == target_head or repo.descendant_of(target_head, commit.id)):
+        raise BadInput(f"{where}.commit: commit {pin.commit} is on {pin.target} (reachable from its tip"
+                       f" {target_head}), not a commit of PR #{pin.pr}; --allow-moved-pr accepts only"
+                       f" commits of the PR, between merge-base {repo.merge_base(pr_head, target_head)} and head {pr_head}")
     if moved:
         ahead = repo.ahead_behind(pr_head, commit.id)[0]
         log.info(f"{name}: PR #{pin.pr} head moved {ahead} commit(s) past the pinned {pin.commit[:12]}"
@@ -61,7 +69,7 @@ def resolve_component(name: str, pin, url: str, offline: bool = False, allow_mov
     if base is None:
         raise BadInput(f"{where}.commit: {pin.commit} shares no history with {pin.target} of {url}")
     ahead, behind = repo.ahead_behind(commit.id, target_head)
-    subs = submodules(repo, commit, url, offline)
+    subs = submodules(repo, commit, url, offline, git_config=git_config)
     stats = export.export_tar(repo, commit.id, None, modules=modules_for(subs))
     return ResolvedComponent(
         name=name, url=url, target=pin.target, pr=pin.pr, commit=str(commit.id), tree=str(commit.tree_id),
@@ -79,7 +87,7 @@ def _commit(repo: pygit2.Repository, sha: str) -> pygit2.Commit | None:
 
 
 def submodules(repo: pygit2.Repository, commit: pygit2.Commit, url: str, offline: bool,
-               base: str = "", depth: int = 0) -> list[Submodule]:
+               base: str = "", depth: int = 0, git_config: Path | None = None) -> list[Submodule]:
     """Every gitlink below commit (recursively), each checked to exist in its own mirror."""
     links = list(_gitlinks(repo, commit.tree))
     if not links:
@@ -93,13 +101,13 @@ def submodules(repo: pygit2.Repository, commit: pygit2.Commit, url: str, offline
         if path not in urls:
             raise BadInput(f"{url}: .gitmodules at {commit.id}: no entry for the submodule at {full!r}")
         sub_url = absolute_url(urls[path], url)
-        sub_repo = mirror.ensure_commit(sub_url, sha, offline)
+        sub_repo = mirror.ensure_commit(sub_url, sha, offline, git_config)
         sub = _commit(sub_repo, sha)
         if sub is None:
             hint = mirror.OFFLINE_HINT if offline else "not found after fetching its branches, tags and the commit"
             raise BadInput(f"{full}: submodule commit {sha} of {sub_url}: {hint}")
         out.append(Submodule(path=full, url=sub_url, commit=sha, tree=str(sub.tree_id)))
-        out += submodules(sub_repo, sub, sub_url, offline, full + "/", depth + 1)
+        out += submodules(sub_repo, sub, sub_url, offline, full + "/", depth + 1, git_config)
     return out
 
 

@@ -111,7 +111,7 @@ def test_tag_with_digest_is_accepted_and_recorded(pins_dir):
 
 def test_remote_urls_are_kept_and_file_urls_allowed(pins_dir):
     for url in ["https://github.com/vllm-project/vllm.git", "ssh://git@github.com/NVIDIA/Megatron-LM.git",
-                "git@github.com:verl-project/verl.git", "file:///srv/mirrors/vllm.git"]:
+                "git@github.com:verl-project/verl.git", "file:///srv/mirrors/vllm.git", "/srv/mirrors/vllm.git"]:
         p = pins.load(write(pins_dir, with_value("components.vllm.url", url)))
         assert p.component_url("vllm") == url
 

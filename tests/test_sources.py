@@ -115,10 +115,26 @@ def test_moved_pr_head_fails_unless_allowed(upstream):
     assert comp.pr_moved is True and comp.pr_head == upstream.p3 and comp.commit == upstream.p2
 
 
+def test_allow_moved_pr_accepts_an_older_commit_of_the_pr(upstream):
+    git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
+    comp = sources.resolve_component("vllm", pin(upstream.p1), upstream.url, allow_moved_pr=True)
+    assert comp.commit == upstream.p1 and comp.pr_moved and comp.merge_base == upstream.b
+
+
+def test_allow_moved_pr_refuses_the_merge_base_and_the_root(upstream):
+    git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
+    for sha in (upstream.b, upstream.a):  # ancestors of the PR head, but on main: not commits of the PR
+        with pytest.raises(BadInput, match=f"commit {sha} is on main .*not a commit of PR #7.*"
+                                           f"between merge-base {upstream.b} and head {upstream.p3}") as err:
+            sources.resolve_component("vllm", pin(sha), upstream.url, allow_moved_pr=True)
+        assert err.value.exit_code == 2
+
+
 def test_commit_not_on_pr_fails_even_when_allowed(upstream):
-    for sha in (upstream.c, upstream.x):  # on main / on another branch, not under the PR head
-        with pytest.raises(BadInput, match=f"commit {sha} is not on PR #7"):
-            sources.resolve_component("verl", pin(sha), upstream.url, allow_moved_pr=True)
+    with pytest.raises(BadInput, match=f"commit {upstream.c} is not on PR #7"):  # on main, not under the head
+        sources.resolve_component("verl", pin(upstream.c), upstream.url, allow_moved_pr=True)
+    with pytest.raises(BadInput, match=f"commit {upstream.x} of verl not found in the fetched refs"):
+        sources.resolve_component("verl", pin(upstream.x), upstream.url, allow_moved_pr=True)  # another branch
 
 
 def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream):
@@ -131,7 +147,7 @@ def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream):
 def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path, cache):
     warm = sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
     upstream.bare.rename(tmp_path / "gone.git")  # any fetch would now fail
-    with pytest.raises(InfraError, match=f"{upstream.url}: fetch failed"):
+    with pytest.raises(BadInput, match=f"{upstream.url}: no such local repository"):
         sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
     offline = sources.resolve_component("vllm", pin(upstream.p2), upstream.url, offline=True)
     assert offline == warm
@@ -149,9 +165,31 @@ def test_offline_missing_pr_in_warm_cache_fails_clearly(upstream):
         sources.resolve_component("vllm", pin(upstream.p2, pr=8), upstream.url, offline=True)
 
 
-def test_unreachable_url_is_infra_error(tmp_path):
-    with pytest.raises(InfraError, match="/no/such/repo.git: fetch failed"):
-        sources.resolve_component("vllm", pin("1" * 40), "/no/such/repo.git")
+@pytest.mark.parametrize("url", ["/no/such/repo.git", "file:///no/such/repo.git"])
+def test_missing_local_path_is_bad_input(url):
+    with pytest.raises(BadInput, match=f"{url}: no such local repository /no/such/repo.git") as err:
+        sources.resolve_component("vllm", pin("1" * 40), url)
+    assert err.value.exit_code == 2
+
+
+def test_local_path_that_is_not_a_repository_is_bad_input(tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(BadInput, match="plain is not a git repository"):
+        sources.resolve_component("vllm", pin("1" * 40), str(tmp_path / "plain"))
+
+
+def test_unreachable_remote_is_infra_error(monkeypatch):
+    monkeypatch.setenv("GIT_SSH_COMMAND", "false")  # the transport fails, as an unreachable host would
+    with pytest.raises(InfraError, match="ssh://git@example.invalid/x.git: fetch failed") as err:
+        sources.resolve_component("vllm", pin("1" * 40), "ssh://git@example.invalid/x.git")
+    assert err.value.exit_code == 3
+
+
+def test_only_the_target_and_pr_refs_are_fetched(upstream):
+    sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    refs = git(mirror.mirror_path(upstream.url), "for-each-ref", "--format=%(refname)").split()
+    assert refs == ["refs/remotes/origin/main", "refs/remotes/origin/pr/7"]
+    assert upstream.x not in git(mirror.mirror_path(upstream.url), "rev-list", "--all", "--objects")
 
 
 def test_two_processes_share_a_cold_cache(upstream, cache):
@@ -260,3 +298,58 @@ def test_submodule_nesting_limit(upstream, with_submodules, monkeypatch):
     monkeypatch.setattr(sources, "MAX_DEPTH", 1)  # the fixture nests two levels
     with pytest.raises(BadInput, match="submodules nested deeper than 1"):
         sources.resolve_component("verl", pin(with_submodules.p4), upstream.url)
+
+
+@pytest.fixture
+def redirected(tmp_path, upstream, monkeypatch):
+    """PR head P5 adds a submodule `recipe` whose URL is on a public host; BUILDER_GIT_CONFIG
+    rewrites that host (url.<base>.insteadOf) to a local directory holding both repositories."""
+    recipe = tmp_path / "recipe-work"
+    git(tmp_path, "init", "-q", str(recipe))
+    sha = commit(recipe, "r")
+    git(tmp_path, "clone", "-q", "--bare", str(recipe), str(tmp_path / "recipe.git"))
+    work = upstream.work
+    git(work, "checkout", "-q", upstream.p2)
+    (work / ".gitmodules").write_text('[submodule "recipe"]\n\tpath = recipe\n'
+                                      "\turl = https://git.example.invalid/org/recipe.git\n")
+    git(work, "add", ".gitmodules")
+    git(work, "update-index", "--add", "--cacheinfo", f"160000,{sha},recipe")
+    git(work, "commit", "-qm", "recipe")
+    p5 = git(work, "rev-parse", "HEAD")
+    git(work, "push", "-qf", str(upstream.bare), f"{p5}:refs/pull/7/head")
+    config = tmp_path / "mirrors.gitconfig"
+    config.write_text(f'[url "{tmp_path}/"]\n\tinsteadOf = https://git.example.invalid/org/\n')
+    monkeypatch.setenv("BUILDER_GIT_CONFIG", str(config))
+    return SimpleNamespace(p5=p5, recipe=sha, config=config, url="https://git.example.invalid/org/upstream.git")
+
+
+def test_insteadof_rewrites_the_repository_and_its_submodules(upstream, redirected):
+    from builder import options
+
+    comp = sources.resolve_component("verl", pin(redirected.p5), redirected.url, git_config=options.git_config())
+    assert comp.url == redirected.url and comp.commit == redirected.p5
+    assert [(s.path, s.url, s.commit) for s in comp.submodules] == [
+        ("recipe", "https://git.example.invalid/org/recipe.git", redirected.recipe)]
+    assert mirror.mirror_path(comp.submodules[0].url).exists()  # mirrors keyed by the URL the pins name
+    again = sources.resolve_component("verl", pin(redirected.p5), redirected.url, offline=True)
+    assert again.export_sha256 == comp.export_sha256
+
+
+def test_insteadof_to_a_missing_directory_is_bad_input(upstream, redirected, tmp_path):
+    from builder import options
+
+    redirected.config.write_text(f'[url "{tmp_path}/nowhere/"]\n\tinsteadOf = https://git.example.invalid/org/\n')
+    with pytest.raises(BadInput, match=f"{redirected.url} \\(rewritten to {tmp_path}/nowhere/upstream.git\\):"
+                                       " no such local repository") as err:
+        sources.resolve_component("verl", pin(redirected.p5), redirected.url, git_config=options.git_config())
+    assert err.value.exit_code == 2
+
+
+def test_git_config_setting_must_name_a_file(monkeypatch, tmp_path):
+    from builder import options
+
+    monkeypatch.setenv("BUILDER_GIT_CONFIG", str(tmp_path / "missing.gitconfig"))
+    with pytest.raises(BadInput, match="BUILDER_GIT_CONFIG: expected an existing git config file"):
+        options.git_config()
+    monkeypatch.delenv("BUILDER_GIT_CONFIG")
+    assert options.git_config() is None
