@@ -71,7 +71,7 @@ def main() -> None:
     git_times, resolve_times, comp = [], [], None
     try:
         for i in range(args.runs):
-            git_times.append(timed(lambda: git_mirror(src, refspecs, work / f"git-{i}.git")))
+            git_times.append(timed(lambda i=i: git_mirror(src, refspecs, work / f"git-{i}.git")))
             os.environ["BUILDER_CACHE"] = str(work / f"cache-{i}")
             start = time.perf_counter()
             comp = sources.resolve_component("megatron", pin, src)
