@@ -2,7 +2,7 @@
 PYTHON ?= python3
 DEMO_LOCK ?= pins/locks/demo.lock
 
-.PHONY: setup base demo test
+.PHONY: setup base demo test real-repos
 
 # Install the tool (+ test deps), then start the Docker engine and the 127.0.0.1:5000 registry
 # if they are not running (idempotent; `builder setup` does the same).
@@ -21,3 +21,9 @@ demo: setup
 
 test:
 	$(PYTHON) -m pytest -q -ra
+
+# Not a CI test: lock, build and check an image with real Megatron-LM and verl PR heads from local
+# bare mirrors (MIRRORS=DIR holding megatron.git, verl.git, verl-recipe.git; see the script).
+real-repos:
+	@test -n "$(MIRRORS)" || { echo "usage: make real-repos MIRRORS=DIR"; exit 2; }
+	$(PYTHON) benchmarks/real_repos.py --mirrors $(MIRRORS)
