@@ -1,5 +1,6 @@
 """The CLI composes the stages: exit codes and one-line errors, end to end through subprocesses."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,23 @@ def test_bad_pins_is_one_line_and_exit_2(tmp_path):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "components.vllm.pr" in errors[0] and str(bad) in errors[0]
     assert out.stdout == ""
+
+
+def test_missing_local_repository_exits_2_and_absolute_path_urls_work(demo_stack_ready, tmp_path):
+    stack = ROOT / "pins" / "demo-stack"
+    text = (ROOT / "pins" / "demo.yaml").read_text()
+    shutil.copytree(ROOT / "pins" / "locks", tmp_path / "locks")
+    good = tmp_path / "abs.yaml"
+    good.write_text(text.replace("url: demo-stack/", f"url: {stack}/"))  # plain absolute paths, as git takes them
+    out = cli("resolve", str(good))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["components"]["verl"]["url"] == f"{stack}/tinyrl.git"
+    for url in (f"{tmp_path}/gone.git", f"file://{tmp_path}/gone.git"):
+        bad = tmp_path / "missing.yaml"
+        bad.write_text(text.replace("url: demo-stack/tinyengine.git", f"url: {url}"))
+        out = cli("resolve", str(bad))
+        assert out.returncode == 2, out.stderr
+        assert f"{url}: no such local repository {tmp_path}/gone.git" in out.stderr
 
 
 def test_missing_pins_file_exit_2(tmp_path):
