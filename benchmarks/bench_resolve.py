@@ -1,6 +1,7 @@
 """Cold resolve of a large repository against `git clone --mirror` of the same refs (prints figures).
 
-usage: python benchmarks/bench_resolve.py REPO_GIT_DIR [--pr N] [--target main] [--runs 3] [--libgit2]
+usage: python benchmarks/bench_resolve.py REPO_GIT_DIR --pr N [--target main] [--runs 3] [--libgit2]
+                                          [--git-config FILE]
 
 REPO_GIT_DIR is a (bare) clone with refs/pull/<N>/head, e.g. a fetched GitHub snapshot. Each run:
 - git: an empty bare repository fetching exactly +<target> and +refs/pull/<N>/head (what
@@ -8,6 +9,8 @@ REPO_GIT_DIR is a (bare) clone with refs/pull/<N>/head, e.g. a fetched GitHub sn
 - resolve: builder's resolve_component into a fresh empty mirror cache (fetch, PR/merge-base checks,
   submodules, export hash).
 Runs are interleaved so load from other processes hits both alike; best of --runs is reported.
+--git-config names a git config file (as BUILDER_GIT_CONFIG) whose url.<base>.insteadOf rules point
+submodules (verl's recipe) at local mirrors; their fetch counts in the resolve time only.
 --libgit2 also times the former libgit2 fetch of the same refspecs once (for comparison).
 """
 import argparse
@@ -58,6 +61,7 @@ def main() -> None:
     ap.add_argument("--target", default="main")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--libgit2", action="store_true")
+    ap.add_argument("--git-config", type=Path)
     args = ap.parse_args()
     src = str(Path(args.repo).resolve())
     head = subprocess.run(["git", "-C", src, "rev-parse", f"refs/pull/{args.pr}/head"],
@@ -74,7 +78,7 @@ def main() -> None:
             git_times.append(timed(lambda i=i: git_mirror(src, refspecs, work / f"git-{i}.git")))
             os.environ["BUILDER_CACHE"] = str(work / f"cache-{i}")
             start = time.perf_counter()
-            comp = sources.resolve_component("megatron", pin, src)
+            comp = sources.resolve_component("megatron", pin, src, git_config=args.git_config)
             resolve_times.append(time.perf_counter() - start)
             print(f"run {i + 1}: git {git_times[-1]:.2f} s, resolve {resolve_times[-1]:.2f} s", flush=True)
         old = libgit2_fetch(src, refspecs, work / "libgit2.git") if args.libgit2 else None
@@ -83,6 +87,8 @@ def main() -> None:
         t_git, t_res = min(git_times), min(resolve_times)
         print(f"repository       {src} ({refs} refs, {size_mb(Path(src)):.0f} MB)")
         print(f"refs             {args.target} + refs/pull/{args.pr}/head (head {head[:12]})")
+        subs = ", ".join(f"{m.path} ({m.url})" for m in comp.submodules) or "none"
+        print(f"submodules       {subs}")
         print(f"resolved         merge-base {comp.merge_base[:12]} +{comp.ahead}/-{comp.behind}, {comp.files} files")
         print(f"git fetch        {t_git:.2f} s (empty bare repo, same refspecs; best of {args.runs})")
         print(f"builder resolve  {t_res:.2f} s (empty mirror cache; fetch + checks + export hash)")
