@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--libgit2", action="store_true")
     ap.add_argument("--git-config", type=Path)
     args = ap.parse_args()
+    if args.git_config and not args.git_config.is_file():
+        ap.error(f"--git-config: no such file {args.git_config}")
     src = str(Path(args.repo).resolve())
     head = subprocess.run(["git", "-C", src, "rev-parse", f"refs/pull/{args.pr}/head"],
                           check=True, capture_output=True, text=True).stdout.strip()
