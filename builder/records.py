@@ -35,6 +35,7 @@ class ResolvedComponent(Record):
     submodules: list[Submodule] = Field(default_factory=list)
     export_sha256: str
     files: int
+    version: str = ""  # from VCS metadata (setuptools-scm, hatch-vcs) at the commit; "" when static
 
 
 class ResolvedSources(Record):
