@@ -394,11 +394,6 @@ def lock(pins_path: Path, check: bool = False, offline: bool = False, resolver_n
                       wheelhouse)
 
 
-def lock_sha256(pins: Any) -> str:
-    """sha256 of the pins' lock file, for the report."""
-    return hashlib.sha256(pins.lock_path().read_bytes()).hexdigest()
-
-
 def split_lock(text: str) -> tuple[str, str]:
     """(runtime entries, build-only entries) of a lock; continuation lines are joined first."""
     runtime, build = [], []
