@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from builder import paths
+from builder.lock import split_lock
 from builder.render import BUILDER_VERSION, SOURCE_DATE_EPOCH
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -78,6 +79,8 @@ def small_files(pins, dockerfile: str, dockerfile_sha: str, delivery: dict, acce
         "delivery/dockerfile.sha256": f"{dockerfile_sha}\n".encode(),
         "lock/requirements.lock": pins.lock_path().read_bytes(),
     }
+    runtime, build = split_lock(pins.lock_path().read_text())
+    files["lock/runtime.lock"], files["lock/build.lock"] = runtime.encode(), build.encode()
     for name, comp in delivery["components"].items():  # read by stamp.py after each install
         files[f"provenance/{name}.json"] = _json({"component": name, **{k: comp[k] for k in PROVENANCE}})
     files.update(_tree(SCRIPTS, "image_scripts/"))

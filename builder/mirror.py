@@ -112,3 +112,4 @@ def ensure_commit(url: str, sha: str, offline: bool = False, git_config: Path | 
             gitcli.fetch(path, url, ["+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"], git_config)
             repo = pygit2.Repository(str(path))
     return repo
+

@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from builder import __version__ as BUILDER_VERSION
+from builder import scmversion
 from builder.errors import BadInput
 from builder.records import RenderedBuild, ResolvedSources
 
@@ -113,22 +114,36 @@ def labels(pins, sources: ResolvedSources | None) -> dict[str, str]:
     return out
 
 
-def component_entries(pins, sources: ResolvedSources | None) -> list[dict]:
-    """Per-component template data, in install order (sources None: pins-only review render)."""
+def component_entries(pins, sources: ResolvedSources | None, build_prefixes: list[str] | None = None) -> list[dict]:
+    """Per-component template data, in install order (sources None: pins-only review render).
+    build_prefixes (the lock's build-only and runtime wheels) are importable while each installs."""
     out, earlier = [], []
+    build_prefixes = list(build_prefixes or [])
     for name in COMPONENTS:
         comp = pins.components[name]
         if sources and sources.components[name].commit != comp.commit:
             raise BadInput(f"components.{name}.commit: resolved {sources.components[name].commit}, "
                            f"pinned {comp.commit}")
         prefix = f"/install/{name}"
-        env = [f"{envkey(k)}={v}" for k, v in items(comp.install.env)]
+        scm = sources.components[name].version if sources else ""
+        env_map = dict(comp.install.env)
+        if scm:  # the exported tree has no .git: the version computed from the mirror, validated
+            env_map[scmversion.pretend_env_name(comp.distribution)] = scmversion.checked(scm)
+        env = [f"{envkey(k)}={v}" for k, v in items(env_map)]
         out.append({"name": name, "prefix": prefix, "commit": comp.commit, "tree": _tree(sources, name), "pr": comp.pr,
                     "url": comp.url, "target": comp.target, "distribution": comp.distribution,
                     "modules": list(comp.modules), "pip_args": list(comp.install.pip_args), "env": env,
-                    "earlier": list(earlier)})  # importable while this one installs
+                    "scm_version": scm, "earlier": build_prefixes + list(earlier)})  # importable while this one installs
         earlier.append(prefix)
     return out
+
+
+def lock_parts(lock_path: Path) -> tuple[bool, bool]:
+    """(has runtime entries, has build-only entries) of a lock (see builder/lock.py)."""
+    from builder.lock import split_lock
+
+    runtime, build = split_lock(Path(lock_path).read_text())
+    return bool(runtime), bool(build)
 
 
 def lock_has_requirements(lock_path: Path) -> bool:
@@ -142,17 +157,19 @@ def lock_has_requirements(lock_path: Path) -> bool:
 def render_dockerfile(pins, sources: ResolvedSources | None, acceptance: bool = True, deps: bool | None = None) -> str:
     """The Dockerfile text; with sources None the tree and created labels read "unresolved"
     (a review render of pins whose repositories are not reachable; never built)."""
-    if deps is None:
-        deps = lock_has_requirements(pins.lock_path())
+    runtime_deps, build_deps = lock_parts(pins.lock_path())
+    if deps is False:
+        runtime_deps = build_deps = False
     if not BASE_RX.fullmatch(pins.base.image):
         raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image!r}")
-    comps = component_entries(pins, sources)
+    comps = component_entries(pins, sources, (["/install/buildtools"] if build_deps else [])
+                              + (["/install/deps"] if runtime_deps else []))
     prefixes = [("acceptance", "/install/acceptance")] if acceptance else []
-    prefixes += ([("build", "/install/deps")] if deps else []) + [("build", c["prefix"]) for c in comps]
+    prefixes += ([("build", "/install/deps")] if runtime_deps else []) + [("build", c["prefix"]) for c in comps]
     data = {
         "builder_version": BUILDER_VERSION, "pins_name": pins.name, "base_image": pins.base.image,
         "python": pins.base.python_bin, "venv": venv_root(pins), "build_env": dict(pins.build.env),
-        "source_date_epoch": SOURCE_DATE_EPOCH, "deps": deps, "components": comps,
+        "source_date_epoch": SOURCE_DATE_EPOCH, "deps": runtime_deps, "build_deps": build_deps, "components": comps,
         "acceptance": acceptance, "prefixes": prefixes, "labels": labels(pins, sources),
     }
     dockerfile = environment().get_template(TEMPLATE).render(**data)
@@ -166,7 +183,8 @@ def delivery_components(pins, sources: ResolvedSources, rendered_tag: str) -> di
     """What smoke.py and write_manifest.py check and record inside the image."""
     comps = {}
     for c in component_entries(pins, sources):
-        comps[c["name"]] = {k: c[k] for k in ("commit", "tree", "pr", "url", "target", "distribution", "modules")}
+        comps[c["name"]] = {k: c[k] for k in ("commit", "tree", "pr", "url", "target", "distribution", "modules",
+                                              "scm_version")}
     return {"components": comps, "base": {"image": pins.base.image, "name": pins.base.name,
                                           "digest": pins.base.digest},
             "builder_version": BUILDER_VERSION, "python": pins.base.python_bin, "tag": rendered_tag}

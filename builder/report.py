@@ -187,9 +187,19 @@ def run_manifest(pins, sources: ResolvedSources, build: BuiltImage | None, accep
         "numeric_env": _or_unknown((prov.get("environment") or {}).get("numeric")),
         "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
         "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
+        "lock_file": str(pins.lock_path()), "lock_sha256": _lock_sha256(pins),
     }
     return {"source": source, "installed_packages": installed, "native_libraries": native,
             "jit_caches": _or_unknown(jit), "container": container, "run": run}
+
+
+def _lock_sha256(pins) -> str:
+    import hashlib
+
+    try:
+        return hashlib.sha256(pins.lock_path().read_bytes()).hexdigest()
+    except OSError:
+        return UNKNOWN
 
 
 # ---------------------------------------------------------------- assembling
@@ -208,7 +218,7 @@ def make_report(pins, sources: ResolvedSources, build: BuiltImage | None, accept
         platform=pins.base.platform, base_image=pins.base.image,
         image_id=build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
         repository=pins.image.repository, tags=image_tags(pins), required_gates=required, gates=gates,
-        compat=[c.model_dump() for c in pins.compat], created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        compat=[c.model_dump() for c in pins.compat], lock_sha256=_lock_sha256(pins), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 
 
@@ -271,7 +281,8 @@ def to_markdown(report: Report) -> str:
             for name, c in report.sources.components.items()]
     out += _table(["Component", "Repository", "PR", "Target", "Merge-base", "Head", "Ahead / behind", "Image ID",
                    "Registry digest", "Tags", "Platform", "Base digest"], rows)
-    out += ["", f"Repository `{report.repository}`; base image `{report.base_image}`.", ""]
+    out += ["", f"Repository `{report.repository}`; base image `{report.base_image}`;"
+            f" lock sha256 `{report.lock_sha256}`.", ""]
     out += ["### Gates", ""]
     out += _table(["Gate", "Required", "Status", "Reason", "Key evidence"],
                   [[g.name, "yes" if g.name in report.required_gates else "no", g.status.replace("_", " "),

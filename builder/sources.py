@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pygit2
 
-from builder import export, log, mirror
+from builder import export, log, mirror, scmversion
 from builder.errors import BadInput
 from builder.records import ResolvedComponent, ResolvedSources, Submodule
 
@@ -69,13 +69,25 @@ def resolve_component(name: str, pin, url: str, offline: bool = False, allow_mov
     if base is None:
         raise BadInput(f"{where}.commit: {pin.commit} shares no history with {pin.target} of {url}")
     ahead, behind = repo.ahead_behind(commit.id, target_head)
+    version = scm_version(repo, str(commit.id), where)
     subs = submodules(repo, commit, url, offline, git_config=git_config)
     stats = export.export_tar(repo, commit.id, None, modules=modules_for(subs))
     return ResolvedComponent(
         name=name, url=url, target=pin.target, pr=pin.pr, commit=str(commit.id), tree=str(commit.tree_id),
         commit_time=commit.committer.time, pr_head=str(pr_head), pr_moved=moved, merge_base=str(base),
         ahead=ahead, behind=behind, target_head=str(target_head), submodules=subs,
-        export_sha256=stats.sha256, files=stats.files)
+        export_sha256=stats.sha256, files=stats.files, version=version)
+
+
+def scm_version(repo: pygit2.Repository, commit: str, where: str) -> str:
+    """The VCS version of a component whose version comes from git, else ''. The tags it needs
+    (those pointing into the commit's history) came with the fetch of the target and PR refs."""
+    try:
+        if scmversion.scm_settings(scmversion.pyproject_at(repo, commit)) is None:
+            return ""
+        return scmversion.component_version(repo, commit)
+    except BadInput as exc:
+        raise BadInput(f"{where}: {exc}") from None
 
 
 def _commit(repo: pygit2.Repository, sha: str) -> pygit2.Commit | None:
