@@ -87,6 +87,7 @@ def write_pins(work: Path, mirrors: Path, prs: dict[str, int], base: str) -> Pat
     data["build"] = {"env": demo["build"].get("env", {}), "lock": "locks/real.lock", "constraints": ["torch"]}
     data["acceptance"] = {**data["acceptance"], "required_gates": ["provenance"]}
     (work / "locks").mkdir(exist_ok=True)
+    (work / "locks" / "real.lock").touch()  # the pins loader wants the file to exist; `builder lock` writes it
     pins = work / "pins.yaml"
     pins.write_text(yaml.safe_dump(data, sort_keys=False))
     return pins

@@ -192,10 +192,11 @@ def lock_cmd(pins_path: Path = PinsArg,
              offline: bool = Offline, allow_moved_pr: bool = AllowMoved):
     """Write the pins' lock (every wheel to build and run the three components offline, sha256-pinned)
     and fill the wheelhouse; with --check, only verify it."""
-    from . import lock as lock_mod
+    from . import lock as lock_mod, options
 
     result = lock_mod.lock(pins_path, check=check, offline=offline, resolver_name=resolver,
-                           build_sdists=build_sdists, allow_moved_pr=allow_moved_pr)
+                           build_sdists=build_sdists, allow_moved_pr=allow_moved_pr,
+                           git_config=options.git_config())
     typer.echo(json.dumps({"lock": str(result.path), "sha256": result.sha256, "inputs_sha256": result.inputs_sha256,
                            "wheels": result.wheels, "wheelhouse": str(result.wheelhouse or ""),
                            "check": "up to date" if check else None}, indent=2))

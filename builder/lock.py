@@ -361,7 +361,7 @@ def recorded_inputs(text: str) -> str:
 
 
 def lock(pins_path: Path, check: bool = False, offline: bool = False, resolver_name: str = "uv",
-         build_sdists: bool = False, allow_moved_pr: bool = False) -> LockResult:
+         build_sdists: bool = False, allow_moved_pr: bool = False, git_config: Path | None = None) -> LockResult:
     """Write (or with check, verify) the lock of a pins file."""
     from builder import pins as pins_mod, sources as sources_mod
 
@@ -369,7 +369,7 @@ def lock(pins_path: Path, check: bool = False, offline: bool = False, resolver_n
         raise BadInput(f"--resolver: expected one of {', '.join(resolver.RESOLVERS)}, got {resolver_name!r}")
     pins = pins_mod.load(pins_path)
     with log.step("lock: resolve sources"):
-        sources = sources_mod.resolve(pins, offline=offline, allow_moved_pr=allow_moved_pr)
+        sources = sources_mod.resolve(pins, offline=offline, allow_moved_pr=allow_moved_pr, git_config=git_config)
     path = pins.lock_path()
     old = path.read_text() if path.is_file() else ""
     if check:
