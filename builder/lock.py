@@ -132,8 +132,9 @@ if wheels:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                            "--disable-pip-version-check", "--target", w + "/bt", *wheels], stdout=sys.stderr)
 env = dict(os.environ, PYTHONPATH=w + "/bt", PIP_DISABLE_PIP_VERSION_CHECK="1")
+extra = ["--ignore-requires-python"] if os.environ.get("LOCK_IGNORE_REQUIRES_PYTHON") else []
 rc = subprocess.call([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
-                      "--no-index", "--ignore-installed", "--report", w + "/report.json", w + "/src"],
+                      "--no-index", "--ignore-installed", *extra, "--report", w + "/report.json", w + "/src"],
                      env=env, stdout=sys.stderr)
 if rc:
     raise SystemExit(rc)
@@ -157,6 +158,8 @@ def prepare_metadata(pins: Any, component: Any, inputs: ComponentInputs, build_w
         export_component(component, spool, prefix=f"{WORK.lstrip('/')}/src")
         files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in build_wheels}
         env = {"SOURCE_DATE_EPOCH": "946684800"}
+        if "--ignore-requires-python" in pins.components[inputs.name].install.pip_args:
+            env["LOCK_IGNORE_REQUIRES_PYTHON"] = "1"  # the install will pass it too (pins' pip_args)
         if inputs.scm_version:
             env[scmversion.pretend_env_name(inputs.distribution)] = inputs.scm_version
         with log.step(f"lock: metadata of {inputs.name} (network-none base container)"):
