@@ -12,7 +12,7 @@ the refs needed with `git init --bare DIR/x.git && git -C DIR/x.git fetch SNAPSH
 The pins name the public URLs; a git config file (BUILDER_GIT_CONFIG) redirects them to DIR with
 url.<base>.insteadOf, as an air-gapped site would. The demo engine (tinyengine) stays in the vLLM
 role, the base is the demo base (torch from the base, a constraint: never downloaded). Steps:
-`builder lock`, `builder build`, the provenance gate in a fresh container (`builder accept --gate
+`builder lock --build-sdists` (verl needs antlr4-python3-runtime, an sdist), `builder build`, the provenance gate in a fresh container (`builder accept --gate
 provenance`), then `python -c "import megatron.core, verl"` in a fresh network-none container.
 Prints the lock size, wheel count, build time and image size. Not a CI test: CI has no mirrors.
 """
@@ -141,7 +141,7 @@ def main() -> int:
     env = {**os.environ, "BUILDER_GIT_CONFIG": str(write_git_config(work, mirrors))}
     say(f"pins        {pins} (megatron #{args.megatron_pr}, verl #{args.verl_pr}, base {base})")
 
-    rc, t_lock, _ = builder(["lock", str(pins)], env, work / "lock.log")
+    rc, t_lock, _ = builder(["lock", str(pins), "--build-sdists"], env, work / "lock.log")
     lock = work / "locks" / "real.lock"
     if rc != 0 or not lock.exists():
         say("lock        FAILED")
