@@ -250,7 +250,7 @@ def inputs_sha256(base: BaseInfo, target: Target, comps: list[ComponentInputs]) 
 def gather(pins: Any, sources: Any, base: BaseInfo, target: Target, resolver_name: str) -> list[ComponentInputs]:
     """Per component: build requirements, VCS version, and metadata prepared in the base."""
     comps = []
-    names = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
+    names: set[str] = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
     for name in COMPONENTS:
         pin, resolved = pins.components[name], sources.components[name]
         where = f"components.{name} ({pin.distribution} at {pin.commit[:12]})"
@@ -363,10 +363,13 @@ def recorded_inputs(text: str) -> str:
 def lock(pins_path: Path, check: bool = False, offline: bool = False, resolver_name: str = "uv",
          build_sdists: bool = False, allow_moved_pr: bool = False) -> LockResult:
     """Write (or with check, verify) the lock of a pins file."""
-    from builder import pins as pins_mod, sources as sources_mod
+    from builder import pins as pins_mod
+    from builder import sources as sources_mod
 
     if resolver_name not in resolver.RESOLVERS:
         raise BadInput(f"--resolver: expected one of {', '.join(resolver.RESOLVERS)}, got {resolver_name!r}")
+    if not check:
+        _start_lock_file(Path(pins_path))
     pins = pins_mod.load(pins_path)
     with log.step("lock: resolve sources"):
         sources = sources_mod.resolve(pins, offline=offline, allow_moved_pr=allow_moved_pr)
@@ -394,9 +397,26 @@ def lock(pins_path: Path, check: bool = False, offline: bool = False, resolver_n
                       wheelhouse)
 
 
+def _start_lock_file(pins_path: Path) -> None:
+    """A first `builder lock` creates the pins' build.lock (pins validation wants it to exist)."""
+    from builder import pins as pins_mod
+
+    try:
+        data = pins_mod.read_yaml(pins_path.read_text())
+        rel = data["build"]["lock"]
+    except Exception:  # noqa: BLE001 - pins_mod.load reports what is wrong with the file
+        return
+    if not isinstance(rel, str) or not pins_mod._match("rel_path", rel):
+        return
+    path = (pins_path.resolve().parent / rel).resolve()
+    if pins_path.resolve().parent in path.parents and not path.exists() and path.parent.is_dir():
+        path.write_text("# not locked yet: run `builder lock PINS`\n")
+
+
 def split_lock(text: str) -> tuple[str, str]:
     """(runtime entries, build-only entries) of a lock; continuation lines are joined first."""
-    runtime, build = [], []
+    runtime: list[str] = []
+    build: list[str] = []
     for line in text.replace("\\\n", " ").splitlines():
         body = line.split("#", 1)[0].strip()
         if not body:

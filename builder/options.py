@@ -4,6 +4,7 @@
 |---|---|---|
 | BUILDER_CACHE | <project>/.cache | mirrors, wheels, build contexts, runs, registry data, logs |
 | BUILDER_REGISTRY_USERNAME / _PASSWORD | unset | basic auth for push and verify; never written anywhere |
+| BUILDER_INDEX_URL | https://pypi.org/simple | package index `builder lock` resolves and downloads from |
 | BUILDER_DEBIAN_MIRROR | http://deb.debian.org/debian | debootstrap mirror of the demo base image |
 | BUILDER_ENGINE_TIMEOUT | 90 | seconds to wait for a started dockerd to answer |
 | BUILDER_REGISTRY_TIMEOUT | 30 | seconds to wait for a started registry to answer |
@@ -39,3 +40,7 @@ def engine_timeout_s() -> float:
 
 def registry_timeout_s() -> float:
     return float(os.environ.get("BUILDER_REGISTRY_TIMEOUT", "30"))
+
+
+def index_url() -> str:
+    return os.environ.get("BUILDER_INDEX_URL", "https://pypi.org/simple")

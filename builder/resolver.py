@@ -25,6 +25,7 @@ from packaging.version import Version
 
 from builder.basecontainer import BaseInfo
 from builder.errors import BadInput, InfraError
+from builder.options import index_url
 from builder.paths import cache_dir
 
 UV_GLIBC = [(2, 17), (2, 28)] + [(2, n) for n in range(31, 41)]  # what `uv --python-platform` knows
@@ -39,7 +40,7 @@ class Target:
     glibc: tuple[int, int]
 
     @classmethod
-    def of(cls, base: BaseInfo) -> "Target":
+    def of(cls, base: BaseInfo) -> Target:
         return cls(base.python, base.abi, base.machine, base.glibc)
 
     def pip_args(self) -> list[str]:
@@ -55,10 +56,6 @@ class Target:
         if not known:
             raise BadInput(f"base.image: glibc {self.glibc[0]}.{self.glibc[1]} is older than manylinux2014")
         return f"{self.machine}-manylinux_{known[-1][0]}_{known[-1][1]}"
-
-
-def index_url() -> str:
-    return os.environ.get("BUILDER_INDEX_URL", "https://pypi.org/simple")
 
 
 def _clean_env() -> dict[str, str]:
@@ -85,7 +82,7 @@ def stub_wheels(provided: dict[str, str], directory: Path) -> None:
 
 def _run(argv: list[str], log_name: str) -> tuple[int, str]:
     logfile = cache_dir("logs") / f"{log_name}.log"
-    proc = subprocess.run(argv, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.run(argv, check=False, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, text=True)
     logfile.write_text("$ " + " ".join(argv) + "\n" + proc.stdout)
     return proc.returncode, proc.stdout
@@ -99,7 +96,7 @@ def uv_bin() -> str:
 
 def resolver_version(resolver: str) -> str:
     if resolver == "uv":
-        return subprocess.run([uv_bin(), "--version"], capture_output=True, text=True).stdout.strip()
+        return subprocess.run([uv_bin(), "--version"], check=False, capture_output=True, text=True).stdout.strip()
     from importlib.metadata import version
 
     return f"pip {version('pip')}"
@@ -134,7 +131,7 @@ def _uv(work: Path, target: Target, log_name: str) -> dict[str, str]:
     rc, output = _run(argv, log_name)
     if rc != 0:
         raise BadInput(_explain(output))
-    found = {}
+    found: dict[str, str] = {}
     for line in (work / "out.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line and "==" in line:
@@ -157,7 +154,7 @@ def _pip(work: Path, target: Target, log_name: str) -> dict[str, str]:
 
 def _explain(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith("$")]
-    wanted = [ln for ln in lines if re.search(r"because|conflict|no solution|cannot|unsatisf|no matching", ln, re.I)]
+    wanted = [ln for ln in lines if re.search(r"because|conflict|no solution|cannot|unsatisf|no matching", ln, re.IGNORECASE)]
     text = " ".join((wanted or lines)[-4:])
     return text[:600] or "the resolver found no solution"
 
@@ -216,7 +213,7 @@ def download_sdist(name: str, version: str) -> Path:
     pool = cache_dir("wheels", "sdists")
     path = _pool_match(pool, name, version, False)
     if path is None:
-        rc, output = _run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--no-binary=:all:",
+        _, output = _run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--no-binary=:all:",
                            "-d", str(pool), "--index-url", index_url(), f"{name}=={version}"], "lock-download-sdist")
         path = _pool_match(pool, name, version, False)
         if path is None:

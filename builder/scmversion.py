@@ -29,7 +29,7 @@ def pyproject_at(repo: pygit2.Repository, commit: str) -> dict[str, Any] | None:
     tree = repo[commit].peel(pygit2.Commit).tree
     if "pyproject.toml" not in tree:
         return None
-    blob = repo[tree["pyproject.toml"].id]
+    blob = repo[tree["pyproject.toml"].id].peel(pygit2.Blob)
     try:
         return tomllib.loads(blob.data.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

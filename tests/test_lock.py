@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pygit2
 import pytest
-import yaml
 
 from builder import lock, scmversion
 from builder.errors import BadInput
@@ -86,8 +85,6 @@ def hatch_pins(demo_pins, tmp_path_factory):
                                                   modules=["hatchpkg"])
                 data["build"]["lock"] = "locks/hatch.lock"
 
-            (out / "locks").mkdir()
-            (out / "locks" / "hatch.lock").write_text("# not locked yet\n")
             variant_pins(out, edit=edit, pins_path=demo_pins)
         return out / "pins.yaml"
 
@@ -162,7 +159,7 @@ def test_split_lock_and_base_conflict_messages():
 
 @pytest.mark.docker
 def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked):
-    path, first, second = hatch_locked
+    _, first, second = hatch_locked
     assert first == second
     entries = {line.split("==")[0]: line for line in first.splitlines() if "--hash=sha256:" in line}
     assert {"pyyaml", "hatchling", "setuptools-scm"} <= set(entries)
@@ -174,7 +171,8 @@ def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked):
 
 @pytest.mark.docker
 def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked, docker_client):
-    from builder import build, engine, pins as pins_mod, render, sources
+    from builder import build, engine, render, sources
+    from builder import pins as pins_mod
 
     pins = pins_mod.load(hatch_locked[0])
     resolved = sources.resolve(pins)
@@ -182,8 +180,8 @@ def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_lo
     assert "/install/buildtools" in rendered.dockerfile and "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TINYENGINE" in rendered.dockerfile
     built = build.build(rendered, pins, echo=False)
     try:
-        out = docker_client.containers.run(built.image_id, ["python", "-c", "import hatchpkg, sys; print(hatchpkg.check());"
-                                                           "import importlib.util as u; print(u.find_spec('hatchling'))"],
+        out = docker_client.containers.run(built.image_id, ["python", "-c", (
+            "import hatchpkg; print(hatchpkg.check()); import importlib.util as u; print(u.find_spec('hatchling'))")],
                                            network_mode="none", remove=True).decode()
         assert "ok: true" in out and "version: 1.0.0" in out
         assert out.strip().endswith("None")  # the build backend stayed in the build stage
