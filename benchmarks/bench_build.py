@@ -13,8 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import build, engine, pins as pins_mod, render, sources  # noqa: E402
 from builder.demo import prepare_demo, variant_pins  # noqa: E402
+
+from builder import build, engine, render, sources  # noqa: E402
+from builder import pins as pins_mod
 
 
 def timed_build(pins_path, nocache=False):

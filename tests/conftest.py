@@ -63,8 +63,7 @@ def report_inputs():
     import yaml
 
     from builder import pins as pins_mod
-    from builder.records import (AcceptanceResult, BuiltImage, GateResult, ResolvedComponent,
-                                 ResolvedSources)
+    from builder.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
 
     pins_dir = Path(__file__).resolve().parent.parent / "pins"
     data = yaml.safe_load((pins_dir / "demo.yaml").read_text())
@@ -136,7 +135,8 @@ def demo_pins(docker_client):
 
 
 def _resolve_render_build(pins_path):
-    from builder import build, pins as pins_mod, render, sources
+    from builder import build, render, sources
+    from builder import pins as pins_mod
 
     pins = pins_mod.load(pins_path)
     resolved = sources.resolve(pins)

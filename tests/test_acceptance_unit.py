@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from acceptance import decide, metrics, procfs, recipe
 from acceptance.__main__ import DEFAULT_METRICS, plain
 

@@ -4,9 +4,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from builder import build, engine, paths, pins as pins_mod, render, sources
 from builder.demo import variant_pins
+
+from builder import build, engine, paths, render, sources
+from builder import pins as pins_mod
 from builder.errors import BuildFailed, InfraError
 
 COMPONENTS = ("vllm", "megatron", "verl")

@@ -7,9 +7,9 @@ import json
 import socket
 import subprocess
 import tarfile
-import xml.etree.ElementTree as ET
 import threading
 import time
+import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest

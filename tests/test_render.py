@@ -3,12 +3,13 @@ import hashlib
 import re
 import shutil
 import tarfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from builder import baseimage, demo, paths, pins as pins_mod, render, sources
+from builder import baseimage, demo, paths, render, sources
+from builder import pins as pins_mod
 from builder.errors import BadInput
 
 FAKE_BASE = "127.0.0.1:5000/demo/base@sha256:" + "ab" * 32
@@ -155,7 +156,7 @@ def test_sha_tag_and_labels(rendered):
     assert built.tag == f"{pins.image.repository}:{tag}"
     labels = built.labels
     newest = max(c.commit_time for c in resolved.components.values())
-    assert labels["org.opencontainers.image.created"] == datetime.fromtimestamp(newest, timezone.utc).strftime(
+    assert labels["org.opencontainers.image.created"] == datetime.fromtimestamp(newest, UTC).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     assert labels["org.opencontainers.image.base.digest"] == "sha256:" + "ab" * 32
     assert labels["org.opencontainers.image.base.name"] == "127.0.0.1:5000/demo/base"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import requests
-
 from builder.demo import variant_pins
+
 from builder.registry import Registry, split_repository
 from builder.render import sha_tag
 
