@@ -68,7 +68,7 @@ def isolation(steps: list[engine.Step], settings: Settings, rendered: RenderedBu
     if env is None:
         return {"checked": False, "reason": "the reporting step was cached; checked when it ran"}
     host_paths = [str(settings.cache_root), str(PACKAGE.parent), str(Path(rendered.context_path).parent)]
-    return {"checked": True, "net": env.get("net"), "mounts": len(env.get("mountinfo", [])),
+    return {"checked": True, "net": env.get("net"), "mountinfo": env.get("mountinfo", []),
             "problems": isolation_problems(env, host_paths)}
 
 

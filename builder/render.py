@@ -7,6 +7,7 @@ give a byte-identical Dockerfile and the same context sha256, whatever the cwd o
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from builder.pins import Pins
 from builder.records import RenderedBuild, ResolvedSources
 
 UNRESOLVED = "unresolved"
+BASE_RX = re.compile(r"[a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64}")  # defence in depth behind pins validation
 
 
 def sha_tag(pins: Pins) -> str:
@@ -88,6 +90,8 @@ def component_entries(pins: Pins, sources: ResolvedSources | None) -> list[dict[
 def render_dockerfile(pins: Pins, sources: ResolvedSources | None) -> str:
     """The Dockerfile text; with sources None the tree and created labels read "unresolved"
     (a review render of pins whose repositories are not reachable; never built)."""
+    if not BASE_RX.fullmatch(pins.base.image):
+        raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image[:80]!r}")
     deps = wheels.has_requirements(pins.lock_path())
     comps = component_entries(pins, sources)
     prefixes = [("acceptance", "/install/acceptance")]
