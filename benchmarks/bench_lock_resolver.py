@@ -19,17 +19,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder import basecontainer, lock, resolver  # noqa: E402
+from builder.options import Settings  # noqa: E402
 
 
-def requirements_of_pins(pins_path: str) -> tuple[list[str], dict[str, str], Any]:
+def requirements_of_pins(settings: Settings, pins_path: str) -> tuple[list[str], dict[str, str], Any]:
     from builder import pins as pins_mod
     from builder import sources
 
     pins = pins_mod.load(pins_path)
-    resolved = sources.resolve(pins, allow_moved_pr=True)
-    base = basecontainer.read_base(pins.base.image, pins.base.python_bin, pins.base.python, pins.base.platform)
+    resolved = sources.resolve(pins, settings, allow_moved_pr=True)
+    base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python, pins.base.platform)
     target = resolver.Target.of(base)
-    comps = lock.gather(pins, resolved, base, target, "uv")
+    comps = lock.gather(settings, pins, resolved, base, target, "uv")
     reqs = sorted({r for c in comps for r in c.requires_dist})
     return reqs, {**base.dists, **{c.distribution: c.version for c in comps}}, target
 
@@ -44,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requirements", help="file with one requirement per line")
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args(argv)
+    settings = Settings.from_env()
     if args.pins:
-        reqs, provided, target = requirements_of_pins(args.pins)
+        reqs, provided, target = requirements_of_pins(settings, args.pins)
     else:
-        base = basecontainer.read_base(args.base, args.python_bin, args.python, args.platform)
+        base = basecontainer.read_base(settings, args.base, args.python_bin, args.python, args.platform)
         reqs = [ln.strip() for ln in Path(args.requirements).read_text().splitlines() if ln.strip()]
         provided, target = base.dists, resolver.Target.of(base)
     out: dict[str, Any] = {"requirements": len(reqs), "target": target.uv_platform()}
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in resolver.RESOLVERS:
         times = []
         for _ in range(args.runs):
-            seconds, found = resolver.timed_resolve(reqs, provided, target, name)
+            seconds, found = resolver.timed_resolve(settings, reqs, provided, target, name)
             times.append(round(seconds, 2))
         answers[name] = found
         out[name] = {"seconds": times, "packages": len(found), "version": resolver.resolver_version(name)}

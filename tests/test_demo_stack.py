@@ -14,8 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from demo.make_stack import make_stack  # noqa: E402
 from builder import scmversion  # noqa: E402
+from demo.make_stack import make_stack  # noqa: E402
 
 REPOS = ("tinyengine", "tinycore", "tinyrl")
 GOOD = {"tinyengine": 11, "tinycore": 22, "tinyrl": 33}

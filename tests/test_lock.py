@@ -8,7 +8,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from builder import lock, scmversion
+from builder import lock, scmversion, wheels
 from builder.errors import BadInput
 
 SIG = pygit2.Signature("Test", "test@example.invalid", 1735725600, 0)
@@ -69,7 +69,7 @@ def make_repo(path: Path) -> dict[int, str]:
 @pytest.fixture(scope="session")
 def hatch_pins(demo_pins, tmp_path_factory):
     """Factory: pr -> pins path of the demo stack with the verl role replaced by hatchpkg at that PR."""
-    from builder.demo import variant_pins
+    from demo.prepare import variant_pins
 
     root = tmp_path_factory.mktemp("hatch")
     heads = make_repo(root / "hatchpkg.git")
@@ -92,11 +92,11 @@ def hatch_pins(demo_pins, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def hatch_locked(hatch_pins):
+def hatch_locked(hatch_pins, settings):
     """(pins path, lock text of the first run, lock text of the second run) for PR 1."""
     path = hatch_pins(1)
-    first = lock.lock(path).text
-    second = lock.lock(path).text
+    first = lock.lock(path, settings).text
+    second = lock.lock(path, settings).text
     return path, first, second
 
 
@@ -147,7 +147,7 @@ def test_demo_engine_version_comes_from_its_tag(tmp_path):
 
 
 def test_split_lock_and_base_conflict_messages():
-    runtime, build = lock.split_lock("# h\na==1 --hash=sha256:" + "0" * 64 + "  # a.whl\n"
+    runtime, build = wheels.split_lock("# h\na==1 --hash=sha256:" + "0" * 64 + "  # a.whl\n"
                                      "b==2 --hash=sha256:" + "1" * 64 + "  # build: b.whl\n")
     assert runtime.startswith("a==1") and build.startswith("b==2")
     with pytest.raises(BadInput, match=r"components.verl: requires 'torch>=99' but the base provides torch 2.13.0"):
@@ -170,15 +170,15 @@ def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked):
 
 
 @pytest.mark.docker
-def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked, docker_client):
+def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked, docker_client, settings):
     from builder import build, engine, render, sources
     from builder import pins as pins_mod
 
     pins = pins_mod.load(hatch_locked[0])
-    resolved = sources.resolve(pins)
-    rendered = render.render(pins, resolved)
+    resolved = sources.resolve(pins, settings)
+    rendered = render.render(pins, resolved, settings)
     assert "/install/buildtools" in rendered.dockerfile and "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TINYENGINE" in rendered.dockerfile
-    built = build.build(rendered, pins, echo=False)
+    built = build.build(rendered, settings, echo=False)
     try:
         out = docker_client.containers.run(built.image_id, ["python", "-c", (
             "import hatchpkg; print(hatchpkg.check()); import importlib.util as u; print(u.find_spec('hatchling'))")],
@@ -194,13 +194,13 @@ def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_lo
 
 
 @pytest.mark.docker
-def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_locked, hatch_pins):
+def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_locked, hatch_pins, settings):
     from typer.testing import CliRunner
 
     from builder.cli import app
 
     path = hatch_locked[0]
-    assert lock.lock(path, check=True).inputs_sha256 == lock.recorded_inputs(hatch_locked[1])
+    assert lock.lock(path, settings, check=True).inputs_sha256 == lock.recorded_inputs(hatch_locked[1])
     stale = hatch_pins(4)
     shutil.copyfile(path.parent / "locks" / "hatch.lock", stale.parent / "locks" / "hatch.lock")
     result = CliRunner().invoke(app, ["lock", str(stale), "--check"])
@@ -208,16 +208,16 @@ def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_l
 
 
 @pytest.mark.docker
-def test_requirement_the_base_cannot_meet_is_bad_input(hatch_pins, hatch_locked):
+def test_requirement_the_base_cannot_meet_is_bad_input(hatch_pins, hatch_locked, settings):
     with pytest.raises(BadInput, match=r"components.verl .*requires 'torch>=99' but the base .* provides torch 2.13.0"):
-        lock.lock(hatch_pins(2))
+        lock.lock(hatch_pins(2), settings)
 
 
 @pytest.mark.docker
-def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins, hatch_locked):
+def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins, hatch_locked, settings):
     path = hatch_pins(3)
     with pytest.raises(BadInput, match=r"only an sdist for the base \(docopt==0.6.2\); pass --build-sdists"):
-        lock.lock(path)
-    text = lock.lock(path, build_sdists=True).text
+        lock.lock(path, settings)
+    text = lock.lock(path, settings, build_sdists=True).text
     line = next(ln for ln in text.splitlines() if ln.startswith("docopt==0.6.2 "))
     assert "built from sdist sha256 " in line and "py3-none-any.whl" in line
