@@ -9,7 +9,6 @@ benchmarks/bench_lock_resolver.py) and pip (`pip install --dry-run --report`).
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -56,13 +55,6 @@ class Target:
         return f"{self.machine}-manylinux_{known[-1][0]}_{known[-1][1]}"
 
 
-def _clean_env() -> dict[str, str]:
-    """The host's pip/uv configuration never leaks into the lock (find-links, constraints, caps)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_CONFIG="1")
-    if os.environ.get("PIP_CERT"):
-        env["SSL_CERT_FILE"] = env["PIP_CERT"] = os.environ["PIP_CERT"]
-    return env
 
 
 def stub_wheels(provided: dict[str, str], directory: Path) -> None:
@@ -80,7 +72,7 @@ def stub_wheels(provided: dict[str, str], directory: Path) -> None:
 
 def _run(settings: Settings, argv: list[str], log_name: str) -> tuple[int, str]:
     logfile = settings.cache("logs") / f"{log_name}.log"
-    proc = subprocess.run(argv, check=False, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.run(argv, check=False, env=dict(settings.resolver_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, text=True)
     logfile.write_text("$ " + " ".join(argv) + "\n" + proc.stdout)
     return proc.returncode, proc.stdout
