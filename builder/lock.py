@@ -145,14 +145,31 @@ print(json.dumps({"name": meta["name"], "version": meta["version"],
 """
 
 
+def static_metadata(pyproject: dict[str, Any]) -> dict[str, Any] | None:
+    """Name, version and Requires-Dist straight from [project] when none of them is dynamic: PEP 621
+    says a backend must then produce exactly these, so no build is needed to know them."""
+    project = pyproject.get("project")
+    if not isinstance(project, dict) or not {"name", "version"} <= set(project):
+        return None
+    if {"name", "version", "dependencies"} & set(project.get("dynamic", [])):
+        return None
+    return {"name": project["name"], "version": project["version"],
+            "requires_dist": list(project.get("dependencies", []))}
+
+
 def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs,
-                     build_wheels: list[Path]) -> None:
-    """Fill inputs.version / requires_dist from the component's metadata, prepared in a network-none
-    base container with its build requirements (cached by base, export, wheels and version)."""
+                     build_wheels: list[Path], pyproject: dict[str, Any]) -> None:
+    """Fill inputs.version / requires_dist from the component's metadata: static [project] fields, or
+    else prepared in a network-none base container with its build requirements (setup.py, requirements
+    files, VCS versions; cached by base, export, wheels and version)."""
     key = hashlib.sha256(json.dumps([pins.base.image, component.export_sha256, inputs.scm_version,
                                      sorted(p.name for p in build_wheels)]).encode()).hexdigest()
     cached = settings.cache("lock", "metadata") / f"{key[:32]}.json"
-    if cached.is_file():
+    static = static_metadata(pyproject)
+    if static is not None:
+        data = static
+        log.info(f"lock: metadata of {inputs.name}: static in pyproject.toml [project]")
+    elif cached.is_file():
         data = json.loads(cached.read_text())
     else:
         files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in build_wheels}
@@ -269,7 +286,7 @@ def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: 
         found, missing = resolver.download_wheels(settings, pinned, target)
         if missing:
             raise BadInput(f"{where}: build requirements with no wheel for the base: {', '.join(missing)}")
-        prepare_metadata(settings, pins, resolved, inputs, [found[n] for n in sorted(found)])
+        prepare_metadata(settings, pins, resolved, inputs, [found[n] for n in sorted(found)], pyproject)
         inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names)
         check_against(inputs.requires_dist, base.dists, f"{where}: Requires-Dist", f"the base {pins.base.image}")
         comps.append(inputs)

@@ -221,3 +221,11 @@ def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins, 
     text = lock.lock(path, settings, build_sdists=True).text
     line = next(ln for ln in text.splitlines() if ln.startswith("docopt==0.6.2 "))
     assert "built from sdist sha256 " in line and "py3-none-any.whl" in line
+
+
+def test_static_project_metadata_needs_no_build_but_dynamic_does():
+    static = {"project": {"name": "a", "version": "1.0", "dependencies": ["pyyaml>=6"]}}
+    assert lock.static_metadata(static) == {"name": "a", "version": "1.0", "requires_dist": ["pyyaml>=6"]}
+    for dynamic in (["version"], ["dependencies"]):
+        assert lock.static_metadata({"project": {**static["project"], "dynamic": dynamic}}) is None
+    assert lock.static_metadata({}) is None  # setup.py only: prepared in the base
