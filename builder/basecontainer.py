@@ -17,7 +17,7 @@ from typing import Any
 
 from builder import engine
 from builder.errors import BadInput, BuildFailed
-from builder.paths import cache_dir
+from builder.options import Settings
 
 WORK = "/tmp/lock"
 MARKER = "@@builder-lock-result@@"
@@ -76,12 +76,11 @@ class Result:
         return json.loads(rest)
 
 
-def tar_bytes(files: dict[str, bytes]) -> bytes:
+def tar_bytes(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
     """A tar of {path below /: content}, readable and writable by everyone (the base may run as any user)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        dirs = sorted({str(Path(p).parent) for p in files} | {WORK.lstrip("/")})
-        for directory in dirs:
+        for directory in sorted({str(Path(p).parent) for p in files} | {WORK.lstrip("/")} | set(dirs)):
             info = tarfile.TarInfo(directory)
             info.type, info.mode = tarfile.DIRTYPE, 0o777
             tar.addfile(info)
@@ -92,26 +91,26 @@ def tar_bytes(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def run(image: str, python: str, script: str, archives: list[bytes] | None = None,
+def run(settings: Settings, image: str, python: str, script: str, archives: list[tuple[str, bytes]] | None = None,
         env: dict[str, str] | None = None, fetch: str | None = None, log_name: str = "base-container") -> Result:
-    """Run `python -c script` in a fresh network-none container of image, with each tar of
-    archives extracted at /; `fetch` is a directory returned as tar bytes. Container removed after."""
+    """Run `python -c script` in a fresh network-none container of image, with each (directory, tar)
+    of archives extracted there in order; `fetch` is a directory returned as tar bytes. Container removed after."""
     import docker
 
-    client = engine.connect()
+    client = engine.connect(settings)
     try:
         container = client.containers.create(image, command=[python, "-B", "-c", script], network_mode="none",
                                              environment=env or {}, working_dir="/tmp", user="0")
     except docker.errors.ImageNotFound:
         raise BadInput(f"base.image: {image} is not in the local engine (pull or build it first)") from None
     try:
-        for archive in archives or []:
-            container.put_archive("/", archive)
+        for where, archive in archives or []:
+            container.put_archive(where, archive)
         container.start()
         rc = int(container.wait().get("StatusCode", 1))
         out = container.logs(stdout=True, stderr=False).decode(errors="replace")
         err = container.logs(stdout=False, stderr=True).decode(errors="replace")
-        (cache_dir("logs") / f"{log_name}.log").write_text(f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}\n")
+        (settings.cache("logs") / f"{log_name}.log").write_text(f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}\n")
         data = b""
         if fetch and rc == 0:
             stream, _ = container.get_archive(fetch)
@@ -129,9 +128,9 @@ def _abi(soabi: str, python: str) -> str:
     return "cp" + python.replace(".", "")
 
 
-def read_base(image: str, python_bin: str, pins_python: str, pins_platform: str) -> BaseInfo:
+def read_base(settings: Settings, image: str, python_bin: str, pins_python: str, pins_platform: str) -> BaseInfo:
     """Query the base in a network-none container and check it against the pins' base fields."""
-    result = run(image, python_bin, BASE_QUERY, log_name="lock-base-query")
+    result = run(settings, image, python_bin, BASE_QUERY, log_name="lock-base-query")
     if result.rc != 0:
         raise BadInput(f"base.python_bin: {python_bin} does not run in {image} (exit {result.rc}):"
                        f" {result.stderr.strip()[-300:]}")

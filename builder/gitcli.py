@@ -6,23 +6,23 @@ removed), C locale. A git config file (the BUILDER_GIT_CONFIG setting) is includ
 too. A local repository (plain path or file://, after rewriting) that does not exist is bad
 input (exit 2); a fetch that fails otherwise is an infrastructure error (exit 3).
 """
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from builder.errors import BadInput, InfraError
+from builder.options import Settings
 
 SETTINGS = ("-c", "gc.auto=0", "-c", "maintenance.auto=false", "-c", "fetch.writeCommitGraph=false",
             "-c", "core.askPass=", "-c", "credential.interactive=false")
 
 
-def _run(args: list[str], git_config: Path | None, what: str) -> str:
+def _run(settings: Settings, args: list[str], what: str) -> str:
     exe = shutil.which("git")
     if exe is None:
         raise InfraError("git: not found on PATH (install git; fetches use the git CLI)")
-    include = ["-c", f"include.path={git_config}"] if git_config else []
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_ASKPASS": "", "SSH_ASKPASS": ""}
+    include = ["-c", f"include.path={settings.git_config}"] if settings.git_config else []
+    env = {**dict(settings.git_env), "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_ASKPASS": "", "SSH_ASKPASS": ""}
     proc = subprocess.run([exe, *include, *SETTINGS, *args], check=False, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:
@@ -31,9 +31,9 @@ def _run(args: list[str], git_config: Path | None, what: str) -> str:
     return proc.stdout
 
 
-def effective_url(url: str, git_config: Path | None = None) -> str:
+def effective_url(settings: Settings, url: str) -> str:
     """url after url.<base>.insteadOf rewrites (git's own rule: the longest matching base)."""
-    return _run(["ls-remote", "--get-url", url], git_config, f"{url}: git config").strip() or url
+    return _run(settings, ["ls-remote", "--get-url", url], f"{url}: git config").strip() or url
 
 
 def local_path(url: str) -> Path | None:
@@ -43,9 +43,9 @@ def local_path(url: str) -> Path | None:
     return Path(url) if url.startswith("/") else None
 
 
-def check_local(url: str, git_config: Path | None = None) -> str:
+def check_local(settings: Settings, url: str) -> str:
     """The effective URL; BadInput when it is a local path with no repository at it."""
-    actual = effective_url(url, git_config)
+    actual = effective_url(settings, url)
     path = local_path(actual)
     shown = url if actual == url else f"{url} (rewritten to {actual})"
     if path is not None and not path.exists():
@@ -55,10 +55,10 @@ def check_local(url: str, git_config: Path | None = None) -> str:
     return actual
 
 
-def ls_remote(url: str, refs: list[str], git_config: Path | None = None) -> dict[str, str]:
+def ls_remote(settings: Settings, url: str, refs: list[str]) -> dict[str, str]:
     """{ref: sha} of the given exact ref names that the remote advertises."""
-    check_local(url, git_config)
-    out = _run(["ls-remote", "--", url, *refs], git_config, f"{url}: fetch failed")
+    check_local(settings, url)
+    out = _run(settings, ["ls-remote", "--", url, *refs], f"{url}: fetch failed")
     found = {}
     for line in out.splitlines():
         sha, _, name = line.partition("\t")
@@ -67,8 +67,8 @@ def ls_remote(url: str, refs: list[str], git_config: Path | None = None) -> dict
     return found
 
 
-def fetch(git_dir: Path, url: str, refspecs: list[str], git_config: Path | None = None) -> None:
+def fetch(settings: Settings, git_dir: Path, url: str, refspecs: list[str]) -> None:
     """Fetch exactly refspecs (and tags pointing into them) from url into the bare repo git_dir."""
-    check_local(url, git_config)
-    _run(["--git-dir", str(git_dir), "fetch", "--quiet", "--no-write-fetch-head", "--", url, *refspecs],
-         git_config, f"{url}: fetch failed")
+    check_local(settings, url)
+    _run(settings, ["--git-dir", str(git_dir), "fetch", "--quiet", "--no-write-fetch-head", "--", url, *refspecs],
+         f"{url}: fetch failed")

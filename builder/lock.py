@@ -28,17 +28,18 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from builder import basecontainer, log, mirror, resolver, scmversion
+from builder import basecontainer, log, mirror, resolver, scmversion, wheels
 from builder.basecontainer import WORK, BaseInfo
+from builder.constants import COMPONENTS, SOURCE_DATE_EPOCH
 from builder.errors import BadInput, BuilderError, BuildFailed
-from builder.paths import cache_dir
+from builder.host import sha256_file
+from builder.options import Settings
 from builder.resolver import Target
-from builder.sources import export_component
+from builder.sources import exported_tar
+from builder.wheels import BUILD_MARK
 
 FORMAT = 1
-COMPONENTS = ("vllm", "megatron", "verl")
 LEGACY_REQUIRES = ["setuptools>=40.8.0"]  # PEP 517: no [build-system] means setuptools' legacy backend
-BUILD_MARK = "# build: "
 BUILT_MARK = "built from sdist"
 
 
@@ -109,8 +110,8 @@ def check_against(reqs: list[str], provided: dict[str, str], where: str, what: s
 # --------------------------------------------------------------------------- per component
 
 
-def _pyproject(component: Any) -> dict[str, Any]:
-    repo = mirror.open_mirror(component.url)
+def _pyproject(settings: Settings, component: Any) -> dict[str, Any]:
+    repo = mirror.open_mirror(settings, component.url)
     return scmversion.pyproject_at(repo, component.commit) or {}
 
 
@@ -145,26 +146,43 @@ print(json.dumps({"name": meta["name"], "version": meta["version"],
 """
 
 
-def prepare_metadata(pins: Any, component: Any, inputs: ComponentInputs, build_wheels: list[Path]) -> None:
-    """Fill inputs.version / requires_dist from the component's metadata, prepared in a network-none
-    base container with its build requirements (cached by base, export, wheels and version)."""
+def static_metadata(pyproject: dict[str, Any]) -> dict[str, Any] | None:
+    """Name, version and Requires-Dist straight from [project] when none of them is dynamic: PEP 621
+    says a backend must then produce exactly these, so no build is needed to know them."""
+    project = pyproject.get("project")
+    if not isinstance(project, dict) or not {"name", "version"} <= set(project):
+        return None
+    if {"name", "version", "dependencies"} & set(project.get("dynamic", [])):
+        return None
+    return {"name": project["name"], "version": project["version"],
+            "requires_dist": list(project.get("dependencies", []))}
+
+
+def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs,
+                     build_wheels: list[Path], pyproject: dict[str, Any]) -> None:
+    """Fill inputs.version / requires_dist from the component's metadata: static [project] fields, or
+    else prepared in a network-none base container with its build requirements (setup.py, requirements
+    files, VCS versions; cached by base, export, wheels and version)."""
     key = hashlib.sha256(json.dumps([pins.base.image, component.export_sha256, inputs.scm_version,
                                      sorted(p.name for p in build_wheels)]).encode()).hexdigest()
-    cached = cache_dir("lock", "metadata") / f"{key[:32]}.json"
-    if cached.is_file():
+    cached = settings.cache("lock", "metadata") / f"{key[:32]}.json"
+    static = static_metadata(pyproject)
+    if static is not None:
+        data = static
+        log.info(f"lock: metadata of {inputs.name}: static in pyproject.toml [project]")
+    elif cached.is_file():
         data = json.loads(cached.read_text())
     else:
-        spool = io.BytesIO()
-        export_component(component, spool, prefix=f"{WORK.lstrip('/')}/src")
         files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in build_wheels}
-        env = {"SOURCE_DATE_EPOCH": "946684800"}
+        env = {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
         if "--ignore-requires-python" in pins.components[inputs.name].install.pip_args:
             env["LOCK_IGNORE_REQUIRES_PYTHON"] = "1"  # the install will pass it too (pins' pip_args)
         if inputs.scm_version:
             env[scmversion.pretend_env_name(inputs.distribution)] = inputs.scm_version
         with log.step(f"lock: metadata of {inputs.name} (network-none base container)"):
-            result = basecontainer.run(pins.base.image, pins.base.python_bin, METADATA_SCRIPT,
-                                       [spool.getvalue(), basecontainer.tar_bytes(files)], env,
+            archives = [("/", basecontainer.tar_bytes(files, (f"{WORK.lstrip('/')}/src",))),
+                        (f"{WORK}/src", exported_tar(settings, component).read_bytes())]
+            result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, METADATA_SCRIPT, archives, env,
                                        log_name=f"lock-metadata-{inputs.name}")
         if result.rc != 0:
             raise BuildFailed(f"components.{inputs.name}: preparing metadata failed in the base (exit {result.rc}):"
@@ -210,24 +228,26 @@ def _sdist_requires(sdist: Path) -> list[str]:
     return list(LEGACY_REQUIRES)
 
 
-def build_sdist(pins: Any, base: BaseInfo, target: Target, name: str, version: str, resolver_name: str) -> tuple[Path, str]:
+def build_sdist(settings: Settings, pins: Any, base: BaseInfo, target: Target, name: str, version: str,
+                resolver_name: str) -> tuple[Path, str]:
     """(wheel built in a network-none base container, sha256 of the sdist it came from); cached by that sha256."""
-    sdist = resolver.download_sdist(name, version)
-    sdist_sha = resolver.sha256_file(sdist)
-    out = cache_dir("wheels", "built", f"{sdist_sha[:16]}-{base.abi}-{base.machine}")
+    sdist = resolver.download_sdist(settings, name, version)
+    sdist_sha = sha256_file(sdist)
+    out = settings.cache("wheels", "built", f"{sdist_sha[:16]}-{base.abi}-{base.machine}")
     built = sorted(out.glob("*.whl"))
     if built:
         return built[0], sdist_sha
     reqs = applicable(_sdist_requires(sdist), base, f"{sdist.name}:pyproject.toml", set())
-    pinned = resolver.resolve(reqs, base.dists, target, resolver_name, log_name=f"lock-resolve-sdist-{name}")
-    wheels, missing = resolver.download_wheels(pinned, target)
+    pinned = resolver.resolve(settings, reqs, base.dists, target, resolver_name, log_name=f"lock-resolve-sdist-{name}")
+    found, missing = resolver.download_wheels(settings, pinned, target)
     if missing:
         raise BadInput(f"{sdist.name}: its build requirements have no wheels for the base: {', '.join(missing)}")
-    files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in wheels.values()}
+    files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in found.values()}
     files[f"{WORK.lstrip('/')}/sdist/{sdist.name}"] = sdist.read_bytes()
     with log.step(f"lock: build {sdist.name} (network-none base container)"):
-        result = basecontainer.run(pins.base.image, pins.base.python_bin, SDIST_SCRIPT, [basecontainer.tar_bytes(files)],
-                                   {"SOURCE_DATE_EPOCH": "946684800"}, fetch=f"{WORK}/out", log_name=f"lock-sdist-{name}")
+        result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, SDIST_SCRIPT,
+                                   [("/", basecontainer.tar_bytes(files))], {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
+                                   fetch=f"{WORK}/out", log_name=f"lock-sdist-{name}")
     if result.rc != 0:
         raise BuildFailed(f"{sdist.name}: building a wheel in the base failed (exit {result.rc}):"
                           f" {result.stderr.strip()[-300:]}")
@@ -250,25 +270,26 @@ def inputs_sha256(base: BaseInfo, target: Target, comps: list[ComponentInputs]) 
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
 
 
-def gather(pins: Any, sources: Any, base: BaseInfo, target: Target, resolver_name: str) -> list[ComponentInputs]:
+def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: Target,
+           resolver_name: str) -> list[ComponentInputs]:
     """Per component: build requirements, VCS version, and metadata prepared in the base."""
     comps = []
-    names = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
+    names: set[str] = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
     for name in COMPONENTS:
         pin, resolved = pins.components[name], sources.components[name]
         where = f"components.{name} ({pin.distribution} at {pin.commit[:12]})"
-        pyproject = _pyproject(resolved)
+        pyproject = _pyproject(settings, resolved)
         inputs = ComponentInputs(name=name, distribution=pin.distribution,
                                  scm_version=getattr(resolved, "version", "") or "",
                                  build_requires=applicable(build_requires(pyproject), base, f"{where}: build-system",
                                                            set()))
         check_against(inputs.build_requires, base.dists, f"{where}: [build-system].requires", f"the base {pins.base.image}")
-        pinned = resolver.resolve(inputs.build_requires, base.dists, target, resolver_name,
+        pinned = resolver.resolve(settings, inputs.build_requires, base.dists, target, resolver_name,
                                   log_name=f"lock-resolve-build-{name}")
-        wheels, missing = resolver.download_wheels(pinned, target)
+        found, missing = resolver.download_wheels(settings, pinned, target)
         if missing:
             raise BadInput(f"{where}: build requirements with no wheel for the base: {', '.join(missing)}")
-        prepare_metadata(pins, resolved, inputs, [wheels[n] for n in sorted(wheels)])
+        prepare_metadata(settings, pins, resolved, inputs, [found[n] for n in sorted(found)], pyproject)
         inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names)
         check_against(inputs.requires_dist, base.dists, f"{where}: Requires-Dist", f"the base {pins.base.image}")
         comps.append(inputs)
@@ -278,36 +299,38 @@ def gather(pins: Any, sources: Any, base: BaseInfo, target: Target, resolver_nam
     return comps
 
 
-def _resolve_all(reqs_of: dict[str, list[str]], provided: dict[str, str], target: Target, resolver_name: str,
+def _resolve_all(settings: Settings, reqs_of: dict[str, list[str]], provided: dict[str, str], target: Target, resolver_name: str,
                  what: str) -> dict[str, str]:
     """Resolve the union; on failure name the component whose requirements fail on their own."""
     everything = sorted({r for reqs in reqs_of.values() for r in reqs})
     try:
-        return resolver.resolve(everything, provided, target, resolver_name, log_name=f"lock-resolve-{what}")
+        return resolver.resolve(settings, everything, provided, target, resolver_name, log_name=f"lock-resolve-{what}")
     except BadInput as exc:
         for name, reqs in reqs_of.items():
             try:
-                resolver.resolve(reqs, provided, target, resolver_name, log_name=f"lock-resolve-{what}-{name}")
+                resolver.resolve(settings, reqs, provided, target, resolver_name, log_name=f"lock-resolve-{what}-{name}")
             except BadInput as alone:
                 raise BadInput(f"components.{name}: {what} requirements conflict with the base: {alone}") from None
         raise BadInput(f"{what} requirements of the three components conflict with each other or the base: {exc}") from None
 
 
-def compute(pins: Any, sources: Any, resolver_name: str = "uv", build_sdists: bool = False) -> tuple[str, dict[str, Path]]:
+def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "uv",
+            build_sdists: bool = False) -> tuple[str, dict[str, Path]]:
     """(lock text, {wheel file name: path}) for the pins."""
     with log.step("lock: read the base (network-none container)"):
-        base = basecontainer.read_base(pins.base.image, pins.base.python_bin, pins.base.python, pins.base.platform)
+        base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
+                                       pins.base.platform)
     target = Target.of(base)
-    comps = gather(pins, sources, base, target, resolver_name)
+    comps = gather(settings, pins, sources, base, target, resolver_name)
     provided = {**base.dists, **{c.distribution: c.version for c in comps}}
     with log.step(f"lock: resolve runtime closure ({resolver_name})"):
-        runtime = _resolve_all({c.name: c.requires_dist for c in comps}, provided, target, resolver_name, "runtime")
+        runtime = _resolve_all(settings, {c.name: c.requires_dist for c in comps}, provided, target, resolver_name, "runtime")
     with log.step(f"lock: resolve build closure ({resolver_name})"):
-        build = _resolve_all({c.name: c.build_requires for c in comps}, {**provided, **runtime}, target,
+        build = _resolve_all(settings, {c.name: c.build_requires for c in comps}, {**provided, **runtime}, target,
                              resolver_name, "build")
     pinned = {**runtime, **build}
     with log.step(f"lock: wheels for {base.python} {base.abi} {target.uv_platform()}"):
-        wheels, no_wheel = resolver.download_wheels(pinned, target)
+        found, no_wheel = resolver.download_wheels(settings, pinned, target)
     built: dict[str, str] = {}
     if no_wheel and not build_sdists:
         raise BadInput(f"{pins.path}: {len(no_wheel)} dependencies have only an sdist for the base"
@@ -315,7 +338,7 @@ def compute(pins: Any, sources: Any, resolver_name: str = "uv", build_sdists: bo
                        " network-none base container, or pin versions with wheels")
     for req in sorted(no_wheel):
         name, version = req.split("==", 1)
-        wheels[name], built[name] = build_sdist(pins, base, target, name, version, resolver_name)
+        found[name], built[name] = build_sdist(settings, pins, base, target, name, version, resolver_name)
     header = [
         "# Written by `builder lock`; do not edit. Regenerate with `builder lock PINS`, verify with --check.",
         f"# format: {FORMAT}",
@@ -331,29 +354,29 @@ def compute(pins: Any, sources: Any, resolver_name: str = "uv", build_sdists: bo
                       f" {', '.join(c.build_requires) or '-'}")
     lines = []
     for name in sorted(pinned):
-        path = wheels[name]
+        path = found[name]
         note = f"{path.name} {BUILT_MARK} sha256 {built[name]}" if name in built else path.name
         mark = BUILD_MARK if name not in runtime else "# "
-        lines.append(f"{name}=={pinned[name]} --hash=sha256:{resolver.sha256_file(path)}  {mark}{note}")
+        lines.append(f"{name}=={pinned[name]} --hash=sha256:{sha256_file(path)}  {mark}{note}")
     if not lines:
         lines.append("# (no wheels: the base provides everything)")
-    return "\n".join(header + lines) + "\n", {wheels[n].name: wheels[n] for n in pinned}
+    return "\n".join(header + lines) + "\n", {found[n].name: found[n] for n in pinned}
 
 
-def fill_wheelhouse(lock_path: Path, files: dict[str, Path]) -> Path | None:
-    """Put the lock's wheels where the build looks for them (cache_dir('wheels', 'lock', <lock sha>[:16]))."""
-    from builder import baseimage
-    from builder.render import lock_has_requirements
-
-    if not lock_has_requirements(lock_path):
+def fill_wheelhouse(settings: Settings, pins: Any, files: dict[str, Path]) -> Path | None:
+    """Put the lock's wheels where the build looks for them (wheels.wheelhouse), then let
+    wheels.ensure_wheels check them against the lock's hashes."""
+    lock_path = pins.lock_path()
+    if not wheels.has_requirements(lock_path):
         return None
-    dest = cache_dir("wheels", "lock", hashlib.sha256(lock_path.read_bytes()).hexdigest()[:16])
+    target = wheels.Target.from_base(pins.base.python, pins.base.platform)
+    dest = wheels.wheelhouse(lock_path.read_bytes(), target, settings)
     for name, path in sorted(files.items()):
         if not (dest / name).exists():
             tmp = dest / f".{name}.part"
             shutil.copyfile(path, tmp)
             os.replace(tmp, dest / name)
-    return baseimage.ensure_wheels(lock_path)
+    return wheels.ensure_wheels(lock_path, target, settings)
 
 
 def recorded_inputs(text: str) -> str:
@@ -363,47 +386,55 @@ def recorded_inputs(text: str) -> str:
     return ""
 
 
-def lock(pins_path: Path, check: bool = False, offline: bool = False, resolver_name: str = "uv",
-         build_sdists: bool = False, allow_moved_pr: bool = False, git_config: Path | None = None) -> LockResult:
+def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool = False, resolver_name: str = "uv",
+         build_sdists: bool = False, allow_moved_pr: bool = False) -> LockResult:
     """Write (or with check, verify) the lock of a pins file."""
-    from builder import pins as pins_mod, sources as sources_mod
+    from builder import pins as pins_mod
+    from builder import sources as sources_mod
 
     if resolver_name not in resolver.RESOLVERS:
         raise BadInput(f"--resolver: expected one of {', '.join(resolver.RESOLVERS)}, got {resolver_name!r}")
+    if not check:
+        _start_lock_file(Path(pins_path))
     pins = pins_mod.load(pins_path)
     with log.step("lock: resolve sources"):
-        sources = sources_mod.resolve(pins, offline=offline, allow_moved_pr=allow_moved_pr, git_config=git_config)
+        sources = sources_mod.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
     path = pins.lock_path()
     old = path.read_text() if path.is_file() else ""
     if check:
         with log.step("lock: read the base (network-none container)"):
-            base = basecontainer.read_base(pins.base.image, pins.base.python_bin, pins.base.python, pins.base.platform)
+            base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
+                                           pins.base.platform)
         target = Target.of(base)
-        want = inputs_sha256(base, target, gather(pins, sources, base, target, resolver_name))
+        want = inputs_sha256(base, target, gather(settings, pins, sources, base, target, resolver_name))
         have = recorded_inputs(old)
         if want != have:
             raise StaleLock(f"{path}: stale: the pins' inputs are sha256 {want[:16]}, the lock was written for"
                             f" {have[:16] or 'nothing (no inputs-sha256 line)'}; run `builder lock {pins_path}`")
         return LockResult(path, old, hashlib.sha256(old.encode()).hexdigest(), want,
                           sum(1 for ln in old.splitlines() if "--hash=" in ln), None)
-    text, files = compute(pins, sources, resolver_name, build_sdists)
+    text, files = compute(settings, pins, sources, resolver_name, build_sdists)
     if text != old:
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as fh:
             fh.write(text)
         os.replace(fh.name, path)
-    wheelhouse = fill_wheelhouse(path, files)
+    wheelhouse = fill_wheelhouse(settings, pins, files)
     log.info(f"lock: {path} ({len(files)} wheels, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]})")
     return LockResult(path, text, hashlib.sha256(text.encode()).hexdigest(), recorded_inputs(text), len(files),
                       wheelhouse)
 
 
-def split_lock(text: str) -> tuple[str, str]:
-    """(runtime entries, build-only entries) of a lock; continuation lines are joined first."""
-    runtime, build = [], []
-    for line in text.replace("\\\n", " ").splitlines():
-        body = line.split("#", 1)[0].strip()
-        if not body:
-            continue
-        (build if BUILD_MARK in line else runtime).append(line)
-    return "".join(ln + "\n" for ln in runtime), "".join(ln + "\n" for ln in build)
+def _start_lock_file(pins_path: Path) -> None:
+    """A first `builder lock` creates the pins' build.lock (pins validation wants it to exist)."""
+    from builder import pins as pins_mod
 
+    try:
+        data = pins_mod.read_yaml(pins_path.read_text())
+        rel = data["build"]["lock"]
+    except Exception:  # noqa: BLE001 - pins_mod.load reports what is wrong with the file
+        return
+    if not isinstance(rel, str) or not pins_mod._match("rel_path", rel):
+        return
+    path = (pins_path.resolve().parent / rel).resolve()
+    if pins_path.resolve().parent in path.parents and not path.exists() and path.parent.is_dir():
+        path.write_text("# not locked yet: run `builder lock PINS`\n")

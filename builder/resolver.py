@@ -8,9 +8,7 @@ benchmarks/bench_lock_resolver.py) and pip (`pip install --dry-run --report`).
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,7 +23,7 @@ from packaging.version import Version
 
 from builder.basecontainer import BaseInfo
 from builder.errors import BadInput, InfraError
-from builder.paths import cache_dir
+from builder.options import Settings
 
 UV_GLIBC = [(2, 17), (2, 28)] + [(2, n) for n in range(31, 41)]  # what `uv --python-platform` knows
 RESOLVERS = ("uv", "pip")
@@ -39,7 +37,7 @@ class Target:
     glibc: tuple[int, int]
 
     @classmethod
-    def of(cls, base: BaseInfo) -> "Target":
+    def of(cls, base: BaseInfo) -> Target:
         return cls(base.python, base.abi, base.machine, base.glibc)
 
     def pip_args(self) -> list[str]:
@@ -57,17 +55,6 @@ class Target:
         return f"{self.machine}-manylinux_{known[-1][0]}_{known[-1][1]}"
 
 
-def index_url() -> str:
-    return os.environ.get("BUILDER_INDEX_URL", "https://pypi.org/simple")
-
-
-def _clean_env() -> dict[str, str]:
-    """The host's pip/uv configuration never leaks into the lock (find-links, constraints, caps)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_CONFIG="1")
-    if os.environ.get("PIP_CERT"):
-        env["SSL_CERT_FILE"] = env["PIP_CERT"] = os.environ["PIP_CERT"]
-    return env
 
 
 def stub_wheels(provided: dict[str, str], directory: Path) -> None:
@@ -83,9 +70,9 @@ def stub_wheels(provided: dict[str, str], directory: Path) -> None:
             whl.writestr(f"{info}/RECORD", "")
 
 
-def _run(argv: list[str], log_name: str) -> tuple[int, str]:
-    logfile = cache_dir("logs") / f"{log_name}.log"
-    proc = subprocess.run(argv, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+def _run(settings: Settings, argv: list[str], log_name: str) -> tuple[int, str]:
+    logfile = settings.cache("logs") / f"{log_name}.log"
+    proc = subprocess.run(argv, check=False, env=dict(settings.resolver_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, text=True)
     logfile.write_text("$ " + " ".join(argv) + "\n" + proc.stdout)
     return proc.returncode, proc.stdout
@@ -99,13 +86,13 @@ def uv_bin() -> str:
 
 def resolver_version(resolver: str) -> str:
     if resolver == "uv":
-        return subprocess.run([uv_bin(), "--version"], capture_output=True, text=True).stdout.strip()
+        return subprocess.run([uv_bin(), "--version"], check=False, capture_output=True, text=True).stdout.strip()
     from importlib.metadata import version
 
     return f"pip {version('pip')}"
 
 
-def resolve(requirements: list[str], provided: dict[str, str], target: Target, resolver: str = "uv",
+def resolve(settings: Settings, requirements: list[str], provided: dict[str, str], target: Target, resolver: str = "uv",
             log_name: str = "lock-resolve") -> dict[str, str]:
     """{canonical name: version} of the closure of requirements, without the provided ones.
     Raises BadInput with the resolver's explanation when there is no solution."""
@@ -119,22 +106,22 @@ def resolve(requirements: list[str], provided: dict[str, str], target: Target, r
         (work / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(provided.items())))
         # an sdist's metadata build on the host must never get a stub as its build backend
         (work / "build-constraints.txt").write_text("".join(f"{n}!={v}\n" for n, v in sorted(provided.items())))
-        found = _uv(work, target, log_name) if resolver == "uv" else _pip(work, target, log_name)
+        found = (_uv if resolver == "uv" else _pip)(settings, work, target, log_name)
     drop = {canonicalize_name(n) for n in provided}
     return {n: v for n, v in sorted(found.items()) if n not in drop}
 
 
-def _uv(work: Path, target: Target, log_name: str) -> dict[str, str]:
+def _uv(settings: Settings, work: Path, target: Target, log_name: str) -> dict[str, str]:
     argv = [uv_bin(), "pip", "compile", str(work / "req.in"), "-c", str(work / "constraints.txt"),
-            "--find-links", str(work / "stubs"), "--index-url", index_url(),
+            "--find-links", str(work / "stubs"), "--index-url", settings.index_url,
             "--index-strategy", "unsafe-best-match", "--python-version", target.python,
             "--python-platform", target.uv_platform(), "--no-header", "--no-annotate", "--quiet",
             "--build-constraints", str(work / "build-constraints.txt"),
-            "--cache-dir", str(cache_dir("uv")), "-o", str(work / "out.txt")]
-    rc, output = _run(argv, log_name)
+            "--cache-dir", str(settings.cache("uv")), "-o", str(work / "out.txt")]
+    rc, output = _run(settings, argv, log_name)
     if rc != 0:
         raise BadInput(_explain(output))
-    found = {}
+    found: dict[str, str] = {}
     for line in (work / "out.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line and "==" in line:
@@ -143,12 +130,12 @@ def _uv(work: Path, target: Target, log_name: str) -> dict[str, str]:
     return found
 
 
-def _pip(work: Path, target: Target, log_name: str) -> dict[str, str]:
+def _pip(settings: Settings, work: Path, target: Target, log_name: str) -> dict[str, str]:
     argv = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet",
             "--report", str(work / "report.json"), "--target", str(work / "target"), *target.pip_args(),
-            "--index-url", index_url(), "--find-links", str(work / "stubs"),
+            "--index-url", settings.index_url, "--find-links", str(work / "stubs"),
             "-c", str(work / "constraints.txt"), "-r", str(work / "req.in")]
-    rc, output = _run(argv, log_name)
+    rc, output = _run(settings, argv, log_name)
     if rc != 0:
         raise BadInput(_explain(output))
     report = json.loads((work / "report.json").read_text())
@@ -157,20 +144,12 @@ def _pip(work: Path, target: Target, log_name: str) -> dict[str, str]:
 
 def _explain(output: str) -> str:
     lines = [ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith("$")]
-    wanted = [ln for ln in lines if re.search(r"because|conflict|no solution|cannot|unsatisf|no matching", ln, re.I)]
+    wanted = [ln for ln in lines if re.search(r"because|conflict|no solution|cannot|unsatisf|no matching", ln, re.IGNORECASE)]
     text = " ".join((wanted or lines)[-4:])
     return text[:600] or "the resolver found no solution"
 
 
 # --------------------------------------------------------------------------- downloads
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _pool_match(pool: Path, name: str, version: str, wheel: bool) -> Path | None:
@@ -189,19 +168,19 @@ def _pool_match(pool: Path, name: str, version: str, wheel: bool) -> Path | None
     return None
 
 
-def download_wheels(pinned: dict[str, str], target: Target) -> tuple[dict[str, Path], list[str]]:
+def download_wheels(settings: Settings, pinned: dict[str, str], target: Target) -> tuple[dict[str, Path], list[str]]:
     """({name: wheel for the target}, [name==version with no wheel for the target]); files are
-    kept in cache_dir('wheels', 'pool') so a second lock downloads nothing."""
-    pool = cache_dir("wheels", "pool")
+    kept in <cache>/wheels/pool so a second lock downloads nothing."""
+    pool = settings.cache("wheels", "pool")
     missing = [n for n, v in pinned.items() if _pool_match(pool, n, v, True) is None]
     if missing:
         reqs = [f"{n}=={pinned[n]}" for n in missing]
-        rc, _ = _run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
-                      *target.pip_args(), "--index-url", index_url(), *reqs], "lock-download")
+        rc, _ = _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
+                      *target.pip_args(), "--index-url", settings.index_url, *reqs], "lock-download")
         if rc != 0:  # find which ones have no wheel, one at a time
             for req in reqs:
-                _run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
-                      *target.pip_args(), "--index-url", index_url(), req], "lock-download-one")
+                _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
+                      *target.pip_args(), "--index-url", settings.index_url, req], "lock-download-one")
     files, no_wheel = {}, []
     for name, version in pinned.items():
         path = _pool_match(pool, name, version, True)
@@ -212,20 +191,20 @@ def download_wheels(pinned: dict[str, str], target: Target) -> tuple[dict[str, P
     return files, no_wheel
 
 
-def download_sdist(name: str, version: str) -> Path:
-    pool = cache_dir("wheels", "sdists")
+def download_sdist(settings: Settings, name: str, version: str) -> Path:
+    pool = settings.cache("wheels", "sdists")
     path = _pool_match(pool, name, version, False)
     if path is None:
-        rc, output = _run([sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--no-binary=:all:",
-                           "-d", str(pool), "--index-url", index_url(), f"{name}=={version}"], "lock-download-sdist")
+        _, output = _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--no-binary=:all:",
+                           "-d", str(pool), "--index-url", settings.index_url, f"{name}=={version}"], "lock-download-sdist")
         path = _pool_match(pool, name, version, False)
         if path is None:
             raise InfraError(f"{name}=={version}: neither a wheel for the base nor an sdist: {_explain(output)}")
     return path
 
 
-def timed_resolve(requirements: list[str], provided: dict[str, str], target: Target,
+def timed_resolve(settings: Settings, requirements: list[str], provided: dict[str, str], target: Target,
                   resolver: str) -> tuple[float, dict[str, str]]:
     start = time.monotonic()
-    found = resolve(requirements, provided, target, resolver, log_name=f"bench-resolve-{resolver}")
+    found = resolve(settings, requirements, provided, target, resolver, log_name=f"bench-resolve-{resolver}")
     return time.monotonic() - start, found

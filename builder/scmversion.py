@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import warnings
 from typing import Any
 
 import pygit2
@@ -28,7 +29,7 @@ def pyproject_at(repo: pygit2.Repository, commit: str) -> dict[str, Any] | None:
     tree = repo[commit].peel(pygit2.Commit).tree
     if "pyproject.toml" not in tree:
         return None
-    blob = repo[tree["pyproject.toml"].id]
+    blob = repo[tree["pyproject.toml"].id].peel(pygit2.Blob)
     try:
         return tomllib.loads(blob.data.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -93,8 +94,10 @@ def version_at(repo: pygit2.Repository, commit: str, settings: dict[str, Any]) -
     tag, distance, node = describe(repo, commit)
     keep = {k: v for k, v in settings.items() if k in ("version_scheme", "local_scheme", "tag_regex",
                                                           "normalize", "fallback_version")}
-    config = Configuration.from_data(relative_to="pyproject.toml", data=keep)
-    text = format_version(meta(tag, distance=distance, node=node, dirty=False, config=config))
+    with warnings.catch_warnings():  # vcs-versioning asks for a VcsEnvironment; the defaults are what we want
+        warnings.simplefilter("ignore", DeprecationWarning)
+        config = Configuration.from_data(relative_to="pyproject.toml", data=keep)
+        text = format_version(meta(tag, distance=distance, node=node, dirty=False, config=config))
     try:
         Version(text)
     except InvalidVersion:

@@ -11,7 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from builder import mirror, sources
+from builder.constants import COMPONENTS
 from builder.errors import BadInput, InfraError
+from builder.options import Settings
+
+SETTINGS = Settings.from_env()
 
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
@@ -31,9 +35,20 @@ def commit(work, name, text="x") -> str:
     return git(work, "rev-parse", "HEAD")
 
 
+def use_cache(monkeypatch, path) -> None:
+    """Point BUILDER_CACHE somewhere else and re-read the settings, as a new command would."""
+    monkeypatch.setenv("BUILDER_CACHE", str(path))
+    monkeypatch.setattr(sys.modules[__name__], "SETTINGS", Settings.from_env())
+
+
+def reread_settings(monkeypatch) -> None:
+    """Read the settings again after changing the environment, as a new command would."""
+    monkeypatch.setattr(sys.modules[__name__], "SETTINGS", Settings.from_env())
+
+
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
+    use_cache(monkeypatch, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -64,13 +79,13 @@ def pin(commit, pr=7, target="main"):
 
 def pins_for(url, commit, tmp_path, pr=7):
     """Stand-in with the attributes resolve() reads from builder.pins.Pins."""
-    comps = {n: pin(commit, pr) for n in sources.COMPONENTS}
+    comps = {n: pin(commit, pr) for n in COMPONENTS}
     return SimpleNamespace(components=comps, component_url=lambda name: url, path=tmp_path / "pins.yaml",
                            sha256="0" * 64)
 
 
 def test_happy_path_records_merge_base_and_counts(upstream, tmp_path):
-    resolved = sources.resolve(pins_for(upstream.url, upstream.p2, tmp_path))
+    resolved = sources.resolve(pins_for(upstream.url, upstream.p2, tmp_path), SETTINGS)
     comp = resolved.components["verl"]
     assert list(resolved.components) == ["vllm", "megatron", "verl"]
     assert comp.commit == comp.pr_head == upstream.p2 and comp.pr_moved is False
@@ -88,36 +103,36 @@ def test_happy_path_records_merge_base_and_counts(upstream, tmp_path):
 
 
 def test_file_url_works(upstream):
-    comp = sources.resolve_component("vllm", pin(upstream.p2), f"file://{upstream.bare}")
+    comp = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), f"file://{upstream.bare}")
     assert comp.merge_base == upstream.b
 
 
 def test_missing_commit_fails(upstream):
     with pytest.raises(BadInput, match=r"components.vllm.commit: commit 1{40} of vllm not found"):
-        sources.resolve_component("vllm", pin("1" * 40), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), upstream.url)
 
 
 def test_missing_pr_ref_fails(upstream):
     with pytest.raises(BadInput, match=r"PR #99 \(refs/pull/99/head\) not found"):
-        sources.resolve_component("vllm", pin(upstream.p2, pr=99), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, pr=99), upstream.url)
 
 
 def test_missing_target_branch_fails(upstream):
     with pytest.raises(BadInput, match="branch 'develop' not found"):
-        sources.resolve_component("vllm", pin(upstream.p2, target="develop"), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, target="develop"), upstream.url)
 
 
 def test_moved_pr_head_fails_unless_allowed(upstream):
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
     with pytest.raises(BadInput, match=f"PR #7 head moved past {upstream.p2} to {upstream.p3}"):
-        sources.resolve_component("megatron", pin(upstream.p2), upstream.url)
-    comp = sources.resolve_component("megatron", pin(upstream.p2), upstream.url, allow_moved_pr=True)
+        sources.resolve_component(SETTINGS, "megatron", pin(upstream.p2), upstream.url)
+    comp = sources.resolve_component(SETTINGS, "megatron", pin(upstream.p2), upstream.url, allow_moved_pr=True)
     assert comp.pr_moved is True and comp.pr_head == upstream.p3 and comp.commit == upstream.p2
 
 
 def test_allow_moved_pr_accepts_an_older_commit_of_the_pr(upstream):
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
-    comp = sources.resolve_component("vllm", pin(upstream.p1), upstream.url, allow_moved_pr=True)
+    comp = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p1), upstream.url, allow_moved_pr=True)
     assert comp.commit == upstream.p1 and comp.pr_moved and comp.merge_base == upstream.b
 
 
@@ -126,75 +141,78 @@ def test_allow_moved_pr_refuses_the_merge_base_and_the_root(upstream):
     for sha in (upstream.b, upstream.a):  # ancestors of the PR head, but on main: not commits of the PR
         with pytest.raises(BadInput, match=f"commit {sha} is on main .*not a commit of PR #7.*"
                                            f"between merge-base {upstream.b} and head {upstream.p3}") as err:
-            sources.resolve_component("vllm", pin(sha), upstream.url, allow_moved_pr=True)
+            sources.resolve_component(SETTINGS, "vllm", pin(sha), upstream.url, allow_moved_pr=True)
         assert err.value.exit_code == 2
 
 
 def test_commit_not_on_pr_fails_even_when_allowed(upstream):
     with pytest.raises(BadInput, match=f"commit {upstream.c} is not on PR #7"):  # on main, not under the head
-        sources.resolve_component("verl", pin(upstream.c), upstream.url, allow_moved_pr=True)
+        sources.resolve_component(SETTINGS, "verl", pin(upstream.c), upstream.url, allow_moved_pr=True)
     with pytest.raises(BadInput, match=f"commit {upstream.x} of verl not found in the fetched refs"):
-        sources.resolve_component("verl", pin(upstream.x), upstream.url, allow_moved_pr=True)  # another branch
+        sources.resolve_component(SETTINGS, "verl", pin(upstream.x), upstream.url, allow_moved_pr=True)  # another branch
 
 
 def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream):
-    sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     git(upstream.bare, "update-ref", "-d", "refs/pull/7/head")
     with pytest.raises(BadInput, match="PR #7"):
-        sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
 
 
 def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path, cache):
-    warm = sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    warm = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     upstream.bare.rename(tmp_path / "gone.git")  # any fetch would now fail
     with pytest.raises(BadInput, match=f"{upstream.url}: no such local repository"):
-        sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
-    offline = sources.resolve_component("vllm", pin(upstream.p2), upstream.url, offline=True)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
+    offline = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url, offline=True)
     assert offline == warm
 
 
 def test_offline_cold_cache_fails_clearly(upstream, monkeypatch, tmp_path):
-    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cold"))
+    use_cache(monkeypatch, str(tmp_path / "cold"))
     with pytest.raises(BadInput, match="not in the mirror cache; run without --offline"):
-        sources.resolve_component("vllm", pin(upstream.p2), upstream.url, offline=True)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url, offline=True)
 
 
 def test_offline_missing_pr_in_warm_cache_fails_clearly(upstream):
-    sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     with pytest.raises(BadInput, match="refs/pull/8/head .* not in the mirror cache; run without --offline"):
-        sources.resolve_component("vllm", pin(upstream.p2, pr=8), upstream.url, offline=True)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, pr=8), upstream.url, offline=True)
 
 
 @pytest.mark.parametrize("url", ["/no/such/repo.git", "file:///no/such/repo.git"])
 def test_missing_local_path_is_bad_input(url):
     with pytest.raises(BadInput, match=f"{url}: no such local repository /no/such/repo.git") as err:
-        sources.resolve_component("vllm", pin("1" * 40), url)
+        sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), url)
     assert err.value.exit_code == 2
 
 
 def test_local_path_that_is_not_a_repository_is_bad_input(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(BadInput, match="plain is not a git repository"):
-        sources.resolve_component("vllm", pin("1" * 40), str(tmp_path / "plain"))
+        sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), str(tmp_path / "plain"))
 
 
 def test_unreachable_remote_is_infra_error(monkeypatch):
     monkeypatch.setenv("GIT_SSH_COMMAND", "false")  # the transport fails, as an unreachable host would
+    reread_settings(monkeypatch)
     with pytest.raises(InfraError, match="ssh://git@example.invalid/x.git: fetch failed") as err:
-        sources.resolve_component("vllm", pin("1" * 40), "ssh://git@example.invalid/x.git")
+        sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), "ssh://git@example.invalid/x.git")
     assert err.value.exit_code == 3
 
 
 def test_only_the_target_and_pr_refs_are_fetched(upstream):
-    sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
-    refs = git(mirror.mirror_path(upstream.url), "for-each-ref", "--format=%(refname)").split()
+    sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
+    refs = git(mirror.mirror_path(SETTINGS, upstream.url), "for-each-ref", "--format=%(refname)").split()
     assert refs == ["refs/remotes/origin/main", "refs/remotes/origin/pr/7"]
-    assert upstream.x not in git(mirror.mirror_path(upstream.url), "rev-list", "--all", "--objects")
+    assert upstream.x not in git(mirror.mirror_path(SETTINGS, upstream.url), "rev-list", "--all", "--objects")
 
 
 def test_two_processes_share_a_cold_cache(upstream, cache):
     code = ("import sys; from types import SimpleNamespace as N; from builder import sources;"
-            "c = sources.resolve_component('vllm', N(target='main', pr=7, commit=sys.argv[2]), sys.argv[1]);"
+            "from builder.options import Settings;"
+            "c = sources.resolve_component(Settings.from_env(), 'vllm', N(target='main', pr=7, commit=sys.argv[2]),"
+            " sys.argv[1]);"
             "print(c.export_sha256)")
     env = {**os.environ, "BUILDER_CACHE": str(cache), "PYTHONPATH": str(Path(sources.__file__).parent.parent)}
     procs = [subprocess.Popen([sys.executable, "-c", code, upstream.url, upstream.p2], env=env,
@@ -205,11 +223,11 @@ def test_two_processes_share_a_cold_cache(upstream, cache):
 
 
 def test_fetch_waits_for_the_mirror_lock(upstream):
-    path = mirror.mirror_path(upstream.url)
+    path = mirror.mirror_path(SETTINGS, upstream.url)
     done = threading.Event()
     with open(path.with_name(path.name + ".lock"), "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        worker = threading.Thread(target=lambda: (sources.resolve_component("vllm", pin(upstream.p2), upstream.url),
+        worker = threading.Thread(target=lambda: (sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url),
                                                   done.set()))
         worker.start()
         assert not done.wait(0.5)  # blocked while another run holds the lock
@@ -219,7 +237,7 @@ def test_fetch_waits_for_the_mirror_lock(upstream):
 
 
 def test_mirror_dir_name_is_readable_and_unique(cache):
-    one, two = mirror.mirror_path("https://github.com/a/b.git"), mirror.mirror_path("https://github.com/a/b")
+    one, two = mirror.mirror_path(SETTINGS, "https://github.com/a/b.git"), mirror.mirror_path(SETTINGS, "https://github.com/a/b")
     assert one.parent == cache / "mirrors" and one.name.startswith("https_github.com_a_b.git-")
     assert one != two
 
@@ -251,12 +269,12 @@ def with_submodules(tmp_path, upstream):
 
 def test_submodules_recorded_recursively(upstream, with_submodules):
     s = with_submodules
-    comp = sources.resolve_component("verl", pin(s.p4), upstream.url)
+    comp = sources.resolve_component(SETTINGS, "verl", pin(s.p4), upstream.url)
     got = [(m.path, m.url, m.commit) for m in comp.submodules]
     assert got == [("libs/sub", s.sub_url, s.sub), ("libs/sub/deep", s.deep_url, s.deep)]
     assert comp.submodules[0].tree == git(s.sub_url, "rev-parse", f"{s.sub}^{{tree}}")
     assert comp.files == 4 + 1 + 2 + 1  # a b p1 p2, .gitmodules, sub: s .gitmodules, deep: d
-    again = sources.resolve_component("verl", pin(s.p4), upstream.url, offline=True)
+    again = sources.resolve_component(SETTINGS, "verl", pin(s.p4), upstream.url, offline=True)
     assert again.export_sha256 == comp.export_sha256
 
 
@@ -267,7 +285,7 @@ def test_submodule_commit_missing_fails(upstream, with_submodules, tmp_path):
     bad = git(work, "rev-parse", "HEAD")
     git(work, "push", "-qf", str(upstream.bare), f"{bad}:refs/pull/7/head")
     with pytest.raises(BadInput, match=f"libs/sub: submodule commit {'2' * 40} of .*sub.git: not found"):
-        sources.resolve_component("verl", pin(bad), upstream.url)
+        sources.resolve_component(SETTINGS, "verl", pin(bad), upstream.url)
 
 
 def test_absolute_url():
@@ -281,7 +299,7 @@ def test_unrelated_history_fails(upstream):
     orphan = commit(upstream.work, "lonely")
     git(upstream.work, "push", "-q", str(upstream.bare), f"{orphan}:refs/pull/9/head")
     with pytest.raises(BadInput, match=f"{orphan} shares no history with main"):
-        sources.resolve_component("vllm", pin(orphan, pr=9), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin(orphan, pr=9), upstream.url)
 
 
 def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules):
@@ -291,13 +309,13 @@ def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules):
     bad = git(work, "rev-parse", "HEAD")
     git(work, "push", "-qf", str(upstream.bare), f"{bad}:refs/pull/7/head")
     with pytest.raises(BadInput, match="no entry for the submodule at 'stray'"):
-        sources.resolve_component("verl", pin(bad), upstream.url)
+        sources.resolve_component(SETTINGS, "verl", pin(bad), upstream.url)
 
 
 def test_submodule_nesting_limit(upstream, with_submodules, monkeypatch):
     monkeypatch.setattr(sources, "MAX_DEPTH", 1)  # the fixture nests two levels
     with pytest.raises(BadInput, match="submodules nested deeper than 1"):
-        sources.resolve_component("verl", pin(with_submodules.p4), upstream.url)
+        sources.resolve_component(SETTINGS, "verl", pin(with_submodules.p4), upstream.url)
 
 
 @pytest.fixture
@@ -320,36 +338,33 @@ def redirected(tmp_path, upstream, monkeypatch):
     config = tmp_path / "mirrors.gitconfig"
     config.write_text(f'[url "{tmp_path}/"]\n\tinsteadOf = https://git.example.invalid/org/\n')
     monkeypatch.setenv("BUILDER_GIT_CONFIG", str(config))
+    reread_settings(monkeypatch)
     return SimpleNamespace(p5=p5, recipe=sha, config=config, url="https://git.example.invalid/org/upstream.git")
 
 
 def test_insteadof_rewrites_the_repository_and_its_submodules(upstream, redirected):
-    from builder import options
-
-    comp = sources.resolve_component("verl", pin(redirected.p5), redirected.url, git_config=options.git_config())
+    comp = sources.resolve_component(SETTINGS, "verl", pin(redirected.p5), redirected.url)
     assert comp.url == redirected.url and comp.commit == redirected.p5
     assert [(s.path, s.url, s.commit) for s in comp.submodules] == [
         ("recipe", "https://git.example.invalid/org/recipe.git", redirected.recipe)]
-    assert mirror.mirror_path(comp.submodules[0].url).exists()  # mirrors keyed by the URL the pins name
-    again = sources.resolve_component("verl", pin(redirected.p5), redirected.url, offline=True)
+    assert mirror.mirror_path(SETTINGS, comp.submodules[0].url).exists()  # mirrors keyed by the URL the pins name
+    again = sources.resolve_component(SETTINGS, "verl", pin(redirected.p5), redirected.url, offline=True)
     assert again.export_sha256 == comp.export_sha256
 
 
 def test_insteadof_to_a_missing_directory_is_bad_input(upstream, redirected, tmp_path):
-    from builder import options
-
     redirected.config.write_text(f'[url "{tmp_path}/nowhere/"]\n\tinsteadOf = https://git.example.invalid/org/\n')
     with pytest.raises(BadInput, match=f"{redirected.url} \\(rewritten to {tmp_path}/nowhere/upstream.git\\):"
                                        " no such local repository") as err:
-        sources.resolve_component("verl", pin(redirected.p5), redirected.url, git_config=options.git_config())
+        sources.resolve_component(SETTINGS, "verl", pin(redirected.p5), redirected.url)
     assert err.value.exit_code == 2
 
 
-def test_git_config_setting_must_name_a_file(monkeypatch, tmp_path):
-    from builder import options
-
-    monkeypatch.setenv("BUILDER_GIT_CONFIG", str(tmp_path / "missing.gitconfig"))
+def test_git_config_setting_must_name_a_file(tmp_path):
+    env = {"BUILDER_GIT_CONFIG": str(tmp_path / "missing.gitconfig")}
     with pytest.raises(BadInput, match="BUILDER_GIT_CONFIG: expected an existing git config file"):
-        options.git_config()
-    monkeypatch.delenv("BUILDER_GIT_CONFIG")
-    assert options.git_config() is None
+        Settings.from_env(env)
+    assert Settings.from_env({}).git_config is None
+    (tmp_path / "mirrors.gitconfig").write_text("")
+    assert Settings.from_env({"BUILDER_GIT_CONFIG": str(tmp_path / "mirrors.gitconfig")}).git_config == \
+        tmp_path / "mirrors.gitconfig"
