@@ -72,6 +72,10 @@ def main() -> None:
                 f"+refs/pull/{args.pr}/head:refs/remotes/origin/pr/{args.pr}"]
     work = Path(tempfile.mkdtemp(prefix="bench-resolve-"))
     from builder import mirror, sources
+    from builder.options import Settings
+
+    if args.git_config:
+        os.environ["BUILDER_GIT_CONFIG"] = str(args.git_config.resolve())
 
     pin = SimpleNamespace(target=args.target, pr=args.pr, commit=head)
     git_times, resolve_times, comp = [], [], None
@@ -79,8 +83,9 @@ def main() -> None:
         for i in range(args.runs):
             git_times.append(timed(lambda i=i: git_mirror(src, refspecs, work / f"git-{i}.git")))
             os.environ["BUILDER_CACHE"] = str(work / f"cache-{i}")
+            settings = Settings.from_env()
             start = time.perf_counter()
-            comp = sources.resolve_component("megatron", pin, src, git_config=args.git_config)
+            comp = sources.resolve_component(settings, "megatron", pin, src)
             resolve_times.append(time.perf_counter() - start)
             print(f"run {i + 1}: git {git_times[-1]:.2f} s, resolve {resolve_times[-1]:.2f} s", flush=True)
         old = libgit2_fetch(src, refspecs, work / "libgit2.git") if args.libgit2 else None
@@ -95,7 +100,7 @@ def main() -> None:
         print(f"git fetch        {t_git:.2f} s (empty bare repo, same refspecs; best of {args.runs})")
         print(f"builder resolve  {t_res:.2f} s (empty mirror cache; fetch + checks + export hash)")
         print(f"ratio            {t_res / t_git:.2f}x (target <= 2x)")
-        mirror_dir = mirror.mirror_path(src)
+        mirror_dir = mirror.mirror_path(settings, src)
         print(f"mirror size      {size_mb(mirror_dir):.0f} MB vs git {size_mb(work / 'git-0.git'):.0f} MB")
         if old is not None:
             print(f"libgit2 fetch    {old} (the former fetch, same refspecs, once)")

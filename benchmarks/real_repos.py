@@ -12,8 +12,9 @@ the refs needed with `git init --bare DIR/x.git && git -C DIR/x.git fetch SNAPSH
 The pins name the public URLs; a git config file (BUILDER_GIT_CONFIG) redirects them to DIR with
 url.<base>.insteadOf, as an air-gapped site would. The demo engine (tinyengine) stays in the vLLM
 role, the base is the demo base (torch from the base, a constraint: never downloaded). Steps:
-`builder lock --build-sdists` (verl needs antlr4-python3-runtime, an sdist), `builder build`, the provenance gate in a fresh container (`builder accept --gate
-provenance`), then `python -c "import megatron.core, verl"` in a fresh network-none container.
+`builder lock --build-sdists` (verl needs antlr4-python3-runtime, an sdist), `builder build`,
+the provenance gate in a fresh container (`builder accept --gate provenance`), then
+`python -c "import megatron.core, verl"` in a fresh network-none container.
 Prints the lock size, wheel count, build time and image size. Not a CI test: CI has no mirrors.
 """
 import argparse
@@ -53,15 +54,12 @@ def git_head(repo: Path, ref: str) -> str:
 
 
 def base_ref(explicit: str | None) -> str:
-    """The demo base image: --base, else whichever module builds it prints its reference."""
+    """The demo base image: --base, else `python -m demo base` (builds it if missing) prints it."""
     if explicit:
         return explicit
-    for module in ("demo.baseimage", "builder.baseimage"):
-        if (ROOT / (module.replace(".", "/") + ".py")).exists():
-            out = subprocess.run([sys.executable, "-m", module], cwd=ROOT, check=True,
-                                 capture_output=True, text=True).stdout
-            return re.findall(r"\S+@sha256:[0-9a-f]{64}", out)[-1]
-    raise SystemExit("no demo base image module found; pass --base")
+    out = subprocess.run([sys.executable, "-m", "demo", "base"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return re.findall(r"\S+@sha256:[0-9a-f]{64}", out)[-1]
 
 
 def write_pins(work: Path, mirrors: Path, prs: dict[str, int], base: str) -> Path:
@@ -87,7 +85,6 @@ def write_pins(work: Path, mirrors: Path, prs: dict[str, int], base: str) -> Pat
     data["build"] = {"env": demo["build"].get("env", {}), "lock": "locks/real.lock", "constraints": ["torch"]}
     data["acceptance"] = {**data["acceptance"], "required_gates": ["provenance"]}
     (work / "locks").mkdir(exist_ok=True)
-    (work / "locks" / "real.lock").touch()  # the pins loader wants the file to exist; `builder lock` writes it
     pins = work / "pins.yaml"
     pins.write_text(yaml.safe_dump(data, sort_keys=False))
     return pins
@@ -188,7 +185,6 @@ def compare_resolvers(pins: Path, env: dict, work: Path, runs: int = 2) -> None:
         data["build"]["lock"] = f"locks/real-{name}.lock"
         copy = work / f"pins-{name}.yaml"
         copy.write_text(yaml.safe_dump(data, sort_keys=False))
-        (work / "locks" / f"real-{name}.lock").touch()
         times = []
         for run in range(runs):
             log = work / f"lock-{name}-{run}.log"
