@@ -44,6 +44,12 @@ COMPONENTS = {
 }
 
 
+# megatron.core imports triton at import time (transformer/moe/ops/paged_stash.py); NGC's CUDA torch
+# brings it, the demo base's CPU torch does not. A compat pin puts it into the lock.
+COMPAT_TRITON = {"package": "triton", "version": "3.9.0",
+                 "reason": "megatron.core imports triton; CUDA torch brings it, the CPU demo base does not"}
+
+
 def say(message: str) -> None:
     print(message, flush=True)
 
@@ -81,7 +87,7 @@ def write_pins(work: Path, mirrors: Path, prs: dict[str, int], base: str) -> Pat
             "commit": git_head(mirror, f"refs/pull/{prs[name]}/head"),
             "distribution": spec["distribution"], "modules": spec["modules"],
             "install": {"pip_args": spec["pip_args"], "env": {}}}
-    data["compat"] = demo.get("compat", [])
+    data["compat"] = demo.get("compat", []) + [COMPAT_TRITON]
     data["build"] = {"env": demo["build"].get("env", {}), "lock": "locks/real.lock", "constraints": ["torch"]}
     data["acceptance"] = {**data["acceptance"], "required_gates": ["provenance"]}
     (work / "locks").mkdir(exist_ok=True)

@@ -264,10 +264,22 @@ def build_sdist(settings: Settings, pins: Any, base: BaseInfo, target: Target, n
 # --------------------------------------------------------------------------- the lock
 
 
-def inputs_sha256(base: BaseInfo, target: Target, comps: list[ComponentInputs]) -> str:
-    data = {"format": FORMAT, "base_dists": base.dists, "target": target.__dict__,
-            "components": [c.__dict__ for c in comps]}
+def inputs_sha256(base: BaseInfo, target: Target, comps: list[ComponentInputs], compat: list[str] | None = None) -> str:
+    data: dict[str, Any] = {"format": FORMAT, "base_dists": base.dists, "target": target.__dict__,
+                            "components": [c.__dict__ for c in comps]}
+    if compat:
+        data["compat"] = compat
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
+
+
+def compat_requirements(pins: Any, base: BaseInfo) -> list[str]:
+    """The pins' compat entries the lock carries as `package==version`: all but the components
+    themselves and what the base provides (where a different version is an error)."""
+    names = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
+    reqs = sorted(f"{c.package}=={c.version}" for c in pins.compat if canonicalize_name(c.package) not in names)
+    check_against(reqs, base.dists, "compat", f"the base {pins.base.image}")
+    base_names = {canonicalize_name(n) for n in base.dists}
+    return [r for r in reqs if canonicalize_name(r.split("==", 1)[0]) not in base_names]
 
 
 def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: Target,
@@ -324,7 +336,9 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
     comps = gather(settings, pins, sources, base, target, resolver_name)
     provided = {**base.dists, **{c.distribution: c.version for c in comps}}
     with log.step(f"lock: resolve runtime closure ({resolver_name})"):
-        runtime = _resolve_all(settings, {c.name: c.requires_dist for c in comps}, provided, target, resolver_name, "runtime")
+        compat = compat_requirements(pins, base)
+        wanted = {c.name: c.requires_dist for c in comps} | ({"compat": compat} if compat else {})
+        runtime = _resolve_all(settings, wanted, provided, target, resolver_name, "runtime")
     with log.step(f"lock: resolve build closure ({resolver_name})"):
         build = _resolve_all(settings, {c.name: c.build_requires for c in comps}, {**provided, **runtime}, target,
                              resolver_name, "build")
@@ -342,12 +356,14 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
     header = [
         "# Written by `builder lock`; do not edit. Regenerate with `builder lock PINS`, verify with --check.",
         f"# format: {FORMAT}",
-        f"# inputs-sha256: {inputs_sha256(base, target, comps)}",
+        f"# inputs-sha256: {inputs_sha256(base, target, comps, compat)}",
         f"# base: {pins.base.name} (what it provides is read from it; its digest is in the pins)",
         f"# target: python {base.python} {base.abi} {target.uv_platform()} (read from the base)",
         f"# resolver: {resolver.resolver_version(resolver_name)}",
         f"# base provides {len(base.dists)} distributions (kept as they are, never in this lock)",
     ]
+    if compat:
+        header.append(f"# compat (from the pins): {', '.join(compat)}")
     for c in comps:
         how = " (from VCS: SETUPTOOLS_SCM_PRETEND_VERSION_FOR_)" if c.scm_version else ""
         header.append(f"# {c.name}: {c.distribution} {c.version}{how}; build-system.requires:"
@@ -406,7 +422,8 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
             base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
                                            pins.base.platform)
         target = Target.of(base)
-        want = inputs_sha256(base, target, gather(settings, pins, sources, base, target, resolver_name))
+        want = inputs_sha256(base, target, gather(settings, pins, sources, base, target, resolver_name),
+                             compat_requirements(pins, base))
         have = recorded_inputs(old)
         if want != have:
             raise StaleLock(f"{path}: stale: the pins' inputs are sha256 {want[:16]}, the lock was written for"
