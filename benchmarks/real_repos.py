@@ -47,7 +47,7 @@ COMPONENTS = {
 # megatron.core imports triton at import time (transformer/moe/ops/paged_stash.py); NGC's CUDA torch
 # brings it, the demo base's CPU torch does not. A compat pin puts it into the lock.
 COMPAT_TRITON = {"package": "triton", "version": "3.9.0",
-                 "reason": "megatron.core imports triton; CUDA torch brings it, the CPU demo base does not"}
+                 "reason": "megatron.core imports triton, CUDA torch brings it, the CPU demo base does not"}
 
 
 def say(message: str) -> None:
