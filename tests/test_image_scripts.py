@@ -4,7 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "builder" / "image_scripts"))
 import install  # noqa: E402
-from common import site_dirs  # noqa: E402
+from common import same_version, site_dirs  # noqa: E402
 
 
 def fake_install(prefix: Path, name: str, version: str) -> None:
@@ -28,3 +28,10 @@ def test_constraints_without_earlier_components_keep_only_base(tmp_path):
     (tmp_path / "base").write_text("torch==2.13.0\n")
     out = install.constraints([], tmp_path / "c.txt", tmp_path / "names", tmp_path / "base")
     assert Path(out).read_text().splitlines() == ["torch==2.13.0"]
+
+
+def test_versions_compare_as_pep440():
+    assert same_version("0.10.0.dev", "0.10.0.dev0")  # verl's __version__ against its metadata
+    assert same_version("1.0", "1.0.0") and same_version("0.2.1.dev2+g0428cfe", "0.2.1.dev2+g0428cfe")
+    assert not same_version("0.10.0.dev", "0.10.0")
+    assert not same_version("not a version", "0.1") and same_version("custom-x", "custom-x")

@@ -10,6 +10,17 @@ def norm(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def same_version(a, b):
+    """Equal as PEP 440 versions (verl's __version__ "0.10.0.dev" is its metadata's "0.10.0.dev0"),
+    with pip's vendored packaging (always in the image); as strings if either is not PEP 440."""
+    from pip._vendor.packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(str(a)) == Version(str(b))
+    except InvalidVersion:
+        return str(a) == str(b)
+
+
 def site_dirs(prefix=None):
     """purelib and platlib of the running interpreter, or of an install prefix."""
     kw = {"vars": {"base": prefix, "platbase": prefix}} if prefix else {}

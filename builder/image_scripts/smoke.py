@@ -12,7 +12,7 @@ import sys
 from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import site_dirs  # noqa: E402
+from common import same_version, site_dirs  # noqa: E402
 
 
 def check(name, spec, sites):
@@ -33,7 +33,7 @@ def check(name, spec, sites):
         if not any(where.startswith(os.path.realpath(s) + os.sep) for s in sites):
             raise SystemExit(f"{name}: {module_name} imported from {where}, outside {sites}")
         version = getattr(module, "__version__", None)
-        if version is not None and str(version) != dist.version:
+        if version is not None and not same_version(version, dist.version):
             raise SystemExit(f"{name}: {module_name}.__version__ {version} != installed {dist.version}")
         modules[module_name] = {"file": where, "version": version}
     return {"distribution": spec["distribution"], "version": dist.version, "modules": modules}
