@@ -7,10 +7,9 @@ import uuid
 import pytest
 
 from builder import accept
-from builder.pins import Mount
-
 from builder.constants import GATES
 from builder.options import Settings
+from builder.pins import Mount
 
 SETTINGS = Settings.from_env()
 
