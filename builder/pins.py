@@ -3,10 +3,15 @@
 `load(path)` reads the YAML strictly (duplicate keys refused), validates it against the `Pins` model and
 turns any problem into one `BadInput` line: `<file>: <dotted.field>: <what was expected>`.
 Every string that can reach a Dockerfile or a shell is checked against a whitelist regex.
+Hostile input is bounded before it is walked (builder/yamlguard.py), image references follow the
+distribution grammar (builder/reference.py), pip options and env names pass allow-lists
+(builder/allowlist.py); error lines show values escaped and elided (builder/safetext.py).
 Regenerate the JSON Schema with `python -m builder.pins --schema > builder/schema/pins.schema.json`.
 """
 import hashlib
 import json
+import math
+import posixpath
 import re
 import sys
 from pathlib import Path
@@ -16,7 +21,9 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
                       ValidationError, ValidationInfo, WithJsonSchema, field_validator, model_validator)
 
+from builder import allowlist, inputfile, reference, yamlguard
 from builder.errors import BadInput
+from builder.safetext import clip, show
 
 COMPONENTS = ("vllm", "megatron", "verl")
 GATES = ("provenance", "zero_update", "rl_step", "control")
@@ -26,11 +33,9 @@ SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "pins.schema.json"
 SAFE = r"[A-Za-z0-9_.,:/=+@%-]"
 RX = {
     "name": r"[a-z0-9][a-z0-9._-]{0,127}",
-    "repository": r"(localhost|[a-z0-9][a-z0-9-]*(\.[a-z0-9-]+)+|[a-z0-9][a-z0-9.-]*:[0-9]{1,5})"
-                  r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)+",
-    "tag": r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}",
-    "base_image": r"[a-z0-9][a-z0-9.-]*(:[0-9]{1,5})?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
-                  r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}",
+    "repository": reference.NAME,
+    "tag": reference.TAG,
+    "base_image": rf"{reference.NAME}(:{reference.TAG})?@{reference.SHA256}",
     "python": r"3\.[0-9]{1,2}",
     "abs_path": r"(/[A-Za-z0-9_.+@-]+)+",
     "rel_path": r"[A-Za-z0-9_.+@][A-Za-z0-9_.+@-]*(/[A-Za-z0-9_.+@-]+)*",
@@ -55,10 +60,16 @@ URL_RX = [
     r"[A-Za-z0-9_][A-Za-z0-9_.-]*@[A-Za-z0-9][A-Za-z0-9.-]*:[A-Za-z0-9_.~+][A-Za-z0-9_.~/+-]*",
     r"file://" + RX["abs_path"],
 ]
-# pip options that would change where packages come from or where they land (the lock decides that)
-PIP_DENIED = {"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--trusted-host", "-r",
-              "--requirement", "-c", "--constraint", "-e", "--editable", "-t", "--target", "--prefix",
-              "--root", "--user", "--src", "--config-settings"}
+# documented ranges (README "Pins")
+STEPS = (2, 100)
+TIMEOUT_S = (1, 86_400)
+GPUS = (0, 64)
+LR = (0.0, 10.0)            # the rl_step learning rate: finite, > 0 and at most 10
+SHAREABLE = ("url", "commit", "distribution")
+# host paths a gate must never see: the whole host, the engine, kernel interfaces, devices
+MOUNT_REFUSED = ("/proc", "/sys", "/dev", "/var/lib/docker", "/var/lib/containerd", "/run/docker.sock",
+                 "/var/run/docker.sock", "/run/containerd", "/var/run/containerd", "/run/docker",
+                 "/var/run/docker", "/etc", "/boot", "/root")
 
 
 def _match(kind: str, value: str) -> bool:
@@ -70,9 +81,9 @@ def _checked(kind: str, what: str):
 
     def check(value: str) -> str:
         if not _match(kind, value):
-            raise ValueError(f"expected {what}, got {value!r}")
+            raise ValueError(f"expected {what}, got {show(value)}")
         if kind not in ("pip_arg", "token") and value.startswith("-"):
-            raise ValueError(f"expected {what} not starting with '-', got {value!r}")
+            raise ValueError(f"expected {what} not starting with '-', got {show(value)}")
         return value
 
     schema = {"type": "string", "pattern": f"^{RX[kind]}$"}
@@ -85,15 +96,50 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
+def _int_only(value: Any) -> Any:
+    """An integer as written (1, not 1.0 or true)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {show(value)}")
+    return value
+
+
+def _ranged(low: int, high: int, what: str) -> Any:
+    def check(value: Any) -> Any:
+        _int_only(value)
+        if not low <= value <= high:
+            raise ValueError(f"expected {what} in {low}..{high}, got {show(value)}")
+        return value
+
+    return Annotated[int, BeforeValidator(check), WithJsonSchema({"type": "integer", "minimum": low, "maximum": high})]
+
+
+def _repository(value: str) -> str:
+    try:
+        reference.parse(value, need_domain=True, allow_tag=False)
+    except ValueError as exc:
+        raise ValueError(f"expected a registry host[:port]/path without tag or digest,"
+                         f" like '127.0.0.1:5000/demo/unified': {exc}") from None
+    return value
+
+
+def _tag(value: str) -> str:
+    return reference.check_tag(value)
+
+
+def _env_name(value: str) -> str:
+    return allowlist.check_env_name(value)
+
+
 Name = _checked("name", "a lowercase name like 'demo-true-on-policy'")
-Repository = _checked("repository", "a registry host[:port]/path without tag or digest, like '127.0.0.1:5000/demo/unified'")
-Tag = _checked("tag", "an image tag of [A-Za-z0-9_.-], at most 128 characters")
+Repository = Annotated[str, AfterValidator(_repository),
+                       WithJsonSchema({"type": "string", "pattern": f"^{RX['repository']}$", "maxLength": reference.NAME_MAX})]
+Tag = Annotated[str, AfterValidator(_tag), WithJsonSchema({"type": "string", "pattern": f"^{RX['tag']}$"})]
 AbsPath = _checked("abs_path", "an absolute path of [A-Za-z0-9_.+@-] segments")
 Branch = _checked("branch", "a git branch name like 'main'")
 Distribution = _checked("distribution", "a pip distribution name like 'megatron-core'")
 Version = _checked("version", "a version like '0.6.2'")
 Module = _checked("module", "a dotted import name like 'megatron.core'")
-EnvName = _checked("env_name", "an env var name matching [A-Z_][A-Z0-9_]*")
+EnvName = Annotated[_checked("env_name", "an env var name matching [A-Z_][A-Z0-9_]*"), AfterValidator(_env_name)]
 EnvValue = _checked("env_value", "an env value of [A-Za-z0-9_.,:/=+@%-] (single inner spaces allowed)")
 Token = _checked("token", "an argv word of [A-Za-z0-9_.,:/=+@%-]")
 OverrideKey = _checked("override_key", "an override key like 'a.b_c.d' or '+a.b'")
@@ -105,32 +151,35 @@ Env = dict[EnvName, EnvValue]
 
 def _commit(value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"expected a full 40-hex commit SHA as a quoted string, got {value!r}")
+        raise ValueError(f"expected a full 40-hex commit SHA as a quoted string, got {show(value)}")
     if not re.fullmatch(RX["commit"], value):
-        raise ValueError(f"expected a full 40-hex commit SHA, got {value!r}")
+        raise ValueError(f"expected a full 40-hex commit SHA, got {show(value)}")
     return value
 
 
 def _pip_arg(value: str) -> str:
-    if not _match("pip_arg", value):
-        raise ValueError(f"expected a pip option like '--no-deps' or '--opt=value', got {value!r}")
-    if value.split("=", 1)[0] in PIP_DENIED:
-        raise ValueError(f"expected a pip option that keeps the lock's sources and install location, got {value!r}")
-    return value
+    return allowlist.check_pip_arg(value)
 
 
 def _base_image(value: str) -> str:
-    if not _match("base_image", value):
-        raise ValueError(f"expected name[:tag]@sha256:<64 lowercase hex> (a digest; tags alone move), got {value!r}")
+    try:
+        reference.parse(value, need_digest=True)
+    except ValueError as exc:
+        raise ValueError(f"expected name[:tag]@sha256:<64 lowercase hex>: {exc}") from None
     return value
 
 
 def _inside(directory: Path, relative: str) -> Path:
     """Resolve `relative` against `directory` (symlinks followed); refuse anything that lands outside."""
-    root = directory.resolve()
-    target = (root / relative).resolve()
+    try:
+        root = directory.resolve()
+        target = (root / relative).resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        raise ValueError(f"expected a path inside {show(str(directory), 80)}, got {show(relative)}"
+                         " (a symlink loop)") from None
     if target != root and root not in target.parents:
-        raise ValueError(f"expected a path inside {root}, got {relative!r} (resolves to {target})")
+        raise ValueError(f"expected a path inside {show(str(root), 80)}, got {show(relative)}"
+                         f" (resolves to {show(str(target), 80)})")
     return target
 
 
@@ -142,7 +191,7 @@ def _directory(info: ValidationInfo) -> Path:
 def _unique(values: list) -> list:
     seen = [v for i, v in enumerate(values) if v in values[:i]]
     if seen:
-        raise ValueError(f"expected unique entries, got {seen[0]!r} twice")
+        raise ValueError(f"expected unique entries, got {show(seen[0])} twice")
     return values
 
 
@@ -182,7 +231,11 @@ class Base(Strict):
 
 class Install(Strict):
     pip_args: list[Annotated[str, AfterValidator(_pip_arg),
-                             WithJsonSchema({"type": "string", "pattern": f"^{RX['pip_arg']}$"})]] = []
+                             WithJsonSchema({"type": "string", "enum": sorted(allowlist.PIP_FLAGS)}
+                                            if not allowlist.PIP_VALUED else
+                                            {"anyOf": [{"enum": sorted(allowlist.PIP_FLAGS)}] + [
+                                                {"type": "string", "pattern": f"^{k}=({v})$"}
+                                                for k, v in sorted(allowlist.PIP_VALUED.items())]})]] = []
     env: Env = {}
 
 
@@ -205,13 +258,13 @@ class Component(Strict):
             _inside(_directory(info), value)
             return value
         raise ValueError("expected https://, http://, ssh://, git@host:path, file:///abs or a path"
-                         f" relative to the pins file's directory, got {value!r}")
+                         f" relative to the pins file's directory, got {show(value)}")
 
     @field_validator("target")
     @classmethod
     def _target(cls, value: str) -> str:
         if ".." in value or "//" in value or value.endswith(("/", ".", ".lock")):
-            raise ValueError(f"expected a valid git branch name, got {value!r}")
+            raise ValueError(f"expected a valid git branch name, got {show(value)}")
         return value
 
 
@@ -244,10 +297,12 @@ class Build(Strict):
     @classmethod
     def _lock(cls, value: str, info: ValidationInfo) -> str:
         if not _match("rel_path", value):
-            raise ValueError(f"expected a path relative to the pins file's directory, got {value!r}")
+            raise ValueError(f"expected a path relative to the pins file's directory, got {show(value)}")
         path = _inside(_directory(info), value)
-        if not path.is_file():
-            raise ValueError(f"expected an existing lock file, {path} does not exist")
+        try:
+            inputfile.read_text(path, "lock file", LOCK_MAX_BYTES)
+        except BadInput as exc:
+            raise ValueError(f"expected an existing lock file (regular, UTF-8): {exc}") from None
         return value
 
 
@@ -256,7 +311,9 @@ def _override_value(value: Any) -> Any:
     items = value if isinstance(value, list) else [value]
     for item in items:
         if not isinstance(item, scalars) or (isinstance(item, str) and not _match("token", item)):
-            raise ValueError(f"expected a scalar or a list of scalars (strings of {SAFE}), got {value!r}")
+            raise ValueError(f"expected a scalar or a list of scalars (strings of {SAFE}), got {show(value)}")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"expected a finite number, got {show(value)}")
     return value
 
 
@@ -285,7 +342,7 @@ class Recipe(Strict):
     @classmethod
     def _entry(cls, value: list[str]) -> list[str]:
         if value[0].startswith("-"):
-            raise ValueError(f"expected a program as the first word, got {value[0]!r}")
+            raise ValueError(f"expected a program as the first word, got {show(value[0])}")
         return value
 
     def argv(self, extra: dict[str, Any] | None = None) -> list[str]:
@@ -312,31 +369,66 @@ class Metrics(Strict):
     throughput: Metric = "perf/throughput"  # verl: tokens/s per GPU over the whole step
 
 
+def _mount_source(value: str) -> str:
+    """Normalised (`/etc/..` is `/`); `/`, the engine's socket and data root, /proc, /sys, /dev and the
+    like are refused, and so is any folder above one of them (mounting /var shows /var/run/docker.sock)."""
+    clean = normal_path(value)
+    paths = [clean]
+    try:
+        real = str(Path(clean).resolve())  # a symlink on this host pointing at one of them
+        if real != clean:
+            paths.append(real)
+    except (OSError, RuntimeError):
+        raise ValueError(f"expected a mountable host path, got {show(value)} (a symlink loop)") from None
+    for path in paths:
+        for bad in MOUNT_REFUSED:
+            if path == "/" or path == bad or path.startswith(bad + "/") or bad.startswith(path + "/"):
+                shown = f"{show(value)} (that is {show(path)})" if path != value else show(value)
+                raise ValueError(f"expected a host path away from {bad}; mounting {shown} exposes the host"
+                                 " or the engine")
+        if path.endswith(".sock"):
+            raise ValueError(f"expected a data folder, got the socket {show(value)}")
+    return value
+
+
+def _mount_target(value: str) -> str:
+    clean = normal_path(value)
+    if clean == "/" or any(clean == p or clean.startswith(p + "/") for p in ("/proc", "/sys", "/dev")):
+        raise ValueError(f"expected a target folder inside the container, got {show(value)} (that is {show(clean)})")
+    return value
+
+
+def normal_path(value: str) -> str:
+    """`/a/./b/../c` -> `/a/c`; `//x` -> `/x` (POSIX keeps a leading `//`; the engine does not)."""
+    clean = posixpath.normpath(value)
+    return "/" + clean.lstrip("/")
+
+
 class Mount(Strict):
     """Always mounted read-only; there is no mode field on purpose."""
-    source: AbsPath
-    target: AbsPath
+    source: Annotated[AbsPath, AfterValidator(_mount_source)]
+    target: Annotated[AbsPath, AfterValidator(_mount_target)]
 
 
 class Acceptance(Strict):
-    steps: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=2)] = 2
+    steps: _ranged(*STEPS, "a step count") = 2
     steps_key: OverrideKey = "trainer.total_training_steps"
     lr_key: OverrideKey = "actor_rollout_ref.actor.optim.lr"
-    timeout_s: PosInt = 900
-    gpus: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=0)] = 0
+    timeout_s: _ranged(*TIMEOUT_S, "seconds per gate") = 900
+    gpus: _ranged(*GPUS, "a GPU count") = 0
     mounts: list[Mount] = []
     metrics: Metrics = Metrics()
-    required_gates: Annotated[list[Literal[GATES]], AfterValidator(_unique)] = list(GATES)
+    required_gates: Annotated[list[Literal[GATES]], Field(min_length=1), AfterValidator(_unique)] = list(GATES)
 
     @field_validator("mounts")
     @classmethod
     def _targets(cls, value: list[Mount]) -> list[Mount]:
-        _unique([m.target for m in value])
+        _unique([normal_path(m.target) for m in value])
         return value
 
 
 class Pins(Strict):
-    schema_version: Annotated[Literal[1], BeforeValidator(_no_bool)]
+    schema_version: Annotated[Literal[1], BeforeValidator(_int_only)]
     name: Name
     image: Image
     base: Base
@@ -345,6 +437,8 @@ class Pins(Strict):
     build: Build
     recipe: Recipe
     acceptance: Acceptance = Acceptance()
+    # components must differ in url, commit and distribution unless named here (the report shows it)
+    shared: Annotated[list[Literal[SHAREABLE]], AfterValidator(_unique)] = []
 
     _path: Path = PrivateAttr(default=None)
     _sha256: str = PrivateAttr(default="")
@@ -353,21 +447,42 @@ class Pins(Strict):
     def _cross_checks(self) -> "Pins":
         key, overrides = self.acceptance.lr_key, self.recipe.overrides
         lr = overrides.get(key)
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-            raise ValueError(f"recipe.overrides[{key}]: expected a learning rate > 0 (acceptance.lr_key),"
-                             f" got {lr!r}")
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) \
+                or not LR[0] < lr <= LR[1]:
+            raise ValueError(f"recipe.overrides[{key}]: expected a finite learning rate in ({LR[0]:g}, {LR[1]:g}]"
+                             f" (acceptance.lr_key), got {show(lr)}")
         steps = overrides.get(self.acceptance.steps_key)
-        if steps is not None and steps != self.acceptance.steps:
+        if steps is not None and (isinstance(steps, bool) or steps != self.acceptance.steps):
             raise ValueError(f"recipe.overrides[{self.acceptance.steps_key}]: expected {self.acceptance.steps}"
-                             f" (acceptance.steps), got {steps!r}")
+                             f" (acceptance.steps), got {show(steps)}")
         if set(self.recipe.aligned_env) != set(self.recipe.control_env):
             raise ValueError("recipe.control_env: expected the same keys as recipe.aligned_env")
         if self.recipe.aligned_env == self.recipe.control_env:
             raise ValueError("recipe.control_env: expected at least one value that differs from aligned_env")
         both = set(self.recipe.env) & set(self.recipe.aligned_env)
         if both:
-            raise ValueError(f"recipe.env: expected no key also set by aligned_env/control_env, got {sorted(both)}")
+            raise ValueError(f"recipe.env: expected no key also set by aligned_env/control_env, got {show(sorted(both))}")
+        self._distinct()
         return self
+
+    def _distinct(self) -> None:
+        """Two components with the same URL, commit or distribution are one component twice, unless
+        `shared` names that field."""
+        for what in SHAREABLE:
+            if what in self.shared:
+                continue
+            seen: dict[str, str] = {}
+            for name, comp in self.components.items():
+                value = getattr(comp, what)
+                if what == "url":
+                    value = value.rstrip("/").removesuffix(".git").lower()
+                if what == "distribution":
+                    value = re.sub(r"[-_.]+", "-", value).lower()
+                if value in seen:
+                    raise ValueError(f"components.{name}.{what}: expected a different {what} from"
+                                     f" components.{seen[value]} (or list {what!r} under 'shared'),"
+                                     f" got {show(getattr(comp, what))}")
+                seen[value] = name
 
     @property
     def path(self) -> Path:
@@ -397,44 +512,15 @@ class Pins(Strict):
         return self.model_dump(mode="json")
 
 
-# ---- YAML: strict loading ----
+# ---- YAML: bounded, strict loading (builder/yamlguard.py) ----
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads 1e-6 as a float (YAML 1.1 wants 1.0e-6), like Hydra does."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-def _duplicates(node: yaml.Node, path: str = "") -> None:
-    """Walk the composed tree; raise on the first mapping that repeats a key."""
-    if isinstance(node, yaml.MappingNode):
-        seen: dict = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node)
-            where = f"{path}.{key}" if path else str(key)
-            if key in seen:
-                raise BadInput(f"{where}: duplicate key (lines {seen[key]} and {key_node.start_mark.line + 1})")
-            seen[key] = key_node.start_mark.line + 1
-            _duplicates(value_node, where)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _duplicates(item, f"{path}[{i}]")
+MAX_BYTES = yamlguard.MAX_BYTES
+LOCK_MAX_BYTES = 16 * 1024 * 1024
 
 
 def read_yaml(text: str) -> Any:
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _duplicates(node)
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
+    """Parse pins YAML: limits, forbidden characters, duplicate keys (BadInput), YAML errors (yaml.YAMLError)."""
+    return yamlguard.load_text(text)
 
 
 def _where(loc: tuple) -> str:
@@ -485,8 +571,8 @@ def _one_line(exc: ValidationError) -> str:
         if kind == "string_type":
             text += " (quote it in YAML)"
         if isinstance(value, (str, int, float, bool)) or value is None:
-            text += f", got {value!r}"
-    where = _where(err["loc"])
+            text += f", got {show(value)}"
+    where = show(_where(err["loc"]), 80)[1:-1]
     line = f"{where}: {text}" if where else text
     if len(errors) > 1:
         line += f" (and {len(errors) - 1} more)"
@@ -500,26 +586,22 @@ def validate(data: Any, directory: Path, label: str = "<pins>") -> Pins:
     try:
         return Pins.model_validate(data, context={"directory": Path(directory)})
     except ValidationError as exc:
-        raise BadInput(f"{label}: {_one_line(exc)}") from None
+        raise BadInput(clip(f"{label}: {_one_line(exc)}")) from None
 
 
 def load(path: str | Path) -> Pins:
-    label = str(path)
-    try:
-        raw = Path(path).read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise BadInput(f"{label}: cannot read the pins file: {reason}") from None
+    label = show(str(path), 120)[1:-1]
+    raw = inputfile.read_bytes(path, "pins file", MAX_BYTES)
+    text = inputfile.decode(raw, str(path), "pins file")
     try:
         data = read_yaml(text)
     except BadInput as exc:
-        raise BadInput(f"{label}: {exc}") from None
-    except yaml.YAMLError as exc:
+        raise BadInput(clip(f"{label}: {exc}")) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise BadInput(f"{label}: {at}invalid YAML: {problem}") from None
+        raise BadInput(clip(f"{label}: {at}invalid YAML: {problem}")) from None
     absolute = Path(path).resolve()
     pins = validate(data, absolute.parent, label)
     pins._path = absolute

@@ -17,7 +17,8 @@ DIGEST = "sha256:" + "b" * 64
 
 
 def component(name: str, pr: int) -> dict:
-    return {"url": f"demo-stack/{name}.git", "target": "main", "pr": pr, "commit": SHA,
+    return {"url": f"demo-stack/{name}.git", "target": "main", "pr": pr,
+            "commit": hashlib.sha1(name.encode()).hexdigest(),
             "distribution": name, "modules": [name],
             "install": {"pip_args": ["--no-deps", "--no-build-isolation"], "env": {}}}
 
