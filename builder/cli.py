@@ -242,8 +242,11 @@ def demo(publish: bool = typer.Option(True, "--publish/--no-publish", help="publ
     run(pins_path, publish=publish, offline=False, allow_moved_pr=False, out=None)
 
 
-def main():
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; a usage error (unknown option, missing argument) is one `error:` line, exit 2."""
+    from .usage import run_app
+
+    sys.exit(run_app(app, argv))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 import pygit2
 
 from builder.errors import BadInput, InfraError
-from builder.paths import cache_dir
+from builder.paths import cache_path
 
 OFFLINE_HINT = "not in the mirror cache; run without --offline"
 
@@ -23,7 +23,7 @@ def mirror_path(url: str) -> Path:
     """The mirror directory of a URL: readable name plus a short hash of the exact URL."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", url).strip("_.")[-60:] or "repo"
     digest = hashlib.sha256(url.encode()).hexdigest()[:12]
-    return cache_dir("mirrors") / f"{name}-{digest}.git"
+    return cache_path("mirrors") / f"{name}-{digest}.git"
 
 
 @contextmanager
@@ -66,6 +66,7 @@ def sync(url: str, refs: dict[str, str], offline: bool = False) -> tuple[pygit2.
     path = mirror_path(url)
     if offline and not path.exists():
         raise BadInput(f"{url}: {OFFLINE_HINT}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     with locked(path):
         repo = pygit2.Repository(str(path)) if offline else _open_or_init(path)
         if not offline:
@@ -97,6 +98,7 @@ def ensure_commit(url: str, sha: str, offline: bool = False) -> pygit2.Repositor
     path = mirror_path(url)
     if offline and not path.exists():
         raise BadInput(f"{url}: {OFFLINE_HINT}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     with locked(path):
         repo = pygit2.Repository(str(path)) if offline else _open_or_init(path)
         if sha in repo or offline:

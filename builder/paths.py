@@ -8,3 +8,8 @@ def cache_dir(*parts: str) -> Path:
     path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def cache_path(*parts: str) -> Path:
+    """Like cache_dir, but creates nothing (for lookups that may find nothing: --offline)."""
+    return cache_root().joinpath(*parts)

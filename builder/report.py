@@ -355,11 +355,17 @@ def write(report: Report, outdir: str | Path) -> dict[str, Path]:
     return paths
 
 
+REPORT_MAX_BYTES = 32 * 1024 * 1024
+
+
 def load(path: str | Path) -> Report:
+    """report.json: a regular UTF-8 file (builder.inputfile), then the Report model; BadInput otherwise."""
+    from builder.inputfile import read_text
+    from builder.safetext import clip
+
+    text = read_text(path, "report", REPORT_MAX_BYTES)
     try:
-        return Report.model_validate_json(Path(path).read_text())
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read the report: {exc.strerror}") from None
+        return Report.model_validate_json(text)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise BadInput(f"{path}: not a report: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise BadInput(clip(f"{path}: not a report: {'.'.join(map(str, err['loc']))}: {err['msg']}")) from None

@@ -51,7 +51,13 @@ def test_gate_not_required_does_not_block_but_shows(report_inputs):
 
 
 def test_empty_required_gates_is_not_accepted(report_inputs):
-    rep = make(report_inputs, required=[])
+    from builder.errors import BadInput
+
+    with pytest.raises(BadInput, match="acceptance.required_gates"):  # the pins refuse it first
+        report_inputs(required=[])
+    pins, sources, build, acceptance = report_inputs()
+    pins.acceptance.required_gates = []  # and the report does not trust the pins to have done so
+    rep = report.make_report(pins, sources, build, acceptance)
     assert rep.verdict == "NOT ACCEPTED"
     assert any("nothing required" in r for r in rep.reasons)
 
