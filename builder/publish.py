@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from builder import log, options, report as report_mod
+from builder import log, options, report as report_mod, trust
 from builder.errors import PublishError
 from builder.records import PublishReceipt, Report
 from builder.registry import Registry, mask, split_repository, verify_tag
@@ -72,6 +72,8 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     report_path = Path(report_path)
     report = report_mod.load(report_path)
     where = str(report_path)
+    trust.check(report, where)  # the evidence and the pins file, not the verdict field (BadInput, exit 2)
+    trust.check_signature(report, where, envelope=None, public_key=None, verify=None)  # issue 14 wires this
     check_accepted(report, where)
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")

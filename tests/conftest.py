@@ -53,7 +53,7 @@ def base_image(infra_setup):
 
 
 @pytest.fixture(scope="session")
-def report_inputs():
+def report_inputs(tmp_path_factory):
     """Factory: (pins, sources, build, acceptance) records shaped like real ones, from pins/demo.yaml
     with fixed commits.  `statuses` overrides gate statuses; a gate set to None is left out."""
     import copy
@@ -73,8 +73,10 @@ def report_inputs():
         return hashlib.sha1(text.encode()).hexdigest()
 
     site = "/opt/venv/lib/python3.11/site-packages"
-    steps = {"1": {"diff_max": 0.0, "k3_kl": 0.0, "weights_before": "0f1e2d3c4b5a6978", "weights_after": "8877665544332211"},
-             "2": {"diff_max": 0.0, "k3_kl": 0.0, "weights_before": "8877665544332211", "weights_after": "1122334455667788"}}
+    steps = {"1": {"diff_max": 0.0, "k3_kl": 0.0, "reward": 0.5, "loss": -0.1,
+                   "weights_before": "0f1e2d3c4b5a6978", "weights_after": "8877665544332211"},
+             "2": {"diff_max": 0.0, "k3_kl": 0.0, "reward": 0.6, "loss": -0.2,
+                   "weights_before": "8877665544332211", "weights_after": "1122334455667788"}}
     evidence = {  # shapes as acceptance/provenance.py and acceptance/decide.py write them
         "provenance": {"manifest": {"path": "/opt/delivery/manifest.json", "sha256": "56" * 32, "site_packages": site},
                        "interpreter": {"executable": "/opt/venv/bin/python", "version": "3.11.9"},
@@ -97,13 +99,18 @@ def report_inputs():
             d["components"][name]["commit"] = sha1(name)
         if required is not None:
             d["acceptance"]["required_gates"] = list(required)
-        pins = pins_mod.validate(d, pins_dir)
+        # a real pins file next to a copy of the lock, so publish can re-read it and check its sha256
+        where = tmp_path_factory.mktemp("report-pins")
+        (where / "locks").mkdir()
+        (where / "locks" / "demo.lock").write_bytes((pins_dir / "locks" / "demo.lock").read_bytes())
+        (where / "demo.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+        pins = pins_mod.load(where / "demo.yaml")
         comps = {name: ResolvedComponent(
             name=name, url=str(pins_dir / comp.url), target=comp.target, pr=comp.pr, commit=comp.commit,
             tree=sha1("tree" + name), commit_time=946684800, pr_head=comp.commit, pr_moved=False,
             merge_base=sha1("base" + name), ahead=2, behind=1, target_head=sha1("main" + name),
             export_sha256=hashlib.sha256(name.encode()).hexdigest(), files=7) for name, comp in pins.components.items()}
-        sources = ResolvedSources(pins_path=str(pins_dir / "demo.yaml"), pins_sha256="ef" * 32,
+        sources = ResolvedSources(pins_path=str(pins.path), pins_sha256=pins.sha256,
                                   resolved_at="2026-11-01T00:00:00Z", components=comps)
         built = BuiltImage(image_id=image_id, tags=[f"{repository}:x"], size=123456789, created="2026-11-01T00:00:00Z",
                            engine_version="20.10.24", builder_version="0.1.0", context_sha256="12" * 32,

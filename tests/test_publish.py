@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from builder import publish, report
-from builder.errors import InfraError, PublishError
+from builder.errors import BadInput, InfraError, PublishError
 from builder.registry import MANIFEST_TYPES, Registry, verify_tag
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
@@ -233,8 +233,8 @@ def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs, tmp_pa
                             statuses={"control": None})
     forged = rep.model_copy(update={"verdict": "ACCEPTED", "reasons": []})
     paths["json"].write_text(forged.model_dump_json())
-    with pytest.raises(PublishError, match="required gate control reads not_run"):
-        publish.publish(paths["json"])
+    with pytest.raises(BadInput, match="acceptance.gates.control: required gate reads not run"):
+        publish.publish(paths["json"])  # builder/trust.py: exit 2, before any registry call
 
 
 @pytest.mark.docker
