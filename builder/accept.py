@@ -7,6 +7,7 @@ import uuid
 
 from . import log
 from .errors import BadInput, InfraError
+from .pins import TIMEOUT_S, check_mounts
 from .records import GATES, AcceptanceResult, GateResult
 
 LABEL = "io.truepolicy.acceptance"          # value: the run id; on every acceptance container
@@ -152,7 +153,10 @@ def accept(image_id: str, pins, gates=None, client=None, timeout_s: int | None =
     unknown = [g for g in selected if g not in GATES]
     if unknown:
         raise BadInput(f"--gate: expected one of {', '.join(GATES)}, got {unknown[0]!r}")
+    if timeout_s is not None and not TIMEOUT_S[0] <= timeout_s <= TIMEOUT_S[1]:
+        raise BadInput(f"--timeout: expected seconds in {TIMEOUT_S[0]}..{TIMEOUT_S[1]}, got {timeout_s!r}")
     client = client or engine.connect()
+    check_mounts(pins, client.info().get("DockerRootDir"))  # the engine's own data root, wherever it is
     full_id = _image_id(client, image_id)
     timeout = timeout_s or pins.acceptance.timeout_s
     run_id = run_id or uuid.uuid4().hex[:12]

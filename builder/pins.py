@@ -398,6 +398,18 @@ def _mount_target(value: str) -> str:
     return value
 
 
+def check_mounts(pins: "Pins", data_root: str | None) -> None:
+    """At acceptance: no mount source may be, hold or sit inside the engine's data root (`docker info`)."""
+    if not data_root:
+        return
+    root = normal_path(data_root)
+    for i, mount in enumerate(pins.acceptance.mounts):
+        for path in {normal_path(mount.source), str(Path(normal_path(mount.source)).resolve())}:
+            if path == root or path.startswith(root + "/") or root.startswith(path.rstrip("/") + "/"):
+                raise BadInput(clip(f"{pins.path}: acceptance.mounts[{i}].source: {show(mount.source)} exposes"
+                                    f" the engine's data root {show(root)}; refusing"))
+
+
 def normal_path(value: str) -> str:
     """`/a/./b/../c` -> `/a/c`; `//x` -> `/x` (POSIX keeps a leading `//`; the engine does not)."""
     clean = posixpath.normpath(value)

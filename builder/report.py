@@ -187,6 +187,7 @@ def run_manifest(pins, sources: ResolvedSources, build: BuiltImage | None, accep
         "numeric_env": _or_unknown((prov.get("environment") or {}).get("numeric")),
         "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
         "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
+        "components_shared": list(pins.shared) or "none (url, commit and distribution all distinct)",
     }
     return {"source": source, "installed_packages": installed, "native_libraries": native,
             "jit_caches": _or_unknown(jit), "container": container, "run": run}

@@ -133,6 +133,10 @@ def _identity(report: Report, pins: pins_mod.Pins, where: str) -> None:
     for field, value in want.items():
         if getattr(report, field) != value:
             raise _fail(where, field, f"{show(getattr(report, field))} is not what the pins give ({show(value)})")
+    shared = (report.run_manifest.get("run") or {}).get("components_shared")
+    if pins.shared and shared != list(pins.shared):
+        raise _fail(where, "run_manifest.run.components_shared", f"{show(shared)} does not show the pins'"
+                    f" shared {show(list(pins.shared))}")
     for name, comp in pins.components.items():
         got = report.sources.components.get(name)
         if got is None or got.commit != comp.commit:

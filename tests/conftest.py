@@ -91,8 +91,10 @@ def report_inputs(tmp_path_factory):
     }
 
     def make(repository="127.0.0.1:5000/demo/unified", image_id="sha256:" + "ab" * 32, statuses=None,
-             acceptance=True, build=True, accepted_image=None, required=None, tags=("demo",)):
+             acceptance=True, build=True, accepted_image=None, required=None, tags=("demo",), platform=None):
         d = copy.deepcopy(data)
+        if platform:
+            d["base"]["platform"] = platform
         d["image"] = {"repository": repository, "tags": list(tags)}
         d["base"]["image"] = "127.0.0.1:5000/demo/base@sha256:" + "cd" * 32
         for name in ("vllm", "megatron", "verl"):

@@ -332,8 +332,7 @@ def test_publish_pushes_verifies_and_records_receipt(report_inputs, tmp_path, do
 def test_platform_other_than_reported_gets_no_receipt(report_inputs, tmp_path, docker_client, tiny_images,
                                                       infra_setup):
     repo = "127.0.0.1:5000/tests/platform"
-    rep, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client)
-    report.write(rep.model_copy(update={"platform": "linux/arm64"}), tmp_path)
+    _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client, platform="linux/arm64")
     before = snapshot(paths)
     with pytest.raises(PublishError, match="image platform linux/amd64, the report says linux/arm64"):
         publish.publish(paths["json"], client=docker_client)
