@@ -137,7 +137,8 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
 def accept(pins_path: Path = PinsArg,
            image: Optional[str] = typer.Option(None, "--image", help="image ID (default: build from the pins)"),
            gate: Optional[list[str]] = typer.Option(None, "--gate", help="run only these gates"),
-           timeout: Optional[int] = typer.Option(None, "--timeout", help="seconds per gate (default: the pins')"),
+           timeout: Optional[int] = typer.Option(None, "--timeout", min=1, max=86_400,
+                                                 help="seconds per gate, 1..86400 (default: the pins')"),
            offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")):
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""

@@ -115,7 +115,7 @@ def _ranged(low: int, high: int, what: str) -> Any:
 
 def _repository(value: str) -> str:
     try:
-        reference.parse(value, need_domain=True, allow_tag=False)
+        reference.parse(value, need_domain=True, allow_tag=False, allow_digest=False)
     except ValueError as exc:
         raise ValueError(f"expected a registry host[:port]/path without tag or digest,"
                          f" like '127.0.0.1:5000/demo/unified': {exc}") from None

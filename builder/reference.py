@@ -69,7 +69,8 @@ def _check_domain(domain: str) -> None:
             raise ValueError(f"registry port {show(port)} is not a number in 1..{PORT_MAX}")
 
 
-def parse(ref: str, *, need_domain: bool = False, allow_tag: bool = True, need_digest: bool = False) -> Reference:
+def parse(ref: str, *, need_domain: bool = False, allow_tag: bool = True, need_digest: bool = False,
+          allow_digest: bool = True) -> Reference:
     """Split and check `ref`; ValueError saying which part breaks the grammar or a limit."""
     if not isinstance(ref, str) or not ref:
         raise ValueError(f"expected an image reference, got {show(ref)}")
@@ -95,6 +96,8 @@ def parse(ref: str, *, need_domain: bool = False, allow_tag: bool = True, need_d
         raise ValueError(f"tag {show(tag)} is not [A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}")
     if at and not re.fullmatch(SHA256, digest):
         raise ValueError(f"digest {show(digest)} is not sha256:<64 lowercase hex>")
+    if at and not allow_digest:
+        raise ValueError(f"expected no digest here, got {show(digest)}")
     if need_digest and not at:
         raise ValueError("expected @sha256:<64 lowercase hex> (a digest; tags alone move)")
     if not re.fullmatch(REFERENCE, ref):  # the grammar is the authority; the checks above explain it
