@@ -14,6 +14,8 @@ from pathlib import Path
 from builder.errors import BadInput
 from builder.safetext import show
 
+CHUNK = 1 << 20
+
 
 def _reason(exc: OSError) -> str:
     if exc.errno == errno.ELOOP:
@@ -38,12 +40,18 @@ def read_bytes(path: str | Path, what: str, max_bytes: int) -> bytes:
         with os.fdopen(fd, "rb") as fh:
             if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):  # swapped since the stat above
                 raise BadInput(f"{label}: cannot read the {what}: not a regular file")
-            data = fh.read(max_bytes + 1)
+            chunks, total = [], 0
+            while total <= max_bytes:  # in pieces: read(n) would reserve n bytes up front
+                chunk = fh.read(min(CHUNK, max_bytes + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
     except OSError as exc:
         raise BadInput(f"{label}: cannot read the {what}: {_reason(exc)}") from None
-    if len(data) > max_bytes:
+    if total > max_bytes:
         raise BadInput(f"{label}: the {what} has more than {max_bytes} bytes")
-    return data
+    return b"".join(chunks)
 
 
 def decode(data: bytes, label: str, what: str) -> str:
