@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from builder import pins as pins_mod
 from builder.errors import BadInput

@@ -33,7 +33,7 @@ _BIDI = {"\u061c", "\u200e", "\u200f"} | {chr(c) for c in range(0x202A, 0x202F)}
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: linear and fast
 
 
-class Loader(_Base):  # type: ignore[misc, valid-type]
+class Loader(_Base):
     """Safe loader that also reads 1e-6 as a float (YAML 1.1 wants 1.0e-6), like Hydra does."""
 
 
@@ -125,7 +125,8 @@ class _Scanner:
             return where
         if top.key is None:  # this node is a key
             if not is_scalar_key:
-                raise _fail(top.path or "(top level)", f"expected a plain string key, got {_kind(event)} ({_at(event.start_mark)})")
+                raise _fail(top.path or "(top level)",
+                            f"expected a plain string key, got {_kind(event)} ({_at(event.start_mark)})")
             key = event.value
             if key == "<<" and event.implicit[0]:
                 raise _fail(top.path or "(top level)", f"merge keys (<<) are not allowed ({_at(event.start_mark)})")
@@ -160,7 +161,7 @@ class _Scanner:
         if self.nodes > MAX_NODES:
             raise _fail(where, f"more than {MAX_NODES} keys and values in the file; refusing")
         if isinstance(event, yaml.AliasEvent):
-            self._count(self.anchors.get(event.anchor, 1), where, event.start_mark)
+            self._count(self.anchors.get(event.anchor or "", 1), where, event.start_mark)
             return
         tag = getattr(event, "tag", None)
         if tag and tag not in CORE_TAGS:
@@ -203,6 +204,8 @@ def _field_at(text: str, line: int, column: int) -> str:
                 where = _child(top) if top is None or top.kind == "seq" or top.key is not None else \
                     _child(_Frame("map", top.path, None, key=event.value))
                 start, end = event.start_mark, event.end_mark
+                if start is None or end is None:
+                    continue
                 if (start.line, start.column) <= (line, column) < (end.line, end.column):
                     return where
                 if (start.line, start.column) > (line, column):

@@ -13,10 +13,11 @@ import io
 import json
 import os
 import traceback
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -127,7 +128,7 @@ def _bomb(levels: int, width: int) -> str:
 def parser_cases() -> list[Case]:
     cases = []
     for levels, width in ((5, 9), (6, 9), (9, 9), (12, 4), (20, 2), (5, 30)):
-        cases.append(text_case("parser", f"alias-bomb-{levels}x{width}", None, lambda t, l=levels, w=width: t + _bomb(l, w),
+        cases.append(text_case("parser", f"alias-bomb-{levels}x{width}", None, lambda t, n=levels, w=width: t + _bomb(n, w),
                                fragment="alias"))
     for depth in (33, 100, 500, 999, 10_000):
         cases.append(text_case("parser", f"nested-lists-{depth}", None,
@@ -179,8 +180,8 @@ def parser_cases() -> list[Case]:
                        ("unclosed-quote", replace('python: "3.11"', 'python: "3.11'))):
         cases.append(text_case("parser", name, None, edit, fragment="YAML"))
     cases.append(text_case("parser", "huge-int", "acceptance.timeout_s", replace("timeout_s: 600", "timeout_s: " + "9" * 2000)))
-    cases.append(text_case("parser", "alias-fine-accepted", None, replace('  constraints: [torch]\n', '  constraints: &c [torch]\n'),
-                           accept=True))
+    cases.append(text_case("parser", "alias-fine-accepted", None,
+                           replace("  constraints: [torch]\n", "  constraints: &c [torch]\n"), accept=True))
     return cases
 
 
@@ -432,7 +433,8 @@ def bounds_cases() -> list[Case]:
     for target in ("/", "/proc", "/x/..", "/dev/x", "relative"):
         cases.append(data_case("bounds", f"mount-target-{target}", "acceptance.mounts[0].target", _mount("/data/x", target)))
     cases.append(data_case("bounds", "mount-targets-equal-after-normalising", "acceptance.mounts",
-                           {"acceptance.mounts": [{"source": "/data/a", "target": "/d"}, {"source": "/data/b", "target": "/d/."}]}))
+                           {"acceptance.mounts": [{"source": "/data/a", "target": "/d"},
+                                                  {"source": "/data/b", "target": "/d/."}]}))
     cases.append(data_case("bounds", "mount-data-allowed", None, _mount("/data/dapo", "/data/dapo"), accept=True))
     return cases
 
@@ -478,7 +480,8 @@ def usage_cases() -> list[Case]:
 
 def accepted_report(folder: Path) -> tuple[dict, Path]:
     """An ACCEPTED report.json (as builder.report writes it) for a pins file in `folder`."""
-    from builder import pins as pins_mod, report as report_mod
+    from builder import pins as pins_mod
+    from builder import report as report_mod
     from builder.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
 
     pins = pins_mod.load(_write_pins(folder, DEMO_TEXT, "pins.yaml"))

@@ -14,7 +14,6 @@ import sys
 from collections import Counter
 
 import pytest
-
 from hostile_corpus import ROOT, Case, all_cases, run_in_process, snapshot
 
 CASES = all_cases()
