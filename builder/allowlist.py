@@ -17,6 +17,10 @@ import re
 
 from builder.safetext import show
 
+# what reaches the network in a Dockerfile line (the template lint refuses it; pins refuse it first in
+# env values that become ENV lines, so the refusal names the pins field)
+NETWORK_RX = re.compile(r"https?://|ftp://|\bgit (clone|fetch|pull)\b|\bcurl\b|\bwget\b|\bpip download\b")
+
 # what `pip install` understands (pip 23-25, install and general options); used only to read words as
 # pip reads them. A superset is the safe direction: more names make an abbreviation ambiguous, not another.
 PIP_LONG_FLAGS = (
@@ -115,6 +119,15 @@ def check_pip_arg(word: str) -> str:
             raise _refuse(word, option)
         rest = rest[1:]
     return word
+
+
+def check_build_env_value(value: str) -> str:
+    """An ENV value of the image build: nothing the lint would read as network access."""
+    found = NETWORK_RX.search(value)
+    if found:
+        raise ValueError(f"expected a value without network access ({show(found.group(0))}), got {show(value)};"
+                         " the build runs with network none")
+    return value
 
 
 def check_env_name(name: str) -> str:

@@ -191,6 +191,7 @@ GateName = Annotated[str, AfterValidator(_gate), WithJsonSchema({"type": "string
 Shareable = Annotated[str, AfterValidator(_shareable), WithJsonSchema({"type": "string", "enum": list(SHAREABLE)})]
 PosInt = Annotated[int, BeforeValidator(_no_bool), Field(strict=True, gt=0)]
 Env = dict[EnvName, EnvValue]
+BuildEnv = dict[EnvName, Annotated[EnvValue, AfterValidator(allowlist.check_build_env_value)]]  # ENV lines
 
 
 def _commit(value: Any) -> str:
@@ -207,9 +208,12 @@ def _pip_arg(value: str) -> str:
 
 def _base_image(value: str) -> str:
     try:
-        reference.parse(value, need_digest=True)
+        ref = reference.parse(value, need_digest=True)
     except ValueError as exc:
         raise ValueError(f"expected name[:tag]@sha256:<64 lowercase hex>: {exc}") from None
+    if value != value.lower() or ref.domain.startswith("["):  # what FROM takes (render's BASE_RX)
+        raise ValueError("expected lowercase, and a registry host name or IPv4 address (the Dockerfile FROM"
+                         f" form), got {show(value)}")
     return value
 
 
@@ -280,7 +284,7 @@ class Install(Strict):
                                             {"anyOf": [{"enum": sorted(allowlist.PIP_FLAGS)}] + [
                                                 {"type": "string", "pattern": f"^{k}=({v})$"}
                                                 for k, v in sorted(allowlist.PIP_VALUED.items())]})]] = []
-    env: Env = {}
+    env: BuildEnv = {}
 
 
 class Component(Strict):
@@ -334,7 +338,7 @@ class Compat(Strict):
 
 
 class Build(Strict):
-    env: Env = {}
+    env: BuildEnv = {}
     lock: Annotated[str, WithJsonSchema({"type": "string", "pattern": f"^{RX['rel_path']}$"})]
     constraints: Annotated[list[Distribution], AfterValidator(_unique)] = []
 

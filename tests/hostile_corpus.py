@@ -212,6 +212,7 @@ BAD_BASES = {
     "long-name": "r.io/" + "a" * 300 + "@sha256:" + "a" * 64, "bad-tag": "r.io/x:-t@sha256:" + "a" * 64,
     "tag-129": "r.io/x:" + "t" * 129 + "@sha256:" + "a" * 64, "two-ats": "r.io/x@sha256:" + "a" * 64 + "@x",
     "space": "r.io/x @sha256:" + "a" * 64, "empty": "", "uppercase-path": "r.io/X@sha256:" + "a" * 64,
+    "uppercase-host": "Reg.io/x@sha256:" + "a" * 64, "uppercase-tag": "r.io/x:V26@sha256:" + "a" * 64, "ipv6-host": "[::1]:5000/x@sha256:" + "a" * 64,
 }
 GOOD_BASES = {"tag-and-digest-grammar": "nvcr.io/nvidia/pytorch:26.07-py3@sha256:" + "a" * 64,
               "no-domain-grammar": "debian@sha256:" + "a" * 64}
@@ -272,6 +273,12 @@ def pip_env_cases() -> list[Case]:
     for name in ("PYTHONHASHSEED", "PYTHONUNBUFFERED"):
         cases.append(data_case("env", f"{name}-documented-allowed", None,
                                lambda d, n=name: _env(d, "build.env", n, "0"), accept=True))
+    for i, value in enumerate(("http://evil/x", "https://h", "ftp://h", "git clone x", "curl", "a wget b", "pip download")):
+        place = ("build.env", "components.megatron.install.env")[i % 2]
+        cases.append(data_case("env", f"network-value-{i}-in-{place.split('.')[0]}", f"{place}.X",
+                               lambda d, p=place, v=value: _env(d, p, "X", v), fragment="network"))
+    cases.append(data_case("env", "url-in-recipe-env-allowed-not-in-dockerfile", None,
+                           lambda d: _env(d, "recipe.env", "X", "http://h/x"), accept=True))
     cases.append(data_case("env", "inner-space-allowed", None,
                            lambda d: _env(d, "build.env", "TORCH_CUDA_ARCH_LIST", "9.0 10.0"), accept=True,
                            value="9.0 10.0"))
