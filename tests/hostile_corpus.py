@@ -212,7 +212,8 @@ BAD_BASES = {
     "long-name": "r.io/" + "a" * 300 + "@sha256:" + "a" * 64, "bad-tag": "r.io/x:-t@sha256:" + "a" * 64,
     "tag-129": "r.io/x:" + "t" * 129 + "@sha256:" + "a" * 64, "two-ats": "r.io/x@sha256:" + "a" * 64 + "@x",
     "space": "r.io/x @sha256:" + "a" * 64, "empty": "", "uppercase-path": "r.io/X@sha256:" + "a" * 64,
-    "uppercase-host": "Reg.io/x@sha256:" + "a" * 64, "uppercase-tag": "r.io/x:V26@sha256:" + "a" * 64, "ipv6-host": "[::1]:5000/x@sha256:" + "a" * 64,
+    "uppercase-host": "Reg.io/x@sha256:" + "a" * 64, "uppercase-tag": "r.io/x:V26@sha256:" + "a" * 64,
+    "ipv6-host": "[::1]:5000/x@sha256:" + "a" * 64,
 }
 GOOD_BASES = {"tag-and-digest-grammar": "nvcr.io/nvidia/pytorch:26.07-py3@sha256:" + "a" * 64,
               "no-domain-grammar": "debian@sha256:" + "a" * 64}
