@@ -4,11 +4,12 @@ import json
 
 import pytest
 import yaml
+from hostile_corpus import DEMO, LOCK, accepted_report
 
-from builder import allowlist, pins as pins_mod, reference, report, trust
+from builder import allowlist, reference, report, trust
+from builder import pins as pins_mod
 from builder.errors import BadInput
 from builder.records import GateResult
-from hostile_corpus import DEMO, LOCK, accepted_report
 
 
 def _load(path):
