@@ -94,6 +94,9 @@ def main() -> None:
     slowest = max(results, key=lambda r: r[0])
     biggest = max(results, key=lambda r: r[1])
     print(f"slowest: {slowest[3].id} {slowest[0]:.3f} s; peak memory: {biggest[3].id} {biggest[1] / 2**20:.1f} MiB")
+    for took, peak, code, case in results:
+        if case.id in HEADLINE:
+            print(f"  {case.id:<44} {took:.3f} s  {peak / 2**20:.1f} MiB  exit {code}")
     picked = [c for c in cases if c.id in HEADLINE]
     picked += [r[3] for r in sorted(results, key=lambda r: -r[0])[:args.subprocess] if r[3] not in picked]
     print("\nas subprocesses (python -m builder.cli; start-up and imports included; peak RSS of the child)")
