@@ -118,3 +118,28 @@ def test_pip_allowed_words_pass_in_full_only():
         assert allowlist.check_pip_arg(word) == word
     with pytest.raises(ValueError, match="abbreviates --no-build-isolation"):
         allowlist.check_pip_arg("--no-build-i")
+
+
+def test_mounts_of_the_engines_data_root_are_refused_at_acceptance(tmp_path):
+    data = dict(DEMO)
+    data["acceptance"] = dict(DEMO["acceptance"], mounts=[{"source": "/srv/engine/volumes/x", "target": "/data"}])
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "locks" / "demo.lock").write_bytes(LOCK)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    pins = pins_mod.load(tmp_path / "p.yaml")  # /srv/engine is no default data root: the pins accept it
+    pins_mod.check_mounts(pins, "/var/lib/docker")
+    pins_mod.check_mounts(pins, None)
+    for root in ("/srv/engine", "/srv/engine/volumes/x/y", "/srv/engine/./volumes/../"):
+        with pytest.raises(BadInput, match=r"acceptance.mounts\[0\].source: .* exposes the engine's data root"):
+            pins_mod.check_mounts(pins, root)
+
+
+def test_template_lint_stays_a_second_wall(tmp_path):
+    from builder import render
+
+    pins = pins_mod.load(accepted_report(tmp_path)[0]["sources"]["pins_path"])
+    vllm = pins.components.vllm
+    bad = vllm.model_copy(update={"install": vllm.install.model_copy(update={"env": {"X": "http://evil/x"}})})
+    forged = pins.model_copy(update={"components": pins.components.model_copy(update={"vllm": bad})})
+    with pytest.raises(BadInput, match="no network access in the build"):  # what pins validation refuses first
+        render.render_dockerfile(forged, None)
