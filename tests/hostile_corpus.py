@@ -412,7 +412,7 @@ def bounds_cases() -> list[Case]:
     cases = []
     for v in (0, -1, 86401, 10**12, 1e12, 1.5, "10", True, float("inf"), float("nan"), None):
         cases.append(data_case("bounds", f"timeout_s-{v!r}", "acceptance.timeout_s", {"acceptance.timeout_s": v}))
-    for v in (1, 0, 101, 10**12, 1e12, 2.0, "2", True):
+    for v in (1, 0, 100_001, 10**12, 1e12, 2.0, "2", True):
         cases.append(data_case("bounds", f"steps-{v!r}", "acceptance.steps", {"acceptance.steps": v}))
     cases.append(data_case("bounds", "steps-override-mismatch", "recipe.overrides[trainer.total_training_steps]",
                            {"recipe.overrides": {**DEMO["recipe"]["overrides"], "trainer.total_training_steps": 3}}))
