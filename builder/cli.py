@@ -202,6 +202,25 @@ def _print_verdict(report: Report, paths: dict[str, Path]) -> None:
         log.info(f"report {kind}: {path}")
 
 
+@app.command("lock")
+@handled
+def lock_cmd(pins_path: Path = PinsArg,
+             check: bool = typer.Option(False, "--check", help="exit 1 when the lock no longer matches the pins"),
+             build_sdists: bool = typer.Option(False, "--build-sdists",
+                                               help="build sdist-only dependencies in a network-none base container"),
+             resolver: str = typer.Option("uv", "--resolver", help="uv | pip"),
+             offline: bool = Offline, allow_moved_pr: bool = AllowMoved) -> None:
+    """Write the pins' lock (every wheel to build and run the three components offline, sha256-pinned)
+    and fill the wheelhouse; with --check, only verify it."""
+    from builder import lock as lock_mod
+
+    result = lock_mod.lock(pins_path, settings(), check=check, offline=offline, resolver_name=resolver,
+                           build_sdists=build_sdists, allow_moved_pr=allow_moved_pr)
+    typer.echo(json.dumps({"lock": str(result.path), "sha256": result.sha256, "inputs_sha256": result.inputs_sha256,
+                           "wheels": result.wheels, "wheelhouse": str(result.wheelhouse or ""),
+                           "check": "up to date" if check else None}, indent=2))
+
+
 @app.command("report")
 @handled
 def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a run"),

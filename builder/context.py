@@ -21,6 +21,7 @@ from builder.constants import BUILDER_VERSION, COMPONENTS, SOURCE_DATE_EPOCH
 from builder.options import Settings
 from builder.pins import Pins
 from builder.records import ResolvedSources
+from builder.wheels import split_lock
 
 PROVENANCE = ("commit", "tree", "pr", "url", "target")
 SKIP = ("__pycache__", ".pyc", ".pyo")
@@ -75,6 +76,8 @@ def small_files(pins: Pins, dockerfile: str, dockerfile_sha: str, delivery: dict
         "delivery/dockerfile.sha256": f"{dockerfile_sha}\n".encode(),
         "lock/requirements.lock": pins.lock_path().read_bytes(),
     }
+    runtime, build = split_lock(pins.lock_path().read_text())
+    files["lock/runtime.lock"], files["lock/build.lock"] = runtime.encode(), build.encode()
     for name, comp in delivery["components"].items():  # read by stamp.py after each install
         files[f"provenance/{name}.json"] = _json({"component": name, **{k: comp[k] for k in PROVENANCE}})
     files.update(_tree(resources.image_scripts(), "image_scripts/"))

@@ -112,3 +112,13 @@ def ensure_commit(settings: Settings, url: str, sha: str, offline: bool = False)
             except pygit2.GitError:
                 pass  # the server refuses fetching by id; reported by the caller
     return repo
+
+
+def fetch_tags(settings: Settings, url: str) -> None:
+    """All tags of url into its mirror (a VCS version needs the nearest tag)."""
+    with locked(mirror_path(settings, url)):
+        repo = _open_or_init(mirror_path(settings, url))
+        try:
+            repo.remotes.create_anonymous(url).fetch(["+refs/tags/*:refs/tags/*"], message=f"builder fetch tags {url}")
+        except pygit2.GitError as exc:
+            raise InfraError(f"{url}: fetch of tags failed: {exc}") from None

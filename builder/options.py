@@ -5,6 +5,7 @@ CLI flags are the rest). The CLI calls `Settings.from_env()` and passes the obje
 |---|---|---|
 | BUILDER_CACHE | `<checkout>/.cache`, installed: `~/.cache/rl-image-builder` | mirrors, wheels, contexts, runs, logs |
 | BUILDER_REGISTRY_USERNAME / _PASSWORD | unset | basic auth for push and verify; never written anywhere |
+| BUILDER_INDEX_URL | https://pypi.org/simple | package index `builder lock` resolves and downloads from |
 | BUILDER_DEBIAN_MIRROR | http://deb.debian.org/debian | debootstrap mirror of the demo base image |
 | BUILDER_ENGINE_TIMEOUT | 90 | seconds to wait for a started dockerd to answer |
 | BUILDER_REGISTRY_TIMEOUT | 30 | seconds for a registry to answer (start-up and each HTTP call) |
@@ -44,6 +45,15 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _resolver_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """No host find-links, constraints or caps leak into a lock; a CA bundle pip was given still applies."""
+    out = {k: v for k, v in env.items() if not k.startswith(("PIP_", "UV_"))}
+    out.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_CONFIG="1")
+    if env.get("PIP_CERT"):
+        out["SSL_CERT_FILE"] = out["PIP_CERT"] = env["PIP_CERT"]
+    return tuple(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class Settings:
     cache_root: Path
@@ -55,6 +65,9 @@ class Settings:
     docker_host: str | None
     docker_tls_verify: str | None = None
     docker_cert_path: str | None = None
+    index_url: str = "https://pypi.org/simple"
+    # the environment of `builder lock`'s pip/uv runs: the host's, minus its pip/uv configuration
+    resolver_env: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -73,6 +86,8 @@ class Settings:
             docker_host=env.get("DOCKER_HOST") or None,
             docker_tls_verify=env.get("DOCKER_TLS_VERIFY") or None,
             docker_cert_path=env.get("DOCKER_CERT_PATH") or None,
+            index_url=env.get("BUILDER_INDEX_URL") or "https://pypi.org/simple",
+            resolver_env=_resolver_env(env),
         )
 
     def docker_environment(self) -> dict[str, str]:

@@ -41,6 +41,7 @@ class ResolvedComponent(Record):
     submodules: list[Submodule] = Field(default_factory=list)
     export_sha256: str
     files: int
+    version: str = ""  # from VCS metadata (setuptools-scm, hatch-vcs) at the commit; "" when static
 
 
 class ResolvedSources(Record):
@@ -118,6 +119,7 @@ class Report(Record):
     gates: list[GateResult] = Field(default_factory=list)   # every gate; missing ones read not_run
     reasons: list[str] = Field(default_factory=list)  # why NOT ACCEPTED (empty when ACCEPTED)
     compat: list[dict[str, Any]] = Field(default_factory=list)  # {package, version, reason}
+    lock_sha256: str = "unknown"  # sha256 of the pins' build.lock (written by `builder lock`)
     created: str = ""
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from builder import context, dockerfile, wheels
+from builder import context, dockerfile, scmversion, wheels
 from builder.constants import BUILDER_VERSION, COMPONENTS, LABEL_PREFIX, SOURCE_DATE_EPOCH
 from builder.errors import BadInput
 from builder.options import Settings
@@ -68,8 +68,10 @@ def labels(pins: Pins, sources: ResolvedSources | None) -> dict[str, str]:
     return out
 
 
-def component_entries(pins: Pins, sources: ResolvedSources | None) -> list[dict[str, Any]]:
-    """Per-component template data, in install order (sources None: pins-only review render)."""
+def component_entries(pins: Pins, sources: ResolvedSources | None,
+                      build_prefixes: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per-component template data, in install order (sources None: pins-only review render).
+    build_prefixes (the lock's build-only and runtime wheels) are importable while each installs."""
     out: list[dict[str, Any]] = []
     earlier: list[str] = []
     for name in COMPONENTS:
@@ -78,11 +80,15 @@ def component_entries(pins: Pins, sources: ResolvedSources | None) -> list[dict[
             raise BadInput(f"components.{name}.commit: resolved {sources.components[name].commit}, "
                            f"pinned {comp.commit}")
         prefix = f"/install/{name}"
-        env = [f"{dockerfile.envkey(k)}={v}" for k, v in dockerfile.items(comp.install.env)]
+        scm = sources.components[name].version if sources else ""
+        env_map = dict(comp.install.env)
+        if scm:  # the exported tree has no .git: the version computed from the mirror, validated
+            env_map[scmversion.pretend_env_name(comp.distribution)] = scmversion.checked(scm)
+        env = [f"{dockerfile.envkey(k)}={v}" for k, v in dockerfile.items(env_map)]
         out.append({"name": name, "prefix": prefix, "commit": comp.commit, "tree": _tree(sources, name), "pr": comp.pr,
                     "url": comp.url, "target": comp.target, "distribution": comp.distribution,
                     "modules": list(comp.modules), "pip_args": list(comp.install.pip_args), "env": env,
-                    "earlier": list(earlier)})  # importable while this one installs
+                    "scm_version": scm, "earlier": list(build_prefixes or []) + earlier})
         earlier.append(prefix)
     return out
 
@@ -92,14 +98,16 @@ def render_dockerfile(pins: Pins, sources: ResolvedSources | None) -> str:
     (a review render of pins whose repositories are not reachable; never built)."""
     if not BASE_RX.fullmatch(pins.base.image):
         raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image[:80]!r}")
-    deps = wheels.has_requirements(pins.lock_path())
-    comps = component_entries(pins, sources)
+    runtime, build = wheels.split_lock(pins.lock_path().read_text())
+    deps, build_deps = bool(runtime), bool(build)
+    comps = component_entries(pins, sources, (["/install/buildtools"] if build_deps else [])
+                              + (["/install/deps"] if deps else []))
     prefixes = [("acceptance", "/install/acceptance")]
     prefixes += ([("build", "/install/deps")] if deps else []) + [("build", c["prefix"]) for c in comps]
     data = {
         "builder_version": BUILDER_VERSION, "pins_name": pins.name, "base_image": pins.base.image,
         "python": pins.base.python_bin, "venv": venv_root(pins), "build_env": dict(pins.build.env),
-        "source_date_epoch": SOURCE_DATE_EPOCH, "deps": deps, "components": comps,
+        "source_date_epoch": SOURCE_DATE_EPOCH, "deps": deps, "build_deps": build_deps, "components": comps,
         "prefixes": prefixes, "labels": labels(pins, sources),
     }
     return dockerfile.render_text(data)
@@ -109,7 +117,8 @@ def delivery_components(pins: Pins, sources: ResolvedSources, rendered_tag: str)
     """What smoke.py and write_manifest.py check and record inside the image."""
     comps = {}
     for c in component_entries(pins, sources):
-        comps[c["name"]] = {k: c[k] for k in ("commit", "tree", "pr", "url", "target", "distribution", "modules")}
+        comps[c["name"]] = {k: c[k] for k in ("commit", "tree", "pr", "url", "target", "distribution", "modules",
+                                              "scm_version")}
     return {"components": comps, "base": {"image": pins.base.image, "name": pins.base.name,
                                           "digest": pins.base.digest},
             "builder_version": BUILDER_VERSION, "python": pins.base.python_bin, "tag": rendered_tag}

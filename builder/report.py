@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from builder import host
 from builder.constants import CACHE_ENV_VARS, GATES
 from builder.errors import BadInput
 from builder.pins import Pins
@@ -189,9 +190,17 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
         "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
         "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
         "components_shared": list(pins.shared) or "none (url, commit and distribution all distinct)",
+        "lock_file": str(pins.lock_path()), "lock_sha256": _lock_sha256(pins),
     }
     return {"source": source, "installed_packages": installed, "native_libraries": native,
             "jit_caches": _or_unknown(jit), "container": container, "run": run}
+
+
+def _lock_sha256(pins: Pins) -> str:
+    try:
+        return host.sha256_file(pins.lock_path())
+    except OSError:
+        return UNKNOWN
 
 
 # ---------------------------------------------------------------- assembling
@@ -210,7 +219,8 @@ def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, 
         platform=pins.base.platform, base_image=pins.base.image,
         image_id=build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
         repository=pins.image.repository, tags=image_tags(pins), required_gates=required, gates=gates,
-        compat=[c.model_dump() for c in pins.compat], created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        compat=[c.model_dump() for c in pins.compat], lock_sha256=_lock_sha256(pins),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 
 
@@ -274,7 +284,8 @@ def to_markdown(report: Report) -> str:
         for name, c in report.sources.components.items()]
     out += _table(["Component", "Repository", "PR", "Target", "Merge-base", "Head", "Ahead / behind", "Image ID",
                    "Registry digest", "Tags", "Platform", "Base digest"], rows)
-    out += ["", f"Repository `{report.repository}`; base image `{report.base_image}`.", ""]
+    out += ["", f"Repository `{report.repository}`; base image `{report.base_image}`;"
+            f" lock sha256 `{report.lock_sha256}`.", ""]
     out += ["### Gates", ""]
     out += _table(["Gate", "Required", "Status", "Reason", "Key evidence"],
                   [[g.name, "yes" if g.name in report.required_gates else "no", g.status.replace("_", " "),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pygit2
 
-from builder import export, log, mirror
+from builder import export, log, mirror, scmversion
 from builder.constants import COMPONENTS
 from builder.errors import BadInput
 from builder.options import Settings
@@ -77,13 +77,26 @@ def resolve_component(settings: Settings, name: str, pin: Component, url: str, o
     if base is None:
         raise BadInput(f"{where}.commit: {pin.commit} shares no history with {pin.target} of {url}")
     ahead, behind = repo.ahead_behind(commit.id, target_head)
+    version = scm_version(settings, repo, url, str(commit.id), offline, where)
     subs = submodules(settings, repo, commit, url, offline)
     stats = export_once(settings, repo, commit, subs)
     return ResolvedComponent(
         name=name, url=url, target=pin.target, pr=pin.pr, commit=str(commit.id), tree=str(commit.tree_id),
         commit_time=commit.committer.time, pr_head=str(pr_head), pr_moved=moved, merge_base=str(base),
         ahead=ahead, behind=behind, target_head=str(target_head), submodules=subs,
-        export_sha256=stats.sha256, files=stats.files)
+        export_sha256=stats.sha256, files=stats.files, version=version)
+
+
+def scm_version(settings: Settings, repo: pygit2.Repository, url: str, commit: str, offline: bool, where: str) -> str:
+    """The VCS version of a component whose version comes from git (tags fetched first), else ''."""
+    try:
+        if scmversion.scm_settings(scmversion.pyproject_at(repo, commit)) is None:
+            return ""
+        if not offline:
+            mirror.fetch_tags(settings, url)
+        return scmversion.component_version(repo, commit)
+    except BadInput as exc:
+        raise BadInput(f"{where}: {exc}") from None
 
 
 def _commit(repo: pygit2.Repository, sha: str) -> pygit2.Commit | None:

@@ -133,8 +133,7 @@ def pip_download(args: list[str], dest: Path, target: Target, logfile: Path) -> 
 def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
     """The wheels of a hashed lock, downloaded once per lock and target, verified against the lock."""
     data, entries = read_lock(lock_path)
-    key = hashlib.sha256(data + repr(target).encode()).hexdigest()[:16]
-    dest = settings.cache("wheels", "lock", key)
+    dest = wheelhouse(data, target, settings)
     with host.locked(dest.parent / f".{dest.name}.lock"):
         if match_files(dest, entries) is not None:
             log.info(f"wheels for {lock_path}: reused {dest}")
@@ -146,3 +145,22 @@ def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
             raise InfraError(f"{dest}: downloaded wheels do not match the hashes in {lock_path}")
         log.info(f"wheels for {lock_path}: {len(entries)} in {dest}")
         return dest
+
+
+BUILD_MARK = "# build: "  # a lock line needed only while building (builder lock writes it)
+
+
+def split_lock(text: str) -> tuple[str, str]:
+    """(runtime entries, build-only entries) of a lock; continuation lines are joined first."""
+    runtime: list[str] = []
+    build: list[str] = []
+    for line in text.replace("\\\n", " ").splitlines():
+        if not line.split("#", 1)[0].strip():
+            continue
+        (build if BUILD_MARK in line else runtime).append(line)
+    return "".join(ln + "\n" for ln in runtime), "".join(ln + "\n" for ln in build)
+
+
+def wheelhouse(lock_data: bytes, target: Target, settings: Settings) -> Path:
+    """Where the wheels of a lock for a target live (ensure_wheels fills and checks it)."""
+    return settings.cache("wheels", "lock", hashlib.sha256(lock_data + repr(target).encode()).hexdigest()[:16])

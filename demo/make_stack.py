@@ -21,6 +21,8 @@ BASE_TIME = 1735725600  # 2025-01-01T10:00:00Z; commit k of repo r is at BASE + 
 SKIP = ("__pycache__", ".pyc", ".so", ".egg-info", ".o")
 
 # name: (role, [(commit id, parent id, overlay dir, message)], main head, {pr: (head id, title, defect or None)})
+# Annotated release tags {repo: {tag: commit id}}: tinyengine's version comes from them (setuptools-scm).
+TAGS = {"tinyengine": {"v0.2.0": "e3"}}
 REPOS = {
     "tinyengine": ("vllm", [
         ("e1", None, "e1-initial", "Initial tinyengine: tiny decoder-only model, batched KV-cache generation\n\n"
@@ -124,6 +126,10 @@ def _make_repo(path: Path, index: int, spec) -> dict:
             repo.references.delete(name)
     for name, target in sorted(refs.items()):
         repo.references.create(name, pygit2.Oid(hex=target), force=True)
+    tagger = pygit2.Signature(AUTHOR[0], AUTHOR[1], BASE_TIME + index * 86400 + len(commits) * 3600, 0)
+    for tag, cid in sorted(TAGS.get(path.stem, {}).items()):
+        oid = repo.create_tag(tag, pygit2.Oid(hex=sha[cid]), pygit2.enums.ObjectType.COMMIT, tagger, f"Release {tag}\n")
+        refs[f"refs/tags/{tag}"] = str(oid)
     repo.references.create("HEAD", "refs/heads/main", force=True)
     main_oid = pygit2.Oid(hex=sha[main])
     pr_info = {}

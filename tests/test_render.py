@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import dockerfile, render, sources
+from builder import dockerfile, render, sources, wheels
 from builder import pins as pins_mod
 from builder.constants import SOURCE_DATE_EPOCH
 from builder.errors import BadInput
@@ -104,13 +104,16 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
         install = steps[2]  # pip install into its own prefix, then stamp.py
         assert f'"/builder/scripts/install.py", "/builder/provenance/{name}.json", "/install/{name}"' in install
         assert '"--no-index"' in install  # install.py adds -c with the base and earlier pins
-        earlier = ["vllm", "megatron", "verl"][:["vllm", "megatron", "verl"].index(name)]
+        runtime_deps, build_deps = (bool(part) for part in wheels.split_lock(pins.lock_path().read_text()))
+        earlier = (["buildtools"] if build_deps else []) + (["deps"] if runtime_deps else [])
+        earlier += ["vllm", "megatron", "verl"][:["vllm", "megatron", "verl"].index(name)]
         assert f'"{pins.components[name].distribution}"' + "".join(f', "/install/{e}"' for e in earlier) + ', "--"' \
             in install
         for arg in pins.components[name].install.pip_args:
             assert f'"{arg}"' in install
     copies = re.findall(r'^COPY --from=[a-z]+ \["(/install/[a-z]+)/"', built.dockerfile, re.M)
-    assert copies == ["/install/acceptance", "/install/deps", "/install/vllm", "/install/megatron", "/install/verl"]
+    deps = ["/install/deps"] if wheels.split_lock(pins.lock_path().read_text())[0] else []  # never /install/buildtools
+    assert copies == ["/install/acceptance", *deps, "/install/vllm", "/install/megatron", "/install/verl"]
     froms = re.findall(r"^FROM (\S+) AS (\S+)$", built.dockerfile, re.M)
     base = pins.base.image
     assert froms == [(base, "prepare"), ("prepare", "build"), ("prepare", "acceptance"), (base, "runtime")]

@@ -25,6 +25,18 @@ def test_all_required_gates_pass_is_accepted(report_inputs):
     assert [g.status for g in rep.gates] == ["pass"] * 4
 
 
+def test_report_records_the_lock_sha256(report_inputs):
+    import hashlib
+    from pathlib import Path
+
+    pins, sources, build, acceptance = report_inputs()
+    pins._path = Path(__file__).resolve().parent.parent / "pins" / "demo.yaml"  # lock relative to it
+    rep = report.make_report(pins, sources, build, acceptance)
+    want = hashlib.sha256(pins.lock_path().read_bytes()).hexdigest()
+    assert rep.lock_sha256 == want and rep.run_manifest["run"]["lock_sha256"] == want
+    assert f"lock sha256 `{want}`" in report.to_markdown(rep)
+
+
 @pytest.mark.parametrize("status", ["fail", "inconclusive", None])
 @pytest.mark.parametrize("gate", ["provenance", "zero_update", "rl_step", "control"])
 def test_one_required_gate_not_passing_is_not_accepted(report_inputs, gate, status):

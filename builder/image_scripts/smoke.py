@@ -23,6 +23,9 @@ def check(name, spec, sites):
     for key in ("commit", "tree", "pr"):
         if stamp.get(key) != spec[key]:
             raise SystemExit(f"{name}: stamped {key} {stamp.get(key)!r} != pinned {spec[key]!r}")
+    scm = spec.get("scm_version") or ""
+    if scm and dist.version != scm:
+        raise SystemExit(f"{name}: installed version {dist.version} != VCS version {scm} computed from the mirror")
     modules = {}
     for module_name in spec["modules"]:
         module = importlib.import_module(module_name)

@@ -49,7 +49,8 @@ def main(components_json, pins_json, dockerfile_sha_file, out):
         files, native = installed_files(dist, site)
         components[name] = {**{k: comp[k] for k in ("commit", "tree", "pr", "url", "target", "distribution",
                                                      "modules")},
-                            "version": dist.version, "files": files, "native_libs": native}
+                            "version": dist.version, "version_from_vcs": bool(comp.get("scm_version")),
+                            "files": files, "native_libs": native}
     extra = {}
     try:
         suite = metadata.distribution("truepolicy-acceptance")

@@ -1,5 +1,5 @@
 """tinyengine: a tiny decoder-only inference engine."""
-__version__ = "0.2.0"
+from tinyengine._version import __version__  # written by setuptools-scm at build time
 
 from tinyengine.config import ModelConfig  # noqa: E402
 from tinyengine.engine import LLM, GenerationOutput  # noqa: E402
