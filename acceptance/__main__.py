@@ -9,6 +9,8 @@ import traceback
 
 from acceptance import GATES
 
+WEIGHT_GATES = ("zero_update", "rl_step")
+
 DEFAULT_METRICS = {
     "diff_max": "training/rollout_probs_diff_max", "diff_mean": "training/rollout_probs_diff_mean",
     "k3_kl": "rollout_corr/k3_kl", "reward": "critic/rewards/mean", "loss": "actor/pg_loss",
@@ -28,8 +30,22 @@ def run_gate(name: str, settings: dict) -> dict:
         from acceptance import decide, recipe
 
         metrics = {**DEFAULT_METRICS, **(settings.get("metrics") or {})}
-        run, facts, log = recipe.run(settings, name)
-        status, reason, evidence = decide.DECISIONS[name](run, int(settings["steps"]), metrics)
+        steps = int(settings["steps"])
+        mode = settings.get("weights", "metrics") if name in WEIGHT_GATES else None
+        if mode == "checkpoint":
+            from acceptance import checkpoint
+
+            checkpoint.prepare(settings, name)
+            first = checkpoint.initial(settings)
+            run, facts, log = recipe.run(settings, name, checkpoint.overrides(settings, name))
+            hashed = time.time()
+            weights = {"mode": mode, "may_stay": settings["checkpoint"].get("may_stay") or [],
+                       "shots": [first, *checkpoint.steps(settings, name, steps)]}
+            facts["hash_seconds"] = round(time.time() - hashed, 3)
+        else:
+            run, facts, log = recipe.run(settings, name)
+            weights = {"mode": mode}
+        status, reason, evidence = decide.DECISIONS[name](run, steps, metrics, weights)
         evidence["run"] = facts
     evidence["seconds"] = round(time.time() - start, 3)
     return {"name": name, "status": status, "reason": reason, "evidence": evidence, "log": log}

@@ -48,6 +48,8 @@ RX = {
     "override_key": r"\+?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
     "metric": r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,127}",
     "reason": r"[A-Za-z0-9(][A-Za-z0-9 .,:()/+_#@=-]{0,299}",
+    "layout": r"([A-Za-z0-9_.+@-]|\{step\})+(/([A-Za-z0-9_.+@-]|\{step\})+)*",
+    "tensor_pattern": r"[A-Za-z0-9_.*?\[\]-]{1,200}",
 }
 URL_RX = [
     r"https?://[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9_.~%+-]+)+/?",
@@ -318,6 +320,35 @@ class Mount(Strict):
     target: AbsPath
 
 
+def _layout(value: str) -> str:
+    if value.count("{step}") != 1 or ".." in value.split("/"):
+        raise ValueError(f"expected a relative path with one {{step}}, like 'global_step_{{step}}/actor', got {value!r}")
+    return value
+
+
+class Checkpoint(Strict):
+    """acceptance.weights = checkpoint: the recipe's own options that save the actor weights every step."""
+    overrides: Annotated[dict[OverrideKey, OverrideValue], Field(min_length=1)]
+    dir_key: OverrideKey = "trainer.default_local_dir"
+    dir: AbsPath = "/tmp/acceptance/checkpoints"     # in the container: the /tmp tmpfs, or `scratch` mounted here
+    scratch: AbsPath | None = None                    # host directory mounted read-write at `dir`
+    layout: Annotated[_checked("layout", "a relative path with {step}"), AfterValidator(_layout)] = \
+        "global_step_{step}/actor/huggingface"
+    model_path_key: OverrideKey | None = "actor_rollout_ref.model.path"
+    may_stay: list[_checked("tensor_pattern", "a tensor-name glob like 'model.norm.*'")] = []
+
+    @model_validator(mode="after")
+    def _where(self) -> "Checkpoint":
+        if self.dir_key in self.overrides:
+            raise ValueError(f"overrides: expected no {self.dir_key} (dir_key; the suite sets it per gate)")
+        in_tmpfs = self.dir == "/tmp" or self.dir.startswith("/tmp/")
+        if self.scratch is None and not in_tmpfs:
+            raise ValueError(f"dir: expected a path under the /tmp tmpfs unless scratch is set, got {self.dir!r}")
+        if self.scratch is not None and (in_tmpfs or self.dir == "/cache" or self.dir.startswith("/cache/")):
+            raise ValueError(f"dir: expected a path outside the tmpfs mounts (/tmp, /cache) for a scratch mount, got {self.dir!r}")
+        return self
+
+
 class Acceptance(Strict):
     steps: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=2)] = 2
     steps_key: OverrideKey = "trainer.total_training_steps"
@@ -327,12 +358,20 @@ class Acceptance(Strict):
     mounts: list[Mount] = []
     metrics: Metrics = Metrics()
     required_gates: Annotated[list[Literal[GATES]], AfterValidator(_unique)] = list(GATES)
+    weights: Literal["metrics", "checkpoint", "none"] = "metrics"   # where weight evidence comes from
+    checkpoint: Checkpoint | None = None
 
     @field_validator("mounts")
     @classmethod
     def _targets(cls, value: list[Mount]) -> list[Mount]:
         _unique([m.target for m in value])
         return value
+
+    @model_validator(mode="after")
+    def _checkpoint(self) -> "Acceptance":
+        if self.weights == "checkpoint" and self.checkpoint is None:
+            raise ValueError("checkpoint: expected the recipe's checkpoint options when weights is 'checkpoint'")
+        return self
 
 
 class Pins(Strict):
