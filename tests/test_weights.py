@@ -102,7 +102,7 @@ def test_zero_update_passes_only_when_all_snapshots_are_identical(tmp_path):
     assert checkpoint.zero_update(no_initial)[0] == "inconclusive"
 
 
-def test_rl_step_needs_every_tensor_to_change_at_every_step(tmp_path):
+def test_rl_step_needs_a_change_at_every_step_and_every_tensor_to_move(tmp_path):
     def step(state, k):
         return {n: (t + 0.01 * k if t.dtype != torch.int64 else t + k) for n, t in state.items()}
 
@@ -117,6 +117,9 @@ def test_rl_step_needs_every_tensor_to_change_at_every_step(tmp_path):
     assert status == "fail" and "model.norm.weight" in reason
     assert evidence["unchanged_tensors"][0]["tensor"] == "model.norm.weight"
     assert checkpoint.rl_step(shots, ["model.norm.*"])[0] == "pass"
+    stuck = _shots(tmp_path / "stuck", [s0, step(s0, 1), step(s0, 1)])
+    status, reason, _ = checkpoint.rl_step(stuck, [])
+    assert status == "fail" and reason == "weights did not change from step 1 to step 2 with lr > 0"
 
 
 def test_decide_uses_checkpoint_evidence_and_none_is_inconclusive(tmp_path):
