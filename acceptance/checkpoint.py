@@ -132,7 +132,8 @@ def rl_step(shots: list[dict], may_stay: list[str]) -> tuple[str, str, dict]:
         if not diff["changed"]:
             return "fail", f"weights did not change from {prev['label']} to {cur['label']} with lr > 0", evidence
         moved.update(diff["changed"])
-    stayed = [n for n in sorted(known[0]["snapshot"]["tensors"]) if n not in moved and not w.allowed_to_stay(n, may_stay)]
+    stayed = [n for n in sorted(known[0]["snapshot"]["tensors"])
+              if n not in moved and not w.allowed_to_stay(n, may_stay)]
     if stayed:
         last = known[-1]["snapshot"]["tensors"]
         evidence["unchanged_tensors"] = [{"tensor": n, "max_abs_diff": 0.0, "sha256": last[n]["sha256"]}

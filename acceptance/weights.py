@@ -177,8 +177,8 @@ def compare(a: dict, b: dict) -> dict:
     """What differs between two snapshots: names only in one, and changed / unchanged tensors (sorted)."""
     names_a, names_b = set(a["tensors"]), set(b["tensors"])
     both = sorted(names_a & names_b)
-    changed = [n for n in both if a["tensors"][n]["sha256"] != b["tensors"][n]["sha256"]
-               or a["tensors"][n]["dtype"] != b["tensors"][n]["dtype"] or a["tensors"][n]["shape"] != b["tensors"][n]["shape"]]
+    fields = ("sha256", "dtype", "shape")
+    changed = [n for n in both if any(a["tensors"][n][f] != b["tensors"][n][f] for f in fields)]
     return {"only_before": sorted(names_a - names_b), "only_after": sorted(names_b - names_a),
             "changed": changed, "unchanged": [n for n in both if n not in set(changed)]}
 

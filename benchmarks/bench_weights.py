@@ -3,9 +3,10 @@
 usage: python benchmarks/bench_weights.py [--gb 1.0] [--shards 4] [--runs 3] [--dir DIR]
 
 Writes the same random bf16/fp32 tensors once as safetensors shards (safetensors library) and once as
-torch files (torch.save), then times `weights.snapshot()` of each in a fresh child process (so the
-memory printed is the hashing's own: heap growth sampled from RssAnon, and VmHWM, and the page cache is warm after the first run: the best of
---runs is the hashing rate, the first run includes reading from disk).
+torch files (torch.save), then times `weights.snapshot()` of each in a fresh child process, so the
+memory printed is the hashing's own (heap growth sampled from RssAnon; VmHWM, which counts the mapped
+file pages of torch's mmap). The page cache is warm after the first run: the best of --runs is the
+hashing rate, the first run includes reading from disk.
 """
 import argparse
 import json

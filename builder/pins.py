@@ -322,7 +322,8 @@ class Mount(Strict):
 
 def _layout(value: str) -> str:
     if value.count("{step}") != 1 or ".." in value.split("/"):
-        raise ValueError(f"expected a relative path with one {{step}}, like 'global_step_{{step}}/actor', got {value!r}")
+        raise ValueError(f"expected a relative path with one {{step}}, like 'global_step_{{step}}/actor',"
+                         f" got {value!r}")
     return value
 
 
@@ -345,7 +346,8 @@ class Checkpoint(Strict):
         if self.scratch is None and not in_tmpfs:
             raise ValueError(f"dir: expected a path under the /tmp tmpfs unless scratch is set, got {self.dir!r}")
         if self.scratch is not None and (in_tmpfs or self.dir == "/cache" or self.dir.startswith("/cache/")):
-            raise ValueError(f"dir: expected a path outside the tmpfs mounts (/tmp, /cache) for a scratch mount, got {self.dir!r}")
+            raise ValueError("dir: expected a path outside the tmpfs mounts (/tmp, /cache) for a scratch mount,"
+                             f" got {self.dir!r}")
         return self
 
 

@@ -71,7 +71,8 @@ def test_unreadable_and_missing_checkpoints_fail(tmp_path):
     (tmp_path / "bad" / "model.safetensors").write_bytes(b"\xff" * 12)
     (tmp_path / "pt").mkdir()
     (tmp_path / "pt" / "pytorch_model.bin").write_bytes(b"not a zip")
-    shots = [good, checkpoint._take("step 1", str(tmp_path / "bad")), checkpoint._take("step 2", str(tmp_path / "none"))]
+    shots = [good, checkpoint._take("step 1", str(tmp_path / "bad")),
+             checkpoint._take("step 2", str(tmp_path / "none"))]
     status, reason, _ = checkpoint.zero_update(shots)
     assert status == "fail" and reason.startswith("step 1 checkpoint unreadable")
     shots[1] = checkpoint._take("step 1", str(tmp_path / "pt"))
@@ -84,7 +85,8 @@ def test_unreadable_and_missing_checkpoints_fail(tmp_path):
 
 def _shots(tmp_path, states: list[dict], fmt="safetensors"):
     labels = ["initial"] + [f"step {i}" for i in range(1, len(states))]
-    return [{"label": label, "error": None, "snapshot": weights.snapshot(_write(tmp_path / label.replace(" ", ""), s, fmt))}
+    return [{"label": label, "error": None,
+             "snapshot": weights.snapshot(_write(tmp_path / label.replace(" ", ""), s, fmt))}
             for label, s in zip(labels, states)]
 
 
