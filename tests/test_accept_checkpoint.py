@@ -60,6 +60,12 @@ def _gates(result) -> dict:
     return {g.name: g for g in result.gates}
 
 
+def _show(*gates):
+    """The weight evidence, for `pytest -s` readers."""
+    print(json.dumps({g.name: {"status": g.status, "reason": g.reason, "weights": g.evidence.get("weights")}
+                      for g in gates}, indent=1))
+
+
 def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_image, model_dir, docker_client,
                                                                           run_id):
     pins, resolved, _, built = demo_image
@@ -81,8 +87,7 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
     assert len(set(zero)) == 1
     moved = [s["digest"] for s in gates["rl_step"].evidence["weights"]["snapshots"]]
     assert moved[0] == zero[0] and len(set(moved)) == 3
-    print(json.dumps({n: {"status": gates[n].status, "reason": gates[n].reason,
-                          "weights": gates[n].evidence["weights"]} for n in ("zero_update", "rl_step")}, indent=1))
+    _show(gates["zero_update"], gates["rl_step"])
 
 
 def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_image, build_variant, model_dir,
@@ -96,6 +101,7 @@ def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_ima
     assert all(role not in step for step in gate.evidence["steps"].values() for role in CHECKSUMS)
     first = gate.evidence["weights"]["first_differences"]
     assert first and all(d["max_abs_diff"] > 0 for d in first)
+    _show(gate)
 
 
 def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image, build_variant, model_dir, docker_client,
@@ -113,3 +119,4 @@ def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image, build_var
     mounts = result.container["gates"]["rl_step"]["mounts"]
     assert {(m["target"], m["rw"]) for m in mounts} == {(MODEL, False), ("/scratch/checkpoints", True)}
     assert (tmp_path / "rl_step" / "global_step_2" / "actor" / "huggingface" / "pytorch_model.bin").is_file()
+    _show(gate)
