@@ -188,6 +188,7 @@ def accept(image_id: str, pins, gates=None, client=None, timeout_s: int | None =
                             "numeric_env": prov.evidence.get("environment")})
     container = {"image_id": full_id, "run_id": run_id, "label": f"{LABEL}={run_id}", "network": "none",
                  "tmpfs": TMPFS, "env": CACHE_ENV, "mounts": [m.model_dump() for m in pins.acceptance.mounts],
-                 "gpus": pins.acceptance.gpus, "timeout_s": timeout, "gates": facts}
+                 "gpus": pins.acceptance.gpus, "timeout_s": timeout, "gates": facts,
+                 "weights": pins.acceptance.weights, "checkpoint": checkpoint_settings(pins)}
     return AcceptanceResult(image_id=full_id, container=container, gates=results, environment=environment,
                             throughput=throughput(results, pins.acceptance.metrics.throughput))
