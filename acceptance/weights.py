@@ -73,12 +73,15 @@ def _hash_range(fh, start: int, length: int) -> str:
 def _safetensors_entries(path: str) -> dict[str, dict]:
     base, header = _safetensors_header(path)
     out = {}
-    with open(path, "rb") as fh:
-        # in file order: one sequential pass over the data
-        for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            begin, end = info["data_offsets"]
-            out[name] = {"dtype": info["dtype"], "shape": list(info["shape"]),
-                         "sha256": _hash_range(fh, base + begin, end - begin), "file": path}
+    try:
+        order = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])  # one sequential pass
+        with open(path, "rb") as fh:
+            for name, info in order:
+                begin, end = info["data_offsets"]
+                out[name] = {"dtype": info["dtype"], "shape": list(info["shape"]),
+                             "sha256": _hash_range(fh, base + begin, end - begin), "file": path}
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise Unreadable(f"{path}: malformed safetensors header entry: {err!r}") from None
     return out
 
 

@@ -75,6 +75,10 @@ def test_unreadable_and_missing_checkpoints_fail(tmp_path):
              checkpoint._take("step 2", str(tmp_path / "none"))]
     status, reason, _ = checkpoint.zero_update(shots)
     assert status == "fail" and reason.startswith("step 1 checkpoint unreadable")
+    (tmp_path / "hdr").mkdir()
+    (tmp_path / "hdr" / "model.safetensors").write_bytes(len(b'{"w": {"dtype": "F32"}}').to_bytes(8, "little")
+                                                       + b'{"w": {"dtype": "F32"}}')
+    assert "malformed" in checkpoint._take("step 1", str(tmp_path / "hdr"))["error"]
     shots[1] = checkpoint._take("step 1", str(tmp_path / "pt"))
     assert "torch.load failed" in shots[1]["error"]
     assert checkpoint.rl_step(shots, [])[0] == "fail"
