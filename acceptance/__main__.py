@@ -7,16 +7,9 @@ import sys
 import time
 import traceback
 
-from acceptance import GATES
+from acceptance.defaults import GATES, METRICS
 
 WEIGHT_GATES = ("zero_update", "rl_step")
-
-DEFAULT_METRICS = {
-    "diff_max": "training/rollout_probs_diff_max", "diff_mean": "training/rollout_probs_diff_mean",
-    "k3_kl": "rollout_corr/k3_kl", "reward": "critic/rewards/mean", "loss": "actor/pg_loss",
-    "weights_before": "actor/weights_checksum_before", "weights_after": "actor/weights_checksum_after",
-    "throughput": "rollout/throughput_tokens_per_s",
-}
 
 
 def run_gate(name: str, settings: dict) -> dict:
@@ -29,7 +22,7 @@ def run_gate(name: str, settings: dict) -> dict:
     else:
         from acceptance import decide, recipe
 
-        metrics = {**DEFAULT_METRICS, **(settings.get("metrics") or {})}
+        metrics = {**METRICS, **(settings.get("metrics") or {})}
         steps = int(settings["steps"])
         mode = settings.get("weights", "metrics") if name in WEIGHT_GATES else None
         if mode == "checkpoint":

@@ -9,9 +9,12 @@ import pytest
 
 from builder import accept, report
 from builder import pins as pins_mod
+from builder.constants import GATES
+from builder.options import Settings
 
 pytestmark = pytest.mark.docker
 
+SETTINGS = Settings.from_env()
 MODEL = "/models/tinyrl-seed-1"
 CHECKSUMS = ("weights_before", "weights_after")
 
@@ -70,9 +73,9 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
                                                                           run_id):
     pins, resolved, _, built = demo_image
     ckpt = checkpoint_pins(pins, model_dir)
-    result = accept.accept(built.image_id, ckpt, client=docker_client, run_id=run_id)
+    result = accept.accept(built.image_id, ckpt, SETTINGS, run_id=run_id)
     gates = _gates(result)
-    assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in accept.GATES}, \
+    assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in GATES}, \
         {n: g.reason for n, g in gates.items()}
     assert report.make_report(ckpt, resolved, built, result).verdict == "ACCEPTED"
     for name in ("zero_update", "rl_step"):
@@ -93,8 +96,8 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
 def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_image, build_variant, model_dir,
                                                                          docker_client, run_id):
     ckpt = checkpoint_pins(demo_image[0], model_dir)
-    result = accept.accept(build_variant("megatron", 23).image_id, ckpt, gates=["zero_update"],
-                           client=docker_client, run_id=run_id)
+    result = accept.accept(build_variant("megatron", 23).image_id, ckpt, SETTINGS, gates=["zero_update"],
+                           run_id=run_id)
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail", gate.reason
     assert gate.reason.startswith("actor weights changed with lr 0 between initial and step 1")
@@ -108,8 +111,8 @@ def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image, build_var
                                                             run_id, tmp_path):
     """#24 also runs with the checkpoints on a scratch mount the pins name (read-write, only there)."""
     ckpt = checkpoint_pins(demo_image[0], model_dir, scratch=tmp_path)
-    result = accept.accept(build_variant("megatron", 24).image_id, ckpt, gates=["zero_update", "rl_step"],
-                           client=docker_client, run_id=run_id)
+    result = accept.accept(build_variant("megatron", 24).image_id, ckpt, SETTINGS, gates=["zero_update", "rl_step"],
+                           run_id=run_id)
     gates = _gates(result)
     assert gates["zero_update"].status == "pass", gates["zero_update"].reason
     gate = gates["rl_step"]

@@ -131,7 +131,7 @@ def test_rl_step_needs_a_change_at_every_step_and_every_tensor_to_move(tmp_path)
 def test_decide_uses_checkpoint_evidence_and_none_is_inconclusive(tmp_path):
     run = decide.Run(exit_code=0, steps={s: {"training/rollout_probs_diff_max": 0.0, "rollout_corr/k3_kl": 0.0,
                                              "critic/rewards/mean": 0.5, "actor/pg_loss": 0.1} for s in (1, 2)})
-    from acceptance.__main__ import DEFAULT_METRICS
+    from acceptance.defaults import METRICS as DEFAULT_METRICS
 
     shots = _shots(tmp_path, [_state(), _state(), _changed(_state(), "model.embed.weight")])
     status, reason, evidence = decide.zero_update(run, 2, DEFAULT_METRICS, {"mode": "checkpoint", "shots": shots})
