@@ -62,6 +62,8 @@ RX = {
     "override_key": r"\+?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
     "metric": r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,127}",
     "reason": r"[A-Za-z0-9(][A-Za-z0-9 .,:()/+_#@=-]{0,299}",
+    "layout": r"([A-Za-z0-9_.+@-]|\{step\})+(/([A-Za-z0-9_.+@-]|\{step\})+)*",
+    "tensor_pattern": r"[A-Za-z0-9_.*?\[\]-]{1,200}",
 }
 URL_RX = [
     r"https?://[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9_.~%+-]+)+/?",
@@ -440,10 +442,14 @@ def check_mounts(pins: "Pins", data_root: str | None) -> None:
     if not data_root:
         return
     root = normal_path(data_root)
-    for i, mount in enumerate(pins.acceptance.mounts):
-        for path in {normal_path(mount.source), str(Path(normal_path(mount.source)).resolve())}:
+    sources = [(f"acceptance.mounts[{i}].source", m.source) for i, m in enumerate(pins.acceptance.mounts)]
+    checkpoint = pins.acceptance.checkpoint
+    if checkpoint is not None and checkpoint.scratch:
+        sources.append(("acceptance.checkpoint.scratch", checkpoint.scratch))
+    for field, source in sources:
+        for path in {normal_path(source), str(Path(normal_path(source)).resolve())}:
             if path == root or path.startswith(root + "/") or root.startswith(path.rstrip("/") + "/"):
-                raise BadInput(clip(f"{pins.path}: acceptance.mounts[{i}].source: {show(mount.source)} exposes"
+                raise BadInput(clip(f"{pins.path}: {field}: {show(source)} exposes"
                                     f" the engine's data root {show(root)}; refusing"))
 
 
@@ -459,6 +465,43 @@ class Mount(Strict):
     target: Annotated[AbsPath, AfterValidator(_mount_target)]
 
 
+Layout = Annotated[str, _schema("layout"), AfterValidator(_check(
+    "layout", "a relative path with {step}"))]
+TensorPattern = Annotated[str, _schema("tensor_pattern"), AfterValidator(_check(
+    "tensor_pattern", "a tensor-name glob like 'model.norm.*'"))]
+
+
+def _layout(value: str) -> str:
+    if value.count("{step}") != 1 or ".." in value.split("/"):
+        raise ValueError(f"expected a relative path with one {{step}}, like 'global_step_{{step}}/actor',"
+                         f" got {value!r}")
+    return value
+
+
+class Checkpoint(Strict):
+    """acceptance.weights = checkpoint: the recipe's own options that save the actor weights every step."""
+    overrides: Annotated[dict[OverrideKey, OverrideValue], Field(min_length=1)]
+    dir_key: OverrideKey = "trainer.default_local_dir"
+    dir: AbsPath = "/tmp/acceptance/checkpoints"     # in the container: the /tmp tmpfs, or `scratch` mounted here
+    # host directory mounted read-write at `dir`; checked like the read-only mounts' sources
+    scratch: Annotated[AbsPath, AfterValidator(_mount_source)] | None = None
+    layout: Annotated[Layout, AfterValidator(_layout)] = "global_step_{step}/actor/huggingface"
+    model_path_key: OverrideKey | None = "actor_rollout_ref.model.path"
+    may_stay: list[TensorPattern] = []
+
+    @model_validator(mode="after")
+    def _where(self) -> "Checkpoint":
+        if self.dir_key in self.overrides:
+            raise ValueError(f"overrides: expected no {self.dir_key} (dir_key; the suite sets it per gate)")
+        in_tmpfs = self.dir == "/tmp" or self.dir.startswith("/tmp/")
+        if self.scratch is None and not in_tmpfs:
+            raise ValueError(f"dir: expected a path under the /tmp tmpfs unless scratch is set, got {self.dir!r}")
+        if self.scratch is not None and (in_tmpfs or self.dir == "/cache" or self.dir.startswith("/cache/")):
+            raise ValueError("dir: expected a path outside the tmpfs mounts (/tmp, /cache) for a scratch mount,"
+                             f" got {self.dir!r}")
+        return self
+
+
 class Acceptance(Strict):
     steps: Annotated[int, _ranged(*STEPS, "a step count"), _range_schema(*STEPS)] = 2
     steps_key: OverrideKey = "trainer.total_training_steps"
@@ -468,12 +511,20 @@ class Acceptance(Strict):
     mounts: list[Mount] = []
     metrics: Metrics = Metrics()
     required_gates: Annotated[list[GateName], Field(min_length=1), AfterValidator(_unique)] = list(GATES)
+    weights: Literal["metrics", "checkpoint", "none"] = "metrics"   # where weight evidence comes from
+    checkpoint: Checkpoint | None = None
 
     @field_validator("mounts")
     @classmethod
     def _targets(cls, value: list[Mount]) -> list[Mount]:
         _unique([normal_path(m.target) for m in value])
         return value
+
+    @model_validator(mode="after")
+    def _checkpoint(self) -> "Acceptance":
+        if self.weights == "checkpoint" and self.checkpoint is None:
+            raise ValueError("checkpoint: expected the recipe's checkpoint options when weights is 'checkpoint'")
+        return self
 
 
 class Pins(Strict):
