@@ -16,6 +16,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 PinsArg = typer.Argument(..., help="pins file (YAML)")
 Offline = typer.Option(False, "--offline", help="use the mirror cache only; fetch nothing")
 AllowMoved = typer.Option(False, "--allow-moved-pr", help="accept a PR head that moved past the pinned commit")
+SigningKey = typer.Option(None, "--key", help="ed25519 private key (PEM) that signs the attestations "
+                          "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
 
 
 def handled(func):
@@ -202,12 +204,13 @@ def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a ru
 @app.command()
 @handled
 def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
-            image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)")):
-    """Tag and push an ACCEPTED image, then verify the digest the registry serves."""
+            image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)"),
+            key: Optional[Path] = SigningKey):
+    """Tag and push an ACCEPTED image, verify the digest the registry serves, attach signed attestations."""
     from . import publish as publish_mod
 
     with log.step("publish"):
-        receipt = publish_mod.publish(report_json, image=image)
+        receipt = publish_mod.publish(report_json, image=image, signing_key=key)
     typer.echo(receipt.model_dump_json(indent=2))
 
 
@@ -215,7 +218,8 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
 @handled
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
-        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")):
+        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
+        key: Optional[Path] = SigningKey):
     """Resolve, build, accept, report, and publish when asked. Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from . import publish as publish_mod
 
@@ -226,7 +230,7 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
                           f"see {run_dir / 'report.md'}")
     if publish:
         with log.step("publish"):
-            receipt = publish_mod.publish(run_dir / "report.json")
+            receipt = publish_mod.publish(run_dir / "report.json", signing_key=key)
         log.info(f"published {receipt.repository}@{receipt.digest}")
     log.info(f"report: {run_dir / 'report.md'}")
 
@@ -239,7 +243,53 @@ def demo(publish: bool = typer.Option(True, "--publish/--no-publish", help="publ
 
     with log.step("prepare demo world"):
         pins_path = demo_mod.prepare_demo()
-    run(pins_path, publish=publish, offline=False, allow_moved_pr=False, out=None)
+    run(pins_path, publish=publish, offline=False, allow_moved_pr=False, out=None, key=demo_mod.signing_key())
+
+
+@app.command()
+@handled
+def keygen(private: Path = typer.Argument(..., help="private key file to write (mode 0600)"),
+           public: Optional[Path] = typer.Option(None, "--public", help="public key file (default: PRIVATE.pub)")):
+    """Write an ed25519 key pair for signing attestations; prints the public key path and key ID."""
+    from . import dsse
+
+    public = public or private.with_name(private.name + ".pub")
+    kid = dsse.keygen(private, public)
+    typer.echo(f"public key {public} (key ID {kid})")
+
+
+@app.command()
+@handled
+def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>"),
+           key: Path = typer.Option(..., "--key", help="ed25519 public key (PEM) the attestations must be signed with")):
+    """Check the signed attestations of a published image. Exit 0 all pass, 1 naming the first failed check."""
+    from . import attest, dsse, verify as verify_mod
+
+    public = dsse.load_public(key)
+    try:
+        outcome = verify_mod.verify(reference, public)
+    except attest.AttestationError as err:
+        typer.echo(f"FAILED {err.check}: {str(err).partition(': ')[2]}")
+        raise typer.Exit(1)
+    for line in outcome.passed:
+        typer.echo(f"ok  {line}")
+    typer.echo(f"VERIFIED {reference}")
+
+
+@app.command()
+@handled
+def nightly(pins_path: Path = PinsArg,
+            follow_prs: bool = typer.Option(False, "--follow-prs", help="move each component to its PR's current head"),
+            publish: bool = typer.Option(False, "--publish", help="publish and move the nightly tags if ACCEPTED"),
+            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
+            key: Optional[Path] = SigningKey):
+    """Rebuild and accept, then diff with the last accepted run of the same pins name.
+    Exit codes as `run`, plus 4 when accepted but a regression flag is up."""
+    from . import nightly as nightly_mod
+
+    code = nightly_mod.nightly(pins_path, follow_prs=follow_prs, publish=publish, out=out, signing_key=key,
+                               accept_and_report=_accept_and_report)
+    raise typer.Exit(code)
 
 
 def main():

@@ -62,3 +62,18 @@ def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = N
     out = out_dir / "pins.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
+
+
+def signing_key() -> Path:
+    """$BUILDER_SIGNING_KEY, else the demo key pair in the cache (made once, private key mode 0600)."""
+    from builder import dsse, options
+    from builder.paths import cache_dir
+
+    configured = options.signing_key()
+    if configured is not None:
+        return configured
+    private = cache_dir("keys") / "demo-signing.pem"
+    if not private.exists():
+        kid = dsse.keygen(private, private.with_name("demo-signing.pem.pub"))
+        log.info(f"demo: new signing key {kid[:16]}; public key {private}.pub")
+    return private

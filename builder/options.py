@@ -7,6 +7,7 @@
 | BUILDER_DEBIAN_MIRROR | http://deb.debian.org/debian | debootstrap mirror of the demo base image |
 | BUILDER_ENGINE_TIMEOUT | 90 | seconds to wait for a started dockerd to answer |
 | BUILDER_REGISTRY_TIMEOUT | 30 | seconds to wait for a started registry to answer |
+| BUILDER_SIGNING_KEY | unset | ed25519 private key (PEM) that signs the attestations on publish |
 | DOCKER_HOST | the local socket | which Docker engine (read by the Docker SDK) |
 """
 import os
@@ -39,3 +40,8 @@ def engine_timeout_s() -> float:
 
 def registry_timeout_s() -> float:
     return float(os.environ.get("BUILDER_REGISTRY_TIMEOUT", "30"))
+
+
+def signing_key() -> Path | None:
+    value = os.environ.get("BUILDER_SIGNING_KEY", "")
+    return Path(value) if value else None

@@ -7,10 +7,11 @@ BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD (or `credentials`) and are
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
-from builder import log, options, report as report_mod
+from builder import attest, log, options, report as report_mod
 from builder.errors import PublishError
 from builder.records import PublishReceipt, Report
 from builder.registry import Registry, mask, split_repository, verify_tag
@@ -67,7 +68,7 @@ def _push(client, repository: str, tag: str, auth: tuple[str, str] | None, secre
 
 
 def publish(report_path: str | Path, client=None, credentials: tuple[str, str] | None = None,
-            image: str | None = None) -> PublishReceipt:
+            image: str | None = None, signing_key: Path | None = None) -> PublishReceipt:
     """Tag and push the image of an ACCEPTED report, verify it through the registry API, record the receipt."""
     report_path = Path(report_path)
     report = report_mod.load(report_path)
@@ -80,6 +81,7 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     host, name = split_repository(report.repository)
     registry = Registry(host, auth)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
+    key = attest.signer(signing_key or options.signing_key())
     if client is None:
         from builder import engine
 
@@ -102,16 +104,27 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
         digests = sorted({f["digest"] for f in facts})
         if len(digests) != 1:
             raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
+        attestations = attest_published(report, client, registry, digests[0], key)
     except PublishError:
         withdraw(registry, name, set(pushed.values()) - served_before)
         raise
     receipt = PublishReceipt(repository=report.repository, tags=list(report.tags), digest=digests[0],
                              config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
-                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=attestations)
     record_receipt(report, receipt, report_path)
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
     return receipt
+
+
+def attest_published(report: Report, client, registry: Registry, digest: str, key) -> list[str]:
+    """Signed attestations for the pushed digest (builder/attest.py); none without a key."""
+    if key is None:
+        return []
+    from builder import engine
+
+    manifest = json.loads(engine.read_file(client, report.image_id, "/opt/delivery/manifest.json") or b"{}")
+    return [d["digest"] for d in attest.attach_all(report, report.repository, digest, manifest, key, registry)]
 
 
 def withdraw(registry: Registry, name: str, digests: set[str]) -> None:
