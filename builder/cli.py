@@ -186,7 +186,7 @@ def _print_verdict(report, paths):
 @app.command("report")
 @handled
 def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a run"),
-               fmt: str = typer.Option("md", "--format", help="md | json | junit")):
+               fmt: str = typer.Option("md", "--format", help="md | json | junit | ctrf")):
     """Print a stored report as Markdown, JSON or JUnit XML."""
     from . import report as report_mod
 
@@ -195,10 +195,14 @@ def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a ru
         typer.echo(report.model_dump_json(indent=2))
     elif fmt == "junit":
         typer.echo(report_mod.to_junit(report))
+    elif fmt == "ctrf":
+        from .ctrf import to_ctrf
+
+        typer.echo(json.dumps(to_ctrf(report), indent=2))
     elif fmt == "md":
         typer.echo(report_mod.to_markdown(report))
     else:
-        raise BadInput(f"--format: expected md, json or junit, got {fmt!r}")
+        raise BadInput(f"--format: expected md, json, junit or ctrf, got {fmt!r}")
 
 
 @app.command()
@@ -287,7 +291,7 @@ def nightly(pins_path: Path = PinsArg,
     Exit codes as `run`, plus 4 when accepted but a regression flag is up."""
     from . import nightly as nightly_mod
 
-    code = nightly_mod.nightly(pins_path, follow_prs=follow_prs, publish=publish, out=out, signing_key=key,
+    code = nightly_mod.nightly(pins_path, follow_prs_=follow_prs, publish=publish, out=out, signing_key=key,
                                accept_and_report=_accept_and_report)
     raise typer.Exit(code)
 

@@ -77,3 +77,21 @@ def signing_key() -> Path:
         kid = dsse.keygen(private, private.with_name("demo-signing.pem.pub"))
         log.info(f"demo: new signing key {kid[:16]}; public key {private}.pub")
     return private
+
+
+def add_pr_commit(repo_path: Path, pr: int, path: str, content: str, message: str) -> str:
+    """Push a new commit onto refs/pull/<pr>/head of a demo repository (as a PR author would): `path`
+    gets `content` on top of the current head.  Returns the new commit's SHA."""
+    import pygit2
+
+    repo = pygit2.Repository(str(repo_path))
+    ref = repo.references[f"refs/pull/{pr}/head"]
+    head = repo[ref.resolve().target]
+    index = pygit2.Index()
+    index.read_tree(head.tree)
+    index.add(pygit2.IndexEntry(path, repo.create_blob(content.encode()), pygit2.enums.FileMode.BLOB))
+    tree = index.write_tree(repo)
+    sig = pygit2.Signature("Demo Author", "author@example.invalid", int(head.committer.time) + 3600, 0)
+    oid = repo.create_commit(None, sig, sig, message, tree, [head.id])
+    ref.set_target(oid)
+    return str(oid)

@@ -335,6 +335,12 @@ class Acceptance(Strict):
         return value
 
 
+class Nightly(Strict):
+    """`builder nightly`: regression threshold on the throughput ratio and how many nightly-* tags to keep."""
+    regression_threshold: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, lt=1)] = 0.05
+    retention: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=1)] = 7
+
+
 class Pins(Strict):
     schema_version: Annotated[Literal[1], BeforeValidator(_no_bool)]
     name: Name
@@ -345,6 +351,7 @@ class Pins(Strict):
     build: Build
     recipe: Recipe
     acceptance: Acceptance = Acceptance()
+    nightly: Nightly = Nightly()
 
     _path: Path = PrivateAttr(default=None)
     _sha256: str = PrivateAttr(default="")
