@@ -11,12 +11,14 @@ import base64
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
-from builder import __version__ as BUILDER_VERSION
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
 from builder import dsse, log, referrers, sbom
+from builder.constants import BUILDER_VERSION, TOOL_URI
 from builder.errors import PublishError
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
+from builder.pins import Pins
 from builder.records import Report
 from builder.registry import Registry
 
@@ -25,7 +27,6 @@ PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
 TEST_RESULT_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
 SBOM_TYPE = sbom.PREDICATE_TYPE
 PREDICATE_TYPES = (PROVENANCE_TYPE, SBOM_TYPE, TEST_RESULT_TYPE)
-TOOL_URI = "https://truepolicy.io/rl-image-builder"
 BUILD_TYPE = f"{TOOL_URI}/unified-image@v{BUILDER_VERSION}"
 BUILDER_ID = f"{TOOL_URI}/builder/local"
 
@@ -33,9 +34,10 @@ BUILDER_ID = f"{TOOL_URI}/builder/local"
 class AttestationError(Exception):
     """A failed verification check; `check` names it (signature, subject, test result, ...)."""
 
-    def __init__(self, check: str, message: str):
-        super().__init__(f"{check}: {message}")
+    def __init__(self, check: str, detail: str):
+        super().__init__(f"{check}: {detail}")
         self.check = check
+        self.detail = detail
 
 
 def statement(repository: str, digest: str, predicate_type: str, predicate: dict) -> dict:
@@ -63,17 +65,17 @@ def pins_bytes(report: Report) -> bytes:
 
 def locked_wheels(lock_path: Path) -> list[dict]:
     """One resolved dependency per locked distribution hash."""
-    from builder.baseimage import parse_lock  # the lock parser (moves to builder/wheels.py)
+    from builder.wheels import read_lock
 
     out = []
-    for name, version, hashes in parse_lock(lock_path.read_text(), str(lock_path)):
-        for digest in hashes:
-            out.append({"name": f"{name}=={version}", "uri": f"pkg:pypi/{sbom.canonical(name)}@{version}",
-                        "digest": {"sha256": digest}})
+    for entry in read_lock(lock_path)[1]:
+        for digest in entry.hashes:
+            out.append({"name": f"{entry.name}=={entry.version}",
+                        "uri": f"pkg:pypi/{sbom.canonical(entry.name)}@{entry.version}", "digest": {"sha256": digest}})
     return out
 
 
-def provenance(report: Report, pins, pins_data: bytes) -> dict:
+def provenance(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
     """SLSA provenance v1 predicate."""
     deps = [{"name": name, "uri": f"git+{c.url}@refs/pull/{c.pr}/head",
              "digest": {"gitCommit": c.commit, "gitTree": c.tree},
@@ -104,7 +106,7 @@ def provenance(report: Report, pins, pins_data: bytes) -> dict:
     }
 
 
-def test_result(report: Report, pins, pins_data: bytes) -> dict:
+def test_result(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
     """in-toto test-result v0.1: PASSED only for ACCEPTED; inconclusive and not run count as warned."""
     recipe = json.dumps(pins.recipe.model_dump(mode="json"), sort_keys=True).encode()
     status = {g.name: g.status for g in report.gates}
@@ -122,7 +124,8 @@ def test_result(report: Report, pins, pins_data: bytes) -> dict:
     }
 
 
-def statements(report: Report, pins, image_manifest: dict, repository: str, digest: str) -> list[dict]:
+def statements(report: Report, pins: Pins, image_manifest: dict[str, Any], repository: str,
+               digest: str) -> list[dict[str, Any]]:
     pins_data = pins_bytes(report)
     return [statement(repository, digest, PROVENANCE_TYPE, provenance(report, pins, pins_data)),
             statement(repository, digest, SBOM_TYPE, sbom.build(image_manifest, repository, digest)),
@@ -137,8 +140,8 @@ def signer(key_path: Path | None) -> Ed25519PrivateKey | None:
     return dsse.load_private(key_path)
 
 
-def attach_all(report: Report, repository: str, digest: str, image_manifest: dict, key: Ed25519PrivateKey,
-               registry: Registry) -> list[dict]:
+def attach_all(report: Report, repository: str, digest: str, image_manifest: dict[str, Any],
+               key: Ed25519PrivateKey, registry: Registry) -> list[dict[str, Any]]:
     """Sign the three statements and attach them to repository@digest; returns the artifact descriptors.
     On a failed push the artifacts already pushed are deleted and PublishError is raised."""
     from builder import pins as pins_mod
@@ -167,7 +170,7 @@ def attach_all(report: Report, repository: str, digest: str, image_manifest: dic
 # ---------------------------------------------------------------- checks shared with builder verify
 
 
-def open_statement(envelope: dict, public_key, digest: str) -> dict:
+def open_statement(envelope: dict[str, Any], public_key: Ed25519PublicKey, digest: str) -> dict[str, Any]:
     """The statement of a signed envelope whose subject is `digest`; AttestationError naming the check."""
     try:
         stmt = dsse.open_envelope(envelope, public_key)
@@ -183,13 +186,13 @@ def open_statement(envelope: dict, public_key, digest: str) -> dict:
     return stmt
 
 
-def verify_test_result(envelope: dict, public_key, digest: str) -> dict:
+def verify_test_result(envelope: dict[str, Any], public_key: Ed25519PublicKey, digest: str) -> dict[str, Any]:
     """A signed in-toto test result for `digest` that reads PASSED; returns its predicate.
     Raises AttestationError('signature' | 'subject' | 'statement' | 'test result', ...)."""
     stmt = open_statement(envelope, public_key, digest)
     if stmt.get("predicateType") != TEST_RESULT_TYPE:
         raise AttestationError("statement", f"predicateType {stmt.get('predicateType')!r}, expected {TEST_RESULT_TYPE}")
-    pred = stmt.get("predicate") or {}
+    pred: dict[str, Any] = stmt.get("predicate") or {}
     if pred.get("result") != "PASSED":
         raise AttestationError("test result", f"result is {pred.get('result')!r} (failed: "
                                f"{', '.join(pred.get('failedTests') or []) or 'none'}; warned: "

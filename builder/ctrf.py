@@ -29,8 +29,8 @@ def to_ctrf(report: Report) -> dict:
             test["trace"] = gate.log[-4000:]
         tests.append(test)
     stop = _epoch_ms(report.created)
-    start = stop - sum(t["duration"] for t in tests) if stop else 0
-    summary = {"tests": len(tests), **{k: sum(t["status"] == k for t in tests)
+    start = stop - sum(int(str(t["duration"])) for t in tests) if stop else 0
+    summary = {"tests": len(tests), **{k: sum(1 for t in tests if t["status"] == k)
                                         for k in ("passed", "failed", "pending", "skipped", "other")},
                "start": start, "stop": stop}
     return {"reportFormat": "CTRF", "specVersion": "0.0.0", "generatedBy": f"rl-image-builder {BUILDER_VERSION}",

@@ -100,7 +100,10 @@ def open_envelope(envelope: dict, key: Ed25519PublicKey) -> dict:
         except InvalidSignature:
             continue
         try:
-            return json.loads(payload)
+            statement = json.loads(payload)
         except ValueError:
             raise SignatureError("signed payload is not JSON") from None
+        if not isinstance(statement, dict):
+            raise SignatureError("signed payload is not a JSON object")
+        return statement
     raise SignatureError(f"no signature verifies with key {key_id(key)[:16]}")

@@ -11,22 +11,25 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
-from builder import log, mirror, options, report as report_mod, rundiff
+from builder import log, mirror, rundiff
+from builder import report as report_mod
+from builder.constants import COMPONENTS, MANIFEST
 from builder.errors import BadInput, PublishError
 from builder.history import History
+from builder.options import Settings
 from builder.records import Report
 from builder.registry import Registry, get_json, put_manifest, split_repository
 
 REGRESSION_EXIT = 4
 NIGHTLY = "nightly"
 DATED = re.compile(r"^nightly-(\d{8})$")
-COMPONENTS = ("vllm", "megatron", "verl")
 
 
-def follow_prs(pins_path: Path) -> list[dict]:
+def follow_prs(pins_path: Path, settings: Settings) -> list[dict[str, Any]]:
     """Move each component's commit to its PR's current head; rewrite the pins file in place (only the
     commit values change); return what moved with ahead/behind of the new head against the old pin."""
     from builder import pins as pins_mod
@@ -37,7 +40,7 @@ def follow_prs(pins_path: Path) -> list[dict]:
     for name in COMPONENTS:
         pin = pins.components[name]
         pr_ref = f"refs/pull/{pin.pr}/head"
-        repo, found = mirror.sync(pins.component_url(name), {pr_ref: f"refs/remotes/origin/pr/{pin.pr}"})
+        repo, found = mirror.sync(settings, pins.component_url(name), {pr_ref: f"refs/remotes/origin/pr/{pin.pr}"})
         head = found.get(pr_ref)
         if head is None:
             raise BadInput(f"{pins_path}: components.{name}.pr: {pr_ref} not found at {pin.url}")
@@ -58,16 +61,17 @@ def follow_prs(pins_path: Path) -> list[dict]:
     return moved
 
 
-def commit_log(report: Report, previous: Report | None, limit: int = 50) -> dict[str, list[dict]]:
+def commit_log(report: Report, previous: Report | None, settings: Settings,
+               limit: int = 50) -> dict[str, list[dict[str, str]]]:
     """Commits in each moved component since the previous run's pin (from the mirrors)."""
     import pygit2
 
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[dict[str, str]]] = {}
     for name, comp in report.sources.components.items():
         old = previous.sources.components.get(name) if previous else None
         if old is None or old.commit == comp.commit:
             continue
-        repo = mirror.open_mirror(comp.url)
+        repo = mirror.open_mirror(settings, comp.url)
         walker = repo.walk(comp.commit, pygit2.enums.SortMode.TOPOLOGICAL)
         try:
             walker.hide(old.commit)
@@ -78,12 +82,13 @@ def commit_log(report: Report, previous: Report | None, limit: int = 50) -> dict
     return out
 
 
-def move_tags(repository: str, digest: str, retention: int, today: str | None = None) -> dict:
+def move_tags(repository: str, digest: str, retention: int, settings: Settings,
+              today: str | None = None) -> dict[str, Any]:
     """Point `nightly` and `nightly-<today>` at digest (same manifest bytes), then prune dated tags beyond
     `retention`.  A registry that cannot delete a tag alone loses the old manifest instead, but only when
     no tag that stays (nightly, a kept nightly-*, a human tag) serves it."""
     host, name = split_repository(repository)
-    reg = Registry(host, options.registry_credentials())
+    reg = Registry(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
     got = reg.manifest(name, digest)
     if got["computed"] != digest:
         raise PublishError(f"{repository}@{digest}: registry serves {got['computed']}")
@@ -132,14 +137,14 @@ def _delete_with_referrers(reg: Registry, name: str, digest: str) -> None:
     reg.delete_manifest(name, digest)
 
 
-def _image_manifest(image_id: str) -> dict | None:
+def _image_manifest(image_id: str, settings: Settings) -> dict[str, Any] | None:
     from builder import engine
 
-    data = engine.read_file(engine.connect(), image_id, "/opt/delivery/manifest.json")
+    data = engine.read_file(engine.connect(settings), image_id, MANIFEST)
     return json.loads(data) if data else None
 
 
-def _previous(history: History, name: str) -> tuple[Report | None, dict | None, str | None]:
+def _previous(history: History, name: str) -> tuple[Report | None, dict[str, Any] | None, str | None]:
     run = history.last_accepted(name)
     if run is None:
         return None, None, None
@@ -149,35 +154,36 @@ def _previous(history: History, name: str) -> tuple[Report | None, dict | None, 
     return report, manifest, run.digest
 
 
-def nightly(pins_path: Path, follow_prs_: bool, publish: bool, out: Path | None, signing_key: Path | None,
-            accept_and_report: Callable[..., tuple[Report, Path]], history: History | None = None,
-            today: str | None = None) -> int:
-    from builder import pins as pins_mod, publish as publish_mod
-    from builder.paths import cache_dir
+def nightly(pins_path: Path, settings: Settings, follow_prs_: bool, publish: bool, out: Path | None,
+            signing_key: Path | None, accept_and_report: Callable[[Path, Path | None], tuple[Report, Path]],
+            history: History | None = None, today: str | None = None) -> int:
+    """The whole nightly; returns the exit code (0, 1 or 4)."""
+    from builder import pins as pins_mod
+    from builder import publish as publish_mod
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     moved = []
     if follow_prs_:
         with log.step("follow PR heads"):
-            moved = follow_prs(pins_path)
+            moved = follow_prs(pins_path, settings)
         log.info(f"moved: {len(moved)} component(s)" if moved else "no PR head moved")
     pins = pins_mod.load(pins_path)
-    history = history or History(cache_dir("history") / "runs.sqlite")
+    history = history or History(settings.cache("history") / "runs.sqlite")
     previous, previous_manifest, previous_digest = _previous(history, pins.name)
-    report, run_dir = accept_and_report(pins_path, None, None, False, False, out)
-    manifest = _image_manifest(report.image_id)
+    report, run_dir = accept_and_report(pins_path, out)
+    manifest = _image_manifest(report.image_id, settings)
     (run_dir / "image-manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     accepted = report.verdict == "ACCEPTED"
     digest, tags = None, None
     if accepted and publish:
         with log.step("publish"):
-            receipt = publish_mod.publish(run_dir / "report.json", signing_key=signing_key)
+            receipt = publish_mod.publish(run_dir / "report.json", settings, signing_key=signing_key)
             digest = receipt.digest
-            tags = move_tags(receipt.repository, digest, pins.nightly.retention, today)
+            tags = move_tags(receipt.repository, digest, pins.nightly.retention, settings, today)
         report = report_mod.load(run_dir / "report.json")
     with log.step("compare with the last accepted run"):
         diff = rundiff.compare(report, manifest, digest, previous, previous_manifest, previous_digest,
-                               pins.nightly.regression_threshold, commit_log(report, previous))
+                               pins.nightly.regression_threshold, commit_log(report, previous, settings))
         diff["moved"], diff["tags"] = moved, tags
         paths = rundiff.write(diff, run_dir)
     code = (REGRESSION_EXIT if diff["regression"]["flag"] else 0) if accepted else 1

@@ -10,9 +10,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
-from builder import attest, log, options, report as report_mod
+from builder import attest, engine, log
+from builder import report as report_mod
+from builder.constants import MANIFEST
+from builder.engine import Client
 from builder.errors import PublishError
+from builder.options import Settings
 from builder.records import PublishReceipt, Report
 from builder.registry import Registry, mask, split_repository, verify_tag
 
@@ -33,7 +38,7 @@ def check_accepted(report: Report, where: str) -> None:
                            f"the report is for {report.image_id}; refusing")
 
 
-def local_image(client, report: Report, image: str | None, where: str):
+def local_image(client: Client, report: Report, image: str | None, where: str) -> Any:
     """The local image the SHA tag (or `image`) points to; it must be the one the report accepted."""
     ref = image or f"{report.repository}:{report.tags[0]}"
     import docker
@@ -47,10 +52,10 @@ def local_image(client, report: Report, image: str | None, where: str):
     return found
 
 
-def _push(client, repository: str, tag: str, auth: tuple[str, str] | None, secrets: list[str]) -> str:
+def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None, secrets: list[str]) -> str:
     """Push one tag; return the digest the engine reported.  Any error -> PublishError."""
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
-    digest, errors = "", []
+    digest, errors = "", []  # type: str, list[str]
     try:
         for item in client.api.push(repository, tag=tag, stream=True, decode=True, auth_config=auth_config):
             if "error" in item or "errorDetail" in item:
@@ -67,8 +72,8 @@ def _push(client, repository: str, tag: str, auth: tuple[str, str] | None, secre
     return digest
 
 
-def publish(report_path: str | Path, client=None, credentials: tuple[str, str] | None = None,
-            image: str | None = None, signing_key: Path | None = None) -> PublishReceipt:
+def publish(report_path: str | Path, settings: Settings, image: str | None = None,
+            signing_key: Path | None = None) -> PublishReceipt:
     """Tag and push the image of an ACCEPTED report, verify it through the registry API, record the receipt."""
     report_path = Path(report_path)
     report = report_mod.load(report_path)
@@ -76,19 +81,16 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     check_accepted(report, where)
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")
-    auth = credentials or options.registry_credentials()
+    auth = settings.registry_auth
     secrets = [auth[1]] if auth else []
     host, name = split_repository(report.repository)
-    registry = Registry(host, auth)
+    registry = Registry(host, auth, timeout_s=settings.registry_timeout_s)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
-    key = attest.signer(signing_key or options.signing_key())
-    if client is None:
-        from builder import engine
-
-        client = engine.connect()
+    key = attest.signer(signing_key or settings.signing_key)
+    client = engine.connect(settings)
     found = local_image(client, report, image, where)
     served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
-    pushed = {}
+    pushed: dict[str, str] = {}
     try:
         for tag in report.tags:
             if not found.tag(report.repository, tag):
@@ -117,13 +119,12 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     return receipt
 
 
-def attest_published(report: Report, client, registry: Registry, digest: str, key) -> list[str]:
+def attest_published(report: Report, client: Client, registry: Registry, digest: str,
+                     key: attest.Ed25519PrivateKey | None) -> list[str]:
     """Signed attestations for the pushed digest (builder/attest.py); none without a key."""
     if key is None:
         return []
-    from builder import engine
-
-    manifest = json.loads(engine.read_file(client, report.image_id, "/opt/delivery/manifest.json") or b"{}")
+    manifest = json.loads(engine.read_file(client, report.image_id, MANIFEST) or b"{}")
     return [d["digest"] for d in attest.attach_all(report, report.repository, digest, manifest, key, registry)]
 
 

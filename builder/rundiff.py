@@ -78,10 +78,11 @@ def compare(report: Report, manifest: dict | None, digest: str | None, previous:
     nothing = (not any(c["changed"] for c in commits.values()) and diff["same_image"]
                and diff["same_digest"] is not False and not any(diff["files"].values()))
     diff["no_change"] = nothing
-    diff["summary"] = ("no change: same commits, same image " + (digest or report.image_id)) if nothing else \
-        f"{sum(c['changed'] for c in commits.values())} component(s) moved; image " + \
-        ("unchanged" if diff["same_image"] else "rebuilt") + \
-        f"; {sum(len(v) for v in diff['files'].values())} image file(s) differ"
+    moved = sum(1 for c in commits.values() if c["changed"])
+    differ = sum(len(v) for v in diff["files"].values())
+    diff["summary"] = (f"no change: same commits, same image {digest or report.image_id}" if nothing else
+                       f"{moved} component(s) moved; image {'unchanged' if diff['same_image'] else 'rebuilt'}; "
+                       f"{differ} image file(s) differ")
     return diff
 
 

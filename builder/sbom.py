@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from cyclonedx.model import ExternalReference, ExternalReferenceType, Property, XsUri
 from cyclonedx.model.bom import Bom
@@ -55,7 +56,8 @@ def build(image_manifest: dict, repository: str, digest: str) -> dict:
     for part in parts:
         bom.components.add(part)
     bom.register_dependency(root, parts)
-    return json.loads(JsonV1Dot6(bom).output_as_string())
+    doc: dict[str, Any] = json.loads(JsonV1Dot6(bom).output_as_string())
+    return doc
 
 
 def covered(sbom: dict) -> dict[str, dict]:

@@ -12,14 +12,24 @@ import re
 import tarfile
 from dataclasses import dataclass, field
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from builder import dsse, referrers, sbom
-from builder.attest import (PREDICATE_TYPES, PROVENANCE_TYPE, SBOM_TYPE, TEST_RESULT_TYPE, AttestationError,
-                            open_statement, verify_test_result)
+from builder.attest import (
+    PREDICATE_TYPES,
+    PROVENANCE_TYPE,
+    SBOM_TYPE,
+    TEST_RESULT_TYPE,
+    AttestationError,
+    open_statement,
+    verify_test_result,
+)
+from builder.constants import LABEL_PREFIX, MANIFEST
 from builder.errors import BadInput, PublishError
+from builder.options import Settings
 from builder.registry import Registry, split_repository
 
-MANIFEST_PATH = "opt/delivery/manifest.json"
-LABEL_PREFIX = "io.truepolicy."
+MANIFEST_PATH = MANIFEST.lstrip("/")
 
 
 @dataclass
@@ -67,10 +77,10 @@ def _file_in_layer(reg: Registry, name: str, digest: str, path: str) -> bytes | 
     return None
 
 
-def verify(ref: str, public_key, registry: Registry | None = None) -> Outcome:
+def verify(ref: str, public_key: Ed25519PublicKey, settings: Settings) -> Outcome:
     """Run every check; AttestationError names the first that fails."""
     host, name, digest = parse_reference(ref)
-    reg = registry or Registry(host)
+    reg = Registry(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
     reg.ping()
     out = Outcome(reference=ref)
     found = referrers.discover(reg, name, digest)
@@ -115,8 +125,8 @@ def _check_provenance(predicate: dict, labels: dict, manifest: dict) -> None:
         raise AttestationError("provenance", "the image manifest lists no components")
     for comp, info in sorted(components.items()):
         want = (deps.get(comp) or {}).get("digest") or {}
-        label = labels.get(f"{LABEL_PREFIX}{comp}.commit")
-        for what, value in (("image manifest", info.get("commit")), (f"label {LABEL_PREFIX}{comp}.commit", label)):
+        label = labels.get(f"{LABEL_PREFIX}.{comp}.commit")
+        for what, value in (("image manifest", info.get("commit")), (f"label {LABEL_PREFIX}.{comp}.commit", label)):
             if want.get("gitCommit") != value:
                 raise AttestationError("provenance", f"{comp}: provenance commit {want.get('gitCommit')} != {what} {value}")
         if want.get("gitTree") != info.get("tree"):

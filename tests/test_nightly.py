@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from builder import attest, dsse, referrers
-from builder.demo import add_pr_commit, variant_pins
 from builder.registry import Registry, put_manifest, split_repository
+from demo.prepare import add_pr_commit, variant_pins
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.docker
@@ -178,5 +178,6 @@ def test_nightly_follows_a_new_pr_commit_then_says_no_change(world):
     assert third.returncode == 0, third.stderr[-3000:]
     diff3 = json.loads((out / "run3" / "nightly-diff.json").read_text())
     assert diff3["no_change"] and diff3["moved"] == [] and diff3["digest"] == digest2 and diff3["same_digest"]
-    assert (out / "run3" / "nightly-diff.md").read_text().splitlines()[2].startswith(f"no change: same commits, same image {digest2}")
+    summary = (out / "run3" / "nightly-diff.md").read_text().splitlines()[2]
+    assert summary.startswith(f"no change: same commits, same image {digest2}")
     assert "no PR head moved" in third.stderr
