@@ -26,7 +26,7 @@ def cli(*args):
 
 
 @pytest.fixture(scope="module")
-def world(demo_pins, tmp_path_factory):
+def world(demo_pins, settings, tmp_path_factory):
     """A copy of the demo stack with its own pins name and repository, a key pair, and a first nightly
     run (published, attested)."""
     uid = secrets.token_hex(4)
@@ -49,7 +49,7 @@ def world(demo_pins, tmp_path_factory):
            "digest": report["publish"]["digest"], "report": report}
     from builder import engine
 
-    client = engine.connect()
+    client = engine.connect(settings)
     for image in client.images.list(name=repository):
         for tag in image.tags:
             engine.remove_image(client, tag)
