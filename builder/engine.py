@@ -117,6 +117,7 @@ class _Progress:
         self.step_started = self.started
         self.image_id = ""
         self.error = ""
+        self.partial = ""  # the engine may split one long output line over several stream chunks
 
     def line(self, text: str) -> None:
         self.log_file.write(text + "\n")
@@ -144,7 +145,9 @@ class _Progress:
 
     def chunk(self, chunk: dict[str, Any]) -> None:
         if "stream" in chunk:
-            for text in chunk["stream"].splitlines():
+            lines = (self.partial + chunk["stream"]).split("\n")
+            self.partial = lines.pop()
+            for text in lines:
                 if text.strip():
                     self.line(text.rstrip())
         if "aux" in chunk and isinstance(chunk["aux"], dict) and chunk["aux"].get("ID"):
@@ -155,6 +158,9 @@ class _Progress:
             self.line(f"ERROR: {self.error}")
 
     def finish(self) -> None:
+        if self.partial.strip():
+            self.line(self.partial.rstrip())
+        self.partial = ""
         self._close(time.monotonic())
 
 
