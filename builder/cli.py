@@ -23,6 +23,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 PinsArg = typer.Argument(..., help="pins file (YAML)")
 Offline = typer.Option(False, "--offline", help="use the mirror cache only; fetch nothing")
 AllowMoved = typer.Option(False, "--allow-moved-pr", help="accept a pinned commit the PR head moved past")
+SigningKey = typer.Option(None, "--key", help="ed25519 private key (PEM) that signs the attestations "
+                          "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -224,7 +226,7 @@ def lock_cmd(pins_path: Path = PinsArg,
 @app.command("report")
 @handled
 def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a run"),
-               fmt: str = typer.Option("md", "--format", help="md | json | junit")) -> None:
+               fmt: str = typer.Option("md", "--format", help="md | json | junit | ctrf")) -> None:
     """Print a stored report as Markdown, JSON or JUnit XML."""
     from builder import report as report_mod
     from builder.errors import BadInput
@@ -234,21 +236,26 @@ def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a ru
         typer.echo(report.model_dump_json(indent=2))
     elif fmt == "junit":
         typer.echo(report_mod.to_junit(report))
+    elif fmt == "ctrf":
+        from builder.ctrf import to_ctrf
+
+        typer.echo(json.dumps(to_ctrf(report), indent=2))
     elif fmt == "md":
         typer.echo(report_mod.to_markdown(report))
     else:
-        raise BadInput(f"--format: expected md, json or junit, got {fmt[:40]!r}")
+        raise BadInput(f"--format: expected md, json, junit or ctrf, got {fmt[:40]!r}")
 
 
 @app.command()
 @handled
 def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
-            image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)")) -> None:
-    """Tag and push an ACCEPTED image, then verify the digest the registry serves."""
+            image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)"),
+            key: Optional[Path] = SigningKey) -> None:
+    """Tag and push an ACCEPTED image, verify the digest the registry serves, attach signed attestations."""
     from builder import publish as publish_mod
 
     with log.step("publish"):
-        receipt = publish_mod.publish(report_json, settings(), image=image)
+        receipt = publish_mod.publish(report_json, settings(), image=image, signing_key=key)
     typer.echo(receipt.model_dump_json(indent=2))
 
 
@@ -256,7 +263,8 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
 @handled
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
-        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")) -> None:
+        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
+        key: Optional[Path] = SigningKey) -> None:
     """Resolve, build, accept, report, and publish when asked. Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from builder import publish as publish_mod
 
@@ -267,9 +275,63 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         raise NotAccepted(f"{pins_path}: image {report.image_id} not accepted; see {run_dir / 'report.md'}")
     if publish:
         with log.step("publish"):
-            receipt = publish_mod.publish(run_dir / "report.json", config)
+            receipt = publish_mod.publish(run_dir / "report.json", config, signing_key=key)
         log.info(f"published {receipt.repository}@{receipt.digest}")
     log.info(f"report: {run_dir / 'report.md'}")
+
+
+@app.command()
+@handled
+def keygen(private: Path = typer.Argument(..., help="private key file to write (mode 0600)"),
+           public: Optional[Path] = typer.Option(None, "--public", help="public key file (default: PRIVATE.pub)"),
+           ) -> None:
+    """Write an ed25519 key pair for signing attestations; prints the public key path and key ID."""
+    from builder import dsse
+
+    public = public or private.with_name(private.name + ".pub")
+    kid = dsse.keygen(private, public)
+    typer.echo(f"public key {public} (key ID {kid})")
+
+
+@app.command()
+@handled
+def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>"),
+           key: Path = typer.Option(..., "--key", help="ed25519 public key (PEM) the attestations must be signed with"),
+           ) -> None:
+    """Check the signed attestations of a published image. Exit 0 all pass, 1 naming the first failed check."""
+    from builder import attest, dsse
+    from builder import verify as verify_mod
+
+    public = dsse.load_public(key)
+    try:
+        outcome = verify_mod.verify(reference, public, settings())
+    except attest.AttestationError as err:
+        typer.echo(f"FAILED {err.check}: {err.detail}")
+        raise typer.Exit(1) from None
+    for line in outcome.passed:
+        typer.echo(f"ok  {line}")
+    typer.echo(f"VERIFIED {reference}")
+
+
+@app.command()
+@handled
+def nightly(pins_path: Path = PinsArg,
+            follow_prs: bool = typer.Option(False, "--follow-prs", help="move each component to its PR's current head"),
+            publish: bool = typer.Option(False, "--publish", help="publish and move the nightly tags if ACCEPTED"),
+            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
+            key: Optional[Path] = SigningKey) -> None:
+    """Rebuild and accept, then diff with the last accepted run of the same pins name.
+    Exit codes as `run`, plus 4 when accepted but a regression flag is up."""
+    from builder import nightly as nightly_mod
+
+    config = settings()
+
+    def accept_and_report(path: Path, out_dir: Path | None) -> tuple[Report, Path]:
+        return _accept_and_report(config, path, None, None, False, False, out_dir)
+
+    code = nightly_mod.nightly(pins_path, config, follow_prs_=follow_prs, publish=publish, out=out, signing_key=key,
+                               accept_and_report=accept_and_report)
+    raise typer.Exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,6 +10,7 @@ CLI flags are the rest). The CLI calls `Settings.from_env()` and passes the obje
 | BUILDER_ENGINE_TIMEOUT | 90 | seconds to wait for a started dockerd to answer |
 | BUILDER_REGISTRY_TIMEOUT | 30 | seconds for a registry to answer (start-up and each HTTP call) |
 | BUILDER_BUILD_TIMEOUT | 3600 | HTTP read timeout of a build: a step may print nothing for minutes |
+| BUILDER_SIGNING_KEY | unset | ed25519 private key (PEM) that signs the attestations on publish |
 | DOCKER_HOST | the local socket | which Docker engine (`unix://`, `tcp://`, `ssh://`) |
 | DOCKER_TLS_VERIFY / DOCKER_CERT_PATH | unset | TLS for a `tcp://` engine, as the Docker CLI reads them |
 """
@@ -68,6 +69,7 @@ class Settings:
     index_url: str = "https://pypi.org/simple"
     # the environment of `builder lock`'s pip/uv runs: the host's, minus its pip/uv configuration
     resolver_env: tuple[tuple[str, str], ...] = ()
+    signing_key: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -88,6 +90,7 @@ class Settings:
             docker_cert_path=env.get("DOCKER_CERT_PATH") or None,
             index_url=env.get("BUILDER_INDEX_URL") or "https://pypi.org/simple",
             resolver_env=_resolver_env(env),
+            signing_key=Path(env["BUILDER_SIGNING_KEY"]) if env.get("BUILDER_SIGNING_KEY") else None,
         )
 
     def docker_environment(self) -> dict[str, str]:

@@ -527,6 +527,12 @@ class Acceptance(Strict):
         return self
 
 
+class Nightly(Strict):
+    """`builder nightly`: regression threshold on the throughput ratio and how many nightly-* tags to keep."""
+    regression_threshold: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, lt=1)] = 0.05
+    retention: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=1)] = 7
+
+
 class Pins(Strict):
     schema_version: Annotated[Literal[1], BeforeValidator(_int_only)]
     name: Name
@@ -539,6 +545,7 @@ class Pins(Strict):
     acceptance: Acceptance = Acceptance()
     # components must differ in url, commit and distribution unless named here (the report shows it)
     shared: Annotated[list[Shareable], AfterValidator(_unique)] = []
+    nightly: Nightly = Nightly()
 
     _path: Path = PrivateAttr(default=Path())
     _sha256: str = PrivateAttr(default="")

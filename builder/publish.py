@@ -7,12 +7,14 @@ BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD (or `credentials`) and are
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
-from builder import engine, log, trust
+from builder import attest, engine, log, trust
 from builder import report as report_mod
+from builder.constants import MANIFEST
 from builder.engine import Client
 from builder.errors import PublishError
 from builder.options import Settings
@@ -70,7 +72,8 @@ def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | Non
     return digest
 
 
-def publish(report_path: str | Path, settings: Settings, image: str | None = None) -> PublishReceipt:
+def publish(report_path: str | Path, settings: Settings, image: str | None = None,
+            signing_key: Path | None = None) -> PublishReceipt:
     """Tag and push the image of an ACCEPTED report, verify it through the registry API, record the receipt."""
     report_path = Path(report_path)
     report = report_mod.load(report_path)
@@ -85,6 +88,7 @@ def publish(report_path: str | Path, settings: Settings, image: str | None = Non
     host, name = split_repository(report.repository)
     registry = Registry(host, auth, timeout_s=settings.registry_timeout_s)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
+    key = attest.signer(signing_key or settings.signing_key)
     client = engine.connect(settings)
     found = local_image(client, report, image, where)
     served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
@@ -104,16 +108,26 @@ def publish(report_path: str | Path, settings: Settings, image: str | None = Non
         digests = sorted({f["digest"] for f in facts})
         if len(digests) != 1:
             raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
+        attestations = attest_published(report, client, registry, digests[0], key)
     except PublishError:
         withdraw(registry, name, set(pushed.values()) - served_before)
         raise
     receipt = PublishReceipt(repository=report.repository, tags=list(report.tags), digest=digests[0],
                              config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
-                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=attestations)
     record_receipt(report, receipt, report_path)
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
     return receipt
+
+
+def attest_published(report: Report, client: Client, registry: Registry, digest: str,
+                     key: attest.Ed25519PrivateKey | None) -> list[str]:
+    """Signed attestations for the pushed digest (builder/attest.py); none without a key."""
+    if key is None:
+        return []
+    manifest = json.loads(engine.read_file(client, report.image_id, MANIFEST) or b"{}")
+    return [d["digest"] for d in attest.attach_all(report, report.repository, digest, manifest, key, registry)]
 
 
 def withdraw(registry: Registry, name: str, digests: set[str]) -> None:

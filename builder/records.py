@@ -99,6 +99,7 @@ class PublishReceipt(Record):
     verified: bool
     pushed_at: str
     platform: str = "unknown"          # os/architecture of the config blob the registry serves
+    attestations: list[str] = Field(default_factory=list)  # digests of the signed artifacts referring to it
 
 
 class Report(Record):

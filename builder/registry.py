@@ -142,3 +142,49 @@ def verify_tag(reg: Registry, name: str, tag: str, pushed_digest: str, image_id:
         raise PublishError(f"{where}: image platform {served_platform}, the report says {platform}")
     return {"digest": got["computed"], "config_digest": config_digest, "platform": served_platform,
             "media_type": media_type}
+
+
+def push_blob(reg: Registry, name: str, data: bytes) -> str:
+    """Upload a blob (monolithic POST then PUT) unless the registry has it; returns its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    if reg._request("HEAD", f"/v2/{name}/blobs/{digest}").status_code == 200:
+        return digest
+    start = reg._request("POST", f"/v2/{name}/blobs/uploads/")
+    if start.status_code != 202 or "Location" not in start.headers:
+        raise PublishError(f"registry {reg.host}: blob upload to {name} answered {start.status_code}, expected 202")
+    location = start.headers["Location"]
+    if location.startswith("/"):
+        location = reg.base + location
+    sep = "&" if "?" in location else "?"
+    try:
+        done = reg.session.put(f"{location}{sep}digest={digest}", data=data, timeout=reg.timeout_s,
+                               headers={"Content-Type": "application/octet-stream"})
+    except requests.RequestException as exc:
+        raise InfraError(f"registry {reg.host}: unreachable ({type(exc).__name__})") from None
+    if done.status_code != 201:
+        raise PublishError(f"registry {reg.host}: blob {digest} upload answered {done.status_code}, expected 201")
+    return digest
+
+
+def put_manifest(reg: Registry, name: str, ref: str, data: bytes, media_type: str) -> requests.Response:
+    """PUT a manifest or index under a tag or digest; PublishError unless 201."""
+    resp = reg._request("PUT", f"/v2/{name}/manifests/{ref}", data=data, headers={"Content-Type": media_type})
+    if resp.status_code != 201:
+        raise PublishError(f"registry {reg.host}: PUT {name}:{ref} answered {resp.status_code}: {resp.text[:200]}")
+    return resp
+
+
+def get_json(reg: Registry, path: str, accept: str) -> dict | None:
+    """GET a JSON document; None on 404."""
+    resp = reg._request("GET", path, headers={"Accept": accept})
+    if resp.status_code == 404:
+        return None
+    if resp.status_code != 200:
+        raise PublishError(f"registry {reg.host}: GET {path} answered {resp.status_code}, expected 200")
+    try:
+        doc = resp.json()
+    except ValueError:
+        raise PublishError(f"registry {reg.host}: GET {path}: not JSON") from None
+    if not isinstance(doc, dict):
+        raise PublishError(f"registry {reg.host}: GET {path}: expected a JSON object")
+    return doc

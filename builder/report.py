@@ -362,10 +362,14 @@ def _atomic_write(path: Path, text: str) -> None:
 def write(report: Report, outdir: str | Path) -> dict[str, Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": outdir / "report.json", "md": outdir / "report.md", "junit": outdir / "junit.xml"}
+    from builder.ctrf import to_ctrf
+
+    paths = {"json": outdir / "report.json", "md": outdir / "report.md", "junit": outdir / "junit.xml",
+             "ctrf": outdir / "ctrf.json"}
     _atomic_write(paths["json"], report.model_dump_json(indent=2) + "\n")
     _atomic_write(paths["md"], to_markdown(report))
     _atomic_write(paths["junit"], to_junit(report))
+    _atomic_write(paths["ctrf"], json.dumps(to_ctrf(report), indent=2) + "\n")
     return paths
 
 

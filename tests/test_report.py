@@ -189,7 +189,8 @@ def test_junit_has_one_case_per_gate_with_right_elements(report_inputs):
 def test_write_and_load_round_trip(report_inputs, tmp_path):
     rep = make(report_inputs)
     paths = report.write(rep, tmp_path / "run")
-    assert {p.name for p in paths.values()} == {"report.json", "report.md", "junit.xml"}
+    assert {p.name for p in paths.values()} == {"report.json", "report.md", "junit.xml", "ctrf.json"}
+    assert json.loads(paths["ctrf"].read_text())["results"]["summary"]["tests"] == len(rep.gates)
     assert report.load(paths["json"]) == rep
     assert paths["md"].read_text() == report.to_markdown(rep)
     ET.parse(paths["junit"])
