@@ -7,7 +7,7 @@ from pathlib import Path
 
 from acceptance import procfs  # one mountinfo parser (proc(5)), also used in the image
 from builder import __version__ as BUILDER_VERSION
-from builder import engine, log
+from builder import engine, log, normalize
 from builder.errors import BuildFailed
 from builder.records import BuiltImage, RenderedBuild
 from builder.render import instructions
@@ -62,6 +62,36 @@ def steps_file(built: BuiltImage) -> Path:
     return Path(built.log_path[: -len(".log")] + ".steps.json")
 
 
+BUILD_ENV_MARK = "builder-build-env: "  # printed by image_scripts/smoke.py into the build log
+
+
+def build_env_file(built: BuiltImage) -> Path:
+    """What the build container saw (network, mounts), from the build log: kept outside the image."""
+    return Path(built.log_path[: -len(".log")] + ".env.json")
+
+
+def _build_env(steps: list[engine.Step]) -> dict | None:
+    for step in steps:
+        for line in step.lines:
+            if line.startswith(BUILD_ENV_MARK):
+                return json.loads(line[len(BUILD_ENV_MARK):])
+    return None
+
+
+def reproducible(client, raw_id: str, rendered: RenderedBuild, steps: list[engine.Step]) -> normalize.Normalized:
+    """Normalise the engine's image (builder/normalize.py) and load it under the SHA tag."""
+    from builder import options, staging
+
+    base_config, base_layers = staging.base_of(rendered.labels, options.registry_credentials())
+    epoch = normalize.epoch_of(rendered.labels["org.opencontainers.image.created"])
+    norm = normalize.normalize(client, raw_id, rendered.tag, base_config, base_layers, epoch)
+    env = _build_env(steps)
+    if env is not None and env != norm.build_env:
+        norm.build_env = env
+        normalize.save_record(norm)
+    return norm
+
+
 def build(rendered: RenderedBuild, pins=None, nocache: bool = False, client=None, echo: bool = True) -> BuiltImage:
     """Send the rendered context to the engine (network none), tag it with the sha tag, record it."""
     client = client or engine.connect()
@@ -74,21 +104,23 @@ def build(rendered: RenderedBuild, pins=None, nocache: bool = False, client=None
     if attrs is None:
         raise BuildFailed(f"{rendered.tag}: image {result.image_id} vanished after the build")
     check_labels(attrs, rendered.labels, rendered.tag)
-    if rendered.tag not in (attrs.get("RepoTags") or []):
-        engine.tag_image(client, result.image_id, rendered.tag)
-        attrs = engine.inspect_image(client, result.image_id)
+    norm = reproducible(client, result.image_id, rendered, result.steps)
+    attrs = engine.inspect_image(client, norm.image_id) or {}
+    times = stage_times(rendered.dockerfile, result.steps, result.seconds)
+    times["normalise"] = norm.seconds
     built = BuiltImage(
-        image_id=result.image_id, tags=sorted(attrs.get("RepoTags") or []), size=int(attrs.get("Size") or 0),
+        image_id=norm.image_id, raw_image_id=result.image_id, manifest_digest=norm.manifest_digest,
+        source_date=normalize.iso(norm.source_date_epoch), tags=sorted(attrs.get("RepoTags") or []), size=int(attrs.get("Size") or 0),
         created=str(attrs.get("Created", "")), engine_version=engine.engine_version(client),
         builder_version=BUILDER_VERSION, context_sha256=rendered.context_sha256,
         dockerfile_sha256=rendered.dockerfile_sha256,
-        stage_times=stage_times(rendered.dockerfile, result.steps, result.seconds),
-        log_path=result.log_path, cached=all_cached(result.steps))
+        stage_times=times, log_path=result.log_path, cached=all_cached(result.steps))
     steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached,
               "image": s.image} for s in result.steps]
     steps_file(built).write_text(json.dumps(steps, indent=2) + "\n")
+    build_env_file(built).write_text(json.dumps(norm.build_env, indent=2) + "\n")
     (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")  # the latest build
     (out_dir / "built.json").write_text(built.model_dump_json(indent=2) + "\n")
-    log.info(f"built {rendered.tag} {result.image_id[:19]} ({built.size / 1e6:.0f} MB,"
+    log.info(f"built {rendered.tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
              f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
     return built

@@ -65,6 +65,11 @@ class BuiltImage(Record):
     stage_times: dict[str, float]
     log_path: str
     cached: bool
+    # reproducible image (builder/normalize.py): image_id is the normalised config digest
+    raw_image_id: str = ""          # what the engine's build produced
+    manifest_digest: str = ""       # registry manifest digest of the normalised image
+    source_date: str = ""           # every added mtime clamped to it; config created
+    staged: str = ""                # <staging repository>@<manifest digest> once pushed
 
 
 class GateResult(Record):
@@ -81,6 +86,7 @@ class AcceptanceResult(Record):
     gates: list[GateResult]
     environment: dict = Field(default_factory=dict)
     throughput: dict = Field(default_factory=dict)
+    pulled: dict = Field(default_factory=dict)   # {ref, digest, image_id, engine} when pulled by digest
 
 
 class PublishReceipt(Record):
@@ -112,3 +118,4 @@ class Report(Record):
     reasons: list[str] = Field(default_factory=list)  # why NOT ACCEPTED (empty when ACCEPTED)
     compat: list[dict] = Field(default_factory=list)  # {package, version, reason}
     created: str = ""
+    rebuild: dict | None = None   # `builder rebuild --check`: digests compared, per-layer file diff

@@ -35,7 +35,10 @@ def check(name, spec, sites):
     return {"distribution": spec["distribution"], "version": dist.version, "modules": modules}
 
 
-def main(components_json, out_json):
+BUILD_ENV_MARK = "builder-build-env: "  # one log line; the host keeps it in the build record, not the image
+
+
+def main(components_json, out_json=None):
     spec = json.load(open(components_json))
     sites = site_dirs()
     result = {name: check(name, comp, sites) for name, comp in sorted(spec["components"].items())}
@@ -46,9 +49,12 @@ def main(components_json, out_json):
         "python": sys.executable,
         "site_packages": sites,
     }
-    with open(out_json, "w") as fh:
-        json.dump(env, fh, indent=2, sort_keys=True)
-        fh.write("\n")
+    if out_json:
+        with open(out_json, "w") as fh:
+            json.dump(env, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+    else:
+        print(BUILD_ENV_MARK + json.dumps(env, sort_keys=True), flush=True)
     for name, res in result.items():
         print(f"smoke ok: {name} {res['distribution']} {res['version']}")
     print("build network interfaces:", " ".join(env["net"]))
