@@ -16,6 +16,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 PinsArg = typer.Argument(..., help="pins file (YAML)")
 Offline = typer.Option(False, "--offline", help="use the mirror cache only; fetch nothing")
 AllowMoved = typer.Option(False, "--allow-moved-pr", help="accept a PR head that moved past the pinned commit")
+EngineOpt = typer.Option(None, "--engine", help="run the gates on this Docker engine (unix://, tcp://, ssh://); "
+                         "it pulls the image by digest (default: the pins' acceptance.engine, else DOCKER_HOST)")
 
 
 def handled(func):
@@ -135,41 +137,58 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
 @app.command()
 @handled
 def accept(pins_path: Path = PinsArg,
-           image: Optional[str] = typer.Option(None, "--image", help="image ID (default: build from the pins)"),
+           image: Optional[str] = typer.Option(None, "--image", help="image ID, or REPOSITORY@sha256:... to pull "
+                                               "(default: build from the pins)"),
+           engine: Optional[str] = EngineOpt,
            gate: Optional[list[str]] = typer.Option(None, "--gate", help="run only these gates"),
            timeout: Optional[int] = typer.Option(None, "--timeout", help="seconds per gate (default: the pins')"),
            offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")):
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
-    report, _ = _accept_and_report(pins_path, image, gate, offline, allow_moved_pr, out, timeout)
+    report, _ = _accept_and_report(pins_path, image, gate, offline, allow_moved_pr, out, timeout, engine)
     if report.verdict != "ACCEPTED":
         raise typer.Exit(NotAccepted.exit_code)
 
 
-def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out, timeout=None):
+def _accept_and_report(pins_path, image, gates, offline, allow_moved_pr, out, timeout=None, engine_url=None,
+                       stage=False):
     """Resolve, build unless an image is given, accept, write the report; the run directory is made
-    only once there is a report to put in it. Returns (report, run directory)."""
-    from . import accept as accept_mod, report as report_mod
+    only once there is a report to put in it. With `stage` (or an engine URL) the build is pushed by
+    digest to the staging repository and acceptance pulls that digest. Returns (report, run directory)."""
+    from . import accept as accept_mod, options, report as report_mod, staging
 
     pins, resolved = _load_and_resolve(pins_path, offline, allow_moved_pr)
+    engine_url = engine_url or pins.acceptance.engine
     built = None
     if image is None:
         built = _build(pins, _render(pins, resolved))
         image = built.image_id
+        if stage or engine_url:
+            built.staged = staging.push(built.manifest_digest, staging.staging_repository(
+                pins.image.repository, pins.image.staging), pins.base.name, options.registry_credentials())
+            image = built.staged
     with log.step("acceptance"):
-        result = accept_mod.accept(image, pins, gates=gates or None, timeout_s=timeout)
-    report = report_mod.make_report(pins, resolved, built, result, image_manifest=_image_manifest(image))
+        if "@sha256:" in image:
+            result = staging.accept_staged(image, pins, built.image_id if built else None, engine_url, gates or None,
+                                           timeout, options.registry_credentials())
+        elif engine_url:
+            raise BadInput("--engine: expected --image REPOSITORY@sha256:<digest> (another engine pulls by digest)")
+        else:
+            result = accept_mod.accept(image, pins, gates=gates or None, timeout_s=timeout)
+    manifest = _image_manifest(result.image_id, (result.pulled.get("engine") or {}).get("url"))
+    report = report_mod.make_report(pins, resolved, built, result, image_manifest=manifest)
     run_dir = _run_dir(out, pins.name)
     paths = report_mod.write(report, run_dir)
     _print_verdict(report, paths)
     return report, run_dir
 
 
-def _image_manifest(image_id: str) -> dict | None:
+def _image_manifest(image_id: str, engine_url: str | None = None) -> dict | None:
     """/opt/delivery/manifest.json of the image, for the report's run manifest."""
     from . import engine
 
-    data = engine.read_file(engine.connect(), image_id, "/opt/delivery/manifest.json")
+    url = None if engine_url in (None, "DOCKER_HOST") else engine_url
+    data = engine.read_file(engine.connect(url=url), image_id, "/opt/delivery/manifest.json")
     return json.loads(data) if data else None
 
 
@@ -215,11 +234,13 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
 @handled
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
-        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")):
-    """Resolve, build, accept, report, and publish when asked. Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
+        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
+        engine: Optional[str] = EngineOpt):
+    """Resolve, build, stage by digest, accept the pulled digest, report, and promote it when asked.
+    Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from . import publish as publish_mod
 
-    report, run_dir = _accept_and_report(pins_path, None, None, offline, allow_moved_pr, out)
+    report, run_dir = _accept_and_report(pins_path, None, None, offline, allow_moved_pr, out, None, engine, stage=True)
     log.info("timings: " + json.dumps(log.timings))
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{pins_path}: image {report.build.image_id if report.build else '?'} not accepted; "
@@ -228,6 +249,8 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         with log.step("publish"):
             receipt = publish_mod.publish(run_dir / "report.json")
         log.info(f"published {receipt.repository}@{receipt.digest}")
+    if report.build is not None:
+        typer.echo(f"manifest digest: {report.build.manifest_digest}")
     log.info(f"report: {run_dir / 'report.md'}")
 
 
@@ -239,7 +262,7 @@ def demo(publish: bool = typer.Option(True, "--publish/--no-publish", help="publ
 
     with log.step("prepare demo world"):
         pins_path = demo_mod.prepare_demo()
-    run(pins_path, publish=publish, offline=False, allow_moved_pr=False, out=None)
+    run(pins_path, publish=publish, offline=False, allow_moved_pr=False, out=None, engine=None)
 
 
 def main():

@@ -37,17 +37,34 @@ class BuildResult:
     log_path: str
 
 
-def connect(timeout: int = BUILD_TIMEOUT_S):
-    """A docker SDK client whose engine answered ping, else InfraError (exit 3)."""
+def connect(timeout: int = BUILD_TIMEOUT_S, url: str | None = None):
+    """A docker SDK client whose engine answered ping, else InfraError (exit 3). `url` (unix://, tcp://,
+    ssh://) overrides DOCKER_HOST; TLS for tcp:// comes from DOCKER_TLS_VERIFY / DOCKER_CERT_PATH."""
+    import os
+
     import docker
 
     try:
-        client = docker.from_env(timeout=timeout)
+        env = dict(os.environ, DOCKER_HOST=url) if url else None
+        client = docker.from_env(timeout=timeout, environment=env,
+                                 use_ssh_client=bool(url and url.startswith("ssh://")))
         client.ping()
         return client
     except Exception as exc:  # DockerException, requests errors, socket errors
-        raise InfraError(f"docker engine: not reachable ({type(exc).__name__}: {str(exc)[:200]});"
+        where = f"docker engine {url}" if url else "docker engine"
+        raise InfraError(f"{where}: not reachable ({type(exc).__name__}: {str(exc)[:200]});"
                          " start it with `builder setup`") from None
+
+
+def facts(client) -> dict:
+    """Who the engine is: ID, host name, version, and the GPU runtimes/resources it reports."""
+    info, version = client.info(), client.version()
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    return {"id": info.get("ID"), "host": info.get("Name"), "version": version.get("Version"),
+            "os": info.get("OperatingSystem"), "arch": info.get("Architecture"),
+            "gpus": {"runtimes": [r for r in runtimes if "nvidia" in r],
+                     "generic_resources": info.get("GenericResources") or []},
+            "data_root": info.get("DockerRootDir")}
 
 
 def engine_version(client) -> str:

@@ -48,6 +48,7 @@ RX = {
     "override_key": r"\+?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
     "metric": r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,127}",
     "reason": r"[A-Za-z0-9(][A-Za-z0-9 .,:()/+_#@=-]{0,299}",
+    "engine": r"(unix://(/[A-Za-z0-9_.+@-]+)+|(tcp|ssh)://([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+(:[0-9]{1,5})?)",
 }
 URL_RX = [
     r"https?://[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9_.~%+-]+)+/?",
@@ -97,6 +98,7 @@ EnvName = _checked("env_name", "an env var name matching [A-Z_][A-Z0-9_]*")
 EnvValue = _checked("env_value", "an env value of [A-Za-z0-9_.,:/=+@%-] (single inner spaces allowed)")
 Token = _checked("token", "an argv word of [A-Za-z0-9_.,:/=+@%-]")
 OverrideKey = _checked("override_key", "an override key like 'a.b_c.d' or '+a.b'")
+Engine = _checked("engine", "a Docker engine URL: unix:///path, tcp://host:port or ssh://user@host")
 Metric = _checked("metric", "a metric name like 'training/rollout_probs_diff_max'")
 Reason = _checked("reason", "a one-line reason of letters, digits, spaces and .,:()/+_#@=-")
 PosInt = Annotated[int, BeforeValidator(_no_bool), Field(strict=True, gt=0)]
@@ -153,6 +155,7 @@ class Strict(BaseModel):
 class Image(Strict):
     repository: Repository
     tags: Annotated[list[Tag], AfterValidator(_unique)] = []
+    staging: Repository | None = None   # where `builder run` pushes by digest; default <repository>-staging
 
 
 class Base(Strict):
@@ -327,6 +330,7 @@ class Acceptance(Strict):
     mounts: list[Mount] = []
     metrics: Metrics = Metrics()
     required_gates: Annotated[list[Literal[GATES]], AfterValidator(_unique)] = list(GATES)
+    engine: Engine | None = None   # run the gates on this engine (pulls by digest); default: the build engine
 
     @field_validator("mounts")
     @classmethod

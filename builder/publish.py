@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from builder import log, options, report as report_mod
+from builder import log, options, report as report_mod, staging
 from builder.errors import PublishError
 from builder.records import PublishReceipt, Report
 from builder.registry import Registry, mask, split_repository, verify_tag
@@ -80,23 +80,15 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     host, name = split_repository(report.repository)
     registry = Registry(host, auth)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
-    if client is None:
-        from builder import engine
-
-        client = engine.connect()
-    found = local_image(client, report, image, where)
+    staged = staging.accepted_ref(report, where)
     served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
-    pushed = {}
+    pushed: dict[str, str] = {}
     try:
-        for tag in report.tags:
-            if not found.tag(report.repository, tag):
-                raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
-            with log.step(f"push {report.repository}:{tag}"):
-                try:
-                    pushed[tag] = _push(client, report.repository, tag, auth, secrets)
-                except PublishError:
-                    registry.ping()  # a registry gone meanwhile is InfraError (exit 3), not a refused push
-                    raise
+        if staged:  # promote: the accepted digest gets the tags (blob mount + manifest PUT)
+            with log.step(f"promote {staged} -> {report.repository}"):
+                staging.promote(staged, report.image_id, report.repository, report.tags, auth, pushed)
+        else:  # accepted on a local image ID: the engine pushes that image
+            _push_local(client, report, image, where, auth, secrets, registry, pushed)
         facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform)
                  for tag in report.tags]
         digests = sorted({f["digest"] for f in facts})
@@ -112,6 +104,24 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
     return receipt
+
+
+def _push_local(client, report: Report, image: str | None, where: str, auth, secrets: list[str],
+                registry: Registry, pushed: dict[str, str]) -> None:
+    if client is None:
+        from builder import engine
+
+        client = engine.connect()
+    found = local_image(client, report, image, where)
+    for tag in report.tags:
+        if not found.tag(report.repository, tag):
+            raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
+        with log.step(f"push {report.repository}:{tag}"):
+            try:
+                pushed[tag] = _push(client, report.repository, tag, auth, secrets)
+            except PublishError:
+                registry.ping()  # a registry gone meanwhile is InfraError (exit 3), not a refused push
+                raise
 
 
 def withdraw(registry: Registry, name: str, digests: set[str]) -> None:

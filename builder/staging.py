@@ -12,8 +12,9 @@ import json
 from typing import Any
 
 from builder import log
-from builder.errors import BuildFailed, InfraError, PublishError
-from builder.normalize import MANIFEST_TYPE, Normalized, blob_path
+from builder.errors import BadInput, BuildFailed, InfraError, PublishError
+from builder.normalize import MANIFEST_TYPE, blob_path
+from builder.records import AcceptanceResult, Report
 from builder.registry import Registry, split_repository
 
 BASE_NAME = "org.opencontainers.image.base.name"
@@ -38,52 +39,55 @@ def base_of(labels: dict[str, str], auth: tuple[str, str] | None) -> tuple[dict,
     return config, layers
 
 
-def push(norm: Normalized, repository: str, base_name: str, auth: tuple[str, str] | None,
+def push(manifest_digest: str, repository: str, base_name: str, auth: tuple[str, str] | None,
          tag: str | None = None) -> str:
-    """Push blobs then the manifest by digest (and `tag` if given) to `repository`; return the ref."""
+    """Push a normalised image (its blobs in the local store) by digest, and `tag` if given; return
+    `<repository>@<digest>`. Blobs the registry has are skipped (HEAD); blobs not made here are base
+    layers: mounted from the base repository, never re-uploaded."""
     host, name = split_repository(repository)
     base_host, base_repo = split_repository(base_name)
     reg = Registry(host, auth)
     reg.ping()
-    uploaded = mounted = present = 0
-    manifest = blob_path(norm.manifest_digest).read_bytes()
-    config_digest = json.loads(manifest)["config"]["digest"]
-    with log.step(f"push {repository}@{norm.manifest_digest[:19]}"):
-        for i, desc in enumerate([*norm.layers, {"digest": config_digest}]):
-            digest = desc["digest"]
+    manifest = blob_path(manifest_digest).read_bytes()
+    doc = json.loads(manifest)
+    counts = {"uploaded": 0, "mounted": 0, "present": 0}
+    with log.step(f"push {repository}@{manifest_digest[:19]}"):
+        for digest in [d["digest"] for d in doc["layers"]] + [doc["config"]["digest"]]:
+            path = blob_path(digest)
             if reg.has_blob(name, digest):
-                present += 1
-            elif i < norm.base_layers:
-                if base_host != host or not reg.mount_blob(name, digest, base_repo):
-                    raise PublishError(f"{repository}: base layer {digest} is not in the registry and cannot be "
-                                       f"mounted from {base_name}; base layers are never re-uploaded")
-                mounted += 1
-            else:
-                path = blob_path(digest)
-                if not path.exists():
-                    raise PublishError(f"{repository}: blob {digest} is neither in the registry nor in {path.parent}")
+                counts["present"] += 1
+            elif path.exists():
                 reg.upload_blob(name, digest, str(path))
-                uploaded += 1
-        reg.put_manifest(name, norm.manifest_digest, manifest, MANIFEST_TYPE)
+                counts["uploaded"] += 1
+            elif base_host == host and reg.mount_blob(name, digest, base_repo):
+                counts["mounted"] += 1
+            else:
+                raise PublishError(f"{repository}: base layer {digest} is not in the registry and cannot be "
+                                   f"mounted from {base_name}; base layers are never re-uploaded")
+        reg.put_manifest(name, manifest_digest, manifest, MANIFEST_TYPE)
         if tag:
             reg.put_manifest(name, tag, manifest, MANIFEST_TYPE)
-    log.info(f"staged {repository}@{norm.manifest_digest} ({uploaded} uploaded, {mounted} mounted, {present} present)")
-    return f"{repository}@{norm.manifest_digest}"
+    log.info(f"staged {repository}@{manifest_digest} ({', '.join(f'{v} {k}' for k, v in counts.items())})")
+    return f"{repository}@{manifest_digest}"
 
 
 def pull(client: Any, ref: str, expected_id: str | None, auth: tuple[str, str] | None) -> dict:
-    """Pull `repo@sha256:...` into the engine; the image ID must equal `expected_id` (when given).
+    """Pull `repo@sha256:...` into the engine. The manifest served at that digest (hash-checked) names the
+    config; it must be `expected_id` (when given) and the pulled image ID must equal it.
     A digest the registry does not serve is PublishError (exit 1) with one clear line."""
     import docker
 
     repository, _, digest = ref.partition("@")
-    if not digest.startswith("sha256:"):
-        raise BuildFailed(f"--image {ref}: expected REPOSITORY@sha256:<64 hex>")
+    if not digest.startswith("sha256:") or len(digest) != 71:
+        raise BadInput(f"--image {ref}: expected REPOSITORY@sha256:<64 hex>")
     host, name = split_repository(repository)
     reg = Registry(host, auth)
     reg.ping()
     if reg.tag_digest(name, digest) is None:
-        raise PublishError(f"{ref}: the registry {host} does not serve this digest")
+        raise PublishError(f"{ref}: not in the registry ({host} does not serve {name}@{digest})")
+    config_digest = json.loads(reg.manifest_by_digest(name, digest))["config"]["digest"]
+    if expected_id and config_digest != expected_id:
+        raise PublishError(f"{ref}: its config is {config_digest}, the build made {expected_id}; refusing")
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
     with log.step(f"pull {ref}"):
         try:
@@ -91,12 +95,28 @@ def pull(client: Any, ref: str, expected_id: str | None, auth: tuple[str, str] |
             image_id = client.api.inspect_image(ref)["Id"]
         except docker.errors.APIError as err:
             raise InfraError(f"docker engine: pull {ref}: {str(err)[:300]}") from None
-    if expected_id and image_id != expected_id:
-        raise PublishError(f"{ref}: pulled image {image_id}, the build made {expected_id}; refusing to accept it")
+    if image_id != config_digest:
+        raise PublishError(f"{ref}: the engine made image {image_id} of it, the manifest names {config_digest}")
     return {"ref": ref, "digest": digest, "image_id": image_id}
 
 
-def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], auth: tuple[str, str] | None) -> dict:
+def accept_staged(ref: str, pins: Any, expected_id: str | None, engine_url: str | None, gates: list[str] | None,
+                  timeout_s: int | None, auth: tuple[str, str] | None) -> AcceptanceResult:
+    """Acceptance on exactly the bytes the registry serves: connect to the engine (default: DOCKER_HOST),
+    pull by digest, check the image ID, run the gates there; the engine's facts go into `pulled`."""
+    from builder import accept, engine
+
+    client = engine.connect(url=engine_url)  # InfraError (exit 3) first
+    who = engine.facts(client)
+    pulled = pull(client, ref, expected_id, auth)
+    log.info(f"acceptance engine {who['host']} ({who['id']}, Docker {who['version']}, gpus {who['gpus']})")
+    result = accept.accept(pulled["image_id"], pins, gates=gates, client=client, timeout_s=timeout_s)
+    result.pulled = {**pulled, "engine": dict(who, url=engine_url or "DOCKER_HOST")}
+    return result
+
+
+def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], auth: tuple[str, str] | None,
+            pushed: dict[str, str] | None = None) -> dict:
     """Give the accepted staged digest its release tags: mount every blob from staging, PUT the manifest
     bytes served at that digest under each tag. Returns {digest, pushed: {tag: digest}}."""
     staging, _, digest = staged_ref.partition("@")
@@ -114,5 +134,29 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], au
     for desc in [*doc["layers"], doc["config"]]:
         if not reg.has_blob(name, desc["digest"]) and not reg.mount_blob(name, desc["digest"], s_name):
             raise PublishError(f"{repository}: could not mount blob {desc['digest']} from {staging}")
-    pushed = {tag: reg.put_manifest(name, tag, manifest, doc.get("mediaType") or MANIFEST_TYPE) for tag in tags}
+    pushed = {} if pushed is None else pushed  # filled as tags land, so a failed publish can withdraw them
+    for tag in tags:
+        pushed[tag] = reg.put_manifest(name, tag, manifest, doc.get("mediaType") or MANIFEST_TYPE)
     return {"digest": digest, "pushed": pushed}
+
+
+def accepted_ref(report: Report, where: str) -> str | None:
+    """The staged `repo@digest` acceptance pulled and ran on, cross-checked across the report; None for
+    a report accepted on a local image ID (no staging). Any disagreement is PublishError."""
+    acc = report.acceptance
+    pulled = acc.pulled if acc else {}
+    if not pulled:
+        return None
+    ref = str(pulled.get("ref", ""))
+    digest = ref.partition("@")[2]
+    checks = [(digest == pulled.get("digest"), f"acceptance pulled {pulled.get('digest')}, its ref names {ref}"),
+              (pulled.get("image_id") == report.image_id == (acc.image_id if acc else None),
+               f"acceptance ran on {pulled.get('image_id')}, the report is for {report.image_id}")]
+    if report.build is not None:
+        checks += [(report.build.staged == ref, f"the build staged {report.build.staged}, acceptance pulled {ref}"),
+                   (report.build.manifest_digest == digest,
+                    f"the build made manifest {report.build.manifest_digest}, acceptance pulled {digest}")]
+    for ok, why in checks:
+        if not ok:
+            raise PublishError(f"{where}: {why}; only the digest that passed acceptance gets release tags")
+    return ref
