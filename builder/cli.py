@@ -232,6 +232,21 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
 
 @app.command()
 @handled
+def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose image to reproduce")):
+    """Rebuild from the pins alone with no cache; exit 0 when the digests are the same, 1 with a
+    per-layer file diff (also written into the report) when not."""
+    from . import rebuild as rebuild_mod
+
+    result = rebuild_mod.check(check)
+    typer.echo(json.dumps(result, indent=2))
+    if result["status"] != "same":
+        raise NotAccepted(f"{check}: rebuild gives {result['rebuild']['manifest_digest']}, the report has "
+                          f"{result['report']['manifest_digest']}; diff in {check}")
+    log.info(f"reproduced {result['report']['manifest_digest']}")
+
+
+@app.command()
+@handled
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
         out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
