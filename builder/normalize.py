@@ -28,8 +28,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from builder import log, paths
+from builder import log
 from builder.errors import BuildFailed
+from builder.options import Settings
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
@@ -57,15 +58,14 @@ class Normalized:
     layers: list[dict]      # descriptors, base first
     diff_ids: list[str]
     seconds: float
-    build_env: dict | None = None
 
 
-def store(*parts: str) -> Path:
-    return paths.cache_dir("oci", *parts)
+def store(settings: Settings, *parts: str) -> Path:
+    return settings.cache("oci", *parts)
 
 
-def blob_path(digest: str) -> Path:
-    return store("blobs", "sha256") / digest.removeprefix("sha256:")
+def blob_path(settings: Settings, digest: str) -> Path:
+    return store(settings, "blobs", "sha256") / digest.removeprefix("sha256:")
 
 
 def iso(epoch: int) -> str:
@@ -197,9 +197,9 @@ def normalize_layer(src: Path, out: IO[bytes], epoch: int) -> tuple[str, int]:
     return plain.digest(), plain.size
 
 
-def _write_blob(data: bytes) -> Descriptor:
+def _write_blob(settings: Settings, data: bytes) -> Descriptor:
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    path = blob_path(digest)
+    path = blob_path(settings, digest)
     if not path.exists():
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(data)
@@ -227,11 +227,11 @@ def manifest_bytes(config: Descriptor, layers: list[Descriptor]) -> bytes:
     return json.dumps(doc, indent=3).encode()
 
 
-def load(client: Any, config: bytes, layer_files: list[Path | None], tag: str) -> None:
+def load(client: Any, config: bytes, layer_files: list[Path | None], tag: str, tmp_dir: Path) -> None:
     """`docker load` of a save-format tar. Layers the engine already has (base) are not read by the
     engine, so they travel as empty placeholders; the image ID is the sha256 of `config`."""
     config_name = hashlib.sha256(config).hexdigest() + ".json"
-    with tempfile.TemporaryFile(dir=store("tmp")) as fh:
+    with tempfile.TemporaryFile(dir=tmp_dir) as fh:
         with tarfile.open(fileobj=fh, mode="w") as tar:
             names = []
             for i, path in enumerate(layer_files):
@@ -255,13 +255,13 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, path: Path | None = None)
 
 
 def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_layers: list[dict],
-              epoch: int) -> Normalized:
+              epoch: int, settings: Settings) -> Normalized:
     """Normalise the image the engine built on top of the base (config + manifest layer descriptors
     from the registry); load it as `tag`; return the record. Cached by raw image ID."""
-    record_path = store("records") / f"{raw_image_id.removeprefix('sha256:')}-{epoch}.json"
+    record_path = store(settings, "records") / f"{raw_image_id.removeprefix('sha256:')}-{epoch}.json"
     if record_path.exists():
         cached = Normalized(**json.loads(record_path.read_text()))
-        if blob_path(cached.manifest_digest).exists() and _retag(client, cached.image_id, tag):
+        if blob_path(settings, cached.manifest_digest).exists() and _retag(client, cached.image_id, tag):
             return cached
     start = time.monotonic()
     attrs = client.api.inspect_image(raw_image_id)
@@ -270,7 +270,7 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
     if diff_ids[: len(base_ids)] != base_ids or len(base_layers) != len(base_ids):
         raise BuildFailed(f"{tag}: the built image does not start with the base image's layers")
     added = diff_ids[len(base_ids):]
-    work = Path(tempfile.mkdtemp(dir=store("tmp")))
+    work = Path(tempfile.mkdtemp(dir=store(settings, "tmp")))
     try:
         with log.step(f"normalise {len(added)} added layers"):
             raw_tars, raw_config = save_layers(client, raw_image_id, set(added), work)
@@ -283,17 +283,17 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
                 with open(tmp, "wb") as out:
                     new_id, _ = normalize_layer(raw_tars[diff_id], out, epoch)
                 digest = "sha256:" + _sha256_file(tmp)
-                dest = blob_path(digest)
+                dest = blob_path(settings, digest)
                 tmp.replace(dest)
                 new_ids.append(new_id)
                 descriptors.append(Descriptor(LAYER_TYPE, dest.stat().st_size, digest))
                 files.append(dest)
             config = fixed_config(json.loads(raw_config), len(base_config.get("history") or []), new_ids, epoch)
-            config_desc = _write_blob(config)
+            config_desc = _write_blob(settings, config)
             manifest = manifest_bytes(Descriptor(CONFIG_TYPE, config_desc.size, config_desc.digest), descriptors)
-            manifest_desc = _write_blob(manifest)
+            manifest_desc = _write_blob(settings, manifest)
         with log.step(f"docker load {config_desc.digest[:19]}"):
-            load(client, config, [None] * len(base_ids) + files, tag)
+            load(client, config, [None] * len(base_ids) + files, tag, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if not _loaded(client, config_desc.digest, tag):
@@ -303,11 +303,6 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
                         diff_ids=new_ids, seconds=round(time.monotonic() - start, 3))
     record_path.write_text(json.dumps(asdict(result), indent=2) + "\n")
     return result
-
-
-def save_record(result: Normalized) -> None:
-    path = store("records") / f"{result.raw_image_id.removeprefix('sha256:')}-{result.source_date_epoch}.json"
-    path.write_text(json.dumps(asdict(result), indent=2) + "\n")
 
 
 def _retag(client: Any, image_id: str, tag: str) -> bool:

@@ -14,8 +14,10 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from builder import log, normalize, options, report as report_mod
+from builder import log, normalize
+from builder import report as report_mod
 from builder.errors import BadInput, BuildFailed
+from builder.options import Settings
 from builder.records import Report
 from builder.registry import Registry, split_repository
 
@@ -25,7 +27,7 @@ TYPES = {tarfile.REGTYPE: "file", tarfile.AREGTYPE: "file", tarfile.DIRTYPE: "di
 MAX_ENTRIES = 200  # per layer, in the report
 
 
-def listing(blob: bytes) -> dict[str, dict]:
+def listing(blob: bytes) -> dict[str, dict[str, Any]]:
     """path -> {type, mode, uid, gid, size, sha256, mtime, link} of one gzip layer."""
     out = {}
     with tarfile.open(fileobj=gzip.GzipFile(fileobj=io.BytesIO(blob))) as tar:
@@ -40,7 +42,7 @@ def listing(blob: bytes) -> dict[str, dict]:
     return out
 
 
-def diff_listings(old: dict[str, dict], new: dict[str, dict]) -> list[dict]:
+def diff_listings(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per path that differs: only in one side, or the fields that differ."""
     entries = []
     for path in sorted(set(old) | set(new)):
@@ -56,15 +58,16 @@ def diff_listings(old: dict[str, dict], new: dict[str, dict]) -> list[dict]:
 class _Blobs:
     """Blobs of the image a report names: the local store first, else the registry (staged ref)."""
 
-    def __init__(self, ref: str):
+    def __init__(self, ref: str, settings: Settings):
+        self.settings = settings
         self.reg: Registry | None = None
         self.name = ""
         if ref:
             host, self.name = split_repository(ref.partition("@")[0])
-            self.reg = Registry(host, options.registry_credentials())
+            self.reg = Registry(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
 
     def get(self, digest: str) -> bytes:
-        path = normalize.blob_path(digest)
+        path = normalize.blob_path(self.settings, digest)
         if path.exists():
             return path.read_bytes()
         if self.reg is None:
@@ -72,7 +75,7 @@ class _Blobs:
         return self.reg.blob(self.name, digest)
 
 
-def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str) -> dict:
+def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str, settings: Settings) -> dict[str, Any]:
     """The comparison record: digests, and per differing layer its file-level diff."""
     assert report.build is not None
     same = rebuilt_manifest == report.build.manifest_digest and rebuilt_id == report.image_id
@@ -81,25 +84,27 @@ def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str) -> dict:
                               "rebuild": {"image_id": rebuilt_id, "manifest_digest": rebuilt_manifest}, "layers": []}
     if same:
         return result
-    blobs = _Blobs(report.build.staged or (report.acceptance.pulled.get("ref", "") if report.acceptance else ""))
+    blobs = _Blobs(report.build.staged or (report.acceptance.pulled.get("ref", "") if report.acceptance else ""),
+                   settings)
+    local = normalize.blob_path
     old = json.loads(blobs.get(report.build.manifest_digest))
-    new = json.loads(normalize.blob_path(rebuilt_manifest).read_bytes())
+    new = json.loads(local(settings, rebuilt_manifest).read_bytes())
     old_layers, new_layers = old["layers"], new["layers"]
     for i in range(max(len(old_layers), len(new_layers))):
         a = old_layers[i]["digest"] if i < len(old_layers) else None
         b = new_layers[i]["digest"] if i < len(new_layers) else None
         if a == b:
             continue
-        entries = diff_listings(listing(blobs.get(a)) if a else {}, listing(normalize.blob_path(b).read_bytes()) if b else {})
+        entries = diff_listings(listing(blobs.get(a)) if a else {}, listing(local(settings, b).read_bytes()) if b else {})
         result["layers"].append({"index": i, "report_digest": a, "rebuild_digest": b, "files": len(entries),
                                  "entries": entries[:MAX_ENTRIES]})
     old_cfg = json.loads(blobs.get(old["config"]["digest"]))
-    new_cfg = json.loads(normalize.blob_path(new["config"]["digest"]).read_bytes())
+    new_cfg = json.loads(local(settings, new["config"]["digest"]).read_bytes())
     result["config"] = sorted(k for k in set(old_cfg) | set(new_cfg) if k != "rootfs" and old_cfg.get(k) != new_cfg.get(k))
     return result
 
 
-def check(report_path: Path, client: Any = None) -> dict:
+def check(report_path: Path, settings: Settings) -> dict[str, Any]:
     """Rebuild the report's pins with no cache (under a separate tag), compare, write `rebuild` into the
     report. Returns the comparison; the caller turns `different` into exit 1."""
     from builder import build, engine, pins as pins_mod, render, sources
@@ -108,17 +113,16 @@ def check(report_path: Path, client: Any = None) -> dict:
     if report.build is None or not report.build.manifest_digest:
         raise BadInput(f"{report_path}: build.manifest_digest: expected a report of a normalised build")
     pins = pins_mod.load(report.sources.pins_path)
-    resolved = sources.resolve(pins)
-    rendered = render.render(pins, resolved)
+    resolved = sources.resolve(pins, settings)
+    rendered = render.render(pins, resolved, settings)
     repository, _, tag = rendered.tag.rpartition(":")
     rendered = rendered.model_copy(update={"tag": f"{repository}:rebuild-{tag}"[: len(repository) + 129]})
-    client = client or engine.connect()
     with log.step("rebuild --nocache"):
-        built = build.build(rendered, pins, nocache=True, client=client, echo=False)
+        built = build.build(rendered, settings, nocache=True, echo=False)
     try:
-        result = compare(report, built.manifest_digest, built.image_id)
+        result = compare(report, built.manifest_digest, built.image_id, settings)
     finally:
-        engine.remove_image(client, rendered.tag)  # the rebuild tag only; an equal image keeps its own tag
+        engine.remove_image(engine.connect(settings), rendered.tag)  # the rebuild tag only; an equal image keeps its own tag
     report.rebuild = result
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():

@@ -9,11 +9,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from builder import log
 from builder.errors import BadInput, BuildFailed, InfraError, PublishError
 from builder.normalize import MANIFEST_TYPE, blob_path
+from builder.options import Settings
 from builder.records import AcceptanceResult, Report
 from builder.registry import Registry, split_repository
 
@@ -26,10 +28,14 @@ def staging_repository(repository: str, staging: str | None = None) -> str:
     return staging or f"{repository}-staging"
 
 
-def base_of(labels: dict[str, str], auth: tuple[str, str] | None) -> tuple[dict, list[dict]]:
+def registry(host: str, settings: Settings) -> Registry:
+    return Registry(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
+
+
+def base_of(labels: dict[str, str], settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The base image's config and its manifest's layer descriptors, from its registry by digest."""
     host, name = split_repository(labels[BASE_NAME])
-    reg = Registry(host, auth)
+    reg = registry(host, settings)
     try:
         manifest = json.loads(reg.manifest_by_digest(name, labels[BASE_DIGEST]))
         config = json.loads(reg.blob(name, manifest["config"]["digest"]))
@@ -39,21 +45,20 @@ def base_of(labels: dict[str, str], auth: tuple[str, str] | None) -> tuple[dict,
     return config, layers
 
 
-def push(manifest_digest: str, repository: str, base_name: str, auth: tuple[str, str] | None,
-         tag: str | None = None) -> str:
+def push(manifest_digest: str, repository: str, base_name: str, settings: Settings, tag: str | None = None) -> str:
     """Push a normalised image (its blobs in the local store) by digest, and `tag` if given; return
     `<repository>@<digest>`. Blobs the registry has are skipped (HEAD); blobs not made here are base
     layers: mounted from the base repository, never re-uploaded."""
     host, name = split_repository(repository)
     base_host, base_repo = split_repository(base_name)
-    reg = Registry(host, auth)
+    reg = registry(host, settings)
     reg.ping()
-    manifest = blob_path(manifest_digest).read_bytes()
+    manifest = blob_path(settings, manifest_digest).read_bytes()
     doc = json.loads(manifest)
     counts = {"uploaded": 0, "mounted": 0, "present": 0}
     with log.step(f"push {repository}@{manifest_digest[:19]}"):
         for digest in [d["digest"] for d in doc["layers"]] + [doc["config"]["digest"]]:
-            path = blob_path(digest)
+            path = blob_path(settings, digest)
             if reg.has_blob(name, digest):
                 counts["present"] += 1
             elif path.exists():
@@ -71,7 +76,7 @@ def push(manifest_digest: str, repository: str, base_name: str, auth: tuple[str,
     return f"{repository}@{manifest_digest}"
 
 
-def pull(client: Any, ref: str, expected_id: str | None, auth: tuple[str, str] | None) -> dict:
+def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> dict[str, Any]:
     """Pull `repo@sha256:...` into the engine. The manifest served at that digest (hash-checked) names the
     config; it must be `expected_id` (when given) and the pulled image ID must equal it.
     A digest the registry does not serve is PublishError (exit 1) with one clear line."""
@@ -81,13 +86,14 @@ def pull(client: Any, ref: str, expected_id: str | None, auth: tuple[str, str] |
     if not digest.startswith("sha256:") or len(digest) != 71:
         raise BadInput(f"--image {ref}: expected REPOSITORY@sha256:<64 hex>")
     host, name = split_repository(repository)
-    reg = Registry(host, auth)
+    reg = registry(host, settings)
     reg.ping()
     if reg.tag_digest(name, digest) is None:
         raise PublishError(f"{ref}: not in the registry ({host} does not serve {name}@{digest})")
     config_digest = json.loads(reg.manifest_by_digest(name, digest))["config"]["digest"]
     if expected_id and config_digest != expected_id:
         raise PublishError(f"{ref}: its config is {config_digest}, the build made {expected_id}; refusing")
+    auth = settings.registry_auth
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
     with log.step(f"pull {ref}"):
         try:
@@ -101,22 +107,23 @@ def pull(client: Any, ref: str, expected_id: str | None, auth: tuple[str, str] |
 
 
 def accept_staged(ref: str, pins: Any, expected_id: str | None, engine_url: str | None, gates: list[str] | None,
-                  timeout_s: int | None, auth: tuple[str, str] | None) -> AcceptanceResult:
+                  timeout_s: int | None, settings: Settings) -> AcceptanceResult:
     """Acceptance on exactly the bytes the registry serves: connect to the engine (default: DOCKER_HOST),
     pull by digest, check the image ID, run the gates there; the engine's facts go into `pulled`."""
     from builder import accept, engine
 
-    client = engine.connect(url=engine_url)  # InfraError (exit 3) first
+    there = replace(settings, docker_host=engine_url) if engine_url else settings
+    client = engine.connect(there)  # InfraError (exit 3) first
     who = engine.facts(client)
-    pulled = pull(client, ref, expected_id, auth)
+    pulled = pull(client, ref, expected_id, there)
     log.info(f"acceptance engine {who['host']} ({who['id']}, Docker {who['version']}, gpus {who['gpus']})")
-    result = accept.accept(pulled["image_id"], pins, gates=gates, client=client, timeout_s=timeout_s)
+    result = accept.accept(pulled["image_id"], pins, there, gates=gates, timeout_s=timeout_s)
     result.pulled = {**pulled, "engine": dict(who, url=engine_url or "DOCKER_HOST")}
     return result
 
 
-def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], auth: tuple[str, str] | None,
-            pushed: dict[str, str] | None = None) -> dict:
+def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], settings: Settings,
+            pushed: dict[str, str] | None = None) -> dict[str, Any]:
     """Give the accepted staged digest its release tags: mount every blob from staging, PUT the manifest
     bytes served at that digest under each tag. Returns {digest, pushed: {tag: digest}}."""
     staging, _, digest = staged_ref.partition("@")
@@ -124,7 +131,7 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], au
     host, name = split_repository(repository)
     if s_host != host:
         raise PublishError(f"{staged_ref}: staging and release repositories must share a registry ({s_host} != {host})")
-    reg = Registry(host, auth)
+    reg = registry(host, settings)
     reg.ping()
     manifest = reg.manifest_by_digest(s_name, digest)  # hash-checked: exactly the accepted bytes
     doc = json.loads(manifest)
