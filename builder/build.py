@@ -117,7 +117,8 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     times["normalise"] = norm.seconds
     built = BuiltImage(
         image_id=norm.image_id, raw_image_id=result.image_id, manifest_digest=norm.manifest_digest,
-        source_date=normalize.iso(norm.source_date_epoch), tags=sorted(attrs.get("RepoTags") or []), size=int(attrs.get("Size") or 0),
+        source_date=normalize.iso(norm.source_date_epoch), tags=sorted(attrs.get("RepoTags") or []),
+        size=int(attrs.get("Size") or 0),
         created=str(attrs.get("Created", "")), engine_version=engine.engine_version(client),
         builder_version=BUILDER_VERSION, context_sha256=rendered.context_sha256,
         dockerfile_sha256=rendered.dockerfile_sha256,

@@ -169,7 +169,7 @@ def accept(pins_path: Path = PinsArg,
 def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gates: list[str] | None,
                        offline: bool, allow_moved_pr: bool, out: Path | None,
                        timeout: int | None = None, engine_url: str | None = None,
-                       stage: bool = False) -> tuple[Report, Path]:
+                       stage: bool = False, nocache: bool = False) -> tuple[Report, Path]:
     """Resolve, build unless an image is given, accept, write the report; the run directory is made
     only once there is a report to put in it. With `stage` (or an engine URL) the build is pushed by
     digest to the staging repository and acceptance pulls that digest. Returns (report, run directory)."""
@@ -184,7 +184,7 @@ def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gat
     engine_url = engine_url or pins.acceptance.engine
     built = None
     if image is None:
-        built = _build(_render(pins, resolved, config), config)
+        built = _build(_render(pins, resolved, config), config, nocache=nocache)
         image = built.image_id
         if stage or engine_url:
             repo = staging.staging_repository(pins.image.repository, pins.image.staging)
@@ -274,14 +274,15 @@ def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose i
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
         out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
-        engine: Optional[str] = EngineOpt) -> None:
+        engine: Optional[str] = EngineOpt,
+        nocache: bool = typer.Option(False, "--nocache", help="build every layer again")) -> None:
     """Resolve, build, stage by digest, accept the pulled digest, report, and promote it when asked.
     Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from builder import publish as publish_mod
 
     config = settings()
     report, run_dir = _accept_and_report(config, pins_path, None, None, offline, allow_moved_pr, out,
-                                         engine_url=engine, stage=True)
+                                         engine_url=engine, stage=True, nocache=nocache)
     log.info("timings: " + json.dumps(log.timings))
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{pins_path}: image {report.image_id} not accepted; see {run_dir / 'report.md'}")

@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -69,13 +69,13 @@ def blob_path(settings: Settings, digest: str) -> Path:
 
 
 def iso(epoch: int) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def epoch_of(created: str) -> int:
     """'2025-01-03T14:00:00Z' (the rendered created label) -> unix seconds."""
     try:
-        return int(datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp())
+        return int(datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp())
     except ValueError:
         raise BuildFailed(f"label org.opencontainers.image.created: expected YYYY-MM-DDTHH:MM:SSZ, got {created!r}") from None
 
@@ -108,7 +108,7 @@ class _Chunks:
 class _Hashing:
     """A write-only file that hashes and counts what passes through to `out` (or nowhere)."""
 
-    def __init__(self, out: IO[bytes] | None = None):
+    def __init__(self, out: IO[bytes] | gzip.GzipFile | None = None):
         self.out, self.sha, self.size = out, hashlib.sha256(), 0
 
     def write(self, data: bytes) -> int:

@@ -107,7 +107,8 @@ def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str, settings: Se
 def check(report_path: Path, settings: Settings) -> dict[str, Any]:
     """Rebuild the report's pins with no cache (under a separate tag), compare, write `rebuild` into the
     report. Returns the comparison; the caller turns `different` into exit 1."""
-    from builder import build, engine, pins as pins_mod, render, sources
+    from builder import build, engine, render, sources
+    from builder import pins as pins_mod
 
     report = report_mod.load(report_path)
     if report.build is None or not report.build.manifest_digest:
