@@ -130,6 +130,7 @@ class _Progress:
         self.step_started = self.started
         self.image_id = ""
         self.error = ""
+        self.partial = ""  # a long line the engine split across stream chunks
 
     def line(self, text: str) -> None:
         self.log_file.write(text + "\n")
@@ -157,9 +158,12 @@ class _Progress:
 
     def chunk(self, chunk: dict[str, Any]) -> None:
         if "stream" in chunk:
-            for text in chunk["stream"].splitlines():
-                if text.strip():
-                    self.line(text.rstrip())
+            text = self.partial + chunk["stream"]
+            lines = text.split("\n")
+            self.partial = lines.pop()  # "" when the chunk ended with a newline
+            for line in lines:
+                if line.strip():
+                    self.line(line.rstrip())
         if "aux" in chunk and isinstance(chunk["aux"], dict) and chunk["aux"].get("ID"):
             self.image_id = chunk["aux"]["ID"]
         if "errorDetail" in chunk or "error" in chunk:
@@ -168,6 +172,9 @@ class _Progress:
             self.line(f"ERROR: {self.error}")
 
     def finish(self) -> None:
+        if self.partial.strip():
+            self.line(self.partial.rstrip())
+        self.partial = ""
         self._close(time.monotonic())
 
 
