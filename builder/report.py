@@ -303,6 +303,8 @@ def to_markdown(report: Report) -> str:
         out += _table(["Repository", "Tags", "Digest", "Config digest", "Platform", "Verified", "Pushed at"],
                       [[pub.repository, ", ".join(pub.tags), _code(pub.digest), _code(pub.config_digest),
                         pub.platform, "yes" if pub.verified else "no", pub.pushed_at]])
+    if report.rebuild:
+        out += _rebuild_section(report.rebuild)
     out += ["", "<details><summary>Run manifest (six layers; unknown = not captured)</summary>", ""]
     rows = []
     for layer, content in report.run_manifest.items():
@@ -311,6 +313,17 @@ def to_markdown(report: Report) -> str:
     out += _table(["Layer", "Item", "Value"], rows)
     out += ["", "</details>", ""]
     return "\n".join(out)
+
+
+def _rebuild_section(result: dict[str, Any]) -> list[str]:
+    """The report.md section: the verdict of the rebuild and the first differing paths per layer."""
+    out = ["", "### Rebuild check (`builder rebuild --check`)", "",
+           f"{result['status']}: report {result['report']['manifest_digest']}, "
+           f"rebuild {result['rebuild']['manifest_digest']}"]
+    for layer in result.get("layers", []):
+        out += ["", f"- layer {layer['index']}: {layer['files']} paths differ"]
+        out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]
+    return out
 
 
 # ---------------------------------------------------------------- junit
