@@ -4,6 +4,7 @@ it, removes every container it holds and deletes its directories, also when the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -40,7 +41,10 @@ def second_engine() -> Iterator[Engine]:
     log = root / "dockerd.log"
     sock = root / "docker.sock"
     cmd = [dockerd, f"--data-root={root}/data", f"--exec-root={root}/exec", f"--pidfile={root}/docker.pid",
-           f"--host=unix://{sock}", "--bridge=none", "--iptables=false", "--ip-masq=false"]
+           f"--host=unix://{sock}", "--bridge=none", "--iptables=false", "--ip-masq=false",
+           f"--config-file={root}/daemon.json"]
+    # its own engine ID: 20.10 derives it from a key kept in /etc/docker unless the config names another
+    (root / "daemon.json").write_text(json.dumps({"deprecated-key-path": f"{root}/key.json"}))
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     engine = Engine(url=f"unix://{sock}", root=root, pid=proc.pid, log=log)
