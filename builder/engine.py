@@ -130,7 +130,7 @@ class _Progress:
         self.step_started = self.started
         self.image_id = ""
         self.error = ""
-        self.partial = ""  # a long line the engine split across stream chunks
+        self.partial = ""  # the engine may split one long output line over several stream chunks
 
     def line(self, text: str) -> None:
         self.log_file.write(text + "\n")
@@ -158,12 +158,11 @@ class _Progress:
 
     def chunk(self, chunk: dict[str, Any]) -> None:
         if "stream" in chunk:
-            text = self.partial + chunk["stream"]
-            lines = text.split("\n")
-            self.partial = lines.pop()  # "" when the chunk ended with a newline
-            for line in lines:
-                if line.strip():
-                    self.line(line.rstrip())
+            lines = (self.partial + chunk["stream"]).split("\n")
+            self.partial = lines.pop()
+            for text in lines:
+                if text.strip():
+                    self.line(text.rstrip())
         if "aux" in chunk and isinstance(chunk["aux"], dict) and chunk["aux"].get("ID"):
             self.image_id = chunk["aux"]["ID"]
         if "errorDetail" in chunk or "error" in chunk:

@@ -180,3 +180,16 @@ def test_unreachable_engine_is_an_infra_error(monkeypatch):
     with pytest.raises(InfraError) as err:
         engine.connect(Settings.from_env(), timeout=5)
     assert err.value.exit_code == 3 and "docker engine" in str(err.value)
+
+
+def test_progress_joins_a_line_split_over_stream_chunks(tmp_path):
+    """The engine may cut one long output line (the BUILD-ENV record) across chunks: it is read whole."""
+    record = '{"net": ["lo"], "mountinfo": ["' + "x" * 5000 + '"]}'
+    with open(tmp_path / "log", "w") as log_file:
+        progress = engine._Progress(log_file, echo=False)
+        for chunk in ("Step 1/1 : RUN [\"true\"]\n", " ---> Running in 0123\nBUILD-ENV " + record[:1000],
+                      record[1000:4000], record[4000:] + "\n", "tail without newline"):
+            progress.chunk({"stream": chunk})
+        progress.finish()
+    assert build.build_env(progress.steps) == json.loads(record)
+    assert progress.steps[-1].lines[-1] == "tail without newline"
