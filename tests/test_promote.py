@@ -18,7 +18,7 @@ RELEASE = "127.0.0.1:5000/tests-promote/unified"
 @pytest.fixture
 def accepted_by_digest(demo_accepted, docker_client, tmp_path):
     """An ACCEPTED report whose acceptance pulled the demo image by digest from a staging repository of
-    this test alone; returns (report.json path, staged ref, release tag)."""
+    this test alone; yields (report.json path, staged ref, release tag)."""
     pins, resolved, built, result = demo_accepted
     stage = f"127.0.0.1:5000/tests-promote/staging-{time.time_ns()}"
     ref = staging.push(built.manifest_digest, stage, pins.base.name, SETTINGS)
@@ -28,7 +28,15 @@ def accepted_by_digest(demo_accepted, docker_client, tmp_path):
     assert report.verdict == "ACCEPTED"
     tag = f"t{time.time_ns()}"
     report = report.model_copy(update={"repository": RELEASE, "tags": [tag]})
-    return report_mod.write(report, tmp_path)["json"], ref, tag
+    yield report_mod.write(report, tmp_path)["json"], ref, tag
+    # leave no manifest of this test behind: its staging repository and its release tag
+    reg, name = registry_for(ref)
+    for digest in {ref.partition("@")[2], reg.tag_digest(name, "run")} - {None}:
+        reg.delete_manifest(name, digest)
+    rel, rel_name = registry_for(RELEASE + "@x")
+    released = rel.tag_digest(rel_name, tag)
+    if released:
+        rel.delete_manifest(rel_name, released)
 
 
 def registry_for(ref):
