@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from builder import log
 from builder.errors import BuildFailed
+from builder.host import sha256_file
 from builder.options import Settings
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
@@ -282,7 +283,7 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
                 tmp = work / "layer.gz"
                 with open(tmp, "wb") as out:
                     new_id, _ = normalize_layer(raw_tars[diff_id], out, epoch)
-                digest = "sha256:" + _sha256_file(tmp)
+                digest = "sha256:" + sha256_file(tmp)
                 dest = blob_path(settings, digest)
                 tmp.replace(dest)
                 new_ids.append(new_id)
@@ -325,11 +326,3 @@ def _loaded(client: Any, image_id: str, tag: str) -> bool:
     except docker.errors.ImageNotFound:
         return False
     return bool(attrs.get("Id") == image_id)
-
-
-def _sha256_file(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            sha.update(block)
-    return sha.hexdigest()
