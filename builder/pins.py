@@ -64,6 +64,7 @@ RX = {
     "reason": r"[A-Za-z0-9(][A-Za-z0-9 .,:()/+_#@=-]{0,299}",
     "layout": r"([A-Za-z0-9_.+@-]|\{step\})+(/([A-Za-z0-9_.+@-]|\{step\})+)*",
     "tensor_pattern": r"[A-Za-z0-9_.*?\[\]-]{1,200}",
+    "engine": r"(unix://(/[A-Za-z0-9_.+@-]+)+|(tcp|ssh)://([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+(:[0-9]{1,5})?)",
 }
 URL_RX = [
     r"https?://[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9_.~%+-]+)+/?",
@@ -181,6 +182,8 @@ Metric = Annotated[str, _schema("metric"), AfterValidator(_check(
     "metric", "a metric name like 'training/rollout_probs_diff_max'"))]
 Reason = Annotated[str, _schema("reason"), AfterValidator(_check(
     "reason", "a one-line reason of letters, digits, spaces and .,:()/+_#@=-"))]
+Engine = Annotated[str, _schema("engine"), AfterValidator(_check(
+    "engine", "a Docker engine URL: unix:///path, tcp://host:port or ssh://user@host"))]
 
 
 def _gate(value: str) -> str:
@@ -252,6 +255,7 @@ class Strict(BaseModel):
 class Image(Strict):
     repository: Repository
     tags: Annotated[list[Tag], AfterValidator(_unique)] = []
+    staging: Repository | None = None  # where `builder run` pushes by digest; default <repository>-staging
 
 
 class Base(Strict):
@@ -513,6 +517,7 @@ class Acceptance(Strict):
     required_gates: Annotated[list[GateName], Field(min_length=1), AfterValidator(_unique)] = list(GATES)
     weights: Literal["metrics", "checkpoint", "none"] = "metrics"   # where weight evidence comes from
     checkpoint: Checkpoint | None = None
+    engine: Engine | None = None  # run the gates on this engine, pulled by digest; default: DOCKER_HOST
 
     @field_validator("mounts")
     @classmethod

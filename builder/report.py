@@ -167,7 +167,9 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
     base_name, _, base_digest = pins.base.image.partition("@")
     container = {
         "image_id": build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
-        "registry_digest": publish.digest if publish else UNKNOWN,
+        "registry_digest": publish.digest if publish else ((acceptance.pulled.get("digest") if acceptance else None)
+                                                           or UNKNOWN),
+        "pulled": (acceptance.pulled.get("ref") if acceptance else None) or UNKNOWN,
         "platform": publish.platform if publish and publish.platform != UNKNOWN else pins.base.platform,
         "base_image": base_name, "base_digest": base_digest or UNKNOWN,
         "produced_by": "Dockerfile build from exported commits (builder)" if build else UNKNOWN,
@@ -182,6 +184,7 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
         "aligned_env": dict(recipe.aligned_env), "control_env": dict(recipe.control_env),
         "container_env": _or_unknown(env),
         "engine": _or_unknown(acceptance.environment.get("engine") if acceptance else None),
+        "acceptance_engine": _or_unknown(acceptance.pulled.get("engine") if acceptance else None),
         "interpreter": _or_unknown(interpreter.get("executable") or (manifest or {}).get("python")),
         "python_version": _or_unknown(interpreter.get("version")),
         "site_packages": _or_unknown((prov.get("manifest") or {}).get("site_packages")
@@ -312,6 +315,8 @@ def to_markdown(report: Report) -> str:
         out += _table(["Repository", "Tags", "Digest", "Config digest", "Platform", "Verified", "Pushed at"],
                       [[pub.repository, ", ".join(pub.tags), _code(pub.digest), _code(pub.config_digest),
                         pub.platform, "yes" if pub.verified else "no", pub.pushed_at]])
+    if report.rebuild:
+        out += _rebuild_section(report.rebuild)
     out += ["", "<details><summary>Run manifest (six layers; unknown = not captured)</summary>", ""]
     rows = []
     for layer, content in report.run_manifest.items():
@@ -320,6 +325,17 @@ def to_markdown(report: Report) -> str:
     out += _table(["Layer", "Item", "Value"], rows)
     out += ["", "</details>", ""]
     return "\n".join(out)
+
+
+def _rebuild_section(result: dict[str, Any]) -> list[str]:
+    """The report.md section: the verdict of the rebuild and the first differing paths per layer."""
+    out = ["", "### Rebuild check (`builder rebuild --check`)", "",
+           f"{result['status']}: report {result['report']['manifest_digest']}, "
+           f"rebuild {result['rebuild']['manifest_digest']}"]
+    for layer in result.get("layers", []):
+        out += ["", f"- layer {layer['index']}: {layer['files']} paths differ"]
+        out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]
+    return out
 
 
 # ---------------------------------------------------------------- junit

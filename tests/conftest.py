@@ -204,3 +204,59 @@ def demo_accepted(demo_image):
 
     pins, resolved, _, built = demo_image
     return pins, resolved, built, accept.accept(built.image_id, pins, SETTINGS)
+
+
+# ---- a second Docker engine (tests/engines.py), shared by every test that needs one
+
+
+@pytest.fixture(scope="session")
+def second_engine(docker_client):
+    """URL of a second dockerd (own data root, exec root, pidfile, socket; no bridge) started for this
+    session; stopped, its containers removed and its directories deleted at the end, also on failure."""
+    import shutil
+
+    from tests.engines import second_engine as start
+
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        _docker_unavailable("a second dockerd needs the dockerd binary and root")
+    with start() as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def staged_demo(demo_image):
+    """The demo image pushed by digest to its staging repository: `<staging>@<manifest digest>`."""
+    from builder import staging
+
+    pins, _, _, built = demo_image
+    repo = staging.staging_repository(pins.image.repository, pins.image.staging)
+    return staging.push(built.manifest_digest, repo, pins.base.name, SETTINGS)
+
+
+@pytest.fixture(scope="session")
+def stamped_pins(demo_pins, tmp_path_factory):
+    """A demo variant whose verl-role build step stamps the wall-clock time into tinyrl/BUILD_TIME
+    (a setup.py on top of the pinned commit, as PR #90): a build input that varies."""
+    import pygit2
+    import yaml
+
+    from demo.prepare import variant_pins
+
+    out = tmp_path_factory.mktemp("stamped")
+    pins_path = variant_pins(out, pins_path=demo_pins)
+    data = yaml.safe_load(pins_path.read_text())
+    comp = data["components"]["verl"]
+    repo = pygit2.Repository(str(out / comp["url"]))
+    parent = repo.get(comp["commit"])
+    setup = (b"import os, time\nfrom setuptools import setup\nfrom setuptools.command.build_py import build_py\n\n\n"
+             b"class Stamp(build_py):\n    def run(self):\n        super().run()\n"
+             b"        with open(os.path.join(self.build_lib, 'tinyrl', 'BUILD_TIME'), 'w') as fh:\n"
+             b"            fh.write(str(time.time_ns()))\n\n\nsetup(cmdclass={'build_py': Stamp})\n")
+    builder = repo.TreeBuilder(parent.tree)
+    builder.insert("setup.py", repo.create_blob(setup), pygit2.GIT_FILEMODE_BLOB)
+    sig = pygit2.Signature("demo", "demo@example.invalid", 1735912800, 0)
+    commit = repo.create_commit(None, sig, sig, "build: stamp the build time", builder.write(), [parent.id])
+    repo.references.create("refs/pull/90/head", commit, force=True)
+    comp["commit"], comp["pr"] = str(commit), 90
+    pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return pins_path
