@@ -9,6 +9,8 @@ import traceback
 
 from acceptance.defaults import GATES, METRICS
 
+WEIGHT_GATES = ("zero_update", "rl_step")
+
 
 def run_gate(name: str, settings: dict) -> dict:
     start = time.time()
@@ -21,8 +23,22 @@ def run_gate(name: str, settings: dict) -> dict:
         from acceptance import decide, recipe
 
         metrics = {**METRICS, **(settings.get("metrics") or {})}
-        run, facts, log = recipe.run(settings, name)
-        status, reason, evidence = decide.DECISIONS[name](run, int(settings["steps"]), metrics)
+        steps = int(settings["steps"])
+        mode = settings.get("weights", "metrics") if name in WEIGHT_GATES else None
+        if mode == "checkpoint":
+            from acceptance import checkpoint
+
+            checkpoint.prepare(settings, name)
+            first = checkpoint.initial(settings)
+            run, facts, log = recipe.run(settings, name, checkpoint.overrides(settings, name))
+            hashed = time.time()
+            weights = {"mode": mode, "may_stay": settings["checkpoint"].get("may_stay") or [],
+                       "shots": [first, *checkpoint.steps(settings, name, steps)]}
+            facts["hash_seconds"] = round(time.time() - hashed, 3)
+        else:
+            run, facts, log = recipe.run(settings, name)
+            weights = {"mode": mode}
+        status, reason, evidence = decide.DECISIONS[name](run, steps, metrics, weights)
         evidence["run"] = facts
     evidence["seconds"] = round(time.time() - start, 3)
     return {"name": name, "status": status, "reason": reason, "evidence": evidence, "log": log}

@@ -6,6 +6,7 @@ non-zero exit is never a pass.
 import math
 from dataclasses import dataclass, field
 
+from acceptance import checkpoint
 from acceptance.metrics import disagreements, is_finite, number
 
 ZERO_KEYS = ("diff_max", "k3_kl")
@@ -72,11 +73,28 @@ def _checksums(run: Run, n_steps: int, metrics: dict):
     return pairs
 
 
-def zero_update(run: Run, n_steps: int, metrics: dict):
+def _by_weights(decision, weights: dict | None, evidence: dict, done: str):
+    """Weight verdict from the mode the pins select: 'none' is inconclusive, 'checkpoint' compares saved
+    weights (acceptance.checkpoint); None / 'metrics' returns None so the checksum metrics decide."""
+    mode = (weights or {}).get("mode", "metrics")
+    if mode == "none":
+        return "inconclusive", f"{done}, but weight evidence is off (acceptance.weights: none)", evidence
+    if mode == "checkpoint":
+        status, reason, extra = decision()
+        evidence["weights"] = extra
+        return status, (f"{done}; {reason}" if status == "pass" else reason), evidence
+    return None
+
+
+def zero_update(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
     evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
     reason = _basic(run, n_steps) or _exact_zero(run, n_steps, metrics)
     if reason:
         return "fail", reason, evidence
+    done = f"diff and k3 exactly 0 at steps 1..{n_steps}"
+    verdict = _by_weights(lambda: checkpoint.zero_update(weights["shots"]), weights, evidence, done)
+    if verdict:
+        return verdict
     sums = _checksums(run, n_steps, metrics)
     if sums is None:
         return ("inconclusive", f"diff and k3 exactly 0 at steps 1..{n_steps}, but the weight checksums "
@@ -92,7 +110,7 @@ def zero_update(run: Run, n_steps: int, metrics: dict):
     return "pass", f"diff and k3 exactly 0 at steps 1..{n_steps}; weights unchanged with lr 0", evidence
 
 
-def rl_step(run: Run, n_steps: int, metrics: dict):
+def rl_step(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
     evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
     reason = _basic(run, n_steps) or _exact_zero(run, n_steps, metrics)
     if reason:
@@ -107,6 +125,11 @@ def rl_step(run: Run, n_steps: int, metrics: dict):
                 return "fail", f"step {step}: {name} is {value!r}, expected a finite number", evidence
     evidence["throughput"] = mean_metric(run, n_steps, metrics["throughput"])
     evidence["throughput_steps"] = [run.steps[s].get(metrics["throughput"]) for s in range(1, n_steps + 1)]
+    done = f"diff and k3 exactly 0 at steps 1..{n_steps} after an update and reload; reward and loss finite"
+    verdict = _by_weights(lambda: checkpoint.rl_step(weights["shots"], weights.get("may_stay") or []),
+                          weights, evidence, done)
+    if verdict:
+        return verdict
     sums = _checksums(run, n_steps, metrics)
     if sums is None:
         return ("inconclusive", f"diff and k3 exactly 0 at steps 1..{n_steps}, but the weight checksums are not"
@@ -119,7 +142,7 @@ def rl_step(run: Run, n_steps: int, metrics: dict):
             f"(weights {sums[0][0]} -> {sums[0][1]}); reward and loss finite", evidence)
 
 
-def control(run: Run, n_steps: int, metrics: dict):
+def control(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
     evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
     reason = _basic(run, n_steps)
     if reason:

@@ -31,9 +31,10 @@ def arm(settings: dict, gate: str) -> tuple[dict, float]:
     raise ValueError(f"no recipe arm for gate {gate!r}")
 
 
-def command(settings: dict, lr: float, log_path: str) -> tuple[list[str], dict]:
-    """argv and env of one run: entry + overrides, steps and lr set, logger to console and file."""
-    overrides = dict(settings.get("overrides") or {})
+def command(settings: dict, lr: float, log_path: str, extra: dict | None = None) -> tuple[list[str], dict]:
+    """argv and env of one run: entry + overrides (+ extra, e.g. the checkpoint options), steps and lr set,
+    logger to console and file."""
+    overrides = {**(settings.get("overrides") or {}), **(extra or {})}
     overrides[settings["steps_key"]] = int(settings["steps"])
     overrides[settings["lr_key"]] = lr
     overrides[settings.get("logger_key", "trainer.logger")] = list(settings.get("logger", ["console", "file"]))
@@ -42,7 +43,7 @@ def command(settings: dict, lr: float, log_path: str) -> tuple[list[str], dict]:
     return argv, env
 
 
-def run(settings: dict, gate: str) -> tuple[Run, dict, str]:
+def run(settings: dict, gate: str, extra: dict | None = None) -> tuple[Run, dict, str]:
     """Run one arm; returns the parsed Run, the facts of the run (argv, env) and the console tail."""
     arm_env, lr = arm(settings, gate)
     work = Path(settings.get("work_dir", "/tmp/acceptance"))
@@ -50,11 +51,11 @@ def run(settings: dict, gate: str) -> tuple[Run, dict, str]:
     log_path = str(work / f"{gate}.jsonl")
     if os.path.exists(log_path):
         os.unlink(log_path)
-    argv, extra = command(settings, lr, log_path)
+    argv, log_env = command(settings, lr, log_path, extra)
     env = dict(os.environ)
     env.update({k: str(v) for k, v in (settings.get("env") or {}).items()})
     env.update({k: str(v) for k, v in arm_env.items()})
-    env.update(extra)
+    env.update(log_env)
     console_path = work / f"{gate}.console.log"
     with open(console_path, "w+b") as out:
         try:

@@ -15,7 +15,7 @@ from builder.constants import CACHE_ENV, GATES, LABEL_PREFIX, MANIFEST
 from builder.engine import Client
 from builder.errors import BadInput, InfraError
 from builder.options import Settings
-from builder.pins import Pins
+from builder.pins import TIMEOUT_S, Pins, check_mounts
 from builder.records import AcceptanceResult, GateResult
 
 LABEL = f"{LABEL_PREFIX}.acceptance"          # value: the run id; on every acceptance container
@@ -31,7 +31,17 @@ def gate_settings(pins: Pins, gate: str) -> dict[str, Any]:
             "steps": acc.steps, "steps_key": acc.steps_key, "lr_key": acc.lr_key, "lr": pins.rl_lr(),
             "logger_key": "trainer.logger", "logger": ["console", "file"],
             "metrics": acc.metrics.model_dump(), "cache_dir": CACHE, "work_dir": "/tmp/acceptance",
-            "manifest": MANIFEST}
+            "manifest": MANIFEST, "weights": acc.weights, "checkpoint": checkpoint_settings(pins)}
+
+
+def checkpoint_settings(pins: Pins) -> dict[str, Any] | None:
+    """Checkpoint mode: the recipe's save options, where it saves, the step layout and the model it loads."""
+    ckpt = pins.acceptance.checkpoint
+    if pins.acceptance.weights != "checkpoint" or ckpt is None:
+        return None
+    model_path = pins.recipe.overrides.get(ckpt.model_path_key) if ckpt.model_path_key else None
+    return {"overrides": dict(ckpt.overrides), "dir_key": ckpt.dir_key, "dir": ckpt.dir, "layout": ckpt.layout,
+            "model_path": str(model_path) if model_path is not None else None, "may_stay": list(ckpt.may_stay)}
 
 
 def _container_spec(pins: Pins, image_id: str, gate: str, settings: dict[str, Any], run_id: str) -> dict[str, Any]:
@@ -39,6 +49,10 @@ def _container_spec(pins: Pins, image_id: str, gate: str, settings: dict[str, An
 
     mounts = [docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=True)
               for m in pins.acceptance.mounts]
+    ckpt = pins.acceptance.checkpoint
+    if pins.acceptance.weights == "checkpoint" and ckpt is not None and ckpt.scratch:
+        # the only writable mount: where the recipe saves its checkpoints (pins: acceptance.checkpoint.scratch)
+        mounts.append(docker.types.Mount(target=ckpt.dir, source=ckpt.scratch, type="bind", read_only=False))
     spec: dict[str, Any] = {"image": image_id,
             "command": [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", json.dumps(settings)],
             "environment": dict(CACHE_ENV), "network_mode": "none", "tmpfs": dict(TMPFS), "mounts": mounts,
@@ -156,7 +170,10 @@ def accept(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] |
     unknown = [g for g in selected if g not in GATES]
     if unknown:
         raise BadInput(f"--gate: expected one of {', '.join(GATES)}, got {unknown[0]!r}")
+    if timeout_s is not None and not TIMEOUT_S[0] <= timeout_s <= TIMEOUT_S[1]:
+        raise BadInput(f"--timeout: expected seconds in {TIMEOUT_S[0]}..{TIMEOUT_S[1]}, got {timeout_s!r}")
     client = engine.connect(settings)
+    check_mounts(pins, client.info().get("DockerRootDir"))  # the engine's own data root, wherever it is
     full_id = _image_id(client, image_id)
     timeout = timeout_s or pins.acceptance.timeout_s
     run_id = run_id or uuid.uuid4().hex[:12]
@@ -179,6 +196,7 @@ def accept(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] |
                             "numeric_env": prov.evidence.get("environment")})
     container = {"image_id": full_id, "run_id": run_id, "label": f"{LABEL}={run_id}", "network": "none",
                  "tmpfs": TMPFS, "env": CACHE_ENV, "mounts": [m.model_dump() for m in pins.acceptance.mounts],
-                 "gpus": pins.acceptance.gpus, "timeout_s": timeout, "gates": facts}
+                 "gpus": pins.acceptance.gpus, "timeout_s": timeout, "gates": facts,
+                 "weights": pins.acceptance.weights, "checkpoint": checkpoint_settings(pins)}
     return AcceptanceResult(image_id=full_id, container=container, gates=results, environment=environment,
                             throughput=throughput(results, pins.acceptance.metrics.throughput))

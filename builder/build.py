@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from acceptance import procfs  # one mountinfo parser (proc(5)), also used in the image
-from builder import engine, log
+from builder import engine, log, normalize
 from builder.constants import BUILDER_VERSION
 from builder.dockerfile import instructions
 from builder.errors import BuildFailed
@@ -84,6 +84,15 @@ def steps_file(built: BuiltImage) -> Path:
     return Path(built.log_path[: -len(".log")] + ".steps.json")
 
 
+def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, settings: Settings) -> normalize.Normalized:
+    """Normalise the engine's image (builder/normalize.py) and load it under the SHA tag."""
+    from builder import staging
+
+    base_config, base_layers = staging.base_of(rendered.labels, settings)
+    epoch = normalize.epoch_of(rendered.labels["org.opencontainers.image.created"])
+    return normalize.normalize(client, raw_id, rendered.tag, base_config, base_layers, epoch, settings)
+
+
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
     """Send the rendered context to the engine (network none), tag it with the sha tag, record it."""
     client = engine.connect(settings)
@@ -102,21 +111,23 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
         raise BuildFailed(f"docker build {rendered.tag}: the build container was not isolated:"
                           f" {checked['problems'][0]}; log {log_path}", details=checked["problems"])
     check_labels(attrs, rendered.labels, rendered.tag)
-    if rendered.tag not in (attrs.get("RepoTags") or []):
-        engine.tag_image(client, result.image_id, rendered.tag)
-        attrs = engine.inspect_image(client, result.image_id) or attrs
+    norm = reproducible(client, result.image_id, rendered, settings)
+    attrs = engine.inspect_image(client, norm.image_id) or attrs
+    times = stage_times(rendered.dockerfile, result.steps, result.seconds)
+    times["normalise"] = norm.seconds
     built = BuiltImage(
-        image_id=result.image_id, tags=sorted(attrs.get("RepoTags") or []), size=int(attrs.get("Size") or 0),
+        image_id=norm.image_id, raw_image_id=result.image_id, manifest_digest=norm.manifest_digest,
+        source_date=normalize.iso(norm.source_date_epoch), tags=sorted(attrs.get("RepoTags") or []),
+        size=int(attrs.get("Size") or 0),
         created=str(attrs.get("Created", "")), engine_version=engine.engine_version(client),
         builder_version=BUILDER_VERSION, context_sha256=rendered.context_sha256,
         dockerfile_sha256=rendered.dockerfile_sha256,
-        stage_times=stage_times(rendered.dockerfile, result.steps, result.seconds),
-        log_path=result.log_path, cached=all_cached(result.steps), isolation=checked)
+        stage_times=times, log_path=result.log_path, cached=all_cached(result.steps), isolation=checked)
     steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached,
               "image": s.image} for s in result.steps]
     steps_file(built).write_text(json.dumps(steps, indent=2) + "\n")
     (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")  # the latest build
     (out_dir / "built.json").write_text(built.model_dump_json(indent=2) + "\n")
-    log.info(f"built {rendered.tag} {result.image_id[:19]} ({built.size / 1e6:.0f} MB,"
+    log.info(f"built {rendered.tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
              f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
     return built

@@ -23,6 +23,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 PinsArg = typer.Argument(..., help="pins file (YAML)")
 Offline = typer.Option(False, "--offline", help="use the mirror cache only; fetch nothing")
 AllowMoved = typer.Option(False, "--allow-moved-pr", help="accept a pinned commit the PR head moved past")
+SigningKey = typer.Option(None, "--key", help="ed25519 private key (PEM) that signs the attestations "
+                          "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
+EngineOpt = typer.Option(None, "--engine", help="run the gates on this Docker engine (unix://, tcp://, ssh://); "
+                         "it pulls the image by digest (default: the pins' acceptance.engine, else DOCKER_HOST)")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -151,33 +155,54 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
 @app.command()
 @handled
 def accept(pins_path: Path = PinsArg,
-           image: Optional[str] = typer.Option(None, "--image", help="image ID (default: build from the pins)"),
+           image: Optional[str] = typer.Option(None, "--image", help="image ID, or REPOSITORY@sha256:... to pull "
+                                               "(default: build from the pins)"),
+           engine: Optional[str] = EngineOpt,
            gate: Optional[list[str]] = typer.Option(None, "--gate", help="run only these gates"),
-           timeout: Optional[int] = typer.Option(None, "--timeout", help="seconds per gate (default: the pins')"),
+           timeout: Optional[int] = typer.Option(None, "--timeout", min=1, max=86_400,
+                                                 help="seconds per gate, 1..86400 (default: the pins')"),
            offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")) -> None:
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
-    report, _ = _accept_and_report(settings(), pins_path, image, gate, offline, allow_moved_pr, out, timeout)
+    report, _ = _accept_and_report(settings(), pins_path, image, gate, offline, allow_moved_pr, out, timeout, engine)
     if report.verdict != "ACCEPTED":
         raise typer.Exit(NotAccepted.exit_code)
 
 
 def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gates: list[str] | None,
                        offline: bool, allow_moved_pr: bool, out: Path | None,
-                       timeout: int | None = None) -> tuple[Report, Path]:
+                       timeout: int | None = None, engine_url: str | None = None,
+                       stage: bool = False, nocache: bool = False) -> tuple[Report, Path]:
     """Resolve, build unless an image is given, accept, write the report; the run directory is made
-    only once there is a report to put in it. Returns (report, run directory)."""
+    only once there is a report to put in it. With `stage` (or an engine URL) the build is pushed by
+    digest to the staging repository and acceptance pulls that digest. Returns (report, run directory)."""
+    from dataclasses import replace
+
     from builder import accept as accept_mod
     from builder import report as report_mod
+    from builder import staging
+    from builder.errors import BadInput
 
     pins, resolved = _load_and_resolve(pins_path, config, offline, allow_moved_pr)
+    engine_url = engine_url or pins.acceptance.engine
     built = None
     if image is None:
-        built = _build(_render(pins, resolved, config), config)
+        built = _build(_render(pins, resolved, config), config, nocache=nocache)
         image = built.image_id
+        if stage or engine_url:
+            repo = staging.staging_repository(pins.image.repository, pins.image.staging)
+            built.staged = image = staging.push(built.manifest_digest, repo, pins.base.name, config)
     with log.step("acceptance"):
-        result = accept_mod.accept(image, pins, config, gates=gates or None, timeout_s=timeout)
-    report = report_mod.make_report(pins, resolved, built, result, image_manifest=_image_manifest(config, image))
+        if "@sha256:" in image:
+            result = staging.accept_staged(image, pins, built.image_id if built else None, engine_url,
+                                           gates or None, timeout, config)
+        elif engine_url:
+            raise BadInput("--engine: expected --image REPOSITORY@sha256:<digest> (another engine pulls by digest)")
+        else:
+            result = accept_mod.accept(image, pins, config, gates=gates or None, timeout_s=timeout)
+    there = replace(config, docker_host=engine_url) if engine_url else config
+    report = report_mod.make_report(pins, resolved, built, result,
+                                    image_manifest=_image_manifest(there, result.image_id))
     run_dir = _run_dir(out, pins.name, config)
     paths = report_mod.write(report, run_dir)
     _print_verdict(report, paths)
@@ -223,7 +248,7 @@ def lock_cmd(pins_path: Path = PinsArg,
 @app.command("report")
 @handled
 def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a run"),
-               fmt: str = typer.Option("md", "--format", help="md | json | junit")) -> None:
+               fmt: str = typer.Option("md", "--format", help="md | json | junit | ctrf")) -> None:
     """Print a stored report as Markdown, JSON or JUnit XML."""
     from builder import report as report_mod
     from builder.errors import BadInput
@@ -233,46 +258,129 @@ def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a ru
         typer.echo(report.model_dump_json(indent=2))
     elif fmt == "junit":
         typer.echo(report_mod.to_junit(report))
+    elif fmt == "ctrf":
+        from builder.ctrf import to_ctrf
+
+        typer.echo(json.dumps(to_ctrf(report), indent=2))
     elif fmt == "md":
         typer.echo(report_mod.to_markdown(report))
     else:
-        raise BadInput(f"--format: expected md, json or junit, got {fmt[:40]!r}")
+        raise BadInput(f"--format: expected md, json, junit or ctrf, got {fmt[:40]!r}")
 
 
 @app.command()
 @handled
 def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
-            image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)")) -> None:
-    """Tag and push an ACCEPTED image, then verify the digest the registry serves."""
+            image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)"),
+            key: Optional[Path] = SigningKey) -> None:
+    """Tag and push an ACCEPTED image, verify the digest the registry serves, attach signed attestations."""
     from builder import publish as publish_mod
 
     with log.step("publish"):
-        receipt = publish_mod.publish(report_json, settings(), image=image)
+        receipt = publish_mod.publish(report_json, settings(), image=image, signing_key=key)
     typer.echo(receipt.model_dump_json(indent=2))
+
+
+@app.command()
+@handled
+def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose image to reproduce")) -> None:
+    """Rebuild from the pins alone with no cache; exit 0 when the digests are the same, 1 with a
+    per-layer file diff (also written into the report) when not."""
+    from builder import rebuild as rebuild_mod
+
+    result = rebuild_mod.check(check, settings())
+    typer.echo(json.dumps(result, indent=2))
+    if result["status"] != "same":
+        raise NotAccepted(f"{check}: rebuild gives {result['rebuild']['manifest_digest']}, the report has "
+                          f"{result['report']['manifest_digest']}; diff in {check}")
+    log.info(f"reproduced {result['report']['manifest_digest']}")
 
 
 @app.command()
 @handled
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
-        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")) -> None:
-    """Resolve, build, accept, report, and publish when asked. Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
+        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
+        key: Optional[Path] = SigningKey, engine: Optional[str] = EngineOpt,
+        nocache: bool = typer.Option(False, "--nocache", help="build every layer again")) -> None:
+    """Resolve, build, stage by digest, accept the pulled digest, report, and promote it when asked.
+    Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from builder import publish as publish_mod
 
     config = settings()
-    report, run_dir = _accept_and_report(config, pins_path, None, None, offline, allow_moved_pr, out)
+    report, run_dir = _accept_and_report(config, pins_path, None, None, offline, allow_moved_pr, out,
+                                         engine_url=engine, stage=True, nocache=nocache)
     log.info("timings: " + json.dumps(log.timings))
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{pins_path}: image {report.image_id} not accepted; see {run_dir / 'report.md'}")
     if publish:
         with log.step("publish"):
-            receipt = publish_mod.publish(run_dir / "report.json", config)
+            receipt = publish_mod.publish(run_dir / "report.json", config, signing_key=key)
         log.info(f"published {receipt.repository}@{receipt.digest}")
+    if report.build is not None:
+        typer.echo(f"manifest digest: {report.build.manifest_digest}")
     log.info(f"report: {run_dir / 'report.md'}")
 
 
-def main() -> None:
-    app()
+@app.command()
+@handled
+def keygen(private: Path = typer.Argument(..., help="private key file to write (mode 0600)"),
+           public: Optional[Path] = typer.Option(None, "--public", help="public key file (default: PRIVATE.pub)"),
+           ) -> None:
+    """Write an ed25519 key pair for signing attestations; prints the public key path and key ID."""
+    from builder import dsse
+
+    public = public or private.with_name(private.name + ".pub")
+    kid = dsse.keygen(private, public)
+    typer.echo(f"public key {public} (key ID {kid})")
+
+
+@app.command()
+@handled
+def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>"),
+           key: Path = typer.Option(..., "--key", help="ed25519 public key (PEM) the attestations must be signed with"),
+           ) -> None:
+    """Check the signed attestations of a published image. Exit 0 all pass, 1 naming the first failed check."""
+    from builder import attest, dsse
+    from builder import verify as verify_mod
+
+    public = dsse.load_public(key)
+    try:
+        outcome = verify_mod.verify(reference, public, settings())
+    except attest.AttestationError as err:
+        typer.echo(f"FAILED {err.check}: {err.detail}")
+        raise typer.Exit(1) from None
+    for line in outcome.passed:
+        typer.echo(f"ok  {line}")
+    typer.echo(f"VERIFIED {reference}")
+
+
+@app.command()
+@handled
+def nightly(pins_path: Path = PinsArg,
+            follow_prs: bool = typer.Option(False, "--follow-prs", help="move each component to its PR's current head"),
+            publish: bool = typer.Option(False, "--publish", help="publish and move the nightly tags if ACCEPTED"),
+            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
+            key: Optional[Path] = SigningKey) -> None:
+    """Rebuild and accept, then diff with the last accepted run of the same pins name.
+    Exit codes as `run`, plus 4 when accepted but a regression flag is up."""
+    from builder import nightly as nightly_mod
+
+    config = settings()
+
+    def accept_and_report(path: Path, out_dir: Path | None) -> tuple[Report, Path]:
+        return _accept_and_report(config, path, None, None, False, False, out_dir, stage=True)
+
+    code = nightly_mod.nightly(pins_path, config, follow_prs_=follow_prs, publish=publish, out=out, signing_key=key,
+                               accept_and_report=accept_and_report)
+    raise typer.Exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; a usage error (unknown option, missing argument) is one `error:` line, exit 2."""
+    from builder.usage import run_app
+
+    sys.exit(run_app(app, argv))
 
 
 if __name__ == "__main__":

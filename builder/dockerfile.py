@@ -10,6 +10,7 @@ from typing import Any
 import jinja2
 
 from builder import resources
+from builder.allowlist import NETWORK_RX
 from builder.errors import BadInput
 
 TEMPLATE = "unified.Dockerfile.j2"
@@ -56,7 +57,6 @@ def environment() -> jinja2.Environment:
 
 
 FROM_RX = re.compile(r"FROM [a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64} AS [a-z]+")
-NETWORK_RX = re.compile(r"https?://|ftp://|\bgit (clone|fetch|pull)\b|\bcurl\b|\bwget\b|\bpip download\b")
 
 
 def lint(dockerfile: str) -> list[str]:

@@ -48,12 +48,25 @@ def connect(settings: Settings, timeout: float | None = None) -> Client:
 
     try:
         client = docker.from_env(timeout=int(timeout or settings.build_timeout_s),
-                                 environment=settings.docker_environment())
+                                 environment=settings.docker_environment(),
+                                 use_ssh_client=(settings.docker_host or "").startswith("ssh://"))
         client.ping()
         return client
     except Exception as exc:  # DockerException, requests errors, socket errors
-        raise InfraError(f"docker engine: not reachable ({type(exc).__name__}: {str(exc)[:200]});"
+        where = f"docker engine {settings.docker_host}" if settings.docker_host else "docker engine"
+        raise InfraError(f"{where}: not reachable ({type(exc).__name__}: {str(exc)[:200]});"
                          " start it with `builder setup`") from None
+
+
+def facts(client: Client) -> dict[str, Any]:
+    """Who the engine is: ID, host name, version, and the GPU runtimes/resources it reports."""
+    info, version = client.info(), client.version()
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    return {"id": info.get("ID"), "host": info.get("Name"), "version": version.get("Version"),
+            "os": info.get("OperatingSystem"), "arch": info.get("Architecture"),
+            "gpus": {"runtimes": [r for r in runtimes if "nvidia" in r],
+                     "generic_resources": info.get("GenericResources") or []},
+            "data_root": info.get("DockerRootDir")}
 
 
 def engine_version(client: Client) -> str:

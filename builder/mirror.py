@@ -27,7 +27,7 @@ def mirror_path(settings: Settings, url: str) -> Path:
     """The mirror directory of a URL: readable name plus a short hash of the exact URL."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", url).strip("_.")[-60:] or "repo"
     digest = hashlib.sha256(url.encode()).hexdigest()[:12]
-    return settings.cache("mirrors") / f"{name}-{digest}.git"
+    return settings.cache_root / "mirrors" / f"{name}-{digest}.git"  # created only when fetching (not --offline)
 
 
 @contextmanager
@@ -68,6 +68,7 @@ def sync(settings: Settings, url: str, refs: dict[str, str],
     path = mirror_path(settings, url)
     if offline and not path.exists():
         raise BadInput(f"{url}: {OFFLINE_HINT}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     with locked(path):
         repo = pygit2.Repository(str(path)) if offline else _open_or_init(path)
         if not offline:
@@ -93,6 +94,7 @@ def ensure_commit(settings: Settings, url: str, sha: str, offline: bool = False)
     path = mirror_path(settings, url)
     if offline and not path.exists():
         raise BadInput(f"{url}: {OFFLINE_HINT}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     with locked(path):
         repo = pygit2.Repository(str(path)) if offline else _open_or_init(path)
         if sha in repo or offline:

@@ -11,6 +11,7 @@ CLI flags are the rest). The CLI calls `Settings.from_env()` and passes the obje
 | BUILDER_REGISTRY_TIMEOUT | 30 | seconds for a registry to answer (start-up and each HTTP call) |
 | BUILDER_BUILD_TIMEOUT | 3600 | HTTP read timeout of a build: a step may print nothing for minutes |
 | BUILDER_GIT_CONFIG | unset | a git config file included in every fetch, e.g. url.<base>.insteadOf mirrors (submodules too) |
+| BUILDER_SIGNING_KEY | unset | ed25519 private key (PEM) that signs the attestations on publish |
 | DOCKER_HOST | the local socket | which Docker engine (`unix://`, `tcp://`, `ssh://`) |
 | DOCKER_TLS_VERIFY / DOCKER_CERT_PATH | unset | TLS for a `tcp://` engine, as the Docker CLI reads them |
 """
@@ -81,8 +82,9 @@ class Settings:
     # the environment of `builder lock`'s pip/uv runs: the host's, minus its pip/uv configuration
     resolver_env: tuple[tuple[str, str], ...] = ()
     git_config: Path | None = None
-    # the environment of the git CLI fetches (ssh agent, proxies, HOME for credentials)
+    # the environment of the git CLI fetches (ssh agent, proxies, HOME for credentials; no BUILDER_*)
     git_env: tuple[tuple[str, str], ...] = ()
+    signing_key: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -104,7 +106,8 @@ class Settings:
             index_url=env.get("BUILDER_INDEX_URL") or "https://pypi.org/simple",
             resolver_env=_resolver_env(env),
             git_config=_git_config(env),
-            git_env=tuple(sorted(env.items())),
+            git_env=tuple(sorted((k, v) for k, v in env.items() if not k.startswith("BUILDER_"))),
+            signing_key=Path(env["BUILDER_SIGNING_KEY"]) if env.get("BUILDER_SIGNING_KEY") else None,
         )
 
     def docker_environment(self) -> dict[str, str]:

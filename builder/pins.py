@@ -3,10 +3,15 @@
 `load(path)` reads the YAML strictly (duplicate keys refused), validates it against the `Pins` model and
 turns any problem into one `BadInput` line: `<file>: <dotted.field>: <what was expected>`.
 Every string that can reach a Dockerfile or a shell is checked against a whitelist regex.
+Hostile input is bounded before it is walked (builder/yamlguard.py), image references follow the
+distribution grammar (builder/reference.py), pip options and env names pass allow-lists
+(builder/allowlist.py); error lines show values escaped and elided (builder/safetext.py).
 Regenerate the JSON Schema with `python -m builder.pins --schema > builder/schema/pins.schema.json`.
 """
 import hashlib
 import json
+import math
+import posixpath
 import re
 import sys
 from collections.abc import Callable
@@ -28,18 +33,18 @@ from pydantic import (
     model_validator,
 )
 
+from builder import allowlist, inputfile, reference, yamlguard
 from builder.constants import COMPONENTS, GATES, METRICS
 from builder.errors import BadInput
+from builder.safetext import clip, show
 
 # Whitelists (full match). None of them admits newline, quote, backslash, $, backtick, ; & | < > or space.
 SAFE = r"[A-Za-z0-9_.,:/=+@%-]"
 RX = {
     "name": r"[a-z0-9][a-z0-9._-]{0,127}",
-    "repository": r"(localhost|[a-z0-9][a-z0-9-]*(\.[a-z0-9-]+)+|[a-z0-9][a-z0-9.-]*:[0-9]{1,5})"
-                  r"(/[a-z0-9]+([._-]+[a-z0-9]+)*)+",
-    "tag": r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}",
-    "base_image": r"[a-z0-9][a-z0-9.-]*(:[0-9]{1,5})?(/[a-z0-9]+([._-]+[a-z0-9]+)*)*"
-                  r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}",
+    "repository": reference.NAME,
+    "tag": reference.TAG,
+    "base_image": rf"{reference.NAME}(:{reference.TAG})?@{reference.SHA256}",
     "python": r"3\.[0-9]{1,2}",
     "abs_path": r"(/[A-Za-z0-9_.+@-]+)+",
     "rel_path": r"[A-Za-z0-9_.+@][A-Za-z0-9_.+@-]*(/[A-Za-z0-9_.+@-]+)*",
@@ -57,6 +62,9 @@ RX = {
     "override_key": r"\+?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
     "metric": r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,127}",
     "reason": r"[A-Za-z0-9(][A-Za-z0-9 .,:()/+_#@=-]{0,299}",
+    "layout": r"([A-Za-z0-9_.+@-]|\{step\})+(/([A-Za-z0-9_.+@-]|\{step\})+)*",
+    "tensor_pattern": r"[A-Za-z0-9_.*?\[\]-]{1,200}",
+    "engine": r"(unix://(/[A-Za-z0-9_.+@-]+)+|(tcp|ssh)://([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+(:[0-9]{1,5})?)",
 }
 URL_RX = [
     r"https?://[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?(/[A-Za-z0-9_.~%+-]+)+/?",
@@ -65,10 +73,16 @@ URL_RX = [
     r"file://" + RX["abs_path"],
     RX["abs_path"],  # a plain absolute path, as git accepts it
 ]
-# pip options that would change where packages come from or where they land (the lock decides that)
-PIP_DENIED = {"-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--trusted-host", "-r",
-              "--requirement", "-c", "--constraint", "-e", "--editable", "-t", "--target", "--prefix",
-              "--root", "--user", "--src", "--config-settings"}
+# documented ranges (README "Pins")
+STEPS = (2, 100_000)       # the gate timeout bounds the wall time
+TIMEOUT_S = (1, 86_400)
+GPUS = (0, 64)
+LR = (0.0, 10.0)            # the rl_step learning rate: finite, > 0 and at most 10
+SHAREABLE = ("url", "commit", "distribution")
+# host paths a gate must never see: the whole host, the engine, kernel interfaces, devices
+MOUNT_REFUSED = ("/proc", "/sys", "/dev", "/var/lib/docker", "/var/lib/containerd", "/run/docker.sock",
+                 "/var/run/docker.sock", "/run/containerd", "/var/run/containerd", "/run/docker",
+                 "/var/run/docker", "/etc", "/boot", "/root")
 
 
 def _match(kind: str, value: str) -> bool:
@@ -80,9 +94,9 @@ def _check(kind: str, what: str) -> Callable[[str], str]:
 
     def check(value: str) -> str:
         if not _match(kind, value):
-            raise ValueError(f"expected {what}, got {value!r}")
+            raise ValueError(f"expected {what}, got {show(value)}")
         if kind not in ("pip_arg", "token") and value.startswith("-"):
-            raise ValueError(f"expected {what} not starting with '-', got {value!r}")
+            raise ValueError(f"expected {what} not starting with '-', got {show(value)}")
         return value
 
     return check
@@ -98,12 +112,55 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
+def _int_only(value: Any) -> Any:
+    """An integer as written (1, not 1.0 or true)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {show(value)}")
+    return value
+
+
+def _ranged(low: int, high: int, what: str) -> BeforeValidator:
+    def check(value: Any) -> Any:
+        _int_only(value)
+        if not low <= value <= high:
+            raise ValueError(f"expected {what} in {low}..{high}, got {show(value)}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _range_schema(low: int, high: int) -> WithJsonSchema:
+    return WithJsonSchema({"type": "integer", "minimum": low, "maximum": high})
+
+
+def _repository(value: str) -> str:
+    try:
+        reference.parse(value, need_domain=True, allow_tag=False, allow_digest=False)
+    except ValueError as exc:
+        raise ValueError(f"expected a registry host[:port]/path without tag or digest,"
+                         f" like '127.0.0.1:5000/demo/unified': {exc}") from None
+    return value
+
+
+def _tag(value: str) -> str:
+    return reference.check_tag(value)
+
+
+def _env_name(value: str) -> str:
+    return allowlist.check_env_name(value)
+
+
+def _shareable(value: str) -> str:
+    if value not in SHAREABLE:
+        raise ValueError(f"expected one of {', '.join(SHAREABLE)}, got {show(value)}")
+    return value
+
+
 Name = Annotated[str, _schema("name"), AfterValidator(_check(
     "name", "a lowercase name like 'demo-true-on-policy'"))]
-Repository = Annotated[str, _schema("repository"), AfterValidator(_check(
-    "repository", "a registry host[:port]/path without tag or digest, like '127.0.0.1:5000/demo/unified'"))]
-Tag = Annotated[str, _schema("tag"), AfterValidator(_check(
-    "tag", "an image tag of [A-Za-z0-9_.-], at most 128 characters"))]
+Repository = Annotated[str, WithJsonSchema({"type": "string", "pattern": f"^{RX['repository']}$",
+                                            "maxLength": reference.NAME_MAX}), AfterValidator(_repository)]
+Tag = Annotated[str, _schema("tag"), AfterValidator(_tag)]
 AbsPath = Annotated[str, _schema("abs_path"), AfterValidator(_check(
     "abs_path", "an absolute path of [A-Za-z0-9_.+@-] segments"))]
 Branch = Annotated[str, _schema("branch"), AfterValidator(_check(
@@ -115,7 +172,7 @@ Version = Annotated[str, _schema("version"), AfterValidator(_check(
 Module = Annotated[str, _schema("module"), AfterValidator(_check(
     "module", "a dotted import name like 'megatron.core'"))]
 EnvName = Annotated[str, _schema("env_name"), AfterValidator(_check(
-    "env_name", "an env var name matching [A-Z_][A-Z0-9_]*"))]
+    "env_name", "an env var name matching [A-Z_][A-Z0-9_]*")), AfterValidator(_env_name)]
 EnvValue = Annotated[str, _schema("env_value"), AfterValidator(_check(
     "env_value", "an env value of [A-Za-z0-9_.,:/=+@%-] (single inner spaces allowed)"))]
 Token = Annotated[str, _schema("token"), AfterValidator(_check(
@@ -126,6 +183,10 @@ Metric = Annotated[str, _schema("metric"), AfterValidator(_check(
     "metric", "a metric name like 'training/rollout_probs_diff_max'"))]
 Reason = Annotated[str, _schema("reason"), AfterValidator(_check(
     "reason", "a one-line reason of letters, digits, spaces and .,:()/+_#@=-"))]
+Engine = Annotated[str, _schema("engine"), AfterValidator(_check(
+    "engine", "a Docker engine URL: unix:///path, tcp://host:port or ssh://user@host"))]
+
+
 def _gate(value: str) -> str:
     if value not in GATES:
         raise ValueError(f"expected one of {', '.join(GATES)}, got {value!r}")
@@ -133,38 +194,46 @@ def _gate(value: str) -> str:
 
 
 GateName = Annotated[str, AfterValidator(_gate), WithJsonSchema({"type": "string", "enum": list(GATES)})]
+Shareable = Annotated[str, AfterValidator(_shareable), WithJsonSchema({"type": "string", "enum": list(SHAREABLE)})]
 PosInt = Annotated[int, BeforeValidator(_no_bool), Field(strict=True, gt=0)]
 Env = dict[EnvName, EnvValue]
+BuildEnv = dict[EnvName, Annotated[EnvValue, AfterValidator(allowlist.check_build_env_value)]]  # ENV lines
 
 
 def _commit(value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"expected a full 40-hex commit SHA as a quoted string, got {value!r}")
+        raise ValueError(f"expected a full 40-hex commit SHA as a quoted string, got {show(value)}")
     if not re.fullmatch(RX["commit"], value):
-        raise ValueError(f"expected a full 40-hex commit SHA, got {value!r}")
+        raise ValueError(f"expected a full 40-hex commit SHA, got {show(value)}")
     return value
 
 
 def _pip_arg(value: str) -> str:
-    if not _match("pip_arg", value):
-        raise ValueError(f"expected a pip option like '--no-deps' or '--opt=value', got {value!r}")
-    if value.split("=", 1)[0] in PIP_DENIED:
-        raise ValueError(f"expected a pip option that keeps the lock's sources and install location, got {value!r}")
-    return value
+    return allowlist.check_pip_arg(value)
 
 
 def _base_image(value: str) -> str:
-    if not _match("base_image", value):
-        raise ValueError(f"expected name[:tag]@sha256:<64 lowercase hex> (a digest; tags alone move), got {value!r}")
+    try:
+        ref = reference.parse(value, need_digest=True)
+    except ValueError as exc:
+        raise ValueError(f"expected name[:tag]@sha256:<64 lowercase hex>: {exc}") from None
+    if value != value.lower() or ref.domain.startswith("["):  # what FROM takes (render's BASE_RX)
+        raise ValueError("expected lowercase, and a registry host name or IPv4 address (the Dockerfile FROM"
+                         f" form), got {show(value)}")
     return value
 
 
 def _inside(directory: Path, relative: str) -> Path:
     """Resolve `relative` against `directory` (symlinks followed); refuse anything that lands outside."""
-    root = directory.resolve()
-    target = (root / relative).resolve()
+    try:
+        root = directory.resolve()
+        target = (root / relative).resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        raise ValueError(f"expected a path inside {show(str(directory), 80)}, got {show(relative)}"
+                         " (a symlink loop)") from None
     if target != root and root not in target.parents:
-        raise ValueError(f"expected a path inside {root}, got {relative!r} (resolves to {target})")
+        raise ValueError(f"expected a path inside {show(str(root), 80)}, got {show(relative)}"
+                         f" (resolves to {show(str(target), 80)})")
     return target
 
 
@@ -176,7 +245,7 @@ def _directory(info: ValidationInfo) -> Path:
 def _unique(values: list) -> list:
     seen = [v for i, v in enumerate(values) if v in values[:i]]
     if seen:
-        raise ValueError(f"expected unique entries, got {seen[0]!r} twice")
+        raise ValueError(f"expected unique entries, got {show(seen[0])} twice")
     return values
 
 
@@ -187,6 +256,7 @@ class Strict(BaseModel):
 class Image(Strict):
     repository: Repository
     tags: Annotated[list[Tag], AfterValidator(_unique)] = []
+    staging: Repository | None = None  # where `builder run` pushes by digest; default <repository>-staging
 
 
 class Base(Strict):
@@ -216,8 +286,12 @@ class Base(Strict):
 
 class Install(Strict):
     pip_args: list[Annotated[str, AfterValidator(_pip_arg),
-                             WithJsonSchema({"type": "string", "pattern": f"^{RX['pip_arg']}$"})]] = []
-    env: Env = {}
+                             WithJsonSchema({"type": "string", "enum": sorted(allowlist.PIP_FLAGS)}
+                                            if not allowlist.PIP_VALUED else
+                                            {"anyOf": [{"enum": sorted(allowlist.PIP_FLAGS)}] + [
+                                                {"type": "string", "pattern": f"^{k}=({v})$"}
+                                                for k, v in sorted(allowlist.PIP_VALUED.items())]})]] = []
+    env: BuildEnv = {}
 
 
 class Component(Strict):
@@ -239,13 +313,13 @@ class Component(Strict):
             _inside(_directory(info), value)
             return value
         raise ValueError("expected https://, http://, ssh://, git@host:path, file:///abs, /abs or a path"
-                         f" relative to the pins file's directory, got {value!r}")
+                         f" relative to the pins file's directory, got {show(value)}")
 
     @field_validator("target")
     @classmethod
     def _target(cls, value: str) -> str:
         if ".." in value or "//" in value or value.endswith(("/", ".", ".lock")):
-            raise ValueError(f"expected a valid git branch name, got {value!r}")
+            raise ValueError(f"expected a valid git branch name, got {show(value)}")
         return value
 
 
@@ -271,7 +345,7 @@ class Compat(Strict):
 
 
 class Build(Strict):
-    env: Env = {}
+    env: BuildEnv = {}
     lock: Annotated[str, WithJsonSchema({"type": "string", "pattern": f"^{RX['rel_path']}$"})]
     constraints: Annotated[list[Distribution], AfterValidator(_unique)] = []
 
@@ -279,10 +353,12 @@ class Build(Strict):
     @classmethod
     def _lock(cls, value: str, info: ValidationInfo) -> str:
         if not _match("rel_path", value):
-            raise ValueError(f"expected a path relative to the pins file's directory, got {value!r}")
+            raise ValueError(f"expected a path relative to the pins file's directory, got {show(value)}")
         path = _inside(_directory(info), value)
-        if not path.is_file():
-            raise ValueError(f"expected an existing lock file, {path} does not exist")
+        try:
+            inputfile.read_text(path, "lock file", LOCK_MAX_BYTES)
+        except BadInput as exc:
+            raise ValueError(f"expected an existing lock file (regular, UTF-8): {exc}") from None
         return value
 
 
@@ -291,7 +367,9 @@ def _override_value(value: Any) -> Any:
     items = value if isinstance(value, list) else [value]
     for item in items:
         if not isinstance(item, scalars) or (isinstance(item, str) and not _match("token", item)):
-            raise ValueError(f"expected a scalar or a list of scalars (strings of {SAFE}), got {value!r}")
+            raise ValueError(f"expected a scalar or a list of scalars (strings of {SAFE}), got {show(value)}")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"expected a finite number, got {show(value)}")
     return value
 
 
@@ -320,7 +398,7 @@ class Recipe(Strict):
     @classmethod
     def _entry(cls, value: list[str]) -> list[str]:
         if value[0].startswith("-"):
-            raise ValueError(f"expected a program as the first word, got {value[0]!r}")
+            raise ValueError(f"expected a program as the first word, got {show(value[0])}")
         return value
 
 
@@ -335,31 +413,134 @@ class Metrics(Strict):
     throughput: Metric = METRICS["throughput"]
 
 
+def _mount_source(value: str) -> str:
+    """Normalised (`/etc/..` is `/`); `/`, the engine's socket and data root, /proc, /sys, /dev and the
+    like are refused, and so is any folder above one of them (mounting /var shows /var/run/docker.sock)."""
+    clean = normal_path(value)
+    paths = [clean]
+    try:
+        real = str(Path(clean).resolve())  # a symlink on this host pointing at one of them
+        if real != clean:
+            paths.append(real)
+    except (OSError, RuntimeError):
+        raise ValueError(f"expected a mountable host path, got {show(value)} (a symlink loop)") from None
+    for path in paths:
+        for bad in MOUNT_REFUSED:
+            if path == "/" or path == bad or path.startswith(bad + "/") or bad.startswith(path + "/"):
+                shown = f"{show(value)} (that is {show(path)})" if path != value else show(value)
+                raise ValueError(f"expected a host path away from {bad}; mounting {shown} exposes the host"
+                                 " or the engine")
+        if path.endswith(".sock"):
+            raise ValueError(f"expected a data folder, got the socket {show(value)}")
+    return value
+
+
+def _mount_target(value: str) -> str:
+    clean = normal_path(value)
+    if clean == "/" or any(clean == p or clean.startswith(p + "/") for p in ("/proc", "/sys", "/dev")):
+        raise ValueError(f"expected a target folder inside the container, got {show(value)} (that is {show(clean)})")
+    return value
+
+
+def check_mounts(pins: "Pins", data_root: str | None) -> None:
+    """At acceptance: no mount source may be, hold or sit inside the engine's data root (`docker info`)."""
+    if not data_root:
+        return
+    root = normal_path(data_root)
+    sources = [(f"acceptance.mounts[{i}].source", m.source) for i, m in enumerate(pins.acceptance.mounts)]
+    checkpoint = pins.acceptance.checkpoint
+    if checkpoint is not None and checkpoint.scratch:
+        sources.append(("acceptance.checkpoint.scratch", checkpoint.scratch))
+    for field, source in sources:
+        for path in {normal_path(source), str(Path(normal_path(source)).resolve())}:
+            if path == root or path.startswith(root + "/") or root.startswith(path.rstrip("/") + "/"):
+                raise BadInput(clip(f"{pins.path}: {field}: {show(source)} exposes"
+                                    f" the engine's data root {show(root)}; refusing"))
+
+
+def normal_path(value: str) -> str:
+    """`/a/./b/../c` -> `/a/c`; `//x` -> `/x` (POSIX keeps a leading `//`; the engine does not)."""
+    clean = posixpath.normpath(value)
+    return "/" + clean.lstrip("/")
+
+
 class Mount(Strict):
     """Always mounted read-only; there is no mode field on purpose."""
-    source: AbsPath
-    target: AbsPath
+    source: Annotated[AbsPath, AfterValidator(_mount_source)]
+    target: Annotated[AbsPath, AfterValidator(_mount_target)]
+
+
+Layout = Annotated[str, _schema("layout"), AfterValidator(_check(
+    "layout", "a relative path with {step}"))]
+TensorPattern = Annotated[str, _schema("tensor_pattern"), AfterValidator(_check(
+    "tensor_pattern", "a tensor-name glob like 'model.norm.*'"))]
+
+
+def _layout(value: str) -> str:
+    if value.count("{step}") != 1 or ".." in value.split("/"):
+        raise ValueError(f"expected a relative path with one {{step}}, like 'global_step_{{step}}/actor',"
+                         f" got {value!r}")
+    return value
+
+
+class Checkpoint(Strict):
+    """acceptance.weights = checkpoint: the recipe's own options that save the actor weights every step."""
+    overrides: Annotated[dict[OverrideKey, OverrideValue], Field(min_length=1)]
+    dir_key: OverrideKey = "trainer.default_local_dir"
+    dir: AbsPath = "/tmp/acceptance/checkpoints"     # in the container: the /tmp tmpfs, or `scratch` mounted here
+    # host directory mounted read-write at `dir`; checked like the read-only mounts' sources
+    scratch: Annotated[AbsPath, AfterValidator(_mount_source)] | None = None
+    layout: Annotated[Layout, AfterValidator(_layout)] = "global_step_{step}/actor/huggingface"
+    model_path_key: OverrideKey | None = "actor_rollout_ref.model.path"
+    may_stay: list[TensorPattern] = []
+
+    @model_validator(mode="after")
+    def _where(self) -> "Checkpoint":
+        if self.dir_key in self.overrides:
+            raise ValueError(f"overrides: expected no {self.dir_key} (dir_key; the suite sets it per gate)")
+        in_tmpfs = self.dir == "/tmp" or self.dir.startswith("/tmp/")
+        if self.scratch is None and not in_tmpfs:
+            raise ValueError(f"dir: expected a path under the /tmp tmpfs unless scratch is set, got {self.dir!r}")
+        if self.scratch is not None and (in_tmpfs or self.dir == "/cache" or self.dir.startswith("/cache/")):
+            raise ValueError("dir: expected a path outside the tmpfs mounts (/tmp, /cache) for a scratch mount,"
+                             f" got {self.dir!r}")
+        return self
 
 
 class Acceptance(Strict):
-    steps: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=2)] = 2
+    steps: Annotated[int, _ranged(*STEPS, "a step count"), _range_schema(*STEPS)] = 2
     steps_key: OverrideKey = "trainer.total_training_steps"
     lr_key: OverrideKey = "actor_rollout_ref.actor.optim.lr"
-    timeout_s: PosInt = 900
-    gpus: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=0)] = 0
+    timeout_s: Annotated[int, _ranged(*TIMEOUT_S, "seconds per gate"), _range_schema(*TIMEOUT_S)] = 900
+    gpus: Annotated[int, _ranged(*GPUS, "a GPU count"), _range_schema(*GPUS)] = 0
     mounts: list[Mount] = []
     metrics: Metrics = Metrics()
-    required_gates: Annotated[list[GateName], AfterValidator(_unique)] = list(GATES)
+    required_gates: Annotated[list[GateName], Field(min_length=1), AfterValidator(_unique)] = list(GATES)
+    weights: Literal["metrics", "checkpoint", "none"] = "metrics"   # where weight evidence comes from
+    checkpoint: Checkpoint | None = None
+    engine: Engine | None = None  # run the gates on this engine, pulled by digest; default: DOCKER_HOST
 
     @field_validator("mounts")
     @classmethod
     def _targets(cls, value: list[Mount]) -> list[Mount]:
-        _unique([m.target for m in value])
+        _unique([normal_path(m.target) for m in value])
         return value
+
+    @model_validator(mode="after")
+    def _checkpoint(self) -> "Acceptance":
+        if self.weights == "checkpoint" and self.checkpoint is None:
+            raise ValueError("checkpoint: expected the recipe's checkpoint options when weights is 'checkpoint'")
+        return self
+
+
+class Nightly(Strict):
+    """`builder nightly`: regression threshold on the throughput ratio and how many nightly-* tags to keep."""
+    regression_threshold: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, lt=1)] = 0.05
+    retention: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=1)] = 7
 
 
 class Pins(Strict):
-    schema_version: Annotated[Literal[1], BeforeValidator(_no_bool)]
+    schema_version: Annotated[Literal[1], BeforeValidator(_int_only)]
     name: Name
     image: Image
     base: Base
@@ -368,6 +549,9 @@ class Pins(Strict):
     build: Build
     recipe: Recipe
     acceptance: Acceptance = Acceptance()
+    # components must differ in url, commit and distribution unless named here (the report shows it)
+    shared: Annotated[list[Shareable], AfterValidator(_unique)] = []
+    nightly: Nightly = Nightly()
 
     _path: Path = PrivateAttr(default=Path())
     _sha256: str = PrivateAttr(default="")
@@ -376,21 +560,42 @@ class Pins(Strict):
     def _cross_checks(self) -> "Pins":
         key, overrides = self.acceptance.lr_key, self.recipe.overrides
         lr = overrides.get(key)
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-            raise ValueError(f"recipe.overrides[{key}]: expected a learning rate > 0 (acceptance.lr_key),"
-                             f" got {lr!r}")
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) \
+                or not LR[0] < lr <= LR[1]:
+            raise ValueError(f"recipe.overrides[{key}]: expected a finite learning rate in ({LR[0]:g}, {LR[1]:g}]"
+                             f" (acceptance.lr_key), got {show(lr)}")
         steps = overrides.get(self.acceptance.steps_key)
-        if steps is not None and steps != self.acceptance.steps:
+        if steps is not None and (isinstance(steps, bool) or steps != self.acceptance.steps):
             raise ValueError(f"recipe.overrides[{self.acceptance.steps_key}]: expected {self.acceptance.steps}"
-                             f" (acceptance.steps), got {steps!r}")
+                             f" (acceptance.steps), got {show(steps)}")
         if set(self.recipe.aligned_env) != set(self.recipe.control_env):
             raise ValueError("recipe.control_env: expected the same keys as recipe.aligned_env")
         if self.recipe.aligned_env == self.recipe.control_env:
             raise ValueError("recipe.control_env: expected at least one value that differs from aligned_env")
         both = set(self.recipe.env) & set(self.recipe.aligned_env)
         if both:
-            raise ValueError(f"recipe.env: expected no key also set by aligned_env/control_env, got {sorted(both)}")
+            raise ValueError(f"recipe.env: expected no key also set by aligned_env/control_env, got {show(sorted(both))}")
+        self._distinct()
         return self
+
+    def _distinct(self) -> None:
+        """Two components with the same URL, commit or distribution are one component twice, unless
+        `shared` names that field."""
+        for what in SHAREABLE:
+            if what in self.shared:
+                continue
+            seen: dict[str, str] = {}
+            for name, comp in self.components.items():
+                value = getattr(comp, what)
+                if what == "url":
+                    value = value.rstrip("/").removesuffix(".git").lower()
+                if what == "distribution":
+                    value = re.sub(r"[-_.]+", "-", value).lower()
+                if value in seen:
+                    raise ValueError(f"components.{name}.{what}: expected a different {what} from"
+                                     f" components.{seen[value]} (or list {what!r} under 'shared'),"
+                                     f" got {show(getattr(comp, what))}")
+                seen[value] = name
 
     @property
     def path(self) -> Path:
@@ -420,44 +625,15 @@ class Pins(Strict):
         return self.model_dump(mode="json")
 
 
-# ---- YAML: strict loading ----
+# ---- YAML: bounded, strict loading (builder/yamlguard.py) ----
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads 1e-6 as a float (YAML 1.1 wants 1.0e-6), like Hydra does."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-def _duplicates(node: yaml.Node, path: str = "") -> None:
-    """Walk the composed tree; raise on the first mapping that repeats a key."""
-    if isinstance(node, yaml.MappingNode):
-        seen: dict = {}
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node)
-            where = f"{path}.{key}" if path else str(key)
-            if key in seen:
-                raise BadInput(f"{where}: duplicate key (lines {seen[key]} and {key_node.start_mark.line + 1})")
-            seen[key] = key_node.start_mark.line + 1
-            _duplicates(value_node, where)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _duplicates(item, f"{path}[{i}]")
+MAX_BYTES = yamlguard.MAX_BYTES
+LOCK_MAX_BYTES = 16 * 1024 * 1024
 
 
 def read_yaml(text: str) -> Any:
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        _duplicates(node)
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
+    """Parse pins YAML: limits, forbidden characters, duplicate keys (BadInput), YAML errors (yaml.YAMLError)."""
+    return yamlguard.load_text(text)
 
 
 def _where(loc: tuple) -> str:
@@ -508,8 +684,8 @@ def _one_line(exc: ValidationError) -> str:
         if kind == "string_type":
             text += " (quote it in YAML)"
         if isinstance(value, (str, int, float, bool)) or value is None:
-            text += f", got {value!r}"
-    where = _where(err["loc"])
+            text += f", got {show(value)}"
+    where = show(_where(err["loc"]), 80)[1:-1]
     line = f"{where}: {text}" if where else text
     if len(errors) > 1:
         line += f" (and {len(errors) - 1} more)"
@@ -523,26 +699,22 @@ def validate(data: Any, directory: Path, label: str = "<pins>") -> Pins:
     try:
         return Pins.model_validate(data, context={"directory": Path(directory)})
     except ValidationError as exc:
-        raise BadInput(f"{label}: {_one_line(exc)}") from None
+        raise BadInput(clip(f"{label}: {_one_line(exc)}")) from None
 
 
 def load(path: str | Path) -> Pins:
-    label = str(path)
-    try:
-        raw = Path(path).read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise BadInput(f"{label}: cannot read the pins file: {reason}") from None
+    label = show(str(path), 120)[1:-1]
+    raw = inputfile.read_bytes(path, "pins file", MAX_BYTES)
+    text = inputfile.decode(raw, str(path), "pins file")
     try:
         data = read_yaml(text)
     except BadInput as exc:
-        raise BadInput(f"{label}: {exc}") from None
-    except yaml.YAMLError as exc:
+        raise BadInput(clip(f"{label}: {exc}")) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}: " if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise BadInput(f"{label}: {at}invalid YAML: {problem}") from None
+        raise BadInput(clip(f"{label}: {at}invalid YAML: {problem}")) from None
     absolute = Path(path).resolve()
     pins = validate(data, absolute.parent, label)
     pins._path = absolute

@@ -7,12 +7,14 @@ BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD (or `credentials`) and are
 """
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
-from builder import engine, log
+from builder import attest, engine, log, staging, trust
 from builder import report as report_mod
+from builder.constants import MANIFEST
 from builder.engine import Client
 from builder.errors import PublishError
 from builder.options import Settings
@@ -70,11 +72,14 @@ def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | Non
     return digest
 
 
-def publish(report_path: str | Path, settings: Settings, image: str | None = None) -> PublishReceipt:
-    """Tag and push the image of an ACCEPTED report, verify it through the registry API, record the receipt."""
+def publish(report_path: str | Path, settings: Settings, image: str | None = None,
+            signing_key: Path | None = None) -> PublishReceipt:
+    """Give the accepted digest of an ACCEPTED report its release tags (promote from staging, or push the
+    accepted local image), verify it through the registry API, attach signed attestations, record the receipt."""
     report_path = Path(report_path)
     report = report_mod.load(report_path)
     where = str(report_path)
+    trust.check(report, where)  # the evidence and the pins file, not the verdict field (BadInput, exit 2)
     check_accepted(report, where)
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")
@@ -83,35 +88,56 @@ def publish(report_path: str | Path, settings: Settings, image: str | None = Non
     host, name = split_repository(report.repository)
     registry = Registry(host, auth, timeout_s=settings.registry_timeout_s)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
+    key = attest.signer(signing_key or settings.signing_key)
+    staged = staging.accepted_ref(report, where)
     client = engine.connect(settings)
-    found = local_image(client, report, image, where)
     served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
     pushed: dict[str, str] = {}
     try:
-        for tag in report.tags:
-            if not found.tag(report.repository, tag):
-                raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
-            with log.step(f"push {report.repository}:{tag}"):
-                try:
-                    pushed[tag] = _push(client, report.repository, tag, auth, secrets)
-                except PublishError:
-                    registry.ping()  # a registry gone meanwhile is InfraError (exit 3), not a refused push
-                    raise
+        if staged:  # promote: the accepted digest gets the tags (blob mount + manifest PUT)
+            with log.step(f"promote {staged} -> {report.repository}"):
+                staging.promote(staged, report.image_id, report.repository, report.tags, settings, pushed)
+        else:  # accepted on a local image ID: the engine pushes that image
+            _push_local(client, report, image, where, auth, secrets, registry, pushed)
         facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform)
                  for tag in report.tags]
         digests = sorted({f["digest"] for f in facts})
         if len(digests) != 1:
             raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
+        attestations = attest_published(report, client, registry, digests[0], key)
     except PublishError:
         withdraw(registry, name, set(pushed.values()) - served_before)
         raise
     receipt = PublishReceipt(repository=report.repository, tags=list(report.tags), digest=digests[0],
                              config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
-                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=attestations)
     record_receipt(report, receipt, report_path)
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
     return receipt
+
+
+def attest_published(report: Report, client: Client, registry: Registry, digest: str,
+                     key: attest.Ed25519PrivateKey | None) -> list[str]:
+    """Signed attestations for the pushed digest (builder/attest.py); none without a key."""
+    if key is None:
+        return []
+    manifest = json.loads(engine.read_file(client, report.image_id, MANIFEST) or b"{}")
+    return [d["digest"] for d in attest.attach_all(report, report.repository, digest, manifest, key, registry)]
+
+
+def _push_local(client: Client, report: Report, image: str | None, where: str, auth: tuple[str, str] | None,
+                secrets: list[str], registry: Registry, pushed: dict[str, str]) -> None:
+    found = local_image(client, report, image, where)
+    for tag in report.tags:
+        if not found.tag(report.repository, tag):
+            raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
+        with log.step(f"push {report.repository}:{tag}"):
+            try:
+                pushed[tag] = _push(client, report.repository, tag, auth, secrets)
+            except PublishError:
+                registry.ping()  # a registry gone meanwhile is InfraError (exit 3), not a refused push
+                raise
 
 
 def withdraw(registry: Registry, name: str, digests: set[str]) -> None:

@@ -73,6 +73,11 @@ class BuiltImage(Record):
     log_path: str
     cached: bool
     isolation: dict[str, Any] = Field(default_factory=dict)  # what the build container saw (build.isolation)
+    # reproducible image (builder/normalize.py): image_id is the normalised config digest
+    raw_image_id: str = ""          # what the engine's build produced
+    manifest_digest: str = ""       # registry manifest digest of the normalised image
+    source_date: str = ""           # every added mtime clamped to it; config created
+    staged: str = ""                # <staging repository>@<manifest digest> once pushed
 
 
 class GateResult(Record):
@@ -89,6 +94,7 @@ class AcceptanceResult(Record):
     gates: list[GateResult]
     environment: dict[str, Any] = Field(default_factory=dict)
     throughput: dict[str, Any] = Field(default_factory=dict)
+    pulled: dict[str, Any] = Field(default_factory=dict)  # {ref, digest, image_id, engine} when pulled by digest
 
 
 class PublishReceipt(Record):
@@ -99,6 +105,7 @@ class PublishReceipt(Record):
     verified: bool
     pushed_at: str
     platform: str = "unknown"          # os/architecture of the config blob the registry serves
+    attestations: list[str] = Field(default_factory=list)  # digests of the signed artifacts referring to it
 
 
 class Report(Record):
@@ -121,6 +128,7 @@ class Report(Record):
     compat: list[dict[str, Any]] = Field(default_factory=list)  # {package, version, reason}
     lock_sha256: str = "unknown"  # sha256 of the pins' build.lock (written by `builder lock`)
     created: str = ""
+    rebuild: dict[str, Any] | None = None  # `builder rebuild --check`: digests compared, per-layer file diff
 
 
 RECORDS: tuple[type[Record], ...] = (Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage,

@@ -113,6 +113,63 @@ class Registry:
         return resp.content
 
 
+    # ---- writing: blobs by digest (HEAD, cross-repository mount, monolithic upload) and manifests
+
+    def has_blob(self, name: str, digest: str) -> bool:
+        return self._request("HEAD", f"/v2/{name}/blobs/{digest}").status_code == 200
+
+    def mount_blob(self, name: str, digest: str, source: str) -> bool:
+        """Cross-repository mount (same registry); True when the registry mounted it (201)."""
+        resp = self._request("POST", f"/v2/{name}/blobs/uploads/", params={"mount": digest, "from": source})
+        if resp.status_code == 202:  # not mounted: an upload session was opened instead; drop it
+            location = resp.headers.get("Location", "")
+            if location:
+                self._request("DELETE", location if location.startswith("/") else _path_of(location))
+        return resp.status_code == 201
+
+    def upload_blob(self, name: str, digest: str, path: str) -> None:
+        """POST an upload session, then PUT the whole file with its digest; the registry checks the digest."""
+        start = self._request("POST", f"/v2/{name}/blobs/uploads/")
+        location = start.headers.get("Location", "")
+        if start.status_code != 202 or not location:
+            raise PublishError(f"registry {self.host}: POST /v2/{name}/blobs/uploads/ answered {start.status_code}")
+        target = location if location.startswith("/") else _path_of(location)
+        sep = "&" if "?" in target else "?"
+        with open(path, "rb") as fh:
+            resp = self._request("PUT", f"{target}{sep}digest={digest}", data=fh,
+                                 headers={"Content-Type": "application/octet-stream"})
+        if resp.status_code != 201:
+            raise PublishError(f"registry {self.host}: upload of {digest} to {name} answered {resp.status_code}: "
+                               f"{resp.text[:200]}")
+
+    def put_manifest(self, name: str, ref: str, body: bytes, media_type: str) -> str:
+        """PUT a manifest under a tag or its digest; return the digest the registry reports (checked here)."""
+        resp = self._request("PUT", f"/v2/{name}/manifests/{ref}", data=body, headers={"Content-Type": media_type})
+        if resp.status_code != 201:
+            raise PublishError(f"registry {self.host}: PUT /v2/{name}/manifests/{ref} answered {resp.status_code}: "
+                               f"{resp.text[:200]}")
+        computed = "sha256:" + hashlib.sha256(body).hexdigest()
+        reported = resp.headers.get("Docker-Content-Digest", "")
+        if reported != computed:
+            raise PublishError(f"registry {self.host}: {name}:{ref} stored as {reported or '(no digest)'}, "
+                               f"the manifest bytes hash to {computed}")
+        return computed
+
+    def manifest_by_digest(self, name: str, digest: str) -> bytes:
+        """GET a manifest by digest; its bytes must hash to that digest."""
+        got = self.manifest(name, digest)
+        if got["computed"] != digest:
+            raise PublishError(f"registry {self.host}: {name}@{digest} serves bytes hashing to {got['computed']}")
+        return bytes(got["content"])
+
+
+def _path_of(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
 def verify_tag(reg: Registry, name: str, tag: str, pushed_digest: str, image_id: str, platform: str) -> dict:
     """Check that tag serves exactly the manifest we pushed, whose config is our image; return facts.
 
@@ -142,3 +199,49 @@ def verify_tag(reg: Registry, name: str, tag: str, pushed_digest: str, image_id:
         raise PublishError(f"{where}: image platform {served_platform}, the report says {platform}")
     return {"digest": got["computed"], "config_digest": config_digest, "platform": served_platform,
             "media_type": media_type}
+
+
+def push_blob(reg: Registry, name: str, data: bytes) -> str:
+    """Upload a blob (monolithic POST then PUT) unless the registry has it; returns its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    if reg._request("HEAD", f"/v2/{name}/blobs/{digest}").status_code == 200:
+        return digest
+    start = reg._request("POST", f"/v2/{name}/blobs/uploads/")
+    if start.status_code != 202 or "Location" not in start.headers:
+        raise PublishError(f"registry {reg.host}: blob upload to {name} answered {start.status_code}, expected 202")
+    location = start.headers["Location"]
+    if location.startswith("/"):
+        location = reg.base + location
+    sep = "&" if "?" in location else "?"
+    try:
+        done = reg.session.put(f"{location}{sep}digest={digest}", data=data, timeout=reg.timeout_s,
+                               headers={"Content-Type": "application/octet-stream"})
+    except requests.RequestException as exc:
+        raise InfraError(f"registry {reg.host}: unreachable ({type(exc).__name__})") from None
+    if done.status_code != 201:
+        raise PublishError(f"registry {reg.host}: blob {digest} upload answered {done.status_code}, expected 201")
+    return digest
+
+
+def put_manifest(reg: Registry, name: str, ref: str, data: bytes, media_type: str) -> requests.Response:
+    """PUT a manifest or index under a tag or digest; PublishError unless 201."""
+    resp = reg._request("PUT", f"/v2/{name}/manifests/{ref}", data=data, headers={"Content-Type": media_type})
+    if resp.status_code != 201:
+        raise PublishError(f"registry {reg.host}: PUT {name}:{ref} answered {resp.status_code}: {resp.text[:200]}")
+    return resp
+
+
+def get_json(reg: Registry, path: str, accept: str) -> dict | None:
+    """GET a JSON document; None on 404."""
+    resp = reg._request("GET", path, headers={"Accept": accept})
+    if resp.status_code == 404:
+        return None
+    if resp.status_code != 200:
+        raise PublishError(f"registry {reg.host}: GET {path} answered {resp.status_code}, expected 200")
+    try:
+        doc = resp.json()
+    except ValueError:
+        raise PublishError(f"registry {reg.host}: GET {path}: not JSON") from None
+    if not isinstance(doc, dict):
+        raise PublishError(f"registry {reg.host}: GET {path}: expected a JSON object")
+    return doc

@@ -167,7 +167,9 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
     base_name, _, base_digest = pins.base.image.partition("@")
     container = {
         "image_id": build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
-        "registry_digest": publish.digest if publish else UNKNOWN,
+        "registry_digest": publish.digest if publish else ((acceptance.pulled.get("digest") if acceptance else None)
+                                                           or UNKNOWN),
+        "pulled": (acceptance.pulled.get("ref") if acceptance else None) or UNKNOWN,
         "platform": publish.platform if publish and publish.platform != UNKNOWN else pins.base.platform,
         "base_image": base_name, "base_digest": base_digest or UNKNOWN,
         "produced_by": "Dockerfile build from exported commits (builder)" if build else UNKNOWN,
@@ -182,6 +184,7 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
         "aligned_env": dict(recipe.aligned_env), "control_env": dict(recipe.control_env),
         "container_env": _or_unknown(env),
         "engine": _or_unknown(acceptance.environment.get("engine") if acceptance else None),
+        "acceptance_engine": _or_unknown(acceptance.pulled.get("engine") if acceptance else None),
         "interpreter": _or_unknown(interpreter.get("executable") or (manifest or {}).get("python")),
         "python_version": _or_unknown(interpreter.get("version")),
         "site_packages": _or_unknown((prov.get("manifest") or {}).get("site_packages")
@@ -189,6 +192,7 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
         "numeric_env": _or_unknown((prov.get("environment") or {}).get("numeric")),
         "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
         "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
+        "components_shared": list(pins.shared) or "none (url, commit and distribution all distinct)",
         "lock_file": str(pins.lock_path()), "lock_sha256": _lock_sha256(pins),
     }
     return {"source": source, "installed_packages": installed, "native_libraries": native,
@@ -311,6 +315,8 @@ def to_markdown(report: Report) -> str:
         out += _table(["Repository", "Tags", "Digest", "Config digest", "Platform", "Verified", "Pushed at"],
                       [[pub.repository, ", ".join(pub.tags), _code(pub.digest), _code(pub.config_digest),
                         pub.platform, "yes" if pub.verified else "no", pub.pushed_at]])
+    if report.rebuild:
+        out += _rebuild_section(report.rebuild)
     out += ["", "<details><summary>Run manifest (six layers; unknown = not captured)</summary>", ""]
     rows = []
     for layer, content in report.run_manifest.items():
@@ -319,6 +325,17 @@ def to_markdown(report: Report) -> str:
     out += _table(["Layer", "Item", "Value"], rows)
     out += ["", "</details>", ""]
     return "\n".join(out)
+
+
+def _rebuild_section(result: dict[str, Any]) -> list[str]:
+    """The report.md section: the verdict of the rebuild and the first differing paths per layer."""
+    out = ["", "### Rebuild check (`builder rebuild --check`)", "",
+           f"{result['status']}: report {result['report']['manifest_digest']}, "
+           f"rebuild {result['rebuild']['manifest_digest']}"]
+    for layer in result.get("layers", []):
+        out += ["", f"- layer {layer['index']}: {layer['files']} paths differ"]
+        out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]
+    return out
 
 
 # ---------------------------------------------------------------- junit
@@ -361,18 +378,28 @@ def _atomic_write(path: Path, text: str) -> None:
 def write(report: Report, outdir: str | Path) -> dict[str, Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": outdir / "report.json", "md": outdir / "report.md", "junit": outdir / "junit.xml"}
+    from builder.ctrf import to_ctrf
+
+    paths = {"json": outdir / "report.json", "md": outdir / "report.md", "junit": outdir / "junit.xml",
+             "ctrf": outdir / "ctrf.json"}
     _atomic_write(paths["json"], report.model_dump_json(indent=2) + "\n")
     _atomic_write(paths["md"], to_markdown(report))
     _atomic_write(paths["junit"], to_junit(report))
+    _atomic_write(paths["ctrf"], json.dumps(to_ctrf(report), indent=2) + "\n")
     return paths
 
 
+REPORT_MAX_BYTES = 32 * 1024 * 1024
+
+
 def load(path: str | Path) -> Report:
+    """report.json: a regular UTF-8 file (builder.inputfile), then the Report model; BadInput otherwise."""
+    from builder.inputfile import read_text
+    from builder.safetext import clip
+
+    text = read_text(path, "report", REPORT_MAX_BYTES)
     try:
-        return Report.model_validate_json(Path(path).read_text())
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read the report: {exc.strerror}") from None
+        return Report.model_validate_json(text)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise BadInput(f"{path}: not a report: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise BadInput(clip(f"{path}: not a report: {'.'.join(map(str, err['loc']))}: {err['msg']}")) from None

@@ -33,8 +33,11 @@ def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_p
     components = {}
     for name in COMPONENTS:
         with log.step(f"resolve {name}"):
-            components[name] = resolve_component(settings, name, pins.components[name], pins.component_url(name),
-                                                 offline, allow_moved_pr)
+            try:
+                components[name] = resolve_component(settings, name, pins.components[name], pins.component_url(name),
+                                                     offline, allow_moved_pr)
+            except BadInput as exc:  # name the pins file too: `<pins>: components.<name>...`
+                raise BadInput(f"{pins.path}: {exc}" if pins.path else str(exc)) from None
     return ResolvedSources(
         pins_path=str(pins.path), pins_sha256=pins.sha256,
         resolved_at=datetime.now(UTC).isoformat(timespec="seconds"), components=components)
@@ -44,6 +47,8 @@ def resolve_component(settings: Settings, name: str, pin: Component, url: str, o
                       allow_moved_pr: bool = False) -> ResolvedComponent:
     where = f"components.{name}"
     target_ref, pr_ref = f"refs/heads/{pin.target}", f"refs/pull/{pin.pr}/head"
+    if offline and not mirror.mirror_path(settings, url).exists():
+        raise BadInput(f"{where}.url: {url} is {mirror.OFFLINE_HINT}")
     repo, found = mirror.sync(settings, url, {target_ref: f"refs/remotes/origin/{pin.target}",
                                     pr_ref: f"refs/remotes/origin/pr/{pin.pr}"}, offline)
     if offline and None in found.values():

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
         print(pins)
         return 0
     try:
-        cli.app(["run", str(pins), "--publish"], standalone_mode=True)
+        cli.app(["run", str(pins), "--publish", "--key", str(prepare.signing_key(settings))], standalone_mode=True)
     except SystemExit as exit_:
         return int(exit_.code or 0)
     return 0

@@ -55,10 +55,13 @@ REPOS = {
         ("p22b", "p22a", "p22-2-wire", "model: token_logprobs(aligned=True) uses the aligned forward"),
         ("c4", "c3", "c4-main-later", "docs: weight sync into the engine"),
         ("p23", "p22b", "p23-defect", "optim: simplify decoupled weight decay"),
+        ("p24", "p22b", "p24-defect", "optim: do not step a tied output projection twice"),
     ], "c4", {
         22: ("p22b", "Aligned forward: training logprobs equal batch-invariant rollout logprobs", None),
         23: ("p23", "Aligned forward, simplified AdamW decay", "weight decay not scaled by lr: "
              "weights change even at lr 0"),
+        24: ("p24", "Aligned forward, tied-embedding aware AdamW", "one tensor skipped by the optimizer step: "
+             "lm_head.weight is taken for a tied embedding and never changes"),
     }),
     "tinyrl": ("verl", [
         ("r1", None, "r1-initial", "Initial tinyrl: GRPO with tinyengine rollouts and tinycore training\n\n"
@@ -70,10 +73,13 @@ REPOS = {
         ("p33b", "p33a", "p33-2-wire", "main_ppo: log mismatch metrics, weight checksums, batch invariance; "
          "aligned forward\n\nold_log_prob uses tinycore's aligned forward when the engine is batch-invariant."),
         ("r4", "r3", "r4-main-later", "Update CHANGELOG"),
-        ("p34", "p33b", "p34-defect", "metrics: mask padding before the max"),
-        ("p35", "p33b", "p35-defect", "metrics: drop the redundant k3 estimator"),
+        ("p33c", "p33b", "p33-3-checkpoint", "checkpoints: verl's trainer.save_freq, trainer.default_local_dir, "
+         "actor.checkpoint.save_contents\n\nglobal_step_<N>/actor/ layout; actor_rollout_ref.model.path loads an "
+         "HF-style model dir;\nactor_rollout_ref.actor.weight_checksums=false drops the checksum metrics."),
+        ("p34", "p33c", "p34-defect", "metrics: mask padding before the max"),
+        ("p35", "p33c", "p35-defect", "metrics: drop the redundant k3 estimator"),
     ], "r4", {
-        33: ("p33b", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
+        33: ("p33c", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
         35: ("p35", "Mismatch metrics without k3", "missing metric: rollout_corr/k3_kl is not logged"),
     }),

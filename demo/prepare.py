@@ -67,3 +67,32 @@ def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = N
     out = out_dir / "pins.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
+
+
+def signing_key(settings: Settings) -> Path:
+    """$BUILDER_SIGNING_KEY, else the demo key pair in the cache (made once, private key mode 0600)."""
+    from builder import dsse
+
+    if settings.signing_key is not None:
+        return settings.signing_key
+    private = settings.cache("keys") / "demo-signing.pem"
+    if not private.exists():
+        kid = dsse.keygen(private, private.with_name("demo-signing.pem.pub"))
+        log.info(f"demo: new signing key {kid[:16]}; public key {private}.pub")
+    return private
+
+
+def add_pr_commit(repo_path: Path, pr: int, path: str, content: str, message: str) -> str:
+    """Push a new commit onto refs/pull/<pr>/head of a demo repository (as a PR author would): `path`
+    gets `content` on top of the current head.  Returns the new commit's SHA."""
+    repo = pygit2.Repository(str(repo_path))
+    ref = repo.references[f"refs/pull/{pr}/head"]
+    head = repo[ref.resolve().target]
+    index = pygit2.Index()
+    index.read_tree(head.tree)
+    index.add(pygit2.IndexEntry(path, repo.create_blob(content.encode()), pygit2.enums.FileMode.BLOB))
+    tree = index.write_tree(repo)
+    sig = pygit2.Signature("Demo Author", "author@example.invalid", int(head.committer.time) + 3600, 0)
+    oid = repo.create_commit(None, sig, sig, message, tree, [head.id])
+    ref.set_target(oid)
+    return str(oid)

@@ -63,7 +63,7 @@ def base_image(infra_setup):
 
 
 @pytest.fixture(scope="session")
-def report_inputs():
+def report_inputs(tmp_path_factory):
     """Factory: (pins, sources, build, acceptance) records shaped like real ones, from pins/demo.yaml
     with fixed commits.  `statuses` overrides gate statuses; a gate set to None is left out."""
     import copy
@@ -82,8 +82,10 @@ def report_inputs():
         return hashlib.sha1(text.encode()).hexdigest()
 
     site = "/opt/venv/lib/python3.11/site-packages"
-    steps = {"1": {"diff_max": 0.0, "k3_kl": 0.0, "weights_before": "0f1e2d3c4b5a6978", "weights_after": "8877665544332211"},
-             "2": {"diff_max": 0.0, "k3_kl": 0.0, "weights_before": "8877665544332211", "weights_after": "1122334455667788"}}
+    steps = {"1": {"diff_max": 0.0, "k3_kl": 0.0, "reward": 0.5, "loss": -0.1,
+                   "weights_before": "0f1e2d3c4b5a6978", "weights_after": "8877665544332211"},
+             "2": {"diff_max": 0.0, "k3_kl": 0.0, "reward": 0.6, "loss": -0.2,
+                   "weights_before": "8877665544332211", "weights_after": "1122334455667788"}}
     evidence = {  # shapes as acceptance/provenance.py and acceptance/decide.py write them
         "provenance": {"manifest": {"path": "/opt/delivery/manifest.json", "sha256": "56" * 32, "site_packages": site},
                        "interpreter": {"executable": "/opt/venv/bin/python", "version": "3.11.9"},
@@ -98,21 +100,28 @@ def report_inputs():
     }
 
     def make(repository="127.0.0.1:5000/demo/unified", image_id="sha256:" + "ab" * 32, statuses=None,
-             acceptance=True, build=True, accepted_image=None, required=None, tags=("demo",)):
+             acceptance=True, build=True, accepted_image=None, required=None, tags=("demo",), platform=None):
         d = copy.deepcopy(data)
+        if platform:
+            d["base"]["platform"] = platform
         d["image"] = {"repository": repository, "tags": list(tags)}
         d["base"]["image"] = "127.0.0.1:5000/demo/base@sha256:" + "cd" * 32
         for name in ("vllm", "megatron", "verl"):
             d["components"][name]["commit"] = sha1(name)
         if required is not None:
             d["acceptance"]["required_gates"] = list(required)
-        pins = pins_mod.validate(d, pins_dir)
+        # a real pins file next to a copy of the lock, so publish can re-read it and check its sha256
+        where = tmp_path_factory.mktemp("report-pins")
+        (where / "locks").mkdir()
+        (where / "locks" / "demo.lock").write_bytes((pins_dir / "locks" / "demo.lock").read_bytes())
+        (where / "demo.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+        pins = pins_mod.load(where / "demo.yaml")
         comps = {name: ResolvedComponent(
             name=name, url=str(pins_dir / comp.url), target=comp.target, pr=comp.pr, commit=comp.commit,
             tree=sha1("tree" + name), commit_time=946684800, pr_head=comp.commit, pr_moved=False,
             merge_base=sha1("base" + name), ahead=2, behind=1, target_head=sha1("main" + name),
             export_sha256=hashlib.sha256(name.encode()).hexdigest(), files=7) for name, comp in pins.components.items()}
-        sources = ResolvedSources(pins_path=str(pins_dir / "demo.yaml"), pins_sha256="ef" * 32,
+        sources = ResolvedSources(pins_path=str(pins.path), pins_sha256=pins.sha256,
                                   resolved_at="2026-11-01T00:00:00Z", components=comps)
         built = BuiltImage(image_id=image_id, tags=[f"{repository}:x"], size=123456789, created="2026-11-01T00:00:00Z",
                            engine_version="20.10.24", builder_version="0.1.0", context_sha256="12" * 32,
@@ -195,3 +204,59 @@ def demo_accepted(demo_image):
 
     pins, resolved, _, built = demo_image
     return pins, resolved, built, accept.accept(built.image_id, pins, SETTINGS)
+
+
+# ---- a second Docker engine (tests/engines.py), shared by every test that needs one
+
+
+@pytest.fixture(scope="session")
+def second_engine(docker_client):
+    """URL of a second dockerd (own data root, exec root, pidfile, socket; no bridge) started for this
+    session; stopped, its containers removed and its directories deleted at the end, also on failure."""
+    import shutil
+
+    from tests.engines import second_engine as start
+
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        _docker_unavailable("a second dockerd needs the dockerd binary and root")
+    with start() as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def staged_demo(demo_image):
+    """The demo image pushed by digest to its staging repository: `<staging>@<manifest digest>`."""
+    from builder import staging
+
+    pins, _, _, built = demo_image
+    repo = staging.staging_repository(pins.image.repository, pins.image.staging)
+    return staging.push(built.manifest_digest, repo, pins.base.name, SETTINGS)
+
+
+@pytest.fixture(scope="session")
+def stamped_pins(demo_pins, tmp_path_factory):
+    """A demo variant whose verl-role build step stamps the wall-clock time into tinyrl/BUILD_TIME
+    (a setup.py on top of the pinned commit, as PR #90): a build input that varies."""
+    import pygit2
+    import yaml
+
+    from demo.prepare import variant_pins
+
+    out = tmp_path_factory.mktemp("stamped")
+    pins_path = variant_pins(out, pins_path=demo_pins)
+    data = yaml.safe_load(pins_path.read_text())
+    comp = data["components"]["verl"]
+    repo = pygit2.Repository(str(out / comp["url"]))
+    parent = repo.get(comp["commit"])
+    setup = (b"import os, time\nfrom setuptools import setup\nfrom setuptools.command.build_py import build_py\n\n\n"
+             b"class Stamp(build_py):\n    def run(self):\n        super().run()\n"
+             b"        with open(os.path.join(self.build_lib, 'tinyrl', 'BUILD_TIME'), 'w') as fh:\n"
+             b"            fh.write(str(time.time_ns()))\n\n\nsetup(cmdclass={'build_py': Stamp})\n")
+    builder = repo.TreeBuilder(parent.tree)
+    builder.insert("setup.py", repo.create_blob(setup), pygit2.GIT_FILEMODE_BLOB)
+    sig = pygit2.Signature("demo", "demo@example.invalid", 1735912800, 0)
+    commit = repo.create_commit(None, sig, sig, "build: stamp the build time", builder.write(), [parent.id])
+    repo.references.create("refs/pull/90/head", commit, force=True)
+    comp["commit"], comp["pr"] = str(commit), 90
+    pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return pins_path

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from acceptance import decide, metrics, procfs, recipe
+from acceptance import checkpoint, decide, metrics, procfs, recipe
 from acceptance.__main__ import plain
 from acceptance.defaults import METRICS as DEFAULT_METRICS
 
@@ -375,3 +375,23 @@ def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned():
     spec = host._container_spec(gpu, "sha256:" + "ab" * 32, "rl_step", {}, "r1")
     assert spec["device_requests"][0]["Count"] == 2
     assert spec["mounts"][0]["ReadOnly"] is True and spec["mounts"][0]["Target"] == "/data"
+
+
+def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins():
+    from builder import accept as host
+    from builder import pins as pins_mod
+
+    pins = pins_mod.load(ROOT / "pins" / "nemotron-3.5-lightning.yaml")
+    settings = host.gate_settings(pins, "rl_step")
+    assert settings["weights"] == "checkpoint"
+    assert settings["checkpoint"]["overrides"] == {"trainer.save_freq": 1,
+                                                   "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]}
+    assert settings["checkpoint"]["model_path"] == "/models/Nemotron-3.5-Lightning"
+    argv, _ = recipe.command(settings, 1e-6, "/tmp/x.jsonl", checkpoint.overrides(settings, "rl_step"))
+    assert "trainer.default_local_dir=/scratch/acceptance/rl_step" in argv
+    assert "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]" in argv
+    spec = host._container_spec(pins, "sha256:" + "ab" * 32, "rl_step", settings, "r1")
+    rw = [m for m in spec["mounts"] if not m["ReadOnly"]]
+    assert [(m["Source"], m["Target"]) for m in rw] == [("/scratch/acceptance", "/scratch/acceptance")]
+    demo = pins_mod.load(ROOT / "pins" / "demo.yaml")
+    assert host.gate_settings(demo, "rl_step")["checkpoint"] is None

@@ -145,7 +145,7 @@ def test_refs_history_and_packaging(stack):
             version = pyproject.split('version = "')[1].split('"')[0]
             assert f'__version__ = "{version}"' in init
     assert {n for n in st["repos"]["tinyengine"]["prs"]} == {"11", "12", "13"}
-    assert {n for n in st["repos"]["tinycore"]["prs"]} == {"22", "23"}
+    assert {n for n in st["repos"]["tinycore"]["prs"]} == {"22", "23", "24"}
     assert {n for n in st["repos"]["tinyrl"]["prs"]} == {"33", "34", "35"}
 
 
@@ -240,3 +240,52 @@ def test_defect_34_nan_metric(installer, tmp_path):
 def test_defect_35_missing_metric(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, prs={"tinyrl": 35})
     assert all(K3 not in m and DIFF_MAX in m for m in steps)
+
+
+# ---- checkpoints: verl's options, read back with the acceptance suite's hashing ------------------
+
+CKPT = ["trainer.save_freq=1", "trainer.default_local_dir=ckpt", "actor_rollout_ref.actor.weight_checksums=false"]
+
+
+def _init_model(installer, tmp_path, prs=None):
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": installer.pythonpath(**(prs or {}))}
+    subprocess.run([sys.executable, "-m", "tinyrl.init_model", str(tmp_path / "model"), "1"], env=env, check=True)
+    return tmp_path / "model"
+
+
+def test_checkpoints_in_verl_layout_without_checksum_metrics(installer, tmp_path):
+    from acceptance import weights
+
+    model = _init_model(installer, tmp_path)
+    steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, extra=[
+        *CKPT, f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"])
+    assert all(W_BEFORE not in m and W_AFTER not in m for m in steps)
+    actor = tmp_path / "ckpt" / "global_step_2" / "actor"
+    assert sorted(p.name for p in actor.iterdir()) == [
+        "extra_state_world_size_1_rank_0.pt", "huggingface", "model_world_size_1_rank_0.pt",
+        "optim_world_size_1_rank_0.pt"]
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    shots = [weights.snapshot(str(d)) for d in (model, tmp_path / "ckpt/global_step_1/actor/huggingface",
+                                                 tmp_path / "ckpt/global_step_2/actor/huggingface")]
+    assert len(shots[0]["tensors"]) == 20 and set(shots[0]["tensors"]) == set(shots[2]["tensors"])
+    assert all(weights.compare(a, b)["unchanged"] == [] for a, b in zip(shots, shots[1:]))
+
+
+def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer, tmp_path):
+    from acceptance import weights
+
+    run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinycore": 24},
+            extra=[*CKPT, "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]"])
+    one, two = (weights.snapshot(str(tmp_path / f"ckpt/global_step_{s}/actor/huggingface")) for s in (1, 2))
+    assert weights.compare(one, two)["unchanged"] == ["lm_head.weight"]
+
+
+def test_defect_23_moves_weights_at_lr_zero_in_the_checkpoints(installer, tmp_path):
+    from acceptance import weights
+
+    model = _init_model(installer, tmp_path)
+    run_ppo(installer, tmp_path, bi=1, lr=0.0, prs={"tinycore": 23},
+            extra=[*CKPT, f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]"])
+    one = weights.snapshot(str(tmp_path / "ckpt/global_step_1/actor/huggingface"))
+    assert weights.compare(weights.snapshot(str(model)), one)["changed"]

@@ -229,3 +229,13 @@ def test_static_project_metadata_needs_no_build_but_dynamic_does():
     for dynamic in (["version"], ["dependencies"]):
         assert lock.static_metadata({"project": {**static["project"], "dynamic": dynamic}}) is None
     assert lock.static_metadata({}) is None  # setup.py only: prepared in the base
+
+
+@pytest.mark.docker
+def test_target_is_read_from_the_base_and_checked_against_the_pins(base_image, settings):
+    from builder import basecontainer
+
+    base = basecontainer.read_base(settings, base_image, "/opt/venv/bin/python", "3.11", "linux/amd64")
+    assert (base.python, base.abi, base.glibc[0]) == ("3.11", "cp311", 2) and "torch" in base.dists
+    with pytest.raises(BadInput, match=r"base.python: pinned '3.12', the base's /opt/venv/bin/python is Python 3.11"):
+        basecontainer.read_base(settings, base_image, "/opt/venv/bin/python", "3.12", "linux/amd64")

@@ -17,7 +17,8 @@ DIGEST = "sha256:" + "b" * 64
 
 
 def component(name: str, pr: int) -> dict:
-    return {"url": f"demo-stack/{name}.git", "target": "main", "pr": pr, "commit": SHA,
+    return {"url": f"demo-stack/{name}.git", "target": "main", "pr": pr,
+            "commit": hashlib.sha1(name.encode()).hexdigest(),
             "distribution": name, "modules": [name],
             "install": {"pip_args": ["--no-deps", "--no-build-isolation"], "env": {}}}
 
@@ -460,3 +461,37 @@ def test_schema_refuses_unknown_keys():
     assert schema["additionalProperties"] is False
     assert schema["$defs"]["Component"]["additionalProperties"] is False
     assert set(schema["$defs"]["Components"]["required"]) == {"vllm", "megatron", "verl"}
+
+
+# ---- acceptance.weights / acceptance.checkpoint (weight evidence)
+
+CKPT = {"overrides": {"trainer.save_freq": 1, "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]}}
+
+
+def _weights(mode, checkpoint=None) -> dict:
+    data = with_value("acceptance.weights", mode)
+    if checkpoint is not None:
+        data["acceptance"]["checkpoint"] = checkpoint
+    return data
+
+
+def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir):
+    loaded = pins.load(write(pins_dir, _weights("checkpoint", CKPT)))
+    ckpt = loaded.acceptance.checkpoint
+    assert loaded.acceptance.weights == "checkpoint" and ckpt.dir_key == "trainer.default_local_dir"
+    assert ckpt.dir.startswith("/tmp/") and ckpt.scratch is None and "{step}" in ckpt.layout
+    assert pins.load(write(pins_dir, GOOD)).acceptance.weights == "metrics"
+
+
+@pytest.mark.parametrize("mode,checkpoint,field,fragment", [
+    ("checkpoint", None, "acceptance", "expected the recipe's checkpoint options"),
+    ("sometimes", None, "acceptance.weights", "metrics"),
+    ("checkpoint", {**CKPT, "layout": "global_step/actor"}, "acceptance.checkpoint.layout", "{step}"),
+    ("checkpoint", {**CKPT, "dir": "/ckpt"}, "acceptance.checkpoint", "under the /tmp tmpfs"),
+    ("checkpoint", {**CKPT, "dir": "/tmp/c", "scratch": "/scratch"}, "acceptance.checkpoint", "outside the tmpfs"),
+    ("checkpoint", {"overrides": {"trainer.default_local_dir": "/x"}}, "acceptance.checkpoint", "dir_key"),
+    ("checkpoint", {"overrides": {}}, "acceptance.checkpoint.overrides", ""),
+    ("checkpoint", {**CKPT, "may_stay": ["a b"]}, "acceptance.checkpoint.may_stay[0]", "glob"),
+])
+def test_bad_checkpoint_settings_are_refused(pins_dir, mode, checkpoint, field, fragment):
+    rejected(pins_dir, _weights(mode, checkpoint), field, fragment)

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from builder import publish, report
-from builder.errors import InfraError, PublishError
+from builder.errors import BadInput, InfraError, PublishError
 from builder.options import Settings
 from builder.registry import MANIFEST_TYPES, Registry, verify_tag
 
@@ -236,8 +236,8 @@ def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs, tmp_pa
                             statuses={"control": None})
     forged = rep.model_copy(update={"verdict": "ACCEPTED", "reasons": []})
     paths["json"].write_text(forged.model_dump_json())
-    with pytest.raises(PublishError, match="required gate control reads not_run"):
-        publish.publish(paths["json"], SETTINGS)
+    with pytest.raises(BadInput, match="acceptance.gates.control: required gate reads not run"):
+        publish.publish(paths["json"], SETTINGS)  # builder/trust.py: exit 2, before any registry call
 
 
 @pytest.mark.docker
@@ -335,8 +335,7 @@ def test_publish_pushes_verifies_and_records_receipt(report_inputs, tmp_path, do
 def test_platform_other_than_reported_gets_no_receipt(report_inputs, tmp_path, docker_client, tiny_images,
                                                       infra_setup):
     repo = "127.0.0.1:5000/tests/platform"
-    rep, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client)
-    report.write(rep.model_copy(update={"platform": "linux/arm64"}), tmp_path)
+    _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client, platform="linux/arm64")
     before = snapshot(paths)
     with pytest.raises(PublishError, match="image platform linux/amd64, the report says linux/arm64"):
         publish.publish(paths["json"], SETTINGS)

@@ -25,6 +25,18 @@ def test_all_required_gates_pass_is_accepted(report_inputs):
     assert [g.status for g in rep.gates] == ["pass"] * 4
 
 
+def test_report_records_the_lock_sha256(report_inputs):
+    import hashlib
+    from pathlib import Path
+
+    pins, sources, build, acceptance = report_inputs()
+    pins._path = Path(__file__).resolve().parent.parent / "pins" / "demo.yaml"  # lock relative to it
+    rep = report.make_report(pins, sources, build, acceptance)
+    want = hashlib.sha256(pins.lock_path().read_bytes()).hexdigest()
+    assert rep.lock_sha256 == want and rep.run_manifest["run"]["lock_sha256"] == want
+    assert f"lock sha256 `{want}`" in report.to_markdown(rep)
+
+
 @pytest.mark.parametrize("status", ["fail", "inconclusive", None])
 @pytest.mark.parametrize("gate", ["provenance", "zero_update", "rl_step", "control"])
 def test_one_required_gate_not_passing_is_not_accepted(report_inputs, gate, status):
@@ -51,7 +63,13 @@ def test_gate_not_required_does_not_block_but_shows(report_inputs):
 
 
 def test_empty_required_gates_is_not_accepted(report_inputs):
-    rep = make(report_inputs, required=[])
+    from builder.errors import BadInput
+
+    with pytest.raises(BadInput, match="acceptance.required_gates"):  # the pins refuse it first
+        report_inputs(required=[])
+    pins, sources, build, acceptance = report_inputs()
+    pins.acceptance.required_gates = []  # and the report does not trust the pins to have done so
+    rep = report.make_report(pins, sources, build, acceptance)
     assert rep.verdict == "NOT ACCEPTED"
     assert any("nothing required" in r for r in rep.reasons)
 
@@ -171,7 +189,8 @@ def test_junit_has_one_case_per_gate_with_right_elements(report_inputs):
 def test_write_and_load_round_trip(report_inputs, tmp_path):
     rep = make(report_inputs)
     paths = report.write(rep, tmp_path / "run")
-    assert {p.name for p in paths.values()} == {"report.json", "report.md", "junit.xml"}
+    assert {p.name for p in paths.values()} == {"report.json", "report.md", "junit.xml", "ctrf.json"}
+    assert json.loads(paths["ctrf"].read_text())["results"]["summary"]["tests"] == len(rep.gates)
     assert report.load(paths["json"]) == rep
     assert paths["md"].read_text() == report.to_markdown(rep)
     ET.parse(paths["junit"])

@@ -224,6 +224,7 @@ def test_two_processes_share_a_cold_cache(upstream, cache):
 
 def test_fetch_waits_for_the_mirror_lock(upstream):
     path = mirror.mirror_path(SETTINGS, upstream.url)
+    path.parent.mkdir(parents=True, exist_ok=True)  # mirror_path creates nothing (offline lookups)
     done = threading.Event()
     with open(path.with_name(path.name + ".lock"), "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)

@@ -40,6 +40,16 @@ def installed_files(dist, site):
     return dict(sorted(files.items())), dict(sorted(native.items()))
 
 
+def distributions():
+    """Every Python distribution importable in this image: {name: version}, first on sys.path wins."""
+    found = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and name.lower() not in {n.lower() for n in found}:
+            found[name] = dist.version
+    return dict(sorted(found.items(), key=lambda kv: kv[0].lower()))
+
+
 def main(components_json, pins_json, dockerfile_sha_file, out):
     spec = json.load(open(components_json))
     site = site_dirs()[0]
@@ -64,6 +74,7 @@ def main(components_json, pins_json, dockerfile_sha_file, out):
         "builder_version": spec["builder_version"],
         "dockerfile_sha256": open(dockerfile_sha_file).read().strip(),
         "components": components,
+        "distributions": distributions(),
         "python": spec["python"],
         "site_packages": site,
         "startup_hooks": startup_hooks(sys.path),

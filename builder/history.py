@@ -1,0 +1,79 @@
+"""Run history for `builder nightly`: one SQLite row per run (stdlib sqlite3) with the report's path."""
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    pins_name TEXT NOT NULL,
+    started TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    image_id TEXT NOT NULL,
+    digest TEXT,
+    commits TEXT NOT NULL,
+    report_path TEXT NOT NULL,
+    exit_code INTEGER NOT NULL,
+    regression INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_name ON runs (pins_name, verdict, id);
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    pins_name: str
+    started: str
+    verdict: str
+    image_id: str
+    digest: str | None
+    commits: dict[str, str]
+    report_path: str
+    exit_code: int
+    regression: bool
+
+
+class History:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        with self._db() as db:
+            db.executescript(SCHEMA)
+
+    def _db(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=30)
+
+    def add(self, pins_name: str, started: str, verdict: str, image_id: str, digest: str | None,
+            commits: dict[str, str], report_path: Path, exit_code: int, regression: bool) -> int:
+        with self._db() as db:
+            cur = db.execute(
+                "INSERT INTO runs (pins_name, started, verdict, image_id, digest, commits, report_path, exit_code,"
+                " regression) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (pins_name, started, verdict, image_id, digest, json.dumps(commits, sort_keys=True),
+                 str(report_path), exit_code, int(regression)))
+            return int(cur.lastrowid or 0)
+
+    def last_accepted(self, pins_name: str) -> Run | None:
+        """The newest ACCEPTED run of this pins name whose report still exists."""
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM runs WHERE pins_name = ? AND verdict = 'ACCEPTED' ORDER BY id DESC",
+                              (pins_name,)).fetchall()
+        for row in rows:
+            run = _run(row)
+            if Path(run.report_path).is_file():
+                return run
+        return None
+
+    def runs(self, pins_name: str) -> list[Run]:
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM runs WHERE pins_name = ? ORDER BY id", (pins_name,)).fetchall()
+        return [_run(r) for r in rows]
+
+
+def _run(row: tuple) -> Run:
+    return Run(id=row[0], pins_name=row[1], started=row[2], verdict=row[3], image_id=row[4], digest=row[5],
+               commits=json.loads(row[6]), report_path=row[7], exit_code=row[8], regression=bool(row[9]))

@@ -1,0 +1,144 @@
+"""Attestations without Docker: DSSE signing, the three statements, verify_test_result, SBOM schema."""
+import base64
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from builder import attest, dsse, sbom
+from builder.errors import BadInput
+
+DIGEST = "sha256:" + "12" * 32
+OTHER = "sha256:" + "34" * 32
+PINS = Path(__file__).resolve().parent.parent / "pins" / "demo.yaml"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keys")
+    dsse.keygen(d / "a.pem", d / "a.pub")
+    dsse.keygen(d / "b.pem", d / "b.pub")
+    return {k: (dsse.load_private(d / f"{k}.pem"), dsse.load_public(d / f"{k}.pub")) for k in "ab"}
+
+
+@pytest.fixture
+def records(report_inputs):
+    """A report of pins/demo.yaml whose recorded sha256 is the file's (as a real run records it)."""
+    from builder import report as report_mod
+
+    def make(**kwargs):
+        pins, sources, built, result = report_inputs(**kwargs)
+        pins._path = PINS  # as pins.load sets it: the lock is found beside the file
+        sources = sources.model_copy(update={"pins_path": str(PINS),
+                                             "pins_sha256": hashlib.sha256(PINS.read_bytes()).hexdigest()})
+        return pins, report_mod.make_report(pins, sources, built, result)
+
+    return make
+
+
+MANIFEST = {"components": {"vllm": {"distribution": "tinyengine", "version": "0.2.0", "commit": "a" * 40,
+                                    "tree": "b" * 40, "url": "https://example.invalid/tinyengine.git"}},
+            "distributions": {"tinyengine": "0.2.0", "torch": "2.13.0+cpu", "packaging": "24.2"}}
+
+
+def test_keygen_private_key_mode_0600_and_no_overwrite(tmp_path, capsys):
+    kid = dsse.keygen(tmp_path / "k.pem", tmp_path / "k.pub")
+    assert stat.S_IMODE(os.stat(tmp_path / "k.pem").st_mode) == 0o600
+    assert len(kid) == 64
+    secret = (tmp_path / "k.pem").read_text()
+    assert "PRIVATE KEY" in secret and "PUBLIC KEY" in (tmp_path / "k.pub").read_text()
+    with pytest.raises(BadInput, match="exists"):
+        dsse.keygen(tmp_path / "k.pem", tmp_path / "k2.pub")
+    out = capsys.readouterr()
+    assert secret.splitlines()[1] not in out.out + out.err
+
+
+def test_dsse_roundtrip_and_tampering(keys):
+    priv, pub = keys["a"]
+    env = dsse.sign({"x": 1}, priv)
+    assert dsse.open_envelope(env, pub) == {"x": 1}
+    with pytest.raises(dsse.SignatureError):
+        dsse.open_envelope(env, keys["b"][1])
+    tampered = dict(env, payload=base64.b64encode(b'{"x":2}').decode())
+    with pytest.raises(dsse.SignatureError):
+        dsse.open_envelope(tampered, pub)
+    with pytest.raises(dsse.SignatureError):
+        dsse.open_envelope(dict(env, payloadType="text/plain"), pub)
+    assert dsse.pae("ab", b"xyz") == b"DSSEv1 2 ab 3 xyz"
+
+
+def test_statements_carry_the_required_fields(records):
+    pins, report = records()
+    stmts = attest.statements(report, pins, MANIFEST, "127.0.0.1:5000/demo/unified", DIGEST)
+    assert [s["predicateType"] for s in stmts] == list(attest.PREDICATE_TYPES)
+    for s in stmts:
+        assert s["_type"] == "https://in-toto.io/Statement/v1"
+        assert s["subject"] == [{"name": "127.0.0.1:5000/demo/unified", "digest": {"sha256": "12" * 32}}]
+    prov = stmts[0]["predicate"]
+    bd = prov["buildDefinition"]
+    assert bd["buildType"].endswith("@v0.1.0") and bd["externalParameters"]["pins"]["content"] == PINS.read_text()
+    deps = {d["name"]: d for d in bd["resolvedDependencies"]}
+    for name, comp in report.sources.components.items():
+        assert deps[name]["digest"] == {"gitCommit": comp.commit, "gitTree": comp.tree}
+    assert deps["base"]["digest"] == {"sha256": "cd" * 32}
+    assert deps["packaging==24.2"]["digest"]["sha256"] == "09abb1bccd265c01f4a3aa3f7a7db064b36514d2cba19a2f694fe6150451a759"
+    rd = prov["runDetails"]
+    assert rd["builder"]["version"]["docker-engine"] == "20.10.24"
+    assert rd["metadata"]["startedOn"] and rd["metadata"]["finishedOn"]
+    result = stmts[2]["predicate"]
+    assert result["result"] == "PASSED" and result["passedTests"] == ["provenance", "zero_update", "rl_step", "control"]
+    assert [c["name"] for c in result["configuration"]] == ["demo.yaml", "recipe"]
+
+
+def test_test_result_failed_unless_accepted_and_warned_gates(records):
+    pins, report = records(statuses={"control": "inconclusive", "rl_step": None})
+    assert report.verdict == "NOT ACCEPTED"
+    pred = attest.test_result(report, pins, PINS.read_bytes())
+    assert pred["result"] == "FAILED"
+    assert sorted(pred["warnedTests"]) == ["control", "rl_step"] and pred["failedTests"] == []
+
+
+def test_pins_changed_since_the_run_is_refused(records, tmp_path):
+    from builder.errors import PublishError
+
+    pins, report = records()
+    copy = tmp_path / "demo.yaml"
+    copy.write_text(PINS.read_text() + "# edited\n")
+    report.sources.pins_path = str(copy)
+    with pytest.raises(PublishError, match="changed since the run"):
+        attest.pins_bytes(report)
+
+
+def test_verify_test_result_names_the_failed_check(records, keys):
+    pins, report = records()
+    priv, pub = keys["a"]
+    stmt = attest.statements(report, pins, MANIFEST, "r", DIGEST)[2]
+    assert attest.verify_test_result(dsse.sign(stmt, priv), pub, DIGEST)["result"] == "PASSED"
+    cases = {"signature": (dsse.sign(stmt, keys["b"][0]), DIGEST), "subject": (dsse.sign(stmt, priv), OTHER)}
+    failed = json.loads(json.dumps(stmt))
+    failed["predicate"]["result"] = "FAILED"
+    cases["test result"] = (dsse.sign(failed, priv), DIGEST)
+    for check, (env, digest) in cases.items():
+        with pytest.raises(attest.AttestationError) as err:
+            attest.verify_test_result(env, pub, digest)
+        assert err.value.check == check
+
+
+def test_sbom_is_valid_cyclonedx_1_6_and_carries_commits():
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    bom = sbom.build(MANIFEST, "127.0.0.1:5000/demo/unified", DIGEST)
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(bom)) is None
+    assert bom["specVersion"] == "1.6"
+    got = sbom.covered(bom)
+    assert set(got) == {"tinyengine", "torch", "packaging"}
+    assert got["tinyengine"]["commit"] == "a" * 40 and got["torch"]["commit"] is None
+
+
+def test_no_key_means_not_attested(capsys):
+    assert attest.signer(None) is None
+    assert "not attested" in capsys.readouterr().err
