@@ -48,7 +48,9 @@ PIP_FLAGS = frozenset({
     "--no-clean", "--no-warn-script-location", "--no-warn-conflicts", "--force-reinstall", "--ignore-installed",
     "--no-index", "--prefer-binary", "--require-hashes", "--check-build-dependencies", "--use-pep517",
     "--no-use-pep517", "--disable-pip-version-check", "--no-color", "--no-input", "--quiet", "--verbose",
-    "-q", "-v"})
+    "-q", "-v",
+    "--ignore-requires-python",  # megatron-core says >=3.12 and imports on 3.11 (the demo base)
+})
 PIP_VALUED = {
     "--only-binary": r"(:all:|:none:|[A-Za-z0-9][A-Za-z0-9._-]*)(,[A-Za-z0-9][A-Za-z0-9._-]*)*",
     "--no-binary": r"(:all:|:none:|[A-Za-z0-9][A-Za-z0-9._-]*)(,[A-Za-z0-9][A-Za-z0-9._-]*)*",

@@ -301,6 +301,12 @@ def test_pip_args(pins_dir, arg):
              "components.megatron.install.pip_args[0]", "pip option")
 
 
+def test_ignore_requires_python_is_allowed(pins_dir):
+    args = ["--no-build-isolation", "--no-deps", "--ignore-requires-python"]  # megatron-core on a 3.11 base
+    p = pins.load(write(pins_dir, with_value("components.megatron.install.pip_args", args)))
+    assert p.components["megatron"].install.pip_args == args
+
+
 @pytest.mark.parametrize("url", ["ssh://-oProxyCommand=id/x", "ext::sh -c id", "-u/x", "git@-x:y",
                                  "ftp://host/x.git", "file://relative", "https://host/a b"])
 def test_bad_urls(pins_dir, url):
