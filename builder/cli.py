@@ -211,14 +211,32 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
     typer.echo(receipt.model_dump_json(indent=2))
 
 
+@app.command("export-sqsh")
+@handled
+def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
+                out: Optional[Path] = typer.Option(None, "--out", help="the .sqsh (default: next to the report)"),
+                squash_options: Optional[str] = typer.Option(
+                    None, "--squash-options", help="mksquashfs compression (default $BUILDER_SQUASH_OPTIONS "
+                                                   "or enroot's '-comp lzo -noD')")):
+    """Write the accepted image as an enroot .sqsh, check it file by file, smoke it, record it in the report."""
+    from . import sqsh
+
+    with log.step("export .sqsh"):
+        record = sqsh.export(report_json, out=out, squash_options=squash_options)
+    typer.echo(record.model_dump_json(indent=2))
+
+
 @app.command()
 @handled
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
+        sqsh: bool = typer.Option(False, "--sqsh", help="after publish, export the enroot .sqsh (export-sqsh)"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
         out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")):
     """Resolve, build, accept, report, and publish when asked. Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from . import publish as publish_mod
 
+    if sqsh and not publish:
+        raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
     report, run_dir = _accept_and_report(pins_path, None, None, offline, allow_moved_pr, out)
     log.info("timings: " + json.dumps(log.timings))
     if report.verdict != "ACCEPTED":
@@ -228,6 +246,12 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         with log.step("publish"):
             receipt = publish_mod.publish(run_dir / "report.json")
         log.info(f"published {receipt.repository}@{receipt.digest}")
+    if sqsh:
+        from . import sqsh as sqsh_mod
+
+        with log.step("export .sqsh"):
+            record = sqsh_mod.export(run_dir / "report.json")
+        log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     log.info(f"report: {run_dir / 'report.md'}")
 
 
@@ -239,7 +263,7 @@ def demo(publish: bool = typer.Option(True, "--publish/--no-publish", help="publ
 
     with log.step("prepare demo world"):
         pins_path = demo_mod.prepare_demo()
-    run(pins_path, publish=publish, offline=False, allow_moved_pr=False, out=None)
+    run(pins_path, publish=publish, sqsh=False, offline=False, allow_moved_pr=False, out=None)
 
 
 def main():

@@ -291,13 +291,27 @@ def _ensure_registry() -> dict:
             "config": str(config), "data": str(data_dir), "installed": installed}
 
 
+def ensure_tools() -> dict:
+    """Host tools of later stages: mksquashfs/unsquashfs (squashfs-tools) for `export-sqsh`."""
+    if not (shutil.which("mksquashfs") and shutil.which("unsquashfs")):
+        with locked(cache_dir("logs") / ".apt.lock"):
+            if not shutil.which("mksquashfs"):
+                _apt_install("squashfs-tools")
+        if not shutil.which("mksquashfs"):
+            raise InfraError("mksquashfs: still missing after apt-get install squashfs-tools")
+        return {"squashfs-tools": "installed"}
+    return {"squashfs-tools": "found"}
+
+
 def ensure_all() -> dict:
-    """Engine then registry; returns {'engine': {...}, 'registry': {...}}."""
+    """Engine, registry, host tools; returns {'engine': {...}, 'registry': {...}, 'tools': {...}}."""
     with log.step("setup: docker engine"):
         engine = ensure_engine()
     with log.step("setup: registry"):
         registry = ensure_registry()
-    return {"engine": engine, "registry": registry}
+    with log.step("setup: host tools"):
+        tools = ensure_tools()
+    return {"engine": engine, "registry": registry, "tools": tools}
 
 
 def main(argv: list[str] | None = None) -> int:

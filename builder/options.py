@@ -7,9 +7,11 @@
 | BUILDER_DEBIAN_MIRROR | http://deb.debian.org/debian | debootstrap mirror of the demo base image |
 | BUILDER_ENGINE_TIMEOUT | 90 | seconds to wait for a started dockerd to answer |
 | BUILDER_REGISTRY_TIMEOUT | 30 | seconds to wait for a started registry to answer |
+| BUILDER_SQUASH_OPTIONS | -comp lzo -noD | mksquashfs options of `export-sqsh` (enroot's ENROOT_SQUASH_OPTIONS default) |
 | DOCKER_HOST | the local socket | which Docker engine (read by the Docker SDK) |
 """
 import os
+import re
 from pathlib import Path
 
 from builder.errors import BadInput
@@ -39,3 +41,21 @@ def engine_timeout_s() -> float:
 
 def registry_timeout_s() -> float:
     return float(os.environ.get("BUILDER_REGISTRY_TIMEOUT", "30"))
+
+
+ENROOT_SQUASH_OPTIONS = "-comp lzo -noD"   # enroot's default (doc/cmd/import.md, doc/configuration.md)
+SQUASH_WORD = re.compile(r"-[a-zA-Z][a-zA-Z0-9-]*|[a-z0-9][a-z0-9._]*")
+
+
+def check_squash_options(value: str, where: str) -> str:
+    """mksquashfs compression options: flags and plain values only (no paths, no shell)."""
+    words = value.split()
+    if not words or not all(SQUASH_WORD.fullmatch(w) for w in words) or any(
+            w in ("-noappend", "-root-becomes", "-pf", "-sort", "-ef", "-cpiostyle", "-tar") for w in words):
+        raise BadInput(f"{where}: expected mksquashfs compression options like {ENROOT_SQUASH_OPTIONS!r}, got {value!r}")
+    return " ".join(words)
+
+
+def squash_options() -> str:
+    return check_squash_options(os.environ.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
+                                "BUILDER_SQUASH_OPTIONS")

@@ -93,6 +93,27 @@ class PublishReceipt(Record):
     platform: str = "unknown"          # os/architecture of the config blob the registry serves
 
 
+class SqshExport(Record):
+    """The enroot .sqsh of the accepted image (builder/sqsh.py)."""
+    path: str
+    sha256: str
+    size: int
+    compression: str                   # mksquashfs options (enroot's ENROOT_SQUASH_OPTIONS default)
+    mksquashfs: str                    # version line
+    mksquashfs_args: list[str]
+    image_id: str
+    tag: str                           # the SHA tag
+    registry_digest: str
+    entries: int                       # paths compared with the layers' final tree
+    files: int                         # regular files among them
+    xattrs: bool
+    enroot_files: dict[str, str]       # /etc files enroot writes from the image config: sha256
+    equivalence: str
+    smoke: dict                        # provenance gate on the .sqsh contents
+    seconds: dict[str, float]
+    created: str
+
+
 class Report(Record):
     verdict: Literal["ACCEPTED", "NOT ACCEPTED"]
     name: str
@@ -103,6 +124,7 @@ class Report(Record):
     platform: str = "unknown"
     base_image: str = "unknown"
     publish: PublishReceipt | None = None
+    sqsh: SqshExport | None = None
     # added by report.py: what the report is about and how the verdict was reached
     image_id: str = "unknown"
     repository: str = "unknown"
