@@ -13,6 +13,7 @@ Nothing is left behind on failure: the .sqsh is renamed into place only once bot
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -74,21 +75,31 @@ def enroot_files(config: dict[str, Any]) -> dict[str, bytes]:
           + f'mkdir -p "{workdir}" 2> /dev/null\ncd "{workdir}" && unset OLDPWD || exit 1\n\n'
           + "if [ -s /etc/rc.local ]; then\n    . /etc/rc.local\nfi\n\n"
           + f'if [ $# -gt 0 ]; then\n    exec {ep} "$@"\nelse\n'
-          + f"    exec {' '.join(w for w in (ep, ' '.join(_quote(w) for w in cmd)) if w)}\nfi\n")
+          + f"    exec {ep} {' '.join(_quote(w) for w in cmd)}\nfi\n")
     return {"etc/environment": env.encode(), "etc/fstab": fstab.encode(), "etc/rc": rc.encode(),
             "etc/rc.local": RC_LOCAL.encode()}
 
 
 def write_enroot_files(rootfs: Path, files: dict[str, bytes], workdir: str) -> dict[str, Entry]:
-    """Write them (root:root 0644, as enroot's shell does) and return their entries."""
-    (rootfs / workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    """Write them (root:root 0644, as enroot's shell does; missing directories 0755) and return the
+    entries of what was written or created."""
     out = {}
+    for rel in [workdir.strip("/")] + [name.rpartition("/")[0] for name in files]:
+        parts = [p for p in rel.split("/") if p]
+        for i in range(len(parts)):
+            sub = "/".join(parts[:i + 1])
+            path = layers._inside(rootfs, sub)
+            if not path.is_dir():
+                layers._remove(path)
+                path.mkdir(mode=0o755)
+                path.chmod(0o755)
+                out[sub] = Entry(kind="d", mode=0o755, uid=0, gid=0)
     for rel, data in files.items():
         path = layers._inside(rootfs, rel)
-        path.parent.mkdir(parents=True, exist_ok=True)
         layers._remove(path)
         path.write_bytes(data)
         path.chmod(0o644)
+        os.chown(path, 0, 0)
         out[rel] = Entry(kind="f", mode=0o644, uid=0, gid=0, sha256=hashlib.sha256(data).hexdigest())
     return out
 
@@ -189,7 +200,9 @@ def export(report_path: Path, out: Path | None = None, client: Any = None, squas
 
     report_path = Path(report_path)
     report = report_mod.load(report_path)
-    publish.check_accepted(report, str(report_path))
+    if report.verdict != "ACCEPTED":
+        raise NotAccepted(f"{report_path}: verdict is {report.verdict}; only an ACCEPTED image is exported")
+    publish.check_accepted(report, str(report_path))  # and the gates must support the verdict
     squash_options = options.squash_options() if squash_options is None else options.check_squash_options(
         squash_options, "--squash-options")
     out = Path(out) if out else default_out(report, report_path)
