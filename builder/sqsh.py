@@ -208,6 +208,8 @@ def export(report_path: Path, out: Path | None = None, client: Any = None, squas
     out = Path(out) if out else default_out(report, report_path)
     if out.suffix != ".sqsh":
         raise BadInput(f"--out {out}: expected a file name ending in .sqsh")
+    if os.geteuid() != 0:
+        raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
     version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
     client = client or engine.connect()
     work = Path(tempfile.mkdtemp(prefix="sqsh-", dir=cache_dir("sqsh")))
