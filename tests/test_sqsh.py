@@ -293,13 +293,6 @@ def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh):
 
 
 @pytest.mark.docker
-def test_demo_export_again_same_sha256(demo_sqsh, docker_client, tmp_path):
-    path, record = demo_sqsh
-    again = sqsh.export(path, out=tmp_path / "again.sqsh", client=docker_client, squash_options=FAST, smoke=False)
-    assert again.sha256 == record.sha256
-
-
-@pytest.mark.docker
 def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client, tmp_path):
     path, record = demo_sqsh
     root = tmp_path / "r"
