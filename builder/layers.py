@@ -231,9 +231,12 @@ def _is_dir(rootfs: Path, path: str) -> bool:
 def _inside(rootfs: Path, path: str) -> Path:
     """rootfs/path, refusing a path whose parent directories go through a symlink (a layer written by
     an engine never does; following one could leave the rootfs)."""
-    target = rootfs / path if path else rootfs
-    parent = target.parent if path else rootfs
-    if os.path.realpath(parent) != os.path.abspath(parent):
+    if not path:
+        return rootfs
+    target = rootfs / path
+    parent = path.rpartition("/")[0]
+    want = os.path.join(os.path.realpath(rootfs), parent) if parent else os.path.realpath(rootfs)
+    if os.path.realpath(target.parent) != want:
         raise BadInput(f"layer member {path!r}: its parent goes through a symlink; refusing to follow it")
     return target
 

@@ -194,6 +194,15 @@ def test_a_layer_that_does_not_match_its_diff_id_is_refused(planted, docker_clie
 # ---------------------------------------------------------------- no Docker
 
 
+def test_a_member_through_a_symlink_is_refused(tmp_path):
+    root = tmp_path / "root"
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "lib").symlink_to("/etc")
+    assert layers._inside(root, "usr/lib/x") == root / "usr/lib/x"
+    with pytest.raises(BadInput, match="'lib/passwd': its parent goes through a symlink"):
+        layers._inside(root, "lib/passwd")
+
+
 def test_squash_options_default_is_enroots(monkeypatch):
     monkeypatch.delenv("BUILDER_SQUASH_OPTIONS", raising=False)
     assert options.squash_options() == "-comp lzo -noD"
