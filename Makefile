@@ -1,23 +1,33 @@
 # Entry points (README): `make demo`, `make test`. As root on Debian bookworm.
-PYTHON ?= python3
-DEMO_LOCK ?= pins/locks/demo.lock
+# Everything runs in a project venv (.venv), made with Debian's python3 if no venv is active:
+# Debian's own python refuses `pip install` (PEP 668).
+VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/.venv)
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
 
-.PHONY: setup base demo test
+.PHONY: setup venv base demo test lint real-repos
 
-# Install the tool (+ test deps), then start the Docker engine and the 127.0.0.1:5000 registry
-# if they are not running (idempotent; `builder setup` does the same).
-setup:
-	$(PYTHON) -m pip install -e '.[test]'
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+# Start the Docker engine and the 127.0.0.1:5000 registry if they are not running (idempotent).
+setup: venv
 	$(PYTHON) -m builder.infra
 
-# The demo base image (debootstrap + offline venv with CPU torch), cached by recipe hash;
-# prints 127.0.0.1:5000/demo/base@sha256:... Also fetches the wheels of the demo lock.
-base:
-	$(PYTHON) -m builder.baseimage --lock $(DEMO_LOCK)
+# The demo base image (debootstrap + offline venv with CPU torch), cached by recipe hash.
+base: setup
+	$(PYTHON) -m demo base
 
-# Everything missing (engine, registry, base image, demo repos, pins digest), then the whole flow.
+# Everything missing (engine, registry, base image, demo repos, local pins), then the whole flow.
 demo: setup
-	$(PYTHON) -m builder.cli demo
+	$(PYTHON) -m demo run
 
-test:
+lint: venv
+	$(PYTHON) -m ruff check builder acceptance demo tests benchmarks
+	$(PYTHON) -m mypy
+
+test: setup
 	$(PYTHON) -m pytest -q -ra

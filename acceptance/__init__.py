@@ -3,4 +3,4 @@
 `python -m acceptance gate <name> --settings <json>` runs one gate and prints its GateResult as JSON
 on the last stdout line. Gates: provenance, zero_update, rl_step, control.
 """
-GATES = ("provenance", "zero_update", "rl_step", "control")
+from acceptance.defaults import GATES  # noqa: F401

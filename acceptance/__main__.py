@@ -7,14 +7,7 @@ import sys
 import time
 import traceback
 
-from acceptance import GATES
-
-DEFAULT_METRICS = {
-    "diff_max": "training/rollout_probs_diff_max", "diff_mean": "training/rollout_probs_diff_mean",
-    "k3_kl": "rollout_corr/k3_kl", "reward": "critic/rewards/mean", "loss": "actor/pg_loss",
-    "weights_before": "actor/weights_checksum_before", "weights_after": "actor/weights_checksum_after",
-    "throughput": "rollout/throughput_tokens_per_s",
-}
+from acceptance.defaults import GATES, METRICS
 
 
 def run_gate(name: str, settings: dict) -> dict:
@@ -27,7 +20,7 @@ def run_gate(name: str, settings: dict) -> dict:
     else:
         from acceptance import decide, recipe
 
-        metrics = {**DEFAULT_METRICS, **(settings.get("metrics") or {})}
+        metrics = {**METRICS, **(settings.get("metrics") or {})}
         run, facts, log = recipe.run(settings, name)
         status, reason, evidence = decide.DECISIONS[name](run, int(settings["steps"]), metrics)
         evidence["run"] = facts

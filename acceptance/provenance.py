@@ -8,13 +8,12 @@ import shutil
 import sys
 
 from acceptance import procfs
+from acceptance.defaults import CACHE_ENV_VARS as CACHE_ENV
 
 NUMERIC_ENV = ("DEMO_BATCH_INVARIANT", "VLLM_BATCH_INVARIANT", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE",
                "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTHONHASHSEED",
                "CUDA_LAUNCH_BLOCKING", "NCCL_ALGO", "NCCL_PROTO")
 NUMERIC_PREFIXES = ("TORCH_", "TORCHINDUCTOR_", "TRITON_", "VLLM_", "NCCL_", "CUBLAS", "CUDNN_", "NVTE_")
-CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME",
-             "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH")
 HOME_CACHES = (".cache/torch", ".triton", ".cache/vllm", ".cache/torch_extensions", ".cache/flashinfer",
                ".nv/ComputeCache")
 

@@ -13,23 +13,27 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import build, engine, pins as pins_mod, render, sources  # noqa: E402
-from builder.demo import prepare_demo, variant_pins  # noqa: E402
+from builder import build, dockerfile, engine, render, sources  # noqa: E402
+from builder import pins as pins_mod  # noqa: E402
+from builder.options import Settings  # noqa: E402
+from demo.prepare import prepare_demo, variant_pins  # noqa: E402
+
+SETTINGS = Settings.from_env()
 
 
 def timed_build(pins_path, nocache=False):
     """Seconds for render + build (what `builder build` does after resolving)."""
     pins = pins_mod.load(pins_path)
-    resolved = sources.resolve(pins)
+    resolved = sources.resolve(pins, SETTINGS)
     start = time.monotonic()
-    rendered = render.render(pins, resolved)
-    built = build.build(rendered, pins, nocache=nocache, echo=False)
+    rendered = render.render(pins, resolved, SETTINGS)
+    built = build.build(rendered, SETTINGS, nocache=nocache, echo=False)
     return time.monotonic() - start, built
 
 
 def reused(built) -> dict:
     steps = json.loads(build.steps_file(built).read_text())
-    groups = render.instructions((Path(built.log_path).parent / "Dockerfile").read_text())
+    groups = dockerfile.instructions((Path(built.log_path).parent / "Dockerfile").read_text())
     out = {}
     for step in steps:
         group = groups[step["step"] - 1][0]
@@ -39,7 +43,7 @@ def reused(built) -> dict:
 
 
 def main() -> int:
-    pins_path = prepare_demo()
+    pins_path = prepare_demo(SETTINGS)
     cold_s, cold = timed_build(pins_path, nocache=True)
     noop_s, noop = timed_build(pins_path)
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,7 +57,7 @@ def main() -> int:
           f"  (target < 15%: {'ok' if ratio < 0.15 else 'MISSED'})")
     print(f"  layers: {reused(verl)}")
     print(f"  stages: {verl.stage_times}")
-    client = engine.connect()
+    client = engine.connect(SETTINGS)
     for tag in verl.tags:  # the variant is never accepted: leave no tag of it
         engine.remove_image(client, tag)
     return 0

@@ -96,17 +96,20 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-export-"))
     os.environ["BUILDER_CACHE"] = str(work / "cache")
     from builder import export, mirror, sources
+    from builder.options import Settings
+
+    settings = Settings.from_env()
 
     pin = SimpleNamespace(target=args.target, pr=pr, commit=head)
     if args.seed:
-        seed(mirror.mirror_path(repo_dir), repo_dir, {f"refs/heads/{args.target}": f"refs/remotes/origin/{args.target}",
+        seed(mirror.mirror_path(settings, repo_dir), repo_dir, {f"refs/heads/{args.target}": f"refs/remotes/origin/{args.target}",
                                                       f"refs/pull/{pr}/head": f"refs/remotes/origin/pr/{pr}"})
     start = time.perf_counter()
-    comp = sources.resolve_component("megatron", pin, repo_dir)
+    comp = sources.resolve_component(settings, "megatron", pin, repo_dir)
     cold = time.perf_counter() - start
-    warm = best_of(1, lambda: sources.resolve_component("megatron", pin, repo_dir))
-    offline = best_of(1, lambda: sources.resolve_component("megatron", pin, repo_dir, offline=True))
-    mirror_repo = mirror.open_mirror(repo_dir)
+    warm = best_of(1, lambda: sources.resolve_component(settings, "megatron", pin, repo_dir))
+    offline = best_of(1, lambda: sources.resolve_component(settings, "megatron", pin, repo_dir, offline=True))
+    mirror_repo = mirror.open_mirror(settings, repo_dir)
 
     ours, theirs = work / "ours.tar", work / "git-archive.tar"
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import engine, layers, sqsh  # noqa: E402
+from builder import engine, host, layers, sqsh  # noqa: E402
+from builder.options import Settings  # noqa: E402
 
 DEFAULT = ["-comp lzo -noD", "-comp lzo -Xalgorithm lzo1x_1 -noD", "-comp zstd -Xcompression-level 1"]
 
@@ -26,7 +27,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-sqsh-"))
     try:
         start = time.monotonic()
-        saved = layers.save(engine.connect(), args.image, work / "image.tar")
+        saved = layers.save(engine.connect(Settings.from_env()), args.image, work / "image.tar")
         rootfs = work / "rootfs"
         rootfs.mkdir()
         layers.apply_layers(saved, rootfs)
@@ -41,7 +42,7 @@ def main() -> None:
                 sqsh.mksquashfs(rootfs, out, f"{opts} -processors {procs}", xattrs=False)
                 took = time.monotonic() - start
                 print(f"{opts:<40} -processors {procs}: {took:6.1f} s  {out.stat().st_size / 1e6:7.1f} MB  "
-                      f"sha256 {sqsh.sha256_file(out)[:16]}")
+                      f"sha256 {host.sha256_file(out)[:16]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,25 +1,29 @@
 """Host side of acceptance: one fresh container per gate, from the image ID, with no network, no host
 sources, empty tmpfs caches and read-only mounts only where the pins ask. Results come back as the
 gate's GateResult JSON (last stdout line); a hang is killed at the timeout; containers are always removed."""
+from __future__ import annotations
+
 import json
 import time
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
-from . import log
-from .errors import BadInput, InfraError
-from .records import GATES, AcceptanceResult, GateResult
+from builder import engine, log
+from builder.constants import CACHE_DIR as CACHE
+from builder.constants import CACHE_ENV, GATES, LABEL_PREFIX, MANIFEST
+from builder.engine import Client
+from builder.errors import BadInput, InfraError
+from builder.options import Settings
+from builder.pins import Pins
+from builder.records import AcceptanceResult, GateResult
 
-LABEL = "io.truepolicy.acceptance"          # value: the run id; on every acceptance container
-MANIFEST = "/opt/delivery/manifest.json"
-CACHE = "/cache"
-CACHE_ENV = {"HOME": CACHE, "XDG_CACHE_HOME": f"{CACHE}/xdg", "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/inductor",
-             "TRITON_CACHE_DIR": f"{CACHE}/triton", "VLLM_CACHE_ROOT": f"{CACHE}/vllm",
-             "TORCH_EXTENSIONS_DIR": f"{CACHE}/torch_extensions", "PYTHONUNBUFFERED": "1"}
+LABEL = f"{LABEL_PREFIX}.acceptance"          # value: the run id; on every acceptance container
 TMPFS = {CACHE: "rw,exec,nosuid,nodev,size=2g", "/tmp": "rw,exec,nosuid,nodev,size=1g"}
 TAIL = 6000
 
 
-def gate_settings(pins, gate: str) -> dict:
+def gate_settings(pins: Pins, gate: str) -> dict[str, Any]:
     """What the in-image runner needs: the recipe, its arms, the steps/lr keys and the metric names."""
     acc, recipe = pins.acceptance, pins.recipe
     return {"gate": gate, "entry": list(recipe.entry), "overrides": dict(recipe.overrides), "env": dict(recipe.env),
@@ -30,12 +34,12 @@ def gate_settings(pins, gate: str) -> dict:
             "manifest": MANIFEST}
 
 
-def _container_spec(pins, image_id: str, gate: str, settings: dict, run_id: str) -> dict:
+def _container_spec(pins: Pins, image_id: str, gate: str, settings: dict[str, Any], run_id: str) -> dict[str, Any]:
     import docker
 
     mounts = [docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=True)
               for m in pins.acceptance.mounts]
-    spec = {"image": image_id,
+    spec: dict[str, Any] = {"image": image_id,
             "command": [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", json.dumps(settings)],
             "environment": dict(CACHE_ENV), "network_mode": "none", "tmpfs": dict(TMPFS), "mounts": mounts,
             "working_dir": "/tmp", "labels": {LABEL: run_id, f"{LABEL}.gate": gate, f"{LABEL}.image": image_id},
@@ -45,7 +49,7 @@ def _container_spec(pins, image_id: str, gate: str, settings: dict, run_id: str)
     return spec
 
 
-def _facts(container) -> dict:
+def _facts(container: Any) -> dict[str, Any]:
     attrs = container.attrs
     state, host = attrs.get("State", {}), attrs.get("HostConfig", {})
     return {"id": attrs.get("Id"), "name": attrs.get("Name", "").lstrip("/"), "image": attrs.get("Image"),
@@ -59,7 +63,7 @@ def _facts(container) -> dict:
             "exit_code": state.get("ExitCode"), "oom_killed": state.get("OOMKilled")}
 
 
-def _parse(stdout: str, gate: str) -> dict | None:
+def _parse(stdout: str, gate: str) -> dict[str, Any] | None:
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
         return None
@@ -70,7 +74,8 @@ def _parse(stdout: str, gate: str) -> dict | None:
     return data if isinstance(data, dict) and data.get("name") == gate else None
 
 
-def run_gate(client, pins, image_id: str, gate: str, timeout_s: int, run_id: str) -> tuple[GateResult, dict]:
+def run_gate(client: Client, pins: Pins, image_id: str, gate: str, timeout_s: int,
+             run_id: str) -> tuple[GateResult, dict[str, Any]]:
     """Run one gate in a new container; always remove it (also on timeout and Ctrl-C)."""
     import docker
     import requests
@@ -108,7 +113,7 @@ def run_gate(client, pins, image_id: str, gate: str, timeout_s: int, run_id: str
                               reason=f"gate exited with status {facts['exit_code']} without a result line",
                               evidence={"exit_code": facts["exit_code"]}, log=(stderr + stdout)[-TAIL:]), facts
         data["log"] = data.get("log") or tail
-        return GateResult(**{k: data.get(k) for k in ("name", "status", "reason", "evidence", "log")}), facts
+        return GateResult.model_validate({k: data.get(k) for k in ("name", "status", "reason", "evidence", "log")}), facts
     finally:
         if container is not None:
             try:
@@ -117,46 +122,46 @@ def run_gate(client, pins, image_id: str, gate: str, timeout_s: int, run_id: str
                 pass
 
 
-def leftover_containers(client, run_id: str | None = None) -> list:
+def leftover_containers(client: Client, run_id: str | None = None) -> list[Any]:
     """Acceptance containers still present (all runs, or one run)."""
     label = f"{LABEL}={run_id}" if run_id else LABEL
-    return client.containers.list(all=True, filters={"label": label})
+    found: list[Any] = client.containers.list(all=True, filters={"label": label})
+    return found
 
 
-def _image_id(client, image: str) -> str:
+def _image_id(client: Client, image: str) -> str:
     import docker
 
     try:
-        return client.images.get(image).id
+        return str(client.images.get(image).id)
     except docker.errors.ImageNotFound:
         raise BadInput(f"image {image}: not found in the Docker engine") from None
 
 
-def throughput(gates: list[GateResult], metric: str) -> dict:
+def throughput(gates: list[GateResult], metric: str) -> dict[str, Any]:
     """Rollout throughput of the aligned arm (rl_step) and the control arm, and their ratio."""
     by_name = {g.name: g for g in gates}
-    aligned = (by_name.get("rl_step").evidence.get("throughput") if "rl_step" in by_name else None)
-    control = (by_name.get("control").evidence.get("throughput") if "control" in by_name else None)
+    aligned = by_name["rl_step"].evidence.get("throughput") if "rl_step" in by_name else None
+    control = by_name["control"].evidence.get("throughput") if "control" in by_name else None
     numbers = all(isinstance(v, (int, float)) for v in (aligned, control))
     ratio = aligned / control if numbers and control else None
     return {"metric": metric, "aligned": aligned, "control": control, "ratio": ratio}
 
 
-def accept(image_id: str, pins, gates=None, client=None, timeout_s: int | None = None,
-           run_id: str | None = None) -> AcceptanceResult:
+def accept(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] | None = None,
+           timeout_s: int | None = None, run_id: str | None = None) -> AcceptanceResult:
     """Run the selected gates (default all) in fresh containers; unselected ones are not_run.
     Every container carries the label io.truepolicy.acceptance=<run_id> (random unless given)."""
-    from . import engine
-
     selected = list(gates) if gates else list(GATES)
     unknown = [g for g in selected if g not in GATES]
     if unknown:
         raise BadInput(f"--gate: expected one of {', '.join(GATES)}, got {unknown[0]!r}")
-    client = client or engine.connect()
+    client = engine.connect(settings)
     full_id = _image_id(client, image_id)
     timeout = timeout_s or pins.acceptance.timeout_s
     run_id = run_id or uuid.uuid4().hex[:12]
-    results, facts = [], {}
+    results: list[GateResult] = []
+    facts: dict[str, dict[str, Any]] = {}
     for gate in GATES:
         if gate not in selected:
             results.append(GateResult(name=gate, status="not_run", reason="not selected"))

@@ -1,8 +1,8 @@
 """The build context: one deterministic tar the tool makes itself (no directory sent as is).
 
 Layout: Dockerfile, constraints.in, delivery/{pins.json,components.json,dockerfile.sha256},
-provenance/<component>.json, image_scripts/, lock/requirements.lock, wheels/, acceptance/ (when the suite exists),
-src/<component>/ (export_tar of each component at its pinned commit, re-rooted).
+provenance/<component>.json, image_scripts/, lock/requirements.lock, wheels/, acceptance/ (the suite),
+src/<component>/ (the export resolve made of each component at its pinned commit, re-rooted).
 Entries sorted by path, directories left out, mtime fixed, uid/gid 0, modes 0644/0755.
 """
 from __future__ import annotations
@@ -13,12 +13,15 @@ import os
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from builder import paths
-from builder.render import BUILDER_VERSION, SOURCE_DATE_EPOCH
+from builder import host, resources
+from builder import sources as sources_mod
+from builder.constants import BUILDER_VERSION, COMPONENTS, SOURCE_DATE_EPOCH
+from builder.options import Settings
+from builder.pins import Pins
+from builder.records import ResolvedSources
 
-PROJECT = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent / "image_scripts"
 PROVENANCE = ("commit", "tree", "pr", "url", "target")
 SKIP = ("__pycache__", ".pyc", ".pyo")
 
@@ -39,14 +42,8 @@ include = ["acceptance*"]
 """
 
 
-def acceptance_dir() -> Path | None:
-    """The acceptance suite package at the repo root, None while it is not there yet."""
-    path = PROJECT / "acceptance"
-    return path if (path / "__init__.py").is_file() else None
-
-
-def _tree(root: Path, prefix: str) -> dict[str, Path]:
-    out = {}
+def _tree(root: Path, prefix: str) -> dict[str, bytes | Path]:
+    out: dict[str, bytes | Path] = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
         if path.is_file() and not any(part.endswith(SKIP) for part in rel.parts):
@@ -63,11 +60,11 @@ def _info(name: str, size: int = 0, mode: int = 0o644) -> tarfile.TarInfo:
     return info
 
 
-def _json(data) -> bytes:
+def _json(data: Any) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
-def small_files(pins, dockerfile: str, dockerfile_sha: str, delivery: dict, acceptance: bool,
+def small_files(pins: Pins, dockerfile: str, dockerfile_sha: str, delivery: dict[str, Any],
                 wheels: Path | None) -> dict[str, bytes | Path]:
     """Every context file except the sources: {path in context: bytes or host file}."""
     files: dict[str, bytes | Path] = {
@@ -80,15 +77,13 @@ def small_files(pins, dockerfile: str, dockerfile_sha: str, delivery: dict, acce
     }
     for name, comp in delivery["components"].items():  # read by stamp.py after each install
         files[f"provenance/{name}.json"] = _json({"component": name, **{k: comp[k] for k in PROVENANCE}})
-    files.update(_tree(SCRIPTS, "image_scripts/"))
+    files.update(_tree(resources.image_scripts(), "image_scripts/"))
     if wheels is not None:
         files.update({f"wheels/{p.name}": p for p in sorted(Path(wheels).glob("*.whl"))})
     if not any(k.startswith("wheels/") for k in files):
         files["wheels/EMPTY"] = b"the lock has no requirements\n"
-    suite = acceptance_dir() if acceptance else None
-    if suite is not None:
-        files["acceptance/pyproject.toml"] = ACCEPTANCE_PYPROJECT.format(version=BUILDER_VERSION).encode()
-        files.update(_tree(suite, "acceptance/acceptance/"))
+    files["acceptance/pyproject.toml"] = ACCEPTANCE_PYPROJECT.format(version=BUILDER_VERSION).encode()
+    files.update(_tree(resources.acceptance_suite(), "acceptance/acceptance/"))
     return files
 
 
@@ -101,12 +96,12 @@ def _add_small(tar: tarfile.TarFile, name: str, content: bytes | Path) -> None:
     tar.addfile(_info(name, len(content), mode), io.BytesIO(content))
 
 
-def _add_export(tar: tarfile.TarFile, exported: tarfile.TarFile) -> None:
-    """Copy an export's files and symlinks (already path-sorted), normalising their metadata."""
+def _add_export(tar: tarfile.TarFile, exported: tarfile.TarFile, prefix: str) -> None:
+    """Copy an export's files and symlinks (already path-sorted) under prefix, normalising their metadata."""
     for member in exported:
         if member.isdir():
             continue
-        info = _info(member.name, member.size if member.isfile() else 0, member.mode)
+        info = _info(f"{prefix}/{member.name}", member.size if member.isfile() else 0, member.mode)
         if member.issym():
             info.type, info.linkname, info.mode = tarfile.SYMTYPE, member.linkname, 0o777
             tar.addfile(info)
@@ -116,32 +111,24 @@ def _add_export(tar: tarfile.TarFile, exported: tarfile.TarFile) -> None:
             raise ValueError(f"{member.name}: unexpected tar entry type {member.type!r}")
 
 
-def assemble(pins, sources, dockerfile: str, dockerfile_sha: str, delivery: dict,
-             acceptance: bool) -> tuple[Path, str]:
-    """Write the context tar under cache_dir('builds', <sha prefix>); return (path, sha256)."""
-    from builder import baseimage
-    from builder.sources import export_component
-    from builder.render import COMPONENTS, lock_has_requirements
-
-    wheels = baseimage.ensure_wheels(pins.lock_path()) if lock_has_requirements(pins.lock_path()) else None
-    files = small_files(pins, dockerfile, dockerfile_sha, delivery, acceptance, wheels)
+def assemble(pins: Pins, sources: ResolvedSources, settings: Settings, dockerfile: str, dockerfile_sha: str,
+             delivery: dict[str, Any], wheels: Path | None) -> tuple[Path, str]:
+    """Write the context tar under <cache>/builds/<sha prefix>/; return (path, sha256)."""
+    files = small_files(pins, dockerfile, dockerfile_sha, delivery, wheels)
     before = sorted(k for k in files if k < "src/")
     after = sorted(k for k in files if k >= "src/")
-    fd, tmp = tempfile.mkstemp(prefix="context-", suffix=".tar.part", dir=paths.cache_dir("builds"))
+    fd, tmp = tempfile.mkstemp(prefix="context-", suffix=".tar.part", dir=settings.cache("builds"))
     try:
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
             for key in before:
                 _add_small(tar, key, files[key])
             for name in sorted(COMPONENTS):
-                with tempfile.TemporaryFile() as spool:
-                    export_component(sources.components[name], spool, prefix=f"src/{name}")
-                    spool.seek(0)
-                    with tarfile.open(fileobj=spool, mode="r") as exported:
-                        _add_export(tar, exported)
+                with tarfile.open(sources_mod.exported_tar(settings, sources.components[name]), mode="r") as exported:
+                    _add_export(tar, exported, f"src/{name}")
             for key in after:
                 _add_small(tar, key, files[key])
-        sha = baseimage.sha256_file(Path(tmp))
-        out_dir = paths.cache_dir("builds", sha[:16])
+        sha = host.sha256_file(Path(tmp))
+        out_dir = settings.cache("builds", sha[:16])
         path = out_dir / "context.tar"
         os.replace(tmp, path)
         (out_dir / "Dockerfile").write_text(dockerfile)

@@ -10,12 +10,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
+
+import requests
 
 from builder.errors import BuildFailed, InfraError
+from builder.options import Settings
 
 STEP_RX = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 LAYER_RX = re.compile(r"^---> ([0-9a-f]{12})$")
-BUILD_TIMEOUT_S = 3600  # HTTP read timeout: a step may print nothing for minutes
+Client = Any  # docker.DockerClient (the SDK ships no type hints)
 
 
 @dataclass
@@ -37,12 +41,14 @@ class BuildResult:
     log_path: str
 
 
-def connect(timeout: int = BUILD_TIMEOUT_S):
-    """A docker SDK client whose engine answered ping, else InfraError (exit 3)."""
+def connect(settings: Settings, timeout: float | None = None) -> Client:
+    """A docker SDK client for the settings' engine that answered ping, else InfraError (exit 3).
+    `timeout` is the HTTP read timeout (default: the build timeout; a step may print nothing for minutes)."""
     import docker
 
     try:
-        client = docker.from_env(timeout=timeout)
+        client = docker.from_env(timeout=int(timeout or settings.build_timeout_s),
+                                 environment=settings.docker_environment())
         client.ping()
         return client
     except Exception as exc:  # DockerException, requests errors, socket errors
@@ -50,26 +56,27 @@ def connect(timeout: int = BUILD_TIMEOUT_S):
                          " start it with `builder setup`") from None
 
 
-def engine_version(client) -> str:
+def engine_version(client: Client) -> str:
     return str(client.version().get("Version", "unknown"))
 
 
-def inspect_image(client, ref: str) -> dict | None:
+def inspect_image(client: Client, ref: str) -> dict[str, Any] | None:
     import docker
 
     try:
-        return client.api.inspect_image(ref)
+        attrs: dict[str, Any] = client.api.inspect_image(ref)
+        return attrs
     except docker.errors.ImageNotFound:
         return None
 
 
-def tag_image(client, image_id: str, ref: str) -> None:
+def tag_image(client: Client, image_id: str, ref: str) -> None:
     repository, _, tag = ref.rpartition(":")
     if not client.api.tag(image_id, repository, tag, force=True):
         raise BuildFailed(f"{ref}: the engine refused to tag {image_id}")
 
 
-def read_file(client, image_id: str, path: str) -> bytes | None:
+def read_file(client: Client, image_id: str, path: str) -> bytes | None:
     """One file of an image, through a created (never started) container; None when absent."""
     import io
     import tarfile
@@ -81,14 +88,14 @@ def read_file(client, image_id: str, path: str) -> bytes | None:
         stream, _ = container.get_archive(path)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
             member = tar.extractfile(tar.getmembers()[0])
-            return member.read() if member else None
+            return bytes(member.read()) if member else None
     except docker.errors.NotFound:
         return None
     finally:
         container.remove(force=True)
 
 
-def remove_image(client, ref: str) -> bool:
+def remove_image(client: Client, ref: str) -> bool:
     """Remove a tag (or image); True when something was removed."""
     import docker
 
@@ -102,7 +109,7 @@ def remove_image(client, ref: str) -> bool:
 class _Progress:
     """Follows the classic builder's stream: steps, cache hits, per-step timings, the log file."""
 
-    def __init__(self, log_file, echo):
+    def __init__(self, log_file: IO[str], echo: bool):
         self.log_file, self.echo = log_file, echo
         self.steps: list[Step] = []
         self.tail: list[str] = []
@@ -110,6 +117,7 @@ class _Progress:
         self.step_started = self.started
         self.image_id = ""
         self.error = ""
+        self.partial = ""  # the engine may split one long output line over several stream chunks
 
     def line(self, text: str) -> None:
         self.log_file.write(text + "\n")
@@ -135,9 +143,11 @@ class _Progress:
         if self.steps and not self.steps[-1].seconds:
             self.steps[-1].seconds = round(now - self.step_started, 3)
 
-    def chunk(self, chunk: dict) -> None:
+    def chunk(self, chunk: dict[str, Any]) -> None:
         if "stream" in chunk:
-            for text in chunk["stream"].splitlines():
+            lines = (self.partial + chunk["stream"]).split("\n")
+            self.partial = lines.pop()
+            for text in lines:
                 if text.strip():
                     self.line(text.rstrip())
         if "aux" in chunk and isinstance(chunk["aux"], dict) and chunk["aux"].get("ID"):
@@ -148,13 +158,16 @@ class _Progress:
             self.line(f"ERROR: {self.error}")
 
     def finish(self) -> None:
+        if self.partial.strip():
+            self.line(self.partial.rstrip())
+        self.partial = ""
         self._close(time.monotonic())
 
 
-def build(client, context_fileobj, tag: str, log_path: Path, nocache: bool = False, echo: bool = True,
-          labels: dict | None = None) -> BuildResult:
+def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, nocache: bool = False,
+          echo: bool = True) -> BuildResult:
     """Build a custom context tar; stream each line to stderr and log_path; BuildFailed names the
-    failing step (its instruction) with the last 20 lines. The tag is set only on success."""
+    failing step (its instruction) and the log, with the last 20 lines as details. The tag is set only on success."""
     before = inspect_image(client, tag)
     log_path = Path(log_path)
     with open(log_path, "w") as log_file:
@@ -162,11 +175,11 @@ def build(client, context_fileobj, tag: str, log_path: Path, nocache: bool = Fal
         try:
             stream = client.api.build(fileobj=context_fileobj, custom_context=True, tag=tag, rm=True,
                                       forcerm=True, pull=False, nocache=nocache, network_mode="none",
-                                      decode=True, labels=labels or None)
+                                      decode=True)
             for chunk in stream:
                 progress.chunk(chunk)
         except Exception as exc:  # refused by the engine (parse error) or the engine went away
-            if _unreachable(exc):
+            if unreachable(exc):
                 progress.line(f"ERROR: engine unreachable: {exc}")
                 raise InfraError(f"docker engine: connection lost during the build of {tag}; log {log_path}") from None
             progress.line(f"ERROR: {type(exc).__name__}: {exc}")
@@ -180,18 +193,17 @@ def build(client, context_fileobj, tag: str, log_path: Path, nocache: bool = Fal
         _drop_partial_tag(client, tag, before)
         failing = progress.steps[-1] if progress.steps else None
         where = f"step {failing.index}/{failing.total} `{failing.instruction}`" if failing else "before the first step"
-        raise BuildFailed(f"docker build {tag}: failed at {where}: {progress.error or 'no image produced'};"
-                          f" log {log_path}; last lines: {' | '.join(progress.tail)}")
+        raise BuildFailed(f"docker build {tag}: failed at {where}: {progress.error[:300] or 'no image produced'};"
+                          f" log {log_path}", details=progress.tail)
     return BuildResult(progress.image_id, progress.steps, seconds, str(log_path))
 
 
-def _unreachable(exc: Exception) -> bool:
-    import requests
-
+def unreachable(exc: BaseException) -> bool:
+    """A connection failure to the engine or a registry (requests/urllib3 raise OSError subclasses)."""
     return isinstance(exc, (requests.exceptions.ConnectionError, ConnectionError))
 
 
-def _drop_partial_tag(client, tag: str, before: dict | None) -> None:
+def _drop_partial_tag(client: Client, tag: str, before: dict[str, Any] | None) -> None:
     """The classic builder tags only on success; remove the tag anyway if it moved during a failed build."""
     after = inspect_image(client, tag)
     if after and (before is None or after["Id"] != before["Id"]):

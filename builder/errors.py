@@ -1,13 +1,16 @@
 """One error type per outcome, each with its exit code (like cibuildwheel's errors module)."""
+from __future__ import annotations
 
 
 class BuilderError(Exception):
-    """Base error; the message is one line naming the file or field and what was expected."""
+    """Base error. The message is one line naming the file or field and what was expected;
+    `details` (e.g. a build log's tail) are printed after it, one per line."""
 
     exit_code = 1
 
-    def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split("\n")))
+    def __init__(self, message: str, details: list[str] | None = None):
+        super().__init__(" ".join(str(message).splitlines()))
+        self.details = list(details or [])
 
 
 class NotAccepted(BuilderError):

@@ -7,10 +7,11 @@ Blobs are read one at a time straight from the object database.
 """
 import hashlib
 import tarfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO
 
 import pygit2
 
@@ -28,7 +29,7 @@ class Entry:
     path: bytes  # full path below the export root, no trailing slash
     kind: str  # dir | file | link
     mode: int
-    data: bytes | None = None  # file content or link target; None for dirs
+    data: bytes = b""  # file content or link target; empty for dirs
 
 
 @dataclass
@@ -38,11 +39,11 @@ class ExportStats:
     size: int  # bytes written
 
 
-def open_repo(repo) -> pygit2.Repository:
+def open_repo(repo: pygit2.Repository | str | Path) -> pygit2.Repository:
     return repo if isinstance(repo, pygit2.Repository) else pygit2.Repository(str(repo))
 
 
-def commit_of(repo: pygit2.Repository, commit) -> pygit2.Commit:
+def commit_of(repo: pygit2.Repository, commit: object) -> pygit2.Commit:
     try:
         return repo[pygit2.Oid(hex=str(commit))].peel(pygit2.Commit)
     except (KeyError, ValueError, pygit2.GitError):
@@ -96,7 +97,7 @@ def _stays_inside(links: dict[bytes, bytes], path: bytes, target: bytes) -> bool
 
 def entries(repo: pygit2.Repository, tree: pygit2.Tree, modules: "Modules | None" = None) -> Iterator[Entry]:
     """walk(), then check that no symlink leaves the tree through another symlink."""
-    links = {}
+    links: dict[bytes, bytes] = {}
     for entry in walk(repo, tree, modules):
         if entry.kind == "link":
             links[entry.path] = entry.data
@@ -106,7 +107,8 @@ def entries(repo: pygit2.Repository, tree: pygit2.Tree, modules: "Modules | None
             raise BadInput(f"{_name(path)}: symlink target {_name(target)!r} escapes the tree through another symlink")
 
 
-def walk(repo: pygit2.Repository, tree: pygit2.Tree, modules: Modules | None = None, base: bytes = b"") -> Iterator[Entry]:
+def walk(repo: pygit2.Repository, tree: pygit2.Tree, modules: Modules | None = None,
+         base: bytes = b"") -> Iterator[Entry]:
     """Every entry below tree in path order, submodules expanded from their own repositories."""
     read = repo.odb.read
     items = sorted(tree, key=lambda e: e.raw_name + b"/" if e.filemode in (TREE, GITLINK) else e.raw_name)
@@ -131,7 +133,7 @@ def walk(repo: pygit2.Repository, tree: pygit2.Tree, modules: Modules | None = N
 
 
 @contextmanager
-def fast_reads():
+def fast_reads() -> Iterator[None]:
     """Skip libgit2's re-hash of every object read (git itself does not re-hash on read either);
     objects were verified when the fetch indexed their pack. Process-wide, so restored after."""
     pygit2.option(pygit2.enums.Option.ENABLE_STRICT_HASH_VERIFICATION, False)
@@ -145,7 +147,7 @@ class _Pipe:
     """Batches chunks, then hashes and writes each batch; close() returns (sha256, size).
     (A writer thread was measured slower on two busy cores, so this stays on one thread.)"""
 
-    def __init__(self, fileobj, batch: int = 1 << 20):
+    def __init__(self, fileobj: BinaryIO | None, batch: int = 1 << 20):
         self.fileobj, self.batch = fileobj, batch
         self.hash = hashlib.sha256()
         self.chunks: list[bytes] = []
@@ -201,7 +203,8 @@ def _pad(data: bytes) -> bytes:
     return data + b"\0" * (-len(data) % BLOCK)
 
 
-def export_tar(repo, commit, fileobj, prefix: str = "", modules: Modules | None = None) -> ExportStats:
+def export_tar(repo: pygit2.Repository | str | Path, commit: object, fileobj: BinaryIO | None, prefix: str = "",
+               modules: Modules | None = None) -> ExportStats:
     """Write the tree of commit as a deterministic tar to fileobj (or only hash it if None).
     Streams as it goes: after a BadInput (e.g. a symlink chain found escaping at the end) the
     output is incomplete and must be discarded (export_file does that)."""
@@ -231,7 +234,8 @@ def export_tar(repo, commit, fileobj, prefix: str = "", modules: Modules | None 
     return ExportStats(digest, files, size)
 
 
-def file_manifest(repo, commit, modules: Modules | None = None) -> dict[str, str]:
+def file_manifest(repo: pygit2.Repository | str | Path, commit: object,
+                  modules: Modules | None = None) -> dict[str, str]:
     """{path: sha256} for every regular file and symlink (hash of the link target) at commit."""
     repo = open_repo(repo)
     tree = commit_of(repo, commit).tree
@@ -239,7 +243,8 @@ def file_manifest(repo, commit, modules: Modules | None = None) -> dict[str, str
         return {_name(e.path): hashlib.sha256(e.data).hexdigest() for e in entries(repo, tree, modules) if e.kind != "dir"}
 
 
-def export_file(repo, commit, path: Path, prefix: str = "", modules: Modules | None = None) -> ExportStats:
+def export_file(repo: pygit2.Repository | str | Path, commit: object, path: Path, prefix: str = "",
+                modules: Modules | None = None) -> ExportStats:
     """export_tar into a file, written next to it first and renamed into place."""
     tmp = Path(path).with_name(Path(path).name + ".part")
     try:

@@ -15,12 +15,15 @@ import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from builder import engine, log, options
+from builder import engine, host, log
 from builder.errors import BuilderError, InfraError
-from builder.paths import cache_dir
+from builder.options import Settings
+
+Info = dict[str, Any]
 
 REGISTRY_HOST = "127.0.0.1"
 REGISTRY_PORT = 5000
@@ -34,53 +37,6 @@ def registry_url() -> str:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _apt_install(*packages: str) -> None:
-    """apt-get install without letting maintainer scripts start services (policy-rc.d = 101):
-    Debian's docker.io would start dockerd with a bridge and docker-registry would listen on
-    all addresses."""
-    if os.geteuid() != 0:
-        raise InfraError(f"{' '.join(packages)}: missing; install them as root (apt-get install {' '.join(packages)})")
-    if not shutil.which("apt-get"):
-        raise InfraError(f"{' '.join(packages)}: missing and apt-get is not available to install them")
-    policy = Path("/usr/sbin/policy-rc.d")
-    added_policy = not policy.exists()
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    logfile = cache_dir("logs") / "apt.log"
-    try:
-        if added_policy:
-            policy.write_text("#!/bin/sh\nexit 101\n")
-            policy.chmod(0o755)
-        with log.step(f"apt-get install {' '.join(packages)}"), open(logfile, "ab") as out:
-            for argv in (["apt-get", "update"],
-                         ["apt-get", "install", "-y", "--no-install-recommends", *packages]):
-                rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-                if rc != 0:
-                    raise InfraError(f"{' '.join(argv)}: exit {rc}; see {logfile}")
-    finally:
-        if added_policy:
-            policy.unlink(missing_ok=True)
-
-
-@contextmanager
-def locked(path: Path):
-    """Exclusive advisory lock (flock) so concurrent callers do the work once."""
-    import fcntl
-
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _spawn(argv: list[str], logfile: Path) -> int:
@@ -150,57 +106,63 @@ def tcp_listeners(port: int) -> list[str]:
 # --------------------------------------------------------------------------- engine
 
 
-def _engine_answers() -> bool:
+def _engine_answers(settings: Settings) -> bool:
     try:
-        engine.connect(timeout=5)
+        engine.connect(settings, timeout=5)
         return True
     except InfraError:
         return False
 
 
-def _engine_info() -> dict:
-    client = engine.connect(timeout=10)
+def _engine_info(settings: Settings) -> Info:
+    client = engine.connect(settings, timeout=10)
     version = client.version()
     return {"version": version.get("Version"), "api_version": version.get("ApiVersion")}
 
 
-def _wait(predicate, timeout: float, what: str, logfile: Path | None, pid: int | None = None) -> None:
+def _wait(predicate: Callable[[], bool], timeout: float, what: str, logfile: Path | None,
+          pid: int | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if pid is not None and not _alive(pid):
-            raise InfraError(f"{what}: exited while starting; log {logfile}: {_tail(logfile) if logfile else ''}")
+            raise InfraError(f"{what}: exited while starting; log {logfile}",
+                             details=host.tail(logfile) if logfile else [])
         time.sleep(0.5)
-    raise InfraError(f"{what}: not answering after {timeout:.0f} s; log {logfile}: {_tail(logfile) if logfile else ''}")
+    raise InfraError(f"{what}: not answering after {timeout:.0f} s; log {logfile}",
+                     details=host.tail(logfile) if logfile else [])
 
 
-def ensure_engine() -> dict:
+def ensure_engine(settings: Settings) -> Info:
     """Make sure a Docker engine answers; install docker.io and start dockerd when needed."""
-    with locked(cache_dir("logs") / ".engine.lock"):
-        return _ensure_engine()
+    with host.locked(settings.cache("logs") / ".engine.lock"):
+        return _ensure_engine(settings)
 
 
-def _ensure_engine() -> dict:
-    if _engine_answers():
-        info = {"engine": "found", **_engine_info(), "log": None, "pid": None}
+def _ensure_engine(settings: Settings) -> Info:
+    def answers() -> bool:
+        return _engine_answers(settings)
+
+    if answers():
+        info = {"engine": "found", **_engine_info(settings), "log": None, "pid": None}
         log.info(f"docker engine: already running (version {info['version']})")
         return info
 
-    host = os.environ.get("DOCKER_HOST", "")
-    if host and host not in ("unix:///var/run/docker.sock", "unix://var/run/docker.sock"):
-        raise InfraError(f"DOCKER_HOST={host}: engine not answering; not starting a local dockerd for a remote host")
+    docker_host = settings.docker_host or ""
+    if docker_host and docker_host not in ("unix:///var/run/docker.sock", "unix://var/run/docker.sock"):
+        raise InfraError(f"DOCKER_HOST={docker_host}: engine not answering; not starting a local dockerd for it")
 
-    logfile = cache_dir("logs") / "dockerd.log"
+    logfile = settings.cache("logs") / "dockerd.log"
     running = _pids_named("dockerd")
     if running:  # started but not answering yet (e.g. just launched): wait for it, start nothing
         log.info(f"docker engine: dockerd (pid {running[0]}) is running but not answering yet; waiting")
-        _wait(_engine_answers, options.engine_timeout_s(), "docker engine", None)
-        return {"engine": "found", **_engine_info(), "log": None, "pid": running[0]}
+        _wait(answers, settings.engine_timeout_s, "docker engine", None)
+        return {"engine": "found", **_engine_info(settings), "log": None, "pid": running[0]}
 
     installed = False
     if not shutil.which("dockerd"):
-        _apt_install("docker.io")
+        host.apt_install(settings.cache("logs") / "apt.log", "docker.io")
         installed = True
         if not shutil.which("dockerd"):
             raise InfraError("dockerd: still missing after apt-get install docker.io")
@@ -208,9 +170,9 @@ def _ensure_engine() -> dict:
         raise InfraError("dockerd: must be started as root; run `builder setup` as root")
 
     with log.step("start dockerd"):
-        pid = _spawn([shutil.which("dockerd"), *DOCKERD_ARGS], logfile)
-        _wait(_engine_answers, options.engine_timeout_s(), "docker engine (dockerd)", logfile, pid)
-    info = {"engine": "started", **_engine_info(), "log": str(logfile), "pid": pid, "installed": installed}
+        pid = _spawn([shutil.which("dockerd") or "dockerd", *DOCKERD_ARGS], logfile)
+        _wait(answers, settings.engine_timeout_s, "docker engine (dockerd)", logfile, pid)
+    info = {"engine": "started", **_engine_info(settings), "log": str(logfile), "pid": pid, "installed": installed}
     log.info(f"docker engine: started dockerd {' '.join(DOCKERD_ARGS)} (pid {pid}), log {logfile}")
     return info
 
@@ -247,20 +209,21 @@ def _registry_config_text(data_dir: Path) -> str:
 def _check_loopback_only() -> None:
     bad = [a for a in tcp_listeners(REGISTRY_PORT) if a not in ("127.0.0.1", "::1")]
     if bad:
-        raise InfraError(f"port {REGISTRY_PORT}: something listens on {', '.join(bad)}; the registry must listen on 127.0.0.1 only")
+        raise InfraError(f"port {REGISTRY_PORT}: something listens on {', '.join(bad)};"
+                         " the registry must listen on 127.0.0.1 only")
 
 
-def ensure_registry() -> dict:
+def ensure_registry(settings: Settings) -> Info:
     """Make sure a registry answers on 127.0.0.1:5000 (only); start docker-registry when needed."""
-    with locked(cache_dir("registry") / ".setup.lock"):
-        return _ensure_registry()
+    with host.locked(settings.cache("registry") / ".setup.lock"):
+        return _ensure_registry(settings)
 
 
-def _ensure_registry() -> dict:
-    config = cache_dir("registry") / "config.yml"
+def _ensure_registry(settings: Settings) -> Info:
+    config = settings.cache("registry") / "config.yml"
     if registry_answers():
         _check_loopback_only()
-        pid_file, logfile = cache_dir("registry") / "registry.pid", cache_dir("logs") / "registry.log"
+        pid_file, logfile = settings.cache("registry") / "registry.pid", settings.cache("logs") / "registry.log"
         pid = int(pid_file.read_text()) if pid_file.exists() and pid_file.read_text().strip().isdigit() else None
         ours = _alive(pid) and pid in _pids_named("docker-registry")
         log.info(f"registry: already answering on http://{registry_url()}/v2/"
@@ -270,20 +233,20 @@ def _ensure_registry() -> dict:
 
     installed = False
     if not Path(REGISTRY_BIN).exists():
-        _apt_install("docker-registry")
+        host.apt_install(settings.cache("logs") / "apt.log", "docker-registry")
         installed = True
         if not Path(REGISTRY_BIN).exists():
             raise InfraError(f"{REGISTRY_BIN}: still missing after apt-get install docker-registry")
 
-    data_dir = cache_dir("registry", "data")
+    data_dir = settings.cache("registry", "data")
     text = _registry_config_text(data_dir)
     if not config.exists() or config.read_text() != text:
         config.write_text(text)
-    logfile = cache_dir("logs") / "registry.log"
+    logfile = settings.cache("logs") / "registry.log"
     with log.step("start docker-registry"):
         pid = _spawn([REGISTRY_BIN, "serve", str(config)], logfile)
-        _wait(registry_answers, options.registry_timeout_s(), f"registry on {registry_url()}", logfile, pid)
-    (cache_dir("registry") / "registry.pid").write_text(f"{pid}\n")
+        _wait(registry_answers, settings.registry_timeout_s, f"registry on {registry_url()}", logfile, pid)
+    (settings.cache("registry") / "registry.pid").write_text(f"{pid}\n")
     _check_loopback_only()
     log.info(f"registry: started {REGISTRY_BIN} serve {config} on {registry_url()} (pid {pid}), "
              f"data {data_dir}, log {logfile}")
@@ -291,32 +254,32 @@ def _ensure_registry() -> dict:
             "config": str(config), "data": str(data_dir), "installed": installed}
 
 
-def ensure_tools() -> dict:
+def ensure_tools(settings: Settings) -> Info:
     """Host tools of later stages: mksquashfs/unsquashfs (squashfs-tools) for `export-sqsh`."""
-    if not (shutil.which("mksquashfs") and shutil.which("unsquashfs")):
-        with locked(cache_dir("logs") / ".apt.lock"):
-            if not shutil.which("mksquashfs"):
-                _apt_install("squashfs-tools")
-        if not shutil.which("mksquashfs"):
-            raise InfraError("mksquashfs: still missing after apt-get install squashfs-tools")
-        return {"squashfs-tools": "installed"}
-    return {"squashfs-tools": "found"}
+    if shutil.which("mksquashfs") and shutil.which("unsquashfs"):
+        return {"squashfs-tools": "found"}
+    with host.locked(settings.cache("logs") / ".apt.lock"):
+        if not (shutil.which("mksquashfs") and shutil.which("unsquashfs")):
+            host.apt_install(settings.cache("logs") / "apt.log", "squashfs-tools")
+    if not shutil.which("mksquashfs"):
+        raise InfraError("mksquashfs: still missing after apt-get install squashfs-tools")
+    return {"squashfs-tools": "installed"}
 
 
-def ensure_all() -> dict:
+def ensure_all(settings: Settings) -> Info:
     """Engine, registry, host tools; returns {'engine': {...}, 'registry': {...}, 'tools': {...}}."""
     with log.step("setup: docker engine"):
-        engine = ensure_engine()
+        found_engine = ensure_engine(settings)
     with log.step("setup: registry"):
-        registry = ensure_registry()
+        registry = ensure_registry(settings)
     with log.step("setup: host tools"):
-        tools = ensure_tools()
-    return {"engine": engine, "registry": registry, "tools": tools}
+        tools = ensure_tools(settings)
+    return {"engine": found_engine, "registry": registry, "tools": tools}
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        result = ensure_all()
+        result = ensure_all(Settings.from_env())
     except BuilderError as exc:
         log.info(f"error: {exc}")
         return exc.exit_code

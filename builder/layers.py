@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from builder import host
 from builder.errors import BadInput, InfraError
 
 WHITEOUT = ".wh."
@@ -286,18 +287,10 @@ def tree_of(rootfs: Path) -> dict[str, Entry]:
                               for k in os.listxattr(full, follow_symlinks=False)))
         meta = Entry(kind="o", mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, xattrs=xattrs)
         if stat.S_ISREG(st.st_mode):
-            meta = replace(meta, kind="f", sha256=_file_sha256(full))
+            meta = replace(meta, kind="f", sha256=host.sha256_file(full))
         elif stat.S_ISDIR(st.st_mode):
             meta = replace(meta, kind="d")
         elif stat.S_ISLNK(st.st_mode):
             meta = replace(meta, kind="l", target=os.readlink(full))
         tree[path] = meta
     return tree
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()

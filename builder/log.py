@@ -1,6 +1,7 @@
 """Progress on stderr with per-step timings (like cibuildwheel's logger)."""
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 timings: dict[str, float] = {}
@@ -11,7 +12,7 @@ def info(message: str) -> None:
 
 
 @contextmanager
-def step(name: str):
+def step(name: str) -> Iterator[None]:
     info(f"==> {name}")
     start = time.monotonic()
     ok = False

@@ -4,37 +4,34 @@ Each mirror lives under cache_dir('mirrors') as <sanitised-url>-<hash>.git with 
 to it; init and fetch happen under an exclusive flock so two runs never write at once. Objects
 are never removed, so reading objects after the lock is released is safe.
 """
-import fcntl
 import hashlib
 import re
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pygit2
 
+from builder import host
 from builder.errors import BadInput, InfraError
-from builder.paths import cache_dir
+from builder.options import Settings
 
 OFFLINE_HINT = "not in the mirror cache; run without --offline"
 
 
-def mirror_path(url: str) -> Path:
+def mirror_path(settings: Settings, url: str) -> Path:
     """The mirror directory of a URL: readable name plus a short hash of the exact URL."""
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", url).strip("_.")[-60:] or "repo"
     digest = hashlib.sha256(url.encode()).hexdigest()[:12]
-    return cache_dir("mirrors") / f"{name}-{digest}.git"
+    return settings.cache("mirrors") / f"{name}-{digest}.git"
 
 
 @contextmanager
-def locked(path: Path, exclusive: bool = True):
-    lock = path.with_name(path.name + ".lock")
-    with open(lock, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def locked(path: Path, exclusive: bool = True) -> Iterator[None]:
+    """The mirror's lock file sits beside it (the mirror directory may not exist yet)."""
+    with host.locked(path.with_name(path.name + ".lock"), exclusive):
+        yield
 
 
 def _open_or_init(path: Path) -> pygit2.Repository:
@@ -46,16 +43,17 @@ def _open_or_init(path: Path) -> pygit2.Repository:
     return pygit2.init_repository(str(path), bare=True)
 
 
-def open_mirror(url: str) -> pygit2.Repository:
+def open_mirror(settings: Settings, url: str) -> pygit2.Repository:
     """The existing mirror of a URL, without fetching."""
-    path = mirror_path(url)
+    path = mirror_path(settings, url)
     if not path.exists():
         raise BadInput(f"{url}: {OFFLINE_HINT}")
     with locked(path, exclusive=False):
         return pygit2.Repository(str(path))
 
 
-def sync(url: str, refs: dict[str, str], offline: bool = False) -> tuple[pygit2.Repository, dict]:
+def sync(settings: Settings, url: str, refs: dict[str, str],
+         offline: bool = False) -> tuple[pygit2.Repository, dict[str, pygit2.Oid | None]]:
     """Fetch remote refs into the mirror of url and return (repo, {remote ref: Oid or None}).
 
     refs maps a remote ref (refs/heads/main, refs/pull/7/head) to the mirror ref it is stored
@@ -63,7 +61,7 @@ def sync(url: str, refs: dict[str, str], offline: bool = False) -> tuple[pygit2.
     comes back as None (and a stale local copy is deleted). Offline, nothing is fetched and the
     values are whatever the mirror holds.
     """
-    path = mirror_path(url)
+    path = mirror_path(settings, url)
     if offline and not path.exists():
         raise BadInput(f"{url}: {OFFLINE_HINT}")
     with locked(path):
@@ -73,7 +71,7 @@ def sync(url: str, refs: dict[str, str], offline: bool = False) -> tuple[pygit2.
             for remote_ref, local_ref in refs.items():
                 if remote_ref not in advertised and local_ref in repo.references:
                     repo.references.delete(local_ref)
-        found = {}
+        found: dict[str, pygit2.Oid | None] = {}
         for remote_ref, local_ref in refs.items():
             ref = repo.references.get(local_ref)
             found[remote_ref] = ref.resolve().target if ref else None
@@ -91,10 +89,10 @@ def _fetch(repo: pygit2.Repository, url: str, refs: dict[str, str]) -> set[str]:
         raise InfraError(f"{url}: fetch failed: {exc}") from None
 
 
-def ensure_commit(url: str, sha: str, offline: bool = False) -> pygit2.Repository:
+def ensure_commit(settings: Settings, url: str, sha: str, offline: bool = False) -> pygit2.Repository:
     """The mirror of url holding commit sha (a submodule's gitlink), fetching branches and tags
     first and then the commit itself (servers that allow it); None of that offline."""
-    path = mirror_path(url)
+    path = mirror_path(settings, url)
     if offline and not path.exists():
         raise BadInput(f"{url}: {OFFLINE_HINT}")
     with locked(path):

@@ -1,61 +1,110 @@
-"""Every setting read from the environment, in one place (the pins file and CLI flags are the rest).
+"""Every setting read from the environment, read once into one frozen `Settings` (the pins file and
+CLI flags are the rest). The CLI calls `Settings.from_env()` and passes the object down.
 
 | variable | default | what |
 |---|---|---|
-| BUILDER_CACHE | <project>/.cache | mirrors, wheels, build contexts, runs, registry data, logs |
+| BUILDER_CACHE | `<checkout>/.cache`, installed: `~/.cache/rl-image-builder` | mirrors, wheels, contexts, runs, logs |
 | BUILDER_REGISTRY_USERNAME / _PASSWORD | unset | basic auth for push and verify; never written anywhere |
 | BUILDER_DEBIAN_MIRROR | http://deb.debian.org/debian | debootstrap mirror of the demo base image |
 | BUILDER_ENGINE_TIMEOUT | 90 | seconds to wait for a started dockerd to answer |
-| BUILDER_REGISTRY_TIMEOUT | 30 | seconds to wait for a started registry to answer |
-| BUILDER_SQUASH_OPTIONS | -comp lzo -noD | mksquashfs options of `export-sqsh` (enroot's ENROOT_SQUASH_OPTIONS default) |
-| DOCKER_HOST | the local socket | which Docker engine (read by the Docker SDK) |
+| BUILDER_REGISTRY_TIMEOUT | 30 | seconds for a registry to answer (start-up and each HTTP call) |
+| BUILDER_BUILD_TIMEOUT | 3600 | HTTP read timeout of a build: a step may print nothing for minutes |
+| BUILDER_SQUASH_OPTIONS | -comp lzo -noD | mksquashfs compression of `export-sqsh` (enroot's ENROOT_SQUASH_OPTIONS default) |
+| DOCKER_HOST | the local socket | which Docker engine (`unix://`, `tcp://`, `ssh://`) |
+| DOCKER_TLS_VERIFY / DOCKER_CERT_PATH | unset | TLS for a `tcp://` engine, as the Docker CLI reads them |
 """
+from __future__ import annotations
+
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import BadInput
 
-PROJECT = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parent
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("BUILDER_CACHE") or PROJECT / ".cache")
+def _default_cache() -> Path:
+    checkout = PACKAGE.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "builder" / "cli.py").is_file():
+        return checkout / ".cache"
+    return Path.home() / ".cache" / "rl-image-builder"
 
 
-def registry_credentials() -> tuple[str, str] | None:
-    user = os.environ.get("BUILDER_REGISTRY_USERNAME", "")
-    password = os.environ.get("BUILDER_REGISTRY_PASSWORD", "")
-    if bool(user) != bool(password):
-        raise BadInput("BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD: expected both set or both unset")
-    return (user, password) if user else None
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise BadInput(f"{name}: expected seconds in (0, 86400], got {text[:40]!r}")
+    return value
 
 
-def debian_mirror() -> str:
-    return os.environ.get("BUILDER_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-
-
-def engine_timeout_s() -> float:
-    return float(os.environ.get("BUILDER_ENGINE_TIMEOUT", "90"))
-
-
-def registry_timeout_s() -> float:
-    return float(os.environ.get("BUILDER_REGISTRY_TIMEOUT", "30"))
-
-
-ENROOT_SQUASH_OPTIONS = "-comp lzo -noD"   # enroot's default (doc/cmd/import.md, doc/configuration.md)
+ENROOT_SQUASH_OPTIONS = "-comp lzo -noD"   # enroot's default (doc/configuration.md, doc/cmd/import.md)
 SQUASH_WORD = re.compile(r"-[a-zA-Z][a-zA-Z0-9-]*|[a-z0-9][a-z0-9._]*")
+SQUASH_REFUSED = ("-noappend", "-root-becomes", "-pf", "-sort", "-ef", "-cpiostyle", "-tar")
 
 
 def check_squash_options(value: str, where: str) -> str:
     """mksquashfs compression options: flags and plain values only (no paths, no shell)."""
     words = value.split()
-    if not words or not all(SQUASH_WORD.fullmatch(w) for w in words) or any(
-            w in ("-noappend", "-root-becomes", "-pf", "-sort", "-ef", "-cpiostyle", "-tar") for w in words):
+    if not words or not all(SQUASH_WORD.fullmatch(w) for w in words) or any(w in SQUASH_REFUSED for w in words):
         raise BadInput(f"{where}: expected mksquashfs compression options like {ENROOT_SQUASH_OPTIONS!r}, got {value!r}")
     return " ".join(words)
 
 
-def squash_options() -> str:
-    return check_squash_options(os.environ.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
-                                "BUILDER_SQUASH_OPTIONS")
+@dataclass(frozen=True)
+class Settings:
+    cache_root: Path
+    registry_auth: tuple[str, str] | None
+    debian_mirror: str
+    engine_timeout_s: float
+    registry_timeout_s: float
+    build_timeout_s: float
+    docker_host: str | None
+    docker_tls_verify: str | None = None
+    docker_cert_path: str | None = None
+    squash_options: str = ENROOT_SQUASH_OPTIONS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+        user = env.get("BUILDER_REGISTRY_USERNAME", "")
+        password = env.get("BUILDER_REGISTRY_PASSWORD", "")
+        if bool(user) != bool(password):
+            raise BadInput("BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD: expected both set or both unset")
+        return cls(
+            cache_root=Path(env.get("BUILDER_CACHE") or _default_cache()).absolute(),
+            registry_auth=(user, password) if user else None,
+            debian_mirror=env.get("BUILDER_DEBIAN_MIRROR") or "http://deb.debian.org/debian",
+            engine_timeout_s=_seconds(env, "BUILDER_ENGINE_TIMEOUT", 90.0),
+            registry_timeout_s=_seconds(env, "BUILDER_REGISTRY_TIMEOUT", 30.0),
+            build_timeout_s=_seconds(env, "BUILDER_BUILD_TIMEOUT", 3600.0),
+            docker_host=env.get("DOCKER_HOST") or None,
+            docker_tls_verify=env.get("DOCKER_TLS_VERIFY") or None,
+            docker_cert_path=env.get("DOCKER_CERT_PATH") or None,
+            squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
+                                                "BUILDER_SQUASH_OPTIONS"),
+        )
+
+    def docker_environment(self) -> dict[str, str]:
+        """What the Docker SDK's from_env reads, from these settings only."""
+        pairs = {"DOCKER_HOST": self.docker_host, "DOCKER_TLS_VERIFY": self.docker_tls_verify,
+                 "DOCKER_CERT_PATH": self.docker_cert_path}
+        return {k: v for k, v in pairs.items() if v}
+
+    def cache(self, *parts: str) -> Path:
+        """A directory under the cache root, created on first use."""
+        path = self.cache_root.joinpath(*parts)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def __repr__(self) -> str:  # never show the password
+        auth = "set" if self.registry_auth else "unset"
+        return f"Settings(cache_root={str(self.cache_root)!r}, registry_auth={auth}, docker_host={self.docker_host!r})"

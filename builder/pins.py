@@ -9,18 +9,27 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
-                      ValidationError, ValidationInfo, WithJsonSchema, field_validator, model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
+from builder.constants import COMPONENTS, GATES, METRICS
 from builder.errors import BadInput
-
-COMPONENTS = ("vllm", "megatron", "verl")
-GATES = ("provenance", "zero_update", "rl_step", "control")
-SCHEMA_PATH = Path(__file__).resolve().parent / "schema" / "pins.schema.json"
 
 # Whitelists (full match). None of them admits newline, quote, backslash, $, backtick, ; & | < > or space.
 SAFE = r"[A-Za-z0-9_.,:/=+@%-]"
@@ -65,8 +74,8 @@ def _match(kind: str, value: str) -> bool:
     return isinstance(value, str) and re.fullmatch(RX[kind], value) is not None
 
 
-def _checked(kind: str, what: str):
-    """A str type whose value must fully match RX[kind]; `what` goes into the error message."""
+def _check(kind: str, what: str) -> Callable[[str], str]:
+    """A validator: the value must fully match RX[kind]; `what` goes into the error message."""
 
     def check(value: str) -> str:
         if not _match(kind, value):
@@ -75,8 +84,11 @@ def _checked(kind: str, what: str):
             raise ValueError(f"expected {what} not starting with '-', got {value!r}")
         return value
 
-    schema = {"type": "string", "pattern": f"^{RX[kind]}$"}
-    return Annotated[str, AfterValidator(check), WithJsonSchema(schema)]
+    return check
+
+
+def _schema(kind: str) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "pattern": f"^{RX[kind]}$"})
 
 
 def _no_bool(value: Any) -> Any:
@@ -85,20 +97,41 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
-Name = _checked("name", "a lowercase name like 'demo-true-on-policy'")
-Repository = _checked("repository", "a registry host[:port]/path without tag or digest, like '127.0.0.1:5000/demo/unified'")
-Tag = _checked("tag", "an image tag of [A-Za-z0-9_.-], at most 128 characters")
-AbsPath = _checked("abs_path", "an absolute path of [A-Za-z0-9_.+@-] segments")
-Branch = _checked("branch", "a git branch name like 'main'")
-Distribution = _checked("distribution", "a pip distribution name like 'megatron-core'")
-Version = _checked("version", "a version like '0.6.2'")
-Module = _checked("module", "a dotted import name like 'megatron.core'")
-EnvName = _checked("env_name", "an env var name matching [A-Z_][A-Z0-9_]*")
-EnvValue = _checked("env_value", "an env value of [A-Za-z0-9_.,:/=+@%-] (single inner spaces allowed)")
-Token = _checked("token", "an argv word of [A-Za-z0-9_.,:/=+@%-]")
-OverrideKey = _checked("override_key", "an override key like 'a.b_c.d' or '+a.b'")
-Metric = _checked("metric", "a metric name like 'training/rollout_probs_diff_max'")
-Reason = _checked("reason", "a one-line reason of letters, digits, spaces and .,:()/+_#@=-")
+Name = Annotated[str, _schema("name"), AfterValidator(_check(
+    "name", "a lowercase name like 'demo-true-on-policy'"))]
+Repository = Annotated[str, _schema("repository"), AfterValidator(_check(
+    "repository", "a registry host[:port]/path without tag or digest, like '127.0.0.1:5000/demo/unified'"))]
+Tag = Annotated[str, _schema("tag"), AfterValidator(_check(
+    "tag", "an image tag of [A-Za-z0-9_.-], at most 128 characters"))]
+AbsPath = Annotated[str, _schema("abs_path"), AfterValidator(_check(
+    "abs_path", "an absolute path of [A-Za-z0-9_.+@-] segments"))]
+Branch = Annotated[str, _schema("branch"), AfterValidator(_check(
+    "branch", "a git branch name like 'main'"))]
+Distribution = Annotated[str, _schema("distribution"), AfterValidator(_check(
+    "distribution", "a pip distribution name like 'megatron-core'"))]
+Version = Annotated[str, _schema("version"), AfterValidator(_check(
+    "version", "a version like '0.6.2'"))]
+Module = Annotated[str, _schema("module"), AfterValidator(_check(
+    "module", "a dotted import name like 'megatron.core'"))]
+EnvName = Annotated[str, _schema("env_name"), AfterValidator(_check(
+    "env_name", "an env var name matching [A-Z_][A-Z0-9_]*"))]
+EnvValue = Annotated[str, _schema("env_value"), AfterValidator(_check(
+    "env_value", "an env value of [A-Za-z0-9_.,:/=+@%-] (single inner spaces allowed)"))]
+Token = Annotated[str, _schema("token"), AfterValidator(_check(
+    "token", "an argv word of [A-Za-z0-9_.,:/=+@%-]"))]
+OverrideKey = Annotated[str, _schema("override_key"), AfterValidator(_check(
+    "override_key", "an override key like 'a.b_c.d' or '+a.b'"))]
+Metric = Annotated[str, _schema("metric"), AfterValidator(_check(
+    "metric", "a metric name like 'training/rollout_probs_diff_max'"))]
+Reason = Annotated[str, _schema("reason"), AfterValidator(_check(
+    "reason", "a one-line reason of letters, digits, spaces and .,:()/+_#@=-"))]
+def _gate(value: str) -> str:
+    if value not in GATES:
+        raise ValueError(f"expected one of {', '.join(GATES)}, got {value!r}")
+    return value
+
+
+GateName = Annotated[str, AfterValidator(_gate), WithJsonSchema({"type": "string", "enum": list(GATES)})]
 PosInt = Annotated[int, BeforeValidator(_no_bool), Field(strict=True, gt=0)]
 Env = dict[EnvName, EnvValue]
 
@@ -159,7 +192,7 @@ class Base(Strict):
     image: Annotated[str, AfterValidator(_base_image),
                      WithJsonSchema({"type": "string", "pattern": f"^{RX['base_image']}$"})]
     platform: Literal["linux/amd64", "linux/arm64"]
-    python: _checked("python", "a quoted Python version like \"3.11\"")
+    python: Annotated[str, _schema("python"), AfterValidator(_check("python", "a quoted Python version like \"3.11\""))]
     python_bin: AbsPath
 
     @property
@@ -223,7 +256,8 @@ class Components(Strict):
     def __getitem__(self, name: str) -> Component:
         if name not in COMPONENTS:
             raise KeyError(name)
-        return getattr(self, name)
+        component: Component = getattr(self, name)
+        return component
 
     def items(self) -> list[tuple[str, Component]]:
         return [(name, getattr(self, name)) for name in COMPONENTS]
@@ -288,28 +322,16 @@ class Recipe(Strict):
             raise ValueError(f"expected a program as the first word, got {value[0]!r}")
         return value
 
-    def argv(self, extra: dict[str, Any] | None = None) -> list[str]:
-        """entry + `key=value` overrides; `extra` (validated the same way) wins over the pinned ones."""
-        merged = dict(self.overrides)
-        for key, value in (extra or {}).items():
-            if not _match("override_key", key):
-                raise BadInput(f"override {key!r}: expected a key like 'a.b_c.d'")
-            try:
-                merged[key] = _override_value(value)
-            except ValueError as exc:
-                raise BadInput(f"override {key}: {exc}") from None
-        return list(self.entry) + [f"{k}={_format(v)}" for k, v in merged.items()]
-
 
 class Metrics(Strict):
-    diff_max: Metric = "training/rollout_probs_diff_max"
-    diff_mean: Metric = "training/rollout_probs_diff_mean"
-    k3_kl: Metric = "rollout_corr/k3_kl"
-    reward: Metric = "critic/rewards/mean"
-    loss: Metric = "actor/pg_loss"
-    weights_before: Metric = "actor/weights_checksum_before"
-    weights_after: Metric = "actor/weights_checksum_after"
-    throughput: Metric = "perf/throughput"  # verl: tokens/s per GPU over the whole step
+    diff_max: Metric = METRICS["diff_max"]
+    diff_mean: Metric = METRICS["diff_mean"]
+    k3_kl: Metric = METRICS["k3_kl"]
+    reward: Metric = METRICS["reward"]
+    loss: Metric = METRICS["loss"]
+    weights_before: Metric = METRICS["weights_before"]
+    weights_after: Metric = METRICS["weights_after"]
+    throughput: Metric = METRICS["throughput"]
 
 
 class Mount(Strict):
@@ -326,7 +348,7 @@ class Acceptance(Strict):
     gpus: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=0)] = 0
     mounts: list[Mount] = []
     metrics: Metrics = Metrics()
-    required_gates: Annotated[list[Literal[GATES]], AfterValidator(_unique)] = list(GATES)
+    required_gates: Annotated[list[GateName], AfterValidator(_unique)] = list(GATES)
 
     @field_validator("mounts")
     @classmethod
@@ -346,7 +368,7 @@ class Pins(Strict):
     recipe: Recipe
     acceptance: Acceptance = Acceptance()
 
-    _path: Path = PrivateAttr(default=None)
+    _path: Path = PrivateAttr(default=Path())
     _sha256: str = PrivateAttr(default="")
 
     @model_validator(mode="after")

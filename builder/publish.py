@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
-from builder import log, options, report as report_mod
+from builder import engine, log
+from builder import report as report_mod
+from builder.engine import Client
 from builder.errors import PublishError
+from builder.options import Settings
 from builder.records import PublishReceipt, Report
 from builder.registry import Registry, mask, split_repository, verify_tag
 
@@ -32,7 +36,7 @@ def check_accepted(report: Report, where: str) -> None:
                            f"the report is for {report.image_id}; refusing")
 
 
-def local_image(client, report: Report, image: str | None, where: str):
+def local_image(client: Client, report: Report, image: str | None, where: str) -> Any:
     """The local image the SHA tag (or `image`) points to; it must be the one the report accepted."""
     ref = image or f"{report.repository}:{report.tags[0]}"
     import docker
@@ -46,10 +50,10 @@ def local_image(client, report: Report, image: str | None, where: str):
     return found
 
 
-def _push(client, repository: str, tag: str, auth: tuple[str, str] | None, secrets: list[str]) -> str:
+def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None, secrets: list[str]) -> str:
     """Push one tag; return the digest the engine reported.  Any error -> PublishError."""
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
-    digest, errors = "", []
+    digest, errors = "", []  # type: str, list[str]
     try:
         for item in client.api.push(repository, tag=tag, stream=True, decode=True, auth_config=auth_config):
             if "error" in item or "errorDetail" in item:
@@ -66,8 +70,7 @@ def _push(client, repository: str, tag: str, auth: tuple[str, str] | None, secre
     return digest
 
 
-def publish(report_path: str | Path, client=None, credentials: tuple[str, str] | None = None,
-            image: str | None = None) -> PublishReceipt:
+def publish(report_path: str | Path, settings: Settings, image: str | None = None) -> PublishReceipt:
     """Tag and push the image of an ACCEPTED report, verify it through the registry API, record the receipt."""
     report_path = Path(report_path)
     report = report_mod.load(report_path)
@@ -75,18 +78,15 @@ def publish(report_path: str | Path, client=None, credentials: tuple[str, str] |
     check_accepted(report, where)
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")
-    auth = credentials or options.registry_credentials()
+    auth = settings.registry_auth
     secrets = [auth[1]] if auth else []
     host, name = split_repository(report.repository)
-    registry = Registry(host, auth)
+    registry = Registry(host, auth, timeout_s=settings.registry_timeout_s)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
-    if client is None:
-        from builder import engine
-
-        client = engine.connect()
+    client = engine.connect(settings)
     found = local_image(client, report, image, where)
     served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
-    pushed = {}
+    pushed: dict[str, str] = {}
     try:
         for tag in report.tags:
             if not found.tag(report.repository, tag):

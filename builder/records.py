@@ -1,10 +1,16 @@
-"""Typed records that flow one way through the stages: sources -> build -> acceptance -> report -> publish."""
-from typing import Literal
+"""Typed records that flow one way through the stages: sources -> build -> acceptance -> report -> publish.
+
+DESIGN.md's record tables are generated from these models (`python -m builder.records`) and a test
+checks they match.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 GateStatus = Literal["pass", "fail", "inconclusive", "not_run"]
-GATES = ("provenance", "zero_update", "rl_step", "control")
 
 
 class Record(BaseModel):
@@ -65,22 +71,23 @@ class BuiltImage(Record):
     stage_times: dict[str, float]
     log_path: str
     cached: bool
+    isolation: dict[str, Any] = Field(default_factory=dict)  # what the build container saw (build.isolation)
 
 
 class GateResult(Record):
     name: str
     status: GateStatus
     reason: str
-    evidence: dict = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field(default_factory=dict)
     log: str = ""
 
 
 class AcceptanceResult(Record):
     image_id: str
-    container: dict = Field(default_factory=dict)
+    container: dict[str, Any] = Field(default_factory=dict)
     gates: list[GateResult]
-    environment: dict = Field(default_factory=dict)
-    throughput: dict = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)
+    throughput: dict[str, Any] = Field(default_factory=dict)
 
 
 class PublishReceipt(Record):
@@ -109,7 +116,7 @@ class SqshExport(Record):
     xattrs: bool
     enroot_files: dict[str, str]       # /etc files enroot writes from the image config: sha256
     equivalence: str
-    smoke: dict                        # provenance gate on the .sqsh contents
+    smoke: dict[str, Any]              # provenance gate on the .sqsh contents
     seconds: dict[str, float]
     created: str
 
@@ -120,7 +127,7 @@ class Report(Record):
     sources: ResolvedSources
     build: BuiltImage | None = None
     acceptance: AcceptanceResult | None = None
-    run_manifest: dict = Field(default_factory=dict)
+    run_manifest: dict[str, Any] = Field(default_factory=dict)
     platform: str = "unknown"
     base_image: str = "unknown"
     publish: PublishReceipt | None = None
@@ -132,5 +139,32 @@ class Report(Record):
     required_gates: list[str] = Field(default_factory=list)
     gates: list[GateResult] = Field(default_factory=list)   # every gate; missing ones read not_run
     reasons: list[str] = Field(default_factory=list)  # why NOT ACCEPTED (empty when ACCEPTED)
-    compat: list[dict] = Field(default_factory=list)  # {package, version, reason}
+    compat: list[dict[str, Any]] = Field(default_factory=list)  # {package, version, reason}
     created: str = ""
+
+
+RECORDS: tuple[type[Record], ...] = (Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage,
+                                     GateResult, AcceptanceResult, PublishReceipt, SqshExport, Report)
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if getattr(annotation, "__origin__", None) is None else None
+    return (text or str(annotation)).replace("typing.", "").replace("builder.records.", "")
+
+
+def design_tables() -> str:
+    """The Markdown tables DESIGN.md carries for every record (field, type, default)."""
+    out = []
+    for model in RECORDS:
+        out += [f"#### `{model.__name__}`", "", "| field | type | default |", "|---|---|---|"]
+        for name, field in model.model_fields.items():
+            default = "required" if field.is_required() else (
+                "[]" if field.default_factory is list else "{}" if field.default_factory is dict
+                else repr(field.default))
+            out.append(f"| `{name}` | `{_type_name(field.annotation)}` | {default} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(design_tables())

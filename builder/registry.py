@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import requests
 
@@ -20,7 +21,6 @@ MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.list.v2+json",
 )
 INDEX_TYPES = MANIFEST_TYPES[1], MANIFEST_TYPES[3]
-TIMEOUT_S = 30
 
 
 def split_repository(repository: str) -> tuple[str, str]:
@@ -41,8 +41,10 @@ def mask(text: str, secrets: list[str]) -> str:
 class Registry:
     """One registry host; `auth` is (username, password) or None."""
 
-    def __init__(self, host: str, auth: tuple[str, str] | None = None, scheme: str | None = None):
+    def __init__(self, host: str, auth: tuple[str, str] | None = None, scheme: str | None = None,
+                 timeout_s: float = 30.0):
         self.host = host
+        self.timeout_s = timeout_s
         # loopback registries speak plain HTTP (as the Docker engine assumes for 127.0.0.0/8)
         local = host.startswith(("127.", "localhost"))
         self.base = f"{scheme or ('http' if local else 'https')}://{host}"
@@ -51,10 +53,10 @@ class Registry:
         self.session.auth = auth
         self.secrets = [auth[1]] if auth else []
 
-    def _request(self, method: str, path: str, **kwargs) -> requests.Response:
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         url = self.base + path
         try:
-            resp = self.session.request(method, url, timeout=TIMEOUT_S, allow_redirects=True, **kwargs)
+            resp = self.session.request(method, url, timeout=self.timeout_s, allow_redirects=True, **kwargs)
         except requests.RequestException as exc:
             raise InfraError(mask(f"registry {self.host}: unreachable ({type(exc).__name__}); is it running?",
                                   self.secrets)) from None

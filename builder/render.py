@@ -1,80 +1,35 @@
-"""Render the unified Dockerfile (jinja2, dockerfiles/) and assemble its build context.
+"""Render stage: the unified Dockerfile (templates in dockerfiles/, text helpers in builder/dockerfile.py)
+and its build context (builder/context.py).
 
-`render(pins, sources)` is pure in its inputs: the same pins and the same resolved sources give a
-byte-identical Dockerfile and the same context sha256, whatever the cwd or cache dir.
+`render(pins, sources, settings)` is pure in its inputs: the same pins and the same resolved sources
+give a byte-identical Dockerfile and the same context sha256, whatever the cwd or cache dir.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-import jinja2
-
-from builder import __version__ as BUILDER_VERSION
+from builder import context, dockerfile, wheels
+from builder.constants import BUILDER_VERSION, COMPONENTS, LABEL_PREFIX, SOURCE_DATE_EPOCH
 from builder.errors import BadInput
+from builder.options import Settings
+from builder.pins import Pins
 from builder.records import RenderedBuild, ResolvedSources
 
-COMPONENTS = ("vllm", "megatron", "verl")
-TEMPLATES = Path(__file__).resolve().parent.parent / "dockerfiles"
-TEMPLATE = "unified.Dockerfile.j2"
-# fixed mtime of every context file and SOURCE_DATE_EPOCH of the build (2000-01-01; zip needs >= 1980)
-SOURCE_DATE_EPOCH = 946684800
-BASE_RX = re.compile(r"[a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64}")
-ENV_KEY_RX = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-UNSAFE_RX = re.compile(r"[\x00-\x1f\x7f$]")
+UNRESOLVED = "unresolved"
+BASE_RX = re.compile(r"[a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64}")  # defence in depth behind pins validation
 
 
-def dq(value) -> str:
-    """JSON-quote a value for the Dockerfile; refuse newline/CR/control characters and `$`
-    (defence in depth behind pins validation)."""
-    text = str(value)
-    if UNSAFE_RX.search(text):
-        raise BadInput(f"Dockerfile value {text!r}: expected no newline, carriage return, control character or '$'")
-    return json.dumps(text)
-
-
-def argv(values) -> str:
-    """An exec-form JSON array, each element through dq."""
-    return "[" + ", ".join(dq(v) for v in values) + "]"
-
-
-def labelpairs(mapping) -> str:
-    """`"key"="value"` pairs of one LABEL instruction, sorted, one per continuation line."""
-    return " \\\n      ".join(f"{dq(k)}={dq(v)}" for k, v in items(mapping))
-
-
-def envkey(value) -> str:
-    text = str(value)
-    if not ENV_KEY_RX.fullmatch(text):
-        raise BadInput(f"Dockerfile env name {text!r}: expected [A-Za-z_][A-Za-z0-9_]*")
-    return text
-
-
-def items(mapping) -> list:
-    """Sorted items of a dict: templates never iterate a dict in insertion order."""
-    return sorted(mapping.items())
-
-
-def environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(dq=dq, argv=argv, envkey=envkey, items=items, labelpairs=labelpairs)
-    return env
-
-
-def sha_tag(pins) -> str:
+def sha_tag(pins: Pins) -> str:
     """`vllm-<12hex>.megatron-<12hex>.verl-<12hex>` from the three pinned commits."""
     return ".".join(f"{name}-{pins.components[name].commit[:12]}" for name in COMPONENTS)
 
 
-def image_ref(pins) -> str:
+def image_ref(pins: Pins) -> str:
     return f"{pins.image.repository}:{sha_tag(pins)}"
-
-
-UNRESOLVED = "unresolved"
 
 
 def created(sources: ResolvedSources | None) -> str:
@@ -82,10 +37,10 @@ def created(sources: ResolvedSources | None) -> str:
     if sources is None:
         return UNRESOLVED
     newest = max(sources.components[name].commit_time for name in COMPONENTS)
-    return datetime.fromtimestamp(newest, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(newest, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def venv_root(pins) -> str:
+def venv_root(pins: Pins) -> str:
     """The venv the base interpreter belongs to (python_bin = <venv>/bin/python)."""
     return str(Path(pins.base.python_bin).parent.parent)
 
@@ -94,7 +49,7 @@ def _tree(sources: ResolvedSources | None, name: str) -> str:
     return sources.components[name].tree if sources else UNRESOLVED
 
 
-def labels(pins, sources: ResolvedSources | None) -> dict[str, str]:
+def labels(pins: Pins, sources: ResolvedSources | None) -> dict[str, str]:
     verl = pins.components["verl"]
     out = {
         "org.opencontainers.image.source": verl.url,
@@ -107,22 +62,23 @@ def labels(pins, sources: ResolvedSources | None) -> dict[str, str]:
     }
     for name in COMPONENTS:
         comp = pins.components[name]
-        out[f"io.truepolicy.{name}.commit"] = comp.commit
-        out[f"io.truepolicy.{name}.tree"] = _tree(sources, name)
-        out[f"io.truepolicy.{name}.pr"] = str(comp.pr)
+        out[f"{LABEL_PREFIX}.{name}.commit"] = comp.commit
+        out[f"{LABEL_PREFIX}.{name}.tree"] = _tree(sources, name)
+        out[f"{LABEL_PREFIX}.{name}.pr"] = str(comp.pr)
     return out
 
 
-def component_entries(pins, sources: ResolvedSources | None) -> list[dict]:
+def component_entries(pins: Pins, sources: ResolvedSources | None) -> list[dict[str, Any]]:
     """Per-component template data, in install order (sources None: pins-only review render)."""
-    out, earlier = [], []
+    out: list[dict[str, Any]] = []
+    earlier: list[str] = []
     for name in COMPONENTS:
         comp = pins.components[name]
         if sources and sources.components[name].commit != comp.commit:
             raise BadInput(f"components.{name}.commit: resolved {sources.components[name].commit}, "
                            f"pinned {comp.commit}")
         prefix = f"/install/{name}"
-        env = [f"{envkey(k)}={v}" for k, v in items(comp.install.env)]
+        env = [f"{dockerfile.envkey(k)}={v}" for k, v in dockerfile.items(comp.install.env)]
         out.append({"name": name, "prefix": prefix, "commit": comp.commit, "tree": _tree(sources, name), "pr": comp.pr,
                     "url": comp.url, "target": comp.target, "distribution": comp.distribution,
                     "modules": list(comp.modules), "pip_args": list(comp.install.pip_args), "env": env,
@@ -131,38 +87,25 @@ def component_entries(pins, sources: ResolvedSources | None) -> list[dict]:
     return out
 
 
-def lock_has_requirements(lock_path: Path) -> bool:
-    for line in Path(lock_path).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line and not line.startswith("--hash") and not line.startswith("\\"):
-            return True
-    return False
-
-
-def render_dockerfile(pins, sources: ResolvedSources | None, acceptance: bool = True, deps: bool | None = None) -> str:
+def render_dockerfile(pins: Pins, sources: ResolvedSources | None) -> str:
     """The Dockerfile text; with sources None the tree and created labels read "unresolved"
     (a review render of pins whose repositories are not reachable; never built)."""
-    if deps is None:
-        deps = lock_has_requirements(pins.lock_path())
     if not BASE_RX.fullmatch(pins.base.image):
-        raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image!r}")
+        raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image[:80]!r}")
+    deps = wheels.has_requirements(pins.lock_path())
     comps = component_entries(pins, sources)
-    prefixes = [("acceptance", "/install/acceptance")] if acceptance else []
+    prefixes = [("acceptance", "/install/acceptance")]
     prefixes += ([("build", "/install/deps")] if deps else []) + [("build", c["prefix"]) for c in comps]
     data = {
         "builder_version": BUILDER_VERSION, "pins_name": pins.name, "base_image": pins.base.image,
         "python": pins.base.python_bin, "venv": venv_root(pins), "build_env": dict(pins.build.env),
         "source_date_epoch": SOURCE_DATE_EPOCH, "deps": deps, "components": comps,
-        "acceptance": acceptance, "prefixes": prefixes, "labels": labels(pins, sources),
+        "prefixes": prefixes, "labels": labels(pins, sources),
     }
-    dockerfile = environment().get_template(TEMPLATE).render(**data)
-    problems = lint(dockerfile)
-    if problems:
-        raise BadInput(f"{TEMPLATES / TEMPLATE}: {problems[0]}")
-    return dockerfile
+    return dockerfile.render_text(data)
 
 
-def delivery_components(pins, sources: ResolvedSources, rendered_tag: str) -> dict:
+def delivery_components(pins: Pins, sources: ResolvedSources, rendered_tag: str) -> dict[str, Any]:
     """What smoke.py and write_manifest.py check and record inside the image."""
     comps = {}
     for c in component_entries(pins, sources):
@@ -172,61 +115,17 @@ def delivery_components(pins, sources: ResolvedSources, rendered_tag: str) -> di
             "builder_version": BUILDER_VERSION, "python": pins.base.python_bin, "tag": rendered_tag}
 
 
-def render(pins, sources: ResolvedSources) -> RenderedBuild:
-    """Render the Dockerfile and assemble the context tar (see builder/context.py)."""
-    from builder import context
-
-    acceptance = context.acceptance_dir() is not None
-    deps = lock_has_requirements(pins.lock_path())
-    dockerfile = render_dockerfile(pins, sources, acceptance=acceptance, deps=deps)
-    dockerfile_sha = hashlib.sha256(dockerfile.encode()).hexdigest()
+def render(pins: Pins, sources: ResolvedSources, settings: Settings) -> RenderedBuild:
+    """Render the Dockerfile and assemble the context tar."""
+    text = render_dockerfile(pins, sources)
+    text_sha = hashlib.sha256(text.encode()).hexdigest()
     tag = image_ref(pins)
-    path, context_sha = context.assemble(pins, sources, dockerfile, dockerfile_sha,
-                                         delivery_components(pins, sources, tag), acceptance=acceptance)
-    return RenderedBuild(dockerfile=dockerfile, dockerfile_sha256=dockerfile_sha, context_path=str(path),
+    lock = pins.lock_path()
+    wheelhouse = None
+    if wheels.has_requirements(lock):
+        wheelhouse = wheels.ensure_wheels(lock, wheels.Target.from_base(pins.base.python, pins.base.platform),
+                                          settings)
+    path, context_sha = context.assemble(pins, sources, settings, text, text_sha,
+                                         delivery_components(pins, sources, tag), wheelhouse)
+    return RenderedBuild(dockerfile=text, dockerfile_sha256=text_sha, context_path=str(path),
                          context_sha256=context_sha, labels=labels(pins, sources), tag=tag)
-
-
-FROM_RX = re.compile(r"FROM [a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64} AS [a-z]+")
-NETWORK_RX = re.compile(r"https?://|ftp://|\bgit (clone|fetch|pull)\b|\bcurl\b|\bwget\b|\bpip download\b")
-
-
-def lint(dockerfile: str) -> list[str]:
-    """What the unified Dockerfile must never contain: ADD, RUN --mount, shell-form RUN,
-    a FROM without digest, or anything that reaches the network."""
-    problems, stages = [], set()
-    for group, text in instructions(dockerfile):
-        word = text.split(" ", 1)[0].upper()
-        if word == "ADD":
-            problems.append(f"ADD is not used (COPY from the tool's context only): {text[:80]}")
-        if "--mount" in text:
-            problems.append(f"no RUN --mount (sources come from the context): {text[:80]}")
-        if word == "RUN" and not text[4:].lstrip().startswith("["):
-            problems.append(f"RUN must be exec form: {text[:80]}")
-        if word == "FROM":
-            parts = text.split()
-            if not (FROM_RX.fullmatch(text) or (len(parts) == 4 and parts[1] in stages and parts[2] == "AS")):
-                problems.append(f"FROM must name the base by digest or an earlier stage: {text[:80]}")
-            stages.add(parts[-1])
-        if word != "LABEL" and NETWORK_RX.search(text):
-            problems.append(f"no network access in the build: {text[:80]}")
-    return problems
-
-
-def instructions(dockerfile: str) -> list[tuple[str, str]]:
-    """(stage group, instruction) per build step, in the order the classic builder numbers them;
-    the group comes from the `# stage: <name>` comment above."""
-    steps, group, current = [], "prepare", ""
-    for line in dockerfile.splitlines():
-        stripped = line.strip()
-        if not current and stripped.startswith("#"):
-            if stripped.startswith("# stage:"):
-                group = stripped.split(":", 1)[1].strip()
-            continue
-        if not stripped and not current:
-            continue
-        current += (" " if current else "") + stripped.rstrip("\\").strip()
-        if not stripped.endswith("\\"):
-            steps.append((group, current))
-            current = ""
-    return steps

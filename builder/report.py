@@ -12,24 +12,25 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
+from builder.constants import CACHE_ENV_VARS, GATES
 from builder.errors import BadInput
-from builder.records import GATES, AcceptanceResult, BuiltImage, GateResult, PublishReceipt, Report, ResolvedSources
+from builder.pins import Pins
+from builder.records import AcceptanceResult, BuiltImage, GateResult, PublishReceipt, Report, ResolvedSources
+from builder.render import sha_tag
 
 UNKNOWN = "unknown"
 SEVERITY = {"fail": 3, "inconclusive": 2, "not_run": 1, "pass": 0}
-CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "VLLM_CACHE_ROOT",
-             "CUDA_CACHE_PATH", "XDG_CACHE_HOME")
 
 
 # ---------------------------------------------------------------- tags
 
 
-def image_tags(pins) -> list[str]:
+def image_tags(pins: Pins) -> list[str]:
     """The SHA tag (from the render stage's sha_tag) first, then the human tags of the pins."""
-    from builder.render import sha_tag
 
     tag = sha_tag(pins).rsplit("/", 1)[-1]
     tag = tag.split(":", 1)[1] if ":" in tag else tag  # accept '<repository>:<tag>' too
@@ -104,7 +105,7 @@ def _provenance(acceptance: AcceptanceResult | None) -> dict:
 def image_commits(manifest: dict | None, acceptance: AcceptanceResult | None) -> dict[str, str]:
     """Commit of each component as the image records it: manifest, else the stamp provenance read."""
     out = {}
-    for name, comp in ((_provenance(acceptance).get("components") or {})).items():
+    for name, comp in (_provenance(acceptance).get("components") or {}).items():
         commit = ((comp or {}).get("stamp") or {}).get("commit")
         if commit:
             out[name] = commit
@@ -114,17 +115,17 @@ def image_commits(manifest: dict | None, acceptance: AcceptanceResult | None) ->
     return out
 
 
-def _or_unknown(value):
+def _or_unknown(value: Any) -> Any:
     return UNKNOWN if value in (None, "", {}) else value
 
 
-def _env_dict(env) -> dict:
+def _env_dict(env: Any) -> dict[str, Any]:
     if isinstance(env, list):  # docker inspect form KEY=VALUE
         return dict(item.split("=", 1) for item in env if "=" in item)
     return dict(env) if isinstance(env, dict) else {}
 
 
-def run_manifest(pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
+def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
                  manifest: dict | None, publish: PublishReceipt | None) -> dict:
     """The six layers (source, installed packages, native libraries, JIT caches, container, run)."""
     mcomps = (manifest or {}).get("components") or {}
@@ -158,7 +159,7 @@ def run_manifest(pins, sources: ResolvedSources, build: BuiltImage | None, accep
             "loaded": UNKNOWN if loaded is None else (mine or "none loaded by the provenance check"),
         }
     env = _env_dict(acceptance.container.get("env") if acceptance else None)
-    jit = {"env": {k: env[k] for k in CACHE_ENV if k in env},
+    jit = {"env": {k: env[k] for k in CACHE_ENV_VARS if k in env},
            "tmpfs": (acceptance.container.get("tmpfs") if acceptance else None),
            "caches_at_start": prov.get("caches_at_start")}
     jit = {k: v for k, v in jit.items() if v}
@@ -195,7 +196,7 @@ def run_manifest(pins, sources: ResolvedSources, build: BuiltImage | None, accep
 # ---------------------------------------------------------------- assembling
 
 
-def make_report(pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
+def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
                 image_manifest: dict | None = None, publish: PublishReceipt | None = None) -> Report:
     manifest = image_manifest or find_manifest(acceptance)
     required = list(pins.acceptance.required_gates)
@@ -215,24 +216,24 @@ def make_report(pins, sources: ResolvedSources, build: BuiltImage | None, accept
 # ---------------------------------------------------------------- markdown
 
 
-def _cell(value) -> str:
+def _cell(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return " ".join(text.split()).replace("|", "\\|") or " "
 
 
-def _code(value) -> str:
+def _code(value: Any) -> str:
     return f"`{value}`" if value not in (None, "", UNKNOWN) else UNKNOWN
 
 
-def _table(header: list[str], rows: list[list]) -> list[str]:
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return lines
 
 
-def _flat(value, prefix="") -> list[tuple[str, object]]:
+def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     if isinstance(value, dict):
-        out = []
+        out: list[tuple[str, Any]] = []
         for key, item in value.items():
             out += _flat(item, f"{prefix}.{key}" if prefix else str(key))
         return out
@@ -244,7 +245,7 @@ def _flat(value, prefix="") -> list[tuple[str, object]]:
     return [(prefix, value)]
 
 
-def _num(value):
+def _num(value: Any) -> Any:
     return f"{value:.4g}" if isinstance(value, float) and value not in (0.0,) else value
 
 
@@ -266,9 +267,10 @@ def to_markdown(report: Report) -> str:
     digest = pub.digest if pub else "not published"
     tags = ", ".join(f"`{t}`" for t in report.tags) or UNKNOWN
     base_digest = report.run_manifest.get("container", {}).get("base_digest", UNKNOWN)
-    rows = [[name, c.url, f"#{c.pr}", c.target, _code(c.merge_base), _code(c.commit), f"+{c.ahead} / -{c.behind}",
-             _code(report.image_id), _code(digest) if pub else digest, tags, report.platform, _code(base_digest)]
-            for name, c in report.sources.components.items()]
+    rows: list[list[Any]] = [
+        [name, c.url, f"#{c.pr}", c.target, _code(c.merge_base), _code(c.commit), f"+{c.ahead} / -{c.behind}",
+         _code(report.image_id), _code(digest) if pub else digest, tags, report.platform, _code(base_digest)]
+        for name, c in report.sources.components.items()]
     out += _table(["Component", "Repository", "PR", "Target", "Merge-base", "Head", "Ahead / behind", "Image ID",
                    "Registry digest", "Tags", "Platform", "Base digest"], rows)
     out += ["", f"Repository `{report.repository}`; base image `{report.base_image}`.", ""]

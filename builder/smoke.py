@@ -14,10 +14,10 @@ from typing import Any
 from builder import accept
 from builder import pins as pins_mod
 from builder.errors import BadInput, InfraError
+from builder.layers import CHUNK
 from builder.records import Report
 
 REPOSITORY = "builder-sqsh-smoke"
-CHUNK = 1 << 20
 
 
 def report_pins(report: Report) -> pins_mod.Pins:

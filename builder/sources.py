@@ -4,36 +4,46 @@ For vllm, megatron and verl: fetch the target branch and refs/pull/<N>/head into
 require the pinned commit to be the PR head (or, with allow_moved_pr, an ancestor of it),
 record merge-base/ahead/behind against the target tip, the submodule gitlinks (each fetched
 into its own mirror, recursively), and the sha256 + file count of the deterministic export.
+
+Each tree is exported once per run: the export is kept as `<cache>/exports/<sha256>.tar`, and the
+build context reads that same file (`export_path`).
 """
+from __future__ import annotations
+
 import posixpath
 import tempfile
-from datetime import datetime, timezone
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pygit2
 
 from builder import export, log, mirror
+from builder.constants import COMPONENTS
 from builder.errors import BadInput
+from builder.options import Settings
+from builder.pins import Component, Pins
 from builder.records import ResolvedComponent, ResolvedSources, Submodule
 
-COMPONENTS = ("vllm", "megatron", "verl")
 MAX_DEPTH = 8  # submodule nesting
 
 
-def resolve(pins, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedSources:
+def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedSources:
     components = {}
     for name in COMPONENTS:
         with log.step(f"resolve {name}"):
-            components[name] = resolve_component(name, pins.components[name], pins.component_url(name),
+            components[name] = resolve_component(settings, name, pins.components[name], pins.component_url(name),
                                                  offline, allow_moved_pr)
     return ResolvedSources(
         pins_path=str(pins.path), pins_sha256=pins.sha256,
-        resolved_at=datetime.now(timezone.utc).isoformat(timespec="seconds"), components=components)
+        resolved_at=datetime.now(UTC).isoformat(timespec="seconds"), components=components)
 
 
-def resolve_component(name: str, pin, url: str, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedComponent:
+def resolve_component(settings: Settings, name: str, pin: Component, url: str, offline: bool = False,
+                      allow_moved_pr: bool = False) -> ResolvedComponent:
     where = f"components.{name}"
     target_ref, pr_ref = f"refs/heads/{pin.target}", f"refs/pull/{pin.pr}/head"
-    repo, found = mirror.sync(url, {target_ref: f"refs/remotes/origin/{pin.target}",
+    repo, found = mirror.sync(settings, url, {target_ref: f"refs/remotes/origin/{pin.target}",
                                     pr_ref: f"refs/remotes/origin/pr/{pin.pr}"}, offline)
     if offline and None in found.values():
         missing = target_ref if found[target_ref] is None else pr_ref
@@ -47,6 +57,7 @@ def resolve_component(name: str, pin, url: str, offline: bool = False, allow_mov
         hint = f" ({mirror.OFFLINE_HINT})" if offline else ""
         raise BadInput(f"{where}.commit: commit {pin.commit} of {name} not found in the fetched refs of {url}{hint}")
     pr_head, target_head = found[pr_ref], found[target_ref]
+    assert pr_head is not None and target_head is not None
     moved = pr_head != commit.id
     if moved and not repo.descendant_of(pr_head, commit.id):
         raise BadInput(f"{where}.commit: commit {pin.commit} is not on PR #{pin.pr} (head {pr_head})")
@@ -61,8 +72,8 @@ def resolve_component(name: str, pin, url: str, offline: bool = False, allow_mov
     if base is None:
         raise BadInput(f"{where}.commit: {pin.commit} shares no history with {pin.target} of {url}")
     ahead, behind = repo.ahead_behind(commit.id, target_head)
-    subs = submodules(repo, commit, url, offline)
-    stats = export.export_tar(repo, commit.id, None, modules=modules_for(subs))
+    subs = submodules(settings, repo, commit, url, offline)
+    stats = export_once(settings, repo, commit, subs)
     return ResolvedComponent(
         name=name, url=url, target=pin.target, pr=pin.pr, commit=str(commit.id), tree=str(commit.tree_id),
         commit_time=commit.committer.time, pr_head=str(pr_head), pr_moved=moved, merge_base=str(base),
@@ -78,7 +89,24 @@ def _commit(repo: pygit2.Repository, sha: str) -> pygit2.Commit | None:
     return obj if isinstance(obj, pygit2.Commit) else None
 
 
-def submodules(repo: pygit2.Repository, commit: pygit2.Commit, url: str, offline: bool,
+def export_path(settings: Settings, export_sha256: str) -> Path:
+    return settings.cache("exports") / f"{export_sha256}.tar"
+
+
+def export_once(settings: Settings, repo: pygit2.Repository, commit: pygit2.Commit,
+                subs: list[Submodule]) -> export.ExportStats:
+    """Export the tree (submodules included) into the export cache, named by its sha256."""
+    with tempfile.NamedTemporaryFile(dir=settings.cache("exports"), suffix=".part", delete=False) as tmp:
+        part = Path(tmp.name)
+    try:
+        stats = export.export_file(repo, commit.id, part, modules=modules_for(settings, subs))
+        part.replace(export_path(settings, stats.sha256))
+    finally:
+        part.unlink(missing_ok=True)
+    return stats
+
+
+def submodules(settings: Settings, repo: pygit2.Repository, commit: pygit2.Commit, url: str, offline: bool,
                base: str = "", depth: int = 0) -> list[Submodule]:
     """Every gitlink below commit (recursively), each checked to exist in its own mirror."""
     links = list(_gitlinks(repo, commit.tree))
@@ -93,17 +121,17 @@ def submodules(repo: pygit2.Repository, commit: pygit2.Commit, url: str, offline
         if path not in urls:
             raise BadInput(f"{url}: .gitmodules at {commit.id}: no entry for the submodule at {full!r}")
         sub_url = absolute_url(urls[path], url)
-        sub_repo = mirror.ensure_commit(sub_url, sha, offline)
+        sub_repo = mirror.ensure_commit(settings, sub_url, sha, offline)
         sub = _commit(sub_repo, sha)
         if sub is None:
             hint = mirror.OFFLINE_HINT if offline else "not found after fetching its branches, tags and the commit"
             raise BadInput(f"{full}: submodule commit {sha} of {sub_url}: {hint}")
         out.append(Submodule(path=full, url=sub_url, commit=sha, tree=str(sub.tree_id)))
-        out += submodules(sub_repo, sub, sub_url, offline, full + "/", depth + 1)
+        out += submodules(settings, sub_repo, sub, sub_url, offline, full + "/", depth + 1)
     return out
 
 
-def _gitlinks(repo: pygit2.Repository, tree: pygit2.Tree, base: str = ""):
+def _gitlinks(repo: pygit2.Repository, tree: pygit2.Tree, base: str = "") -> Iterator[tuple[str, str]]:
     for item in tree:
         if item.filemode == export.GITLINK:
             yield base + item.name, str(item.id)
@@ -139,22 +167,28 @@ def absolute_url(sub_url: str, parent_url: str) -> str:
     return f"{scheme}://{joined}" if scheme else joined
 
 
-def modules_for(subs: list[Submodule]) -> export.Modules:
+def modules_for(settings: Settings, subs: list[Submodule]) -> export.Modules:
     """The modules(path, sha) callback export_tar needs, from resolved submodules (no fetch)."""
     urls = {s.path: s.url for s in subs}
 
     def lookup(path: str, sha: str) -> pygit2.Repository:
         if path not in urls:
             raise BadInput(f"{path}: submodule not in the resolved sources")
-        return mirror.open_mirror(urls[path])
+        return mirror.open_mirror(settings, urls[path])
 
     return lookup
 
 
-def export_component(component: ResolvedComponent, fileobj, prefix: str = "") -> export.ExportStats:
-    """The deterministic tar of a resolved component, submodules included, from the mirrors."""
-    return export.export_tar(mirror.open_mirror(component.url), component.commit, fileobj, prefix,
-                             modules_for(component.submodules))
+def exported_tar(settings: Settings, component: ResolvedComponent) -> Path:
+    """The export resolve made of this component (made again from the mirrors if this cache lacks it)."""
+    path = export_path(settings, component.export_sha256)
+    if not path.is_file():
+        repo = mirror.open_mirror(settings, component.url)
+        stats = export_once(settings, repo, repo[component.commit].peel(pygit2.Commit), component.submodules)
+        if stats.sha256 != component.export_sha256:
+            raise BadInput(f"components.{component.name}: export of {component.commit} has sha256 {stats.sha256},"
+                           f" resolved {component.export_sha256}")
+    return path
 
 
 def format_table(resolved: ResolvedSources) -> str:

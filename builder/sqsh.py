@@ -3,8 +3,8 @@ smoke-tested, recorded in the report next to the registry digest under the same 
 
 Like `enroot import`: the layers of `docker save` applied in order with whiteouts (builder/layers.py),
 dev/* left out, enroot's /etc/{environment,rc,rc.local,fstab} written from the image config, then
-Debian's `mksquashfs` with ENROOT_SQUASH_OPTIONS (`-comp lzo -noD` unless BUILDER_SQUASH_OPTIONS says
-otherwise). Unlike enroot, owners and modes are kept (no -all-root, no fixperms). Reproducible: every
+Debian's `mksquashfs` with ENROOT_SQUASH_OPTIONS (`-comp lzo -noD` unless BUILDER_SQUASH_OPTIONS, read
+into Settings, says otherwise). Unlike enroot, owners and modes are kept (no -all-root, no fixperms). Reproducible: every
 timestamp is SOURCE_DATE_EPOCH (enroot's own reproducible mode), mksquashfs sorts its input, xattrs only
 when the image has them. The .sqsh is read back with `unsquashfs` and must equal the tree computed from
 the layers in memory; then the provenance gate runs on the unpacked tree in a network-none container.
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import layers, log, options
+from builder import host, layers, log
+from builder.constants import SOURCE_DATE_EPOCH
 from builder.errors import BadInput, InfraError, NotAccepted
 from builder.layers import Entry
-from builder.paths import cache_dir
+from builder.options import Settings, check_squash_options
 from builder.records import Report, SqshExport
-from builder.render import SOURCE_DATE_EPOCH
 
 ENROOT_FILES = ("etc/environment", "etc/fstab", "etc/rc", "etc/rc.local")
 RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
@@ -147,10 +147,6 @@ def check_equal(expected: dict[str, Entry], got: dict[str, Entry], where: str) -
         raise NotAccepted(f"{where}: {len(diffs)} differences from the image, first: " + "; ".join(diffs[:SHOW]))
 
 
-def sha256_file(path: Path) -> str:
-    return layers._file_sha256(path)
-
-
 def default_out(report: Report, report_path: Path) -> Path:
     """enroot's naming: <repository path with + for />+<SHA tag>.sqsh, next to the report."""
     name = report.repository.partition("/")[2].replace("/", "+") or report.name
@@ -192,8 +188,8 @@ def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: 
     return Made(expected=expected, argv=argv, xattrs=xattrs, times=times, readback=work / "readback")
 
 
-def export(report_path: Path, out: Path | None = None, client: Any = None, squash_options: str | None = None,
-           smoke: bool = True) -> SqshExport:
+def export(report_path: Path, settings: Settings, out: Path | None = None, client: Any = None,
+           squash_options: str | None = None, smoke: bool = True) -> SqshExport:
     """Write the .sqsh of an ACCEPTED report's image, check it, smoke it, record it in the report."""
     from builder import engine, publish
     from builder import report as report_mod
@@ -203,7 +199,7 @@ def export(report_path: Path, out: Path | None = None, client: Any = None, squas
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{report_path}: verdict is {report.verdict}; only an ACCEPTED image is exported")
     publish.check_accepted(report, str(report_path))  # and the gates must support the verdict
-    squash_options = options.squash_options() if squash_options is None else options.check_squash_options(
+    squash_options = settings.squash_options if squash_options is None else check_squash_options(
         squash_options, "--squash-options")
     out = Path(out) if out else default_out(report, report_path)
     if out.suffix != ".sqsh":
@@ -211,8 +207,8 @@ def export(report_path: Path, out: Path | None = None, client: Any = None, squas
     if os.geteuid() != 0:
         raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
     version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
-    client = client or engine.connect()
-    work = Path(tempfile.mkdtemp(prefix="sqsh-", dir=cache_dir("sqsh")))
+    client = client or engine.connect(settings)
+    work = Path(tempfile.mkdtemp(prefix="sqsh-", dir=settings.cache("sqsh")))
     partial = out.with_name(f".{out.name}.partial")
     try:
         made = make_sqsh(client, report.image_id, partial, squash_options, work)
@@ -225,7 +221,7 @@ def export(report_path: Path, out: Path | None = None, client: Any = None, squas
             if result["status"] != "pass":
                 raise NotAccepted(f"{out}: provenance gate on the .sqsh contents: {result['status']}: "
                                   f"{result['reason']}")
-        digest = sha256_file(partial)
+        digest = host.sha256_file(partial)
         partial.replace(out)
     finally:
         partial.unlink(missing_ok=True)

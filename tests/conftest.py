@@ -7,6 +7,16 @@ import os
 
 import pytest
 
+from builder.options import Settings
+
+SETTINGS = Settings.from_env()
+
+
+@pytest.fixture(scope="session")
+def settings():
+    """The environment settings, read once for the session (as the CLI does per command)."""
+    return SETTINGS
+
 
 def _docker_unavailable(reason: str):
     if os.environ.get("CI"):
@@ -21,7 +31,7 @@ def docker_client():
     from builder.errors import InfraError
 
     try:
-        return engine.connect()
+        return engine.connect(SETTINGS)
     except InfraError as exc:
         _docker_unavailable(str(exc))
 
@@ -38,15 +48,15 @@ def infra_setup(docker_client):
     """Engine + registry running (idempotent `builder setup`); the dict of what was found/started."""
     from builder import infra
 
-    return infra.ensure_all()
+    return infra.ensure_all(SETTINGS)
 
 
 @pytest.fixture(scope="session")
 def base_image(infra_setup):
     """`127.0.0.1:5000/demo/base@sha256:...`, built once per recipe (cached across sessions)."""
-    from builder import baseimage
+    from demo import baseimage
 
-    return baseimage.ensure_base_image()
+    return baseimage.ensure_base_image(SETTINGS)
 
 
 # ---- report / publish: records without git or Docker, and registries of our own
@@ -63,8 +73,7 @@ def report_inputs():
     import yaml
 
     from builder import pins as pins_mod
-    from builder.records import (AcceptanceResult, BuiltImage, GateResult, ResolvedComponent,
-                                 ResolvedSources)
+    from builder.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
 
     pins_dir = Path(__file__).resolve().parent.parent / "pins"
     data = yaml.safe_load((pins_dir / "demo.yaml").read_text())
@@ -129,19 +138,20 @@ def report_inputs():
 
 @pytest.fixture(scope="session")
 def demo_pins(docker_client):
-    """pins/demo.yaml ready to build: engine, registry, base image, demo stack (builder.demo)."""
-    from builder.demo import prepare_demo
+    """pins/demo.local.yaml ready to build: engine, registry, base image, demo stack (demo.prepare)."""
+    from demo.prepare import prepare_demo
 
-    return prepare_demo()
+    return prepare_demo(SETTINGS)
 
 
 def _resolve_render_build(pins_path):
-    from builder import build, pins as pins_mod, render, sources
+    from builder import build, render, sources
+    from builder import pins as pins_mod
 
     pins = pins_mod.load(pins_path)
-    resolved = sources.resolve(pins)
-    rendered = render.render(pins, resolved)
-    return pins, resolved, rendered, build.build(rendered, pins, echo=False)
+    resolved = sources.resolve(pins, SETTINGS)
+    rendered = render.render(pins, resolved, SETTINGS)
+    return pins, resolved, rendered, build.build(rendered, SETTINGS, echo=False)
 
 
 @pytest.fixture(scope="session")
@@ -154,7 +164,7 @@ def demo_image(demo_pins):
 def build_variant(demo_pins, tmp_path_factory):
     """Factory: build(component, pr) -> BuiltImage of the demo stack with that component pinned to
     the head of demo PR `pr` (e.g. ('vllm', 13)); one build per key per session."""
-    from builder.demo import variant_pins
+    from demo.prepare import variant_pins
 
     built = {}
 
@@ -169,7 +179,7 @@ def build_variant(demo_pins, tmp_path_factory):
     # defect variants are never accepted: leave no tag of theirs in the publish namespace
     from builder import engine
 
-    client = engine.connect()
+    client = engine.connect(SETTINGS)
     for image in built.values():
         for tag in image.tags:
             engine.remove_image(client, tag)
@@ -184,4 +194,4 @@ def demo_accepted(demo_image):
     from builder import accept
 
     pins, resolved, _, built = demo_image
-    return pins, resolved, built, accept.accept(built.image_id, pins)
+    return pins, resolved, built, accept.accept(built.image_id, pins, SETTINGS)

@@ -9,6 +9,11 @@ import pytest
 from builder import accept
 from builder.pins import Mount
 
+from builder.constants import GATES
+from builder.options import Settings
+
+SETTINGS = Settings.from_env()
+
 pytestmark = pytest.mark.docker
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
@@ -35,9 +40,9 @@ def _with(model, **changes):
 
 def test_clean_demo_stack_passes_every_gate(demo_image, docker_client, run_id):
     pins, _, _, built = demo_image
-    result = accept.accept(built.image_id, pins, client=docker_client, run_id=run_id)
+    result = accept.accept(built.image_id, pins, SETTINGS, run_id=run_id)
     gates = _gates(result)
-    assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in accept.GATES}, \
+    assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in GATES}, \
         {n: g.reason for n, g in gates.items()}
     assert result.image_id == built.image_id
     prov = gates["provenance"].evidence
@@ -53,8 +58,8 @@ def test_clean_demo_stack_passes_every_gate(demo_image, docker_client, run_id):
 
 def test_batch_invariance_off_fails_zero_update(demo_image, build_variant, docker_client, run_id):
     pins = demo_image[0]
-    result = accept.accept(build_variant("vllm", 12).image_id, pins, gates=["zero_update"],
-                           client=docker_client, run_id=run_id)
+    result = accept.accept(build_variant("vllm", 12).image_id, pins, SETTINGS, gates=["zero_update"],
+                           run_id=run_id)
     gates = _gates(result)
     assert gates["zero_update"].status == "fail"
     assert "expected exactly 0.0" in gates["zero_update"].reason
@@ -63,8 +68,8 @@ def test_batch_invariance_off_fails_zero_update(demo_image, build_variant, docke
 
 def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image, build_variant, docker_client, run_id):
     pins = demo_image[0]
-    result = accept.accept(build_variant("vllm", 13).image_id, pins, gates=["zero_update", "rl_step"],
-                           client=docker_client, run_id=run_id)
+    result = accept.accept(build_variant("vllm", 13).image_id, pins, SETTINGS, gates=["zero_update", "rl_step"],
+                           run_id=run_id)
     gates = _gates(result)
     assert gates["zero_update"].status == "pass", gates["zero_update"].reason
     assert gates["rl_step"].status == "fail"
@@ -73,8 +78,8 @@ def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image, buil
 
 def test_weight_decay_at_lr_zero_fails_zero_update(demo_image, build_variant, docker_client, run_id):
     pins = demo_image[0]
-    result = accept.accept(build_variant("megatron", 23).image_id, pins, gates=["zero_update"],
-                           client=docker_client, run_id=run_id)
+    result = accept.accept(build_variant("megatron", 23).image_id, pins, SETTINGS, gates=["zero_update"],
+                           run_id=run_id)
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
     assert "weights changed with lr 0" in gate.reason
@@ -83,8 +88,8 @@ def test_weight_decay_at_lr_zero_fails_zero_update(demo_image, build_variant, do
 @pytest.mark.parametrize("pr, words", [(34, "not a number"), (35, "rollout_corr/k3_kl missing")])
 def test_bad_metrics_fail_zero_update(demo_image, build_variant, docker_client, pr, words, run_id):
     pins = demo_image[0]
-    result = accept.accept(build_variant("verl", pr).image_id, pins, gates=["zero_update"],
-                           client=docker_client, run_id=run_id)
+    result = accept.accept(build_variant("verl", pr).image_id, pins, SETTINGS, gates=["zero_update"],
+                           run_id=run_id)
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
     assert words in gate.reason
@@ -112,7 +117,7 @@ def test_startup_hook_added_after_build_fails_provenance(demo_image, docker_clie
     hook = f"{SITE}/zz_patch.pth"
     image = _derived(docker_client, demo_image[3].image_id, f"echo 'import os' > {hook}")
     try:
-        result = accept.accept(image, demo_image[0], gates=["provenance"], client=docker_client, run_id=run_id)
+        result = accept.accept(image, demo_image[0], SETTINGS, gates=["provenance"], run_id=run_id)
     finally:
         docker_client.images.remove(image, force=True)
     gate = _gates(result)["provenance"]
@@ -122,7 +127,7 @@ def test_startup_hook_added_after_build_fails_provenance(demo_image, docker_clie
 
 def test_file_changed_after_install_fails_provenance(demo_image, edited_image, docker_client, run_id):
     pins = demo_image[0]
-    result = accept.accept(edited_image, pins, gates=["provenance"], client=docker_client, run_id=run_id)
+    result = accept.accept(edited_image, pins, SETTINGS, gates=["provenance"], run_id=run_id)
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert f"{SITE}/tinyengine/engine.py sha256" in gate.reason
@@ -146,7 +151,7 @@ def test_host_directory_mounted_over_package_fails_provenance(demo_image, docker
     _copy_out(docker_client, built.image_id, f"{SITE}/tinyengine", tmp_path, run_id)
     mounted = _with(pins, acceptance=_with(pins.acceptance, mounts=[
         Mount(source=str(tmp_path / "tinyengine"), target=f"{SITE}/tinyengine")]))
-    result = accept.accept(built.image_id, mounted, gates=["provenance"], client=docker_client, run_id=run_id)
+    result = accept.accept(built.image_id, mounted, SETTINGS, gates=["provenance"], run_id=run_id)
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert f"mount at {SITE}/tinyengine" in gate.reason
@@ -157,7 +162,7 @@ def test_host_directory_mounted_over_package_fails_provenance(demo_image, docker
 def test_hanging_gate_is_killed_at_timeout(demo_image, docker_client, run_id):
     pins, _, _, built = demo_image
     hang = _with(pins, recipe=_with(pins.recipe, entry=["python", "-c", "import time; time.sleep(600)"]))
-    result = accept.accept(built.image_id, hang, gates=["zero_update"], client=docker_client, timeout_s=5,
+    result = accept.accept(built.image_id, hang, SETTINGS, gates=["zero_update"], timeout_s=5,
                            run_id=run_id)
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
@@ -170,7 +175,7 @@ def test_hanging_gate_is_killed_at_timeout(demo_image, docker_client, run_id):
 def test_gate_that_dies_without_result_fails(demo_image, docker_client, run_id):
     pins, _, _, built = demo_image
     broken = _with(pins, base=_with(pins.base, python_bin="/bin/false"))
-    result = accept.accept(built.image_id, broken, gates=["provenance"], client=docker_client, run_id=run_id)
+    result = accept.accept(built.image_id, broken, SETTINGS, gates=["provenance"], run_id=run_id)
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert "without a result line" in gate.reason
@@ -188,7 +193,7 @@ def test_ctrl_c_removes_the_container(demo_image, docker_client, monkeypatch, ru
 
     monkeypatch.setattr(docker.models.containers.Container, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        accept.accept(built.image_id, pins, gates=["zero_update"], client=docker_client, run_id=run_id)
+        accept.accept(built.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
     assert len(seen) == 1
     with pytest.raises(docker.errors.NotFound):
         docker_client.containers.get(seen[0])
@@ -199,7 +204,7 @@ def test_unknown_gate_is_bad_input(demo_image, docker_client, run_id):
 
     pins, _, _, built = demo_image
     with pytest.raises(BadInput, match="--gate"):
-        accept.accept(built.image_id, pins, gates=["nope"], client=docker_client, run_id=run_id)
+        accept.accept(built.image_id, pins, SETTINGS, gates=["nope"], run_id=run_id)
 
 
 def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image, docker_client, run_id):
@@ -209,7 +214,7 @@ def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image, docker_cl
 
     pins, resolved, _, built = demo_image
     broken = _with(pins, recipe=_with(pins.recipe, control_env={"DEMO_BATCH_INVARIANT": "on"}))
-    result = accept.accept(built.image_id, broken, gates=["control"], client=docker_client, run_id=run_id)
+    result = accept.accept(built.image_id, broken, SETTINGS, gates=["control"], run_id=run_id)
     gate = _gates(result)["control"]
     assert gate.status == "inconclusive", gate.reason
     assert gate.evidence["diff_max"] == 0.0

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 from acceptance import decide, metrics, procfs, recipe
-from acceptance.__main__ import DEFAULT_METRICS, plain
+from acceptance.__main__ import plain
+from acceptance.defaults import METRICS as DEFAULT_METRICS
 
 DATA = Path(__file__).resolve().parent / "data" / "acceptance"
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,11 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, engine, paths, pins as pins_mod, render, sources
-from builder.demo import variant_pins
+from builder import build, dockerfile, engine, render, sources
+from builder import pins as pins_mod
+from builder.constants import COMPONENTS
 from builder.errors import BuildFailed, InfraError
+from builder.options import PACKAGE, Settings
+from demo.prepare import variant_pins
 
-COMPONENTS = ("vllm", "megatron", "verl")
+SETTINGS = Settings.from_env()
 
 
 def run_in(client, image: str, argv: list[str]) -> tuple[int, str]:
@@ -59,11 +62,31 @@ def test_labels_and_manifest(demo_image, docker_client):
     assert rc == 0 and out.split()[0] == so_sha
 
 
-@pytest.mark.docker
-def test_build_container_had_no_network_and_no_source_mounts(demo_image, docker_client):
+def _build_env(demo_image, tmp_path):
+    """What the build container reported: from the demo build, or (when that step came from the cache)
+    from a no-cache build of a copy of the demo pins under another repository."""
     pins, _, _, built = demo_image
-    env = read_json(docker_client, built.image_id, "/opt/delivery/build-env.json")
-    host_paths = [str(paths.PROJECT), str(paths.cache_dir()), str(pins.directory)]
+    if built.isolation.get("checked"):
+        assert built.isolation["problems"] == []
+        return pins, {"net": built.isolation["net"], "mountinfo": built.isolation["mountinfo"]}
+
+    def elsewhere(data):
+        data["image"]["repository"] = "127.0.0.1:5000/builder-tests/isolation"
+    other = pins_mod.load(variant_pins(tmp_path, edit=elsewhere, pins_path=pins.path))
+    rendered = render.render(other, sources.resolve(other, SETTINGS), SETTINGS)
+    result = engine.build(engine.connect(SETTINGS), open(rendered.context_path, "rb"), rendered.tag,
+                          tmp_path / "build.log", nocache=True, echo=False)
+    engine.remove_image(engine.connect(SETTINGS), rendered.tag)
+    env = build.build_env(result.steps)
+    assert env is not None, "the runtime stage printed no BUILD-ENV line"
+    return pins, env
+
+
+@pytest.mark.docker
+def test_build_container_had_no_network_and_no_source_mounts(demo_image, docker_client, tmp_path):
+    pins, env = _build_env(demo_image, tmp_path)
+    built = demo_image[3]
+    host_paths = [str(PACKAGE.parent), str(SETTINGS.cache_root), str(pins.directory)]
     assert env["net"] == ["lo"]
     assert build.isolation_problems(env, host_paths) == []
     # the same check fails on what a bind mount of sources or a bridge network would leave
@@ -71,27 +94,28 @@ def test_build_container_had_no_network_and_no_source_mounts(demo_image, docker_
         f"120 80 254:0 {pins.directory}/demo-stack /builder/src rw,relatime - ext4 /dev/vda rw"])
     assert any("/builder/src" in p for p in build.isolation_problems(planted, host_paths))
     assert build.isolation_problems(dict(env, net=["eth0", "lo"]), host_paths)
-    # nothing of the build stage reaches the final image
-    rc, out = run_in(docker_client, built.image_id, ["ls", "/builder", "/install", "/root/.cache/pip"])
-    assert rc != 0 and out.count("No such file") == 3
+    # nothing of the build stage, and nothing per-build, reaches the final image
+    rc, out = run_in(docker_client, built.image_id, ["ls", "/builder", "/install", "/root/.cache/pip",
+                                                     "/opt/delivery/build-env.json"])
+    assert rc != 0 and out.count("No such file") == 4
 
 
 @pytest.mark.docker
 def test_rebuild_with_nothing_changed_is_a_full_cache_hit(demo_image):
     pins, resolved, rendered, built = demo_image
-    again = render.render(pins, sources.resolve(pins))
+    again = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
     assert again.context_sha256 == rendered.context_sha256
     start = time.monotonic()
-    rebuilt = build.build(again, pins, echo=False)
+    rebuilt = build.build(again, SETTINGS, echo=False)
     took = time.monotonic() - start
     assert rebuilt.image_id == built.image_id
     assert rebuilt.cached is True
     assert took < 10, f"no-op rebuild took {took:.1f} s"
 
 
-def layers_by_group(built, dockerfile: str) -> dict[str, list[str]]:
+def layers_by_group(built, text: str) -> dict[str, list[str]]:
     """Image ID each step produced, grouped by the Dockerfile's `# stage:` comments."""
-    groups = render.instructions(dockerfile)
+    groups = dockerfile.instructions(text)
     out: dict[str, list[str]] = {}
     for step in json.loads(build.steps_file(built).read_text()):
         assert step["image"], step
@@ -117,13 +141,14 @@ def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins, docker
         data["components"]["verl"]["install"]["pip_args"] = ["--no-deps", "--no-such-pip-option"]
 
     pins = pins_mod.load(variant_pins(tmp_path, "verl", 35, edit=bad_pip_arg, pins_path=demo_pins))
-    rendered = render.render(pins, sources.resolve(pins))
+    rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
     before = engine.inspect_image(docker_client, rendered.tag)
     with pytest.raises(BuildFailed) as failed:
-        build.build(rendered, pins, echo=False)
+        build.build(rendered, SETTINGS, echo=False)
     message = str(failed.value)
     assert "pip" in message and "install" in message and "/install/verl" in message and "--no-such-pip-option" in message
-    assert "step " in message and "last lines" in message and "\n" not in message
+    assert "step " in message and "log " in message and "\n" not in message and len(message) < 1500
+    assert failed.value.details and any("no-such-pip-option" in line for line in failed.value.details)
     after = engine.inspect_image(docker_client, rendered.tag)
     assert (after is None) if before is None else after["Id"] == before["Id"]
 
@@ -133,12 +158,12 @@ def test_smoke_and_manifest_scripts_fail_on_planted_defects(demo_image, docker_c
     pins, resolved, _, built = demo_image
     spec = read_json(docker_client, built.image_id, "/opt/delivery/components.json")
     smoke = ["/opt/venv/bin/python", "-B", "/opt/delivery/scripts/smoke.py"]
-    rc, out = run_in(docker_client, built.image_id, smoke + ["/opt/delivery/components.json", "/tmp/env.json"])
-    assert rc == 0, out
+    rc, out = run_in(docker_client, built.image_id, smoke + ["/opt/delivery/components.json"])
+    assert rc == 0 and "BUILD-ENV " in out, out
     spec["components"]["megatron"]["commit"] = "0" * 40
     tampered = json.dumps(spec)
     rc, out = run_in(docker_client, built.image_id, ["sh", "-c", f"printf '%s' '{tampered}' > /tmp/c.json && "
-                                                     + " ".join(smoke) + " /tmp/c.json /tmp/env.json"])
+                                                     + " ".join(smoke) + " /tmp/c.json"])
     assert rc != 0 and "stamped commit" in out
     manifest = read_json(docker_client, built.image_id, "/opt/delivery/manifest.json")
     victim = next(p for p in manifest["components"]["verl"]["files"] if p.endswith(".py"))
@@ -153,5 +178,18 @@ def test_smoke_and_manifest_scripts_fail_on_planted_defects(demo_image, docker_c
 def test_unreachable_engine_is_an_infra_error(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(InfraError) as err:
-        engine.connect(timeout=5)
+        engine.connect(Settings.from_env(), timeout=5)
     assert err.value.exit_code == 3 and "docker engine" in str(err.value)
+
+
+def test_progress_joins_a_line_split_over_stream_chunks(tmp_path):
+    """The engine may cut one long output line (the BUILD-ENV record) across chunks: it is read whole."""
+    record = '{"net": ["lo"], "mountinfo": ["' + "x" * 5000 + '"]}'
+    with open(tmp_path / "log", "w") as log_file:
+        progress = engine._Progress(log_file, echo=False)
+        for chunk in ("Step 1/1 : RUN [\"true\"]\n", " ---> Running in 0123\nBUILD-ENV " + record[:1000],
+                      record[1000:4000], record[4000:] + "\n", "tail without newline"):
+            progress.chunk({"stream": chunk})
+        progress.finish()
+    assert build.build_env(progress.steps) == json.loads(record)
+    assert progress.steps[-1].lines[-1] == "tail without newline"

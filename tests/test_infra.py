@@ -7,15 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from builder import baseimage, infra
+from builder import host, infra, wheels
 from builder.errors import BadInput
+from builder.options import Settings
+from demo import baseimage
+from demo.prepare import write_local_pins
+
+SETTINGS = Settings.from_env()
 
 DIGEST_REF = re.compile(r"^127\.0\.0\.1:5000/demo/base@sha256:[0-9a-f]{64}$")
 
 
 @pytest.mark.docker
 def test_setup_is_idempotent(infra_setup):
-    again = infra.ensure_all()
+    again = infra.ensure_all(SETTINGS)
     assert again["engine"]["engine"] == "found"
     assert again["registry"]["registry"] == "found"
     assert again["engine"]["pid"] is None or again["engine"]["pid"] == infra_setup["engine"].get("pid")
@@ -51,49 +56,59 @@ def _non_loopback_ipv4():
 
 
 def test_recipe_hash_is_stable():
-    first, second = baseimage.recipe_hash(), baseimage.recipe_hash()
+    first, second = baseimage.recipe_hash(SETTINGS), baseimage.recipe_hash(SETTINGS)
     assert first == second
     assert re.fullmatch(r"[0-9a-f]{64}", first)
 
 
 def test_lock_parser_requires_hashes(tmp_path):
-    assert baseimage.parse_lock("a==1 --hash=sha256:" + "0" * 64 + "  # c\n") == [("a", "1", ["0" * 64])]
+    assert wheels.parse_lock("a==1 --hash=sha256:" + "0" * 64 + "  # c\n") == [wheels.LockEntry("a", "1", ("0" * 64,))]
     with pytest.raises(BadInput):
-        baseimage.parse_lock("a==1\n")
+        wheels.parse_lock("a==1\n")
     with pytest.raises(BadInput):
-        baseimage.parse_lock("a>=1 --hash=sha256:" + "0" * 64 + "\n")
+        wheels.parse_lock("a>=1 --hash=sha256:" + "0" * 64 + "\n")
+
+
+def test_wheel_target_comes_from_the_pins_base():
+    target = wheels.Target.from_base("3.12", "linux/arm64")
+    args = target.pip_args()
+    assert args[args.index("--python-version") + 1] == "3.12" and "cp312" in args
+    assert "manylinux_2_28_aarch64" in args and not any("x86_64" in a for a in args)
+    with pytest.raises(BadInput, match="base.platform"):
+        wheels.Target.from_base("3.12", "windows/amd64")
 
 
 def test_demo_lock_wheels_verified():
     lock = Path(__file__).resolve().parent.parent / "pins" / "locks" / "demo.lock"
-    wheels = baseimage.ensure_wheels(lock)
-    entries = baseimage.parse_lock(lock.read_text())
-    hashes = {baseimage.sha256_file(p) for p in wheels.iterdir() if p.is_file()}
-    for name, _version, expected in entries:
-        assert hashes & set(expected), name
-    assert baseimage.ensure_wheels(lock) == wheels  # reused
+    target = wheels.Target.from_base("3.11", "linux/amd64")
+    house = wheels.ensure_wheels(lock, target, SETTINGS)
+    entries = wheels.parse_lock(lock.read_text())
+    hashes = {host.sha256_file(p) for p in house.iterdir() if p.is_file()}
+    for entry in entries:
+        assert hashes & set(entry.hashes), entry.name
+    assert wheels.ensure_wheels(lock, target, SETTINGS) == house  # reused
 
 
-def test_write_demo_pins_digest(tmp_path):
-    pins = tmp_path / "pins.yaml"
-    pins.write_text("# head\nimage:\n  repository: x/y\nbase:\n  # the base\n"
-                    "  image: 127.0.0.1:5000/demo/base@sha256:" + "0" * 64 + "  # keep me\n"
-                    "  platform: linux/amd64\ncomponents: {}\n")
+def test_local_demo_pins_carry_the_digest_and_leave_the_example_alone(tmp_path):
+    from builder import pins as pins_mod
+    from demo.prepare import PINS
+
+    before = PINS.read_text()
     ref = "127.0.0.1:5000/demo/base@sha256:" + "a" * 64
-    assert baseimage.write_demo_pins_digest(pins, ref) is True
-    text = pins.read_text()
-    assert f"  image: {ref}  # keep me\n" in text
-    assert "# head\nimage:\n  repository: x/y\nbase:\n  # the base\n" in text
-    assert baseimage.write_demo_pins_digest(pins, ref) is False
-    with pytest.raises(BadInput):
-        baseimage.write_demo_pins_digest(pins, "127.0.0.1:5000/demo/base:latest")
+    out = write_local_pins(ref, out=PINS.parent / f".test-{tmp_path.name}.yaml")
+    try:
+        loaded = pins_mod.load(out)
+        assert loaded.base.image == ref and loaded.name == pins_mod.load(PINS).name
+    finally:
+        out.unlink()
+    assert PINS.read_text() == before
 
 
 @pytest.mark.docker
 def test_base_image_is_a_digest_with_torch(docker_client, base_image):
     assert DIGEST_REF.match(base_image), base_image
     image = docker_client.images.get(base_image)  # resolves locally, no pull
-    assert image.labels[baseimage.RECIPE_LABEL] == baseimage.recipe_hash()
+    assert image.labels[baseimage.RECIPE_LABEL] == baseimage.recipe_hash(SETTINGS)
     out = docker_client.containers.run(
         base_image, ["/opt/venv/bin/python", "-c", "import sys, torch; print(torch.__version__, torch.__file__, sys.prefix)"],
         network_mode="none", remove=True)
@@ -104,7 +119,7 @@ def test_base_image_is_a_digest_with_torch(docker_client, base_image):
 
 @pytest.mark.docker
 def test_base_image_is_cached(base_image):
-    assert baseimage.ensure_base_image() == base_image
+    assert baseimage.ensure_base_image(SETTINGS) == base_image
 
 
 @pytest.mark.docker

@@ -121,16 +121,18 @@ def test_yaml_exponent_without_dot_is_a_float(pins_dir):
     assert pins.load(write(pins_dir, text)).rl_lr() == 1e-6
 
 
-def test_recipe_argv_formats_hydra_overrides(pins_dir):
+def test_recipe_command_formats_hydra_overrides(pins_dir):
+    """The argv the suite runs in the image (acceptance.recipe.command) from the pins' gate settings."""
+    from acceptance import recipe
+    from builder.accept import gate_settings
+
     p = pins.load(write(pins_dir, GOOD))
-    argv = p.recipe.argv({"trainer.total_training_steps": 1, "+x.flag": True})
+    settings = dict(gate_settings(p, "rl_step"), overrides={**p.recipe.overrides, "+x.flag": True})
+    argv, env = recipe.command(settings, 0.0, "/tmp/m.jsonl")
     assert argv[:3] == ["python", "-m", "tinyrl.main_ppo"]
-    assert "trainer.total_training_steps=1" in argv and "trainer.logger=[console,file]" in argv
-    assert "+x.flag=true" in argv
-    with pytest.raises(BadInput, match="override x: expected a scalar"):
-        p.recipe.argv({"x": "$(id)"})
-    with pytest.raises(BadInput, match="expected a key"):
-        p.recipe.argv({"a b": 1})
+    assert "trainer.total_training_steps=2" in argv and "trainer.logger=[console,file]" in argv
+    assert "+x.flag=true" in argv and "actor_rollout_ref.actor.optim.lr=0.0" in argv
+    assert env == {"VERL_FILE_LOGGER_PATH": "/tmp/m.jsonl"}
 
 
 def test_symlinked_lock_inside_the_directory_is_accepted(pins_dir):

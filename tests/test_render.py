@@ -3,13 +3,20 @@ import hashlib
 import re
 import shutil
 import tarfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from builder import baseimage, demo, paths, pins as pins_mod, render, sources
+from builder import dockerfile, render, sources
+from builder import pins as pins_mod
+from builder.constants import SOURCE_DATE_EPOCH
 from builder.errors import BadInput
+from builder.options import Settings
+from demo.make_stack import make_stack
+from demo.prepare import variant_pins, write_local_pins
+
+SETTINGS = Settings.from_env()
 
 FAKE_BASE = "127.0.0.1:5000/demo/base@sha256:" + "ab" * 32
 PROJECT = Path(__file__).resolve().parent.parent
@@ -19,18 +26,15 @@ PROJECT = Path(__file__).resolve().parent.parent
 def stack_pins(tmp_path_factory) -> Path:
     """pins/demo.yaml copied next to a freshly generated demo stack, base set to a fixed digest."""
     root = tmp_path_factory.mktemp("render")
-    demo.make_stack(root / "demo-stack")
+    make_stack(root / "demo-stack")
     shutil.copytree(PROJECT / "pins" / "locks", root / "locks")
-    path = root / "demo.yaml"
-    shutil.copy(PROJECT / "pins" / "demo.yaml", path)
-    baseimage.write_demo_pins_digest(path, FAKE_BASE)
-    return path
+    return write_local_pins(FAKE_BASE, out=root / "demo.yaml")
 
 
-def resolve_render(path):
+def resolve_render(path, settings=SETTINGS):
     pins = pins_mod.load(path)
-    resolved = sources.resolve(pins)
-    return pins, resolved, render.render(pins, resolved)
+    resolved = sources.resolve(pins, settings)
+    return pins, resolved, render.render(pins, resolved, settings)
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +59,12 @@ def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_
     assert again.dockerfile == first.dockerfile
     assert again.context_sha256 == first.context_sha256
     # another cwd and another cache dir (wheels copied: no download needed to compare)
-    wheels = paths.cache_dir("wheels")
+    wheels = SETTINGS.cache("wheels")
     monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
-    shutil.copytree(wheels, paths.cache_dir("wheels"), dirs_exist_ok=True)
+    other = Settings.from_env()
+    shutil.copytree(wheels, other.cache("wheels"), dirs_exist_ok=True)
     monkeypatch.chdir(tmp_path)
-    moved = resolve_render(stack_pins)[2]
+    moved = resolve_render(stack_pins, other)[2]
     assert moved.context_path.startswith(str(tmp_path / "cache"))
     assert moved.dockerfile == first.dockerfile
     assert moved.dockerfile_sha256 == hashlib.sha256(first.dockerfile.encode()).hexdigest()
@@ -68,11 +73,11 @@ def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_
 
 
 def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered):
-    dockerfile = rendered[2].dockerfile
-    assert render.lint(dockerfile) == []
-    assert "git clone" not in dockerfile and "--mount" not in dockerfile
-    assert not re.search(r"^ADD ", dockerfile, re.M)
-    assert all(line.startswith("RUN [") for line in dockerfile.splitlines() if line.startswith("RUN"))
+    text = rendered[2].dockerfile
+    assert dockerfile.lint(text) == []
+    assert "git clone" not in text and "--mount" not in text
+    assert not re.search(r"^ADD ", text, re.M)
+    assert all(line.startswith("RUN [") for line in text.splitlines() if line.startswith("RUN"))
     planted = {
         "RUN --mount=type=bind,source=src,target=/src [\"true\"]": "--mount",
         "ADD https://example.com/x.tar.gz /x": "ADD",
@@ -82,18 +87,18 @@ def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered):
         "FROM later AS other": "earlier stage",
     }
     for line, what in planted.items():
-        problems = render.lint(dockerfile + line + "\n")
+        problems = dockerfile.lint(text + line + "\n")
         assert problems and any(what in p for p in problems), (line, problems)
 
 
 def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
     pins, _, built = rendered
-    groups = [g for g, _ in render.instructions(built.dockerfile)]
+    groups = [g for g, _ in dockerfile.instructions(built.dockerfile)]
     order = list(dict.fromkeys(groups))
     assert order[:5] == ["prepare", "deps", "vllm", "megatron", "verl"]
     assert order[-1] == "runtime"
     for name in ("vllm", "megatron", "verl"):
-        steps = [t for g, t in render.instructions(built.dockerfile) if g == name]
+        steps = [t for g, t in dockerfile.instructions(built.dockerfile) if g == name]
         assert steps[0] == f'COPY ["src/{name}/", "/builder/src/{name}/"]'
         assert steps[1] == f'COPY ["provenance/{name}.json", "/builder/provenance/{name}.json"]'
         install = steps[2]  # pip install into its own prefix, then stamp.py
@@ -116,7 +121,7 @@ def test_context_is_normalised_sorted_and_complete(rendered):
     found = members(built.context_path)
     names = list(found)
     assert names == sorted(names)
-    assert all(m.mtime == render.SOURCE_DATE_EPOCH and m.uid == 0 and m.gid == 0 and not m.uname
+    assert all(m.mtime == SOURCE_DATE_EPOCH and m.uid == 0 and m.gid == 0 and not m.uname
                for m in found.values())
     assert not any(m.isdir() for m in found.values())
     assert not any("/.git/" in n for n in names)
@@ -132,13 +137,13 @@ def test_context_is_normalised_sorted_and_complete(rendered):
     for name in ("vllm", "megatron", "verl"):
         exported = {k[len(f"src/{name}/"):]: v for k, v in contents(built.context_path, f"src/{name}/").items()}
         from builder import export, mirror
-        expected = export.file_manifest(mirror.open_mirror(resolved.components[name].url), resolved.components[name].commit)
+        expected = export.file_manifest(mirror.open_mirror(SETTINGS, resolved.components[name].url), resolved.components[name].commit)
         assert exported == expected
 
 
 def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack_pins, tmp_path):
     _, _, first = rendered
-    pins, _, changed = resolve_render(demo.variant_pins(tmp_path, "verl", 34, pins_path=stack_pins))
+    pins, _, changed = resolve_render(variant_pins(tmp_path, "verl", 34, pins_path=stack_pins))
     before, after = first.dockerfile.split("# stage: verl")[0], changed.dockerfile.split("# stage: verl")[0]
     assert before == after
     assert first.dockerfile != changed.dockerfile
@@ -155,7 +160,7 @@ def test_sha_tag_and_labels(rendered):
     assert built.tag == f"{pins.image.repository}:{tag}"
     labels = built.labels
     newest = max(c.commit_time for c in resolved.components.values())
-    assert labels["org.opencontainers.image.created"] == datetime.fromtimestamp(newest, timezone.utc).strftime(
+    assert labels["org.opencontainers.image.created"] == datetime.fromtimestamp(newest, UTC).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     assert labels["org.opencontainers.image.base.digest"] == "sha256:" + "ab" * 32
     assert labels["org.opencontainers.image.base.name"] == "127.0.0.1:5000/demo/base"
@@ -168,11 +173,11 @@ def test_sha_tag_and_labels(rendered):
 
 
 def test_dq_quotes_and_refuses_line_breaks():
-    assert render.dq('a"b') == '"a\\"b"'
-    assert render.argv(["x", "y z"]) == '["x", "y z"]'
+    assert dockerfile.dq('a"b') == '"a\\"b"'
+    assert dockerfile.argv(["x", "y z"]) == '["x", "y z"]'
     for bad in ("a\nRUN curl evil", "a\rb", "${HOME}", "a\x00b"):
         with pytest.raises(BadInput):
-            render.dq(bad)
+            dockerfile.dq(bad)
 
 
 def _bypass(pins, component="verl", pip_args=None, env=None):
@@ -194,7 +199,7 @@ def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins):
     for bad in (_bypass(pins, pip_args=[evil]), _bypass(pins, env={"X": "1\nRUN rm -rf /"}),
                 _bypass(pins, env={"X\nRUN true": "1"}), _bypass(pins, pip_args=["--opt=$(id)"])):
         with pytest.raises(BadInput):
-            render.render(bad, resolved)
+            render.render(bad, resolved, SETTINGS)
     base = pins.base.model_copy(update={"image": "evil:latest\nRUN curl x"})
     with pytest.raises(BadInput, match="base.image"):
-        render.render(pins.model_copy(update={"base": base}), resolved)
+        render.render(pins.model_copy(update={"base": base}), resolved, SETTINGS)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from builder.demo import variant_pins
+from builder.options import Settings
 from builder.registry import Registry, split_repository
 from builder.render import sha_tag
+from demo.prepare import variant_pins
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.docker
@@ -29,7 +30,7 @@ def untag():
     yield refs
     from builder import engine
 
-    client = engine.connect()
+    client = engine.connect(Settings.from_env())
     for ref in refs:
         engine.remove_image(client, ref)
 

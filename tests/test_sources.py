@@ -13,6 +13,11 @@ import pytest
 from builder import mirror, sources
 from builder.errors import BadInput, InfraError
 
+from builder.constants import COMPONENTS
+from builder.options import Settings
+
+SETTINGS = Settings.from_env()
+
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
 
@@ -31,9 +36,15 @@ def commit(work, name, text="x") -> str:
     return git(work, "rev-parse", "HEAD")
 
 
+def use_cache(monkeypatch, path) -> None:
+    """Point BUILDER_CACHE somewhere else and re-read the settings, as a new command would."""
+    monkeypatch.setenv("BUILDER_CACHE", str(path))
+    monkeypatch.setattr(sys.modules[__name__], "SETTINGS", Settings.from_env())
+
+
 @pytest.fixture(autouse=True)
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
+    use_cache(monkeypatch, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -64,13 +75,13 @@ def pin(commit, pr=7, target="main"):
 
 def pins_for(url, commit, tmp_path, pr=7):
     """Stand-in with the attributes resolve() reads from builder.pins.Pins."""
-    comps = {n: pin(commit, pr) for n in sources.COMPONENTS}
+    comps = {n: pin(commit, pr) for n in COMPONENTS}
     return SimpleNamespace(components=comps, component_url=lambda name: url, path=tmp_path / "pins.yaml",
                            sha256="0" * 64)
 
 
 def test_happy_path_records_merge_base_and_counts(upstream, tmp_path):
-    resolved = sources.resolve(pins_for(upstream.url, upstream.p2, tmp_path))
+    resolved = sources.resolve(pins_for(upstream.url, upstream.p2, tmp_path), SETTINGS)
     comp = resolved.components["verl"]
     assert list(resolved.components) == ["vllm", "megatron", "verl"]
     assert comp.commit == comp.pr_head == upstream.p2 and comp.pr_moved is False
@@ -88,75 +99,77 @@ def test_happy_path_records_merge_base_and_counts(upstream, tmp_path):
 
 
 def test_file_url_works(upstream):
-    comp = sources.resolve_component("vllm", pin(upstream.p2), f"file://{upstream.bare}")
+    comp = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), f"file://{upstream.bare}")
     assert comp.merge_base == upstream.b
 
 
 def test_missing_commit_fails(upstream):
     with pytest.raises(BadInput, match=r"components.vllm.commit: commit 1{40} of vllm not found"):
-        sources.resolve_component("vllm", pin("1" * 40), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), upstream.url)
 
 
 def test_missing_pr_ref_fails(upstream):
     with pytest.raises(BadInput, match=r"PR #99 \(refs/pull/99/head\) not found"):
-        sources.resolve_component("vllm", pin(upstream.p2, pr=99), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, pr=99), upstream.url)
 
 
 def test_missing_target_branch_fails(upstream):
     with pytest.raises(BadInput, match="branch 'develop' not found"):
-        sources.resolve_component("vllm", pin(upstream.p2, target="develop"), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, target="develop"), upstream.url)
 
 
 def test_moved_pr_head_fails_unless_allowed(upstream):
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
     with pytest.raises(BadInput, match=f"PR #7 head moved past {upstream.p2} to {upstream.p3}"):
-        sources.resolve_component("megatron", pin(upstream.p2), upstream.url)
-    comp = sources.resolve_component("megatron", pin(upstream.p2), upstream.url, allow_moved_pr=True)
+        sources.resolve_component(SETTINGS, "megatron", pin(upstream.p2), upstream.url)
+    comp = sources.resolve_component(SETTINGS, "megatron", pin(upstream.p2), upstream.url, allow_moved_pr=True)
     assert comp.pr_moved is True and comp.pr_head == upstream.p3 and comp.commit == upstream.p2
 
 
 def test_commit_not_on_pr_fails_even_when_allowed(upstream):
     for sha in (upstream.c, upstream.x):  # on main / on another branch, not under the PR head
         with pytest.raises(BadInput, match=f"commit {sha} is not on PR #7"):
-            sources.resolve_component("verl", pin(sha), upstream.url, allow_moved_pr=True)
+            sources.resolve_component(SETTINGS, "verl", pin(sha), upstream.url, allow_moved_pr=True)
 
 
 def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream):
-    sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     git(upstream.bare, "update-ref", "-d", "refs/pull/7/head")
     with pytest.raises(BadInput, match="PR #7"):
-        sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
 
 
 def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path, cache):
-    warm = sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    warm = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     upstream.bare.rename(tmp_path / "gone.git")  # any fetch would now fail
     with pytest.raises(InfraError, match=f"{upstream.url}: fetch failed"):
-        sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
-    offline = sources.resolve_component("vllm", pin(upstream.p2), upstream.url, offline=True)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
+    offline = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url, offline=True)
     assert offline == warm
 
 
 def test_offline_cold_cache_fails_clearly(upstream, monkeypatch, tmp_path):
-    monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cold"))
+    use_cache(monkeypatch, str(tmp_path / "cold"))
     with pytest.raises(BadInput, match="not in the mirror cache; run without --offline"):
-        sources.resolve_component("vllm", pin(upstream.p2), upstream.url, offline=True)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url, offline=True)
 
 
 def test_offline_missing_pr_in_warm_cache_fails_clearly(upstream):
-    sources.resolve_component("vllm", pin(upstream.p2), upstream.url)
+    sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     with pytest.raises(BadInput, match="refs/pull/8/head .* not in the mirror cache; run without --offline"):
-        sources.resolve_component("vllm", pin(upstream.p2, pr=8), upstream.url, offline=True)
+        sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, pr=8), upstream.url, offline=True)
 
 
 def test_unreachable_url_is_infra_error(tmp_path):
     with pytest.raises(InfraError, match="/no/such/repo.git: fetch failed"):
-        sources.resolve_component("vllm", pin("1" * 40), "/no/such/repo.git")
+        sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), "/no/such/repo.git")
 
 
 def test_two_processes_share_a_cold_cache(upstream, cache):
     code = ("import sys; from types import SimpleNamespace as N; from builder import sources;"
-            "c = sources.resolve_component('vllm', N(target='main', pr=7, commit=sys.argv[2]), sys.argv[1]);"
+            "from builder.options import Settings;"
+            "c = sources.resolve_component(Settings.from_env(), 'vllm', N(target='main', pr=7, commit=sys.argv[2]),"
+            " sys.argv[1]);"
             "print(c.export_sha256)")
     env = {**os.environ, "BUILDER_CACHE": str(cache), "PYTHONPATH": str(Path(sources.__file__).parent.parent)}
     procs = [subprocess.Popen([sys.executable, "-c", code, upstream.url, upstream.p2], env=env,
@@ -167,11 +180,11 @@ def test_two_processes_share_a_cold_cache(upstream, cache):
 
 
 def test_fetch_waits_for_the_mirror_lock(upstream):
-    path = mirror.mirror_path(upstream.url)
+    path = mirror.mirror_path(SETTINGS, upstream.url)
     done = threading.Event()
     with open(path.with_name(path.name + ".lock"), "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        worker = threading.Thread(target=lambda: (sources.resolve_component("vllm", pin(upstream.p2), upstream.url),
+        worker = threading.Thread(target=lambda: (sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url),
                                                   done.set()))
         worker.start()
         assert not done.wait(0.5)  # blocked while another run holds the lock
@@ -181,7 +194,7 @@ def test_fetch_waits_for_the_mirror_lock(upstream):
 
 
 def test_mirror_dir_name_is_readable_and_unique(cache):
-    one, two = mirror.mirror_path("https://github.com/a/b.git"), mirror.mirror_path("https://github.com/a/b")
+    one, two = mirror.mirror_path(SETTINGS, "https://github.com/a/b.git"), mirror.mirror_path(SETTINGS, "https://github.com/a/b")
     assert one.parent == cache / "mirrors" and one.name.startswith("https_github.com_a_b.git-")
     assert one != two
 
@@ -213,12 +226,12 @@ def with_submodules(tmp_path, upstream):
 
 def test_submodules_recorded_recursively(upstream, with_submodules):
     s = with_submodules
-    comp = sources.resolve_component("verl", pin(s.p4), upstream.url)
+    comp = sources.resolve_component(SETTINGS, "verl", pin(s.p4), upstream.url)
     got = [(m.path, m.url, m.commit) for m in comp.submodules]
     assert got == [("libs/sub", s.sub_url, s.sub), ("libs/sub/deep", s.deep_url, s.deep)]
     assert comp.submodules[0].tree == git(s.sub_url, "rev-parse", f"{s.sub}^{{tree}}")
     assert comp.files == 4 + 1 + 2 + 1  # a b p1 p2, .gitmodules, sub: s .gitmodules, deep: d
-    again = sources.resolve_component("verl", pin(s.p4), upstream.url, offline=True)
+    again = sources.resolve_component(SETTINGS, "verl", pin(s.p4), upstream.url, offline=True)
     assert again.export_sha256 == comp.export_sha256
 
 
@@ -229,7 +242,7 @@ def test_submodule_commit_missing_fails(upstream, with_submodules, tmp_path):
     bad = git(work, "rev-parse", "HEAD")
     git(work, "push", "-qf", str(upstream.bare), f"{bad}:refs/pull/7/head")
     with pytest.raises(BadInput, match=f"libs/sub: submodule commit {'2' * 40} of .*sub.git: not found"):
-        sources.resolve_component("verl", pin(bad), upstream.url)
+        sources.resolve_component(SETTINGS, "verl", pin(bad), upstream.url)
 
 
 def test_absolute_url():
@@ -243,7 +256,7 @@ def test_unrelated_history_fails(upstream):
     orphan = commit(upstream.work, "lonely")
     git(upstream.work, "push", "-q", str(upstream.bare), f"{orphan}:refs/pull/9/head")
     with pytest.raises(BadInput, match=f"{orphan} shares no history with main"):
-        sources.resolve_component("vllm", pin(orphan, pr=9), upstream.url)
+        sources.resolve_component(SETTINGS, "vllm", pin(orphan, pr=9), upstream.url)
 
 
 def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules):
@@ -253,10 +266,10 @@ def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules):
     bad = git(work, "rev-parse", "HEAD")
     git(work, "push", "-qf", str(upstream.bare), f"{bad}:refs/pull/7/head")
     with pytest.raises(BadInput, match="no entry for the submodule at 'stray'"):
-        sources.resolve_component("verl", pin(bad), upstream.url)
+        sources.resolve_component(SETTINGS, "verl", pin(bad), upstream.url)
 
 
 def test_submodule_nesting_limit(upstream, with_submodules, monkeypatch):
     monkeypatch.setattr(sources, "MAX_DEPTH", 1)  # the fixture nests two levels
     with pytest.raises(BadInput, match="submodules nested deeper than 1"):
-        sources.resolve_component("verl", pin(with_submodules.p4), upstream.url)
+        sources.resolve_component(SETTINGS, "verl", pin(with_submodules.p4), upstream.url)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import layers, options, report, smoke, sqsh
+from builder import host, layers, options, report, smoke, sqsh
 from builder.errors import BadInput, NotAccepted
 from builder.layers import Entry
 from builder.records import SqshExport
@@ -159,7 +159,7 @@ def test_same_image_same_sha256(planted, planted_sqsh, docker_client, tmp_path):
     out, _ = planted_sqsh
     again = tmp_path / "again.sqsh"
     sqsh.make_sqsh(docker_client, planted, again, FAST, tmp_path)
-    assert sqsh.sha256_file(again) == sqsh.sha256_file(out)
+    assert host.sha256_file(again) == host.sha256_file(out)
 
 
 @pytest.mark.docker
@@ -203,15 +203,12 @@ def test_a_member_through_a_symlink_is_refused(tmp_path):
         layers._inside(root, "lib/passwd")
 
 
-def test_squash_options_default_is_enroots(monkeypatch):
-    monkeypatch.delenv("BUILDER_SQUASH_OPTIONS", raising=False)
-    assert options.squash_options() == "-comp lzo -noD"
-    monkeypatch.setenv("BUILDER_SQUASH_OPTIONS", FAST)
-    assert options.squash_options() == FAST
+def test_squash_options_default_is_enroots():
+    assert options.Settings.from_env({}).squash_options == "-comp lzo -noD"
+    assert options.Settings.from_env({"BUILDER_SQUASH_OPTIONS": FAST}).squash_options == FAST
     for bad in ("-comp lzo; rm -rf /", "-ef /etc/passwd", "-comp $(x)"):
-        monkeypatch.setenv("BUILDER_SQUASH_OPTIONS", bad)
         with pytest.raises(BadInput, match="BUILDER_SQUASH_OPTIONS"):
-            options.squash_options()
+            options.Settings.from_env({"BUILDER_SQUASH_OPTIONS": bad})
 
 
 def test_enroot_files_follow_the_config():
@@ -256,11 +253,11 @@ def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs, tmp_p
     assert [c.get("name") for c in suite.iter("testcase")][-1] == "sqsh_smoke" and suite.get("tests") == "5"
 
 
-def test_export_refuses_a_report_that_is_not_accepted(report_inputs, tmp_path):
+def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, tmp_path):
     rep = report.make_report(*report_inputs(statuses={"rl_step": "fail"}))
     path = report.write(rep, tmp_path)["json"]
     with pytest.raises(NotAccepted, match="only an ACCEPTED image is exported"):
-        sqsh.export(path)
+        sqsh.export(path, settings)
     out = subprocess.run([sys.executable, "-m", "builder.cli", "export-sqsh", str(path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "NOT ACCEPTED" in out.stderr
@@ -277,13 +274,13 @@ def test_run_sqsh_without_publish_is_bad_input():
 
 
 @pytest.fixture(scope="module")
-def demo_sqsh(demo_accepted, docker_client, tmp_path_factory):
+def demo_sqsh(demo_accepted, docker_client, settings, tmp_path_factory):
     """An ACCEPTED report of the demo image and its .sqsh export (fast lzo for CI)."""
     pins, sources, built, acceptance = demo_accepted
     run = tmp_path_factory.mktemp("sqsh-run")
     path = report.write(report.make_report(pins, sources, built, acceptance), run)["json"]
     assert report.load(path).verdict == "ACCEPTED"
-    return path, sqsh.export(path, client=docker_client, squash_options=FAST)
+    return path, sqsh.export(path, settings, client=docker_client, squash_options=FAST)
 
 
 @pytest.mark.docker

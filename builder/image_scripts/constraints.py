@@ -18,7 +18,7 @@ def main(names_file, out):
             print(f"constraints: {name} not in the base; pinned once a component installs it")
     with open(out, "w") as fh:
         fh.writelines(lines)
-    print("constraints:", " ".join(l.strip() for l in lines) or "(none)")
+    print("constraints:", " ".join(line.strip() for line in lines) or "(none)")
 
 
 if __name__ == "__main__":

@@ -12,5 +12,5 @@ import write_manifest  # noqa: E402
 D = "/opt/delivery"
 
 if __name__ == "__main__":
-    smoke.main(f"{D}/components.json", f"{D}/build-env.json")
+    smoke.main(f"{D}/components.json")
     write_manifest.main(f"{D}/components.json", f"{D}/pins.json", f"{D}/dockerfile.sha256", f"{D}/manifest.json")

@@ -1,19 +1,18 @@
 """The demo base image (stands in for a vendor base such as nvcr.io/nvidia/pytorch).
 
     debootstrap --variant=minbase bookworm  ->  normalise + `docker import`  (rootfs image)
-    -> `docker build` (SDK, network none) of dockerfiles/demo-base.Dockerfile with a wheelhouse:
+    -> `docker build` (SDK, network none) of demo/base.Dockerfile with a wheelhouse:
        /opt/venv holding CPU torch 2.13.0 + deps + setuptools + wheel, installed offline
        (--no-index --require-hashes), wheelhouse left behind in a build stage
     -> push 127.0.0.1:5000/demo/base:<recipe hash[:16]>  ->  127.0.0.1:5000/demo/base@sha256:...
 
-Wheels are downloaded on the host (`pip download`) into cache_dir('wheels', 'base') and pinned in
+Wheels are downloaded on the host (`pip download`) into <cache>/wheels/base and pinned in
 a lock with our own sha256 of each file.  The recipe hash covers the debootstrap options, the
 Dockerfile text and that lock; an image labelled with it that is in the engine AND in the registry
-is reused as is.  Run as `python -m builder.baseimage [--pins PINS] [--lock LOCK]`.
+is reused as is.  Run as `python -m demo base`.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -21,18 +20,18 @@ import os
 import platform
 import re
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from builder import engine, infra, log, options
-from builder.errors import BadInput, BuildFailed, BuilderError, InfraError, PublishError
-from builder.paths import PROJECT, cache_dir
+from builder import engine, host, infra, log, wheels
+from builder.errors import BuildFailed, InfraError, PublishError
+from builder.options import Settings
+from builder.registry import Registry
 
 REPOSITORY = f"{infra.registry_url()}/demo/base"
-DOCKERFILE = PROJECT / "dockerfiles" / "demo-base.Dockerfile"
+DOCKERFILE = Path(__file__).resolve().parent / "base.Dockerfile"
 RECIPE_LABEL = "io.truepolicy.demo.base.recipe"
 ROOTFS_LABEL = "io.truepolicy.demo.rootfs.recipe"
 ROOTFS_REPOSITORY = "builder-demo/rootfs"  # local only, never pushed
@@ -60,145 +59,40 @@ NORMALISE = {
 BASE_REQUIREMENTS = ["torch==2.13.0+cpu", "setuptools==84.2.1", "wheel==0.48.0"]
 TARGET_PYTHON = "3.11"
 
-_REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
-_HASH_RE = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
-_DIGEST_REF_RE = re.compile(r"^[a-z0-9][a-z0-9.:_/-]*@sha256:[0-9a-f]{64}$")
 
 
-# --------------------------------------------------------------------------- hashing + locks
+# --------------------------------------------------------------------------- wheels
+
+TARGET = wheels.Target.from_base(TARGET_PYTHON, f"linux/{DEBOOTSTRAP['arch']}")
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def parse_lock(text: str, where: str = "lock") -> list[tuple[str, str, list[str]]]:
-    """`name==version --hash=sha256:<hex> ...` entries (comments, continuations allowed)."""
-    entries = []
-    logical = re.sub(r"\\\n", " ", text)
-    for lineno, line in enumerate(logical.splitlines(), 1):
-        line = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip()
-        if not line:
-            continue
-        words = line.split()
-        req = _REQ_RE.match(words[0])
-        if not req:
-            raise BadInput(f"{where}:{lineno}: expected name==version, got {words[0]!r}")
-        hashes = []
-        for word in words[1:]:
-            match = _HASH_RE.match(word)
-            if not match:
-                raise BadInput(f"{where}:{lineno}: expected --hash=sha256:<64 hex>, got {word!r}")
-            hashes.append(match.group(1))
-        if not hashes:
-            raise BadInput(f"{where}:{lineno}: {words[0]} has no --hash=sha256:")
-        entries.append((req.group(1), req.group(2), hashes))
-    if not entries:
-        raise BadInput(f"{where}: no requirements")
-    return entries
-
-
-def _target_args() -> list[str]:
-    """pip download options for the image's interpreter (CPython 3.11, glibc 2.36), not the host's."""
-    machine = "x86_64" if DEBOOTSTRAP["arch"] == "amd64" else "aarch64"
-    args = ["--only-binary=:all:", "--python-version", TARGET_PYTHON, "--implementation", "cp"]
-    for abi in ("cp311", "abi3", "none"):
-        args += ["--abi", abi]
-    for plat in ("manylinux_2_28", "manylinux_2_17", "manylinux2014"):
-        args += ["--platform", f"{plat}_{machine}"]
-    return args
-
-
-def _pip_download(args: list[str], dest: Path, logname: str) -> None:
-    logfile = cache_dir("logs") / logname
-    argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(dest),
-            *_target_args(), *args]
-    _run(argv, logfile, "pip download", InfraError)
-
-
-def _wheel_name_version(filename: str) -> tuple[str, str]:
-    if not filename.endswith(".whl"):
-        raise InfraError(f"{filename}: not a wheel (only wheels are installed offline)")
-    parts = filename[:-4].split("-")
-    return parts[0], parts[1]
-
-
-def _verify_dir(directory: Path, entries) -> dict[str, Path] | None:
-    """Map each locked requirement to a file in `directory` whose sha256 it lists; None if any is missing."""
-    by_hash = {}
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and not path.name.startswith("."):
-            by_hash.setdefault(sha256_file(path), path)
-    found = {}
-    for name, version, hashes in entries:
-        match = next((by_hash[h] for h in hashes if h in by_hash), None)
-        if match is None:
-            return None
-        found[f"{name}=={version}"] = match
-    return found
-
-
-def base_lock() -> tuple[str, dict[str, Path]]:
+def base_lock(settings: Settings) -> tuple[str, dict[str, Path]]:
     """(lock text, {req: wheel path}) for the base venv; downloads only when the inputs changed
     or a wheel is missing."""
-    wheels = cache_dir("wheels", "base")
-    lock = wheels / "requirements.lock"
-    inputs = hashlib.sha256(json.dumps([BASE_REQUIREMENTS, _target_args()]).encode()).hexdigest()
+    wheelhouse = settings.cache("wheels", "base")
+    lock = wheelhouse / "requirements.lock"
+    inputs = hashlib.sha256(json.dumps([BASE_REQUIREMENTS, TARGET.pip_args()]).encode()).hexdigest()
     header = f"# input-sha256: {inputs}\n"
     if lock.exists() and lock.read_text().startswith(header):
         text = lock.read_text()
-        files = _verify_dir(wheels, parse_lock(text, str(lock)))
+        files = wheels.match_files(wheelhouse, wheels.parse_lock(text, str(lock)))
         if files is not None:
             return text, files
-    with tempfile.TemporaryDirectory(dir=wheels.parent, prefix=".base-dl-") as tmp:
-        _pip_download(BASE_REQUIREMENTS, Path(tmp), "pip-download-base.log")
+    with tempfile.TemporaryDirectory(dir=wheelhouse.parent, prefix=".base-dl-") as tmp:
+        wheels.pip_download(BASE_REQUIREMENTS, Path(tmp), TARGET, settings.cache("logs") / "pip-download-base.log")
         lines = [header.rstrip("\n"),
                  f"# generated by builder.baseimage from {' '.join(BASE_REQUIREMENTS)}; sha256 computed by the tool"]
-        for path in sorted(Path(tmp).iterdir(), key=lambda p: _norm(p.name)):
-            name, version = _wheel_name_version(path.name)
-            lines.append(f"{_norm(name)}=={version} --hash=sha256:{sha256_file(path)}  # {path.name}")
-            os.replace(path, wheels / path.name)
+        for path in sorted(Path(tmp).iterdir(), key=lambda p: wheels.norm(p.name)):
+            name, version = wheels.wheel_name_version(path.name)
+            lines.append(f"{wheels.norm(name)}=={version} --hash=sha256:{host.sha256_file(path)}  # {path.name}")
+            os.replace(path, wheelhouse / path.name)
     text = "\n".join(lines) + "\n"
     lock.write_text(text)
-    files = _verify_dir(wheels, parse_lock(text, str(lock)))
+    files = wheels.match_files(wheelhouse, wheels.parse_lock(text, str(lock)))
     if files is None:
-        raise InfraError(f"{wheels}: downloaded wheels do not match {lock}")
-    log.info(f"base wheels: {len(files)} wheels in {wheels}, lock {lock}")
+        raise InfraError(f"{wheelhouse}: downloaded wheels do not match {lock}")
+    log.info(f"base wheels: {len(files)} wheels in {wheelhouse}, lock {lock}")
     return text, files
-
-
-def ensure_wheels(lock_path) -> Path:
-    """Wheels for a hashed lock (pip requirements with --hash=sha256:), downloaded once into
-    cache_dir('wheels', 'lock', <sha256 of the lock>[:16]) and verified against the lock."""
-    lock_path = Path(lock_path)
-    try:
-        data = lock_path.read_bytes()
-    except OSError as exc:
-        raise BadInput(f"{lock_path}: expected a readable lock file ({exc.strerror})") from None
-    entries = parse_lock(data.decode(), str(lock_path))
-    dest = cache_dir("wheels", "lock", hashlib.sha256(data).hexdigest()[:16])
-    with infra.locked(dest.parent / f".{dest.name}.lock"):
-        return _ensure_wheels(lock_path, entries, dest)
-
-
-def _ensure_wheels(lock_path: Path, entries, dest: Path) -> Path:
-    if _verify_dir(dest, entries) is not None:
-        log.info(f"wheels for {lock_path}: reused {dest}")
-        return dest
-    with log.step(f"pip download {lock_path.name}"):
-        _pip_download(["--no-deps", "--require-hashes", "-r", str(lock_path)], dest, "pip-download-lock.log")
-    if _verify_dir(dest, entries) is None:
-        raise InfraError(f"{dest}: downloaded wheels do not match the hashes in {lock_path}")
-    log.info(f"wheels for {lock_path}: {len(entries)} in {dest}")
-    return dest
 
 
 # --------------------------------------------------------------------------- recipe
@@ -212,21 +106,19 @@ def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def recipe_hash(lock_text: str | None = None) -> str:
+def recipe_hash(settings: Settings, lock_text: str | None = None) -> str:
     """sha256 over the debootstrap options (+ normalisation), the Dockerfile text and the wheel lock."""
     if lock_text is None:
-        lock_text = base_lock()[0]
+        lock_text = base_lock(settings)[0]
     return _hash({"schema": 1, "rootfs": _rootfs_recipe(), "dockerfile": DOCKERFILE.read_text(), "lock": lock_text})
 
 
 # --------------------------------------------------------------------------- registry checks
 
 
-def _registry_has(repo_path: str, reference: str) -> str | None:
+def _registry_has(settings: Settings, repo_path: str, reference: str) -> str | None:
     """Docker-Content-Digest of repo_path:reference in the local registry, or None."""
-    from builder.registry import Registry
-
-    return Registry(infra.registry_url()).tag_digest(repo_path, reference)
+    return Registry(infra.registry_url(), timeout_s=settings.registry_timeout_s).tag_digest(repo_path, reference)
 
 
 def _repo_digest(image) -> str | None:
@@ -236,12 +128,12 @@ def _repo_digest(image) -> str | None:
     return None
 
 
-def _cached(client, recipe: str) -> str | None:
+def _cached(settings: Settings, client: Any, recipe: str) -> str | None:
     """The digest ref of an image with this recipe that is in the engine and in the registry."""
     repo_path = REPOSITORY.split("/", 1)[1]
     for image in client.images.list(filters={"label": f"{RECIPE_LABEL}={recipe}"}):
         ref = _repo_digest(image)
-        if ref and _registry_has(repo_path, ref.split("@", 1)[1]) == ref.split("@", 1)[1]:
+        if ref and _registry_has(settings, repo_path, ref.split("@", 1)[1]) == ref.split("@", 1)[1]:
             tag = f"{REPOSITORY}:{recipe[:16]}"
             if tag not in (image.tags or []):
                 image.tag(REPOSITORY, recipe[:16])
@@ -250,16 +142,6 @@ def _cached(client, recipe: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- build steps
-
-
-def _run(argv: list[str], logfile: Path, what: str, error=BuildFailed) -> None:
-    """Run a host command with its output appended to logfile; `error` on a non-zero exit."""
-    with open(logfile, "ab") as out:
-        out.write(("$ " + " ".join(argv) + "\n").encode())
-        out.flush()
-        rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    if rc != 0:
-        raise error(f"{what}: exit {rc}; see {logfile}: {infra._tail(logfile, 5)}")
 
 
 def _normalise(root: Path) -> None:
@@ -287,7 +169,7 @@ def _normalise(root: Path) -> None:
     (root / "var/tmp").chmod(0o1777)
 
 
-def _rootfs_image(client, work: Path) -> str:
+def _rootfs_image(settings: Settings, client: Any, work: Path) -> str:
     """Tag of the imported rootfs image for this rootfs recipe (debootstrap once)."""
     rhash = _hash(_rootfs_recipe())
     tag = f"{ROOTFS_REPOSITORY}:{rhash[:16]}"
@@ -297,21 +179,21 @@ def _rootfs_image(client, work: Path) -> str:
     if os.geteuid() != 0:
         raise InfraError("debootstrap: must run as root")
     if not shutil.which("debootstrap"):
-        infra._apt_install("debootstrap")
-    logfile = cache_dir("logs") / "debootstrap.log"
+        host.apt_install(settings.cache("logs") / "apt.log", "debootstrap")
+    logfile = settings.cache("logs") / "debootstrap.log"
     rootfs = work / "rootfs"
     if rootfs.exists():
         shutil.rmtree(rootfs)
     d = DEBOOTSTRAP
     with log.step("base: debootstrap"):
-        _run(["debootstrap", f"--variant={d['variant']}", f"--arch={d['arch']}",
+        host.run_logged(["debootstrap", f"--variant={d['variant']}", f"--arch={d['arch']}",
               f"--components={','.join(d['components'])}", f"--include={','.join(d['include'])}",
-              d["suite"], str(rootfs), options.debian_mirror()], logfile, "debootstrap")
+              d["suite"], str(rootfs), settings.debian_mirror], logfile, "debootstrap", BuildFailed)
     tar_path = work / "rootfs.tar"
     with log.step("base: normalise + import rootfs"):
         _normalise(rootfs)
-        _run(["tar", "--sort=name", "--numeric-owner", f"--mtime=@{NORMALISE['mtime']}", "--clamp-mtime",
-              "-C", str(rootfs), "-cf", str(tar_path), "."], logfile, "tar rootfs")
+        host.run_logged(["tar", "--sort=name", "--numeric-owner", f"--mtime=@{NORMALISE['mtime']}", "--clamp-mtime",
+              "-C", str(rootfs), "-cf", str(tar_path), "."], logfile, "tar rootfs", BuildFailed)
         shutil.rmtree(rootfs)
         changes = [f"LABEL {ROOTFS_LABEL}={rhash}", "ENV LANG=C.UTF-8",
                    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["/bin/bash"]']
@@ -373,7 +255,7 @@ def _remove_stage_images(client, chunks: list[dict]) -> None:
             pass
 
 
-def verify_from(client, ref: str) -> None:
+def verify_from(settings: Settings, client: Any, ref: str) -> None:
     """A build `FROM <ref>` with network none must resolve the digest locally (no pull)."""
     dockerfile = (f"FROM {ref}\n"
                   "RUN [\"/opt/venv/bin/python\", \"-c\", \"import torch; print(torch.__version__)\"]\n")
@@ -383,7 +265,7 @@ def verify_from(client, ref: str) -> None:
         info.size = len(dockerfile.encode())
         tar.addfile(info, io.BytesIO(dockerfile.encode()))
     buf.seek(0)
-    logfile = cache_dir("logs") / "base-verify-from.log"
+    logfile = settings.cache("logs") / "base-verify-from.log"
     chunks = _stream(client.api.build(fileobj=buf, custom_context=True, network_mode="none", pull=False,
                                       rm=True, forcerm=True, decode=True),
                      logfile, f"FROM {ref} (network none)", BuildFailed)
@@ -395,29 +277,29 @@ def verify_from(client, ref: str) -> None:
             pass
 
 
-def ensure_base_image(force: bool = False) -> str:
+def ensure_base_image(settings: Settings, force: bool = False) -> str:
     """Build (once per recipe), push and return `127.0.0.1:5000/demo/base@sha256:...`."""
-    with infra.locked(cache_dir("demo", "base") / ".lock"):
-        return _ensure_base_image(force)
+    with host.locked(settings.cache("demo", "base") / ".lock"):
+        return _ensure_base_image(settings, force)
 
 
-def _ensure_base_image(force: bool) -> str:
-    client = engine.connect(timeout=600)
+def _ensure_base_image(settings: Settings, force: bool) -> str:
+    client = engine.connect(settings, timeout=600)
     if not infra.registry_answers():
         raise InfraError(f"registry {infra.registry_url()}: not answering; run `builder setup`")
     with log.step("base: wheels + lock"):
-        lock_text, files = base_lock()
-    recipe = recipe_hash(lock_text)
+        lock_text, files = base_lock(settings)
+    recipe = recipe_hash(settings, lock_text)
     tag = recipe[:16]
     if not force:
-        ref = _cached(client, recipe)
+        ref = _cached(settings, client, recipe)
         if ref:
             log.info(f"base image: cached {ref} (recipe {recipe})")
             return ref
 
-    work = cache_dir("demo", "base", tag)
-    logfile = cache_dir("logs") / f"base-build-{tag}.log"
-    rootfs = _rootfs_image(client, work)
+    work = settings.cache("demo", "base", tag)
+    logfile = settings.cache("logs") / f"base-build-{tag}.log"
+    rootfs = _rootfs_image(settings, client, work)
     with log.step("base: docker build (network none)"):
         ctx = _context_dir(work, lock_text, files)
         chunks = _stream(client.api.build(path=str(ctx), dockerfile="Dockerfile", tag=f"{REPOSITORY}:{tag}",
@@ -436,73 +318,14 @@ def _ensure_base_image(force: bool) -> str:
                 logfile, f"docker push {REPOSITORY}:{tag}", PublishError)
         image = client.images.get(f"{REPOSITORY}:{tag}")
         ref = _repo_digest(image)
-        registry_digest = _registry_has(REPOSITORY.split("/", 1)[1], tag)
+        registry_digest = _registry_has(settings, REPOSITORY.split("/", 1)[1], tag)
         if not ref or registry_digest != ref.split("@", 1)[1]:
             raise PublishError(f"{REPOSITORY}:{tag}: engine digest {ref} != registry digest {registry_digest}")
     with log.step("base: verify FROM digest (network none)"):
-        verify_from(client, ref)
+        verify_from(settings, client, ref)
     size = image.attrs.get("Size")
     record = {"ref": ref, "tag": f"{REPOSITORY}:{tag}", "recipe": recipe, "image_id": image.id, "size": size,
               "rootfs": rootfs, "timings": {k: v for k, v in log.timings.items() if k.startswith("base:")}}
     (work / "build.json").write_text(json.dumps(record, indent=2) + "\n")
     log.info(f"base image: built {ref} ({size / 1e6:.0f} MB), log {logfile}")
     return ref
-
-
-# --------------------------------------------------------------------------- pins
-
-
-def write_demo_pins_digest(pins_path, ref: str) -> bool:
-    """Rewrite only the `image:` line under `base:` in a pins YAML file (comments kept).
-    Returns True when the file changed."""
-    if not _DIGEST_REF_RE.match(ref):
-        raise BadInput(f"base.image: expected <name>@sha256:<64 hex>, got {ref!r}")
-    pins_path = Path(pins_path)
-    try:
-        lines = pins_path.read_text().splitlines(keepends=True)
-    except OSError as exc:
-        raise BadInput(f"{pins_path}: expected a readable pins file ({exc.strerror})") from None
-    in_base = False
-    for i, line in enumerate(lines):
-        if re.match(r"^base:\s*(#.*)?$", line):
-            in_base = True
-            continue
-        if in_base and re.match(r"^\S", line):  # next top-level key
-            break
-        match = re.match(r"^(\s+image:\s*)(\"[^\"]*\"|'[^']*'|[^\s#]+)?(\s*(?:#.*)?)(\r?\n)?$", line) if in_base else None
-        if match:
-            old = (match.group(2) or "").strip("\"'")
-            if old == ref:
-                return False
-            lines[i] = f"{match.group(1)}{ref}{match.group(3)}{match.group(4) or ''}"
-            pins_path.write_text("".join(lines))
-            log.info(f"{pins_path}: base.image changed {old or '(empty)'} -> {ref}")
-            return True
-    raise BadInput(f"{pins_path}: base.image: expected an `image:` line under `base:`")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m builder.baseimage", description=__doc__.splitlines()[0])
-    parser.add_argument("--pins", help="pins YAML whose base.image to set to the digest")
-    parser.add_argument("--lock", action="append", default=[], help="also fetch the wheels of this hashed lock")
-    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
-    parser.add_argument("--recipe", action="store_true", help="print the recipe hash and exit")
-    args = parser.parse_args(argv)
-    try:
-        if args.recipe:
-            print(recipe_hash())
-            return 0
-        for lock in args.lock:
-            print(ensure_wheels(lock))
-        ref = ensure_base_image(force=args.force)
-        if args.pins:
-            write_demo_pins_digest(args.pins, ref)
-    except BuilderError as exc:
-        log.info(f"error: {exc}")
-        return exc.exit_code
-    print(ref)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,45 @@
+"""`python -m demo [run|prepare|base]`: the demo world and the whole flow on it.
+
+- prepare: engine + registry, base image, demo repositories, pins/demo.local.yaml; prints its path
+- base:    only the demo base image; prints its digest reference
+- run:     prepare, then `builder run pins/demo.local.yaml --publish` (the default)
+"""
+from __future__ import annotations
+
+import sys
+
+from builder import cli, log
+from builder.errors import BuilderError
+from builder.options import Settings
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "run"
+    if command not in ("run", "prepare", "base"):
+        print(f"error: expected run, prepare or base, got {command[:40]!r}; see `python -m demo --help`"
+              if command not in ("-h", "--help") else __doc__, file=sys.stderr)
+        return 0 if command in ("-h", "--help") else 2
+    from demo import baseimage, prepare
+
+    try:
+        settings = Settings.from_env()
+        if command == "base":
+            print(baseimage.ensure_base_image(settings))
+            return 0
+        with log.step("prepare demo world"):
+            pins = prepare.prepare_demo(settings)
+    except BuilderError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    if command == "prepare":
+        print(pins)
+        return 0
+    try:
+        cli.app(["run", str(pins), "--publish"], standalone_mode=True)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

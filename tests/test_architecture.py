@@ -1,0 +1,136 @@
+"""The structure the design promises, checked on the code itself (ast): one-way imports, no demo code in
+the production path, each constant and setting in one place, docs that match the records."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from builder import records
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILDER = ROOT / "builder"
+IN_IMAGE = BUILDER / "image_scripts"  # stdlib scripts copied into the image, not imported by the tool
+
+
+def modules() -> dict[str, Path]:
+    return {f"builder.{p.stem}": p for p in sorted(BUILDER.glob("*.py")) if p.stem != "__init__"}
+
+
+def imports(path: Path) -> set[str]:
+    """Every module a file imports, at top level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else f"builder.{node.module}"
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: {i for i in imports(path) if i in mods and i != name} for name, path in mods.items()}
+
+
+def test_builder_import_graph_has_no_circles():
+    edges = graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_no_production_module_imports_demo_code():
+    offenders = {name: sorted(i for i in imports(path) if i == "demo" or i.startswith("demo."))
+                 for name, path in modules().items()}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_only_options_reads_the_environment():
+    readers = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "os":
+                readers.append(name)
+    assert set(readers) <= {"builder.options", "builder.host"}, readers  # host passes env to apt-get only
+    host = (BUILDER / "host.py").read_text()
+    assert "os.environ.get" not in host and "os.getenv" not in host
+
+
+def test_package_data_only_through_resources():
+    offenders = [name for name, path in modules().items()
+                 if "__file__" in path.read_text() and name not in ("builder.options", "builder.resources")]
+    assert offenders == []
+
+
+SHARED = ("COMPONENTS", "GATES", "CACHE_ENV", "CACHE_ENV_VARS", "SOURCE_DATE_EPOCH", "BUILDER_VERSION", "METRICS",
+          "MANIFEST", "DEFAULT_METRICS", "TIMEOUT_S", "BUILD_TIMEOUT_S")
+
+
+def test_each_shared_constant_is_defined_once():
+    where: dict[str, list[str]] = {}
+    files = list(BUILDER.glob("*.py")) + list((ROOT / "acceptance").glob("*.py"))
+    for path in files:
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in SHARED:
+                    where.setdefault(target.id, []).append(path.relative_to(ROOT).as_posix())
+    assert {k: v for k, v in where.items() if len(v) > 1} == {}
+
+
+def test_design_md_record_tables_match_the_records():
+    text = (ROOT / "DESIGN.md").read_text()
+    match = re.search(r"<!-- records:begin -->\n(.*?)<!-- records:end -->", text, re.S)
+    assert match, "DESIGN.md lacks the generated records section"
+    assert match.group(1).strip() == records.design_tables().strip(), \
+        "DESIGN.md is stale: regenerate with `python -m builder.records`"
+
+
+def test_design_md_names_only_functions_that_exist():
+    """Every `module.function(` DESIGN.md names in its stage table exists with that name."""
+    import importlib
+
+    text = (ROOT / "DESIGN.md").read_text()
+    stems = {name.split(".", 1)[1] for name in modules()}
+    named = {(m, f) for m, f in re.findall(r"\b(\w+)\.(\w+)\(", text) if m in stems}
+    assert len(named) >= 7
+    missing = []
+    for module, func in sorted(named):
+        try:
+            mod = importlib.import_module(f"builder.{module}")
+        except ModuleNotFoundError:
+            missing.append(f"{module}.{func}")
+            continue
+        if not callable(getattr(mod, func, None)):
+            missing.append(f"{module}.{func}")
+    assert missing == []
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_stage_functions_are_fully_annotated(name):
+    """Every public function of builder/ has annotations for all parameters and its return (mypy checks them)."""
+    bad = []
+    for node in ast.walk(ast.parse(modules()[name].read_text())):
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("__"):
+            args = node.args.args + node.args.kwonlyargs
+            if node.returns is None or any(a.annotation is None for a in args if a.arg not in ("self", "cls")):
+                bad.append(node.name)
+    assert bad == []
