@@ -201,9 +201,9 @@ def export(report_path: Path, settings: Settings, out: Path | None = None, clien
     publish.check_accepted(report, str(report_path))  # and the gates must support the verdict
     squash_options = settings.squash_options if squash_options is None else check_squash_options(
         squash_options, "--squash-options")
-    out = Path(out) if out else default_out(report, report_path)
-    if out.suffix != ".sqsh":
-        raise BadInput(f"--out {out}: expected a file name ending in .sqsh")
+    out = (Path(out) if out else default_out(report, report_path)).absolute()
+    if out.suffix != ".sqsh" or not out.parent.is_dir():
+        raise BadInput(f"--out {out}: expected a file name ending in .sqsh in an existing directory")
     if os.geteuid() != 0:
         raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
     version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]

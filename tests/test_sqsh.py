@@ -264,6 +264,15 @@ def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, t
     assert not list(tmp_path.glob("*.sqsh*"))
 
 
+def test_export_refuses_a_bad_out_before_any_work(report_inputs, settings, tmp_path):
+    path = report.write(report.make_report(*report_inputs()), tmp_path)["json"]
+    for bad in (tmp_path / "image.tar", tmp_path / "missing" / "x.sqsh"):
+        with pytest.raises(BadInput, match="expected a file name ending in .sqsh in an existing directory"):
+            sqsh.export(path, settings, out=bad)
+    with pytest.raises(BadInput, match="--squash-options"):
+        sqsh.export(path, settings, squash_options="-comp lzo -ef /etc/x")
+
+
 def test_run_sqsh_without_publish_is_bad_input():
     out = subprocess.run([sys.executable, "-m", "builder.cli", "run", "pins/demo.yaml", "--sqsh"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
