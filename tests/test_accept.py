@@ -7,10 +7,9 @@ import uuid
 import pytest
 
 from builder import accept
-from builder.pins import Mount
-
 from builder.constants import GATES
 from builder.options import Settings
+from builder.pins import Mount
 
 SETTINGS = Settings.from_env()
 
@@ -109,7 +108,7 @@ def edited_image(demo_image, docker_client):
     image = _derived(docker_client, demo_image[3].image_id,
                      f"echo '# edited after install' >> {SITE}/tinyengine/engine.py")
     yield image
-    docker_client.images.remove(image, force=True)
+    docker_client.images.remove(image, force=True, noprune=True)
 
 
 def test_startup_hook_added_after_build_fails_provenance(demo_image, docker_client, run_id):
@@ -119,7 +118,7 @@ def test_startup_hook_added_after_build_fails_provenance(demo_image, docker_clie
     try:
         result = accept.accept(image, demo_image[0], SETTINGS, gates=["provenance"], run_id=run_id)
     finally:
-        docker_client.images.remove(image, force=True)
+        docker_client.images.remove(image, force=True, noprune=True)
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert f"start-up hook {hook} is not in the manifest" in gate.reason

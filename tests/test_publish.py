@@ -17,9 +17,8 @@ import requests
 
 from builder import publish, report
 from builder.errors import InfraError, PublishError
-from builder.registry import MANIFEST_TYPES, Registry, verify_tag
-
 from builder.options import Settings
+from builder.registry import MANIFEST_TYPES, Registry, verify_tag
 
 SETTINGS = Settings.from_env()
 

@@ -137,7 +137,8 @@ def test_context_is_normalised_sorted_and_complete(rendered):
     for name in ("vllm", "megatron", "verl"):
         exported = {k[len(f"src/{name}/"):]: v for k, v in contents(built.context_path, f"src/{name}/").items()}
         from builder import export, mirror
-        expected = export.file_manifest(mirror.open_mirror(SETTINGS, resolved.components[name].url), resolved.components[name].commit)
+        comp = resolved.components[name]
+        expected = export.file_manifest(mirror.open_mirror(SETTINGS, comp.url), comp.commit)
         assert exported == expected
 
 

@@ -11,9 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from builder import mirror, sources
-from builder.errors import BadInput, InfraError
-
 from builder.constants import COMPONENTS
+from builder.errors import BadInput, InfraError
 from builder.options import Settings
 
 SETTINGS = Settings.from_env()
