@@ -12,7 +12,7 @@ from typing import Any, Optional, TypeVar
 import typer
 
 from builder import log
-from builder.errors import BuilderError, InfraError, NotAccepted
+from builder.errors import BadInput, BuilderError, InfraError, NotAccepted
 from builder.options import Settings
 from builder.pins import Pins
 from builder.records import BuiltImage, RenderedBuild, Report, ResolvedSources
@@ -281,6 +281,21 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
     typer.echo(receipt.model_dump_json(indent=2))
 
 
+@app.command("export-sqsh")
+@handled
+def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
+                out: Optional[Path] = typer.Option(None, "--out", help="the .sqsh (default: next to the report)"),
+                squash_options: Optional[str] = typer.Option(
+                    None, "--squash-options", help="mksquashfs compression (default $BUILDER_SQUASH_OPTIONS "
+                                                   "or enroot's '-comp lzo -noD')")) -> None:
+    """Write the accepted image as an enroot .sqsh, check it file by file, smoke it, record it in the report."""
+    from builder import sqsh
+
+    with log.step("export .sqsh"):
+        record = sqsh.export(report_json, settings(), out=out, squash_options=squash_options)
+    typer.echo(record.model_dump_json(indent=2))
+
+
 @app.command()
 @handled
 def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose image to reproduce")) -> None:
@@ -299,6 +314,7 @@ def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose i
 @app.command()
 @handled
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
+        sqsh: bool = typer.Option(False, "--sqsh", help="after publish, export the enroot .sqsh (export-sqsh)"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
         out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
         key: Optional[Path] = SigningKey, engine: Optional[str] = EngineOpt,
@@ -307,6 +323,8 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
     Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from builder import publish as publish_mod
 
+    if sqsh and not publish:
+        raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
     config = settings()
     report, run_dir = _accept_and_report(config, pins_path, None, None, offline, allow_moved_pr, out,
                                          engine_url=engine, stage=True, nocache=nocache)
@@ -319,6 +337,12 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         log.info(f"published {receipt.repository}@{receipt.digest}")
     if report.build is not None:
         typer.echo(f"manifest digest: {report.build.manifest_digest}")
+    if sqsh:
+        from builder import sqsh as sqsh_mod
+
+        with log.step("export .sqsh"):
+            record = sqsh_mod.export(run_dir / "report.json", config)
+        log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     log.info(f"report: {run_dir / 'report.md'}")
 
 
