@@ -172,15 +172,16 @@ def accept(pins_path: Path = PinsArg,
 def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gates: list[str] | None,
                        offline: bool, allow_moved_pr: bool, out: Path | None,
                        timeout: int | None = None, engine_url: str | None = None,
-                       stage: bool = False, nocache: bool = False) -> tuple[Report, Path]:
+                       stage: bool = False, nocache: bool = False,
+                       key: Path | None = None) -> tuple[Report, Path]:
     """Resolve, build unless an image is given, accept, write the report; the run directory is made
     only once there is a report to put in it. With `stage` (or an engine URL) the build is pushed by
     digest to the staging repository and acceptance pulls that digest. Returns (report, run directory)."""
     from dataclasses import replace
 
     from builder import accept as accept_mod
+    from builder import attest, staging
     from builder import report as report_mod
-    from builder import staging
     from builder.errors import BadInput
 
     pins, resolved = _load_and_resolve(pins_path, config, offline, allow_moved_pr)
@@ -205,6 +206,9 @@ def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gat
                                     image_manifest=_image_manifest(there, result.image_id))
     run_dir = _run_dir(out, pins.name, config)
     paths = report_mod.write(report, run_dir)
+    signing = attest.signer(key or config.signing_key)
+    if signing is not None:  # publish requires this signature over the acceptance result
+        attest.sign_acceptance(report, signing, run_dir)
     _print_verdict(report, paths)
     return report, run_dir
 
@@ -327,7 +331,7 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
     config = settings()
     report, run_dir = _accept_and_report(config, pins_path, None, None, offline, allow_moved_pr, out,
-                                         engine_url=engine, stage=True, nocache=nocache)
+                                         engine_url=engine, stage=True, nocache=nocache, key=key)
     log.info("timings: " + json.dumps(log.timings))
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{pins_path}: image {report.image_id} not accepted; see {run_dir / 'report.md'}")
@@ -393,7 +397,7 @@ def nightly(pins_path: Path = PinsArg,
     config = settings()
 
     def accept_and_report(path: Path, out_dir: Path | None) -> tuple[Report, Path]:
-        return _accept_and_report(config, path, None, None, False, False, out_dir, stage=True)
+        return _accept_and_report(config, path, None, None, False, False, out_dir, stage=True, key=key)
 
     code = nightly_mod.nightly(pins_path, config, follow_prs_=follow_prs, publish=publish, out=out, signing_key=key,
                                accept_and_report=accept_and_report)
