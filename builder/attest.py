@@ -132,6 +132,22 @@ def statements(report: Report, pins: Pins, image_manifest: dict[str, Any], repos
             statement(repository, digest, TEST_RESULT_TYPE, test_result(report, pins, pins_data))]
 
 
+ACCEPTANCE_ENVELOPE = "acceptance.dsse.json"  # beside report.json: the signed test result over the image ID
+
+
+def sign_acceptance(report: Report, key: Ed25519PrivateKey, run_dir: Path) -> Path:
+    """At acceptance time: the in-toto test result, subject = the accepted image's config digest (its ID),
+    DSSE-signed; publish requires it (and a matching key) before any release tag."""
+    from builder import pins as pins_mod
+
+    pins = pins_mod.load(report.sources.pins_path)
+    stmt = statement(report.repository, report.image_id, TEST_RESULT_TYPE, test_result(report, pins, pins_bytes(report)))
+    path = run_dir / ACCEPTANCE_ENVELOPE
+    path.write_text(json.dumps(dsse.sign(stmt, key), sort_keys=True, indent=2) + "\n")
+    log.info(f"signed the acceptance result of {report.image_id[:19]} (key {dsse.key_id(key.public_key())[:16]}): {path}")
+    return path
+
+
 def signer(key_path: Path | None) -> Ed25519PrivateKey | None:
     """The signing key, loaded before anything is pushed (BadInput when unreadable); None: say so."""
     if key_path is None:

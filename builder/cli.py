@@ -12,7 +12,7 @@ from typing import Any, Optional, TypeVar
 import typer
 
 from builder import log
-from builder.errors import BuilderError, InfraError, NotAccepted
+from builder.errors import BadInput, BuilderError, InfraError, NotAccepted
 from builder.options import Settings
 from builder.pins import Pins
 from builder.records import BuiltImage, RenderedBuild, Report, ResolvedSources
@@ -172,15 +172,16 @@ def accept(pins_path: Path = PinsArg,
 def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gates: list[str] | None,
                        offline: bool, allow_moved_pr: bool, out: Path | None,
                        timeout: int | None = None, engine_url: str | None = None,
-                       stage: bool = False, nocache: bool = False) -> tuple[Report, Path]:
+                       stage: bool = False, nocache: bool = False,
+                       key: Path | None = None) -> tuple[Report, Path]:
     """Resolve, build unless an image is given, accept, write the report; the run directory is made
     only once there is a report to put in it. With `stage` (or an engine URL) the build is pushed by
     digest to the staging repository and acceptance pulls that digest. Returns (report, run directory)."""
     from dataclasses import replace
 
     from builder import accept as accept_mod
+    from builder import attest, staging
     from builder import report as report_mod
-    from builder import staging
     from builder.errors import BadInput
 
     pins, resolved = _load_and_resolve(pins_path, config, offline, allow_moved_pr)
@@ -205,6 +206,9 @@ def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gat
                                     image_manifest=_image_manifest(there, result.image_id))
     run_dir = _run_dir(out, pins.name, config)
     paths = report_mod.write(report, run_dir)
+    signing = attest.signer(key or config.signing_key)
+    if signing is not None:  # publish requires this signature over the acceptance result
+        attest.sign_acceptance(report, signing, run_dir)
     _print_verdict(report, paths)
     return report, run_dir
 
@@ -281,6 +285,21 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
     typer.echo(receipt.model_dump_json(indent=2))
 
 
+@app.command("export-sqsh")
+@handled
+def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
+                out: Optional[Path] = typer.Option(None, "--out", help="the .sqsh (default: next to the report)"),
+                squash_options: Optional[str] = typer.Option(
+                    None, "--squash-options", help="mksquashfs compression (default $BUILDER_SQUASH_OPTIONS "
+                                                   "or enroot's '-comp lzo -noD')")) -> None:
+    """Write the accepted image as an enroot .sqsh, check it file by file, smoke it, record it in the report."""
+    from builder import sqsh
+
+    with log.step("export .sqsh"):
+        record = sqsh.export(report_json, settings(), out=out, squash_options=squash_options)
+    typer.echo(record.model_dump_json(indent=2))
+
+
 @app.command()
 @handled
 def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose image to reproduce")) -> None:
@@ -299,6 +318,7 @@ def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose i
 @app.command()
 @handled
 def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
+        sqsh: bool = typer.Option(False, "--sqsh", help="after publish, export the enroot .sqsh (export-sqsh)"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
         out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
         key: Optional[Path] = SigningKey, engine: Optional[str] = EngineOpt,
@@ -307,9 +327,11 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
     Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     from builder import publish as publish_mod
 
+    if sqsh and not publish:
+        raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
     config = settings()
     report, run_dir = _accept_and_report(config, pins_path, None, None, offline, allow_moved_pr, out,
-                                         engine_url=engine, stage=True, nocache=nocache)
+                                         engine_url=engine, stage=True, nocache=nocache, key=key)
     log.info("timings: " + json.dumps(log.timings))
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{pins_path}: image {report.image_id} not accepted; see {run_dir / 'report.md'}")
@@ -319,6 +341,12 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         log.info(f"published {receipt.repository}@{receipt.digest}")
     if report.build is not None:
         typer.echo(f"manifest digest: {report.build.manifest_digest}")
+    if sqsh:
+        from builder import sqsh as sqsh_mod
+
+        with log.step("export .sqsh"):
+            record = sqsh_mod.export(run_dir / "report.json", config)
+        log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     log.info(f"report: {run_dir / 'report.md'}")
 
 
@@ -369,7 +397,7 @@ def nightly(pins_path: Path = PinsArg,
     config = settings()
 
     def accept_and_report(path: Path, out_dir: Path | None) -> tuple[Report, Path]:
-        return _accept_and_report(config, path, None, None, False, False, out_dir, stage=True)
+        return _accept_and_report(config, path, None, None, False, False, out_dir, stage=True, key=key)
 
     code = nightly_mod.nightly(pins_path, config, follow_prs_=follow_prs, publish=publish, out=out, signing_key=key,
                                accept_and_report=accept_and_report)

@@ -254,13 +254,27 @@ def _ensure_registry(settings: Settings) -> Info:
             "config": str(config), "data": str(data_dir), "installed": installed}
 
 
+def ensure_tools(settings: Settings) -> Info:
+    """Host tools of later stages: mksquashfs/unsquashfs (squashfs-tools) for `export-sqsh`."""
+    if shutil.which("mksquashfs") and shutil.which("unsquashfs"):
+        return {"squashfs-tools": "found"}
+    with host.locked(settings.cache("logs") / ".apt.lock"):
+        if not (shutil.which("mksquashfs") and shutil.which("unsquashfs")):
+            host.apt_install(settings.cache("logs") / "apt.log", "squashfs-tools")
+    if not shutil.which("mksquashfs"):
+        raise InfraError("mksquashfs: still missing after apt-get install squashfs-tools")
+    return {"squashfs-tools": "installed"}
+
+
 def ensure_all(settings: Settings) -> Info:
-    """Engine then registry; returns {'engine': {...}, 'registry': {...}}."""
+    """Engine, registry, host tools; returns {'engine': {...}, 'registry': {...}, 'tools': {...}}."""
     with log.step("setup: docker engine"):
         found_engine = ensure_engine(settings)
     with log.step("setup: registry"):
         registry = ensure_registry(settings)
-    return {"engine": found_engine, "registry": registry}
+    with log.step("setup: host tools"):
+        tools = ensure_tools(settings)
+    return {"engine": found_engine, "registry": registry, "tools": tools}
 
 
 def main(argv: list[str] | None = None) -> int:

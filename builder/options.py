@@ -12,12 +12,14 @@ CLI flags are the rest). The CLI calls `Settings.from_env()` and passes the obje
 | BUILDER_BUILD_TIMEOUT | 3600 | HTTP read timeout of a build: a step may print nothing for minutes |
 | BUILDER_GIT_CONFIG | unset | a git config file included in every fetch, e.g. url.<base>.insteadOf mirrors (submodules too) |
 | BUILDER_SIGNING_KEY | unset | ed25519 private key (PEM) that signs the attestations on publish |
+| BUILDER_SQUASH_OPTIONS | -comp lzo -noD | mksquashfs compression of `export-sqsh` (enroot's ENROOT_SQUASH_OPTIONS default) |
 | DOCKER_HOST | the local socket | which Docker engine (`unix://`, `tcp://`, `ssh://`) |
 | DOCKER_TLS_VERIFY / DOCKER_CERT_PATH | unset | TLS for a `tcp://` engine, as the Docker CLI reads them |
 """
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +56,17 @@ def _resolver_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     if env.get("PIP_CERT"):
         out["SSL_CERT_FILE"] = out["PIP_CERT"] = env["PIP_CERT"]
     return tuple(sorted(out.items()))
+ENROOT_SQUASH_OPTIONS = "-comp lzo -noD"   # enroot's default (doc/configuration.md, doc/cmd/import.md)
+SQUASH_WORD = re.compile(r"-[a-zA-Z][a-zA-Z0-9-]*|[a-z0-9][a-z0-9._]*")
+SQUASH_REFUSED = ("-noappend", "-root-becomes", "-pf", "-sort", "-ef", "-cpiostyle", "-tar")
+
+
+def check_squash_options(value: str, where: str) -> str:
+    """mksquashfs compression options: flags and plain values only (no paths, no shell)."""
+    words = value.split()
+    if not words or not all(SQUASH_WORD.fullmatch(w) for w in words) or any(w in SQUASH_REFUSED for w in words):
+        raise BadInput(f"{where}: expected mksquashfs compression options like {ENROOT_SQUASH_OPTIONS!r}, got {value!r}")
+    return " ".join(words)
 
 
 def _git_config(env: Mapping[str, str]) -> Path | None:
@@ -85,6 +98,7 @@ class Settings:
     # the environment of the git CLI fetches (ssh agent, proxies, HOME for credentials; no BUILDER_*)
     git_env: tuple[tuple[str, str], ...] = ()
     signing_key: Path | None = None
+    squash_options: str = ENROOT_SQUASH_OPTIONS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -108,6 +122,8 @@ class Settings:
             git_config=_git_config(env),
             git_env=tuple(sorted((k, v) for k, v in env.items() if not k.startswith("BUILDER_"))),
             signing_key=Path(env["BUILDER_SIGNING_KEY"]) if env.get("BUILDER_SIGNING_KEY") else None,
+            squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
+                                                "BUILDER_SQUASH_OPTIONS"),
         )
 
     def docker_environment(self) -> dict[str, str]:

@@ -89,6 +89,7 @@ def publish(report_path: str | Path, settings: Settings, image: str | None = Non
     registry = Registry(host, auth, timeout_s=settings.registry_timeout_s)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
     key = attest.signer(signing_key or settings.signing_key)
+    check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
     client = engine.connect(settings)
     served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
@@ -115,6 +116,29 @@ def publish(report_path: str | Path, settings: Settings, image: str | None = Non
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
     return receipt
+
+
+def check_signed_acceptance(report: Report, report_path: Path, key: attest.Ed25519PrivateKey | None,
+                            where: str) -> None:
+    """With a signing key, the acceptance result must carry a valid signature by it, over this image, reading
+    PASSED and listing every required gate as passed (builder/trust.py); an edited report.json cannot pass."""
+    if key is None:
+        trust.check_signature(report, where, envelope=None, public_key=None, verify=None)
+        return
+    path = report_path.parent / attest.ACCEPTANCE_ENVELOPE
+    try:
+        envelope = json.loads(path.read_text())
+    except (OSError, ValueError):
+        envelope = None
+    if not isinstance(envelope, dict):
+        raise PublishError(f"{where}: no signed acceptance result {path.name} beside it; accept (or run) with the"
+                           " signing key first")
+    trust.check_signature(report, where, envelope, key.public_key(), attest.verify_test_result)
+    passed = set(attest.verify_test_result(envelope, key.public_key(), report.image_id).get("passedTests") or [])
+    unsigned = [g for g in report.required_gates if g not in passed]
+    if unsigned:
+        raise PublishError(f"{where}: required gate(s) {', '.join(unsigned)} are not passed in the signed acceptance"
+                           " result; refusing")
 
 
 def attest_published(report: Report, client: Client, registry: Registry, digest: str,

@@ -108,6 +108,27 @@ class PublishReceipt(Record):
     attestations: list[str] = Field(default_factory=list)  # digests of the signed artifacts referring to it
 
 
+class SqshExport(Record):
+    """The enroot .sqsh of the accepted image (builder/sqsh.py)."""
+    path: str
+    sha256: str
+    size: int
+    compression: str                   # mksquashfs options (enroot's ENROOT_SQUASH_OPTIONS default)
+    mksquashfs: str                    # version line
+    mksquashfs_args: list[str]
+    image_id: str
+    tag: str                           # the SHA tag
+    registry_digest: str
+    entries: int                       # paths compared with the layers' final tree
+    files: int                         # regular files among them
+    xattrs: bool
+    enroot_files: dict[str, str]       # /etc files enroot writes from the image config: sha256
+    equivalence: str
+    smoke: dict[str, Any]              # provenance gate on the .sqsh contents
+    seconds: dict[str, float]
+    created: str
+
+
 class Report(Record):
     verdict: Literal["ACCEPTED", "NOT ACCEPTED"]
     name: str
@@ -118,6 +139,7 @@ class Report(Record):
     platform: str = "unknown"
     base_image: str = "unknown"
     publish: PublishReceipt | None = None
+    sqsh: SqshExport | None = None
     # added by report.py: what the report is about and how the verdict was reached
     image_id: str = "unknown"
     repository: str = "unknown"
@@ -132,7 +154,7 @@ class Report(Record):
 
 
 RECORDS: tuple[type[Record], ...] = (Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage,
-                                     GateResult, AcceptanceResult, PublishReceipt, Report)
+                                     GateResult, AcceptanceResult, PublishReceipt, SqshExport, Report)
 
 
 def _type_name(annotation: Any) -> str:

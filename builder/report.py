@@ -317,6 +317,7 @@ def to_markdown(report: Report) -> str:
                         pub.platform, "yes" if pub.verified else "no", pub.pushed_at]])
     if report.rebuild:
         out += _rebuild_section(report.rebuild)
+    out += sqsh_markdown(report)
     out += ["", "<details><summary>Run manifest (six layers; unknown = not captured)</summary>", ""]
     rows = []
     for layer, content in report.run_manifest.items():
@@ -336,6 +337,16 @@ def _rebuild_section(result: dict[str, Any]) -> list[str]:
         out += ["", f"- layer {layer['index']}: {layer['files']} paths differ"]
         out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]
     return out
+def sqsh_markdown(report: Report) -> list[str]:
+    """The enroot .sqsh next to the registry digest, under the SHA tag (builder/sqsh.py)."""
+    s = report.sqsh
+    if s is None:
+        return []
+    smoke = f"provenance {s.smoke.get('status')}: {s.smoke.get('reason')}"
+    return ["", "### Cluster image (enroot .sqsh)", ""] + _table(
+        ["SHA tag", "Registry digest", ".sqsh sha256", "Size", "Compression", "Equivalence", "Smoke", "File"],
+        [[_code(s.tag), _code(s.registry_digest), _code(s.sha256), f"{s.size / 1e6:.1f} MB", _code(s.compression),
+          f"{s.equivalence} ({s.entries} paths, {s.files} files)", smoke, _code(s.path)]])
 
 
 # ---------------------------------------------------------------- junit
@@ -343,12 +354,17 @@ def _rebuild_section(result: dict[str, Any]) -> list[str]:
 
 def to_junit(report: Report) -> str:
     gates = report.gates
+    if report.sqsh:  # the .sqsh beside the registry digest: its smoke is one more testcase
+        gates = gates + [GateResult(name="sqsh_smoke", status=report.sqsh.smoke.get("status", "not_run"),
+                                    reason=str(report.sqsh.smoke.get("reason", "")), evidence=report.sqsh.smoke)]
     count = {s: sum(g.status == s for g in gates) for s in SEVERITY}
     suite = ET.Element("testsuite", name="acceptance", tests=str(len(gates)), failures=str(count["fail"]),
                        errors=str(count["inconclusive"]), skipped=str(count["not_run"]))
     props = ET.SubElement(suite, "properties")
     for key, value in (("verdict", report.verdict), ("image_id", report.image_id), ("name", report.name)):
         ET.SubElement(props, "property", name=key, value=value)
+    for key in ("sha256", "size", "compression", "registry_digest", "tag") if report.sqsh else ():
+        ET.SubElement(props, "property", name=f"sqsh_{key}", value=str(getattr(report.sqsh, key)))
     for g in gates:
         case = ET.SubElement(suite, "testcase", classname="acceptance", name=g.name)
         detail = json.dumps(g.evidence, indent=1, sort_keys=True) + ("\n" + g.log if g.log else "")

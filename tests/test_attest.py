@@ -84,7 +84,12 @@ def test_statements_carry_the_required_fields(records):
     for name, comp in report.sources.components.items():
         assert deps[name]["digest"] == {"gitCommit": comp.commit, "gitTree": comp.tree}
     assert deps["base"]["digest"] == {"sha256": "cd" * 32}
-    assert deps["packaging==24.2"]["digest"]["sha256"] == "09abb1bccd265c01f4a3aa3f7a7db064b36514d2cba19a2f694fe6150451a759"
+    from builder.wheels import read_lock
+
+    locked = read_lock(pins.lock_path())[1]
+    assert locked, "the demo lock pins wheels"
+    for entry in locked:  # every locked wheel, build-only ones included, with its sha256
+        assert deps[f"{entry.name}=={entry.version}"]["digest"]["sha256"] == entry.hashes[0]
     rd = prov["runDetails"]
     assert rd["builder"]["version"]["docker-engine"] == "20.10.24"
     assert rd["metadata"]["startedOn"] and rd["metadata"]["finishedOn"]
@@ -142,3 +147,48 @@ def test_sbom_is_valid_cyclonedx_1_6_and_carries_commits():
 def test_no_key_means_not_attested(capsys):
     assert attest.signer(None) is None
     assert "not attested" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the signed acceptance result publish requires
+
+
+def signed_run(records, keys, tmp_path, signer="a", **kwargs):
+    from builder import report as report_mod
+
+    pins, report = records(**kwargs)
+    paths = report_mod.write(report, tmp_path)
+    attest.sign_acceptance(report, keys[signer][0], tmp_path)
+    return report, paths["json"]
+
+
+def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path):
+    from builder import publish
+
+    report, path = signed_run(records, keys, tmp_path)
+    assert report.verdict == "ACCEPTED"
+    publish.check_signed_acceptance(report, path, keys["a"][0], str(path))  # no error
+    publish.check_signed_acceptance(report, path, None, str(path))         # no key: signing not set up
+
+
+@pytest.mark.parametrize("tamper", ["another key", "missing", "another image", "edited report", "not accepted"])
+def test_publish_refuses_without_a_valid_signed_acceptance(records, keys, tmp_path, tamper):
+    from builder import publish
+    from builder.errors import PublishError
+
+    report, path = signed_run(records, keys, tmp_path, signer="b" if tamper == "another key" else "a",
+                              **({"statuses": {"rl_step": "fail"}} if tamper in ("edited report", "not accepted")
+                                 else {}))
+    envelope = path.parent / attest.ACCEPTANCE_ENVELOPE
+    if tamper == "missing":
+        envelope.unlink()
+    if tamper == "another image":
+        report = report.model_copy(update={"image_id": OTHER})
+    if tamper == "edited report":  # the report.json says pass now; the signature says what acceptance saw
+        gates = [g.model_copy(update={"status": "pass"}) for g in report.gates]
+        report = report.model_copy(update={"gates": gates, "verdict": "ACCEPTED", "reasons": []})
+    with pytest.raises((PublishError, BadInput)) as err:
+        publish.check_signed_acceptance(report, path, keys["a"][0], str(path))
+    assert str(path) in str(err.value)
+    expected = {"another key": "signature", "missing": "no signed acceptance result", "another image": "subject",
+                "edited report": "FAILED", "not accepted": "FAILED"}[tamper]
+    assert expected in str(err.value), str(err.value)

@@ -5,10 +5,12 @@ import time
 
 import pytest
 
+from builder import pins as pins_mod
 from builder import publish, staging
 from builder import report as report_mod
 from builder.errors import PublishError
 from builder.registry import Registry, split_repository
+from demo.prepare import variant_pins
 from tests.conftest import SETTINGS
 
 pytestmark = pytest.mark.docker
@@ -24,10 +26,15 @@ def accepted_by_digest(demo_accepted, docker_client, tmp_path):
     ref = staging.push(built.manifest_digest, stage, pins.base.name, SETTINGS)
     pulled = staging.pull(docker_client, ref, built.image_id, SETTINGS)  # a real pull by digest
     acceptance = result.model_copy(update={"pulled": {**pulled, "engine": {"id": "local"}}})
-    report = report_mod.make_report(pins, resolved, built.model_copy(update={"staged": ref}), acceptance)
-    assert report.verdict == "ACCEPTED"
     tag = f"t{time.time_ns()}"
-    report = report.model_copy(update={"repository": RELEASE, "tags": [tag]})
+
+    def release(data):  # this test's own release repository and tag, in a pins file publish re-reads
+        data["image"].update(repository=RELEASE, tags=[tag])
+
+    release_pins = pins_mod.load(variant_pins(tmp_path / "pins", edit=release, pins_path=pins.path))
+    resolved = resolved.model_copy(update={"pins_path": str(release_pins.path), "pins_sha256": release_pins.sha256})
+    report = report_mod.make_report(release_pins, resolved, built.model_copy(update={"staged": ref}), acceptance)
+    assert report.verdict == "ACCEPTED" and report.repository == RELEASE and tag in report.tags
     yield report_mod.write(report, tmp_path)["json"], ref, tag
     # leave no manifest of this test behind: its staging repository and its release tag
     reg, name = registry_for(ref)

@@ -1,0 +1,321 @@
+"""The enroot .sqsh export: whiteouts on a planted image loaded into the real engine, reproducibility,
+equivalence with the layers' tree, the provenance smoke on the demo image's .sqsh (and its failure on
+a planted modification), the report's Markdown/JSON/JUnit."""
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from builder import host, layers, options, report, smoke, sqsh
+from builder.errors import BadInput, NotAccepted
+from builder.layers import Entry
+from builder.records import SqshExport
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = "-comp lzo -Xalgorithm lzo1x_1 -noD"  # enroot's compressor, its fast algorithm: tests only
+EPOCH = 946684800
+
+
+# ---------------------------------------------------------------- a planted image, two layers
+
+
+def _add(tar, name, data=None, mode=0o644, uid=0, gid=0, kind=tarfile.REGTYPE, link=""):
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.uid, info.gid, info.mtime, info.linkname = kind, mode, uid, gid, EPOCH, link
+    info.size = len(data) if data is not None else 0
+    tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def _layer(build) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        build(tar)
+    return buf.getvalue()
+
+
+def _lower(tar):
+    D = tarfile.DIRTYPE
+    for d in ("bin", "etc", "opt", "opt/d", "usr", "usr/lib", "var", "var/gone-dir", "dev"):
+        _add(tar, d, kind=D, mode=0o755)
+    _add(tar, "bin/tool", b"v1\n", mode=0o4755, uid=1000, gid=1000)
+    _add(tar, "bin/tool2", kind=tarfile.LNKTYPE, link="bin/tool", mode=0o4755, uid=1000, gid=1000)
+    _add(tar, "etc/keep", b"keep\n")
+    _add(tar, "etc/gone", b"deleted by the top layer\n")
+    _add(tar, "etc/secret", b"mode 0600\n", mode=0o600, uid=0, gid=42)
+    _add(tar, "opt/d/x", b"x\n")
+    _add(tar, "opt/d/y", b"y\n")
+    _add(tar, "usr/lib/libz.so", b"\x7fELF not really\n", mode=0o755)
+    _add(tar, "lib", kind=tarfile.SYMTYPE, link="usr/lib", mode=0o777)
+    _add(tar, "var/gone-dir/f", b"f\n")
+    _add(tar, "dev/stray", b"enroot leaves dev/* out\n")
+
+
+def _upper(tar):
+    _add(tar, "etc", kind=tarfile.DIRTYPE, mode=0o755)
+    _add(tar, "etc/.wh.gone", b"")
+    _add(tar, "opt/d", kind=tarfile.DIRTYPE, mode=0o750)
+    _add(tar, "opt/d/.wh..wh..opq", b"")
+    _add(tar, "opt/d/z", b"z\n")
+    _add(tar, "bin", kind=tarfile.DIRTYPE, mode=0o755)
+    _add(tar, "bin/tool", b"v2\n", mode=0o755)
+    _add(tar, "var", kind=tarfile.DIRTYPE, mode=0o755)
+    _add(tar, "var/.wh.gone-dir", b"")
+
+
+def _saved_tar(tag: str) -> tuple[bytes, str]:
+    """A `docker save`-shaped tar of the two layers; (bytes, image ID)."""
+    blobs = [_layer(_lower), _layer(_upper)]
+    config = {"architecture": "amd64", "os": "linux",
+              "config": {"Env": ["PATH=/usr/bin:/bin", "I13=a b"], "WorkingDir": "/opt/work",
+                         "Cmd": ["/bin/tool", "it's"], "Labels": {"x": "y"}, "Volumes": {"/data": {}}},
+              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(b).hexdigest() for b in blobs]},
+              "history": [{"created_by": "lower"}, {"created_by": "upper"}]}
+    raw = json.dumps(config, sort_keys=True).encode()
+    image_id = "sha256:" + hashlib.sha256(raw).hexdigest()
+    manifest = [{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": ["l1/layer.tar", "l2/layer.tar"]}]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("l1/layer.tar", blobs[0]), ("l2/layer.tar", blobs[1]),
+                           (f"{image_id[7:]}.json", raw), ("manifest.json", json.dumps(manifest).encode())):
+            _add(tar, name, data)
+    return buf.getvalue(), image_id
+
+
+@pytest.fixture(scope="module")
+def planted(docker_client):
+    """The planted image loaded into the engine (`docker load`); its ID. Removed afterwards."""
+    data, image_id = _saved_tar("builder-tests/i13-whiteout:test")
+    docker_client.images.load(data)
+    assert docker_client.images.get(image_id).id == image_id
+    yield image_id
+    docker_client.images.remove(image_id, force=True)
+
+
+@pytest.fixture(scope="module")
+def planted_sqsh(planted, docker_client, tmp_path_factory):
+    work = tmp_path_factory.mktemp("planted")
+    made = sqsh.make_sqsh(docker_client, planted, work / "p.sqsh", FAST, work)
+    return work / "p.sqsh", made
+
+
+# ---------------------------------------------------------------- whiteouts, modes, owners (Docker)
+
+
+@pytest.mark.docker
+def test_top_layer_deletions_are_absent(planted_sqsh, tmp_path):
+    out, made = planted_sqsh
+    root = tmp_path / "r"
+    sqsh.unsquash(out, root)  # read back from the .sqsh itself
+    assert (root / "etc/keep").read_text() == "keep\n"
+    assert not (root / "etc/gone").exists() and not os.path.lexists(root / "etc/.wh.gone")
+    assert sorted(p.name for p in (root / "opt/d").iterdir()) == ["z"]  # opaque: x and y gone
+    assert not (root / "var/gone-dir").exists()
+    assert (root / "bin/tool").read_text() == "v2\n" and (root / "bin/tool2").read_text() == "v1\n"
+    assert list((root / "dev").iterdir()) == []
+    assert os.readlink(root / "lib") == "usr/lib"
+    st = os.lstat(root / "bin/tool2")
+    assert (oct(st.st_mode & 0o7777), st.st_uid, st.st_gid) == ("0o4755", 1000, 1000)
+    st = os.lstat(root / "etc/secret")
+    assert (oct(st.st_mode & 0o7777), st.st_gid) == ("0o600", 42)
+    assert oct(os.lstat(root / "opt/d").st_mode & 0o777) == "0o750"
+    assert (root / "etc/environment").read_text() == "PATH=/usr/bin:/bin\nI13=a b\n"
+    assert (root / "opt/work").is_dir()
+    assert "exec  '/bin/tool' 'it'\\''s'" in (root / "etc/rc").read_text()
+    assert (root / "etc/fstab").read_text() == "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
+    assert "etc/gone" not in made.expected and made.expected["bin/tool2"].sha256 == hashlib.sha256(b"v1\n").hexdigest()
+
+
+@pytest.mark.docker
+def test_engine_agrees_on_the_final_files(planted, planted_sqsh, docker_client, tmp_path):
+    """The engine's own flattening (docker create + export) has the same regular files and contents."""
+    _, made = planted_sqsh
+    container = docker_client.containers.create(planted, command=["x"], network_mode="none")
+    try:
+        stream = io.BytesIO(b"".join(container.export()))
+    finally:
+        container.remove(force=True)
+    engine_files = {}
+    with tarfile.open(fileobj=stream) as tar:
+        for m in tar:
+            path = layers._norm(m.name)
+            if m.isreg() and not path.startswith("dev/") and path not in (".dockerenv", "etc/hostname", "etc/hosts",
+                                                                             "etc/resolv.conf"):
+                engine_files[path] = hashlib.sha256(tar.extractfile(m).read()).hexdigest()
+            elif m.islnk():
+                engine_files[path] = engine_files[layers._norm(m.linkname)]
+    ours = {p: e.sha256 for p, e in made.expected.items() if e.kind == "f" and p not in sqsh.ENROOT_FILES}
+    assert ours == engine_files
+
+
+@pytest.mark.docker
+def test_same_image_same_sha256(planted, planted_sqsh, docker_client, tmp_path):
+    out, _ = planted_sqsh
+    again = tmp_path / "again.sqsh"
+    sqsh.make_sqsh(docker_client, planted, again, FAST, tmp_path)
+    assert host.sha256_file(again) == host.sha256_file(out)
+
+
+@pytest.mark.docker
+def test_a_difference_from_the_layers_is_listed(planted_sqsh, tmp_path):
+    out, made = planted_sqsh
+    root = tmp_path / "r"
+    sqsh.unsquash(out, root)
+    (root / "etc/keep").write_text("changed\n")
+    (root / "usr/lib/libz.so").chmod(0o700)
+    (root / "opt/d/z").unlink()
+    (root / "extra").write_text("new\n")
+    diffs = sqsh.compare(made.expected, layers.tree_of(root))
+    assert [d.split(":")[0] for d in diffs] == ["etc/keep", "extra", "opt/d/z", "usr/lib/libz.so"]
+    assert "sha256" in diffs[0] and "mode 0755 in the image, 0700" in diffs[3]
+    with pytest.raises(NotAccepted, match="4 differences.*etc/keep.*extra"):
+        sqsh.check_equal(made.expected, layers.tree_of(root), "x.sqsh")
+
+
+@pytest.mark.docker
+def test_a_layer_that_does_not_match_its_diff_id_is_refused(planted, docker_client, tmp_path):
+    saved = layers.save(docker_client, planted, tmp_path / "image.tar")
+    with tarfile.open(saved.path) as outer:
+        inner = tarfile.open(fileobj=outer.extractfile(saved.layers[0]))
+        at = saved.layers[0].offset_data + inner.getmember("etc/keep").offset_data
+    with open(saved.path, "r+b") as fh:  # same size, one byte of etc/keep changed
+        fh.seek(at)
+        fh.write(b"K")
+    with pytest.raises(BadInput, match="layer 0 .* hashes to sha256:.*the config says"):
+        layers.expected_tree(layers.open_saved(saved.path, planted))
+
+
+# ---------------------------------------------------------------- no Docker
+
+
+def test_a_member_through_a_symlink_is_refused(tmp_path):
+    root = tmp_path / "root"
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "lib").symlink_to("/etc")
+    assert layers._inside(root, "usr/lib/x") == root / "usr/lib/x"
+    with pytest.raises(BadInput, match="'lib/passwd': its parent goes through a symlink"):
+        layers._inside(root, "lib/passwd")
+
+
+def test_squash_options_default_is_enroots():
+    assert options.Settings.from_env({}).squash_options == "-comp lzo -noD"
+    assert options.Settings.from_env({"BUILDER_SQUASH_OPTIONS": FAST}).squash_options == FAST
+    for bad in ("-comp lzo; rm -rf /", "-ef /etc/passwd", "-comp $(x)"):
+        with pytest.raises(BadInput, match="BUILDER_SQUASH_OPTIONS"):
+            options.Settings.from_env({"BUILDER_SQUASH_OPTIONS": bad})
+
+
+def test_enroot_files_follow_the_config():
+    files = sqsh.enroot_files({"config": {"Env": ["A=1"], "Entrypoint": ["/e"], "Cmd": ["c"]}})
+    assert files["etc/environment"] == b"A=1\n" and files["etc/fstab"] == b""
+    rc = files["etc/rc"].decode()
+    assert 'cd "/" && unset OLDPWD' in rc and "exec '/e' \"$@\"" in rc and "exec '/e' 'c'" in rc
+    assert b"exec  '/bin/sh'" in sqsh.enroot_files({})["etc/rc"]
+
+
+def test_compare_checks_kind_owner_target_and_xattrs():
+    f = Entry(kind="f", mode=0o644, uid=0, gid=0, sha256="a" * 64)
+    link = Entry(kind="l", mode=0o777, uid=0, gid=0, target="x")
+    got = {"a": Entry(kind="d", mode=0o644, uid=0, gid=0), "b": Entry(kind="f", mode=0o644, uid=1, gid=0, sha256="a" * 64),
+           "c": Entry(kind="l", mode=0o777, uid=0, gid=0, target="y"),
+           "d": Entry(kind="f", mode=0o644, uid=0, gid=0, sha256="a" * 64, xattrs=(("user.k", b"v"),))}
+    diffs = sqsh.compare({"a": f, "b": f, "c": link, "d": f}, got)
+    assert [d.split(": ", 1)[1].split()[0] for d in diffs] == ["kind", "owner", "symlink", "xattrs"]
+
+
+def _record(**kw) -> SqshExport:
+    fields = dict(path="/x/demo+unified+TAG.sqsh", sha256="5" * 64, size=1026101248, compression="-comp lzo -noD",
+                  mksquashfs="mksquashfs version 4.5.1", mksquashfs_args=[], image_id="sha256:" + "ab" * 32,
+                  tag="TAG", registry_digest="sha256:" + "9" * 64, entries=10, files=8, xattrs=False,
+                  enroot_files={}, equivalence="pass", smoke={"status": "pass", "reason": "ok"}, seconds={},
+                  created="2026-11-29T00:00:00Z")
+    fields.update(kw)
+    return SqshExport(**fields)
+
+
+def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs, tmp_path):
+    rep = report.make_report(*report_inputs())
+    rep.sqsh = _record()
+    paths = report.write(rep, tmp_path)
+    row = next(line for line in paths["md"].read_text().splitlines() if "5" * 64 in line)
+    assert "`TAG`" in row and "sha256:" + "9" * 64 in row and "-comp lzo -noD" in row and "provenance pass" in row
+    assert report.load(paths["json"]).sqsh == rep.sqsh
+    suite = ET.fromstring(paths["junit"].read_text())
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["sqsh_sha256"] == "5" * 64 and props["sqsh_registry_digest"] == "sha256:" + "9" * 64
+    assert props["sqsh_compression"] == "-comp lzo -noD" and props["sqsh_size"] == "1026101248"
+    assert [c.get("name") for c in suite.iter("testcase")][-1] == "sqsh_smoke" and suite.get("tests") == "5"
+
+
+def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, tmp_path):
+    rep = report.make_report(*report_inputs(statuses={"rl_step": "fail"}))
+    path = report.write(rep, tmp_path)["json"]
+    with pytest.raises(NotAccepted, match="only an ACCEPTED image is exported"):
+        sqsh.export(path, settings)
+    out = subprocess.run([sys.executable, "-m", "builder.cli", "export-sqsh", str(path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "NOT ACCEPTED" in out.stderr
+    assert not list(tmp_path.glob("*.sqsh*"))
+
+
+def test_export_refuses_a_bad_out_before_any_work(report_inputs, settings, tmp_path):
+    path = report.write(report.make_report(*report_inputs()), tmp_path)["json"]
+    for bad in (tmp_path / "image.tar", tmp_path / "missing" / "x.sqsh"):
+        with pytest.raises(BadInput, match="expected a file name ending in .sqsh in an existing directory"):
+            sqsh.export(path, settings, out=bad)
+    with pytest.raises(BadInput, match="--squash-options"):
+        sqsh.export(path, settings, squash_options="-comp lzo -ef /etc/x")
+
+
+def test_run_sqsh_without_publish_is_bad_input():
+    out = subprocess.run([sys.executable, "-m", "builder.cli", "run", "pins/demo.yaml", "--sqsh"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--sqsh: expected --publish" in out.stderr
+
+
+# ---------------------------------------------------------------- the demo image (Docker)
+
+
+@pytest.fixture(scope="module")
+def demo_sqsh(demo_accepted, docker_client, settings, tmp_path_factory):
+    """An ACCEPTED report of the demo image and its .sqsh export (fast lzo for CI)."""
+    pins, sources, built, acceptance = demo_accepted
+    run = tmp_path_factory.mktemp("sqsh-run")
+    path = report.write(report.make_report(pins, sources, built, acceptance), run)["json"]
+    assert report.load(path).verdict == "ACCEPTED"
+    return path, sqsh.export(path, settings, client=docker_client, squash_options=FAST)
+
+
+@pytest.mark.docker
+def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh):
+    path, record = demo_sqsh
+    rep = report.load(path)
+    assert rep.sqsh == record and record.image_id == rep.image_id and record.tag == rep.tags[0]
+    out = Path(record.path)
+    assert out.name == f"demo+unified+{rep.tags[0]}.sqsh" and out.stat().st_size == record.size
+    check = subprocess.run(["sha256sum", "-c", out.name + ".sha256"], cwd=out.parent, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert record.equivalence == "pass" and record.files > 1000 and record.compression == FAST
+    assert record.smoke["status"] == "pass" and record.smoke["network"] == "none"
+    assert "-all-time" in record.mksquashfs_args and "-no-xattrs" in record.mksquashfs_args
+    assert record.sha256 in (path.parent / "report.md").read_text()
+
+
+@pytest.mark.docker
+def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client, tmp_path):
+    path, record = demo_sqsh
+    root = tmp_path / "r"
+    sqsh.unsquash(Path(record.path), root)
+    manifest = json.loads((root / "opt/delivery/manifest.json").read_text())
+    victim = sorted(manifest["components"]["vllm"]["files"])[0]
+    with open(root / victim.lstrip("/"), "a") as fh:
+        fh.write("\n# planted\n")
+    result = smoke.provenance_on_rootfs(docker_client, report.load(path), root)
+    assert result["status"] == "fail", result
+    assert not docker_client.images.list(name=smoke.REPOSITORY)  # the imported image is gone
