@@ -125,7 +125,8 @@ def build_requires(pyproject: dict[str, Any]) -> list[str]:
     return list(requires)
 
 
-METADATA_SCRIPT = r"""
+# both container scripts start here: the build requirements from the wheelhouse, importable through PYTHONPATH
+BUILD_REQUIREMENTS = r"""
 import glob, json, os, subprocess, sys
 w = "/tmp/lock"
 wheels = sorted(glob.glob(w + "/wheels/*.whl"))
@@ -133,6 +134,9 @@ if wheels:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                            "--disable-pip-version-check", "--target", w + "/bt", *wheels], stdout=sys.stderr)
 env = dict(os.environ, PYTHONPATH=w + "/bt", PIP_DISABLE_PIP_VERSION_CHECK="1")
+"""
+
+METADATA_SCRIPT = BUILD_REQUIREMENTS + r"""
 extra = ["--ignore-requires-python"] if os.environ.get("LOCK_IGNORE_REQUIRES_PYTHON") else []
 rc = subprocess.call([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
                       "--no-index", "--ignore-installed", *extra, "--report", w + "/report.json", w + "/src"],
@@ -202,14 +206,7 @@ def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: Comp
 # --------------------------------------------------------------------------- sdists
 
 
-SDIST_SCRIPT = r"""
-import glob, os, subprocess, sys
-w = "/tmp/lock"
-wheels = sorted(glob.glob(w + "/wheels/*.whl"))
-if wheels:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                           "--disable-pip-version-check", "--target", w + "/bt", *wheels], stdout=sys.stderr)
-env = dict(os.environ, PYTHONPATH=w + "/bt", PIP_DISABLE_PIP_VERSION_CHECK="1")
+SDIST_SCRIPT = BUILD_REQUIREMENTS + r"""
 sdist = glob.glob(w + "/sdist/*")[0]
 rc = subprocess.call([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
                       "-w", w + "/out", sdist], env=env, stdout=sys.stderr)
