@@ -260,3 +260,18 @@ def stamped_pins(demo_pins, tmp_path_factory):
     comp["commit"], comp["pr"] = str(commit), 90
     pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
     return pins_path
+
+
+@pytest.fixture
+def run_id(docker_client):
+    """The label value of one test's acceptance containers; all of them are gone afterwards."""
+    import uuid
+
+    from builder import accept
+
+    value = f"test-{uuid.uuid4().hex[:10]}"
+    yield value
+    left = accept.leftover_containers(docker_client, value)
+    for container in left:
+        container.remove(force=True)
+    assert left == [], "acceptance containers left behind"

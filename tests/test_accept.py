@@ -2,7 +2,6 @@
 each planted defect is caught by the right gate. Only the gates a test needs are run."""
 import io
 import tarfile
-import uuid
 
 import pytest
 
@@ -16,17 +15,6 @@ SETTINGS = Settings.from_env()
 pytestmark = pytest.mark.docker
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
-
-
-@pytest.fixture
-def run_id(docker_client):
-    """The label value of this test's acceptance containers; all of them are gone afterwards."""
-    value = f"test-{uuid.uuid4().hex[:10]}"
-    yield value
-    left = accept.leftover_containers(docker_client, value)
-    for container in left:
-        container.remove(force=True)
-    assert left == [], "acceptance containers left behind"
 
 
 def _gates(result) -> dict:

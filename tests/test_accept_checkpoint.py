@@ -2,7 +2,6 @@
 with verl's options, the checksum metrics are switched off in the demo loop, and the gates decide on
 per-tensor digests of the initial weights and each step's save."""
 import json
-import uuid
 
 import docker
 import pytest
@@ -17,16 +16,6 @@ pytestmark = pytest.mark.docker
 SETTINGS = Settings.from_env()
 MODEL = "/models/tinyrl-seed-1"
 CHECKSUMS = ("weights_before", "weights_after")
-
-
-@pytest.fixture
-def run_id(docker_client):
-    value = f"test-{uuid.uuid4().hex[:10]}"
-    yield value
-    left = accept.leftover_containers(docker_client, value)
-    for container in left:
-        container.remove(force=True)
-    assert left == [], "acceptance containers left behind"
 
 
 @pytest.fixture(scope="session")
