@@ -249,6 +249,10 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+# paths were checked above (_inside, no write through a symlink); Python < 3.11.4 (Debian's 3.11.2) has no filters
+TRUSTED: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
+
+
 def _extract(inner: tarfile.TarFile, m: tarfile.TarInfo, rootfs: Path) -> bool:
     path = _norm(m.name)
     base = path.rpartition("/")[2]
@@ -261,7 +265,7 @@ def _extract(inner: tarfile.TarFile, m: tarfile.TarInfo, rootfs: Path) -> bool:
         source = _inside(rootfs, _norm(m.linkname))
         if source.is_symlink() or not source.is_file():
             raise BadInput(f"layer member {m.name!r}: hard link to {m.linkname!r}, which is not a file")
-    inner.extract(m, rootfs, set_attrs=True, numeric_owner=True, filter="fully_trusted")
+    inner.extract(m, rootfs, set_attrs=True, numeric_owner=True, **TRUSTED)
     xattrs = _xattrs(m)
     for key, value in xattrs:
         os.setxattr(target, key, value, follow_symlinks=False)

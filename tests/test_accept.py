@@ -127,7 +127,7 @@ def _copy_out(client, image_id: str, path: str, dest, run_id: str):
     try:
         stream, _ = container.get_archive(path)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            tar.extractall(dest, filter="data")
+            tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     finally:
         container.remove(force=True)
 
