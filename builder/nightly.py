@@ -88,7 +88,7 @@ def move_tags(repository: str, digest: str, retention: int, settings: Settings,
     `retention`.  A registry that cannot delete a tag alone loses the old manifest instead, but only when
     no tag that stays (nightly, a kept nightly-*, a human tag) serves it."""
     host, name = split_repository(repository)
-    reg = Registry(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
+    reg = Registry.from_settings(host, settings)
     got = reg.manifest(name, digest)
     if got["computed"] != digest:
         raise PublishError(f"{repository}@{digest}: registry serves {got['computed']}")

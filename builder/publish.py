@@ -86,7 +86,7 @@ def publish(report_path: str | Path, settings: Settings, image: str | None = Non
     auth = settings.registry_auth
     secrets = [auth[1]] if auth else []
     host, name = split_repository(report.repository)
-    registry = Registry(host, auth, timeout_s=settings.registry_timeout_s)
+    registry = Registry.from_settings(host, settings)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
     key = attest.signer(signing_key or settings.signing_key)
     check_signed_acceptance(report, report_path, key, where)
@@ -133,8 +133,8 @@ def check_signed_acceptance(report: Report, report_path: Path, key: attest.Ed255
     if not isinstance(envelope, dict):
         raise PublishError(f"{where}: no signed acceptance result {path.name} beside it; accept (or run) with the"
                            " signing key first")
-    trust.check_signature(report, where, envelope, key.public_key(), attest.verify_test_result)
-    passed = set(attest.verify_test_result(envelope, key.public_key(), report.image_id).get("passedTests") or [])
+    predicate = trust.check_signature(report, where, envelope, key.public_key(), attest.verify_test_result) or {}
+    passed = set(predicate.get("passedTests") or [])
     unsigned = [g for g in report.required_gates if g not in passed]
     if unsigned:
         raise PublishError(f"{where}: required gate(s) {', '.join(unsigned)} are not passed in the signed acceptance"

@@ -64,7 +64,7 @@ class _Blobs:
         self.name = ""
         if ref:
             host, self.name = split_repository(ref.partition("@")[0])
-            self.reg = Registry(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
+            self.reg = Registry.from_settings(host, settings)
 
     def get(self, digest: str) -> bytes:
         path = normalize.blob_path(self.settings, digest)

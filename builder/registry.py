@@ -13,6 +13,7 @@ from typing import Any
 import requests
 
 from builder.errors import InfraError, PublishError
+from builder.options import Settings
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.manifest.v1+json",
@@ -52,6 +53,11 @@ class Registry:
         self.session.trust_env = False  # no proxies from the environment, no netrc
         self.session.auth = auth
         self.secrets = [auth[1]] if auth else []
+
+    @classmethod
+    def from_settings(cls, host: str, settings: Settings) -> Registry:
+        """The registry at host with the settings' credentials and timeout."""
+        return cls(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         url = self.base + path

@@ -28,14 +28,10 @@ def staging_repository(repository: str, staging: str | None = None) -> str:
     return staging or f"{repository}-staging"
 
 
-def registry(host: str, settings: Settings) -> Registry:
-    return Registry(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
-
-
 def base_of(labels: dict[str, str], settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The base image's config and its manifest's layer descriptors, from its registry by digest."""
     host, name = split_repository(labels[BASE_NAME])
-    reg = registry(host, settings)
+    reg = Registry.from_settings(host, settings)
     try:
         manifest = json.loads(reg.manifest_by_digest(name, labels[BASE_DIGEST]))
         config = json.loads(reg.blob(name, manifest["config"]["digest"]))
@@ -51,7 +47,7 @@ def push(manifest_digest: str, repository: str, base_name: str, settings: Settin
     layers: mounted from the base repository, never re-uploaded."""
     host, name = split_repository(repository)
     base_host, base_repo = split_repository(base_name)
-    reg = registry(host, settings)
+    reg = Registry.from_settings(host, settings)
     reg.ping()
     manifest = blob_path(settings, manifest_digest).read_bytes()
     doc = json.loads(manifest)
@@ -86,7 +82,7 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
     if not digest.startswith("sha256:") or len(digest) != 71:
         raise BadInput(f"--image {ref}: expected REPOSITORY@sha256:<64 hex>")
     host, name = split_repository(repository)
-    reg = registry(host, settings)
+    reg = Registry.from_settings(host, settings)
     reg.ping()
     if reg.tag_digest(name, digest) is None:
         raise PublishError(f"{ref}: not in the registry ({host} does not serve {name}@{digest})")
@@ -131,7 +127,7 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], se
     host, name = split_repository(repository)
     if s_host != host:
         raise PublishError(f"{staged_ref}: staging and release repositories must share a registry ({s_host} != {host})")
-    reg = registry(host, settings)
+    reg = Registry.from_settings(host, settings)
     reg.ping()
     manifest = reg.manifest_by_digest(s_name, digest)  # hash-checked: exactly the accepted bytes
     doc = json.loads(manifest)

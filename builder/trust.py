@@ -175,12 +175,12 @@ def check(report: Report, where: str) -> pins_mod.Pins | None:
 
 
 def check_signature(report: Report, where: str, envelope: dict | None, public_key: Any,
-                    verify: Verifier | None) -> None:
+                    verify: Verifier | None) -> dict | None:
     """Issue 14 hook: with a signed in-toto test result (`envelope`) and its verifier
     (builder.attest.verify_test_result(envelope, public_key, digest)), the signature must hold for this
-    image and read PASSED. `envelope=None` and `verify=None` mean signing is not set up for this run."""
+    image and read PASSED; returns its predicate. `envelope=None` and `verify=None` (signing not set up) return None."""
     if envelope is None and verify is None:
-        return
+        return None
     if envelope is None or verify is None or public_key is None:
         raise _fail(where, "test result signature", "signing is set up but the signed test result,"
                     " its verifier or the public key is missing")
@@ -190,3 +190,4 @@ def check_signature(report: Report, where: str, envelope: dict | None, public_ke
         raise _fail(where, "test result signature", str(exc)) from None
     if predicate.get("result") != "PASSED":
         raise _fail(where, "test result signature", f"signed result is {show(predicate.get('result'))}")
+    return predicate

@@ -80,7 +80,7 @@ def _file_in_layer(reg: Registry, name: str, digest: str, path: str) -> bytes | 
 def verify(ref: str, public_key: Ed25519PublicKey, settings: Settings) -> Outcome:
     """Run every check; AttestationError names the first that fails."""
     host, name, digest = parse_reference(ref)
-    reg = Registry(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
+    reg = Registry.from_settings(host, settings)
     reg.ping()
     out = Outcome(reference=ref)
     found = referrers.discover(reg, name, digest)
