@@ -180,7 +180,7 @@ def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gat
     from dataclasses import replace
 
     from builder import accept as accept_mod
-    from builder import attest, staging
+    from builder import attest, dsse, staging
     from builder import report as report_mod
     from builder.errors import BadInput
 
@@ -206,9 +206,9 @@ def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gat
                                     image_manifest=_image_manifest(there, result.image_id))
     run_dir = _run_dir(out, pins.name, config)
     paths = report_mod.write(report, run_dir)
-    signing = attest.signer(key or config.signing_key)
-    if signing is not None:  # publish requires this signature over the acceptance result
-        attest.sign_acceptance(report, signing, run_dir)
+    key = key or config.signing_key
+    if key is not None:  # publish requires this signature over the acceptance result
+        attest.sign_acceptance(report, dsse.load_private(key), run_dir)
     _print_verdict(report, paths)
     return report, run_dir
 
