@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 # Start the Docker engine and the 127.0.0.1:5000 registry if they are not running (idempotent).
 setup: venv
-	$(PYTHON) -m builder.infra
+	$(PYTHON) -m builder.engine.infra
 
 # The demo base image (debootstrap + offline venv with CPU torch), cached by recipe hash.
 base: setup

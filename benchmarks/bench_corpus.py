@@ -2,7 +2,7 @@
 
     python benchmarks/bench_corpus.py [--subprocess N]
 
-In-process: each case through the real CLI (builder.usage.run_app), wall time and the peak of Python
+In-process: each case through the real CLI (builder.core.usage.run_app), wall time and the peak of Python
 allocations (tracemalloc). Then the named headline cases (alias bomb, 10,000 nested lists, a 20 MB
 value) and the N slowest cases again as `python -m builder.cli` subprocesses: wall time and the
 child's peak RSS (os.wait4), interpreter start-up included. Prints figures; asserts nothing.

@@ -95,8 +95,10 @@ def main() -> None:
                           check=True, capture_output=True, text=True).stdout.strip()
     work = Path(tempfile.mkdtemp(prefix="bench-export-"))
     os.environ["BUILDER_CACHE"] = str(work / "cache")
-    from builder import export, mirror, sources
-    from builder.options import Settings
+    from builder.core.options import Settings
+    from builder.sources import mirror
+    from builder.sources import resolve as sources
+    from builder.sources import treetar as export
 
     settings = Settings.from_env()
 

@@ -18,13 +18,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import basecontainer, lock, resolver  # noqa: E402
-from builder.options import Settings  # noqa: E402
+from builder import resolver  # noqa: E402
+from builder.core.options import Settings  # noqa: E402
+from builder.engine import basecontainer
+from builder.lock import lockfile as lock
 
 
 def requirements_of_pins(settings: Settings, pins_path: str) -> tuple[list[str], dict[str, str], Any]:
-    from builder import pins as pins_mod
-    from builder import sources
+    from builder.pins import model as pins_mod
+    from builder.sources import resolve as sources
 
     pins = pins_mod.load(pins_path)
     resolved = sources.resolve(pins, settings, allow_moved_pr=True)

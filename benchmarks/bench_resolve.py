@@ -71,8 +71,9 @@ def main() -> None:
     refspecs = [f"+refs/heads/{args.target}:refs/remotes/origin/{args.target}",
                 f"+refs/pull/{args.pr}/head:refs/remotes/origin/pr/{args.pr}"]
     work = Path(tempfile.mkdtemp(prefix="bench-resolve-"))
-    from builder import mirror, sources
-    from builder.options import Settings
+    from builder.core.options import Settings
+    from builder.sources import mirror
+    from builder.sources import resolve as sources
 
     if args.git_config:
         os.environ["BUILDER_GIT_CONFIG"] = str(args.git_config.resolve())

@@ -13,8 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import engine, host, layers, sqsh  # noqa: E402
-from builder.options import Settings  # noqa: E402
+from builder import sqsh  # noqa: E402
+from builder.core import files as fs
+from builder.core.options import Settings  # noqa: E402
+from builder.engine import client as engine
+from builder.release import sqsh_rootfs as layers
 
 DEFAULT = ["-comp lzo -noD", "-comp lzo -Xalgorithm lzo1x_1 -noD", "-comp zstd -Xcompression-level 1"]
 
@@ -42,7 +45,7 @@ def main() -> None:
                 sqsh.mksquashfs(rootfs, out, f"{opts} -processors {procs}", xattrs=False)
                 took = time.monotonic() - start
                 print(f"{opts:<40} -processors {procs}: {took:6.1f} s  {out.stat().st_size / 1e6:7.1f} MB  "
-                      f"sha256 {host.sha256_file(out)[:16]}")
+                      f"sha256 {fs.sha256_file(out)[:16]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

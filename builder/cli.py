@@ -11,11 +11,11 @@ from typing import Any, Optional, TypeVar
 
 import typer
 
-from builder import log
-from builder.errors import BadInput, BuilderError, InfraError, NotAccepted
-from builder.options import Settings
-from builder.pins import Pins
-from builder.records import BuiltImage, RenderedBuild, Report, ResolvedSources
+from builder.core import log
+from builder.core.errors import BadInput, BuilderError, InfraError, NotAccepted
+from builder.core.options import Settings
+from builder.core.records import BuiltImage, RenderedBuild, Report, ResolvedSources
+from builder.pins.model import Pins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Resolve, build, accept, report and publish a unified RL-stack image.")
@@ -43,7 +43,7 @@ def handled(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from builder import engine
+        from builder.engine import client as engine
 
         try:
             return func(*args, **kwargs)
@@ -67,8 +67,8 @@ def settings() -> Settings:
 
 def _load_and_resolve(pins_path: Path, config: Settings, offline: bool,
                       allow_moved_pr: bool) -> tuple[Pins, ResolvedSources]:
-    from builder import pins as pins_mod
-    from builder import sources
+    from builder.pins import model as pins_mod
+    from builder.sources import resolve as sources
 
     with log.step("load pins"):
         pins = pins_mod.load(pins_path)
@@ -79,14 +79,14 @@ def _load_and_resolve(pins_path: Path, config: Settings, offline: bool,
 
 
 def _render(pins: Pins, resolved: ResolvedSources, config: Settings) -> RenderedBuild:
-    from builder import render
+    from builder.image import render
 
     with log.step("render"):
         return render.render(pins, resolved, config)
 
 
 def _build(rendered: RenderedBuild, config: Settings, nocache: bool = False, quiet: bool = False) -> BuiltImage:
-    from builder import build
+    from builder.image import build
 
     with log.step("build"):
         return build.build(rendered, config, nocache=nocache, echo=not quiet)
@@ -102,7 +102,7 @@ def _run_dir(out: Optional[Path], name: str, config: Settings) -> Path:
 @handled
 def setup() -> None:
     """Start the Docker engine (network none) and the local registry, if not running."""
-    from builder import infra
+    from builder.engine import infra
 
     with log.step("setup engine and registry"):
         typer.echo(json.dumps(infra.ensure_all(settings()), indent=2))
@@ -128,8 +128,8 @@ def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: b
            ) -> None:
     """Print the Dockerfile; build nothing (the context is assembled but not sent)."""
     if pins_only:
-        from builder import pins as pins_mod
-        from builder import render as render_mod
+        from builder.image import render as render_mod
+        from builder.pins import model as pins_mod
 
         sys.stdout.write(render_mod.render_dockerfile(pins_mod.load(pins_path), None))
         return
@@ -179,10 +179,11 @@ def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gat
     digest to the staging repository and acceptance pulls that digest. Returns (report, run directory)."""
     from dataclasses import replace
 
-    from builder import accept as accept_mod
-    from builder import attest, dsse, staging
-    from builder import report as report_mod
-    from builder.errors import BadInput
+    from builder.accept import gates as accept_mod
+    from builder.core.errors import BadInput
+    from builder.engine import staging
+    from builder.release import attest, dsse
+    from builder.report import document as report_mod
 
     pins, resolved = _load_and_resolve(pins_path, config, offline, allow_moved_pr)
     engine_url = engine_url or pins.acceptance.engine
@@ -195,7 +196,7 @@ def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gat
             built.staged = image = staging.push(built.manifest_digest, repo, pins.base.name, config)
     with log.step("acceptance"):
         if "@sha256:" in image:
-            result = staging.accept_staged(image, pins, built.image_id if built else None, engine_url,
+            result = accept_mod.accept_staged(image, pins, built.image_id if built else None, engine_url,
                                            gates or None, timeout, config)
         elif engine_url:
             raise BadInput("--engine: expected --image REPOSITORY@sha256:<digest> (another engine pulls by digest)")
@@ -215,8 +216,8 @@ def _accept_and_report(config: Settings, pins_path: Path, image: str | None, gat
 
 def _image_manifest(config: Settings, image_id: str) -> dict[str, Any] | None:
     """/opt/delivery/manifest.json of the image, for the report's run manifest."""
-    from builder import engine
-    from builder.constants import MANIFEST
+    from builder.core.constants import MANIFEST
+    from builder.engine import client as engine
 
     data = engine.read_file(engine.connect(config), image_id, MANIFEST)
     return json.loads(data) if data else None
@@ -240,7 +241,7 @@ def lock_cmd(pins_path: Path = PinsArg,
              offline: bool = Offline, allow_moved_pr: bool = AllowMoved) -> None:
     """Write the pins' lock (every wheel to build and run the three components offline, sha256-pinned)
     and fill the wheelhouse; with --check, only verify it."""
-    from builder import lock as lock_mod
+    from builder.lock import lockfile as lock_mod
 
     result = lock_mod.lock(pins_path, settings(), check=check, offline=offline, resolver_name=resolver,
                            build_sdists=build_sdists, allow_moved_pr=allow_moved_pr)
@@ -254,8 +255,8 @@ def lock_cmd(pins_path: Path = PinsArg,
 def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a run"),
                fmt: str = typer.Option("md", "--format", help="md | json | junit | ctrf")) -> None:
     """Print a stored report as Markdown, JSON or JUnit XML."""
-    from builder import report as report_mod
-    from builder.errors import BadInput
+    from builder.core.errors import BadInput
+    from builder.report import document as report_mod
 
     report = report_mod.load(report_json)
     if fmt == "json":
@@ -263,7 +264,7 @@ def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a ru
     elif fmt == "junit":
         typer.echo(report_mod.to_junit(report))
     elif fmt == "ctrf":
-        from builder.ctrf import to_ctrf
+        from builder.report.ctrf import to_ctrf
 
         typer.echo(json.dumps(to_ctrf(report), indent=2))
     elif fmt == "md":
@@ -278,7 +279,7 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
             image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)"),
             key: Optional[Path] = SigningKey) -> None:
     """Tag and push an ACCEPTED image, verify the digest the registry serves, attach signed attestations."""
-    from builder import publish as publish_mod
+    from builder.release import publish as publish_mod
 
     with log.step("publish"):
         receipt = publish_mod.publish(report_json, settings(), image=image, signing_key=key)
@@ -293,7 +294,7 @@ def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an 
                     None, "--squash-options", help="mksquashfs compression (default $BUILDER_SQUASH_OPTIONS "
                                                    "or enroot's '-comp lzo -noD')")) -> None:
     """Write the accepted image as an enroot .sqsh, check it file by file, smoke it, record it in the report."""
-    from builder import sqsh
+    from builder.release import sqsh
 
     with log.step("export .sqsh"):
         record = sqsh.export(report_json, settings(), out=out, squash_options=squash_options)
@@ -305,7 +306,7 @@ def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an 
 def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose image to reproduce")) -> None:
     """Rebuild from the pins alone with no cache; exit 0 when the digests are the same, 1 with a
     per-layer file diff (also written into the report) when not."""
-    from builder import rebuild as rebuild_mod
+    from builder.release import rebuild as rebuild_mod
 
     result = rebuild_mod.check(check, settings())
     typer.echo(json.dumps(result, indent=2))
@@ -325,7 +326,7 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
         nocache: bool = typer.Option(False, "--nocache", help="build every layer again")) -> None:
     """Resolve, build, stage by digest, accept the pulled digest, report, and promote it when asked.
     Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
-    from builder import publish as publish_mod
+    from builder.release import publish as publish_mod
 
     if sqsh and not publish:
         raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
@@ -342,7 +343,7 @@ def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publis
     if report.build is not None:
         typer.echo(f"manifest digest: {report.build.manifest_digest}")
     if sqsh:
-        from builder import sqsh as sqsh_mod
+        from builder.release import sqsh as sqsh_mod
 
         with log.step("export .sqsh"):
             record = sqsh_mod.export(run_dir / "report.json", config)
@@ -356,7 +357,7 @@ def keygen(private: Path = typer.Argument(..., help="private key file to write (
            public: Optional[Path] = typer.Option(None, "--public", help="public key file (default: PRIVATE.pub)"),
            ) -> None:
     """Write an ed25519 key pair for signing attestations; prints the public key path and key ID."""
-    from builder import dsse
+    from builder.release import dsse
 
     public = public or private.with_name(private.name + ".pub")
     kid = dsse.keygen(private, public)
@@ -369,8 +370,8 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
            key: Path = typer.Option(..., "--key", help="ed25519 public key (PEM) the attestations must be signed with"),
            ) -> None:
     """Check the signed attestations of a published image. Exit 0 all pass, 1 naming the first failed check."""
-    from builder import attest, dsse
-    from builder import verify as verify_mod
+    from builder.release import attest, dsse
+    from builder.release import verify as verify_mod
 
     public = dsse.load_public(key)
     try:
@@ -392,7 +393,7 @@ def nightly(pins_path: Path = PinsArg,
             key: Optional[Path] = SigningKey) -> None:
     """Rebuild and accept, then diff with the last accepted run of the same pins name.
     Exit codes as `run`, plus 4 when accepted but a regression flag is up."""
-    from builder import nightly as nightly_mod
+    from builder.nightly import follow as nightly_mod
 
     config = settings()
 
@@ -406,7 +407,7 @@ def nightly(pins_path: Path = PinsArg,
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; a usage error (unknown option, missing argument) is one `error:` line, exit 2."""
-    from builder.usage import run_app
+    from builder.core.usage import run_app
 
     sys.exit(run_app(app, argv))
 

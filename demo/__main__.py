@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import sys
 
-from builder import cli, log
-from builder.errors import BuilderError
-from builder.options import Settings
+from builder import cli
+from builder.core import log
+from builder.core.errors import BuilderError
+from builder.core.options import Settings
 
 
 def main(argv: list[str]) -> int:

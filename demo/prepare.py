@@ -11,8 +11,9 @@ from typing import Any
 import pygit2
 import yaml
 
-from builder import infra, log
-from builder.options import Settings
+from builder.core import log
+from builder.core.options import Settings
+from builder.engine import infra
 from demo import baseimage
 from demo.make_stack import make_stack
 
@@ -71,7 +72,7 @@ def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = N
 
 def signing_key(settings: Settings) -> Path:
     """$BUILDER_SIGNING_KEY, else the demo key pair in the cache (made once, private key mode 0600)."""
-    from builder import dsse
+    from builder.release import dsse
 
     if settings.signing_key is not None:
         return settings.signing_key

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from builder.options import Settings
+from builder.core.options import Settings
 
 SETTINGS = Settings.from_env()
 
@@ -27,8 +27,8 @@ def _docker_unavailable(reason: str):
 @pytest.fixture(scope="session")
 def docker_client():
     """A docker SDK client that answered ping (skip/fail as above otherwise)."""
-    from builder import engine
-    from builder.errors import InfraError
+    from builder.core.errors import InfraError
+    from builder.engine import client as engine
 
     try:
         return engine.connect(SETTINGS)
@@ -46,7 +46,7 @@ def _docker_marker(request):
 @pytest.fixture(scope="session")
 def infra_setup(docker_client):
     """Engine + registry running (idempotent `builder setup`); the dict of what was found/started."""
-    from builder import infra
+    from builder.engine import infra
 
     return infra.ensure_all(SETTINGS)
 
@@ -72,8 +72,8 @@ def report_inputs(tmp_path_factory):
 
     import yaml
 
-    from builder import pins as pins_mod
-    from builder.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
+    from builder.core.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
+    from builder.pins import model as pins_mod
 
     pins_dir = Path(__file__).resolve().parent.parent / "pins"
     data = yaml.safe_load((pins_dir / "demo.yaml").read_text())
@@ -154,8 +154,9 @@ def demo_pins(docker_client):
 
 
 def _resolve_render_build(pins_path):
-    from builder import build, render, sources
-    from builder import pins as pins_mod
+    from builder.image import build, render
+    from builder.pins import model as pins_mod
+    from builder.sources import resolve as sources
 
     pins = pins_mod.load(pins_path)
     resolved = sources.resolve(pins, SETTINGS)
@@ -186,7 +187,7 @@ def build_variant(demo_pins, tmp_path_factory):
 
     yield build
     # defect variants are never accepted: leave no tag of theirs in the publish namespace
-    from builder import engine
+    from builder.engine import client as engine
 
     client = engine.connect(SETTINGS)
     for image in built.values():
@@ -200,7 +201,7 @@ def build_variant(demo_pins, tmp_path_factory):
 @pytest.fixture(scope="session")
 def demo_accepted(demo_image):
     """(pins, sources, built, AcceptanceResult) of all four gates run on the demo image."""
-    from builder import accept
+    from builder.accept import gates as accept
 
     pins, resolved, _, built = demo_image
     return pins, resolved, built, accept.accept(built.image_id, pins, SETTINGS)
@@ -226,7 +227,7 @@ def second_engine(docker_client):
 @pytest.fixture(scope="session")
 def staged_demo(demo_image):
     """The demo image pushed by digest to its staging repository: `<staging>@<manifest digest>`."""
-    from builder import staging
+    from builder.engine import staging
 
     pins, _, _, built = demo_image
     repo = staging.staging_repository(pins.image.repository, pins.image.staging)
@@ -267,7 +268,7 @@ def run_id(docker_client):
     """The label value of one test's acceptance containers; all of them are gone afterwards."""
     import uuid
 
-    from builder import accept
+    from builder.accept import gates as accept
 
     value = f"test-{uuid.uuid4().hex[:10]}"
     yield value

@@ -487,10 +487,10 @@ def usage_cases() -> list[Case]:
 # ---------------------------------------------------------------- 8. edited reports
 
 def accepted_report(folder: Path) -> tuple[dict, Path]:
-    """An ACCEPTED report.json (as builder.report writes it) for a pins file in `folder`."""
-    from builder import pins as pins_mod
-    from builder import report as report_mod
-    from builder.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
+    """An ACCEPTED report.json (as builder.report.document writes it) for a pins file in `folder`."""
+    from builder.core.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
+    from builder.pins import model as pins_mod
+    from builder.report import document as report_mod
 
     pins = pins_mod.load(_write_pins(folder, DEMO_TEXT, "pins.yaml"))
     image = "sha256:" + "ab" * 32
@@ -641,8 +641,10 @@ class RegistryCalled(AssertionError):
 
 
 def run_in_process(argv: list[str], calls: list[str]) -> Outcome:
-    """The real CLI (builder.usage.run_app), output captured; registry and engine replaced by tripwires."""
-    from builder import cli, engine, publish
+    """The real CLI (builder.core.usage.run_app), output captured; registry and engine replaced by tripwires."""
+    from builder import cli
+    from builder.engine import client as engine
+    from builder.release import publish
 
     class Tripwire:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -659,7 +661,7 @@ def run_in_process(argv: list[str], calls: list[str]) -> Outcome:
     crashed = ""
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            from builder.usage import run_app
+            from builder.core.usage import run_app
 
             code = run_app(cli.app, argv)
     except RegistryCalled:

@@ -5,10 +5,10 @@ import tarfile
 
 import pytest
 
-from builder import accept
-from builder.constants import GATES
-from builder.options import Settings
-from builder.pins import Mount
+from builder.accept import gates as accept
+from builder.core.constants import GATES
+from builder.core.options import Settings
+from builder.pins.model import Mount
 
 SETTINGS = Settings.from_env()
 
@@ -187,7 +187,7 @@ def test_ctrl_c_removes_the_container(demo_image, docker_client, monkeypatch, ru
 
 
 def test_unknown_gate_is_bad_input(demo_image, docker_client, run_id):
-    from builder.errors import BadInput
+    from builder.core.errors import BadInput
 
     pins, _, _, built = demo_image
     with pytest.raises(BadInput, match="--gate"):
@@ -197,7 +197,7 @@ def test_unknown_gate_is_bad_input(demo_image, docker_client, run_id):
 def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image, docker_client, run_id):
     """A planted defect in the recipe: the control env still selects batch invariance ("on" is
     non-zero), so the control run also shows diff 0 and the suite cannot tell the arms apart."""
-    from builder import report
+    from builder.report import document as report
 
     pins, resolved, _, built = demo_image
     broken = _with(pins, recipe=_with(pins.recipe, control_env={"DEMO_BATCH_INVARIANT": "on"}))

@@ -6,10 +6,11 @@ import json
 import docker
 import pytest
 
-from builder import accept, report
-from builder import pins as pins_mod
-from builder.constants import GATES
-from builder.options import Settings
+from builder.accept import gates as accept
+from builder.core.constants import GATES
+from builder.core.options import Settings
+from builder.pins import model as pins_mod
+from builder.report import document as report
 
 pytestmark = pytest.mark.docker
 

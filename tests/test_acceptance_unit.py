@@ -357,8 +357,8 @@ def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path):
 
 
 def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned():
-    from builder import accept as host
-    from builder import pins as pins_mod
+    from builder.accept import gates as host
+    from builder.pins import model as pins_mod
 
     pins = pins_mod.load(ROOT / "pins" / "demo.yaml")
     spec = host._container_spec(pins, "sha256:" + "ab" * 32, "rl_step", host.gate_settings(pins, "rl_step"), "r1")
@@ -378,8 +378,8 @@ def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned():
 
 
 def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins():
-    from builder import accept as host
-    from builder import pins as pins_mod
+    from builder.accept import gates as host
+    from builder.pins import model as pins_mod
 
     pins = pins_mod.load(ROOT / "pins" / "nemotron-3.5-lightning.yaml")
     settings = host.gate_settings(pins, "rl_step")

@@ -6,15 +6,32 @@ from pathlib import Path
 
 import pytest
 
-from builder import records
+from builder.core import records
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILDER = ROOT / "builder"
-IN_IMAGE = BUILDER / "image_scripts"  # stdlib scripts copied into the image, not imported by the tool
+IN_IMAGE = BUILDER / "image" / "scripts"  # stdlib scripts copied into the image, not imported by the tool
+
+
+# The stage packages, lowest first: a module may import only from its own package or from one listed
+# before it. cli and pipeline are the two top-level modules above every package.
+ORDER = ("core", "pins", "engine", "sources", "lock", "image", "accept", "report", "release", "nightly",
+         "pipeline", "cli")
 
 
 def modules() -> dict[str, Path]:
-    return {f"builder.{p.stem}": p for p in sorted(BUILDER.glob("*.py")) if p.stem != "__init__"}
+    found = {}
+    for path in sorted(BUILDER.rglob("*.py")):
+        if IN_IMAGE in path.parents or path.name == "__init__.py" and path.parent == BUILDER:
+            continue
+        rel = path.relative_to(BUILDER).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        found["builder." + ".".join(parts)] = path
+    return found
+
+
+def package(module: str) -> str:
+    return module.split(".")[1]
 
 
 def imports(path: Path) -> set[str]:
@@ -55,6 +72,32 @@ def test_builder_import_graph_has_no_circles():
     assert cycles == []
 
 
+def test_every_module_lives_in_a_listed_package():
+    assert sorted({package(m) for m in modules()} - set(ORDER)) == []
+    assert sorted(p.name for p in BUILDER.glob("*.py")) == ["__init__.py", "__main__.py", "cli.py", "pipeline.py"]
+
+
+def test_packages_import_only_downwards():
+    """No arrow climbs: a module imports its own package or a package listed before it in ORDER."""
+    rank = {name: i for i, name in enumerate(ORDER)}
+    climbs = sorted(f"{src} -> {dst}" for src, dsts in graph().items() for dst in dsts
+                    if rank[package(dst)] > rank[package(src)])
+    assert climbs == []
+
+
+def test_imports_sit_at_module_top_unless_marked_lazy():
+    """An import inside a function hides an edge; the few kept lazy (heavy libraries, start-up time) say why."""
+    hidden = []
+    for name, path in modules().items():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    if isinstance(inner, (ast.Import, ast.ImportFrom)) and "lazy:" not in lines[inner.lineno - 1]:
+                        hidden.append(f"{name}:{inner.lineno}")
+    assert hidden == []
+
+
 def test_no_production_module_imports_demo_code():
     offenders = {name: sorted(i for i in imports(path) if i == "demo" or i.startswith("demo."))
                  for name, path in modules().items()}
@@ -68,14 +111,14 @@ def test_only_options_reads_the_environment():
             if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and \
                     isinstance(node.value, ast.Name) and node.value.id == "os":
                 readers.append(name)
-    assert set(readers) <= {"builder.options", "builder.host"}, readers  # host passes env to apt-get only
-    host = (BUILDER / "host.py").read_text()
-    assert "os.environ.get" not in host and "os.getenv" not in host
+    assert set(readers) <= {"builder.core.options", "builder.core.commands"}, readers  # commands pass env to apt-get only
+    commands = (BUILDER / "core" / "commands.py").read_text()
+    assert "os.environ.get" not in commands and "os.getenv" not in commands
 
 
 def test_package_data_only_through_resources():
     offenders = [name for name, path in modules().items()
-                 if "__file__" in path.read_text() and name not in ("builder.options", "builder.resources")]
+                 if "__file__" in path.read_text() and name not in ("builder.core.options", "builder.core.resources")]
     assert offenders == []
 
 
@@ -85,7 +128,7 @@ SHARED = ("COMPONENTS", "GATES", "CACHE_ENV", "CACHE_ENV_VARS", "SOURCE_DATE_EPO
 
 def test_each_shared_constant_is_defined_once():
     where: dict[str, list[str]] = {}
-    files = list(BUILDER.glob("*.py")) + list((ROOT / "acceptance").glob("*.py"))
+    files = list(modules().values()) + list((ROOT / "acceptance").glob("*.py"))
     for path in files:
         for node in ast.parse(path.read_text()).body:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
@@ -101,7 +144,7 @@ def test_design_md_record_tables_match_the_records():
     match = re.search(r"<!-- records:begin -->\n(.*?)<!-- records:end -->", text, re.S)
     assert match, "DESIGN.md lacks the generated records section"
     assert match.group(1).strip() == records.design_tables().strip(), \
-        "DESIGN.md is stale: regenerate with `python -m builder.records`"
+        "DESIGN.md is stale: regenerate with `python -m builder.core.records`"
 
 
 def test_design_md_names_only_functions_that_exist():
@@ -109,13 +152,13 @@ def test_design_md_names_only_functions_that_exist():
     import importlib
 
     text = (ROOT / "DESIGN.md").read_text()
-    stems = {name.split(".", 1)[1] for name in modules()}
+    stems = {name.split(".")[-1]: name for name in modules()}
     named = {(m, f) for m, f in re.findall(r"\b(\w+)\.(\w+)\(", text) if m in stems}
     assert len(named) >= 7
     missing = []
     for module, func in sorted(named):
         try:
-            mod = importlib.import_module(f"builder.{module}")
+            mod = importlib.import_module(stems[module])
         except ModuleNotFoundError:
             missing.append(f"{module}.{func}")
             continue

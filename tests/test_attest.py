@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import attest, dsse, sbom
-from builder.errors import BadInput
+from builder.core.errors import BadInput
+from builder.release import attest, dsse, sbom
 
 DIGEST = "sha256:" + "12" * 32
 OTHER = "sha256:" + "34" * 32
@@ -27,7 +27,7 @@ def keys(tmp_path_factory):
 @pytest.fixture
 def records(report_inputs):
     """A report of pins/demo.yaml whose recorded sha256 is the file's (as a real run records it)."""
-    from builder import report as report_mod
+    from builder.report import document as report_mod
 
     def make(**kwargs):
         pins, sources, built, result = report_inputs(**kwargs)
@@ -84,7 +84,7 @@ def test_statements_carry_the_required_fields(records):
     for name, comp in report.sources.components.items():
         assert deps[name]["digest"] == {"gitCommit": comp.commit, "gitTree": comp.tree}
     assert deps["base"]["digest"] == {"sha256": "cd" * 32}
-    from builder.wheels import read_lock
+    from builder.lock.wheels import read_lock
 
     locked = read_lock(pins.lock_path())[1]
     assert locked, "the demo lock pins wheels"
@@ -107,7 +107,7 @@ def test_test_result_failed_unless_accepted_and_warned_gates(records):
 
 
 def test_pins_changed_since_the_run_is_refused(records, tmp_path):
-    from builder.errors import PublishError
+    from builder.core.errors import PublishError
 
     pins, report = records()
     copy = tmp_path / "demo.yaml"
@@ -153,7 +153,7 @@ def test_no_key_means_not_attested(capsys):
 
 
 def signed_run(records, keys, tmp_path, signer="a", **kwargs):
-    from builder import report as report_mod
+    from builder.report import document as report_mod
 
     pins, report = records(**kwargs)
     paths = report_mod.write(report, tmp_path)
@@ -162,7 +162,7 @@ def signed_run(records, keys, tmp_path, signer="a", **kwargs):
 
 
 def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path):
-    from builder import publish
+    from builder.release import publish
 
     report, path = signed_run(records, keys, tmp_path)
     assert report.verdict == "ACCEPTED"
@@ -172,8 +172,8 @@ def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path):
 
 @pytest.mark.parametrize("tamper", ["another key", "missing", "another image", "edited report", "not accepted"])
 def test_publish_refuses_without_a_valid_signed_acceptance(records, keys, tmp_path, tamper):
-    from builder import publish
-    from builder.errors import PublishError
+    from builder.core.errors import PublishError
+    from builder.release import publish
 
     report, path = signed_run(records, keys, tmp_path, signer="b" if tamper == "another key" else "a",
                               **({"statuses": {"rl_step": "fail"}} if tamper in ("edited report", "not accepted")

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import build, dockerfile, engine, render, sources
-from builder import pins as pins_mod
-from builder.constants import COMPONENTS
-from builder.errors import BuildFailed, InfraError
-from builder.options import PACKAGE, Settings
+from builder.core.constants import COMPONENTS
+from builder.core.errors import BuildFailed, InfraError
+from builder.core.options import PACKAGE, Settings
+from builder.engine import client as engine
+from builder.image import build, dockerfile, render
+from builder.pins import model as pins_mod
+from builder.sources import resolve as sources
 from demo.prepare import variant_pins
 
 SETTINGS = Settings.from_env()

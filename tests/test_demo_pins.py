@@ -1,7 +1,7 @@
 """pins/demo.yaml pins exactly the PR heads the demo generator publishes."""
 from pathlib import Path
 
-from builder import pins as pins_mod
+from builder.pins import model as pins_mod
 from demo.make_stack import make_stack
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from builder import export
-from builder.errors import BadInput
+from builder.core.errors import BadInput
+from builder.sources import treetar as export
 
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_AUTHOR_DATE": "2024-02-03T04:05:06Z",

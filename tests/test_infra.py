@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import host, infra, wheels
-from builder.errors import BadInput
-from builder.options import Settings
+from builder.core import files as fs
+from builder.core.errors import BadInput
+from builder.core.options import Settings
+from builder.engine import infra
+from builder.lock import wheels
 from demo import baseimage
 from demo.prepare import write_local_pins
 
@@ -83,14 +85,14 @@ def test_demo_lock_wheels_verified():
     target = wheels.Target.from_base("3.11", "linux/amd64")
     house = wheels.ensure_wheels(lock, target, SETTINGS)
     entries = wheels.parse_lock(lock.read_text())
-    hashes = {host.sha256_file(p) for p in house.iterdir() if p.is_file()}
+    hashes = {fs.sha256_file(p) for p in house.iterdir() if p.is_file()}
     for entry in entries:
         assert hashes & set(entry.hashes), entry.name
     assert wheels.ensure_wheels(lock, target, SETTINGS) == house  # reused
 
 
 def test_local_demo_pins_carry_the_digest_and_leave_the_example_alone(tmp_path):
-    from builder import pins as pins_mod
+    from builder.pins import model as pins_mod
     from demo.prepare import PINS
 
     before = PINS.read_text()

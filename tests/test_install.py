@@ -40,8 +40,8 @@ def test_wheel_carries_templates_scripts_schema_and_suite(installed):
     import zipfile
 
     names = set(zipfile.ZipFile(installed[1]).namelist())
-    for needed in ("builder/dockerfiles/unified.Dockerfile.j2", "builder/dockerfiles/unified/_build_stage.j2",
-                   "builder/image_scripts/install.py", "builder/schema/pins.schema.json", "acceptance/__main__.py"):
+    for needed in ("builder/image/templates/unified.Dockerfile.j2", "builder/image/templates/unified/_build_stage.j2",
+                   "builder/image/scripts/install.py", "builder/pins/schema/pins.schema.json", "acceptance/__main__.py"):
         assert needed in names, needed
     assert not any(n.startswith(("demo/", "tests/")) for n in names)
 

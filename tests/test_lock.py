@@ -8,8 +8,10 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from builder import lock, scmversion, wheels
-from builder.errors import BadInput
+from builder.core.errors import BadInput
+from builder.lock import lockfile as lock
+from builder.lock import wheels
+from builder.sources import scmversion
 
 SIG = pygit2.Signature("Test", "test@example.invalid", 1735725600, 0)
 PROJECT = Path(__file__).resolve().parent.parent
@@ -171,8 +173,10 @@ def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked):
 
 @pytest.mark.docker
 def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked, docker_client, settings):
-    from builder import build, engine, render, sources
-    from builder import pins as pins_mod
+    from builder.engine import client as engine
+    from builder.image import build, render
+    from builder.pins import model as pins_mod
+    from builder.sources import resolve as sources
 
     pins = pins_mod.load(hatch_locked[0])
     resolved = sources.resolve(pins, settings)
@@ -233,7 +237,7 @@ def test_static_project_metadata_needs_no_build_but_dynamic_does():
 
 @pytest.mark.docker
 def test_target_is_read_from_the_base_and_checked_against_the_pins(base_image, settings):
-    from builder import basecontainer
+    from builder.engine import basecontainer
 
     base = basecontainer.read_base(settings, base_image, "/opt/venv/bin/python", "3.11", "linux/amd64")
     assert (base.python, base.abi, base.glibc[0]) == ("3.11", "cp311", 2) and "torch" in base.dists

@@ -3,9 +3,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder import lock
-from builder.basecontainer import BaseInfo
-from builder.errors import BadInput
+from builder.core.errors import BadInput
+from builder.engine.basecontainer import BaseInfo
+from builder.lock import lockfile as lock
 
 BASE = BaseInfo(image="b", python="3.11", abi="cp311", machine="x86_64", glibc=(2, 36),
                 dists={"torch": "2.13.0+cpu", "numpy": "2.1.0"})

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import attest, dsse, referrers
-from builder.registry import Registry, put_manifest, split_repository
+from builder.engine.registry import Registry, put_manifest, split_repository
+from builder.release import attest, dsse, referrers
 from demo.prepare import add_pr_commit, variant_pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +47,7 @@ def world(demo_pins, settings, tmp_path_factory):
     host, name = split_repository(repository)
     yield {"out": out, "pins": pins, "repository": repository, "reg": Registry(host), "name": name,
            "digest": report["publish"]["digest"], "report": report}
-    from builder import engine
+    from builder.engine import client as engine
 
     client = engine.connect(settings)
     for image in client.images.list(name=repository):

@@ -6,7 +6,8 @@ import io
 import json
 import tarfile
 
-from builder import normalize, rebuild
+from builder.engine import normalize
+from builder.release import rebuild
 
 EPOCH = 1735912800  # 2025-01-03T14:00:00Z
 

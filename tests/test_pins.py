@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder import pins
-from builder.errors import BadInput
+from builder.core.errors import BadInput
+from builder.pins import model as pins
 
 ROOT = Path(__file__).resolve().parent.parent
 SHA = "a" * 40
@@ -125,7 +125,7 @@ def test_yaml_exponent_without_dot_is_a_float(pins_dir):
 def test_recipe_command_formats_hydra_overrides(pins_dir):
     """The argv the suite runs in the image (acceptance.recipe.command) from the pins' gate settings."""
     from acceptance import recipe
-    from builder.accept import gate_settings
+    from builder.accept.gates import gate_settings
 
     p = pins.load(write(pins_dir, GOOD))
     settings = dict(gate_settings(p, "rl_step"), overrides={**p.recipe.overrides, "+x.flag": True})
@@ -417,7 +417,7 @@ def test_several_errors_are_counted_on_one_line(pins_dir):
 
 def test_cli_exits_2_on_bad_file(pins_dir):
     path = write(pins_dir, with_value("components.vllm.commit", "abc123"))
-    run = subprocess.run([sys.executable, "-m", "builder.pins", str(path)], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "builder.pins.model", str(path)], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 2
     assert run.stderr.strip() == f"error: {path}: components.vllm.commit: expected a full 40-hex commit SHA, got 'abc123'"
 
@@ -454,12 +454,12 @@ def test_demo_pins_validate_in_place():
 @pytest.mark.parametrize("name", ["demo.yaml", "nemotron-3.5-lightning.yaml"])
 def test_pins_files_point_at_the_schema(name):
     first = (ROOT / "pins" / name).read_text().splitlines()[0]
-    assert first == "# yaml-language-server: $schema=../builder/schema/pins.schema.json"
+    assert first == "# yaml-language-server: $schema=../builder/pins/schema/pins.schema.json"
 
 
 def test_committed_schema_is_up_to_date():
     committed = (ROOT / "builder" / "schema" / "pins.schema.json").read_text()
-    assert committed == pins.schema_json(), "run: python -m builder.pins --schema > builder/schema/pins.schema.json"
+    assert committed == pins.schema_json(), "run: python -m builder.pins.model --schema > builder/pins/schema/pins.schema.json"
 
 
 def test_schema_refuses_unknown_keys():

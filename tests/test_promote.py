@@ -5,11 +5,12 @@ import time
 
 import pytest
 
-from builder import pins as pins_mod
-from builder import publish, staging
-from builder import report as report_mod
-from builder.errors import PublishError
-from builder.registry import Registry, split_repository
+from builder.core.errors import PublishError
+from builder.engine import staging
+from builder.engine.registry import Registry, split_repository
+from builder.pins import model as pins_mod
+from builder.release import publish
+from builder.report import document as report_mod
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS
 

@@ -15,10 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from builder import publish, report
-from builder.errors import BadInput, InfraError, PublishError
-from builder.options import Settings
-from builder.registry import MANIFEST_TYPES, Registry, verify_tag
+from builder.core.errors import BadInput, InfraError, PublishError
+from builder.core.options import Settings
+from builder.engine.registry import MANIFEST_TYPES, Registry, verify_tag
+from builder.release import publish
+from builder.report import document as report
 
 SETTINGS = Settings.from_env()
 
@@ -237,7 +238,7 @@ def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs, tmp_pa
     forged = rep.model_copy(update={"verdict": "ACCEPTED", "reasons": []})
     paths["json"].write_text(forged.model_dump_json())
     with pytest.raises(BadInput, match="acceptance.gates.control: required gate reads not run"):
-        publish.publish(paths["json"], SETTINGS)  # builder/trust.py: exit 2, before any registry call
+        publish.publish(paths["json"], SETTINGS)  # builder/release/trust.py: exit 2, before any registry call
 
 
 @pytest.mark.docker

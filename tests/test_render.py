@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import dockerfile, render, sources, wheels
-from builder import pins as pins_mod
-from builder.constants import SOURCE_DATE_EPOCH
-from builder.errors import BadInput
-from builder.options import Settings
+from builder.core.constants import SOURCE_DATE_EPOCH
+from builder.core.errors import BadInput
+from builder.core.options import Settings
+from builder.image import dockerfile, render
+from builder.lock import wheels
+from builder.pins import model as pins_mod
+from builder.sources import resolve as sources
 from demo.make_stack import make_stack
 from demo.prepare import variant_pins, write_local_pins
 
@@ -139,7 +141,8 @@ def test_context_is_normalised_sorted_and_complete(rendered):
     # the export of each component at its commit, re-rooted under src/<name>/
     for name in ("vllm", "megatron", "verl"):
         exported = {k[len(f"src/{name}/"):]: v for k, v in contents(built.context_path, f"src/{name}/").items()}
-        from builder import export, mirror
+        from builder.sources import mirror
+        from builder.sources import treetar as export
         comp = resolved.components[name]
         expected = export.file_manifest(mirror.open_mirror(SETTINGS, comp.url), comp.commit)
         assert exported == expected

@@ -4,9 +4,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from builder import report
-from builder.errors import BadInput
-from builder.render import sha_tag
+from builder.core.errors import BadInput
+from builder.image.render import sha_tag
+from builder.report import document as report
 
 
 def make(report_inputs, manifest=None, **kwargs):
@@ -63,7 +63,7 @@ def test_gate_not_required_does_not_block_but_shows(report_inputs):
 
 
 def test_empty_required_gates_is_not_accepted(report_inputs):
-    from builder.errors import BadInput
+    from builder.core.errors import BadInput
 
     with pytest.raises(BadInput, match="acceptance.required_gates"):  # the pins refuse it first
         report_inputs(required=[])

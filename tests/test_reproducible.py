@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from builder import engine, normalize, rebuild, staging
-from builder import report as report_mod
-from builder.registry import Registry, split_repository
+from builder.engine import client as engine
+from builder.engine import normalize, staging
+from builder.engine.registry import Registry, split_repository
+from builder.release import rebuild
+from builder.report import document as report_mod
 from tests.conftest import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from builder.options import Settings
-from builder.registry import Registry, split_repository
-from builder.render import sha_tag
+from builder.core.options import Settings
+from builder.engine.registry import Registry, split_repository
+from builder.image.render import sha_tag
 from demo.prepare import variant_pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def untag():
     """Image refs to untag after the test (never-accepted variants leave no tag behind)."""
     refs = []
     yield refs
-    from builder import engine
+    from builder.engine import client as engine
 
     client = engine.connect(Settings.from_env())
     for ref in refs:
@@ -73,7 +73,7 @@ def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins, tmp_path, unt
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["verdict"] == "NOT ACCEPTED" and report["publish"] is None
     assert {g["name"]: g["status"] for g in report["gates"]}["zero_update"] == "fail"
-    from builder import pins as pins_mod
+    from builder.pins import model as pins_mod
 
     pins = pins_mod.load(pins_path)
     untag.append(f"{pins.image.repository}:{sha_tag(pins)}")

@@ -4,13 +4,14 @@ import json
 
 import pytest
 
-from builder import ctrf, rundiff
-from builder.history import History
+from builder.nightly import rundiff
+from builder.nightly.history import History
+from builder.report import ctrf
 
 
 @pytest.fixture
 def reports(report_inputs):
-    from builder import report as report_mod
+    from builder.report import document as report_mod
 
     def make(ratio=1.0, statuses=None, image_id="sha256:" + "ab" * 32):
         pins, sources, built, result = report_inputs(statuses=statuses, image_id=image_id)

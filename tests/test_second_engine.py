@@ -11,7 +11,8 @@ from pathlib import Path
 import docker
 import pytest
 
-from builder import build, engine
+from builder.engine import client as engine
+from builder.image import build
 from tests.conftest import SETTINGS
 
 ROOT = Path(__file__).resolve().parent.parent

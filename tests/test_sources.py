@@ -10,10 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder import mirror, sources
-from builder.constants import COMPONENTS
-from builder.errors import BadInput, InfraError
-from builder.options import Settings
+from builder.core.constants import COMPONENTS
+from builder.core.errors import BadInput, InfraError
+from builder.core.options import Settings
+from builder.sources import mirror
+from builder.sources import resolve as sources
 
 SETTINGS = Settings.from_env()
 
@@ -78,7 +79,7 @@ def pin(commit, pr=7, target="main"):
 
 
 def pins_for(url, commit, tmp_path, pr=7):
-    """Stand-in with the attributes resolve() reads from builder.pins.Pins."""
+    """Stand-in with the attributes resolve() reads from builder.pins.model.Pins."""
     comps = {n: pin(commit, pr) for n in COMPONENTS}
     return SimpleNamespace(components=comps, component_url=lambda name: url, path=tmp_path / "pins.yaml",
                            sha256="0" * 64)
@@ -210,7 +211,7 @@ def test_only_the_target_and_pr_refs_are_fetched(upstream):
 
 def test_two_processes_share_a_cold_cache(upstream, cache):
     code = ("import sys; from types import SimpleNamespace as N; from builder import sources;"
-            "from builder.options import Settings;"
+            "from builder.core.options import Settings;"
             "c = sources.resolve_component(Settings.from_env(), 'vllm', N(target='main', pr=7, commit=sys.argv[2]),"
             " sys.argv[1]);"
             "print(c.export_sha256)")

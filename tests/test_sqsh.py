@@ -13,10 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from builder import host, layers, options, report, smoke, sqsh
-from builder.errors import BadInput, NotAccepted
-from builder.layers import Entry
-from builder.records import SqshExport
+from builder.core import files as fs
+from builder.core import options
+from builder.core.errors import BadInput, NotAccepted
+from builder.core.records import SqshExport
+from builder.release import sqsh
+from builder.release import sqsh_rootfs as layers
+from builder.release import sqsh_smoke as smoke
+from builder.release.sqsh_rootfs import Entry
+from builder.report import document as report
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = "-comp lzo -Xalgorithm lzo1x_1 -noD"  # enroot's compressor, its fast algorithm: tests only
@@ -159,7 +164,7 @@ def test_same_image_same_sha256(planted, planted_sqsh, docker_client, tmp_path):
     out, _ = planted_sqsh
     again = tmp_path / "again.sqsh"
     sqsh.make_sqsh(docker_client, planted, again, FAST, tmp_path)
-    assert host.sha256_file(again) == host.sha256_file(out)
+    assert fs.sha256_file(again) == fs.sha256_file(out)
 
 
 @pytest.mark.docker

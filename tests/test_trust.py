@@ -1,4 +1,4 @@
-"""builder/trust.py (publish believes evidence), reference grammar and pip reading: the rules one by one.
+"""builder/release/trust.py (publish believes evidence), reference grammar and pip reading: the rules one by one.
 The generated corpus (test_hostile_corpus.py) runs the same rules end to end through the CLI."""
 import json
 
@@ -6,10 +6,13 @@ import pytest
 import yaml
 from hostile_corpus import DEMO, LOCK, accepted_report
 
-from builder import allowlist, reference, report, trust
-from builder import pins as pins_mod
-from builder.errors import BadInput
-from builder.records import GateResult
+from builder.core import imageref as reference
+from builder.core.errors import BadInput
+from builder.core.records import GateResult
+from builder.pins import allowlist
+from builder.pins import model as pins_mod
+from builder.release import trust
+from builder.report import document as report
 
 
 def _load(path):
@@ -135,7 +138,7 @@ def test_mounts_of_the_engines_data_root_are_refused_at_acceptance(tmp_path):
 
 
 def test_template_lint_stays_a_second_wall(tmp_path):
-    from builder import render
+    from builder.image import render
 
     pins = pins_mod.load(accepted_report(tmp_path)[0]["sources"]["pins_path"])
     vllm = pins.components.vllm

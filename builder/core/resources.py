@@ -1,0 +1,34 @@
+"""Package data, reached only through here (works from a checkout and from an installed wheel).
+
+- templates: the jinja2 Dockerfile templates (`builder/image/templates/`; `dockerfiles/` links there)
+- image scripts: what the build copies into the image (`builder/image/scripts/`)
+- the pins JSON Schema (`builder/pins/schema/pins.schema.json`)
+- the acceptance suite package (`acceptance/`), copied into every image
+"""
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+
+def _path(package: str, *parts: str) -> Path:
+    path = Path(str(files(package))).joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"package data {package}/{'/'.join(parts)} is missing from this install")
+    return path
+
+
+def templates() -> Path:
+    return _path("builder.image", "templates")
+
+
+def image_scripts() -> Path:
+    return _path("builder.image", "scripts")
+
+
+def pins_schema() -> Path:
+    return _path("builder.pins", "schema", "pins.schema.json")
+
+
+def acceptance_suite() -> Path:
+    return _path("acceptance")

@@ -1,0 +1,30 @@
+"""Usage errors of the command line as one line: `error: <what>; see '<command> --help'`, exit 2."""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from builder.core.safetext import clip
+
+
+def run_app(app: typer.Typer, argv: list[str] | None = None) -> int:
+    """Run the typer app without click's standalone handling; return the exit code."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="builder", standalone_mode=False)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        print("error: aborted", file=sys.stderr)
+        return 130
+    except typer.TyperException as exc:  # click's UsageError family, vendored by typer
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+            print(ctx.get_help(), file=sys.stderr)
+            return 2
+        message = (exc.format_message() if hasattr(exc, "format_message") else str(exc)).rstrip(".")
+        where = ctx.command_path if ctx is not None else "builder"
+        print(clip(f"error: {message}; see '{where} --help'"), file=sys.stderr)
+        return int(getattr(exc, "exit_code", 2) or 2)
+    return code if isinstance(code, int) else 0

@@ -1,0 +1,151 @@
+"""Run a Python script in a fresh network-none container of the pins' base image (never the host).
+
+Used by `builder lock` to read what the base provides (interpreter, ABI, platform, installed
+distributions), to prepare a component's metadata with its build requirements from the
+wheelhouse, and to build wheels of sdist-only dependencies. Files go in through put_archive
+(no mounts); results come back on stdout after a marker line, or as a tar of one directory.
+"""
+from __future__ import annotations
+
+import io
+import json
+import platform as host_platform
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.core.errors import BadInput, BuildFailed
+from builder.core.options import Settings
+from builder.engine import client as engine
+
+WORK = "/tmp/lock"
+MARKER = "@@builder-lock-result@@"
+MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+
+BASE_QUERY = r"""
+import json, platform, sys, sysconfig
+from importlib import metadata
+dists = {}
+for dist in metadata.distributions():
+    name = dist.metadata["Name"]
+    if name:
+        dists.setdefault(name, dist.version)
+impl = sys.implementation.name
+markers = {
+    "implementation_name": impl,
+    "implementation_version": "%d.%d.%d" % sys.implementation.version[:3],
+    "os_name": __import__("os").name, "platform_machine": platform.machine(),
+    "platform_release": platform.release(), "platform_system": platform.system(),
+    "platform_version": platform.version(), "python_full_version": platform.python_version(),
+    "platform_python_implementation": platform.python_implementation(),
+    "python_version": "%d.%d" % sys.version_info[:2], "sys_platform": sys.platform,
+}
+libc = platform.libc_ver()
+print("@@builder-lock-result@@")
+print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "impl": impl,
+                  "soabi": sysconfig.get_config_var("SOABI") or "", "machine": platform.machine(),
+                  "libc": [libc[0], libc[1]], "markers": markers, "dists": dists}, sort_keys=True))
+"""
+
+
+@dataclass(frozen=True)
+class BaseInfo:
+    """What the base image is, read from the base itself."""
+    image: str
+    python: str  # "3.11"
+    abi: str  # "cp311"
+    machine: str  # "x86_64"
+    glibc: tuple[int, int]
+    markers: dict[str, str] = field(default_factory=dict)
+    dists: dict[str, str] = field(default_factory=dict)  # distribution name -> version
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+    archive: bytes = b""
+
+    def payload(self) -> Any:
+        """The JSON printed after the marker line."""
+        _, sep, rest = self.stdout.partition(MARKER)
+        if not sep:
+            raise BuildFailed(f"base container: no result (exit {self.rc}): {self.stderr.strip()[-400:]}")
+        return json.loads(rest)
+
+
+def tar_bytes(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
+    """A tar of {path below /: content}, readable and writable by everyone (the base may run as any user)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for directory in sorted({str(Path(p).parent) for p in files} | {WORK.lstrip("/")} | set(dirs)):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o777
+            tar.addfile(info)
+        for path, data in sorted(files.items()):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def run(settings: Settings, image: str, python: str, script: str, archives: list[tuple[str, bytes]] | None = None,
+        env: dict[str, str] | None = None, fetch: str | None = None, log_name: str = "base-container") -> Result:
+    """Run `python -c script` in a fresh network-none container of image, with each (directory, tar)
+    of archives extracted there in order; `fetch` is a directory returned as tar bytes. Container removed after."""
+    import docker
+
+    client = engine.connect(settings)
+    try:
+        container = client.containers.create(image, command=[python, "-B", "-c", script], network_mode="none",
+                                             environment=env or {}, working_dir="/tmp", user="0")
+    except docker.errors.ImageNotFound:
+        raise BadInput(f"base.image: {image} is not in the local engine (pull or build it first)") from None
+    try:
+        for where, archive in archives or []:
+            container.put_archive(where, archive)
+        container.start()
+        rc = int(container.wait().get("StatusCode", 1))
+        out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+        (settings.cache("logs") / f"{log_name}.log").write_text(f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}\n")
+        data = b""
+        if fetch and rc == 0:
+            stream, _ = container.get_archive(fetch)
+            data = b"".join(stream)
+        return Result(rc, out, err, data)
+    finally:
+        container.remove(force=True)
+
+
+def _abi(soabi: str, python: str) -> str:
+    """cp311 from 'cpython-311-x86_64-linux-gnu'."""
+    parts = soabi.split("-")
+    if len(parts) >= 2 and parts[0] == "cpython":
+        return f"cp{parts[1]}"
+    return "cp" + python.replace(".", "")
+
+
+def read_base(settings: Settings, image: str, python_bin: str, pins_python: str, pins_platform: str) -> BaseInfo:
+    """Query the base in a network-none container and check it against the pins' base fields."""
+    result = run(settings, image, python_bin, BASE_QUERY, log_name="lock-base-query")
+    if result.rc != 0:
+        raise BadInput(f"base.python_bin: {python_bin} does not run in {image} (exit {result.rc}):"
+                       f" {result.stderr.strip()[-300:]}")
+    data = result.payload()
+    if data["python"] != pins_python:
+        raise BadInput(f"base.python: pinned {pins_python!r}, the base's {python_bin} is Python {data['python']}")
+    if data["impl"] != "cpython":
+        raise BadInput(f"base.python_bin: expected CPython, the base has {data['impl']}")
+    if MACHINES[pins_platform] != data["machine"]:
+        raise BadInput(f"base.platform: pinned {pins_platform}, the base's interpreter runs on {data['machine']}")
+    if data["libc"][0] != "glibc":
+        raise BadInput(f"base.image: expected a glibc base (manylinux wheels), found {data['libc'][0] or 'no libc'}")
+    if data["machine"] != host_platform.machine():
+        raise BadInput(f"base.platform: {pins_platform} base on a {host_platform.machine()} host:"
+                       " metadata and sdists are prepared in base containers, which must run here")
+    major, minor = (int(x) for x in data["libc"][1].split(".")[:2])
+    return BaseInfo(image=image, python=data["python"], abi=_abi(data["soabi"], data["python"]),
+                    machine=data["machine"], glibc=(major, minor), markers=data["markers"], dists=data["dists"])

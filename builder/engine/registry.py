@@ -1,0 +1,253 @@
+"""Registry HTTP API v2 client: read back what a registry serves for a tag and verify it ourselves.
+
+The registry's word (the Docker-Content-Digest header) is never taken alone: the manifest bytes are
+hashed here and the config blob is fetched and hashed too.  Basic auth only (htpasswd registries);
+a registry that asks for a bearer token is refused with a clear message.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import requests
+
+from builder.core.errors import InfraError, PublishError
+from builder.core.options import Settings
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+INDEX_TYPES = MANIFEST_TYPES[1], MANIFEST_TYPES[3]
+
+
+def split_repository(repository: str) -> tuple[str, str]:
+    """'127.0.0.1:5000/demo/unified' -> ('127.0.0.1:5000', 'demo/unified')."""
+    host, _, name = repository.partition("/")
+    if not name or not ("." in host or ":" in host or host == "localhost"):
+        raise PublishError(f"image.repository {repository!r}: expected host[:port]/name with an explicit registry host")
+    return host, name
+
+
+def mask(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+class Registry:
+    """One registry host; `auth` is (username, password) or None."""
+
+    def __init__(self, host: str, auth: tuple[str, str] | None = None, scheme: str | None = None,
+                 timeout_s: float = 30.0):
+        self.host = host
+        self.timeout_s = timeout_s
+        # loopback registries speak plain HTTP (as the Docker engine assumes for 127.0.0.0/8)
+        local = host.startswith(("127.", "localhost"))
+        self.base = f"{scheme or ('http' if local else 'https')}://{host}"
+        self.session = requests.Session()
+        self.session.trust_env = False  # no proxies from the environment, no netrc
+        self.session.auth = auth
+        self.secrets = [auth[1]] if auth else []
+
+    @classmethod
+    def from_settings(cls, host: str, settings: Settings) -> Registry:
+        """The registry at host with the settings' credentials and timeout."""
+        return cls(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        url = self.base + path
+        try:
+            resp = self.session.request(method, url, timeout=self.timeout_s, allow_redirects=True, **kwargs)
+        except requests.RequestException as exc:
+            raise InfraError(mask(f"registry {self.host}: unreachable ({type(exc).__name__}); is it running?",
+                                  self.secrets)) from None
+        if resp.status_code == 401:
+            challenge = resp.headers.get("WWW-Authenticate", "")
+            raise PublishError(f"registry {self.host}: {method} {path}: 401 unauthorized"
+                               + (" (bearer token auth is not supported; use basic auth)"
+                                  if challenge.lower().startswith("bearer") else
+                                  "; set BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD"))
+        return resp
+
+    def ping(self) -> None:
+        """InfraError when nothing answers /v2/ like a registry."""
+        resp = self._request("GET", "/v2/")
+        if resp.status_code != 200:
+            raise InfraError(f"registry {self.host}: GET /v2/ answered {resp.status_code}, expected 200")
+
+    def manifest(self, name: str, ref: str) -> dict:
+        """HEAD then GET /v2/<name>/manifests/<ref>; returns header digest, computed digest, bytes, type."""
+        accept = {"Accept": ", ".join(MANIFEST_TYPES)}
+        path = f"/v2/{name}/manifests/{ref}"
+        head = self._request("HEAD", path, headers=accept)
+        if head.status_code != 200:
+            raise PublishError(f"registry {self.host}: HEAD {path} answered {head.status_code}, expected 200")
+        got = self._request("GET", path, headers=accept)
+        if got.status_code != 200:
+            raise PublishError(f"registry {self.host}: GET {path} answered {got.status_code}, expected 200")
+        return {
+            "head_digest": head.headers.get("Docker-Content-Digest", ""),
+            "get_digest": got.headers.get("Docker-Content-Digest", ""),
+            "computed": "sha256:" + hashlib.sha256(got.content).hexdigest(),
+            "content": got.content,
+            "media_type": got.headers.get("Content-Type", "").split(";")[0].strip(),
+        }
+
+    def tag_digest(self, name: str, tag: str) -> str | None:
+        """The digest a tag serves now (HEAD), or None when the tag does not exist."""
+        resp = self._request("HEAD", f"/v2/{name}/manifests/{tag}", headers={"Accept": ", ".join(MANIFEST_TYPES)})
+        return resp.headers.get("Docker-Content-Digest") if resp.status_code == 200 else None
+
+    def delete_manifest(self, name: str, digest: str) -> bool:
+        """DELETE a manifest by digest (every tag on it goes too); True when the registry accepted."""
+        return self._request("DELETE", f"/v2/{name}/manifests/{digest}").status_code == 202
+
+    def blob(self, name: str, digest: str) -> bytes:
+        """GET a blob and check its sha256 against the digest asked for."""
+        path = f"/v2/{name}/blobs/{digest}"
+        resp = self._request("GET", path)
+        if resp.status_code != 200:
+            raise PublishError(f"registry {self.host}: GET {path} answered {resp.status_code}, expected 200")
+        computed = "sha256:" + hashlib.sha256(resp.content).hexdigest()
+        if computed != digest:
+            raise PublishError(f"registry {self.host}: blob {digest} has content {computed}")
+        return resp.content
+
+
+    # ---- writing: blobs by digest (HEAD, cross-repository mount, monolithic upload) and manifests
+
+    def has_blob(self, name: str, digest: str) -> bool:
+        return self._request("HEAD", f"/v2/{name}/blobs/{digest}").status_code == 200
+
+    def mount_blob(self, name: str, digest: str, source: str) -> bool:
+        """Cross-repository mount (same registry); True when the registry mounted it (201)."""
+        resp = self._request("POST", f"/v2/{name}/blobs/uploads/", params={"mount": digest, "from": source})
+        if resp.status_code == 202:  # not mounted: an upload session was opened instead; drop it
+            location = resp.headers.get("Location", "")
+            if location:
+                self._request("DELETE", location if location.startswith("/") else _path_of(location))
+        return resp.status_code == 201
+
+    def upload_blob(self, name: str, digest: str, path: str) -> None:
+        """POST an upload session, then PUT the whole file with its digest; the registry checks the digest."""
+        start = self._request("POST", f"/v2/{name}/blobs/uploads/")
+        location = start.headers.get("Location", "")
+        if start.status_code != 202 or not location:
+            raise PublishError(f"registry {self.host}: POST /v2/{name}/blobs/uploads/ answered {start.status_code}")
+        target = location if location.startswith("/") else _path_of(location)
+        sep = "&" if "?" in target else "?"
+        with open(path, "rb") as fh:
+            resp = self._request("PUT", f"{target}{sep}digest={digest}", data=fh,
+                                 headers={"Content-Type": "application/octet-stream"})
+        if resp.status_code != 201:
+            raise PublishError(f"registry {self.host}: upload of {digest} to {name} answered {resp.status_code}: "
+                               f"{resp.text[:200]}")
+
+    def put_manifest(self, name: str, ref: str, body: bytes, media_type: str) -> str:
+        """PUT a manifest under a tag or its digest; return the digest the registry reports (checked here)."""
+        resp = self._request("PUT", f"/v2/{name}/manifests/{ref}", data=body, headers={"Content-Type": media_type})
+        if resp.status_code != 201:
+            raise PublishError(f"registry {self.host}: PUT /v2/{name}/manifests/{ref} answered {resp.status_code}: "
+                               f"{resp.text[:200]}")
+        computed = "sha256:" + hashlib.sha256(body).hexdigest()
+        reported = resp.headers.get("Docker-Content-Digest", "")
+        if reported != computed:
+            raise PublishError(f"registry {self.host}: {name}:{ref} stored as {reported or '(no digest)'}, "
+                               f"the manifest bytes hash to {computed}")
+        return computed
+
+    def manifest_by_digest(self, name: str, digest: str) -> bytes:
+        """GET a manifest by digest; its bytes must hash to that digest."""
+        got = self.manifest(name, digest)
+        if got["computed"] != digest:
+            raise PublishError(f"registry {self.host}: {name}@{digest} serves bytes hashing to {got['computed']}")
+        return bytes(got["content"])
+
+
+def _path_of(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def verify_tag(reg: Registry, name: str, tag: str, pushed_digest: str, image_id: str, platform: str) -> dict:
+    """Check that tag serves exactly the manifest we pushed, whose config is our image; return facts.
+
+    Raises PublishError naming the first mismatch."""
+    where = f"{reg.host}/{name}:{tag}"
+    got = reg.manifest(name, tag)
+    for label, value in (("HEAD Docker-Content-Digest", got["head_digest"]),
+                         ("GET Docker-Content-Digest", got["get_digest"])):
+        if value != got["computed"]:
+            raise PublishError(f"{where}: {label} {value or '(missing)'} does not match the sha256 of the "
+                               f"manifest bytes served ({got['computed']})")
+    if pushed_digest and got["computed"] != pushed_digest:
+        raise PublishError(f"{where}: registry serves {got['computed']}, the push reported {pushed_digest}")
+    try:
+        manifest = json.loads(got["content"])
+    except ValueError:
+        raise PublishError(f"{where}: manifest is not JSON") from None
+    media_type = manifest.get("mediaType") or got["media_type"]
+    if media_type in INDEX_TYPES:
+        raise PublishError(f"{where}: registry serves an index ({media_type}); expected one image manifest")
+    config_digest = (manifest.get("config") or {}).get("digest", "")
+    if config_digest != image_id:
+        raise PublishError(f"{where}: manifest config {config_digest or '(missing)'} is not image {image_id}")
+    config = json.loads(reg.blob(name, config_digest))
+    served_platform = f"{config.get('os', '?')}/{config.get('architecture', '?')}"
+    if platform not in ("", "unknown") and served_platform != platform:
+        raise PublishError(f"{where}: image platform {served_platform}, the report says {platform}")
+    return {"digest": got["computed"], "config_digest": config_digest, "platform": served_platform,
+            "media_type": media_type}
+
+
+def push_blob(reg: Registry, name: str, data: bytes) -> str:
+    """Upload a blob (monolithic POST then PUT) unless the registry has it; returns its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    if reg._request("HEAD", f"/v2/{name}/blobs/{digest}").status_code == 200:
+        return digest
+    start = reg._request("POST", f"/v2/{name}/blobs/uploads/")
+    if start.status_code != 202 or "Location" not in start.headers:
+        raise PublishError(f"registry {reg.host}: blob upload to {name} answered {start.status_code}, expected 202")
+    location = start.headers["Location"]
+    if location.startswith("/"):
+        location = reg.base + location
+    sep = "&" if "?" in location else "?"
+    try:
+        done = reg.session.put(f"{location}{sep}digest={digest}", data=data, timeout=reg.timeout_s,
+                               headers={"Content-Type": "application/octet-stream"})
+    except requests.RequestException as exc:
+        raise InfraError(f"registry {reg.host}: unreachable ({type(exc).__name__})") from None
+    if done.status_code != 201:
+        raise PublishError(f"registry {reg.host}: blob {digest} upload answered {done.status_code}, expected 201")
+    return digest
+
+
+def put_manifest(reg: Registry, name: str, ref: str, data: bytes, media_type: str) -> requests.Response:
+    """PUT a manifest or index under a tag or digest; PublishError unless 201."""
+    resp = reg._request("PUT", f"/v2/{name}/manifests/{ref}", data=data, headers={"Content-Type": media_type})
+    if resp.status_code != 201:
+        raise PublishError(f"registry {reg.host}: PUT {name}:{ref} answered {resp.status_code}: {resp.text[:200]}")
+    return resp
+
+
+def get_json(reg: Registry, path: str, accept: str) -> dict | None:
+    """GET a JSON document; None on 404."""
+    resp = reg._request("GET", path, headers={"Accept": accept})
+    if resp.status_code == 404:
+        return None
+    if resp.status_code != 200:
+        raise PublishError(f"registry {reg.host}: GET {path} answered {resp.status_code}, expected 200")
+    try:
+        doc = resp.json()
+    except ValueError:
+        raise PublishError(f"registry {reg.host}: GET {path}: not JSON") from None
+    if not isinstance(doc, dict):
+        raise PublishError(f"registry {reg.host}: GET {path}: expected a JSON object")
+    return doc

@@ -1,0 +1,148 @@
+"""Staging -> accept -> promote of one digest, through the registry HTTP API (builder/engine/registry.py).
+
+- `push`: the normalised image (builder/engine/normalize.py) goes to the staging repository by digest; base
+  layers are never uploaded (HEAD, else a cross-repository mount from the base repository).
+- `pull`: acceptance pulls `<staging>@<digest>` into an engine and checks the pulled image ID.
+- `promote`: release tags are PUT with the very manifest bytes served at the accepted digest, after
+  every blob is mounted from staging; nothing else can receive a release tag.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from builder.core import log
+from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
+from builder.core.options import Settings
+from builder.core.records import Report
+from builder.engine.normalize import MANIFEST_TYPE, blob_path
+from builder.engine.registry import Registry, split_repository
+
+BASE_NAME = "org.opencontainers.image.base.name"
+BASE_DIGEST = "org.opencontainers.image.base.digest"
+
+
+def staging_repository(repository: str, staging: str | None = None) -> str:
+    """The pins' image.staging, or `<repository>-staging`."""
+    return staging or f"{repository}-staging"
+
+
+def base_of(labels: dict[str, str], settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The base image's config and its manifest's layer descriptors, from its registry by digest."""
+    host, name = split_repository(labels[BASE_NAME])
+    reg = Registry.from_settings(host, settings)
+    try:
+        manifest = json.loads(reg.manifest_by_digest(name, labels[BASE_DIGEST]))
+        config = json.loads(reg.blob(name, manifest["config"]["digest"]))
+    except PublishError as err:
+        raise BuildFailed(f"base image {labels[BASE_NAME]}@{labels[BASE_DIGEST]}: {err}") from None
+    layers = [{"mediaType": d["mediaType"], "size": d["size"], "digest": d["digest"]} for d in manifest["layers"]]
+    return config, layers
+
+
+def push(manifest_digest: str, repository: str, base_name: str, settings: Settings, tag: str | None = None) -> str:
+    """Push a normalised image (its blobs in the local store) by digest, and `tag` if given; return
+    `<repository>@<digest>`. Blobs the registry has are skipped (HEAD); blobs not made here are base
+    layers: mounted from the base repository, never re-uploaded."""
+    host, name = split_repository(repository)
+    base_host, base_repo = split_repository(base_name)
+    reg = Registry.from_settings(host, settings)
+    reg.ping()
+    manifest = blob_path(settings, manifest_digest).read_bytes()
+    doc = json.loads(manifest)
+    counts = {"uploaded": 0, "mounted": 0, "present": 0}
+    with log.step(f"push {repository}@{manifest_digest[:19]}"):
+        for digest in [d["digest"] for d in doc["layers"]] + [doc["config"]["digest"]]:
+            path = blob_path(settings, digest)
+            if reg.has_blob(name, digest):
+                counts["present"] += 1
+            elif path.exists():
+                reg.upload_blob(name, digest, str(path))
+                counts["uploaded"] += 1
+            elif base_host == host and reg.mount_blob(name, digest, base_repo):
+                counts["mounted"] += 1
+            else:
+                raise PublishError(f"{repository}: base layer {digest} is not in the registry and cannot be "
+                                   f"mounted from {base_name}; base layers are never re-uploaded")
+        reg.put_manifest(name, manifest_digest, manifest, MANIFEST_TYPE)
+        if tag:
+            reg.put_manifest(name, tag, manifest, MANIFEST_TYPE)
+    log.info(f"staged {repository}@{manifest_digest} ({', '.join(f'{v} {k}' for k, v in counts.items())})")
+    return f"{repository}@{manifest_digest}"
+
+
+def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> dict[str, Any]:
+    """Pull `repo@sha256:...` into the engine. The manifest served at that digest (hash-checked) names the
+    config; it must be `expected_id` (when given) and the pulled image ID must equal it.
+    A digest the registry does not serve is PublishError (exit 1) with one clear line."""
+    import docker
+
+    repository, _, digest = ref.partition("@")
+    if not digest.startswith("sha256:") or len(digest) != 71:
+        raise BadInput(f"--image {ref}: expected REPOSITORY@sha256:<64 hex>")
+    host, name = split_repository(repository)
+    reg = Registry.from_settings(host, settings)
+    reg.ping()
+    if reg.tag_digest(name, digest) is None:
+        raise PublishError(f"{ref}: not in the registry ({host} does not serve {name}@{digest})")
+    config_digest = json.loads(reg.manifest_by_digest(name, digest))["config"]["digest"]
+    if expected_id and config_digest != expected_id:
+        raise PublishError(f"{ref}: its config is {config_digest}, the build made {expected_id}; refusing")
+    auth = settings.registry_auth
+    auth_config = {"username": auth[0], "password": auth[1]} if auth else None
+    with log.step(f"pull {ref}"):
+        try:
+            client.api.pull(repository, tag=digest, auth_config=auth_config)
+            image_id = client.api.inspect_image(ref)["Id"]
+        except docker.errors.APIError as err:
+            raise InfraError(f"docker engine: pull {ref}: {str(err)[:300]}") from None
+    if image_id != config_digest:
+        raise PublishError(f"{ref}: the engine made image {image_id} of it, the manifest names {config_digest}")
+    return {"ref": ref, "digest": digest, "image_id": image_id}
+
+
+def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], settings: Settings,
+            pushed: dict[str, str] | None = None) -> dict[str, Any]:
+    """Give the accepted staged digest its release tags: mount every blob from staging, PUT the manifest
+    bytes served at that digest under each tag. Returns {digest, pushed: {tag: digest}}."""
+    staging, _, digest = staged_ref.partition("@")
+    s_host, s_name = split_repository(staging)
+    host, name = split_repository(repository)
+    if s_host != host:
+        raise PublishError(f"{staged_ref}: staging and release repositories must share a registry ({s_host} != {host})")
+    reg = Registry.from_settings(host, settings)
+    reg.ping()
+    manifest = reg.manifest_by_digest(s_name, digest)  # hash-checked: exactly the accepted bytes
+    doc = json.loads(manifest)
+    if doc.get("config", {}).get("digest") != image_id:
+        raise PublishError(f"{staged_ref}: its config is {doc.get('config', {}).get('digest')}, "
+                           f"acceptance ran on {image_id}; refusing")
+    for desc in [*doc["layers"], doc["config"]]:
+        if not reg.has_blob(name, desc["digest"]) and not reg.mount_blob(name, desc["digest"], s_name):
+            raise PublishError(f"{repository}: could not mount blob {desc['digest']} from {staging}")
+    pushed = {} if pushed is None else pushed  # filled as tags land, so a failed publish can withdraw them
+    for tag in tags:
+        pushed[tag] = reg.put_manifest(name, tag, manifest, doc.get("mediaType") or MANIFEST_TYPE)
+    return {"digest": digest, "pushed": pushed}
+
+
+def accepted_ref(report: Report, where: str) -> str | None:
+    """The staged `repo@digest` acceptance pulled and ran on, cross-checked across the report; None for
+    a report accepted on a local image ID (no staging). Any disagreement is PublishError."""
+    acc = report.acceptance
+    pulled = acc.pulled if acc else {}
+    if not pulled:
+        return None
+    ref = str(pulled.get("ref", ""))
+    digest = ref.partition("@")[2]
+    checks = [(digest == pulled.get("digest"), f"acceptance pulled {pulled.get('digest')}, its ref names {ref}"),
+              (pulled.get("image_id") == report.image_id == (acc.image_id if acc else None),
+               f"acceptance ran on {pulled.get('image_id')}, the report is for {report.image_id}")]
+    if report.build is not None:
+        checks += [(report.build.staged == ref, f"the build staged {report.build.staged}, acceptance pulled {ref}"),
+                   (report.build.manifest_digest == digest,
+                    f"the build made manifest {report.build.manifest_digest}, acceptance pulled {digest}")]
+    for ok, why in checks:
+        if not ok:
+            raise PublishError(f"{where}: {why}; only the digest that passed acceptance gets release tags")
+    return ref

@@ -1,0 +1,133 @@
+"""Build stage: send a rendered context to the engine (network none), tag it with the sha tag, check
+what the build container saw (only loopback, no host mounts) and record how it went."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from acceptance import procfs  # one mountinfo parser (proc(5)), also used in the image
+from builder.core import log
+from builder.core.constants import BUILDER_VERSION
+from builder.core.errors import BuildFailed
+from builder.core.options import PACKAGE, Settings
+from builder.core.records import BuiltImage, RenderedBuild
+from builder.engine import client as engine
+from builder.engine import normalize, staging
+from builder.image.dockerfile import instructions
+
+MARKER = "BUILD-ENV "  # the line smoke.py prints in the runtime stage's last step
+SYSTEM_MOUNTS = ("/proc", "/dev", "/sys")
+ENGINE_FILES = ("/etc/resolv.conf", "/etc/hostname", "/etc/hosts")  # the engine's own per-container files
+
+
+def stage_times(dockerfile: str, steps: list[engine.Step], total: float) -> dict[str, float]:
+    """Seconds per stage group (`# stage:` comments in the Dockerfile), plus the total."""
+    groups = instructions(dockerfile)
+    times: dict[str, float] = {}
+    for step in steps:
+        group = groups[step.index - 1][0] if step.total == len(groups) else "unknown"
+        times[group] = round(times.get(group, 0.0) + step.seconds, 3)
+    times["total"] = total
+    return times
+
+
+def all_cached(steps: list[engine.Step]) -> bool:
+    """Every step but FROM reported `Using cache` (FROM never does)."""
+    return bool(steps) and all(s.cached for s in steps if not s.instruction.upper().startswith("FROM "))
+
+
+def build_env(steps: list[engine.Step]) -> dict[str, Any] | None:
+    """What the build container reported (smoke.py's BUILD-ENV line); None when that step was cached."""
+    for step in steps:
+        for line in step.lines:
+            if line.startswith(MARKER):
+                data: dict[str, Any] = json.loads(line[len(MARKER):])
+                return data
+    return None
+
+
+def isolation_problems(env: dict[str, Any], host_paths: list[str]) -> list[str]:
+    """Anything but loopback, or any mount besides the root overlay, /proc, /dev, /sys and the
+    engine's resolv.conf/hostname/hosts."""
+    problems = []
+    if env.get("net") != ["lo"]:
+        problems.append(f"network interfaces {env.get('net')} (expected only lo)")
+    for mount in procfs.mounts("\n".join(env.get("mountinfo", []))):
+        root, point = mount["root"], mount["mount_point"]
+        system = point == "/" or any(point == m or point.startswith(m + "/") for m in SYSTEM_MOUNTS)
+        engine_file = point in ENGINE_FILES and "/containers/" in root and root.endswith(point.rsplit("/", 1)[1])
+        if not (system or engine_file):
+            problems.append(f"mount {root} on {point}")
+        elif any(root == h or root.startswith(h.rstrip("/") + "/") for h in host_paths):
+            problems.append(f"host path {root} mounted on {point}")
+    return problems
+
+
+def isolation(steps: list[engine.Step], settings: Settings, rendered: RenderedBuild) -> dict[str, Any]:
+    env = build_env(steps)
+    if env is None:
+        return {"checked": False, "reason": "the reporting step was cached; checked when it ran"}
+    host_paths = [str(settings.cache_root), str(PACKAGE.parent), str(Path(rendered.context_path).parent)]
+    return {"checked": True, "net": env.get("net"), "mountinfo": env.get("mountinfo", []),
+            "problems": isolation_problems(env, host_paths)}
+
+
+def check_labels(attrs: dict[str, Any], labels: dict[str, str], ref: str) -> None:
+    found = (attrs.get("Config") or {}).get("Labels") or {}
+    wrong = sorted(k for k, v in labels.items() if found.get(k) != v)
+    if wrong:
+        raise BuildFailed(f"{ref}: built image lacks the rendered labels {wrong}")
+
+
+def steps_file(built: BuiltImage) -> Path:
+    """Per-step record of one build: step, instruction, seconds, cached, image (short ID)."""
+    return Path(built.log_path[: -len(".log")] + ".steps.json")
+
+
+def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, settings: Settings) -> normalize.Normalized:
+    """Normalise the engine's image (builder/engine/normalize.py) and load it under the SHA tag."""
+    base_config, base_layers = staging.base_of(rendered.labels, settings)
+    epoch = normalize.epoch_of(rendered.labels["org.opencontainers.image.created"])
+    return normalize.normalize(client, raw_id, rendered.tag, base_config, base_layers, epoch, settings)
+
+
+def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
+    """Send the rendered context to the engine (network none), tag it with the sha tag, record it."""
+    client = engine.connect(settings)
+    out_dir = Path(rendered.context_path).parent
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
+    log_path = out_dir / f"build-{stamp}.log"
+    with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
+        result = engine.build(client, context, rendered.tag, log_path, nocache=nocache, echo=echo)
+    attrs = engine.inspect_image(client, result.image_id)
+    if attrs is None:
+        raise BuildFailed(f"{rendered.tag}: image {result.image_id} vanished after the build")
+    checked = isolation(result.steps, settings, rendered)
+    if checked.get("problems"):
+        engine.remove_image(client, rendered.tag)
+        engine.remove_image(client, result.image_id)  # drop the layers too: a cache hit must not skip the check
+        raise BuildFailed(f"docker build {rendered.tag}: the build container was not isolated:"
+                          f" {checked['problems'][0]}; log {log_path}", details=checked["problems"])
+    check_labels(attrs, rendered.labels, rendered.tag)
+    norm = reproducible(client, result.image_id, rendered, settings)
+    attrs = engine.inspect_image(client, norm.image_id) or attrs
+    times = stage_times(rendered.dockerfile, result.steps, result.seconds)
+    times["normalise"] = norm.seconds
+    built = BuiltImage(
+        image_id=norm.image_id, raw_image_id=result.image_id, manifest_digest=norm.manifest_digest,
+        source_date=normalize.iso(norm.source_date_epoch), tags=sorted(attrs.get("RepoTags") or []),
+        size=int(attrs.get("Size") or 0),
+        created=str(attrs.get("Created", "")), engine_version=engine.engine_version(client),
+        builder_version=BUILDER_VERSION, context_sha256=rendered.context_sha256,
+        dockerfile_sha256=rendered.dockerfile_sha256,
+        stage_times=times, log_path=result.log_path, cached=all_cached(result.steps), isolation=checked)
+    steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached,
+              "image": s.image} for s in result.steps]
+    steps_file(built).write_text(json.dumps(steps, indent=2) + "\n")
+    (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")  # the latest build
+    (out_dir / "built.json").write_text(built.model_dump_json(indent=2) + "\n")
+    log.info(f"built {rendered.tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
+             f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
+    return built

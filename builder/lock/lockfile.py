@@ -1,0 +1,457 @@
+"""`builder lock PINS [--check]`: the hashed, offline wheel closure to build and run the three components.
+
+    base (network-none container)  -> interpreter, ABI, glibc, installed distributions (kept as they are)
+    each component at its pinned commit -> [build-system].requires (from the git blob), its VCS version
+    build requirements -> resolved for the base, wheels downloaded
+    metadata -> prepared in a network-none base container with those wheels (pip, no build isolation,
+                so setup.py / dynamic metadata work), giving Requires-Dist
+    runtime closure -> resolved against the base; build-only closure -> resolved against base + runtime
+    sdist-only dependencies -> built in a network-none base container (--build-sdists) or an error
+    lock text (sorted, byte-identical for the same inputs) -> the pins' build.lock; wheels -> the wheelhouse
+
+Lines marked `# build:` are needed only while building (installed in the build stage, never in the
+image). The header's inputs-sha256 covers everything the lock depends on; `--check` recomputes it.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from builder.core import log
+from builder.core.constants import COMPONENTS, SOURCE_DATE_EPOCH
+from builder.core.errors import BadInput, BuilderError, BuildFailed
+from builder.core.files import sha256_file
+from builder.core.options import Settings
+from builder.engine import basecontainer
+from builder.engine.basecontainer import WORK, BaseInfo
+from builder.lock import resolver, wheels
+from builder.lock.resolver import Target
+from builder.lock.wheels import BUILD_MARK
+from builder.sources import mirror, scmversion
+from builder.sources.resolve import exported_tar
+
+FORMAT = 1
+LEGACY_REQUIRES = ["setuptools>=40.8.0"]  # PEP 517: no [build-system] means setuptools' legacy backend
+BUILT_MARK = "built from sdist"
+
+
+class StaleLock(BuilderError):
+    """The lock no longer matches the pins (exit 1)."""
+
+    exit_code = 1
+
+
+@dataclass
+class ComponentInputs:
+    name: str
+    distribution: str
+    version: str = ""
+    scm_version: str = ""
+    build_requires: list[str] = field(default_factory=list)
+    requires_dist: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LockResult:
+    path: Path
+    text: str
+    sha256: str
+    inputs_sha256: str
+    wheels: int
+    wheelhouse: Path | None
+
+
+# --------------------------------------------------------------------------- requirements
+
+
+def _parse(req: str, where: str) -> Requirement:
+    try:
+        return Requirement(req)
+    except InvalidRequirement as exc:
+        raise BadInput(f"{where}: expected a PEP 508 requirement, got {req!r} ({exc})") from None
+
+
+def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str]) -> list[str]:
+    """Requirements whose markers hold on the base (no extras), markers dropped, components left out."""
+    out = []
+    for text in reqs:
+        req = _parse(text, where)
+        if req.marker is not None and not req.marker.evaluate({**base.markers, "extra": ""}):
+            continue
+        if canonicalize_name(req.name) in skip:
+            continue
+        if req.url:
+            raise BadInput(f"{where}: {text!r}: a direct URL requirement cannot be locked by hash; "
+                           "expected name[extras] and a version specifier")
+        req.marker = None
+        out.append(str(req))
+    return sorted(set(out))
+
+
+def check_against(reqs: list[str], provided: dict[str, str], where: str, what: str) -> None:
+    """A requirement on a provided distribution that the provided version does not satisfy is an error."""
+    versions = {canonicalize_name(n): v for n, v in provided.items()}
+    for text in reqs:
+        req = Requirement(text)
+        have = versions.get(canonicalize_name(req.name))
+        if have is not None and not req.specifier.contains(have, prereleases=True):
+            raise BadInput(f"{where}: requires {text!r} but {what} provides {req.name} {have}"
+                           " (the base is never upgraded or replaced)")
+
+
+# --------------------------------------------------------------------------- per component
+
+
+def _pyproject(settings: Settings, component: Any) -> dict[str, Any]:
+    repo = mirror.open_mirror(settings, component.url)
+    return scmversion.pyproject_at(repo, component.commit) or {}
+
+
+def build_requires(pyproject: dict[str, Any]) -> list[str]:
+    system = pyproject.get("build-system")
+    if system is None:
+        return list(LEGACY_REQUIRES)
+    requires = system.get("requires")
+    if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+        raise BadInput("pyproject.toml: [build-system].requires: expected a list of requirement strings")
+    return list(requires)
+
+
+# both container scripts start here: the build requirements from the wheelhouse, importable through PYTHONPATH
+BUILD_REQUIREMENTS = r"""
+import glob, json, os, subprocess, sys
+w = "/tmp/lock"
+wheels = sorted(glob.glob(w + "/wheels/*.whl"))
+if wheels:
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                           "--disable-pip-version-check", "--target", w + "/bt", *wheels], stdout=sys.stderr)
+env = dict(os.environ, PYTHONPATH=w + "/bt", PIP_DISABLE_PIP_VERSION_CHECK="1")
+"""
+
+METADATA_SCRIPT = BUILD_REQUIREMENTS + r"""
+extra = ["--ignore-requires-python"] if os.environ.get("LOCK_IGNORE_REQUIRES_PYTHON") else []
+rc = subprocess.call([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
+                      "--no-index", "--ignore-installed", *extra, "--report", w + "/report.json", w + "/src"],
+                     env=env, stdout=sys.stderr)
+if rc:
+    raise SystemExit(rc)
+meta = json.load(open(w + "/report.json"))["install"][0]["metadata"]
+print("@@builder-lock-result@@")
+print(json.dumps({"name": meta["name"], "version": meta["version"],
+                  "requires_dist": meta.get("requires_dist", [])}))
+"""
+
+
+def static_metadata(pyproject: dict[str, Any]) -> dict[str, Any] | None:
+    """Name, version and Requires-Dist straight from [project] when none of them is dynamic: PEP 621
+    says a backend must then produce exactly these, so no build is needed to know them."""
+    project = pyproject.get("project")
+    if not isinstance(project, dict) or not {"name", "version"} <= set(project):
+        return None
+    if {"name", "version", "dependencies"} & set(project.get("dynamic", [])):
+        return None
+    return {"name": project["name"], "version": project["version"],
+            "requires_dist": list(project.get("dependencies", []))}
+
+
+def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs,
+                     build_wheels: list[Path], pyproject: dict[str, Any]) -> None:
+    """Fill inputs.version / requires_dist from the component's metadata: static [project] fields, or
+    else prepared in a network-none base container with its build requirements (setup.py, requirements
+    files, VCS versions; cached by base, export, wheels and version)."""
+    key = hashlib.sha256(json.dumps([pins.base.image, component.export_sha256, inputs.scm_version,
+                                     sorted(p.name for p in build_wheels)]).encode()).hexdigest()
+    cached = settings.cache("lock", "metadata") / f"{key[:32]}.json"
+    static = static_metadata(pyproject)
+    if static is not None:
+        data = static
+        log.info(f"lock: metadata of {inputs.name}: static in pyproject.toml [project]")
+    elif cached.is_file():
+        data = json.loads(cached.read_text())
+    else:
+        files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in build_wheels}
+        env = {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
+        if "--ignore-requires-python" in pins.components[inputs.name].install.pip_args:
+            env["LOCK_IGNORE_REQUIRES_PYTHON"] = "1"  # the install will pass it too (pins' pip_args)
+        if inputs.scm_version:
+            env[scmversion.pretend_env_name(inputs.distribution)] = inputs.scm_version
+        with log.step(f"lock: metadata of {inputs.name} (network-none base container)"):
+            archives = [("/", basecontainer.tar_bytes(files, (f"{WORK.lstrip('/')}/src",))),
+                        (f"{WORK}/src", exported_tar(settings, component).read_bytes())]
+            result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, METADATA_SCRIPT, archives, env,
+                                       log_name=f"lock-metadata-{inputs.name}")
+        if result.rc != 0:
+            raise BuildFailed(f"components.{inputs.name}: preparing metadata failed in the base (exit {result.rc}):"
+                              f" {result.stderr.strip()[-400:]}")
+        data = result.payload()
+        cached.write_text(json.dumps(data, sort_keys=True))
+    if canonicalize_name(data["name"]) != canonicalize_name(inputs.distribution):
+        raise BadInput(f"components.{inputs.name}.distribution: pinned {inputs.distribution!r}, the"
+                       f" package at {component.commit[:12]} is {data['name']!r}")
+    if inputs.scm_version and data["version"] != inputs.scm_version:
+        raise BuildFailed(f"components.{inputs.name}: built version {data['version']} != VCS version"
+                          f" {inputs.scm_version} (SETUPTOOLS_SCM_PRETEND_VERSION_FOR_ not honoured)")
+    inputs.version = data["version"]
+    inputs.requires_dist = sorted(data["requires_dist"])
+
+
+# --------------------------------------------------------------------------- sdists
+
+
+SDIST_SCRIPT = BUILD_REQUIREMENTS + r"""
+sdist = glob.glob(w + "/sdist/*")[0]
+rc = subprocess.call([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                      "-w", w + "/out", sdist], env=env, stdout=sys.stderr)
+raise SystemExit(rc)
+"""
+
+
+def _sdist_requires(sdist: Path) -> list[str]:
+    import tomllib
+
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            if member.name.count("/") == 1 and member.name.endswith("/pyproject.toml"):
+                data = tomllib.loads(tar.extractfile(member).read().decode())  # type: ignore[union-attr]
+                return build_requires(data)
+    return list(LEGACY_REQUIRES)
+
+
+def build_sdist(settings: Settings, pins: Any, base: BaseInfo, target: Target, name: str, version: str,
+                resolver_name: str) -> tuple[Path, str]:
+    """(wheel built in a network-none base container, sha256 of the sdist it came from); cached by that sha256."""
+    sdist = resolver.download_sdist(settings, name, version)
+    sdist_sha = sha256_file(sdist)
+    out = settings.cache("wheels", "built", f"{sdist_sha[:16]}-{base.abi}-{base.machine}")
+    built = sorted(out.glob("*.whl"))
+    if built:
+        return built[0], sdist_sha
+    reqs = applicable(_sdist_requires(sdist), base, f"{sdist.name}:pyproject.toml", set())
+    pinned = resolver.resolve(settings, reqs, base.dists, target, resolver_name, log_name=f"lock-resolve-sdist-{name}")
+    found, missing = resolver.download_wheels(settings, pinned, target)
+    if missing:
+        raise BadInput(f"{sdist.name}: its build requirements have no wheels for the base: {', '.join(missing)}")
+    files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in found.values()}
+    files[f"{WORK.lstrip('/')}/sdist/{sdist.name}"] = sdist.read_bytes()
+    with log.step(f"lock: build {sdist.name} (network-none base container)"):
+        result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, SDIST_SCRIPT,
+                                   [("/", basecontainer.tar_bytes(files))], {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
+                                   fetch=f"{WORK}/out", log_name=f"lock-sdist-{name}")
+    if result.rc != 0:
+        raise BuildFailed(f"{sdist.name}: building a wheel in the base failed (exit {result.rc}):"
+                          f" {result.stderr.strip()[-300:]}")
+    with tarfile.open(fileobj=io.BytesIO(result.archive)) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith(".whl"):
+                (out / Path(member.name).name).write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+    built = sorted(out.glob("*.whl"))
+    if not built:
+        raise BuildFailed(f"{sdist.name}: the base build produced no wheel")
+    return built[0], sdist_sha
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+def inputs_sha256(base: BaseInfo, target: Target, comps: list[ComponentInputs], compat: list[str] | None = None) -> str:
+    data: dict[str, Any] = {"format": FORMAT, "base_dists": base.dists, "target": target.__dict__,
+                            "components": [c.__dict__ for c in comps]}
+    if compat:
+        data["compat"] = compat
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
+
+
+def compat_requirements(pins: Any, base: BaseInfo) -> list[str]:
+    """The pins' compat entries the lock carries as `package==version`: all but the components
+    themselves and what the base provides (where a different version is an error)."""
+    names = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
+    reqs = sorted(f"{c.package}=={c.version}" for c in pins.compat if canonicalize_name(c.package) not in names)
+    check_against(reqs, base.dists, "compat", f"the base {pins.base.image}")
+    base_names = {canonicalize_name(n) for n in base.dists}
+    return [r for r in reqs if canonicalize_name(r.split("==", 1)[0]) not in base_names]
+
+
+def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: Target,
+           resolver_name: str) -> list[ComponentInputs]:
+    """Per component: build requirements, VCS version, and metadata prepared in the base."""
+    comps = []
+    names: set[str] = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
+    for name in COMPONENTS:
+        pin, resolved = pins.components[name], sources.components[name]
+        where = f"components.{name} ({pin.distribution} at {pin.commit[:12]})"
+        pyproject = _pyproject(settings, resolved)
+        inputs = ComponentInputs(name=name, distribution=pin.distribution,
+                                 scm_version=getattr(resolved, "version", "") or "",
+                                 build_requires=applicable(build_requires(pyproject), base, f"{where}: build-system",
+                                                           set()))
+        check_against(inputs.build_requires, base.dists, f"{where}: [build-system].requires", f"the base {pins.base.image}")
+        pinned = resolver.resolve(settings, inputs.build_requires, base.dists, target, resolver_name,
+                                  log_name=f"lock-resolve-build-{name}")
+        found, missing = resolver.download_wheels(settings, pinned, target)
+        if missing:
+            raise BadInput(f"{where}: build requirements with no wheel for the base: {', '.join(missing)}")
+        prepare_metadata(settings, pins, resolved, inputs, [found[n] for n in sorted(found)], pyproject)
+        inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names)
+        check_against(inputs.requires_dist, base.dists, f"{where}: Requires-Dist", f"the base {pins.base.image}")
+        comps.append(inputs)
+    provided = {c.distribution: c.version for c in comps}
+    for c in comps:
+        check_against(c.requires_dist, provided, f"components.{c.name}: Requires-Dist", "the stack")
+    return comps
+
+
+def _resolve_all(settings: Settings, reqs_of: dict[str, list[str]], provided: dict[str, str], target: Target, resolver_name: str,
+                 what: str) -> dict[str, str]:
+    """Resolve the union; on failure name the component whose requirements fail on their own."""
+    everything = sorted({r for reqs in reqs_of.values() for r in reqs})
+    try:
+        return resolver.resolve(settings, everything, provided, target, resolver_name, log_name=f"lock-resolve-{what}")
+    except BadInput as exc:
+        for name, reqs in reqs_of.items():
+            try:
+                resolver.resolve(settings, reqs, provided, target, resolver_name, log_name=f"lock-resolve-{what}-{name}")
+            except BadInput as alone:
+                raise BadInput(f"components.{name}: {what} requirements conflict with the base: {alone}") from None
+        raise BadInput(f"{what} requirements of the three components conflict with each other or the base: {exc}") from None
+
+
+def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "uv",
+            build_sdists: bool = False) -> tuple[str, dict[str, Path]]:
+    """(lock text, {wheel file name: path}) for the pins."""
+    with log.step("lock: read the base (network-none container)"):
+        base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
+                                       pins.base.platform)
+    target = Target.of(base)
+    comps = gather(settings, pins, sources, base, target, resolver_name)
+    provided = {**base.dists, **{c.distribution: c.version for c in comps}}
+    with log.step(f"lock: resolve runtime closure ({resolver_name})"):
+        compat = compat_requirements(pins, base)
+        wanted = {c.name: c.requires_dist for c in comps} | ({"compat": compat} if compat else {})
+        runtime = _resolve_all(settings, wanted, provided, target, resolver_name, "runtime")
+    with log.step(f"lock: resolve build closure ({resolver_name})"):
+        build = _resolve_all(settings, {c.name: c.build_requires for c in comps}, {**provided, **runtime}, target,
+                             resolver_name, "build")
+    pinned = {**runtime, **build}
+    with log.step(f"lock: wheels for {base.python} {base.abi} {target.uv_platform()}"):
+        found, no_wheel = resolver.download_wheels(settings, pinned, target)
+    built: dict[str, str] = {}
+    if no_wheel and not build_sdists:
+        raise BadInput(f"{pins.path}: {len(no_wheel)} dependencies have only an sdist for the base"
+                       f" ({', '.join(sorted(no_wheel))}); pass --build-sdists to build them in a"
+                       " network-none base container, or pin versions with wheels")
+    for req in sorted(no_wheel):
+        name, version = req.split("==", 1)
+        found[name], built[name] = build_sdist(settings, pins, base, target, name, version, resolver_name)
+    header = [
+        "# Written by `builder lock`; do not edit. Regenerate with `builder lock PINS`, verify with --check.",
+        f"# format: {FORMAT}",
+        f"# inputs-sha256: {inputs_sha256(base, target, comps, compat)}",
+        f"# base: {pins.base.name} (what it provides is read from it; its digest is in the pins)",
+        f"# target: python {base.python} {base.abi} {target.uv_platform()} (read from the base)",
+        f"# resolver: {resolver.resolver_version(resolver_name)}",
+        f"# base provides {len(base.dists)} distributions (kept as they are, never in this lock)",
+    ]
+    if compat:
+        header.append(f"# compat (from the pins): {', '.join(compat)}")
+    for c in comps:
+        how = " (from VCS: SETUPTOOLS_SCM_PRETEND_VERSION_FOR_)" if c.scm_version else ""
+        header.append(f"# {c.name}: {c.distribution} {c.version}{how}; build-system.requires:"
+                      f" {', '.join(c.build_requires) or '-'}")
+    lines = []
+    for name in sorted(pinned):
+        path = found[name]
+        note = f"{path.name} {BUILT_MARK} sha256 {built[name]}" if name in built else path.name
+        mark = BUILD_MARK if name not in runtime else "# "
+        lines.append(f"{name}=={pinned[name]} --hash=sha256:{sha256_file(path)}  {mark}{note}")
+    if not lines:
+        lines.append("# (no wheels: the base provides everything)")
+    return "\n".join(header + lines) + "\n", {found[n].name: found[n] for n in pinned}
+
+
+def fill_wheelhouse(settings: Settings, pins: Any, files: dict[str, Path]) -> Path | None:
+    """Put the lock's wheels where the build looks for them (wheels.wheelhouse), then let
+    wheels.ensure_wheels check them against the lock's hashes."""
+    lock_path = pins.lock_path()
+    if not wheels.has_requirements(lock_path):
+        return None
+    target = wheels.Target.from_base(pins.base.python, pins.base.platform)
+    dest = wheels.wheelhouse(lock_path.read_bytes(), target, settings)
+    for name, path in sorted(files.items()):
+        if not (dest / name).exists():
+            tmp = dest / f".{name}.part"
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, dest / name)
+    return wheels.ensure_wheels(lock_path, target, settings)
+
+
+def recorded_inputs(text: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("# inputs-sha256: "):
+            return line.split(": ", 1)[1].strip()
+    return ""
+
+
+def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool = False, resolver_name: str = "uv",
+         build_sdists: bool = False, allow_moved_pr: bool = False) -> LockResult:
+    """Write (or with check, verify) the lock of a pins file."""
+    from builder.pins import model as pins_mod
+    from builder.sources import resolve as sources_mod
+
+    if resolver_name not in resolver.RESOLVERS:
+        raise BadInput(f"--resolver: expected one of {', '.join(resolver.RESOLVERS)}, got {resolver_name!r}")
+    if not check:
+        _start_lock_file(Path(pins_path))
+    pins = pins_mod.load(pins_path)
+    with log.step("lock: resolve sources"):
+        sources = sources_mod.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
+    path = pins.lock_path()
+    old = path.read_text() if path.is_file() else ""
+    if check:
+        with log.step("lock: read the base (network-none container)"):
+            base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
+                                           pins.base.platform)
+        target = Target.of(base)
+        want = inputs_sha256(base, target, gather(settings, pins, sources, base, target, resolver_name),
+                             compat_requirements(pins, base))
+        have = recorded_inputs(old)
+        if want != have:
+            raise StaleLock(f"{path}: stale: the pins' inputs are sha256 {want[:16]}, the lock was written for"
+                            f" {have[:16] or 'nothing (no inputs-sha256 line)'}; run `builder lock {pins_path}`")
+        return LockResult(path, old, hashlib.sha256(old.encode()).hexdigest(), want,
+                          sum(1 for ln in old.splitlines() if "--hash=" in ln), None)
+    text, files = compute(settings, pins, sources, resolver_name, build_sdists)
+    if text != old:
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as fh:
+            fh.write(text)
+        os.replace(fh.name, path)
+    wheelhouse = fill_wheelhouse(settings, pins, files)
+    log.info(f"lock: {path} ({len(files)} wheels, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]})")
+    return LockResult(path, text, hashlib.sha256(text.encode()).hexdigest(), recorded_inputs(text), len(files),
+                      wheelhouse)
+
+
+def _start_lock_file(pins_path: Path) -> None:
+    """A first `builder lock` creates the pins' build.lock (pins validation wants it to exist)."""
+    from builder.pins import model as pins_mod
+
+    try:
+        data = pins_mod.read_yaml(pins_path.read_text())
+        rel = data["build"]["lock"]
+    except Exception:  # noqa: BLE001 - pins_mod.load reports what is wrong with the file
+        return
+    if not isinstance(rel, str) or not pins_mod._match("rel_path", rel):
+        return
+    path = (pins_path.resolve().parent / rel).resolve()
+    if pins_path.resolve().parent in path.parents and not path.exists() and path.parent.is_dir():
+        path.write_text("# not locked yet: run `builder lock PINS`\n")

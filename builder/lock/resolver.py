@@ -1,0 +1,210 @@
+"""Resolve requirements for the base's interpreter and platform, and download their wheels.
+
+What the base provides is fixed: each installed distribution becomes a stub wheel (name and
+version only) in a find-links folder and a `name==version` constraint, so the resolver keeps it
+and never upgrades or replaces it. The target is the base's Python, ABI and glibc, never the
+host's. Two resolvers give the same answer: uv (`uv pip compile`, the default: faster, see
+benchmarks/bench_lock_resolver.py) and pip (`pip install --dry-run --report`).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import Version
+
+from builder.core.errors import BadInput, InfraError
+from builder.core.options import Settings
+from builder.engine.basecontainer import BaseInfo
+
+UV_GLIBC = [(2, 17), (2, 28)] + [(2, n) for n in range(31, 41)]  # what `uv --python-platform` knows
+RESOLVERS = ("uv", "pip")
+
+
+@dataclass(frozen=True)
+class Target:
+    python: str
+    abi: str
+    machine: str
+    glibc: tuple[int, int]
+
+    @classmethod
+    def of(cls, base: BaseInfo) -> Target:
+        return cls(base.python, base.abi, base.machine, base.glibc)
+
+    def pip_args(self) -> list[str]:
+        args = ["--only-binary=:all:", "--python-version", self.python, "--implementation", "cp"]
+        for abi in (self.abi, "abi3", "none"):
+            args += ["--abi", abi]
+        for minor in range(self.glibc[1], 16, -1):
+            args += ["--platform", f"manylinux_{self.glibc[0]}_{minor}_{self.machine}"]
+        return args + ["--platform", f"manylinux2014_{self.machine}", "--platform", f"linux_{self.machine}"]
+
+    def uv_platform(self) -> str:
+        known = [g for g in UV_GLIBC if g <= self.glibc]
+        if not known:
+            raise BadInput(f"base.image: glibc {self.glibc[0]}.{self.glibc[1]} is older than manylinux2014")
+        return f"{self.machine}-manylinux_{known[-1][0]}_{known[-1][1]}"
+
+
+
+
+def stub_wheels(provided: dict[str, str], directory: Path) -> None:
+    """One metadata-only wheel per provided distribution (the base's, the components')."""
+    for name, version in sorted(provided.items()):
+        stem = f"{re.sub(r'[-_.]+', '_', name)}-{version}"
+        path = directory / f"{stem}-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as whl:
+            info = f"{stem}.dist-info"
+            whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+            whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: builder-lock-stub\n"
+                                          "Root-Is-Purelib: true\nTag: py3-none-any\n")
+            whl.writestr(f"{info}/RECORD", "")
+
+
+def _run(settings: Settings, argv: list[str], log_name: str) -> tuple[int, str]:
+    logfile = settings.cache("logs") / f"{log_name}.log"
+    proc = subprocess.run(argv, check=False, env=dict(settings.resolver_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, text=True)
+    logfile.write_text("$ " + " ".join(argv) + "\n" + proc.stdout)
+    return proc.returncode, proc.stdout
+
+
+def uv_bin() -> str:
+    from uv import find_uv_bin
+
+    return find_uv_bin()
+
+
+def resolver_version(resolver: str) -> str:
+    if resolver == "uv":
+        return subprocess.run([uv_bin(), "--version"], check=False, capture_output=True, text=True).stdout.strip()
+    from importlib.metadata import version
+
+    return f"pip {version('pip')}"
+
+
+def resolve(settings: Settings, requirements: list[str], provided: dict[str, str], target: Target, resolver: str = "uv",
+            log_name: str = "lock-resolve") -> dict[str, str]:
+    """{canonical name: version} of the closure of requirements, without the provided ones.
+    Raises BadInput with the resolver's explanation when there is no solution."""
+    if not requirements:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="lock-resolve-") as tmp:
+        work = Path(tmp)
+        (work / "stubs").mkdir()
+        stub_wheels(provided, work / "stubs")
+        (work / "req.in").write_text("".join(r + "\n" for r in requirements))
+        (work / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(provided.items())))
+        # an sdist's metadata build on the host must never get a stub as its build backend
+        (work / "build-constraints.txt").write_text("".join(f"{n}!={v}\n" for n, v in sorted(provided.items())))
+        found = (_uv if resolver == "uv" else _pip)(settings, work, target, log_name)
+    drop = {canonicalize_name(n) for n in provided}
+    return {n: v for n, v in sorted(found.items()) if n not in drop}
+
+
+def _uv(settings: Settings, work: Path, target: Target, log_name: str) -> dict[str, str]:
+    argv = [uv_bin(), "pip", "compile", str(work / "req.in"), "-c", str(work / "constraints.txt"),
+            "--find-links", str(work / "stubs"), "--index-url", settings.index_url,
+            "--index-strategy", "unsafe-best-match", "--python-version", target.python,
+            "--python-platform", target.uv_platform(), "--no-header", "--no-annotate", "--quiet",
+            "--build-constraints", str(work / "build-constraints.txt"),
+            "--cache-dir", str(settings.cache("uv")), "-o", str(work / "out.txt")]
+    rc, output = _run(settings, argv, log_name)
+    if rc != 0:
+        raise BadInput(_explain(output))
+    found: dict[str, str] = {}
+    for line in (work / "out.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and "==" in line:
+            name, version = line.split(";", 1)[0].split("==", 1)
+            found[canonicalize_name(name.split("[", 1)[0])] = version.strip()
+    return found
+
+
+def _pip(settings: Settings, work: Path, target: Target, log_name: str) -> dict[str, str]:
+    argv = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet",
+            "--report", str(work / "report.json"), "--target", str(work / "target"), *target.pip_args(),
+            "--index-url", settings.index_url, "--find-links", str(work / "stubs"),
+            "-c", str(work / "constraints.txt"), "-r", str(work / "req.in")]
+    rc, output = _run(settings, argv, log_name)
+    if rc != 0:
+        raise BadInput(_explain(output))
+    report = json.loads((work / "report.json").read_text())
+    return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
+
+
+def _explain(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith("$")]
+    wanted = [ln for ln in lines if re.search(r"because|conflict|no solution|cannot|unsatisf|no matching", ln, re.IGNORECASE)]
+    text = " ".join((wanted or lines)[-4:])
+    return text[:600] or "the resolver found no solution"
+
+
+# --------------------------------------------------------------------------- downloads
+
+
+def _pool_match(pool: Path, name: str, version: str, wheel: bool) -> Path | None:
+    for path in sorted(pool.iterdir()):
+        try:
+            if wheel and path.name.endswith(".whl"):
+                dist, ver, _, _ = parse_wheel_filename(path.name)
+            elif not wheel and path.name.endswith((".tar.gz", ".zip")):
+                dist, ver = parse_sdist_filename(path.name)
+            else:
+                continue
+        except ValueError:
+            continue
+        if canonicalize_name(dist) == name and ver == Version(version):
+            return path
+    return None
+
+
+def download_wheels(settings: Settings, pinned: dict[str, str], target: Target) -> tuple[dict[str, Path], list[str]]:
+    """({name: wheel for the target}, [name==version with no wheel for the target]); files are
+    kept in <cache>/wheels/pool so a second lock downloads nothing."""
+    pool = settings.cache("wheels", "pool")
+    missing = [n for n, v in pinned.items() if _pool_match(pool, n, v, True) is None]
+    if missing:
+        reqs = [f"{n}=={pinned[n]}" for n in missing]
+        rc, _ = _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
+                      *target.pip_args(), "--index-url", settings.index_url, *reqs], "lock-download")
+        if rc != 0:  # find which ones have no wheel, one at a time
+            for req in reqs:
+                _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
+                      *target.pip_args(), "--index-url", settings.index_url, req], "lock-download-one")
+    files, no_wheel = {}, []
+    for name, version in pinned.items():
+        path = _pool_match(pool, name, version, True)
+        if path is None:
+            no_wheel.append(f"{name}=={version}")
+        else:
+            files[name] = path
+    return files, no_wheel
+
+
+def download_sdist(settings: Settings, name: str, version: str) -> Path:
+    pool = settings.cache("wheels", "sdists")
+    path = _pool_match(pool, name, version, False)
+    if path is None:
+        _, output = _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--no-binary=:all:",
+                           "-d", str(pool), "--index-url", settings.index_url, f"{name}=={version}"], "lock-download-sdist")
+        path = _pool_match(pool, name, version, False)
+        if path is None:
+            raise InfraError(f"{name}=={version}: neither a wheel for the base nor an sdist: {_explain(output)}")
+    return path
+
+
+def timed_resolve(settings: Settings, requirements: list[str], provided: dict[str, str], target: Target,
+                  resolver: str) -> tuple[float, dict[str, str]]:
+    start = time.monotonic()
+    found = resolve(settings, requirements, provided, target, resolver, log_name=f"bench-resolve-{resolver}")
+    return time.monotonic() - start, found

@@ -1,0 +1,139 @@
+"""Compare a run with the last ACCEPTED run of the same pins: commits, digest, image files, gates, metrics.
+
+`compare(...)` returns the JSON-able diff; `to_markdown(diff)` renders nightly-diff.md.  The regression
+flag goes up when the throughput ratio (aligned / control) drops by more than the pins' threshold, or
+when a gate that passed before reads anything else now.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from builder.core.records import Report
+
+EVIDENCE_METRICS = ("throughput", "diff_max", "seconds")
+
+
+def _files(manifest: dict | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for comp in ((manifest or {}).get("components") or {}).values():
+        out.update(comp.get("files") or {})
+    return out
+
+
+def _changes(old: dict, new: dict) -> dict[str, list]:
+    return {"added": sorted(set(new) - set(old)), "removed": sorted(set(old) - set(new)),
+            "changed": sorted(k for k in set(old) & set(new) if old[k] != new[k])}
+
+
+def metrics(report: Report) -> dict[str, float]:
+    """Numbers worth a delta: the throughput record and a few scalars of each gate's evidence."""
+    out: dict[str, float] = {}
+    tp = report.acceptance.throughput if report.acceptance else {}
+    for key in ("aligned", "control", "ratio"):
+        if isinstance(tp.get(key), (int, float)) and not isinstance(tp.get(key), bool):
+            out[f"throughput.{key}"] = float(tp[key])
+    for gate in report.gates:
+        for key in EVIDENCE_METRICS:
+            value = gate.evidence.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{gate.name}.{key}"] = float(value)
+    return out
+
+
+def compare(report: Report, manifest: dict | None, digest: str | None, previous: Report | None,
+            previous_manifest: dict | None, previous_digest: str | None, threshold: float,
+            commit_log: dict[str, list[dict]]) -> dict:
+    """The diff of `report` against `previous` (None: no accepted run to compare with)."""
+    diff: dict = {"pins_name": report.name, "verdict": report.verdict, "image_id": report.image_id, "digest": digest,
+                  "threshold": threshold, "previous": None, "regression": {"flag": False, "reasons": []}}
+    if previous is None:
+        diff["summary"] = "first accepted run of these pins: nothing to compare with"
+        return diff
+    diff["previous"] = {"image_id": previous.image_id, "digest": previous_digest, "created": previous.created}
+    commits = {}
+    for name, comp in report.sources.components.items():
+        old = previous.sources.components.get(name)
+        commits[name] = {"old": old.commit if old else None, "new": comp.commit,
+                         "changed": not old or old.commit != comp.commit, "log": commit_log.get(name, [])}
+    diff["commits"] = commits
+    diff["same_image"] = report.image_id == previous.image_id
+    diff["same_digest"] = None if not (digest and previous_digest) else digest == previous_digest
+    diff["files"] = _changes(_files(previous_manifest), _files(manifest))
+    diff["distributions"] = _changes((previous_manifest or {}).get("distributions") or {},
+                                     (manifest or {}).get("distributions") or {})
+    old_gates = {g.name: g.status for g in previous.gates}
+    diff["gates"] = [{"gate": g.name, "old": old_gates.get(g.name, "not_run"), "new": g.status}
+                     for g in report.gates if old_gates.get(g.name, "not_run") != g.status]
+    old_m, new_m = metrics(previous), metrics(report)
+    diff["metrics"] = [{"metric": k, "old": old_m[k], "new": new_m[k], "delta": new_m[k] - old_m[k],
+                        "relative": (new_m[k] - old_m[k]) / old_m[k] if old_m[k] else None}
+                       for k in sorted(set(old_m) & set(new_m))]
+    reasons = [f"gate {g['gate']}: {g['old']} -> {g['new']}" for g in diff["gates"] if g["old"] == "pass"]
+    ratio = next((m for m in diff["metrics"] if m["metric"] == "throughput.ratio"), None)
+    if ratio and ratio["relative"] is not None and ratio["relative"] < -threshold:
+        reasons.append(f"throughput ratio {ratio['old']:.4g} -> {ratio['new']:.4g} "
+                       f"({ratio['relative']:+.1%}, threshold -{threshold:.0%})")
+    diff["regression"] = {"flag": bool(reasons), "reasons": reasons}
+    nothing = (not any(c["changed"] for c in commits.values()) and diff["same_image"]
+               and diff["same_digest"] is not False and not any(diff["files"].values()))
+    diff["no_change"] = nothing
+    moved = sum(1 for c in commits.values() if c["changed"])
+    differ = sum(len(v) for v in diff["files"].values())
+    diff["summary"] = (f"no change: same commits, same image {digest or report.image_id}" if nothing else
+                       f"{moved} component(s) moved; image {'unchanged' if diff['same_image'] else 'rebuilt'}; "
+                       f"{differ} image file(s) differ")
+    return diff
+
+
+def _short(sha: str | None) -> str:
+    if not sha:
+        return "-"
+    algo, _, hexpart = sha.rpartition(":")
+    return f"`{algo + ':' if algo else ''}{hexpart[:12]}`"
+
+
+def to_markdown(diff: dict) -> str:
+    out = [f"## Nightly `{diff['pins_name']}`: **{diff['verdict']}**"
+           + (" - **REGRESSION**" if diff["regression"]["flag"] else ""), "", f"{diff['summary']}.", ""]
+    for reason in diff["regression"]["reasons"]:
+        out.append(f"- regression: {reason}")
+    if diff.get("moved"):
+        out += ["", "### PR heads followed", "", "| Component | PR | Old | New | Ahead / behind |", "|---|---|---|---|---|"]
+        out += [f"| {m['component']} | #{m['pr']} | {_short(m['old'])} | {_short(m['new'])} | +{m['ahead']} / -{m['behind']} |"
+                for m in diff["moved"]]
+    prev = diff["previous"]
+    out += ["", "### Image", "", "| | Previous accepted | This run |", "|---|---|---|",
+            f"| Image ID | {_short((prev or {}).get('image_id'))} | {_short(diff['image_id'])} |",
+            f"| Registry digest | {(prev or {}).get('digest') or '-'} | {diff['digest'] or 'not published'} |"]
+    if prev is None:
+        return "\n".join(out) + "\n"
+    out += ["", "### Commits", "", "| Component | Previous | Now | Commits |", "|---|---|---|---|"]
+    for name, c in diff["commits"].items():
+        log = "<br>".join(f"`{e['sha'][:12]}` {e['subject']}" for e in c["log"]) or ("-" if not c["changed"] else "?")
+        out.append(f"| {name} | {_short(c['old'])} | {_short(c['new'])} | {log} |")
+    files = diff["files"]
+    out += ["", f"### Files in the image: {len(files['added'])} added, {len(files['removed'])} removed, "
+                f"{len(files['changed'])} changed", ""]
+    for kind in ("added", "removed", "changed"):
+        out += [f"- {kind}: `{path}`" for path in files[kind][:50]]
+    dists = diff["distributions"]
+    if any(dists.values()):
+        out += ["", "Distributions: " + "; ".join(f"{k} {', '.join(v)}" for k, v in dists.items() if v)]
+    out += ["", "### Gates", ""]
+    out += [f"- {g['gate']}: {g['old']} -> {g['new']}" for g in diff["gates"]] or ["no gate changed status"]
+    out += ["", "### Metrics", "", "| Metric | Previous | Now | Delta |", "|---|---|---|---|"]
+    out += [f"| {m['metric']} | {m['old']:.4g} | {m['new']:.4g} | {m['delta']:+.4g}"
+            + (f" ({m['relative']:+.1%})" if m["relative"] is not None else "") + " |" for m in diff["metrics"]]
+    if diff.get("tags"):
+        t = diff["tags"]
+        out += ["", "### Tags", "", f"`nightly` -> {t['digest']}; added {', '.join(t['added'])}; "
+                f"pruned {', '.join(t['pruned']) or 'none'}"]
+    return "\n".join(out) + "\n"
+
+
+def write(diff: dict, run_dir: Path) -> dict[str, Path]:
+    paths = {"json": run_dir / "nightly-diff.json", "md": run_dir / "nightly-diff.md"}
+    paths["json"].write_text(json.dumps(diff, indent=2, sort_keys=True) + "\n")
+    paths["md"].write_text(to_markdown(diff))
+    return paths

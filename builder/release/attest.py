@@ -1,0 +1,219 @@
+"""Three signed in-toto Statements v1 bound to the published image manifest digest:
+SLSA provenance v1, a CycloneDX 1.6 SBOM and an in-toto test result v0.1.
+
+`statements(...)` builds them from the run's records (no network); `attach_all(...)` signs each into a
+DSSE envelope and attaches it to the image in the registry (builder/release/referrers.py).
+`verify_test_result(...)` checks one signed test result: the acceptance verdict as signed evidence.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from builder.core import log
+from builder.core.constants import BUILDER_VERSION, TOOL_URI
+from builder.core.errors import PublishError
+from builder.core.records import Report
+from builder.engine.registry import Registry
+from builder.pins.model import Pins
+from builder.release import dsse, referrers, sbom
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
+TEST_RESULT_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
+SBOM_TYPE = sbom.PREDICATE_TYPE
+PREDICATE_TYPES = (PROVENANCE_TYPE, SBOM_TYPE, TEST_RESULT_TYPE)
+BUILD_TYPE = f"{TOOL_URI}/unified-image@v{BUILDER_VERSION}"
+BUILDER_ID = f"{TOOL_URI}/builder/local"
+
+
+class AttestationError(Exception):
+    """A failed verification check; `check` names it (signature, subject, test result, ...)."""
+
+    def __init__(self, check: str, detail: str):
+        super().__init__(f"{check}: {detail}")
+        self.check = check
+        self.detail = detail
+
+
+def statement(repository: str, digest: str, predicate_type: str, predicate: dict) -> dict:
+    algo, _, hexpart = digest.partition(":")
+    return {"_type": STATEMENT_TYPE, "subject": [{"name": repository, "digest": {algo: hexpart}}],
+            "predicateType": predicate_type, "predicate": predicate}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pins_bytes(report: Report) -> bytes:
+    """The pins file the run used, checked against the sha256 the run recorded."""
+    path = Path(report.sources.pins_path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PublishError(f"{path}: cannot read the pins file to attest: {exc.strerror}") from None
+    if _sha256(data) != report.sources.pins_sha256:
+        raise PublishError(f"{path}: changed since the run (sha256 {_sha256(data)}, the run used "
+                           f"{report.sources.pins_sha256}); refusing to attest")
+    return data
+
+
+def locked_wheels(lock_path: Path) -> list[dict]:
+    """One resolved dependency per locked distribution hash."""
+    from builder.lock.wheels import read_lock
+
+    out = []
+    for entry in read_lock(lock_path)[1]:
+        for digest in entry.hashes:
+            out.append({"name": f"{entry.name}=={entry.version}",
+                        "uri": f"pkg:pypi/{sbom.canonical(entry.name)}@{entry.version}", "digest": {"sha256": digest}})
+    return out
+
+
+def provenance(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
+    """SLSA provenance v1 predicate."""
+    deps = [{"name": name, "uri": f"git+{c.url}@refs/pull/{c.pr}/head",
+             "digest": {"gitCommit": c.commit, "gitTree": c.tree},
+             "annotations": {"pr": c.pr, "target": c.target, "merge_base": c.merge_base,
+                             "export_sha256": c.export_sha256}}
+            for name, c in report.sources.components.items()]
+    base_name, _, base_digest = pins.base.image.partition("@")
+    deps.append({"name": "base", "uri": f"oci://{base_name}", "digest": {"sha256": base_digest.partition(":")[2]}})
+    deps += locked_wheels(pins.lock_path())
+    build = report.build
+    return {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {"pins": {"path": Path(report.sources.pins_path).name,
+                                            "sha256": report.sources.pins_sha256,
+                                            "content": pins_data.decode()}},
+            "internalParameters": {"dockerfile_sha256": build.dockerfile_sha256 if build else "unknown",
+                                   "context_sha256": build.context_sha256 if build else "unknown"},
+            "resolvedDependencies": deps,
+        },
+        "runDetails": {
+            "builder": {"id": BUILDER_ID, "version": {"rl-image-builder": BUILDER_VERSION,
+                                                      "docker-engine": build.engine_version if build else "unknown"}},
+            "metadata": {"invocationId": f"{report.name}@{report.created}", "startedOn": report.sources.resolved_at,
+                         "finishedOn": report.created},
+            "byproducts": [{"name": "image-config", "digest": {"sha256": report.image_id.partition(":")[2]}}],
+        },
+    }
+
+
+def test_result(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
+    """in-toto test-result v0.1: PASSED only for ACCEPTED; inconclusive and not run count as warned."""
+    recipe = json.dumps(pins.recipe.model_dump(mode="json"), sort_keys=True).encode()
+    status = {g.name: g.status for g in report.gates}
+    return {
+        "result": "PASSED" if report.verdict == "ACCEPTED" else "FAILED",
+        "configuration": [
+            {"name": Path(report.sources.pins_path).name, "digest": {"sha256": _sha256(pins_data)},
+             "content": base64.b64encode(pins_data).decode()},
+            {"name": "recipe", "digest": {"sha256": _sha256(recipe)}, "content": base64.b64encode(recipe).decode(),
+             "mediaType": "application/json"},
+        ],
+        "passedTests": [n for n, s in status.items() if s == "pass"],
+        "failedTests": [n for n, s in status.items() if s == "fail"],
+        "warnedTests": [n for n, s in status.items() if s in ("inconclusive", "not_run")],
+    }
+
+
+def statements(report: Report, pins: Pins, image_manifest: dict[str, Any], repository: str,
+               digest: str) -> list[dict[str, Any]]:
+    pins_data = pins_bytes(report)
+    return [statement(repository, digest, PROVENANCE_TYPE, provenance(report, pins, pins_data)),
+            statement(repository, digest, SBOM_TYPE, sbom.build(image_manifest, repository, digest)),
+            statement(repository, digest, TEST_RESULT_TYPE, test_result(report, pins, pins_data))]
+
+
+ACCEPTANCE_ENVELOPE = "acceptance.dsse.json"  # beside report.json: the signed test result over the image ID
+
+
+def sign_acceptance(report: Report, key: Ed25519PrivateKey, run_dir: Path) -> Path:
+    """At acceptance time: the in-toto test result, subject = the accepted image's config digest (its ID),
+    DSSE-signed; publish requires it (and a matching key) before any release tag."""
+    from builder.pins import model as pins_mod
+
+    pins = pins_mod.load(report.sources.pins_path)
+    stmt = statement(report.repository, report.image_id, TEST_RESULT_TYPE, test_result(report, pins, pins_bytes(report)))
+    path = run_dir / ACCEPTANCE_ENVELOPE
+    path.write_text(json.dumps(dsse.sign(stmt, key), sort_keys=True, indent=2) + "\n")
+    log.info(f"signed the acceptance result of {report.image_id[:19]} (key {dsse.key_id(key.public_key())[:16]}): {path}")
+    return path
+
+
+def signer(key_path: Path | None) -> Ed25519PrivateKey | None:
+    """The signing key, loaded before anything is pushed (BadInput when unreadable); None: say so."""
+    if key_path is None:
+        log.info("not attested: no signing key (--key or BUILDER_SIGNING_KEY); `builder verify` will fail")
+        return None
+    return dsse.load_private(key_path)
+
+
+def attach_all(report: Report, repository: str, digest: str, image_manifest: dict[str, Any],
+               key: Ed25519PrivateKey, registry: Registry) -> list[dict[str, Any]]:
+    """Sign the three statements and attach them to repository@digest; returns the artifact descriptors.
+    On a failed push the artifacts already pushed are deleted and PublishError is raised."""
+    from builder.engine.registry import split_repository
+    from builder.pins import model as pins_mod
+
+    pins = pins_mod.load(report.sources.pins_path)
+    _, name = split_repository(repository)
+    served = registry.manifest(name, digest)
+    subject = {"mediaType": served["media_type"], "digest": digest, "size": len(served["content"])}
+    envelopes = [(s["predicateType"], json.dumps(dsse.sign(s, key), sort_keys=True).encode())
+                 for s in statements(report, pins, image_manifest, repository, digest)]
+    pushed: list[dict] = []
+    try:
+        for predicate_type, envelope in envelopes:
+            pushed.append(referrers.attach(registry, name, subject, envelope, predicate_type))
+    except PublishError:
+        for desc in pushed:
+            registry.delete_manifest(name, desc["digest"])
+        raise
+    log.info(f"attested {repository}@{digest}: " + ", ".join(
+        f"{d['annotations'][referrers.PREDICATE_ANNOTATION].rsplit('/', 2)[-2]} {d['digest'][:19]}" for d in pushed)
+             + f" (key {dsse.key_id(key.public_key())[:16]})")
+    return pushed
+
+
+# ---------------------------------------------------------------- checks shared with builder verify
+
+
+def open_statement(envelope: dict[str, Any], public_key: Ed25519PublicKey, digest: str) -> dict[str, Any]:
+    """The statement of a signed envelope whose subject is `digest`; AttestationError naming the check."""
+    try:
+        stmt = dsse.open_envelope(envelope, public_key)
+    except dsse.SignatureError as exc:
+        raise AttestationError("signature", str(exc)) from None
+    if stmt.get("_type") != STATEMENT_TYPE:
+        raise AttestationError("statement", f"_type {stmt.get('_type')!r}, expected {STATEMENT_TYPE}")
+    algo, _, hexpart = digest.partition(":")
+    subjects = [s.get("digest", {}).get(algo) for s in stmt.get("subject") or []]
+    if not subjects or any(s != hexpart for s in subjects):
+        got = ", ".join(f"{algo}:{s}" for s in subjects) or "none"
+        raise AttestationError("subject", f"{stmt.get('predicateType')} is for {got}, not {digest}")
+    return stmt
+
+
+def verify_test_result(envelope: dict[str, Any], public_key: Ed25519PublicKey, digest: str) -> dict[str, Any]:
+    """A signed in-toto test result for `digest` that reads PASSED; returns its predicate.
+    Raises AttestationError('signature' | 'subject' | 'statement' | 'test result', ...)."""
+    stmt = open_statement(envelope, public_key, digest)
+    if stmt.get("predicateType") != TEST_RESULT_TYPE:
+        raise AttestationError("statement", f"predicateType {stmt.get('predicateType')!r}, expected {TEST_RESULT_TYPE}")
+    pred: dict[str, Any] = stmt.get("predicate") or {}
+    if pred.get("result") != "PASSED":
+        raise AttestationError("test result", f"result is {pred.get('result')!r} (failed: "
+                               f"{', '.join(pred.get('failedTests') or []) or 'none'}; warned: "
+                               f"{', '.join(pred.get('warnedTests') or []) or 'none'}), expected PASSED")
+    return pred
+
+

@@ -1,0 +1,254 @@
+"""`builder export-sqsh`: the accepted image as an enroot squashfs (`.sqsh`), checked file by file and
+smoke-tested, recorded in the report next to the registry digest under the same SHA tag.
+
+Like `enroot import`: the layers of `docker save` applied in order with whiteouts (builder/release/sqsh_rootfs.py),
+dev/* left out, enroot's /etc/{environment,rc,rc.local,fstab} written from the image config, then
+Debian's `mksquashfs` with ENROOT_SQUASH_OPTIONS (`-comp lzo -noD` unless BUILDER_SQUASH_OPTIONS, read
+into Settings, says otherwise). Unlike enroot, owners and modes are kept (no -all-root, no fixperms). Reproducible: every
+timestamp is SOURCE_DATE_EPOCH (enroot's own reproducible mode), mksquashfs sorts its input, xattrs only
+when the image has them. The .sqsh is read back with `unsquashfs` and must equal the tree computed from
+the layers in memory; then the provenance gate runs on the unpacked tree in a network-none container.
+Nothing is left behind on failure: the .sqsh is renamed into place only once both checks passed.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from builder.core import files as fs
+from builder.core import log
+from builder.core.constants import SOURCE_DATE_EPOCH
+from builder.core.errors import BadInput, InfraError, NotAccepted
+from builder.core.options import Settings, check_squash_options
+from builder.core.records import Report, SqshExport
+from builder.release import sqsh_rootfs as layers
+from builder.release.sqsh_rootfs import Entry
+
+ENROOT_FILES = ("etc/environment", "etc/fstab", "etc/rc", "etc/rc.local")
+RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
+            "# It can be used to manipulate the entrypoint or the command of the container.\n")
+SHOW = 10  # differences listed in an error
+
+
+def tools() -> dict[str, str]:
+    """mksquashfs / unsquashfs paths, else InfraError (installed by `builder setup`)."""
+    found = {name: shutil.which(name) for name in ("mksquashfs", "unsquashfs")}
+    missing = [name for name, path in found.items() if not path]
+    if missing:
+        raise InfraError(f"{', '.join(missing)}: missing; run `builder setup` (apt-get install squashfs-tools)")
+    return {name: str(path) for name, path in found.items()}
+
+
+def _run(argv: list[str], what: str) -> str:
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise InfraError(f"{what}: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}")
+    return proc.stdout
+
+
+def _quote(word: str) -> str:
+    """bash's ${word@Q}, which enroot uses to write /etc/rc."""
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def enroot_files(config: dict[str, Any]) -> dict[str, bytes]:
+    """What `enroot import` writes into the rootfs from the image config (docker::configure)."""
+    cfg = config.get("config") or {}
+    env = "".join(f"{item}\n" for item in cfg.get("Env") or [])
+    fstab = "".join(f"${{ENROOT_ROOTFS}}{v} {v} none x-create=dir,bind,rw,nosuid,nodev\n"
+                    for v in sorted(cfg.get("Volumes") or {}))
+    labels = "".join(f"# {k} {v}\n" for k, v in (cfg.get("Labels") or {}).items())
+    entry, cmd = list(cfg.get("Entrypoint") or []), list(cfg.get("Cmd") or [])
+    if not entry and not cmd:
+        cmd = ["/bin/sh"]
+    workdir = cfg.get("WorkingDir") or "/"
+    ep = " ".join(_quote(w) for w in entry)
+    rc = (labels + ("\n" if labels else "")
+          + f'mkdir -p "{workdir}" 2> /dev/null\ncd "{workdir}" && unset OLDPWD || exit 1\n\n'
+          + "if [ -s /etc/rc.local ]; then\n    . /etc/rc.local\nfi\n\n"
+          + f'if [ $# -gt 0 ]; then\n    exec {ep} "$@"\nelse\n'
+          + f"    exec {ep} {' '.join(_quote(w) for w in cmd)}\nfi\n")
+    return {"etc/environment": env.encode(), "etc/fstab": fstab.encode(), "etc/rc": rc.encode(),
+            "etc/rc.local": RC_LOCAL.encode()}
+
+
+def write_enroot_files(rootfs: Path, files: dict[str, bytes], workdir: str) -> dict[str, Entry]:
+    """Write them (root:root 0644, as enroot's shell does; missing directories 0755) and return the
+    entries of what was written or created."""
+    out = {}
+    for rel in [workdir.strip("/")] + [name.rpartition("/")[0] for name in files]:
+        parts = [p for p in rel.split("/") if p]
+        for i in range(len(parts)):
+            sub = "/".join(parts[:i + 1])
+            path = layers._inside(rootfs, sub)
+            if not path.is_dir():
+                layers._remove(path)
+                path.mkdir(mode=0o755)
+                path.chmod(0o755)
+                out[sub] = Entry(kind="d", mode=0o755, uid=0, gid=0)
+    for rel, data in files.items():
+        path = layers._inside(rootfs, rel)
+        layers._remove(path)
+        path.write_bytes(data)
+        path.chmod(0o644)
+        os.chown(path, 0, 0)
+        out[rel] = Entry(kind="f", mode=0o644, uid=0, gid=0, sha256=hashlib.sha256(data).hexdigest())
+    return out
+
+
+def mksquashfs(rootfs: Path, out: Path, squash_options: str, xattrs: bool) -> list[str]:
+    argv = [tools()["mksquashfs"], str(rootfs), str(out), "-noappend", "-no-progress", "-quiet",
+            "-mkfs-time", str(SOURCE_DATE_EPOCH), "-all-time", str(SOURCE_DATE_EPOCH),
+            "-xattrs" if xattrs else "-no-xattrs", *shlex.split(squash_options)]
+    _run(argv, "mksquashfs")
+    return argv
+
+
+def unsquash(sqsh: Path, dest: Path) -> None:
+    """Unpack the .sqsh as root (owners, modes and xattrs as stored)."""
+    _run([tools()["unsquashfs"], "-no-progress", "-quiet", "-d", str(dest), str(sqsh)], "unsquashfs")
+
+
+def compare(expected: dict[str, Entry], got: dict[str, Entry]) -> list[str]:
+    """Every difference as 'path: what', sorted by path."""
+    diffs = []
+    for path in sorted(set(expected) | set(got)):
+        want, have = expected.get(path), got.get(path)
+        if want is None:
+            diffs.append(f"{path}: in the .sqsh, not in the image")
+        elif have is None:
+            diffs.append(f"{path}: in the image, missing from the .sqsh")
+        elif want.kind != have.kind:
+            diffs.append(f"{path}: kind {want.kind} in the image, {have.kind} in the .sqsh")
+        elif want.kind == "l" and want.target != have.target:
+            diffs.append(f"{path}: symlink to {want.target!r} in the image, {have.target!r} in the .sqsh")
+        elif want.kind != "l" and want.mode != have.mode:
+            diffs.append(f"{path}: mode {want.mode:04o} in the image, {have.mode:04o} in the .sqsh")
+        elif (want.uid, want.gid) != (have.uid, have.gid):
+            diffs.append(f"{path}: owner {want.uid}:{want.gid} in the image, {have.uid}:{have.gid} in the .sqsh")
+        elif want.sha256 != have.sha256:
+            diffs.append(f"{path}: sha256 {want.sha256[:12]} in the image, {have.sha256[:12]} in the .sqsh")
+        elif want.xattrs != have.xattrs:
+            diffs.append(f"{path}: xattrs differ")
+    return diffs
+
+
+def check_equal(expected: dict[str, Entry], got: dict[str, Entry], where: str) -> None:
+    diffs = compare(expected, got)
+    if diffs:
+        raise NotAccepted(f"{where}: {len(diffs)} differences from the image, first: " + "; ".join(diffs[:SHOW]))
+
+
+def default_out(report: Report, report_path: Path) -> Path:
+    """enroot's naming: <repository path with + for />+<SHA tag>.sqsh, next to the report."""
+    name = report.repository.partition("/")[2].replace("/", "+") or report.name
+    return report_path.parent / f"{name}+{report.tags[0]}.sqsh"
+
+
+@dataclass
+class Made:
+    """A .sqsh written and checked: its tree (from the layers), how, and where it was unpacked."""
+
+    expected: dict[str, Entry]
+    argv: list[str]
+    xattrs: bool
+    times: dict[str, float]
+    readback: Path
+
+
+def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: Path) -> Made:
+    """Write the .sqsh of an image (by ID) to out and check it equals the layers' tree; the unpacked
+    copy stays in work/readback for the smoke. Raises NotAccepted listing the first differences."""
+    times: dict[str, float] = {}
+    with _timed(times, "docker save"):
+        saved = layers.save(client, image_id, work / "image.tar")
+    with _timed(times, "tree from the layers"):
+        expected = layers.expected_tree(saved)
+    with _timed(times, "apply layers"):
+        rootfs = work / "rootfs"
+        rootfs.mkdir(mode=0o755)
+        xattrs = layers.apply_layers(saved, rootfs)
+        (work / "image.tar").unlink()
+        workdir = (saved.config.get("config") or {}).get("WorkingDir") or "/"
+        expected.update(write_enroot_files(rootfs, enroot_files(saved.config), workdir))
+    with _timed(times, "mksquashfs"):
+        argv = mksquashfs(rootfs, out, squash_options, xattrs)
+        shutil.rmtree(rootfs)
+    with _timed(times, "read back and compare"):
+        unsquash(out, work / "readback")
+        check_equal(expected, layers.tree_of(work / "readback"), str(out))
+    return Made(expected=expected, argv=argv, xattrs=xattrs, times=times, readback=work / "readback")
+
+
+def export(report_path: Path, settings: Settings, out: Path | None = None, client: Any = None,
+           squash_options: str | None = None, smoke: bool = True) -> SqshExport:
+    """Write the .sqsh of an ACCEPTED report's image, check it, smoke it, record it in the report."""
+    from builder.engine import client as engine
+    from builder.release import publish
+    from builder.report import document as report_mod
+
+    report_path = Path(report_path)
+    report = report_mod.load(report_path)
+    if report.verdict != "ACCEPTED":
+        raise NotAccepted(f"{report_path}: verdict is {report.verdict}; only an ACCEPTED image is exported")
+    publish.check_accepted(report, str(report_path))  # and the gates must support the verdict
+    squash_options = settings.squash_options if squash_options is None else check_squash_options(
+        squash_options, "--squash-options")
+    out = (Path(out) if out else default_out(report, report_path)).absolute()
+    if out.suffix != ".sqsh" or not out.parent.is_dir():
+        raise BadInput(f"--out {out}: expected a file name ending in .sqsh in an existing directory")
+    if os.geteuid() != 0:
+        raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
+    version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
+    client = client or engine.connect(settings)
+    work = Path(tempfile.mkdtemp(prefix="sqsh-", dir=settings.cache("sqsh")))
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        made = make_sqsh(client, report.image_id, partial, squash_options, work)
+        result: dict[str, Any] = {"status": "not_run", "reason": "not asked"}
+        if smoke:
+            from builder.release import sqsh_smoke as smoke_mod
+
+            with _timed(made.times, "smoke: provenance gate"):
+                result = smoke_mod.provenance_on_rootfs(client, report, made.readback)
+            if result["status"] != "pass":
+                raise NotAccepted(f"{out}: provenance gate on the .sqsh contents: {result['status']}: "
+                                  f"{result['reason']}")
+        digest = fs.sha256_file(partial)
+        partial.replace(out)
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+    out.with_name(out.name + ".sha256").write_text(f"{digest}  {out.name}\n")
+    expected = made.expected
+    record = SqshExport(
+        path=str(out), sha256=digest, size=out.stat().st_size, compression=squash_options, mksquashfs=version,
+        mksquashfs_args=made.argv[3:], image_id=report.image_id, tag=report.tags[0],
+        registry_digest=report.publish.digest if report.publish else "not published",
+        entries=len(expected), files=sum(e.kind == "f" for e in expected.values()), xattrs=made.xattrs,
+        enroot_files={k: v.sha256 for k, v in expected.items() if k in ENROOT_FILES},
+        equivalence="pass", smoke=result, seconds=made.times,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    report.sqsh = record
+    report_mod.write(report, report_path.parent)
+    log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB, {squash_options}); "
+             f"registry {record.registry_digest}; tag {record.tag}")
+    return record
+
+
+@contextmanager
+def _timed(times: dict[str, float], name: str) -> Iterator[None]:
+    start = time.monotonic()
+    with log.step(f"sqsh: {name}"):
+        yield
+    times[name] = round(time.monotonic() - start, 2)

@@ -1,0 +1,300 @@
+"""An image's root filesystem from its layers, as enroot builds it: `docker save` streamed to a file,
+every layer checked against the config's diff_ids, layers applied in order with whiteouts honoured
+(`.wh.<name>` deletes, `.wh..wh..opq` empties a directory of what lower layers put there).
+
+Two independent routes over the same layers: `expected_tree` computes the final tree in memory
+(path -> Entry with mode, owner and content sha256); `apply_layers` writes it to a directory.
+`dev/*` is left out as enroot does (`tar --exclude='dev/*'`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+from builder.core import files as fs
+from builder.core.errors import BadInput, InfraError
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+XATTR = "SCHILY.xattr."
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One path of a root filesystem: kind f(ile) d(ir) l(ink) or o(ther: device, fifo)."""
+
+    kind: str
+    mode: int                 # stat.S_IMODE: permission, setuid, setgid, sticky bits
+    uid: int
+    gid: int
+    sha256: str = ""          # regular files
+    target: str = ""          # symlinks
+    xattrs: tuple[tuple[str, bytes], ...] = field(default=())
+
+
+@dataclass
+class SavedImage:
+    """A `docker save` tar on disk: the image config and its layer members, lowest first."""
+
+    path: Path
+    image_id: str
+    config: dict[str, Any]
+    layers: list[tarfile.TarInfo]
+
+
+def save(client: Any, image_id: str, dest: Path) -> SavedImage:
+    """Stream `docker save <image_id>` into dest and check that its config hashes to the image ID."""
+    import docker
+
+    try:
+        with open(dest, "wb") as out:
+            out.writelines(client.images.get(image_id).save(chunk_size=CHUNK))
+    except docker.errors.ImageNotFound:
+        raise BadInput(f"image {image_id}: not in the Docker engine (build or pull it first)") from None
+    except docker.errors.APIError as exc:
+        raise InfraError(f"docker engine: docker save {image_id}: {exc}") from None
+    return open_saved(dest, image_id)
+
+
+def open_saved(path: Path, image_id: str) -> SavedImage:
+    with tarfile.open(path) as outer:
+        manifest = json.loads(_read(outer, "manifest.json"))
+        if len(manifest) != 1:
+            raise BadInput(f"{path}: expected one image in the saved tar, found {len(manifest)}")
+        raw = _read(outer, manifest[0]["Config"])
+        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+        if digest != image_id:
+            raise BadInput(f"{path}: the saved config is {digest}, expected the image {image_id}")
+        layers = [outer.getmember(name) for name in manifest[0]["Layers"]]
+    config = json.loads(raw)
+    if len(config.get("rootfs", {}).get("diff_ids", [])) != len(layers):
+        raise BadInput(f"{path}: {len(layers)} layers but the config lists another number of diff_ids")
+    return SavedImage(path=path, image_id=image_id, config=config, layers=layers)
+
+
+def _read(outer: tarfile.TarFile, name: str) -> bytes:
+    member = outer.extractfile(name)
+    if member is None:
+        raise BadInput(f"{outer.name!s}: {name} is not a file in the saved tar")
+    return member.read()
+
+
+def _norm(name: str) -> str:
+    """A layer path relative to the root ('usr/bin/x'); '' is the root; '..' is refused."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise BadInput(f"layer member {name!r}: expected a path inside the root, found '..'")
+    return "/".join(parts)
+
+
+def excluded(path: str) -> bool:
+    """What enroot leaves out of the rootfs: everything under dev/."""
+    return path.startswith("dev/")
+
+
+def _whiteouts(members: list[tarfile.TarInfo]) -> tuple[list[str], list[str]]:
+    """(directories made opaque, paths deleted) by this layer."""
+    opaque, deleted = [], []
+    for m in members:
+        path = _norm(m.name)
+        head, _, base = path.rpartition("/")
+        if base == OPAQUE:
+            opaque.append(head)
+        elif base.startswith(WHITEOUT):
+            deleted.append(f"{head}/{base[len(WHITEOUT):]}" if head else base[len(WHITEOUT):])
+    return opaque, deleted
+
+
+def _xattrs(member: tarfile.TarInfo) -> tuple[tuple[str, bytes], ...]:
+    found = [(k[len(XATTR):], v.encode("utf-8", "surrogateescape"))
+             for k, v in member.pax_headers.items() if k.startswith(XATTR)]
+    return tuple(sorted(found))
+
+
+class _Hashing:
+    """A read-only stream that hashes what is read (the layer's diff_id)."""
+
+    def __init__(self, raw: IO[bytes]):
+        self.raw, self.hash = raw, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.hash.update(data)
+        return data
+
+
+def _layer_stream(outer: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
+    stream = outer.extractfile(member)
+    if stream is None:
+        raise BadInput(f"{outer.name!s}: layer {member.name} is not a file")
+    return stream
+
+
+# ---------------------------------------------------------------- in memory
+
+
+def expected_tree(saved: SavedImage) -> dict[str, Entry]:
+    """The final tree of the image, computed from the layers without writing a file; each layer's
+    sha256 must equal its diff_id in the config."""
+    tree: dict[str, Entry] = {}
+    diff_ids = saved.config["rootfs"]["diff_ids"]
+    with tarfile.open(saved.path) as outer:
+        for index, layer in enumerate(saved.layers):
+            with tarfile.open(fileobj=_layer_stream(outer, layer)) as inner:
+                opaque, deleted = _whiteouts(inner.getmembers())
+            for directory in opaque:
+                _drop(tree, directory, keep_self=True)
+            for path in deleted:
+                _drop(tree, path, keep_self=False)
+            digest = _add_layer(tree, _Hashing(_layer_stream(outer, layer)))
+            if digest != diff_ids[index]:
+                raise BadInput(f"{saved.path}: layer {index} ({layer.name}) hashes to {digest}, "
+                               f"the config says {diff_ids[index]}")
+    return tree
+
+
+def _drop(tree: dict[str, Entry], path: str, keep_self: bool) -> None:
+    prefix = f"{path}/" if path else ""
+    for key in [k for k in tree if k.startswith(prefix) and k != path]:
+        del tree[key]
+    if not keep_self:
+        tree.pop(path, None)
+
+
+def _add_layer(tree: dict[str, Entry], stream: _Hashing) -> str:
+    with tarfile.open(fileobj=stream, mode="r|") as inner:  # type: ignore[call-overload]
+        for m in inner:
+            path = _norm(m.name)
+            base = path.rpartition("/")[2]
+            if not path or base.startswith(WHITEOUT) or excluded(path):
+                continue
+            tree[path] = _entry(inner, m, tree)
+    while stream.read(CHUNK):  # the end-of-archive blocks count in the diff_id too
+        pass
+    return "sha256:" + stream.hash.hexdigest()
+
+
+def _entry(inner: tarfile.TarFile, m: tarfile.TarInfo, tree: dict[str, Entry]) -> Entry:
+    meta = Entry(kind="o", mode=stat.S_IMODE(m.mode), uid=m.uid, gid=m.gid, xattrs=_xattrs(m))
+    if m.isreg():
+        fh = inner.extractfile(m)
+        digest = hashlib.sha256()
+        while fh is not None and (chunk := fh.read(CHUNK)):
+            digest.update(chunk)
+        return replace(meta, kind="f", sha256=digest.hexdigest())
+    if m.islnk():  # same inode as its target: the target's entry
+        target = tree.get(_norm(m.linkname))
+        if target is None or target.kind != "f":
+            raise BadInput(f"layer member {m.name!r}: hard link to {m.linkname!r}, which is not a file")
+        return target
+    if m.isdir():
+        return replace(meta, kind="d")
+    if m.issym():
+        return replace(meta, kind="l", target=m.linkname)
+    return meta
+
+
+# ---------------------------------------------------------------- on disk
+
+
+def apply_layers(saved: SavedImage, rootfs: Path) -> bool:
+    """Write the image's root filesystem into the empty directory rootfs (owners, modes, xattrs kept);
+    True when any file carries xattrs."""
+    any_xattrs = False
+    with tarfile.open(saved.path) as outer:
+        for layer in saved.layers:
+            with tarfile.open(fileobj=_layer_stream(outer, layer)) as inner:
+                members = inner.getmembers()
+                opaque, deleted = _whiteouts(members)
+                for directory in opaque:
+                    for child in _inside(rootfs, directory).iterdir() if _is_dir(rootfs, directory) else ():
+                        _remove(child)
+                for path in deleted:
+                    _remove(_inside(rootfs, path))
+                for m in members:
+                    any_xattrs |= _extract(inner, m, rootfs)
+    return any_xattrs
+
+
+def _is_dir(rootfs: Path, path: str) -> bool:
+    return _inside(rootfs, path).is_dir() and not _inside(rootfs, path).is_symlink()
+
+
+def _inside(rootfs: Path, path: str) -> Path:
+    """rootfs/path, refusing a path whose parent directories go through a symlink (a layer written by
+    an engine never does; following one could leave the rootfs)."""
+    if not path:
+        return rootfs
+    target = rootfs / path
+    parent = path.rpartition("/")[0]
+    want = os.path.join(os.path.realpath(rootfs), parent) if parent else os.path.realpath(rootfs)
+    if os.path.realpath(target.parent) != want:
+        raise BadInput(f"layer member {path!r}: its parent goes through a symlink; refusing to follow it")
+    return target
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.is_symlink() or path.exists():
+        path.unlink()
+
+
+# paths were checked above (_inside, no write through a symlink); Python < 3.11.4 (Debian's 3.11.2) has no filters
+TRUSTED: dict[str, Any] = {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
+
+
+def _extract(inner: tarfile.TarFile, m: tarfile.TarInfo, rootfs: Path) -> bool:
+    path = _norm(m.name)
+    base = path.rpartition("/")[2]
+    if not path or base.startswith(WHITEOUT) or excluded(path):
+        return False
+    target = _inside(rootfs, path)
+    if not (m.isdir() and _is_dir(rootfs, path)):
+        _remove(target)  # never write through an existing file: it may be a hard link of another path
+    if m.islnk():
+        source = _inside(rootfs, _norm(m.linkname))
+        if source.is_symlink() or not source.is_file():
+            raise BadInput(f"layer member {m.name!r}: hard link to {m.linkname!r}, which is not a file")
+    inner.extract(m, rootfs, set_attrs=True, numeric_owner=True, **TRUSTED)
+    xattrs = _xattrs(m)
+    for key, value in xattrs:
+        os.setxattr(target, key, value, follow_symlinks=False)
+    return bool(xattrs)
+
+
+def walk(rootfs: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of every entry under rootfs, sorted; the root itself is not listed."""
+    for top, dirs, files in os.walk(rootfs):
+        dirs.sort()
+        rel = os.path.relpath(top, rootfs)
+        for name in sorted(dirs + files):
+            path = name if rel == "." else f"{rel}/{name}"
+            yield path, os.lstat(os.path.join(top, name))
+
+
+def tree_of(rootfs: Path) -> dict[str, Entry]:
+    """The Entry of every path under a directory (e.g. one unsquashfs wrote)."""
+    tree = {}
+    for path, st in walk(rootfs):
+        full = rootfs / path
+        xattrs = tuple(sorted((k, os.getxattr(full, k, follow_symlinks=False))
+                              for k in os.listxattr(full, follow_symlinks=False)))
+        meta = Entry(kind="o", mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, xattrs=xattrs)
+        if stat.S_ISREG(st.st_mode):
+            meta = replace(meta, kind="f", sha256=fs.sha256_file(full))
+        elif stat.S_ISDIR(st.st_mode):
+            meta = replace(meta, kind="d")
+        elif stat.S_ISLNK(st.st_mode):
+            meta = replace(meta, kind="l", target=os.readlink(full))
+        tree[path] = meta
+    return tree

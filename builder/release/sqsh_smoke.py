@@ -1,0 +1,87 @@
+"""The final smoke of a converted image: the provenance gate on a root filesystem unpacked from the
+.sqsh. The tree is imported as a one-layer image (`docker import`, streamed by `tar`) with the
+environment the .sqsh's /etc/environment gives (what enroot exports at start), the gate runs in a
+fresh network-none container like every gate (builder/accept/gates.py), and the image is removed after."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from builder.accept import gates as accept
+from builder.core.errors import BadInput, InfraError
+from builder.core.records import Report
+from builder.pins import model as pins_mod
+from builder.release.sqsh_rootfs import CHUNK
+
+REPOSITORY = "builder-sqsh-smoke"
+
+
+def report_pins(report: Report) -> pins_mod.Pins:
+    """The pins file the report was made from, unchanged since (its sha256 is in the report)."""
+    path = Path(report.sources.pins_path)
+    pins = pins_mod.load(path)
+    if pins.sha256 != report.sources.pins_sha256:
+        raise BadInput(f"{path}: changed since the report (sha256 {pins.sha256[:12]}, the report has "
+                       f"{report.sources.pins_sha256[:12]}); the smoke needs the same pins")
+    return pins
+
+
+def environment(rootfs: Path) -> list[str]:
+    """KEY=VALUE lines of /etc/environment as Dockerfile ENV instructions."""
+    path = rootfs / "etc/environment"
+    out = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        key, sep, value = line.partition("=")
+        if sep and key:
+            out.append(f"ENV {key}={json.dumps(value)}")
+    return out
+
+
+def import_rootfs(client: Any, rootfs: Path, tag: str) -> str:
+    """`tar -C rootfs -c . | docker import` with the environment of /etc/environment; the image ID."""
+    import docker
+
+    tar = subprocess.Popen(["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", "-", "."],
+                           stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    stdout = tar.stdout
+    assert stdout is not None
+    try:
+        client.api.import_image(src=iter(lambda: stdout.read(CHUNK), b""), repository=REPOSITORY, tag=tag,
+                                changes=environment(rootfs))
+    except docker.errors.APIError as exc:
+        raise InfraError(f"docker engine: import of {rootfs}: {exc}") from None
+    finally:
+        stdout.close()
+        rc = tar.wait()
+    if rc != 0:
+        raise InfraError(f"tar -C {rootfs}: exit {rc}")
+    return str(client.images.get(f"{REPOSITORY}:{tag}").id)
+
+
+def provenance_on_rootfs(client: Any, report: Report, rootfs: Path) -> dict[str, Any]:
+    """Run the provenance gate on the tree; {status, reason, seconds, image_id, evidence keys}."""
+    pins = report_pins(report)
+    tag = uuid.uuid4().hex[:12]
+    start = time.monotonic()
+    image_id = import_rootfs(client, rootfs, tag)
+    try:
+        result, facts = accept.run_gate(client, pins, image_id, "provenance", pins.acceptance.timeout_s,
+                                        f"sqsh-{tag}")
+    finally:
+        _remove(client, image_id)
+    return {"status": result.status, "reason": result.reason, "seconds": round(time.monotonic() - start, 2),
+            "imported_image": image_id, "network": facts.get("network"),
+            "failures": (result.evidence.get("failures") or [])[:5]}
+
+
+def _remove(client: Any, image_id: str) -> None:
+    import docker
+
+    try:
+        client.images.remove(image_id, force=True)
+    except docker.errors.ImageNotFound:
+        pass

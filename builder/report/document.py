@@ -1,0 +1,421 @@
+"""The report: what was built from which PRs, what the gates found, one verdict.
+
+`make_report` only assembles records; it never infers a value that was not captured (such items read
+"unknown").  `write` renders report.json, report.md (pastes into a GitHub PR description) and
+junit.xml (one testcase per gate).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from builder.core import files as fs
+from builder.core.constants import CACHE_ENV_VARS, GATES
+from builder.core.errors import BadInput
+from builder.core.records import AcceptanceResult, BuiltImage, GateResult, PublishReceipt, Report, ResolvedSources
+from builder.image.render import sha_tag
+from builder.pins.model import Pins
+
+UNKNOWN = "unknown"
+SEVERITY = {"fail": 3, "inconclusive": 2, "not_run": 1, "pass": 0}
+
+
+# ---------------------------------------------------------------- tags
+
+
+def image_tags(pins: Pins) -> list[str]:
+    """The SHA tag (from the render stage's sha_tag) first, then the human tags of the pins."""
+
+    tag = sha_tag(pins).rsplit("/", 1)[-1]
+    tag = tag.split(":", 1)[1] if ":" in tag else tag  # accept '<repository>:<tag>' too
+    return [tag] + [t for t in pins.image.tags if t != tag]
+
+
+# ---------------------------------------------------------------- verdict
+
+
+def gate_table(acceptance: AcceptanceResult | None, required: list[str]) -> list[GateResult]:
+    """One row per known or required gate; a gate the acceptance result lacks reads not_run."""
+    got: dict[str, GateResult] = {}
+    for gate in acceptance.gates if acceptance else []:
+        old = got.get(gate.name)
+        if old is None or SEVERITY[gate.status] > SEVERITY[old.status]:  # duplicates: keep the worst
+            got[gate.name] = gate
+    names = list(GATES) + [n for n in list(required) + list(got) if n not in GATES]
+    missing = "not in the acceptance result" if acceptance else "no acceptance run"
+    rows = []
+    for name in dict.fromkeys(names):
+        rows.append(got.get(name) or GateResult(name=name, status="not_run", reason=missing))
+    return rows
+
+
+def verdict_reasons(gates: list[GateResult], required: list[str], sources: ResolvedSources,
+                    build: BuiltImage | None, acceptance: AcceptanceResult | None,
+                    manifest: dict | None) -> list[str]:
+    """Everything that keeps the verdict from ACCEPTED; empty list = ACCEPTED."""
+    reasons = []
+    if acceptance is None:
+        reasons.append("no acceptance result")
+    if not required:
+        reasons.append("acceptance.required_gates is empty: nothing required was tested")
+    by_name = {g.name: g for g in gates}
+    for name in required:
+        gate = by_name[name]
+        if gate.status != "pass":
+            reasons.append(f"required gate {name}: {gate.status.replace('_', ' ')}"
+                           + (f" ({gate.reason})" if gate.reason else ""))
+    if build and acceptance and build.image_id != acceptance.image_id:
+        reasons.append(f"acceptance ran on {acceptance.image_id}, the build made {build.image_id}")
+    for name, commit in image_commits(manifest, acceptance).items():
+        want = sources.components.get(name)
+        if want and commit != want.commit:
+            reasons.append(f"image: {name} commit {commit} is not the pinned {want.commit}")
+    return reasons
+
+
+# ---------------------------------------------------------------- run manifest
+
+
+def find_manifest(acceptance: AcceptanceResult | None) -> dict | None:
+    """/opt/delivery/manifest.json as the acceptance run read it, if it kept a whole copy."""
+    if not acceptance:
+        return None
+    places = [acceptance.environment] + [g.evidence for g in acceptance.gates if g.name == "provenance"]
+    for place in places:
+        found = place.get("manifest") if isinstance(place, dict) else None
+        if isinstance(found, dict) and "components" in found:
+            return found
+    return None
+
+
+def _provenance(acceptance: AcceptanceResult | None) -> dict:
+    """Evidence of a provenance gate that ran (in the image, acceptance/provenance.py), else {}."""
+    for g in acceptance.gates if acceptance else []:
+        if g.name == "provenance" and g.status != "not_run":
+            return g.evidence
+    return {}
+
+
+def image_commits(manifest: dict | None, acceptance: AcceptanceResult | None) -> dict[str, str]:
+    """Commit of each component as the image records it: manifest, else the stamp provenance read."""
+    out = {}
+    for name, comp in (_provenance(acceptance).get("components") or {}).items():
+        commit = ((comp or {}).get("stamp") or {}).get("commit")
+        if commit:
+            out[name] = commit
+    for name, comp in ((manifest or {}).get("components") or {}).items():
+        if (comp or {}).get("commit"):
+            out[name] = comp["commit"]
+    return out
+
+
+def _or_unknown(value: Any) -> Any:
+    return UNKNOWN if value in (None, "", {}) else value
+
+
+def _env_dict(env: Any) -> dict[str, Any]:
+    if isinstance(env, list):  # docker inspect form KEY=VALUE
+        return dict(item.split("=", 1) for item in env if "=" in item)
+    return dict(env) if isinstance(env, dict) else {}
+
+
+def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
+                 manifest: dict | None, publish: PublishReceipt | None) -> dict:
+    """The six layers (source, installed packages, native libraries, JIT caches, container, run)."""
+    mcomps = (manifest or {}).get("components") or {}
+    prov = _provenance(acceptance)
+    pcomps = prov.get("components") or {}
+    loaded = prov.get("native_libs_loaded")
+    commits = image_commits(manifest, acceptance)
+    source, installed, native = {}, {}, {}
+    for name, comp in sources.components.items():
+        pin, m, p = pins.components[name], mcomps.get(name) or {}, pcomps.get(name) or {}
+        source[name] = {
+            "remote": comp.url, "target": comp.target, "target_head": comp.target_head, "pr": comp.pr,
+            "head": comp.commit, "tree": comp.tree, "pr_head": comp.pr_head, "pr_moved": comp.pr_moved,
+            "merge_base": comp.merge_base, "ahead": comp.ahead, "behind": comp.behind,
+            "dirty_patch": "none (exported from the commit object, no work tree)",
+            "submodules": [s.model_dump() for s in comp.submodules],
+            "export_sha256": comp.export_sha256, "files": comp.files,
+            "commit_in_image": commits.get(name, UNKNOWN),
+        }
+        modules = p.get("modules") or {}
+        installed[name] = {
+            "distribution": pin.distribution, "version": _or_unknown(p.get("version") or m.get("version")),
+            "modules": {mod: _or_unknown((modules.get(mod) or {}).get("file")) for mod in pin.modules},
+            "files_in_manifest": len(m["files"]) if isinstance(m.get("files"), dict)
+            else _or_unknown((p.get("files") or {}).get("manifest")),
+        }
+        libs = m.get("native_libs")
+        mine = {path: lib.get("sha256") for path, lib in (loaded or {}).items() if lib.get("component") == name}
+        native[name] = {
+            "in_image": UNKNOWN if libs is None else (libs or "none listed in the image manifest"),
+            "loaded": UNKNOWN if loaded is None else (mine or "none loaded by the provenance check"),
+        }
+    env = _env_dict(acceptance.container.get("env") if acceptance else None)
+    jit = {"env": {k: env[k] for k in CACHE_ENV_VARS if k in env},
+           "tmpfs": (acceptance.container.get("tmpfs") if acceptance else None),
+           "caches_at_start": prov.get("caches_at_start")}
+    jit = {k: v for k, v in jit.items() if v}
+    base_name, _, base_digest = pins.base.image.partition("@")
+    container = {
+        "image_id": build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
+        "registry_digest": publish.digest if publish else ((acceptance.pulled.get("digest") if acceptance else None)
+                                                           or UNKNOWN),
+        "pulled": (acceptance.pulled.get("ref") if acceptance else None) or UNKNOWN,
+        "platform": publish.platform if publish and publish.platform != UNKNOWN else pins.base.platform,
+        "base_image": base_name, "base_digest": base_digest or UNKNOWN,
+        "produced_by": "Dockerfile build from exported commits (builder)" if build else UNKNOWN,
+        "build": build.model_dump(exclude={"log_path"}) if build else UNKNOWN,
+        "acceptance": {k: v for k, v in acceptance.container.items() if k not in ("env", "gates")}
+        if acceptance and acceptance.container else UNKNOWN,
+    }
+    interpreter = prov.get("interpreter") or {}
+    recipe = pins.recipe
+    run = {
+        "entry": list(recipe.entry), "overrides": dict(recipe.overrides), "env": dict(recipe.env),
+        "aligned_env": dict(recipe.aligned_env), "control_env": dict(recipe.control_env),
+        "container_env": _or_unknown(env),
+        "engine": _or_unknown(acceptance.environment.get("engine") if acceptance else None),
+        "acceptance_engine": _or_unknown(acceptance.pulled.get("engine") if acceptance else None),
+        "interpreter": _or_unknown(interpreter.get("executable") or (manifest or {}).get("python")),
+        "python_version": _or_unknown(interpreter.get("version")),
+        "site_packages": _or_unknown((prov.get("manifest") or {}).get("site_packages")
+                                     or (manifest or {}).get("site_packages")),
+        "numeric_env": _or_unknown((prov.get("environment") or {}).get("numeric")),
+        "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
+        "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
+        "components_shared": list(pins.shared) or "none (url, commit and distribution all distinct)",
+        "lock_file": str(pins.lock_path()), "lock_sha256": _lock_sha256(pins),
+    }
+    return {"source": source, "installed_packages": installed, "native_libraries": native,
+            "jit_caches": _or_unknown(jit), "container": container, "run": run}
+
+
+def _lock_sha256(pins: Pins) -> str:
+    try:
+        return fs.sha256_file(pins.lock_path())
+    except OSError:
+        return UNKNOWN
+
+
+# ---------------------------------------------------------------- assembling
+
+
+def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
+                image_manifest: dict | None = None, publish: PublishReceipt | None = None) -> Report:
+    manifest = image_manifest or find_manifest(acceptance)
+    required = list(pins.acceptance.required_gates)
+    gates = gate_table(acceptance, required)
+    reasons = verdict_reasons(gates, required, sources, build, acceptance, manifest)
+    return Report(
+        verdict="NOT ACCEPTED" if reasons else "ACCEPTED", reasons=reasons, name=pins.name,
+        sources=sources, build=build, acceptance=acceptance, publish=publish,
+        run_manifest=run_manifest(pins, sources, build, acceptance, manifest, publish),
+        platform=pins.base.platform, base_image=pins.base.image,
+        image_id=build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
+        repository=pins.image.repository, tags=image_tags(pins), required_gates=required, gates=gates,
+        compat=[c.model_dump() for c in pins.compat], lock_sha256=_lock_sha256(pins),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return " ".join(text.split()).replace("|", "\\|") or " "
+
+
+def _code(value: Any) -> str:
+    return f"`{value}`" if value not in (None, "", UNKNOWN) else UNKNOWN
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _flat(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, Any]] = []
+        for key, item in value.items():
+            out += _flat(item, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = []
+        for i, item in enumerate(value):
+            out += _flat(item, f"{prefix}[{i}]")
+        return out
+    return [(prefix, value)]
+
+
+def _num(value: Any) -> Any:
+    return f"{value:.4g}" if isinstance(value, float) and value not in (0.0,) else value
+
+
+def key_evidence(evidence: dict, limit: int = 400) -> str:
+    """Numbers and checksums of a gate's evidence as 'key=value' (diffs, k3_kl, checksums, ratios first)."""
+    words = ("diff_max", "k3_kl", "weights", "checksum", "ratio", "throughput", "commit", "version", "exit_code")
+    items = [(k, v) for k, v in _flat(evidence) if v is None or isinstance(v, (str, int, float))]
+    items = [(k, v) for k, v in items if len(str(v)) <= 80]  # paths lists and log text stay in report.json
+    items.sort(key=lambda kv: next((i for i, w in enumerate(words) if w in kv[0].lower()), len(words)))
+    text = ", ".join(f"{k}={_num(v)}" for k, v in items)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def to_markdown(report: Report) -> str:
+    pub = report.publish
+    out = [f"## Unified image `{report.name}`: **{report.verdict}**", ""]
+    out += [f"- {r}" for r in report.reasons] + ([""] if report.reasons else [])
+    out += ["### Pull requests in this image", ""]
+    digest = pub.digest if pub else "not published"
+    tags = ", ".join(f"`{t}`" for t in report.tags) or UNKNOWN
+    base_digest = report.run_manifest.get("container", {}).get("base_digest", UNKNOWN)
+    rows: list[list[Any]] = [
+        [name, c.url, f"#{c.pr}", c.target, _code(c.merge_base), _code(c.commit), f"+{c.ahead} / -{c.behind}",
+         _code(report.image_id), _code(digest) if pub else digest, tags, report.platform, _code(base_digest)]
+        for name, c in report.sources.components.items()]
+    out += _table(["Component", "Repository", "PR", "Target", "Merge-base", "Head", "Ahead / behind", "Image ID",
+                   "Registry digest", "Tags", "Platform", "Base digest"], rows)
+    out += ["", f"Repository `{report.repository}`; base image `{report.base_image}`;"
+            f" lock sha256 `{report.lock_sha256}`.", ""]
+    out += ["### Gates", ""]
+    out += _table(["Gate", "Required", "Status", "Reason", "Key evidence"],
+                  [[g.name, "yes" if g.name in report.required_gates else "no", g.status.replace("_", " "),
+                    g.reason, key_evidence(g.evidence)] for g in report.gates])
+    tp = report.acceptance.throughput if report.acceptance else {}
+    if tp:
+        show = {k: UNKNOWN if tp.get(k) is None else _num(tp[k]) for k in ("metric", "aligned", "control", "ratio")}
+        out += ["", f"Rollout throughput (`{show['metric']}`): aligned {show['aligned']}, control {show['control']},"
+                    f" ratio {show['ratio']}."]
+    out += ["", "### Build", ""]
+    b = report.build
+    if b:
+        times = ", ".join(f"{k} {v:.1f} s" for k, v in b.stage_times.items()) or UNKNOWN
+        out += _table(["Engine", "Builder", "Dockerfile sha256", "Context sha256", "Size", "Stage times", "Cached"],
+                      [[b.engine_version, b.builder_version, _code(b.dockerfile_sha256), _code(b.context_sha256),
+                        f"{b.size / 1e6:.1f} MB", times, "yes" if b.cached else "no"]])
+    else:
+        out += ["unknown (no build record: acceptance ran on an existing image)"]
+    out += ["", "### Compatibility pins", ""]
+    out += _table(["Package", "Version", "Reason"], [[c["package"], c["version"], c["reason"]]
+                                                      for c in report.compat]) if report.compat else ["none"]
+    if pub:
+        out += ["", "### Publish receipt", ""]
+        out += _table(["Repository", "Tags", "Digest", "Config digest", "Platform", "Verified", "Pushed at"],
+                      [[pub.repository, ", ".join(pub.tags), _code(pub.digest), _code(pub.config_digest),
+                        pub.platform, "yes" if pub.verified else "no", pub.pushed_at]])
+    if report.rebuild:
+        out += _rebuild_section(report.rebuild)
+    out += sqsh_markdown(report)
+    out += ["", "<details><summary>Run manifest (six layers; unknown = not captured)</summary>", ""]
+    rows = []
+    for layer, content in report.run_manifest.items():
+        for key, value in _flat(content):
+            rows.append([layer, key or "-", value if len(_cell(value)) <= 160 else _cell(value)[:157] + "..."])
+    out += _table(["Layer", "Item", "Value"], rows)
+    out += ["", "</details>", ""]
+    return "\n".join(out)
+
+
+def _rebuild_section(result: dict[str, Any]) -> list[str]:
+    """The report.md section: the verdict of the rebuild and the first differing paths per layer."""
+    out = ["", "### Rebuild check (`builder rebuild --check`)", "",
+           f"{result['status']}: report {result['report']['manifest_digest']}, "
+           f"rebuild {result['rebuild']['manifest_digest']}"]
+    for layer in result.get("layers", []):
+        out += ["", f"- layer {layer['index']}: {layer['files']} paths differ"]
+        out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]
+    return out
+def sqsh_markdown(report: Report) -> list[str]:
+    """The enroot .sqsh next to the registry digest, under the SHA tag (builder/release/sqsh.py)."""
+    s = report.sqsh
+    if s is None:
+        return []
+    smoke = f"provenance {s.smoke.get('status')}: {s.smoke.get('reason')}"
+    return ["", "### Cluster image (enroot .sqsh)", ""] + _table(
+        ["SHA tag", "Registry digest", ".sqsh sha256", "Size", "Compression", "Equivalence", "Smoke", "File"],
+        [[_code(s.tag), _code(s.registry_digest), _code(s.sha256), f"{s.size / 1e6:.1f} MB", _code(s.compression),
+          f"{s.equivalence} ({s.entries} paths, {s.files} files)", smoke, _code(s.path)]])
+
+
+# ---------------------------------------------------------------- junit
+
+
+def to_junit(report: Report) -> str:
+    gates = report.gates
+    if report.sqsh:  # the .sqsh beside the registry digest: its smoke is one more testcase
+        gates = gates + [GateResult(name="sqsh_smoke", status=report.sqsh.smoke.get("status", "not_run"),
+                                    reason=str(report.sqsh.smoke.get("reason", "")), evidence=report.sqsh.smoke)]
+    count = {s: sum(g.status == s for g in gates) for s in SEVERITY}
+    suite = ET.Element("testsuite", name="acceptance", tests=str(len(gates)), failures=str(count["fail"]),
+                       errors=str(count["inconclusive"]), skipped=str(count["not_run"]))
+    props = ET.SubElement(suite, "properties")
+    for key, value in (("verdict", report.verdict), ("image_id", report.image_id), ("name", report.name)):
+        ET.SubElement(props, "property", name=key, value=value)
+    for key in ("sha256", "size", "compression", "registry_digest", "tag") if report.sqsh else ():
+        ET.SubElement(props, "property", name=f"sqsh_{key}", value=str(getattr(report.sqsh, key)))
+    for g in gates:
+        case = ET.SubElement(suite, "testcase", classname="acceptance", name=g.name)
+        detail = json.dumps(g.evidence, indent=1, sort_keys=True) + ("\n" + g.log if g.log else "")
+        if g.status == "fail":
+            ET.SubElement(case, "failure", message=g.reason or "failed", type="fail").text = detail
+        elif g.status == "inconclusive":
+            ET.SubElement(case, "error", message=g.reason or "inconclusive", type="inconclusive").text = detail
+        elif g.status == "not_run":
+            ET.SubElement(case, "skipped", message=g.reason or "not run")
+        else:
+            ET.SubElement(case, "system-out").text = detail
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+# ---------------------------------------------------------------- files
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def write(report: Report, outdir: str | Path) -> dict[str, Path]:
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    from builder.report.ctrf import to_ctrf
+
+    paths = {"json": outdir / "report.json", "md": outdir / "report.md", "junit": outdir / "junit.xml",
+             "ctrf": outdir / "ctrf.json"}
+    _atomic_write(paths["json"], report.model_dump_json(indent=2) + "\n")
+    _atomic_write(paths["md"], to_markdown(report))
+    _atomic_write(paths["junit"], to_junit(report))
+    _atomic_write(paths["ctrf"], json.dumps(to_ctrf(report), indent=2) + "\n")
+    return paths
+
+
+REPORT_MAX_BYTES = 32 * 1024 * 1024
+
+
+def load(path: str | Path) -> Report:
+    """report.json: a regular UTF-8 file (builder.pins.inputfile), then the Report model; BadInput otherwise."""
+    from builder.core.safetext import clip
+    from builder.pins.inputfile import read_text
+
+    text = read_text(path, "report", REPORT_MAX_BYTES)
+    try:
+        return Report.model_validate_json(text)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise BadInput(clip(f"{path}: not a report: {'.'.join(map(str, err['loc']))}: {err['msg']}")) from None
