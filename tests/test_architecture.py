@@ -16,7 +16,7 @@ IN_IMAGE = BUILDER / "image" / "scripts"  # stdlib scripts copied into the image
 # The stage packages, lowest first: a module may import only from its own package or from one listed
 # before it. cli and pipeline are the two top-level modules above every package.
 ORDER = ("core", "pins", "engine", "sources", "lock", "image", "accept", "report", "release", "nightly",
-         "pipeline", "cli")
+         "pipeline", "cli", "__main__")
 
 
 def modules() -> dict[str, Path]:

@@ -157,7 +157,7 @@ def signed_run(records, keys, tmp_path, signer="a", **kwargs):
 
     pins, report = records(**kwargs)
     paths = report_mod.write(report, tmp_path)
-    attest.sign_acceptance(report, keys[signer][0], tmp_path)
+    attest.sign_acceptance(report, pins, keys[signer][0], tmp_path)
     return report, paths["json"]
 
 

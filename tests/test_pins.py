@@ -458,7 +458,7 @@ def test_pins_files_point_at_the_schema(name):
 
 
 def test_committed_schema_is_up_to_date():
-    committed = (ROOT / "builder" / "schema" / "pins.schema.json").read_text()
+    committed = (ROOT / "builder" / "pins" / "schema" / "pins.schema.json").read_text()
     assert committed == pins.schema_json(), "run: python -m builder.pins.model --schema > builder/pins/schema/pins.schema.json"
 
 

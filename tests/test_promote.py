@@ -5,11 +5,11 @@ import time
 
 import pytest
 
+from builder import pipeline
 from builder.core.errors import PublishError
 from builder.engine import staging
 from builder.engine.registry import Registry, split_repository
 from builder.pins import model as pins_mod
-from builder.release import publish
 from builder.report import document as report_mod
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS
@@ -72,7 +72,7 @@ def base_manifest_into(stage_ref, base_image):
 
 def test_promote_tags_exactly_the_accepted_digest(accepted_by_digest, demo_accepted):
     report_json, ref, tag = accepted_by_digest
-    receipt = publish.publish(report_json, SETTINGS)
+    receipt = pipeline.publish_report(report_json, SETTINGS)
     digest = ref.partition("@")[2]
     assert receipt.digest == digest == demo_accepted[2].manifest_digest
     assert receipt.config_digest == demo_accepted[2].image_id
@@ -94,7 +94,7 @@ def test_report_edited_to_name_another_digest_gets_no_tag(accepted_by_digest, de
 
     edit(report_json, change)
     with pytest.raises(PublishError, match="acceptance|refusing"):
-        publish.publish(report_json, SETTINGS)
+        pipeline.publish_report(report_json, SETTINGS)
     reg, name = registry_for(RELEASE + "@x")
     assert reg.tag_digest(name, tag) is None
 
@@ -105,6 +105,6 @@ def test_staging_manifest_replaced_after_acceptance_gets_no_tag(accepted_by_dige
     assert reg.delete_manifest(name, ref.partition("@")[2])
     base_manifest_into(ref, demo_image[0].base.image)  # something else now sits in staging
     with pytest.raises(PublishError, match="404|not"):
-        publish.publish(report_json, SETTINGS)
+        pipeline.publish_report(report_json, SETTINGS)
     rel, rel_name = registry_for(RELEASE + "@x")
     assert rel.tag_digest(rel_name, tag) is None

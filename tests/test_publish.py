@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from builder import pipeline
 from builder.core.errors import BadInput, InfraError, PublishError
 from builder.core.options import Settings
 from builder.engine.registry import MANIFEST_TYPES, Registry, verify_tag
-from builder.release import publish
 from builder.report import document as report
 
 SETTINGS = Settings.from_env()
@@ -228,7 +228,7 @@ def test_refuses_not_accepted_report(report_inputs, tmp_path):
                           statuses={"rl_step": "fail"})
     before = snapshot(paths)
     with pytest.raises(PublishError, match="verdict is NOT ACCEPTED; only an ACCEPTED image is published"):
-        publish.publish(paths["json"], SETTINGS)
+        pipeline.publish_report(paths["json"], SETTINGS)
     assert snapshot(paths) == before
 
 
@@ -238,7 +238,7 @@ def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs, tmp_pa
     forged = rep.model_copy(update={"verdict": "ACCEPTED", "reasons": []})
     paths["json"].write_text(forged.model_dump_json())
     with pytest.raises(BadInput, match="acceptance.gates.control: required gate reads not run"):
-        publish.publish(paths["json"], SETTINGS)  # builder/release/trust.py: exit 2, before any registry call
+        pipeline.publish_report(paths["json"], SETTINGS)  # builder/release/trust.py: exit 2, before any registry call
 
 
 @pytest.mark.docker
@@ -247,9 +247,9 @@ def test_refuses_report_for_another_image(report_inputs, tmp_path, docker_client
     _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client, tag_image=tiny_images["b"])
     before = snapshot(paths)
     with pytest.raises(PublishError, match=f"is {tiny_images['b']}, the report accepted {tiny_images['a']}"):
-        publish.publish(paths["json"], SETTINGS)
+        pipeline.publish_report(paths["json"], SETTINGS)
     with pytest.raises(PublishError, match="the report accepted"):
-        publish.publish(paths["json"], SETTINGS, image="builder-tests/tiny:b")
+        pipeline.publish_report(paths["json"], SETTINGS, image="builder-tests/tiny:b")
     assert snapshot(paths) == before
 
 
@@ -263,7 +263,7 @@ def test_push_to_read_only_registry_fails_without_receipt(report_inputs, tmp_pat
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/readonly", tiny_images["a"], docker_client)
     before = snapshot(paths)
     with pytest.raises(PublishError, match=f"push {host}/tests/readonly:vllm-"):
-        publish.publish(paths["json"], SETTINGS)
+        pipeline.publish_report(paths["json"], SETTINGS)
     assert snapshot(paths) == before
     assert report.load(paths["json"]).publish is None
 
@@ -276,7 +276,7 @@ def test_stopped_registry_is_infra_error(report_inputs, tmp_path, docker_client,
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/stopped", tiny_images["a"], docker_client)
     before = snapshot(paths)
     with pytest.raises(InfraError, match=f"registry {host}: unreachable") as err:
-        publish.publish(paths["json"], SETTINGS)
+        pipeline.publish_report(paths["json"], SETTINGS)
     assert err.value.exit_code == 3
     assert snapshot(paths) == before
 
@@ -294,7 +294,7 @@ def test_digest_mismatch_is_refused(report_inputs, tmp_path, docker_client, tiny
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/tampered", tiny_images["a"], docker_client)
     before = snapshot(paths)
     with pytest.raises(PublishError, match=message):
-        publish.publish(paths["json"], SETTINGS)
+        pipeline.publish_report(paths["json"], SETTINGS)
     assert snapshot(paths) == before
     for tag in report_for_tags(paths):  # withdrawn: the registry itself no longer serves the tags
         assert requests.head(f"http://{upstream}/v2/tests/tampered/manifests/{tag}", timeout=10,
@@ -313,7 +313,7 @@ def test_publish_pushes_verifies_and_records_receipt(report_inputs, tmp_path, do
                                                      infra_setup):
     repo = "127.0.0.1:5000/tests/published"
     rep, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client)
-    receipt = publish.publish(paths["json"], SETTINGS)
+    receipt = pipeline.publish_report(paths["json"], SETTINGS)
     head, computed = served_digest(repo, rep.tags[0])
     assert receipt.verified and receipt.digest == head == computed
     assert served_digest(repo, "demo") == (head, computed)
@@ -339,7 +339,7 @@ def test_platform_other_than_reported_gets_no_receipt(report_inputs, tmp_path, d
     _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client, platform="linux/arm64")
     before = snapshot(paths)
     with pytest.raises(PublishError, match="image platform linux/amd64, the report says linux/arm64"):
-        publish.publish(paths["json"], SETTINGS)
+        pipeline.publish_report(paths["json"], SETTINGS)
     assert snapshot(paths) == before
 
 
@@ -351,13 +351,13 @@ def test_credentials_never_leak(report_inputs, tmp_path, docker_client, tiny_ima
     monkeypatch.setenv("BUILDER_REGISTRY_USERNAME", "builder")
     monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", password)
     rep, paths = report_for(report_inputs, tmp_path / "ok", f"{host}/tests/auth", tiny_images["a"], docker_client)
-    receipt = publish.publish(paths["json"], Settings.from_env())
+    receipt = pipeline.publish_report(paths["json"], Settings.from_env())
     assert receipt.digest == served_digest(f"{host}/tests/auth", rep.tags[0], auth=("builder", password))[1]
     # a wrong password fails with a masked message
     monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "wrong-" + password)
     _, bad = report_for(report_inputs, tmp_path / "bad", f"{host}/tests/auth2", tiny_images["a"], docker_client)
     with pytest.raises(PublishError) as err:
-        publish.publish(bad["json"], Settings.from_env())
+        pipeline.publish_report(bad["json"], Settings.from_env())
     assert password not in str(err.value) and "unauthorized" in str(err.value)
     out, errout = capfd.readouterr()
     texts = [out, errout, str(err.value), json.dumps(docker_client.api.inspect_image(tiny_images["a"]))]
@@ -377,7 +377,7 @@ def test_demo_image_accepted_report_and_publish(demo_accepted, tmp_path, docker_
     assert rep.run_manifest["source"]["verl"]["commit_in_image"] == pins.components["verl"].commit
     assert rep.run_manifest["installed_packages"]["vllm"]["version"] != "unknown"
     paths = report.write(rep, tmp_path)
-    receipt = publish.publish(paths["json"], SETTINGS)
+    receipt = pipeline.publish_report(paths["json"], SETTINGS)
     head, computed = served_digest(pins.image.repository, rep.tags[0])
     assert receipt.digest == head == computed and receipt.config_digest == built.image_id
     stored = report.load(paths["json"])

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from builder import pipeline
 from builder.engine import client as engine
 from builder.engine import normalize, staging
 from builder.engine.registry import Registry, split_repository
-from builder.release import rebuild
 from builder.report import document as report_mod
 from tests.conftest import SETTINGS
 
@@ -45,7 +45,7 @@ def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_image
     try:
         for ref in attrs.get("RepoTags", []) + attrs.get("RepoDigests", []):
             engine.remove_image(docker_client, ref)  # every local reference (the image goes unless a child holds it)
-        result = rebuild.check(report_json, SETTINGS)
+        result = pipeline.rebuild_check(report_json, SETTINGS)
     finally:
         if engine.inspect_image(docker_client, built.image_id) is None:
             reload(docker_client, built, rendered.tag)  # later tests use the demo image

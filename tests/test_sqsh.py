@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from builder import pipeline
 from builder.core import files as fs
 from builder.core import options
 from builder.core.errors import BadInput, NotAccepted
 from builder.core.records import SqshExport
+from builder.pins import model as pins_mod
 from builder.release import sqsh
 from builder.release import sqsh_rootfs as layers
 from builder.release import sqsh_smoke as smoke
@@ -262,7 +264,7 @@ def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, t
     rep = report.make_report(*report_inputs(statuses={"rl_step": "fail"}))
     path = report.write(rep, tmp_path)["json"]
     with pytest.raises(NotAccepted, match="only an ACCEPTED image is exported"):
-        sqsh.export(path, settings)
+        pipeline.export_sqsh(path, settings)
     out = subprocess.run([sys.executable, "-m", "builder.cli", "export-sqsh", str(path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "NOT ACCEPTED" in out.stderr
@@ -273,9 +275,9 @@ def test_export_refuses_a_bad_out_before_any_work(report_inputs, settings, tmp_p
     path = report.write(report.make_report(*report_inputs()), tmp_path)["json"]
     for bad in (tmp_path / "image.tar", tmp_path / "missing" / "x.sqsh"):
         with pytest.raises(BadInput, match="expected a file name ending in .sqsh in an existing directory"):
-            sqsh.export(path, settings, out=bad)
+            pipeline.export_sqsh(path, settings, out=bad)
     with pytest.raises(BadInput, match="--squash-options"):
-        sqsh.export(path, settings, squash_options="-comp lzo -ef /etc/x")
+        pipeline.export_sqsh(path, settings, squash_options="-comp lzo -ef /etc/x")
 
 
 def test_run_sqsh_without_publish_is_bad_input():
@@ -294,7 +296,7 @@ def demo_sqsh(demo_accepted, docker_client, settings, tmp_path_factory):
     run = tmp_path_factory.mktemp("sqsh-run")
     path = report.write(report.make_report(pins, sources, built, acceptance), run)["json"]
     assert report.load(path).verdict == "ACCEPTED"
-    return path, sqsh.export(path, settings, client=docker_client, squash_options=FAST)
+    return path, pipeline.export_sqsh(path, settings, squash_options=FAST)
 
 
 @pytest.mark.docker
@@ -321,6 +323,7 @@ def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client, tmp_pat
     victim = sorted(manifest["components"]["vllm"]["files"])[0]
     with open(root / victim.lstrip("/"), "a") as fh:
         fh.write("\n# planted\n")
-    result = smoke.provenance_on_rootfs(docker_client, report.load(path), root)
+    loaded = report.load(path)
+    result = smoke.provenance_on_rootfs(docker_client, loaded, pins_mod.load(loaded.sources.pins_path), root)
     assert result["status"] == "fail", result
     assert not docker_client.images.list(name=smoke.REPOSITORY)  # the imported image is gone

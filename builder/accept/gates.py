@@ -48,7 +48,7 @@ def checkpoint_settings(pins: Pins) -> dict[str, Any] | None:
 
 
 def _container_spec(pins: Pins, image_id: str, gate: str, settings: dict[str, Any], run_id: str) -> dict[str, Any]:
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     mounts = [docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=True)
               for m in pins.acceptance.mounts]
@@ -94,8 +94,8 @@ def _parse(stdout: str, gate: str) -> dict[str, Any] | None:
 def run_gate(client: Client, pins: Pins, image_id: str, gate: str, timeout_s: int,
              run_id: str) -> tuple[GateResult, dict[str, Any]]:
     """Run one gate in a new container; always remove it (also on timeout and Ctrl-C)."""
-    import docker
-    import requests
+    import docker  # lazy: docker SDK, slow to import; start-up
+    import requests  # lazy: slow to import; start-up
 
     settings = gate_settings(pins, gate)
     container = None
@@ -147,7 +147,7 @@ def leftover_containers(client: Client, run_id: str | None = None) -> list[Any]:
 
 
 def _image_id(client: Client, image: str) -> str:
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
         return str(client.images.get(image).id)

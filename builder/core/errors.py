@@ -1,4 +1,9 @@
-"""One error type per outcome, each with its exit code (like cibuildwheel's errors module)."""
+"""One error hierarchy: every exit code of the tool comes from one of these classes, caught once in
+the CLI's entry (`builder.cli.main`), like cibuildwheel's errors module.
+
+    1 NotAccepted, BuildFailed, PublishError, AttestationError   2 BadInput   3 InfraError
+    4 Regression (nightly: accepted, a regression flag is up)   130 Interrupted (SIGINT / SIGTERM)
+"""
 from __future__ import annotations
 
 
@@ -11,6 +16,10 @@ class BuilderError(Exception):
     def __init__(self, message: str, details: list[str] | None = None):
         super().__init__(" ".join(str(message).splitlines()))
         self.details = list(details or [])
+
+    def headline(self) -> str:
+        """The one line the CLI prints (stderr)."""
+        return f"error: {self}"
 
 
 class NotAccepted(BuilderError):
@@ -25,6 +34,20 @@ class PublishError(BuilderError):
     exit_code = 1
 
 
+class AttestationError(BuilderError):
+    """A failed verification check; `check` names it (signature, subject, test result, ...)."""
+
+    exit_code = 1
+
+    def __init__(self, check: str, detail: str):
+        super().__init__(f"{check}: {detail}")
+        self.check = check
+        self.detail = detail
+
+    def headline(self) -> str:
+        return f"FAILED {self.check}: {self.detail}"
+
+
 class BadInput(BuilderError):
     exit_code = 2
 
@@ -33,3 +56,15 @@ class InfraError(BuilderError):
     """Docker engine or registry unreachable, or a host tool missing."""
 
     exit_code = 3
+
+
+class Regression(BuilderError):
+    """Nightly: the image was accepted, but a regression flag is up against the last accepted run."""
+
+    exit_code = 4
+
+
+class Interrupted(BuilderError):
+    """SIGINT or SIGTERM: the work stopped; nothing half-done is left (each stage cleans up)."""
+
+    exit_code = 130

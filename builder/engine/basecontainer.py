@@ -95,7 +95,7 @@ def run(settings: Settings, image: str, python: str, script: str, archives: list
         env: dict[str, str] | None = None, fetch: str | None = None, log_name: str = "base-container") -> Result:
     """Run `python -c script` in a fresh network-none container of image, with each (directory, tar)
     of archives extracted there in order; `fetch` is a directory returned as tar bytes. Container removed after."""
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     client = engine.connect(settings)
     try:

@@ -5,8 +5,10 @@ Every build runs with network_mode "none", pull=False, and intermediate containe
 """
 from __future__ import annotations
 
+import io
 import re
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +46,7 @@ class BuildResult:
 def connect(settings: Settings, timeout: float | None = None) -> Client:
     """A docker SDK client for the settings' engine that answered ping, else InfraError (exit 3).
     `timeout` is the HTTP read timeout (default: the build timeout; a step may print nothing for minutes)."""
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
         client = docker.from_env(timeout=int(timeout or settings.build_timeout_s),
@@ -74,7 +76,7 @@ def engine_version(client: Client) -> str:
 
 
 def inspect_image(client: Client, ref: str) -> dict[str, Any] | None:
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
         attrs: dict[str, Any] = client.api.inspect_image(ref)
@@ -91,10 +93,8 @@ def tag_image(client: Client, image_id: str, ref: str) -> None:
 
 def read_file(client: Client, image_id: str, path: str) -> bytes | None:
     """One file of an image, through a created (never started) container; None when absent."""
-    import io
-    import tarfile
 
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     container = client.containers.create(image_id, command=["true"], network_mode="none")
     try:
@@ -110,7 +110,7 @@ def read_file(client: Client, image_id: str, path: str) -> bytes | None:
 
 def remove_image(client: Client, ref: str) -> bool:
     """Remove a tag (or image); True when something was removed."""
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
         client.api.remove_image(ref, noprune=False)

@@ -9,6 +9,7 @@ network is ever created), the registry listens on 127.0.0.1 only, and nothing is
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -95,7 +96,6 @@ def tcp_listeners(port: int) -> list[str]:
             if int(port_hex, 16) != port:
                 continue
             if v6:
-                import ipaddress
                 raw = bytes.fromhex(addr_hex)
                 # /proc stores each 32-bit word in host (little-endian) order
                 raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
@@ -183,7 +183,7 @@ def _ensure_engine(settings: Settings) -> Info:
 
 
 def registry_answers(timeout: float = 2.0) -> bool:
-    import requests
+    import requests  # lazy: slow to import; start-up
 
     session = requests.Session()
     session.trust_env = False  # never through a proxy

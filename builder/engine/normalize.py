@@ -308,7 +308,7 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
 
 def _retag(client: Any, image_id: str, tag: str) -> bool:
     """Point `tag` at an image the engine already has (the build just moved the tag to its raw image)."""
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
         client.api.inspect_image(image_id)
@@ -319,7 +319,7 @@ def _retag(client: Any, image_id: str, tag: str) -> bool:
 
 
 def _loaded(client: Any, image_id: str, tag: str) -> bool:
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
         attrs = client.api.inspect_image(tag)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -170,7 +171,6 @@ class Registry:
 
 
 def _path_of(url: str) -> str:
-    from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     return parts.path + (f"?{parts.query}" if parts.query else "")

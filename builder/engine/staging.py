@@ -75,7 +75,7 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
     """Pull `repo@sha256:...` into the engine. The manifest served at that digest (hash-checked) names the
     config; it must be `expected_id` (when given) and the pulled image ID must equal it.
     A digest the registry does not serve is PublishError (exit 1) with one clear line."""
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     repository, _, digest = ref.partition("@")
     if not digest.startswith("sha256:") or len(digest) != 71:

@@ -21,6 +21,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +34,14 @@ from builder.core.constants import COMPONENTS, SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput, BuilderError, BuildFailed
 from builder.core.files import sha256_file
 from builder.core.options import Settings
+from builder.core.records import ResolvedSources
 from builder.engine import basecontainer
 from builder.engine.basecontainer import WORK, BaseInfo
 from builder.lock import resolver, wheels
 from builder.lock.resolver import Target
 from builder.lock.wheels import BUILD_MARK
+from builder.pins import model as pins_mod
+from builder.pins.model import Pins
 from builder.sources import mirror, scmversion
 from builder.sources.resolve import exported_tar
 
@@ -218,7 +222,6 @@ raise SystemExit(rc)
 
 
 def _sdist_requires(sdist: Path) -> list[str]:
-    import tomllib
 
     with tarfile.open(sdist) as tar:
         for member in tar.getmembers():
@@ -402,19 +405,16 @@ def recorded_inputs(text: str) -> str:
     return ""
 
 
-def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool = False, resolver_name: str = "uv",
-         build_sdists: bool = False, allow_moved_pr: bool = False) -> LockResult:
-    """Write (or with check, verify) the lock of a pins file."""
-    from builder.pins import model as pins_mod
-    from builder.sources import resolve as sources_mod
+def check_resolver(name: str) -> None:
+    if name not in resolver.RESOLVERS:
+        raise BadInput(f"--resolver: expected one of {', '.join(resolver.RESOLVERS)}, got {name!r}")
 
-    if resolver_name not in resolver.RESOLVERS:
-        raise BadInput(f"--resolver: expected one of {', '.join(resolver.RESOLVERS)}, got {resolver_name!r}")
-    if not check:
-        _start_lock_file(Path(pins_path))
-    pins = pins_mod.load(pins_path)
-    with log.step("lock: resolve sources"):
-        sources = sources_mod.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
+
+def lock(pins: Pins, sources: ResolvedSources, settings: Settings, check: bool = False, resolver_name: str = "uv",
+         build_sdists: bool = False) -> LockResult:
+    """Write (or with check, verify) the lock of a pins file."""
+    check_resolver(resolver_name)
+    pins_path = pins.path
     path = pins.lock_path()
     old = path.read_text() if path.is_file() else ""
     if check:
@@ -441,9 +441,8 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
                       wheelhouse)
 
 
-def _start_lock_file(pins_path: Path) -> None:
+def start_lock_file(pins_path: Path) -> None:
     """A first `builder lock` creates the pins' build.lock (pins validation wants it to exist)."""
-    from builder.pins import model as pins_mod
 
     try:
         data = pins_mod.read_yaml(pins_path.read_text())

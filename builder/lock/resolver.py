@@ -16,6 +16,7 @@ import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
@@ -79,7 +80,7 @@ def _run(settings: Settings, argv: list[str], log_name: str) -> tuple[int, str]:
 
 
 def uv_bin() -> str:
-    from uv import find_uv_bin
+    from uv import find_uv_bin  # lazy: only when locking
 
     return find_uv_bin()
 
@@ -87,9 +88,8 @@ def uv_bin() -> str:
 def resolver_version(resolver: str) -> str:
     if resolver == "uv":
         return subprocess.run([uv_bin(), "--version"], check=False, capture_output=True, text=True).stdout.strip()
-    from importlib.metadata import version
 
-    return f"pip {version('pip')}"
+    return f"pip {metadata.version('pip')}"
 
 
 def resolve(settings: Settings, requirements: list[str], provided: dict[str, str], target: Target, resolver: str = "uv",

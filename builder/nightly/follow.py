@@ -1,9 +1,6 @@
-"""`builder nightly PINS [--follow-prs] [--publish]`: rebuild and accept, compare with the last ACCEPTED
-run of the same pins name (history in the cache), write nightly-diff.md / .json beside the report and,
-when accepted and asked, move `nightly` + `nightly-YYYYMMDD` to the published digest and prune old ones.
-
-Exit codes as `builder run`, plus 4: accepted, but a regression flag is up.
-"""
+"""The nightly's own steps (the use case is `builder.pipeline.nightly`): follow the PR heads, find the
+last ACCEPTED run of the same pins name (history in the cache), list the commits since, and move
+`nightly` + `nightly-YYYYMMDD` to the published digest, pruning old ones."""
 from __future__ import annotations
 
 import json
@@ -11,32 +8,32 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder.core import log
-from builder.core.constants import COMPONENTS, MANIFEST
+from builder.core.constants import COMPONENTS
 from builder.core.errors import BadInput, PublishError
 from builder.core.options import Settings
 from builder.core.records import Report
 from builder.engine.registry import Registry, get_json, put_manifest, split_repository
-from builder.nightly import rundiff
 from builder.nightly.history import History
+from builder.pins import model as pins_model
+from builder.pins.model import Pins
+from builder.release import referrers
 from builder.report import document as report_mod
 from builder.sources import mirror
 
-REGRESSION_EXIT = 4
 NIGHTLY = "nightly"
 DATED = re.compile(r"^nightly-(\d{8})$")
 
 
-def follow_prs(pins_path: Path, settings: Settings) -> list[dict[str, Any]]:
-    """Move each component's commit to its PR's current head; rewrite the pins file in place (only the
-    commit values change); return what moved with ahead/behind of the new head against the old pin."""
-    from builder.pins import model as pins_mod
-
-    pins = pins_mod.load(pins_path)
+def follow_prs(pins: Pins, settings: Settings) -> tuple[Pins, list[dict[str, Any]]]:
+    """Move each component's commit to its PR's current head: rewrite the pins file in place (only the
+    commit values change) and return the moved pins with what moved (ahead/behind of the new head
+    against the old pin)."""
+    pins_path = pins.path
     text = pins_path.read_text()
     moved = []
     for name in COMPONENTS:
@@ -55,18 +52,19 @@ def follow_prs(pins_path: Path, settings: Settings) -> list[dict[str, Any]]:
         moved.append({"component": name, "pr": pin.pr, "old": pin.commit, "new": str(head),
                       "ahead": ahead, "behind": behind})
         log.info(f"{name}: PR #{pin.pr} {pin.commit[:12]} -> {str(head)[:12]} (+{ahead} / -{behind})")
-    if moved:
-        fd, tmp = tempfile.mkstemp(dir=pins_path.parent, prefix=f".{pins_path.name}.")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, pins_path)
-    return moved
+    if not moved:
+        return pins, moved
+    fd, tmp = tempfile.mkstemp(dir=pins_path.parent, prefix=f".{pins_path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, pins_path)
+    return pins_model.load(pins_path), moved  # the file now holds the moved commits (and their sha256)
 
 
 def commit_log(report: Report, previous: Report | None, settings: Settings,
                limit: int = 50) -> dict[str, list[dict[str, str]]]:
     """Commits in each moved component since the previous run's pin (from the mirrors)."""
-    import pygit2
+    import pygit2  # lazy: pygit2 loads libgit2, only for the commit walk
 
     out: dict[str, list[dict[str, str]]] = {}
     for name, comp in report.sources.components.items():
@@ -129,8 +127,6 @@ def _sha_tag(tag: str) -> bool:
 
 
 def _delete_with_referrers(reg: Registry, name: str, digest: str) -> None:
-    from builder.release import referrers
-
     for desc in referrers.discover(reg, name, digest):
         reg.delete_manifest(name, desc["digest"])
     index = reg.tag_digest(name, referrers.fallback_tag(digest))
@@ -139,61 +135,20 @@ def _delete_with_referrers(reg: Registry, name: str, digest: str) -> None:
     reg.delete_manifest(name, digest)
 
 
-def _image_manifest(image_id: str, settings: Settings) -> dict[str, Any] | None:
-    from builder.engine import client as engine
+@dataclass(frozen=True)
+class Previous:
+    """The last ACCEPTED run of a pins name: its report, image manifest and published digest (all None if none)."""
 
-    data = engine.read_file(engine.connect(settings), image_id, MANIFEST)
-    return json.loads(data) if data else None
+    report: Report | None = None
+    manifest: dict[str, Any] | None = None
+    digest: str | None = None
 
 
-def _previous(history: History, name: str) -> tuple[Report | None, dict[str, Any] | None, str | None]:
+def previous(history: History, name: str) -> Previous:
     run = history.last_accepted(name)
     if run is None:
-        return None, None, None
+        return Previous()
     report = report_mod.load(run.report_path)
     manifest_path = Path(run.report_path).parent / "image-manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
-    return report, manifest, run.digest
-
-
-def nightly(pins_path: Path, settings: Settings, follow_prs_: bool, publish: bool, out: Path | None,
-            signing_key: Path | None, accept_and_report: Callable[[Path, Path | None], tuple[Report, Path]],
-            history: History | None = None, today: str | None = None) -> int:
-    """The whole nightly; returns the exit code (0, 1 or 4)."""
-    from builder.pins import model as pins_mod
-    from builder.release import publish as publish_mod
-
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    moved = []
-    if follow_prs_:
-        with log.step("follow PR heads"):
-            moved = follow_prs(pins_path, settings)
-        log.info(f"moved: {len(moved)} component(s)" if moved else "no PR head moved")
-    pins = pins_mod.load(pins_path)
-    history = history or History(settings.cache("history") / "runs.sqlite")
-    previous, previous_manifest, previous_digest = _previous(history, pins.name)
-    report, run_dir = accept_and_report(pins_path, out)
-    manifest = _image_manifest(report.image_id, settings)
-    (run_dir / "image-manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    accepted = report.verdict == "ACCEPTED"
-    digest, tags = None, None
-    if accepted and publish:
-        with log.step("publish"):
-            receipt = publish_mod.publish(run_dir / "report.json", settings, signing_key=signing_key)
-            digest = receipt.digest
-            tags = move_tags(receipt.repository, digest, pins.nightly.retention, settings, today)
-        report = report_mod.load(run_dir / "report.json")
-    with log.step("compare with the last accepted run"):
-        diff = rundiff.compare(report, manifest, digest, previous, previous_manifest, previous_digest,
-                               pins.nightly.regression_threshold, commit_log(report, previous, settings))
-        diff["moved"], diff["tags"] = moved, tags
-        paths = rundiff.write(diff, run_dir)
-    code = (REGRESSION_EXIT if diff["regression"]["flag"] else 0) if accepted else 1
-    history.add(pins.name, started, report.verdict, report.image_id, digest,
-                {n: c.commit for n, c in report.sources.components.items()}, run_dir / "report.json", code,
-                diff["regression"]["flag"])
-    log.info(f"nightly: {diff['summary']}")
-    for reason in diff["regression"]["reasons"]:
-        log.info(f"regression: {reason}")
-    log.info(f"nightly diff: {paths['md']}")
-    return code
+    return Previous(report, manifest, run.digest)

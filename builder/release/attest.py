@@ -17,9 +17,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from builder.core import log
 from builder.core.constants import BUILDER_VERSION, TOOL_URI
-from builder.core.errors import PublishError
+from builder.core.errors import AttestationError, PublishError
 from builder.core.records import Report
-from builder.engine.registry import Registry
+from builder.engine.registry import Registry, split_repository
+from builder.lock.wheels import read_lock
 from builder.pins.model import Pins
 from builder.release import dsse, referrers, sbom
 
@@ -30,15 +31,6 @@ SBOM_TYPE = sbom.PREDICATE_TYPE
 PREDICATE_TYPES = (PROVENANCE_TYPE, SBOM_TYPE, TEST_RESULT_TYPE)
 BUILD_TYPE = f"{TOOL_URI}/unified-image@v{BUILDER_VERSION}"
 BUILDER_ID = f"{TOOL_URI}/builder/local"
-
-
-class AttestationError(Exception):
-    """A failed verification check; `check` names it (signature, subject, test result, ...)."""
-
-    def __init__(self, check: str, detail: str):
-        super().__init__(f"{check}: {detail}")
-        self.check = check
-        self.detail = detail
 
 
 def statement(repository: str, digest: str, predicate_type: str, predicate: dict) -> dict:
@@ -66,8 +58,6 @@ def pins_bytes(report: Report) -> bytes:
 
 def locked_wheels(lock_path: Path) -> list[dict]:
     """One resolved dependency per locked distribution hash."""
-    from builder.lock.wheels import read_lock
-
     out = []
     for entry in read_lock(lock_path)[1]:
         for digest in entry.hashes:
@@ -136,12 +126,9 @@ def statements(report: Report, pins: Pins, image_manifest: dict[str, Any], repos
 ACCEPTANCE_ENVELOPE = "acceptance.dsse.json"  # beside report.json: the signed test result over the image ID
 
 
-def sign_acceptance(report: Report, key: Ed25519PrivateKey, run_dir: Path) -> Path:
+def sign_acceptance(report: Report, pins: Pins, key: Ed25519PrivateKey, run_dir: Path) -> Path:
     """At acceptance time: the in-toto test result, subject = the accepted image's config digest (its ID),
     DSSE-signed; publish requires it (and a matching key) before any release tag."""
-    from builder.pins import model as pins_mod
-
-    pins = pins_mod.load(report.sources.pins_path)
     stmt = statement(report.repository, report.image_id, TEST_RESULT_TYPE, test_result(report, pins, pins_bytes(report)))
     path = run_dir / ACCEPTANCE_ENVELOPE
     path.write_text(json.dumps(dsse.sign(stmt, key), sort_keys=True, indent=2) + "\n")
@@ -157,14 +144,10 @@ def signer(key_path: Path | None) -> Ed25519PrivateKey | None:
     return dsse.load_private(key_path)
 
 
-def attach_all(report: Report, repository: str, digest: str, image_manifest: dict[str, Any],
+def attach_all(report: Report, pins: Pins, repository: str, digest: str, image_manifest: dict[str, Any],
                key: Ed25519PrivateKey, registry: Registry) -> list[dict[str, Any]]:
     """Sign the three statements and attach them to repository@digest; returns the artifact descriptors.
     On a failed push the artifacts already pushed are deleted and PublishError is raised."""
-    from builder.engine.registry import split_repository
-    from builder.pins import model as pins_mod
-
-    pins = pins_mod.load(report.sources.pins_path)
     _, name = split_repository(repository)
     served = registry.manifest(name, digest)
     subject = {"mediaType": served["media_type"], "digest": digest, "size": len(served["content"])}

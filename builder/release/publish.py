@@ -21,6 +21,7 @@ from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
 from builder.engine.registry import Registry, mask, split_repository, verify_tag
+from builder.pins.model import Pins
 from builder.release import attest, trust
 from builder.report import document as report_mod
 
@@ -44,7 +45,7 @@ def check_accepted(report: Report, where: str) -> None:
 def local_image(client: Client, report: Report, image: str | None, where: str) -> Any:
     """The local image the SHA tag (or `image`) points to; it must be the one the report accepted."""
     ref = image or f"{report.repository}:{report.tags[0]}"
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
         found = client.images.get(ref)
@@ -75,15 +76,15 @@ def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | Non
     return digest
 
 
-def publish(report_path: str | Path, settings: Settings, image: str | None = None,
+def publish(report: Report, report_path: Path, pins: Pins | None, settings: Settings, image: str | None = None,
             signing_key: Path | None = None) -> PublishReceipt:
     """Give the accepted digest of an ACCEPTED report its release tags (promote from staging, or push the
-    accepted local image), verify it through the registry API, attach signed attestations, record the receipt."""
-    report_path = Path(report_path)
-    report = report_mod.load(report_path)
+    accepted local image), verify it through the registry API, attach signed attestations, record the receipt.
+    `pins`: what `trust.check` re-read and checked against the report (the caller runs it first)."""
     where = str(report_path)
-    trust.check(report, where)  # the evidence and the pins file, not the verdict field (BadInput, exit 2)
     check_accepted(report, where)
+    if pins is None:
+        raise PublishError(f"{where}: no pins checked against the report; refusing")
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")
     auth = settings.registry_auth
@@ -108,7 +109,7 @@ def publish(report_path: str | Path, settings: Settings, image: str | None = Non
         digests = sorted({f["digest"] for f in facts})
         if len(digests) != 1:
             raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
-        attestations = attest_published(report, client, registry, digests[0], key)
+        attestations = attest_published(report, pins, client, registry, digests[0], key)
     except PublishError:
         withdraw(registry, name, set(pushed.values()) - served_before)
         raise
@@ -144,13 +145,13 @@ def check_signed_acceptance(report: Report, report_path: Path, key: attest.Ed255
                            " result; refusing")
 
 
-def attest_published(report: Report, client: Client, registry: Registry, digest: str,
+def attest_published(report: Report, pins: Pins, client: Client, registry: Registry, digest: str,
                      key: attest.Ed25519PrivateKey | None) -> list[str]:
     """Signed attestations for the pushed digest (builder/release/attest.py); none without a key."""
     if key is None:
         return []
     manifest = json.loads(engine.read_file(client, report.image_id, MANIFEST) or b"{}")
-    return [d["digest"] for d in attest.attach_all(report, report.repository, digest, manifest, key, registry)]
+    return [d["digest"] for d in attest.attach_all(report, pins, report.repository, digest, manifest, key, registry)]
 
 
 def _push_local(client: Client, report: Report, image: str | None, where: str, auth: tuple[str, str] | None,

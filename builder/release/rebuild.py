@@ -17,7 +17,8 @@ from typing import Any
 from builder.core import log
 from builder.core.errors import BadInput, BuildFailed
 from builder.core.options import Settings
-from builder.core.records import Report
+from builder.core.records import BuiltImage, Report
+from builder.engine import client as engine
 from builder.engine import normalize
 from builder.engine.registry import Registry, split_repository
 from builder.report import document as report_mod
@@ -105,28 +106,26 @@ def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str, settings: Se
     return result
 
 
-def check(report_path: Path, settings: Settings) -> dict[str, Any]:
-    """Rebuild the report's pins with no cache (under a separate tag), compare, write `rebuild` into the
-    report. Returns the comparison; the caller turns `different` into exit 1."""
-    from builder.engine import client as engine
-    from builder.image import build, render
-    from builder.pins import model as pins_mod
-    from builder.sources import resolve as sources
-
-    report = report_mod.load(report_path)
+def recorded_digest(report: Report, report_path: Path) -> str:
+    """The manifest digest the report names for its image (a build record or an accepted pulled digest)."""
     if report.build is None or not report.build.manifest_digest:
         raise BadInput(f"{report_path}: build.manifest_digest: expected a report of a normalised build")
-    pins = pins_mod.load(report.sources.pins_path)
-    resolved = sources.resolve(pins, settings)
-    rendered = render.render(pins, resolved, settings)
-    repository, _, tag = rendered.tag.rpartition(":")
-    rendered = rendered.model_copy(update={"tag": f"{repository}:rebuild-{tag}"[: len(repository) + 129]})
-    with log.step("rebuild --nocache"):
-        built = build.build(rendered, settings, nocache=True, echo=False)
+    return report.build.manifest_digest
+
+
+def rebuild_tag(tag: str) -> str:
+    """The rebuild's own tag beside the run's (a reference is at most 128 characters of tag)."""
+    repository, _, name = tag.rpartition(":")
+    return f"{repository}:rebuild-{name}"[: len(repository) + 129]
+
+
+def record(report: Report, report_path: Path, built: BuiltImage, tag: str,
+           settings: Settings) -> dict[str, Any]:
+    """Compare the rebuild with the report's image, drop the rebuild tag, write `rebuild` into the report."""
     try:
         result = compare(report, built.manifest_digest, built.image_id, settings)
     finally:
-        engine.remove_image(engine.connect(settings), rendered.tag)  # the rebuild tag only; an equal image keeps its own tag
+        engine.remove_image(engine.connect(settings), tag)  # the rebuild tag only; an equal image keeps its own tag
     report.rebuild = result
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():

@@ -7,6 +7,7 @@ the index itself; otherwise (Debian's docker-registry 2.8) the referrers tag sch
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 
@@ -45,7 +46,6 @@ def attach(reg: Registry, name: str, subject: dict, envelope: bytes, predicate_t
         "subject": subject, "annotations": annotations,
     }
     data = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    import hashlib
 
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     resp = put_manifest(reg, name, digest, data, OCI_MANIFEST)

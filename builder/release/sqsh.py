@@ -31,8 +31,12 @@ from builder.core.constants import SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput, InfraError, NotAccepted
 from builder.core.options import Settings, check_squash_options
 from builder.core.records import Report, SqshExport
+from builder.engine import client as engine
+from builder.pins.model import Pins
+from builder.release import publish, sqsh_smoke
 from builder.release import sqsh_rootfs as layers
 from builder.release.sqsh_rootfs import Entry
+from builder.report import document as report_mod
 
 ENROOT_FILES = ("etc/environment", "etc/fstab", "etc/rc", "etc/rc.local")
 RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
@@ -190,15 +194,10 @@ def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: 
     return Made(expected=expected, argv=argv, xattrs=xattrs, times=times, readback=work / "readback")
 
 
-def export(report_path: Path, settings: Settings, out: Path | None = None, client: Any = None,
-           squash_options: str | None = None, smoke: bool = True) -> SqshExport:
-    """Write the .sqsh of an ACCEPTED report's image, check it, smoke it, record it in the report."""
-    from builder.engine import client as engine
-    from builder.release import publish
-    from builder.report import document as report_mod
-
-    report_path = Path(report_path)
-    report = report_mod.load(report_path)
+def export(report: Report, report_path: Path, pins: Pins | None, settings: Settings, out: Path | None = None,
+           client: Any = None, squash_options: str | None = None, smoke: bool = True) -> SqshExport:
+    """Write the .sqsh of an ACCEPTED report's image, check it, smoke it, record it in the report.
+    `pins`: what `trust.check` re-read and checked against the report."""
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{report_path}: verdict is {report.verdict}; only an ACCEPTED image is exported")
     publish.check_accepted(report, str(report_path))  # and the gates must support the verdict
@@ -217,10 +216,10 @@ def export(report_path: Path, settings: Settings, out: Path | None = None, clien
         made = make_sqsh(client, report.image_id, partial, squash_options, work)
         result: dict[str, Any] = {"status": "not_run", "reason": "not asked"}
         if smoke:
-            from builder.release import sqsh_smoke as smoke_mod
-
+            if pins is None:
+                raise NotAccepted(f"{report_path}: no pins checked against the report for the smoke")
             with _timed(made.times, "smoke: provenance gate"):
-                result = smoke_mod.provenance_on_rootfs(client, report, made.readback)
+                result = sqsh_smoke.provenance_on_rootfs(client, report, pins, made.readback)
             if result["status"] != "pass":
                 raise NotAccepted(f"{out}: provenance gate on the .sqsh contents: {result['status']}: "
                                   f"{result['reason']}")

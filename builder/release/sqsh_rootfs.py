@@ -53,7 +53,7 @@ class SavedImage:
 
 def save(client: Any, image_id: str, dest: Path) -> SavedImage:
     """Stream `docker save <image_id>` into dest and check that its config hashes to the image ID."""
-    import docker
+    import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
         with open(dest, "wb") as out:

@@ -22,6 +22,7 @@ from builder.core.errors import BadInput
 from builder.core.records import GateResult, Report
 from builder.core.safetext import show
 from builder.pins import model as pins_mod
+from builder.report.document import image_tags
 
 Verifier = Callable[[dict, Any, str], dict]
 
@@ -127,7 +128,6 @@ def _pins(report: Report, where: str) -> pins_mod.Pins:
 
 
 def _identity(report: Report, pins: pins_mod.Pins, where: str) -> None:
-    from builder.report.document import image_tags
 
     want = {"name": pins.name, "repository": pins.image.repository, "tags": image_tags(pins),
             "base_image": pins.base.image, "platform": pins.base.platform}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from builder.core.constants import LABEL_PREFIX, MANIFEST
-from builder.core.errors import BadInput, PublishError
+from builder.core.errors import AttestationError, BadInput, PublishError
 from builder.core.options import Settings
 from builder.engine.registry import Registry, split_repository
 from builder.release import dsse, referrers, sbom
@@ -24,7 +24,6 @@ from builder.release.attest import (
     PROVENANCE_TYPE,
     SBOM_TYPE,
     TEST_RESULT_TYPE,
-    AttestationError,
     open_statement,
     verify_test_result,
 )

@@ -20,8 +20,11 @@ from builder.core import files as fs
 from builder.core.constants import CACHE_ENV_VARS, GATES
 from builder.core.errors import BadInput
 from builder.core.records import AcceptanceResult, BuiltImage, GateResult, PublishReceipt, Report, ResolvedSources
+from builder.core.safetext import clip
 from builder.image.render import sha_tag
+from builder.pins.inputfile import read_text
 from builder.pins.model import Pins
+from builder.report.ctrf import to_ctrf
 
 UNKNOWN = "unknown"
 SEVERITY = {"fail": 3, "inconclusive": 2, "not_run": 1, "pass": 0}
@@ -394,7 +397,6 @@ def _atomic_write(path: Path, text: str) -> None:
 def write(report: Report, outdir: str | Path) -> dict[str, Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    from builder.report.ctrf import to_ctrf
 
     paths = {"json": outdir / "report.json", "md": outdir / "report.md", "junit": outdir / "junit.xml",
              "ctrf": outdir / "ctrf.json"}
@@ -410,8 +412,6 @@ REPORT_MAX_BYTES = 32 * 1024 * 1024
 
 def load(path: str | Path) -> Report:
     """report.json: a regular UTF-8 file (builder.pins.inputfile), then the Report model; BadInput otherwise."""
-    from builder.core.safetext import clip
-    from builder.pins.inputfile import read_text
 
     text = read_text(path, "report", REPORT_MAX_BYTES)
     try:

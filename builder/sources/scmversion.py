@@ -88,8 +88,8 @@ def describe(repo: pygit2.Repository, commit: str) -> tuple[str, int, str]:
 
 def version_at(repo: pygit2.Repository, commit: str, settings: dict[str, Any]) -> str:
     """The version setuptools-scm would compute on a clean checkout of commit."""
-    from setuptools_scm import Configuration
-    from setuptools_scm.version import format_version, meta
+    from setuptools_scm import Configuration  # lazy: only when a version is computed
+    from setuptools_scm.version import format_version, meta  # lazy: only when a version is computed
 
     tag, distance, node = describe(repo, commit)
     keep = {k: v for k, v in settings.items() if k in ("version_scheme", "local_scheme", "tag_regex",

@@ -1,0 +1,248 @@
+"""The backbone: each use case (lock, run, accept, publish, export-sqsh, rebuild, nightly) as one plain
+function over typed records. The CLI parses arguments and calls these; nightly and rebuild call the
+same functions. Each use case reads the pins file once and passes `Pins` down; only
+`release.trust` re-reads it, on purpose (publish believes the file, not the report).
+
+    pins.load -> sources.resolve -> image.render -> image.build -> engine.staging.push
+      -> accept.gates -> report.document -> release.publish (-> attest) -> release.sqsh
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from builder.accept import gates
+from builder.core import log
+from builder.core.constants import MANIFEST
+from builder.core.errors import BadInput, NotAccepted, Regression
+from builder.core.options import Settings
+from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Report, ResolvedSources, SqshExport
+from builder.engine import client as engine
+from builder.engine import infra, staging
+from builder.image import build as build_stage
+from builder.image import render as render_stage
+from builder.lock import lockfile
+from builder.nightly import follow, rundiff
+from builder.nightly.history import History
+from builder.pins import model as pins_model
+from builder.pins.model import Pins
+from builder.release import attest, dsse, rebuild, sqsh, trust
+from builder.release import publish as publish_stage
+from builder.report import document
+from builder.sources import resolve as sources
+
+
+@dataclass(frozen=True)
+class Run:
+    """What an accept or run use case leaves behind: the report and the run directory holding it."""
+
+    report: Report
+    run_dir: Path
+
+
+def setup(settings: Settings) -> dict[str, Any]:
+    """Start the Docker engine (network none) and the local registry, if not running."""
+    with log.step("setup engine and registry"):
+        return infra.ensure_all(settings)
+
+
+def load_pins(path: Path) -> Pins:
+    with log.step("load pins"):
+        return pins_model.load(path)
+
+
+def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedSources:
+    with log.step("resolve sources"):
+        resolved = sources.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
+    log.info(sources.format_table(resolved))
+    return resolved
+
+
+def render(pins: Pins, resolved: ResolvedSources, settings: Settings) -> RenderedBuild:
+    with log.step("render"):
+        return render_stage.render(pins, resolved, settings)
+
+
+def render_pins_only(pins: Pins) -> str:
+    """The Dockerfile from the pins alone: nothing fetched, no context, trees unresolved."""
+    return render_stage.render_dockerfile(pins, None)
+
+
+def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, quiet: bool = False) -> BuiltImage:
+    with log.step("build"):
+        return build_stage.build(rendered, settings, nocache=nocache, echo=not quiet)
+
+
+def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool = False, resolver: str = "uv",
+         build_sdists: bool = False, allow_moved_pr: bool = False) -> lockfile.LockResult:
+    """Write (or with `check`, verify) the pins' lock and fill the wheelhouse."""
+    lockfile.check_resolver(resolver)
+    if not check:
+        lockfile.start_lock_file(pins_path)
+    pins = load_pins(pins_path)
+    with log.step("lock: resolve sources"):
+        resolved = sources.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
+    return lockfile.lock(pins, resolved, settings, check=check, resolver_name=resolver, build_sdists=build_sdists)
+
+
+def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names: list[str] | None = None,
+           offline: bool = False, allow_moved_pr: bool = False, out: Path | None = None, timeout: int | None = None,
+           engine_url: str | None = None, stage: bool = False, nocache: bool = False,
+           key: Path | None = None) -> Run:
+    """Resolve, build unless an image is given, accept, write the report. With `stage` (or an engine URL)
+    the build is pushed by digest to the staging repository and acceptance pulls that digest. The run
+    directory is made only once there is a report to put in it."""
+    resolved = resolve(pins, settings, offline, allow_moved_pr)
+    engine_url = engine_url or pins.acceptance.engine
+    built = None
+    if image is None:
+        built = build(render(pins, resolved, settings), settings, nocache=nocache)
+        image = built.image_id
+        if stage or engine_url:
+            repo = staging.staging_repository(pins.image.repository, pins.image.staging)
+            built.staged = image = staging.push(built.manifest_digest, repo, pins.base.name, settings)
+    with log.step("acceptance"):
+        if "@sha256:" in image:
+            result = gates.accept_staged(image, pins, built.image_id if built else None, engine_url,
+                                         gate_names or None, timeout, settings)
+        elif engine_url:
+            raise BadInput("--engine: expected --image REPOSITORY@sha256:<digest> (another engine pulls by digest)")
+        else:
+            result = gates.accept(image, pins, settings, gates=gate_names or None, timeout_s=timeout)
+    there = replace(settings, docker_host=engine_url) if engine_url else settings
+    report = document.make_report(pins, resolved, built, result, image_manifest=image_manifest(there, result.image_id))
+    run_dir = run_directory(out, pins.name, settings)
+    paths = document.write(report, run_dir)
+    key = key or settings.signing_key
+    if key is not None:  # publish requires this signature over the acceptance result
+        attest.sign_acceptance(report, pins, dsse.load_private(key), run_dir)
+    _print_verdict(report, paths)
+    return Run(report, run_dir)
+
+
+def run(pins_path: Path, settings: Settings, publish: bool = False, export: bool = False, offline: bool = False,
+        allow_moved_pr: bool = False, out: Path | None = None, key: Path | None = None,
+        engine_url: str | None = None, nocache: bool = False) -> Run:
+    """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when asked.
+    NotAccepted (exit 1) unless ACCEPTED."""
+    if export and not publish:
+        raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
+    pins = load_pins(pins_path)
+    done = accept(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr, out=out, engine_url=engine_url,
+                  stage=True, nocache=nocache, key=key)
+    log.info("timings: " + json.dumps(log.timings))
+    report_json = done.run_dir / "report.json"
+    if done.report.verdict != "ACCEPTED":
+        raise NotAccepted(f"{pins_path}: image {done.report.image_id} not accepted; see {done.run_dir / 'report.md'}")
+    if publish:
+        receipt = publish_report(report_json, settings, key=key)
+        log.info(f"published {receipt.repository}@{receipt.digest}")
+    if export:
+        record = export_sqsh(report_json, settings)
+        log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
+    log.info(f"report: {done.run_dir / 'report.md'}")
+    return done
+
+
+def publish_report(report_json: Path, settings: Settings, image: str | None = None,
+                   key: Path | None = None) -> PublishReceipt:
+    """Promote (or push) the accepted digest, verify what the registry serves, attach attestations."""
+    with log.step("publish"):
+        report = document.load(report_json)
+        pins = trust.check(report, str(report_json))  # the one deliberate re-read of the pins file
+        return publish_stage.publish(report, report_json, pins, settings, image=image, signing_key=key)
+
+
+def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
+                squash_options: str | None = None) -> SqshExport:
+    """The accepted image as an enroot .sqsh, checked file by file and smoked, recorded in the report."""
+    with log.step("export .sqsh"):
+        report = document.load(report_json)
+        pins = trust.check(report, str(report_json))
+        return sqsh.export(report, report_json, pins, settings, out=out, squash_options=squash_options)
+
+
+def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
+    """Rebuild the report's pins with no cache under a separate tag and compare digests; the result is
+    written into the report. NotAccepted (exit 1) when the digests differ."""
+    report = document.load(report_json)
+    rebuild.recorded_digest(report, report_json)
+    pins = load_pins(Path(report.sources.pins_path))
+    rendered = render(pins, resolve(pins, settings), settings)
+    rendered = rendered.model_copy(update={"tag": rebuild.rebuild_tag(rendered.tag)})
+    with log.step("rebuild --nocache"):
+        built = build_stage.build(rendered, settings, nocache=True, echo=False)
+    result = rebuild.record(report, report_json, built, rendered.tag, settings)
+    if result["status"] != "same":
+        raise NotAccepted(f"{report_json}: rebuild gives {result['rebuild']['manifest_digest']}, the report has "
+                          f"{result['report']['manifest_digest']}; diff in {report_json}")
+    log.info(f"reproduced {result['report']['manifest_digest']}")
+    return result
+
+
+def nightly(pins_path: Path, settings: Settings, follow_prs: bool = False, publish: bool = False,
+            out: Path | None = None, key: Path | None = None, history: History | None = None,
+            today: str | None = None) -> Run:
+    """Follow PR heads (when asked), run, diff with the last accepted run of the same pins name, move the
+    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    pins = load_pins(pins_path)
+    moved: list[dict[str, Any]] = []
+    if follow_prs:
+        with log.step("follow PR heads"):
+            pins, moved = follow.follow_prs(pins, settings)
+        log.info(f"moved: {len(moved)} component(s)" if moved else "no PR head moved")
+    history = history or History(settings.cache("history") / "runs.sqlite")
+    previous = follow.previous(history, pins.name)
+    done = accept(pins, settings, out=out, stage=True, key=key)
+    report, run_dir = done.report, done.run_dir
+    manifest = image_manifest(settings, report.image_id)
+    (run_dir / "image-manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    accepted = report.verdict == "ACCEPTED"
+    digest, tags = None, None
+    if accepted and publish:
+        receipt = publish_report(run_dir / "report.json", settings, key=key)
+        digest = receipt.digest
+        tags = follow.move_tags(receipt.repository, digest, pins.nightly.retention, settings, today)
+        report = document.load(run_dir / "report.json")
+    with log.step("compare with the last accepted run"):
+        diff = rundiff.compare(report, manifest, digest, previous.report, previous.manifest, previous.digest,
+                               pins.nightly.regression_threshold, follow.commit_log(report, previous.report, settings))
+        diff["moved"], diff["tags"] = moved, tags
+        paths = rundiff.write(diff, run_dir)
+    flag = bool(diff["regression"]["flag"])
+    code = (Regression.exit_code if flag else 0) if accepted else NotAccepted.exit_code
+    history.add(pins.name, started, report.verdict, report.image_id, digest,
+                {n: c.commit for n, c in report.sources.components.items()}, run_dir / "report.json", code, flag)
+    log.info(f"nightly: {diff['summary']}")
+    for reason in diff["regression"]["reasons"]:
+        log.info(f"regression: {reason}")
+    log.info(f"nightly diff: {paths['md']}")
+    if not accepted:
+        raise NotAccepted(f"{pins_path}: image {report.image_id} not accepted; see {run_dir / 'report.md'}")
+    if flag:
+        raise Regression(f"{pins_path}: accepted, but a regression flag is up; see {paths['md']}")
+    return done
+
+
+def image_manifest(settings: Settings, image_id: str) -> dict[str, Any] | None:
+    """/opt/delivery/manifest.json of the image, for the report's run manifest."""
+    data = engine.read_file(engine.connect(settings), image_id, MANIFEST)
+    return json.loads(data) if data else None
+
+
+def run_directory(out: Path | None, name: str, settings: Settings) -> Path:
+    path = out or settings.cache("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _print_verdict(report: Report, paths: dict[str, Path]) -> None:
+    for gate in report.gates:
+        log.info(f"  {gate.name:<12} {gate.status:<13} {gate.reason}")
+    log.info(f"verdict: {report.verdict}")
+    for kind, path in paths.items():
+        log.info(f"report {kind}: {path}")
