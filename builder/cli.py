@@ -182,8 +182,8 @@ def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose i
     typer.echo(json.dumps(pipeline.rebuild_check(check, settings()), indent=2))
 
 
-@app.command()
-def run(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
+@app.command("run")
+def run_command(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
         sqsh: bool = typer.Option(False, "--sqsh", help="after publish, export the enroot .sqsh (export-sqsh)"),
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
         out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
@@ -242,24 +242,27 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(f"stopped by signal {signal.Signals(signum).name}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the CLI. The one place errors become exit codes: a BuilderError prints its one line (its
-    details after it) and exits with its code; a usage error is one `error:` line, exit 2; SIGINT and
-    SIGTERM end as Interrupted (130) after the stages' own clean-up ran."""
-    signal.signal(signal.SIGTERM, _terminated)
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code. The one place errors become exit codes: a BuilderError
+    prints its one line (its details after it) and gives its code; a usage error is one `error:` line,
+    exit 2; SIGINT and SIGTERM end as Interrupted (130) after the stages' own clean-up ran."""
     try:
-        code = run_app(app, argv)
+        return run_app(app, argv)
     except KeyboardInterrupt:
-        code = _report(Interrupted("interrupted"))
+        return _report(Interrupted("interrupted"))
     except BuilderError as err:
-        code = _report(err)
+        return _report(err)
     except OSError as err:
         from builder.engine import client as engine  # lazy: start-up (docker SDK)
 
         if not engine.unreachable(err):
             raise
-        code = _report(InfraError(f"infrastructure: {err}"))
-    sys.exit(code)
+        return _report(InfraError(f"infrastructure: {err}"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _terminated)
+    sys.exit(run(argv))
 
 
 def _report(err: BuilderError) -> int:

@@ -35,11 +35,7 @@ def main(argv: list[str]) -> int:
     if command == "prepare":
         print(pins)
         return 0
-    try:
-        cli.app(["run", str(pins), "--publish", "--key", str(prepare.signing_key(settings))], standalone_mode=True)
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    return 0
+    return cli.run(["run", str(pins), "--publish", "--key", str(prepare.signing_key(settings))])
 
 
 if __name__ == "__main__":

@@ -25,9 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from builder.core import commands, log
 from builder.core import files as fs
-from builder.core import commands
-from builder.core import log
 from builder.core.errors import BuildFailed, InfraError, PublishError
 from builder.core.options import Settings
 from builder.engine import client as engine

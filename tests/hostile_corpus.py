@@ -661,9 +661,7 @@ def run_in_process(argv: list[str], calls: list[str]) -> Outcome:
     crashed = ""
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            from builder.core.usage import run_app
-
-            code = run_app(cli.app, argv)
+            code = cli.run(argv)
     except RegistryCalled:
         code = -1
     except BaseException:  # noqa: BLE001 - a traceback is what the corpus looks for

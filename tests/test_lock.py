@@ -8,6 +8,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
+from builder import pipeline
 from builder.core.errors import BadInput
 from builder.lock import lockfile as lock
 from builder.lock import wheels
@@ -97,8 +98,8 @@ def hatch_pins(demo_pins, tmp_path_factory):
 def hatch_locked(hatch_pins, settings):
     """(pins path, lock text of the first run, lock text of the second run) for PR 1."""
     path = hatch_pins(1)
-    first = lock.lock(path, settings).text
-    second = lock.lock(path, settings).text
+    first = pipeline.lock(path, settings).text
+    second = pipeline.lock(path, settings).text
     return path, first, second
 
 
@@ -198,31 +199,30 @@ def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_lo
 
 
 @pytest.mark.docker
-def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_locked, hatch_pins, settings):
-    from typer.testing import CliRunner
-
-    from builder.cli import app
+def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_locked, hatch_pins, settings, capsys):
+    from builder import cli
 
     path = hatch_locked[0]
-    assert lock.lock(path, settings, check=True).inputs_sha256 == lock.recorded_inputs(hatch_locked[1])
+    assert pipeline.lock(path, settings, check=True).inputs_sha256 == lock.recorded_inputs(hatch_locked[1])
     stale = hatch_pins(4)
     shutil.copyfile(path.parent / "locks" / "hatch.lock", stale.parent / "locks" / "hatch.lock")
-    result = CliRunner().invoke(app, ["lock", str(stale), "--check"])
-    assert result.exit_code == 1 and "stale" in result.output, result.output
+    code = cli.run(["lock", str(stale), "--check"])
+    err = capsys.readouterr().err
+    assert code == 1 and "stale" in err, err
 
 
 @pytest.mark.docker
 def test_requirement_the_base_cannot_meet_is_bad_input(hatch_pins, hatch_locked, settings):
     with pytest.raises(BadInput, match=r"components.verl .*requires 'torch>=99' but the base .* provides torch 2.13.0"):
-        lock.lock(hatch_pins(2), settings)
+        pipeline.lock(hatch_pins(2), settings)
 
 
 @pytest.mark.docker
 def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins, hatch_locked, settings):
     path = hatch_pins(3)
     with pytest.raises(BadInput, match=r"only an sdist for the base \(docopt==0.6.2\); pass --build-sdists"):
-        lock.lock(path, settings)
-    text = lock.lock(path, settings, build_sdists=True).text
+        pipeline.lock(path, settings)
+    text = pipeline.lock(path, settings, build_sdists=True).text
     line = next(ln for ln in text.splitlines() if ln.startswith("docopt==0.6.2 "))
     assert "built from sdist sha256 " in line and "py3-none-any.whl" in line
 

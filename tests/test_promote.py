@@ -7,6 +7,7 @@ import pytest
 
 from builder import pipeline
 from builder.core.errors import PublishError
+from builder.core.records import EngineFacts
 from builder.engine import staging
 from builder.engine.registry import Registry, split_repository
 from builder.pins import model as pins_mod
@@ -26,7 +27,7 @@ def accepted_by_digest(demo_accepted, docker_client, tmp_path):
     stage = f"127.0.0.1:5000/tests-promote/staging-{time.time_ns()}"
     ref = staging.push(built.manifest_digest, stage, pins.base.name, SETTINGS)
     pulled = staging.pull(docker_client, ref, built.image_id, SETTINGS)  # a real pull by digest
-    acceptance = result.model_copy(update={"pulled": {**pulled, "engine": {"id": "local"}}})
+    acceptance = result.model_copy(update={"pulled": pulled.model_copy(update={"engine": EngineFacts(id="local")})})
     tag = f"t{time.time_ns()}"
 
     def release(data):  # this test's own release repository and tag, in a pins file publish re-reads

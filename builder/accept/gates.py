@@ -15,7 +15,7 @@ from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import CACHE_ENV, GATES, LABEL_PREFIX, MANIFEST
 from builder.core.errors import BadInput, InfraError
 from builder.core.options import Settings
-from builder.core.records import AcceptanceResult, GateResult
+from builder.core.records import AcceptanceResult, EngineFacts, GateResult
 from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
@@ -214,6 +214,6 @@ def accept_staged(ref: str, pins: Any, expected_id: str | None, engine_url: str 
     who = engine.facts(client)
     pulled = staging.pull(client, ref, expected_id, there)
     log.info(f"acceptance engine {who['host']} ({who['id']}, Docker {who['version']}, gpus {who['gpus']})")
-    result = accept(pulled["image_id"], pins, there, gates=gates, timeout_s=timeout_s)
-    result.pulled = {**pulled, "engine": dict(who, url=engine_url or "DOCKER_HOST")}
+    result = accept(pulled.image_id, pins, there, gates=gates, timeout_s=timeout_s)
+    result.pulled = pulled.model_copy(update={"engine": EngineFacts(**who, url=engine_url or "DOCKER_HOST")})
     return result

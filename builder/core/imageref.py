@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from builder.core.safetext import show
 
@@ -110,3 +111,58 @@ def check_tag(tag: str) -> str:
         raise ValueError(f"expected an image tag of [A-Za-z0-9_.-] (first not '.' or '-'), at most 128"
                          f" characters, got {show(tag)}")
     return tag
+
+
+class ImageRef(str):
+    """One image reference, parsed once by the grammar above: registry, repository, tag, digest.
+
+    It is the string it was parsed from (`str()` round-trips, JSON and comparisons see plain text), with
+    the parts as attributes; records and registry calls take it instead of splitting strings."""
+
+    registry: str       # "" when the reference names none
+    repository: str     # path inside the registry
+    tag: str | None
+    digest: str | None
+
+    def __new__(cls, text: str, *, need_domain: bool = False, need_digest: bool = False) -> ImageRef:
+        parts = parse(text, need_domain=need_domain, need_digest=need_digest)
+        ref = super().__new__(cls, text)
+        ref.registry, ref.repository, ref.tag, ref.digest = parts.domain, parts.path, parts.tag, parts.digest
+        return ref
+
+    @classmethod
+    def of(cls, registry: str, repository: str, tag: str | None = None, digest: str | None = None) -> ImageRef:
+        text = f"{registry}/{repository}" if registry else repository
+        return cls(text + (f":{tag}" if tag else "") + (f"@{digest}" if digest else ""))
+
+    @property
+    def name(self) -> str:
+        """registry/repository, without tag or digest."""
+        return f"{self.registry}/{self.repository}" if self.registry else self.repository
+
+    def at(self, digest: str) -> ImageRef:
+        """The same repository by digest (no tag)."""
+        return ImageRef.of(self.registry, self.repository, digest=digest)
+
+    def tagged(self, tag: str) -> ImageRef:
+        return ImageRef.of(self.registry, self.repository, tag=tag)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema  # lazy: only records need it
+
+        return core_schema.no_info_after_validator_function(
+            cls._validate, core_schema.str_schema(),
+            serialization=core_schema.plain_serializer_function_ser_schema(str))
+
+    @classmethod
+    def _validate(cls, value: str) -> ImageRef:
+        return value if isinstance(value, ImageRef) else cls(value)
+
+
+def hex_of(digest: str) -> str:
+    """The hex part of `sha256:<hex>` (ValueError for anything else)."""
+    algo, sep, hexpart = digest.partition(":")
+    if algo != "sha256" or not sep or not re.fullmatch(r"[0-9a-f]{64}", hexpart):
+        raise ValueError(f"expected sha256:<64 lowercase hex>, got {show(digest)}")
+    return hexpart

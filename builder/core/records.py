@@ -6,11 +6,14 @@ checks they match.
 from __future__ import annotations
 
 import sys
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from builder.core.imageref import ImageRef
 
 GateStatus = Literal["pass", "fail", "inconclusive", "not_run"]
+MaybeRef = Annotated[ImageRef | None, BeforeValidator(lambda v: v or None)]  # "" in older reports
 
 
 class Record(BaseModel):
@@ -77,7 +80,7 @@ class BuiltImage(Record):
     raw_image_id: str = ""          # what the engine's build produced
     manifest_digest: str = ""       # registry manifest digest of the normalised image
     source_date: str = ""           # every added mtime clamped to it; config created
-    staged: str = ""                # <staging repository>@<manifest digest> once pushed
+    staged: MaybeRef = None         # <staging repository>@<manifest digest> once pushed
 
 
 class GateResult(Record):
@@ -88,17 +91,37 @@ class GateResult(Record):
     log: str = ""
 
 
+class EngineFacts(Record):
+    """Who a Docker engine is (builder/engine/client.py facts), and the URL it was reached at."""
+    id: str | None = None
+    host: str | None = None
+    version: str | None = None
+    os: str | None = None
+    arch: str | None = None
+    gpus: dict[str, Any] = Field(default_factory=dict)
+    data_root: str | None = None
+    url: str | None = None
+
+
+class Pulled(Record):
+    """What acceptance pulled by digest: the reference, its manifest digest, the image ID the engine made."""
+    ref: ImageRef
+    digest: str
+    image_id: str
+    engine: EngineFacts | None = None
+
+
 class AcceptanceResult(Record):
     image_id: str
     container: dict[str, Any] = Field(default_factory=dict)
     gates: list[GateResult]
     environment: dict[str, Any] = Field(default_factory=dict)
     throughput: dict[str, Any] = Field(default_factory=dict)
-    pulled: dict[str, Any] = Field(default_factory=dict)  # {ref, digest, image_id, engine} when pulled by digest
+    pulled: Annotated[Pulled | None, BeforeValidator(lambda v: v or None)] = None  # when pulled by digest
 
 
 class PublishReceipt(Record):
-    repository: str
+    repository: ImageRef
     tags: list[str]
     digest: str
     config_digest: str
@@ -118,7 +141,7 @@ class SqshExport(Record):
     mksquashfs_args: list[str]
     image_id: str
     tag: str                           # the SHA tag
-    registry_digest: str
+    registry_digest: str               # the published manifest digest, or "not published"
     entries: int                       # paths compared with the layers' final tree
     files: int                         # regular files among them
     xattrs: bool
@@ -154,7 +177,7 @@ class Report(Record):
 
 
 RECORDS: tuple[type[Record], ...] = (Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage,
-                                     GateResult, AcceptanceResult, PublishReceipt, SqshExport, Report)
+                                     GateResult, EngineFacts, Pulled, AcceptanceResult, PublishReceipt, SqshExport, Report)
 
 
 def _type_name(annotation: Any) -> str:

@@ -17,6 +17,7 @@ from typing import IO, Any
 import requests
 
 from builder.core.errors import BuildFailed, InfraError
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 
 STEP_RX = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -86,8 +87,8 @@ def inspect_image(client: Client, ref: str) -> dict[str, Any] | None:
 
 
 def tag_image(client: Client, image_id: str, ref: str) -> None:
-    repository, _, tag = ref.rpartition(":")
-    if not client.api.tag(image_id, repository, tag, force=True):
+    image = ImageRef(ref)
+    if not client.api.tag(image_id, image.name, image.tag, force=True):
         raise BuildFailed(f"{ref}: the engine refused to tag {image_id}")
 
 

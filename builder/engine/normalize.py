@@ -31,6 +31,7 @@ from typing import IO, Any
 from builder.core import log
 from builder.core.errors import BuildFailed
 from builder.core.files import sha256_file
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
@@ -314,8 +315,8 @@ def _retag(client: Any, image_id: str, tag: str) -> bool:
         client.api.inspect_image(image_id)
     except docker.errors.ImageNotFound:
         return False
-    repository, _, name = tag.rpartition(":")
-    return bool(client.api.tag(image_id, repository, name, force=True))
+    ref = ImageRef(tag)
+    return bool(client.api.tag(image_id, ref.name, ref.tag, force=True))
 
 
 def _loaded(client: Any, image_id: str, tag: str) -> bool:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import requests
 
 from builder.core.errors import InfraError, PublishError
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 
 MANIFEST_TYPES = (
@@ -27,10 +28,13 @@ INDEX_TYPES = MANIFEST_TYPES[1], MANIFEST_TYPES[3]
 
 def split_repository(repository: str) -> tuple[str, str]:
     """'127.0.0.1:5000/demo/unified' -> ('127.0.0.1:5000', 'demo/unified')."""
-    host, _, name = repository.partition("/")
-    if not name or not ("." in host or ":" in host or host == "localhost"):
+    try:
+        ref = ImageRef(repository, need_domain=True)
+    except ValueError:
+        ref = None
+    if ref is None or ref.tag or ref.digest:
         raise PublishError(f"image.repository {repository!r}: expected host[:port]/name with an explicit registry host")
-    return host, name
+    return ref.registry, ref.repository
 
 
 def mask(text: str, secrets: list[str]) -> str:

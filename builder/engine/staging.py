@@ -13,8 +13,10 @@ from typing import Any
 
 from builder.core import log
 from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
-from builder.core.records import Report
+from builder.core.records import Pulled, Report
+from builder.core.safetext import show
 from builder.engine.normalize import MANIFEST_TYPE, blob_path
 from builder.engine.registry import Registry, split_repository
 
@@ -40,7 +42,8 @@ def base_of(labels: dict[str, str], settings: Settings) -> tuple[dict[str, Any],
     return config, layers
 
 
-def push(manifest_digest: str, repository: str, base_name: str, settings: Settings, tag: str | None = None) -> str:
+def push(manifest_digest: str, repository: str, base_name: str, settings: Settings,
+         tag: str | None = None) -> ImageRef:
     """Push a normalised image (its blobs in the local store) by digest, and `tag` if given; return
     `<repository>@<digest>`. Blobs the registry has are skipped (HEAD); blobs not made here are base
     layers: mounted from the base repository, never re-uploaded."""
@@ -68,19 +71,20 @@ def push(manifest_digest: str, repository: str, base_name: str, settings: Settin
         if tag:
             reg.put_manifest(name, tag, manifest, MANIFEST_TYPE)
     log.info(f"staged {repository}@{manifest_digest} ({', '.join(f'{v} {k}' for k, v in counts.items())})")
-    return f"{repository}@{manifest_digest}"
+    return ImageRef(f"{repository}@{manifest_digest}")
 
 
-def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> dict[str, Any]:
+def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> Pulled:
     """Pull `repo@sha256:...` into the engine. The manifest served at that digest (hash-checked) names the
     config; it must be `expected_id` (when given) and the pulled image ID must equal it.
     A digest the registry does not serve is PublishError (exit 1) with one clear line."""
     import docker  # lazy: docker SDK, slow to import; start-up
 
-    repository, _, digest = ref.partition("@")
-    if not digest.startswith("sha256:") or len(digest) != 71:
-        raise BadInput(f"--image {ref}: expected REPOSITORY@sha256:<64 hex>")
-    host, name = split_repository(repository)
+    try:
+        image = ImageRef(ref, need_domain=True, need_digest=True)
+    except ValueError as exc:
+        raise BadInput(f"--image {show(ref, 120)}: expected REPOSITORY@sha256:<64 hex> ({exc})") from None
+    host, name, digest, repository = image.registry, image.repository, str(image.digest), image.name
     reg = Registry.from_settings(host, settings)
     reg.ping()
     if reg.tag_digest(name, digest) is None:
@@ -98,15 +102,15 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
             raise InfraError(f"docker engine: pull {ref}: {str(err)[:300]}") from None
     if image_id != config_digest:
         raise PublishError(f"{ref}: the engine made image {image_id} of it, the manifest names {config_digest}")
-    return {"ref": ref, "digest": digest, "image_id": image_id}
+    return Pulled(ref=image, digest=digest, image_id=image_id)
 
 
 def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], settings: Settings,
             pushed: dict[str, str] | None = None) -> dict[str, Any]:
     """Give the accepted staged digest its release tags: mount every blob from staging, PUT the manifest
     bytes served at that digest under each tag. Returns {digest, pushed: {tag: digest}}."""
-    staging, _, digest = staged_ref.partition("@")
-    s_host, s_name = split_repository(staging)
+    staged = ImageRef(staged_ref, need_domain=True, need_digest=True)
+    s_host, s_name, digest = staged.registry, staged.repository, str(staged.digest)
     host, name = split_repository(repository)
     if s_host != host:
         raise PublishError(f"{staged_ref}: staging and release repositories must share a registry ({s_host} != {host})")
@@ -119,7 +123,7 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], se
                            f"acceptance ran on {image_id}; refusing")
     for desc in [*doc["layers"], doc["config"]]:
         if not reg.has_blob(name, desc["digest"]) and not reg.mount_blob(name, desc["digest"], s_name):
-            raise PublishError(f"{repository}: could not mount blob {desc['digest']} from {staging}")
+            raise PublishError(f"{repository}: could not mount blob {desc['digest']} from {staged.name}")
     pushed = {} if pushed is None else pushed  # filled as tags land, so a failed publish can withdraw them
     for tag in tags:
         pushed[tag] = reg.put_manifest(name, tag, manifest, doc.get("mediaType") or MANIFEST_TYPE)
@@ -130,14 +134,13 @@ def accepted_ref(report: Report, where: str) -> str | None:
     """The staged `repo@digest` acceptance pulled and ran on, cross-checked across the report; None for
     a report accepted on a local image ID (no staging). Any disagreement is PublishError."""
     acc = report.acceptance
-    pulled = acc.pulled if acc else {}
-    if not pulled:
+    pulled = acc.pulled if acc else None
+    if pulled is None:
         return None
-    ref = str(pulled.get("ref", ""))
-    digest = ref.partition("@")[2]
-    checks = [(digest == pulled.get("digest"), f"acceptance pulled {pulled.get('digest')}, its ref names {ref}"),
-              (pulled.get("image_id") == report.image_id == (acc.image_id if acc else None),
-               f"acceptance ran on {pulled.get('image_id')}, the report is for {report.image_id}")]
+    ref, digest = pulled.ref, pulled.ref.digest
+    checks = [(digest == pulled.digest, f"acceptance pulled {pulled.digest}, its ref names {ref}"),
+              (pulled.image_id == report.image_id == (acc.image_id if acc else None),
+               f"acceptance ran on {pulled.image_id}, the report is for {report.image_id}")]
     if report.build is not None:
         checks += [(report.build.staged == ref, f"the build staged {report.build.staged}, acceptance pulled {ref}"),
                    (report.build.manifest_digest == digest,

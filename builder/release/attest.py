@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from builder.core import log
 from builder.core.constants import BUILDER_VERSION, TOOL_URI
 from builder.core.errors import AttestationError, PublishError
+from builder.core.imageref import ImageRef, hex_of
 from builder.core.records import Report
 from builder.engine.registry import Registry, split_repository
 from builder.lock.wheels import read_lock
@@ -34,8 +35,7 @@ BUILDER_ID = f"{TOOL_URI}/builder/local"
 
 
 def statement(repository: str, digest: str, predicate_type: str, predicate: dict) -> dict:
-    algo, _, hexpart = digest.partition(":")
-    return {"_type": STATEMENT_TYPE, "subject": [{"name": repository, "digest": {algo: hexpart}}],
+    return {"_type": STATEMENT_TYPE, "subject": [{"name": repository, "digest": {"sha256": hex_of(digest)}}],
             "predicateType": predicate_type, "predicate": predicate}
 
 
@@ -73,8 +73,8 @@ def provenance(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
              "annotations": {"pr": c.pr, "target": c.target, "merge_base": c.merge_base,
                              "export_sha256": c.export_sha256}}
             for name, c in report.sources.components.items()]
-    base_name, _, base_digest = pins.base.image.partition("@")
-    deps.append({"name": "base", "uri": f"oci://{base_name}", "digest": {"sha256": base_digest.partition(":")[2]}})
+    base = ImageRef(pins.base.image)
+    deps.append({"name": "base", "uri": f"oci://{base.name}", "digest": {"sha256": hex_of(str(base.digest))}})
     deps += locked_wheels(pins.lock_path())
     build = report.build
     return {
@@ -92,7 +92,7 @@ def provenance(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
                                                       "docker-engine": build.engine_version if build else "unknown"}},
             "metadata": {"invocationId": f"{report.name}@{report.created}", "startedOn": report.sources.resolved_at,
                          "finishedOn": report.created},
-            "byproducts": [{"name": "image-config", "digest": {"sha256": report.image_id.partition(":")[2]}}],
+            "byproducts": [{"name": "image-config", "digest": {"sha256": hex_of(report.image_id)}}],
         },
     }
 
@@ -178,10 +178,10 @@ def open_statement(envelope: dict[str, Any], public_key: Ed25519PublicKey, diges
         raise AttestationError("signature", str(exc)) from None
     if stmt.get("_type") != STATEMENT_TYPE:
         raise AttestationError("statement", f"_type {stmt.get('_type')!r}, expected {STATEMENT_TYPE}")
-    algo, _, hexpart = digest.partition(":")
-    subjects = [s.get("digest", {}).get(algo) for s in stmt.get("subject") or []]
+    hexpart = hex_of(digest)
+    subjects = [s.get("digest", {}).get("sha256") for s in stmt.get("subject") or []]
     if not subjects or any(s != hexpart for s in subjects):
-        got = ", ".join(f"{algo}:{s}" for s in subjects) or "none"
+        got = ", ".join(f"sha256:{s}" for s in subjects) or "none"
         raise AttestationError("subject", f"{stmt.get('predicateType')} is for {got}, not {digest}")
     return stmt
 

@@ -15,6 +15,7 @@ from typing import Any
 from builder.core import log
 from builder.core.constants import MANIFEST
 from builder.core.errors import PublishError
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
@@ -113,7 +114,7 @@ def publish(report: Report, report_path: Path, pins: Pins | None, settings: Sett
     except PublishError:
         withdraw(registry, name, set(pushed.values()) - served_before)
         raise
-    receipt = PublishReceipt(repository=report.repository, tags=list(report.tags), digest=digests[0],
+    receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digests[0],
                              config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
                              pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=attestations)
     record_receipt(report, receipt, report_path)

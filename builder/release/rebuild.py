@@ -16,11 +16,12 @@ from typing import Any
 
 from builder.core import log
 from builder.core.errors import BadInput, BuildFailed
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, Report
 from builder.engine import client as engine
 from builder.engine import normalize
-from builder.engine.registry import Registry, split_repository
+from builder.engine.registry import Registry
 from builder.report import document as report_mod
 
 FIELDS = ("type", "mode", "uid", "gid", "size", "sha256", "mtime", "link")
@@ -65,8 +66,9 @@ class _Blobs:
         self.reg: Registry | None = None
         self.name = ""
         if ref:
-            host, self.name = split_repository(ref.partition("@")[0])
-            self.reg = Registry.from_settings(host, settings)
+            image = ImageRef(ref)
+            self.name = image.repository
+            self.reg = Registry.from_settings(image.registry, settings)
 
     def get(self, digest: str) -> bytes:
         path = normalize.blob_path(self.settings, digest)
@@ -86,8 +88,8 @@ def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str, settings: Se
                               "rebuild": {"image_id": rebuilt_id, "manifest_digest": rebuilt_manifest}, "layers": []}
     if same:
         return result
-    blobs = _Blobs(report.build.staged or (report.acceptance.pulled.get("ref", "") if report.acceptance else ""),
-                   settings)
+    pulled = report.acceptance.pulled if report.acceptance else None
+    blobs = _Blobs(report.build.staged or (pulled.ref if pulled else ""), settings)
     local = normalize.blob_path
     old = json.loads(blobs.get(report.build.manifest_digest))
     new = json.loads(local(settings, rebuilt_manifest).read_bytes())
@@ -115,8 +117,8 @@ def recorded_digest(report: Report, report_path: Path) -> str:
 
 def rebuild_tag(tag: str) -> str:
     """The rebuild's own tag beside the run's (a reference is at most 128 characters of tag)."""
-    repository, _, name = tag.rpartition(":")
-    return f"{repository}:rebuild-{name}"[: len(repository) + 129]
+    ref = ImageRef(tag)
+    return str(ref.tagged(f"rebuild-{ref.tag}"[:128]))
 
 
 def record(report: Report, report_path: Path, built: BuiltImage, tag: str,

@@ -12,6 +12,7 @@ import json
 import time
 
 from builder.core.errors import PublishError
+from builder.core.imageref import hex_of
 from builder.engine.registry import Registry, get_json, push_blob, put_manifest
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -24,8 +25,7 @@ PREDICATE_ANNOTATION = "in-toto.io/predicate-type"
 
 def fallback_tag(digest: str) -> str:
     """The referrers tag schema: 'sha256:<hex>' -> 'sha256-<hex>'."""
-    algo, _, hexpart = digest.partition(":")
-    return f"{algo}-{hexpart}"
+    return f"sha256-{hex_of(digest)}"
 
 
 def _descriptor(media_type: str, data: bytes, digest: str) -> dict:

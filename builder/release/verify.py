@@ -8,7 +8,6 @@ in that manifest.  Everything is read from the registry, nothing from the local 
 from __future__ import annotations
 
 import json
-import re
 import tarfile
 from dataclasses import dataclass, field
 
@@ -16,8 +15,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from builder.core.constants import LABEL_PREFIX, MANIFEST
 from builder.core.errors import AttestationError, BadInput, PublishError
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
-from builder.engine.registry import Registry, split_repository
+from builder.core.safetext import show
+from builder.engine.registry import Registry
 from builder.release import dsse, referrers, sbom
 from builder.release.attest import (
     PREDICATE_TYPES,
@@ -40,11 +41,11 @@ class Outcome:
 
 def parse_reference(ref: str) -> tuple[str, str, str]:
     """'host/name@sha256:<hex>' -> (host, name, digest)."""
-    repository, _, digest = ref.partition("@")
-    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-        raise BadInput(f"{ref}: expected REPOSITORY@sha256:<64 hex>")
-    host, name = split_repository(repository)
-    return host, name, digest
+    try:
+        image = ImageRef(ref, need_domain=True, need_digest=True)
+    except ValueError as exc:
+        raise BadInput(f"{show(ref, 120)}: expected REPOSITORY@sha256:<64 hex> ({exc})") from None
+    return image.registry, image.repository, str(image.digest)
 
 
 def image_facts(reg: Registry, name: str, digest: str) -> tuple[dict, dict]:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from builder.core import files as fs
 from builder.core.constants import CACHE_ENV_VARS, GATES
 from builder.core.errors import BadInput
+from builder.core.imageref import ImageRef
 from builder.core.records import AcceptanceResult, BuiltImage, GateResult, PublishReceipt, Report, ResolvedSources
 from builder.core.safetext import clip
 from builder.image.render import sha_tag
@@ -167,12 +168,13 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
            "tmpfs": (acceptance.container.get("tmpfs") if acceptance else None),
            "caches_at_start": prov.get("caches_at_start")}
     jit = {k: v for k, v in jit.items() if v}
-    base_name, _, base_digest = pins.base.image.partition("@")
+    pulled = acceptance.pulled if acceptance else None
+    base = ImageRef(pins.base.image)
+    base_name, base_digest = base.name, base.digest
     container = {
         "image_id": build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
-        "registry_digest": publish.digest if publish else ((acceptance.pulled.get("digest") if acceptance else None)
-                                                           or UNKNOWN),
-        "pulled": (acceptance.pulled.get("ref") if acceptance else None) or UNKNOWN,
+        "registry_digest": publish.digest if publish else (pulled.digest if pulled else UNKNOWN),
+        "pulled": str(pulled.ref) if pulled else UNKNOWN,
         "platform": publish.platform if publish and publish.platform != UNKNOWN else pins.base.platform,
         "base_image": base_name, "base_digest": base_digest or UNKNOWN,
         "produced_by": "Dockerfile build from exported commits (builder)" if build else UNKNOWN,
@@ -187,7 +189,7 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
         "aligned_env": dict(recipe.aligned_env), "control_env": dict(recipe.control_env),
         "container_env": _or_unknown(env),
         "engine": _or_unknown(acceptance.environment.get("engine") if acceptance else None),
-        "acceptance_engine": _or_unknown(acceptance.pulled.get("engine") if acceptance else None),
+        "acceptance_engine": _or_unknown(pulled.engine.model_dump() if pulled and pulled.engine else None),
         "interpreter": _or_unknown(interpreter.get("executable") or (manifest or {}).get("python")),
         "python_version": _or_unknown(interpreter.get("version")),
         "site_packages": _or_unknown((prov.get("manifest") or {}).get("site_packages")
