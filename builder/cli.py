@@ -15,6 +15,7 @@ from builder.core import log
 from builder.core.errors import BadInput, BuilderError, InfraError, NotAccepted
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, RenderedBuild, Report, ResolvedSources
+from builder.core.safetext import clip
 from builder.pins.model import Pins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -367,20 +368,27 @@ def keygen(private: Path = typer.Argument(..., help="private key file to write (
 @app.command()
 @handled
 def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>"),
-           key: Path = typer.Option(..., "--key", help="ed25519 public key (PEM) the attestations must be signed with"),
+           key: list[Path] = typer.Option(..., "--key", help="trusted ed25519 public key (PEM); repeat for several "
+                                          "(any of them trusted)"),
+           require_all_keys: bool = typer.Option(False, "--require-all-keys",
+                                                 help="each --key must have signed all three attestations"),
            ) -> None:
-    """Check the signed attestations of a published image. Exit 0 all pass, 1 naming the first failed check."""
+    """Check the attestations a trusted key signed for a published image; others are listed as untrusted.
+    Exit 0 all pass, 1 naming the first failed check."""
     from builder.release import attest, dsse
     from builder.release import verify as verify_mod
 
-    public = dsse.load_public(key)
+    publics = [dsse.load_public(k) for k in key]
     try:
-        outcome = verify_mod.verify(reference, public, settings())
+        outcome = verify_mod.verify(reference, publics, settings(), require_all_keys=require_all_keys)
     except attest.AttestationError as err:
-        typer.echo(f"FAILED {err.check}: {err.detail}")
+        typer.echo(clip(f"FAILED {err.check}: {err.detail}"))
         raise typer.Exit(1) from None
     for line in outcome.passed:
         typer.echo(f"ok  {line}")
+    for line in (outcome.untrusted, outcome.foreign):
+        if line:
+            typer.echo(clip(line))
     typer.echo(f"VERIFIED {reference}")
 
 

@@ -179,7 +179,8 @@ def nightly(pins_path: Path, settings: Settings, follow_prs_: bool, publish: boo
     digest, tags = None, None
     if accepted and publish:
         with log.step("publish"):
-            receipt = publish_mod.publish(run_dir / "report.json", settings, signing_key=signing_key)
+            receipt = publish_mod.publish(run_dir / "report.json", settings, signing_key=signing_key,
+                                          attest_once=True)  # an unchanged digest is never re-attested
             digest = receipt.digest
             tags = move_tags(receipt.repository, digest, pins.nightly.retention, settings, today)
         report = report_mod.load(run_dir / "report.json")
