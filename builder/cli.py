@@ -15,7 +15,7 @@ from builder.core import log
 from builder.core.errors import BadInput, BuilderError, InfraError, NotAccepted
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, RenderedBuild, Report, ResolvedSources
-from builder.core.safetext import clip
+from builder.core.safetext import fit
 from builder.pins.model import Pins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -33,7 +33,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def fail(err: BuilderError) -> typer.Exit:
     """The error's one line, then its details (e.g. a log tail) on their own lines."""
-    typer.echo(f"error: {err}", err=True)
+    typer.echo(fit(f"error: {err}"), err=True)  # within 300 characters, whatever the producer did
     for line in err.details:
         typer.echo(f"  | {line}", err=True)
     return typer.Exit(err.exit_code)
@@ -382,13 +382,13 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
     try:
         outcome = verify_mod.verify(reference, publics, settings(), require_all_keys=require_all_keys)
     except attest.AttestationError as err:
-        typer.echo(clip(f"FAILED {err.check}: {err.detail}"))
+        typer.echo(fit(f"FAILED {err.check}: {err.detail}"))
         raise typer.Exit(1) from None
     for line in outcome.passed:
         typer.echo(f"ok  {line}")
     for line in (outcome.untrusted, outcome.foreign):
         if line:
-            typer.echo(clip(line))
+            typer.echo(fit(line))
     typer.echo(f"VERIFIED {reference}")
 
 
