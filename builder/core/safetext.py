@@ -3,7 +3,7 @@
 `show(value)` is what an error line prints for a value read from an input file: non-printable and
 format characters are escaped (\\x85, \\u2028, \\u202e), long values keep their head and say how long
 they were. `clip(line)` bounds a whole message (MAX_LINE characters); `fit(line)` does too, first
-eliding the middle of the longest paths (head and file name kept) so that what is cut is least informative.
+eliding the middle of long paths (head and file name kept) so that what is cut is least informative.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 
 MAX_LINE = 300
 MAX_SHOWN = 60
-MIN_PATH = 40  # a path is never elided below this many characters
+KEEP_PATH = 100  # a path of at most this many characters is never elided (the line is cut at its end instead)
+MIN_PATH = 40  # nor is a longer one elided below this many
 PATH = re.compile(r"[^\s'\"()\[\]{},;<>]*/[^\s'\"()\[\]{},;<>]*")
 
 
@@ -64,12 +65,12 @@ def elide(path: str, width: int) -> str:
 
 
 def fit(line: str, limit: int = MAX_LINE) -> str:
-    """A one-line message within `limit` characters: escaped; its long paths elided to one common width (the
-    widest that fits, never below MIN_PATH); cut at `limit` if it still does not fit."""
+    """A one-line message within `limit` characters: escaped; its paths longer than KEEP_PATH elided to one common
+    width (the widest that fits, never below MIN_PATH); cut at `limit` if it still does not fit."""
     text = escape(" ".join(str(line).split("\n")), backslash=False)
     if len(text) <= limit:
         return text
-    paths = sorted({m.group() for m in PATH.finditer(text) if len(m.group()) > MIN_PATH}, key=len, reverse=True)
+    paths = sorted({m.group() for m in PATH.finditer(text) if len(m.group()) > KEEP_PATH}, key=len, reverse=True)
 
     def shrunk(width: int) -> str:
         out = text
