@@ -108,12 +108,13 @@ def publish(report, image, key, once=False):
     return attest.attach_all(report, f"{HOST}/{name}", digest, delivery_manifest(report), key, reg, once=once)
 
 
-def attach(image, envelope: dict, kind: str) -> None:
+def attach(image, envelope, kind: str) -> None:
     """Attach an envelope as anyone with push rights can."""
     reg, name, digest = image
     served = reg.manifest(name, digest)
     subject = {"mediaType": served["media_type"], "digest": digest, "size": len(served["content"])}
-    referrers.attach(reg, name, subject, json.dumps(envelope).encode(), kind)
+    data = envelope if isinstance(envelope, bytes) else json.dumps(envelope).encode()
+    referrers.attach(reg, name, subject, data, kind)
 
 
 def envelopes(image) -> list[dict]:
@@ -147,8 +148,8 @@ def test_only_untrusted_envelopes_fail_naming_them(report, image, keys):
     publish(report, image, keys["x"][0])
     done = verify(image, keys, "a")
     assert done.returncode == 1
-    assert done.stdout.startswith(f"FAILED signature: none of the 3 envelopes verifies with key {kid(keys, 'a')}; "
-                                  f"untrusted: 3 envelopes (key IDs {kid(keys, 'x')})"), done.stdout
+    assert done.stdout.startswith(f"FAILED signature: none of the 3 envelopes verifies with key {kid(keys, 'a')} for"
+                                  f" this digest; untrusted: 3 envelopes (key IDs {kid(keys, 'x')})"), done.stdout
 
 
 def test_tampered_copy_and_replay_are_set_aside(report, image, keys, tmp_path):
@@ -160,9 +161,11 @@ def test_tampered_copy_and_replay_are_set_aside(report, image, keys, tmp_path):
     replay = copy.deepcopy(statement_of(prov))  # a's genuine envelope for another image, attached to this one
     replay["subject"][0]["digest"]["sha256"] = "0" * 64
     attach(image, dsse.sign(replay, keys["a"][0]), attest.PROVENANCE_TYPE)
+    attach(image, "not an envelope", attest.SBOM_TYPE)  # junk is set aside as well
+    attach(image, b"\xff not JSON", attest.SBOM_TYPE)
     done = verify(image, keys, "a")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"untrusted: 1 envelopes (key IDs {kid(keys, 'a')} (bad signature))" in done.stdout
+    assert f"untrusted: 3 envelopes (key IDs {kid(keys, 'a')} (bad signature), none, unreadable)" in done.stdout
     assert "ignored: 1 envelopes signed by a trusted key for another subject (sha256:000000000000)" in done.stdout
 
 

@@ -99,9 +99,10 @@ def verify(ref: str, keys: Sequence[Ed25519PublicKey], settings: Settings, requi
     out.passed.append(f"attestations: {len(found)} found")
     sel = select(reg, name, digest, found, keys)
     out.untrusted, out.foreign = sel.untrusted_line(), sel.foreign_line()
+    others = "; ".join(line for line in (out.untrusted, out.foreign) if line) or "untrusted: 0 envelopes"
     if not sel.trusted:
-        raise AttestationError("signature", f"none of the {len(found)} envelopes verifies with "
-                               f"{_keys(keys)}; {out.untrusted}")
+        raise AttestationError("signature", f"none of the {len(found)} envelopes verifies with {_keys(keys)} for "
+                               f"this digest; {others}")
     signers = sorted({kid[:16] for _, _, kids in sel.trusted for kid in kids})
     out.passed.append(f"signature: {len(sel.trusted)} envelopes verify with key {', '.join(signers)}")
     out.passed.append(f"subject: every selected statement is for {digest}")
@@ -114,8 +115,7 @@ def verify(ref: str, keys: Sequence[Ed25519PublicKey], settings: Settings, requi
         missing = [t for t in PREDICATE_TYPES if t not in {s["predicateType"] for s in stmts}]
         if missing:
             who = f"key {kid[:16]} signed" if kid else f"the {len(stmts)} envelopes signed by a trusted key are"
-            raise AttestationError("predicates", f"missing {', '.join(missing)} ({who} for {digest}); "
-                                   f"{out.untrusted or 'untrusted: 0 envelopes'}")
+            raise AttestationError("predicates", f"missing {', '.join(missing)} ({who} for {digest}); {others}")
     if require_all_keys:
         out.passed.append(f"predicates: each of the {len(keys)} keys signed all three")
     for env, stmt, kids in sel.trusted:
