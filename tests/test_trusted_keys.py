@@ -17,6 +17,7 @@ import pytest
 
 from builder.core.constants import LABEL_PREFIX
 from builder.engine.registry import Registry, push_blob, put_manifest
+from builder.pins import model as pins_mod
 from builder.release import attest, dsse, referrers
 
 ROOT = Path(__file__).resolve().parent.parent
