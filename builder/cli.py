@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -19,6 +19,9 @@ from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted,
 from builder.core.options import Settings
 from builder.core.safetext import fit
 from builder.core.usage import run_app
+
+if TYPE_CHECKING:
+    from builder.pins.model import Pins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Resolve, build, accept, report and publish a unified RL-stack image.")
@@ -30,6 +33,16 @@ SigningKey = typer.Option(None, "--key", help="ed25519 private key (PEM) that si
                           "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
 EngineOpt = typer.Option(None, "--engine", help="run the gates on this Docker engine (unix://, tcp://, ssh://); "
                          "it pulls the image by digest (default: the pins' acceptance.engine, else DOCKER_HOST)")
+
+
+def load_pins(path: Path) -> Pins:
+    """The pins file, read and validated before the pipeline (and its heavy libraries) is imported, so that
+    bad input is refused fast; the use cases take the `Pins` and never read the file again."""
+    from builder.core import log  # lazy: start-up
+    from builder.pins import model  # lazy: start-up (pydantic, yaml)
+
+    with log.step("load pins"):
+        return model.load(path)
 
 
 def settings() -> Settings:
@@ -49,10 +62,11 @@ def setup() -> None:
 def resolve(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
             json_out: Optional[Path] = typer.Option(None, "--json", help="also write the record here")) -> None:
     """Resolve the three pinned PRs; print a table (stderr) and the JSON record (stdout)."""
+    pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
     config = settings()
-    resolved = pipeline.resolve(pipeline.load_pins(pins_path), config, offline, allow_moved_pr)
+    resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
     text = resolved.model_dump_json(indent=2)
     if json_out:
         json_out.write_text(text + "\n")
@@ -65,10 +79,10 @@ def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: b
                                           help="render from the pins alone (no fetch, no context; trees unresolved)"),
            ) -> None:
     """Print the Dockerfile; build nothing (the context is assembled but not sent)."""
+    pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
     from builder.core import log  # lazy: start-up
 
-    pins = pipeline.load_pins(pins_path)
     if pins_only:
         sys.stdout.write(pipeline.render_pins_only(pins))
         return
@@ -83,10 +97,10 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
           nocache: bool = typer.Option(False, "--nocache", help="build every layer again"),
           quiet: bool = typer.Option(False, "--quiet", help="do not stream the build log")) -> None:
     """Resolve, render and build the image; print the build record as JSON."""
+    pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
     config = settings()
-    pins = pipeline.load_pins(pins_path)
     rendered = pipeline.render(pins, pipeline.resolve(pins, config, offline, allow_moved_pr), config)
     built = pipeline.build(rendered, config, nocache=nocache, quiet=quiet)
     typer.echo(built.model_dump_json(indent=2))
@@ -103,9 +117,10 @@ def accept(pins_path: Path = PinsArg,
            offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")) -> None:
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
+    pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
-    done = pipeline.accept(pipeline.load_pins(pins_path), settings(), image=image, gate_names=gate, offline=offline,
+    done = pipeline.accept(pins, settings(), image=image, gate_names=gate, offline=offline,
                            allow_moved_pr=allow_moved_pr, out=out, timeout=timeout, engine_url=engine)
     if done.report.verdict != "ACCEPTED":
         raise NotAccepted(f"{pins_path}: image {done.report.image_id} not accepted; see {done.run_dir / 'report.md'}")
@@ -191,9 +206,10 @@ def run_command(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "
         nocache: bool = typer.Option(False, "--nocache", help="build every layer again")) -> None:
     """Resolve, build, stage by digest, accept the pulled digest, report, and promote it when asked.
     Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
+    pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
-    done = pipeline.run(pins_path, settings(), publish=publish, export=sqsh, offline=offline,
+    done = pipeline.run(pins, settings(), publish=publish, export=sqsh, offline=offline,
                         allow_moved_pr=allow_moved_pr, out=out, key=key, engine_url=engine, nocache=nocache)
     if done.report.build is not None:
         typer.echo(f"manifest digest: {done.report.build.manifest_digest}")
@@ -241,9 +257,10 @@ def nightly(pins_path: Path = PinsArg,
             key: Optional[Path] = SigningKey) -> None:
     """Rebuild and accept, then diff with the last accepted run of the same pins name.
     Exit codes as `run`, plus 4 when accepted but a regression flag is up."""
+    pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
-    pipeline.nightly(pins_path, settings(), follow_prs=follow_prs, publish=publish, out=out, key=key)
+    pipeline.nightly(pins, settings(), follow_prs=follow_prs, publish=publish, out=out, key=key)
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:

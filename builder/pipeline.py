@@ -123,20 +123,19 @@ def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names:
     return Run(report, run_dir)
 
 
-def run(pins_path: Path, settings: Settings, publish: bool = False, export: bool = False, offline: bool = False,
+def run(pins: Pins, settings: Settings, publish: bool = False, export: bool = False, offline: bool = False,
         allow_moved_pr: bool = False, out: Path | None = None, key: Path | None = None,
         engine_url: str | None = None, nocache: bool = False) -> Run:
     """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when asked.
     NotAccepted (exit 1) unless ACCEPTED."""
     if export and not publish:
         raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
-    pins = load_pins(pins_path)
     done = accept(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr, out=out, engine_url=engine_url,
                   stage=True, nocache=nocache, key=key)
     log.info("timings: " + json.dumps(log.timings))
     report_json = done.run_dir / "report.json"
     if done.report.verdict != "ACCEPTED":
-        raise NotAccepted(f"{pins_path}: image {done.report.image_id} not accepted; see {done.run_dir / 'report.md'}")
+        raise NotAccepted(f"{pins.path}: image {done.report.image_id} not accepted; see {done.run_dir / 'report.md'}")
     if publish:
         receipt = publish_report(report_json, settings, key=key)
         log.info(f"published {receipt.repository}@{receipt.digest}")
@@ -185,13 +184,13 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     return result
 
 
-def nightly(pins_path: Path, settings: Settings, follow_prs: bool = False, publish: bool = False,
+def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: bool = False,
             out: Path | None = None, key: Path | None = None, history: History | None = None,
             today: str | None = None) -> Run:
     """Follow PR heads (when asked), run, diff with the last accepted run of the same pins name, move the
     nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    pins = load_pins(pins_path)
+    pins_path = pins.path
     moved: list[dict[str, Any]] = []
     if follow_prs:
         with log.step("follow PR heads"):

@@ -16,18 +16,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from builder.core import files as fs
-from builder.core.constants import CACHE_ENV_VARS, GATES
+from builder.core.constants import GATES
 from builder.core.errors import BadInput
-from builder.core.imageref import ImageRef
 from builder.core.records import AcceptanceResult, BuiltImage, GateResult, PublishReceipt, Report, ResolvedSources
 from builder.core.safetext import clip
 from builder.image.render import sha_tag
 from builder.pins.inputfile import read_text
 from builder.pins.model import Pins
+from builder.report import manifest as manifest_layers
 from builder.report.ctrf import to_ctrf
+from builder.report.manifest import UNKNOWN
 
-UNKNOWN = "unknown"
 SEVERITY = {"fail": 3, "inconclusive": 2, "not_run": 1, "pass": 0}
 
 
@@ -77,138 +76,11 @@ def verdict_reasons(gates: list[GateResult], required: list[str], sources: Resol
                            + (f" ({gate.reason})" if gate.reason else ""))
     if build and acceptance and build.image_id != acceptance.image_id:
         reasons.append(f"acceptance ran on {acceptance.image_id}, the build made {build.image_id}")
-    for name, commit in image_commits(manifest, acceptance).items():
+    for name, commit in manifest_layers.image_commits(manifest, acceptance).items():
         want = sources.components.get(name)
         if want and commit != want.commit:
             reasons.append(f"image: {name} commit {commit} is not the pinned {want.commit}")
     return reasons
-
-
-# ---------------------------------------------------------------- run manifest
-
-
-def find_manifest(acceptance: AcceptanceResult | None) -> dict | None:
-    """/opt/delivery/manifest.json as the acceptance run read it, if it kept a whole copy."""
-    if not acceptance:
-        return None
-    places = [acceptance.environment] + [g.evidence for g in acceptance.gates if g.name == "provenance"]
-    for place in places:
-        found = place.get("manifest") if isinstance(place, dict) else None
-        if isinstance(found, dict) and "components" in found:
-            return found
-    return None
-
-
-def _provenance(acceptance: AcceptanceResult | None) -> dict:
-    """Evidence of a provenance gate that ran (in the image, acceptance/provenance.py), else {}."""
-    for g in acceptance.gates if acceptance else []:
-        if g.name == "provenance" and g.status != "not_run":
-            return g.evidence
-    return {}
-
-
-def image_commits(manifest: dict | None, acceptance: AcceptanceResult | None) -> dict[str, str]:
-    """Commit of each component as the image records it: manifest, else the stamp provenance read."""
-    out = {}
-    for name, comp in (_provenance(acceptance).get("components") or {}).items():
-        commit = ((comp or {}).get("stamp") or {}).get("commit")
-        if commit:
-            out[name] = commit
-    for name, comp in ((manifest or {}).get("components") or {}).items():
-        if (comp or {}).get("commit"):
-            out[name] = comp["commit"]
-    return out
-
-
-def _or_unknown(value: Any) -> Any:
-    return UNKNOWN if value in (None, "", {}) else value
-
-
-def _env_dict(env: Any) -> dict[str, Any]:
-    if isinstance(env, list):  # docker inspect form KEY=VALUE
-        return dict(item.split("=", 1) for item in env if "=" in item)
-    return dict(env) if isinstance(env, dict) else {}
-
-
-def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
-                 manifest: dict | None, publish: PublishReceipt | None) -> dict:
-    """The six layers (source, installed packages, native libraries, JIT caches, container, run)."""
-    mcomps = (manifest or {}).get("components") or {}
-    prov = _provenance(acceptance)
-    pcomps = prov.get("components") or {}
-    loaded = prov.get("native_libs_loaded")
-    commits = image_commits(manifest, acceptance)
-    source, installed, native = {}, {}, {}
-    for name, comp in sources.components.items():
-        pin, m, p = pins.components[name], mcomps.get(name) or {}, pcomps.get(name) or {}
-        source[name] = {
-            "remote": comp.url, "target": comp.target, "target_head": comp.target_head, "pr": comp.pr,
-            "head": comp.commit, "tree": comp.tree, "pr_head": comp.pr_head, "pr_moved": comp.pr_moved,
-            "merge_base": comp.merge_base, "ahead": comp.ahead, "behind": comp.behind,
-            "dirty_patch": "none (exported from the commit object, no work tree)",
-            "submodules": [s.model_dump() for s in comp.submodules],
-            "export_sha256": comp.export_sha256, "files": comp.files,
-            "commit_in_image": commits.get(name, UNKNOWN),
-        }
-        modules = p.get("modules") or {}
-        installed[name] = {
-            "distribution": pin.distribution, "version": _or_unknown(p.get("version") or m.get("version")),
-            "modules": {mod: _or_unknown((modules.get(mod) or {}).get("file")) for mod in pin.modules},
-            "files_in_manifest": len(m["files"]) if isinstance(m.get("files"), dict)
-            else _or_unknown((p.get("files") or {}).get("manifest")),
-        }
-        libs = m.get("native_libs")
-        mine = {path: lib.get("sha256") for path, lib in (loaded or {}).items() if lib.get("component") == name}
-        native[name] = {
-            "in_image": UNKNOWN if libs is None else (libs or "none listed in the image manifest"),
-            "loaded": UNKNOWN if loaded is None else (mine or "none loaded by the provenance check"),
-        }
-    env = _env_dict(acceptance.container.get("env") if acceptance else None)
-    jit = {"env": {k: env[k] for k in CACHE_ENV_VARS if k in env},
-           "tmpfs": (acceptance.container.get("tmpfs") if acceptance else None),
-           "caches_at_start": prov.get("caches_at_start")}
-    jit = {k: v for k, v in jit.items() if v}
-    pulled = acceptance.pulled if acceptance else None
-    base = ImageRef(pins.base.image)
-    base_name, base_digest = base.name, base.digest
-    container = {
-        "image_id": build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
-        "registry_digest": publish.digest if publish else (pulled.digest if pulled else UNKNOWN),
-        "pulled": str(pulled.ref) if pulled else UNKNOWN,
-        "platform": publish.platform if publish and publish.platform != UNKNOWN else pins.base.platform,
-        "base_image": base_name, "base_digest": base_digest or UNKNOWN,
-        "produced_by": "Dockerfile build from exported commits (builder)" if build else UNKNOWN,
-        "build": build.model_dump(exclude={"log_path"}) if build else UNKNOWN,
-        "acceptance": {k: v for k, v in acceptance.container.items() if k not in ("env", "gates")}
-        if acceptance and acceptance.container else UNKNOWN,
-    }
-    interpreter = prov.get("interpreter") or {}
-    recipe = pins.recipe
-    run = {
-        "entry": list(recipe.entry), "overrides": dict(recipe.overrides), "env": dict(recipe.env),
-        "aligned_env": dict(recipe.aligned_env), "control_env": dict(recipe.control_env),
-        "container_env": _or_unknown(env),
-        "engine": _or_unknown(acceptance.environment.get("engine") if acceptance else None),
-        "acceptance_engine": _or_unknown(pulled.engine.model_dump() if pulled and pulled.engine else None),
-        "interpreter": _or_unknown(interpreter.get("executable") or (manifest or {}).get("python")),
-        "python_version": _or_unknown(interpreter.get("version")),
-        "site_packages": _or_unknown((prov.get("manifest") or {}).get("site_packages")
-                                     or (manifest or {}).get("site_packages")),
-        "numeric_env": _or_unknown((prov.get("environment") or {}).get("numeric")),
-        "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
-        "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
-        "components_shared": list(pins.shared) or "none (url, commit and distribution all distinct)",
-        "lock_file": str(pins.lock_path()), "lock_sha256": _lock_sha256(pins),
-    }
-    return {"source": source, "installed_packages": installed, "native_libraries": native,
-            "jit_caches": _or_unknown(jit), "container": container, "run": run}
-
-
-def _lock_sha256(pins: Pins) -> str:
-    try:
-        return fs.sha256_file(pins.lock_path())
-    except OSError:
-        return UNKNOWN
 
 
 # ---------------------------------------------------------------- assembling
@@ -216,18 +88,18 @@ def _lock_sha256(pins: Pins) -> str:
 
 def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
                 image_manifest: dict | None = None, publish: PublishReceipt | None = None) -> Report:
-    manifest = image_manifest or find_manifest(acceptance)
+    manifest = image_manifest or manifest_layers.find_manifest(acceptance)
     required = list(pins.acceptance.required_gates)
     gates = gate_table(acceptance, required)
     reasons = verdict_reasons(gates, required, sources, build, acceptance, manifest)
     return Report(
         verdict="NOT ACCEPTED" if reasons else "ACCEPTED", reasons=reasons, name=pins.name,
         sources=sources, build=build, acceptance=acceptance, publish=publish,
-        run_manifest=run_manifest(pins, sources, build, acceptance, manifest, publish),
+        run_manifest=manifest_layers.run_manifest(pins, sources, build, acceptance, manifest, publish),
         platform=pins.base.platform, base_image=pins.base.image,
         image_id=build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
         repository=pins.image.repository, tags=image_tags(pins), required_gates=required, gates=gates,
-        compat=[c.model_dump() for c in pins.compat], lock_sha256=_lock_sha256(pins),
+        compat=[c.model_dump() for c in pins.compat], lock_sha256=manifest_layers.lock_sha256(pins),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 
