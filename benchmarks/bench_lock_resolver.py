@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import resolver  # noqa: E402
+from builder.lock import resolver  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.engine import basecontainer
 from builder.lock import lockfile as lock

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import sqsh  # noqa: E402
+from builder.release import sqsh  # noqa: E402
 from builder.core import files as fs
 from builder.core.options import Settings  # noqa: E402
 from builder.engine import client as engine

@@ -9,7 +9,6 @@ import pytest
 from builder import cli
 from builder.core.errors import BadInput, BuilderError
 from builder.core.safetext import MAX_LINE, elide, fit
-from builder.core.usage import run_app
 from builder.lock import wheels
 from builder.release import trust
 
@@ -53,7 +52,7 @@ def test_every_builder_error_is_one_bounded_line(deep):
 def test_the_cli_bounds_the_line_whatever_the_producer(deep, capsys):
     err = BuilderError("short")
     err.args = (f"{deep}/x.json: " + "y" * 2000,)  # a producer that bypassed the constructor
-    assert cli.fail(err).exit_code == 1
+    assert cli._report(err) == 1
     line = capsys.readouterr().err.splitlines()[0]
     assert line.startswith("error: ") and len(line) <= MAX_LINE and "/x.json: yyy" in line
 
@@ -75,7 +74,7 @@ def test_resolve_error_over_a_long_pins_path(deep, tmp_path, monkeypatch, capsys
     shutil.copy(ROOT / "pins" / "demo.yaml", deep / "p.yaml")
     shutil.copy(ROOT / "pins" / "locks" / "demo.lock", deep / "locks" / "demo.lock")
     monkeypatch.setenv("BUILDER_CACHE", str(tmp_path / "cache"))
-    assert run_app(cli.app, ["resolve", str(deep / "p.yaml"), "--offline"]) == 2
+    assert cli.run(["resolve", str(deep / "p.yaml"), "--offline"]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and len(lines[0]) <= MAX_LINE, lines
     assert "/p.yaml: components.vllm.url: " in lines[0] and "/demo-stack/tinyengine.git is " in lines[0], lines[0]
