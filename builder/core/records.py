@@ -152,6 +152,13 @@ class SqshExport(Record):
     created: str
 
 
+class CompatPin(Record):
+    """A compatibility pin as the report records it (from the pins' `compat`)."""
+    package: str
+    version: str
+    reason: str
+
+
 class Report(Record):
     verdict: Literal["ACCEPTED", "NOT ACCEPTED"]
     name: str
@@ -170,14 +177,15 @@ class Report(Record):
     required_gates: list[str] = Field(default_factory=list)
     gates: list[GateResult] = Field(default_factory=list)   # every gate; missing ones read not_run
     reasons: list[str] = Field(default_factory=list)  # why NOT ACCEPTED (empty when ACCEPTED)
-    compat: list[dict[str, Any]] = Field(default_factory=list)  # {package, version, reason}
+    compat: list[CompatPin] = Field(default_factory=list)
     lock_sha256: str = "unknown"  # sha256 of the pins' build.lock (written by `builder lock`)
     created: str = ""
     rebuild: dict[str, Any] | None = None  # `builder rebuild --check`: digests compared, per-layer file diff
 
 
 RECORDS: tuple[type[Record], ...] = (Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage,
-                                     GateResult, EngineFacts, Pulled, AcceptanceResult, PublishReceipt, SqshExport, Report)
+                                     GateResult, EngineFacts, Pulled, CompatPin, AcceptanceResult, PublishReceipt,
+                                     SqshExport, Report)
 
 
 def _type_name(annotation: Any) -> str:

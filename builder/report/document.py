@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
-from builder.core.records import AcceptanceResult, BuiltImage, GateResult, PublishReceipt, Report, ResolvedSources
+from builder.core.records import AcceptanceResult, BuiltImage, CompatPin, GateResult, PublishReceipt, Report, ResolvedSources
 from builder.core.safetext import clip
 from builder.image.render import sha_tag
 from builder.pins.inputfile import read_text
@@ -99,7 +99,7 @@ def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, 
         platform=pins.base.platform, base_image=pins.base.image,
         image_id=build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
         repository=pins.image.repository, tags=image_tags(pins), required_gates=required, gates=gates,
-        compat=[c.model_dump() for c in pins.compat], lock_sha256=manifest_layers.lock_sha256(pins),
+        compat=[CompatPin(**c.model_dump()) for c in pins.compat], lock_sha256=manifest_layers.lock_sha256(pins),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 
@@ -185,7 +185,7 @@ def to_markdown(report: Report) -> str:
     else:
         out += ["unknown (no build record: acceptance ran on an existing image)"]
     out += ["", "### Compatibility pins", ""]
-    out += _table(["Package", "Version", "Reason"], [[c["package"], c["version"], c["reason"]]
+    out += _table(["Package", "Version", "Reason"], [[c.package, c.version, c.reason]
                                                       for c in report.compat]) if report.compat else ["none"]
     if pub:
         out += ["", "### Publish receipt", ""]
