@@ -1,11 +1,12 @@
-# Entry points (README): `make demo`, `make test`. As root on Debian bookworm.
+# Entry points (README): `make demo`, `make test` (CI; `make test-fast` skips docker and slow tests).
+# As root on Debian bookworm.
 # Everything runs in a project venv (.venv), made with Debian's python3 if no venv is active:
 # Debian's own python refuses `pip install` (PEP 668).
 VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/.venv)
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup venv base demo test lint real-repos
+.PHONY: setup venv base demo test test-fast lint real-repos
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -31,6 +32,10 @@ lint: venv
 
 test: setup
 	$(PYTHON) -m pytest -q -ra
+
+# The unit lane: no Docker engine, no pip/torch/subprocess builds (markers in pyproject.toml); under 2 minutes.
+test-fast: venv
+	$(PYTHON) -m pytest -q -ra -m "not docker and not slow"
 
 # Not a CI test: lock, build and check an image with real Megatron-LM and verl PR heads from local
 # bare mirrors (MIRRORS=DIR holding megatron.git, verl.git, verl-recipe.git; see the script).

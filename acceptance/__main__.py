@@ -6,13 +6,14 @@ import math
 import sys
 import time
 import traceback
+from typing import Any
 
 from acceptance.defaults import GATES, METRICS
 
 WEIGHT_GATES = ("zero_update", "rl_step")
 
 
-def run_gate(name: str, settings: dict) -> dict:
+def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     start = time.time()
     log = ""
     if name == "provenance":
@@ -44,7 +45,7 @@ def run_gate(name: str, settings: dict) -> dict:
     return {"name": name, "status": status, "reason": reason, "evidence": evidence, "log": log}
 
 
-def plain(value):
+def plain(value: object) -> object:
     """JSON-safe copy: NaN and infinities become strings ('nan', 'inf') so every reader can load the line."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
@@ -55,7 +56,7 @@ def plain(value):
     return value
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m acceptance")
     sub = parser.add_subparsers(dest="command", required=True)
     gate = sub.add_parser("gate", help="run one gate")

@@ -7,6 +7,7 @@ fresh subdirectory), layout ("global_step_{step}/actor/huggingface": a step's we
 """
 import os
 import shutil
+from typing import Any
 
 from acceptance import weights as w
 
@@ -120,7 +121,8 @@ def rl_step(shots: list[dict], may_stay: list[str]) -> tuple[str, str, dict]:
     if bad:
         return "fail", f"{bad[0]['label']} checkpoint unreadable or missing: {bad[0]['error']}", evidence
     known = [s for s in shots if s["snapshot"] is not None]
-    changes, moved = [], set()
+    changes: list[dict[str, Any]] = []
+    moved: set[str] = set()
     evidence["changes"] = changes
     for prev, cur in zip(known, known[1:]):
         diff = w.compare(prev["snapshot"], cur["snapshot"])

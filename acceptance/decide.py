@@ -4,24 +4,29 @@ Every decision returns (status, reason, evidence). A missing step, a missing met
 non-zero exit is never a pass.
 """
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from acceptance import checkpoint
 from acceptance.metrics import disagreements, is_finite, number
 
 ZERO_KEYS = ("diff_max", "k3_kl")
 
+Verdict = tuple[str, str, dict[str, Any]]   # (status, reason, evidence)
+Sums = list[tuple[Any, Any]]                # (before, after) weight checksums per step
+
 
 @dataclass
 class Run:
     exit_code: int | None
-    steps: dict[int, dict]              # {step: metrics}, from the file log (else the console)
+    steps: dict[int, dict[str, Any]]    # {step: metrics}, from the file log (else the console)
     source: str = "file"                # file | console | none
-    console: dict[int, dict] = field(default_factory=dict)
+    console: dict[int, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)   # unparsable JSONL lines
 
 
-def _table(run: Run, n_steps: int, metrics: dict) -> dict:
+def _table(run: Run, n_steps: int, metrics: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Per-step values of the metrics named in the settings (evidence)."""
     return {str(step): {role: run.steps[step][name] for role, name in metrics.items()
                         if name in run.steps.get(step, {})}
@@ -40,7 +45,7 @@ def _basic(run: Run, n_steps: int) -> str | None:
     return None
 
 
-def _exact_zero(run: Run, n_steps: int, metrics: dict) -> str | None:
+def _exact_zero(run: Run, n_steps: int, metrics: dict[str, str]) -> str | None:
     """Reason to fail unless diff_max and k3_kl (and diff_mean where logged) are exactly 0.0 at every step."""
     for step in range(1, n_steps + 1):
         data = run.steps[step]
@@ -61,7 +66,7 @@ def _exact_zero(run: Run, n_steps: int, metrics: dict) -> str | None:
     return None
 
 
-def _checksums(run: Run, n_steps: int, metrics: dict):
+def _checksums(run: Run, n_steps: int, metrics: dict[str, str]) -> Sums | str | None:
     """[(before, after)] per step; None when neither checksum is logged at all; 'partial' when only some are."""
     pairs = [(run.steps[s].get(metrics["weights_before"]), run.steps[s].get(metrics["weights_after"]))
              for s in range(1, n_steps + 1)]
@@ -73,33 +78,35 @@ def _checksums(run: Run, n_steps: int, metrics: dict):
     return pairs
 
 
-def _by_weights(decision, weights: dict | None, evidence: dict, done: str):
+def _by_weights(decision: Callable[[dict[str, Any]], Verdict], weights: dict[str, Any] | None,
+                evidence: dict[str, Any], done: str) -> Verdict | None:
     """Weight verdict from the mode the pins select: 'none' is inconclusive, 'checkpoint' compares saved
     weights (acceptance.checkpoint); None / 'metrics' returns None so the checksum metrics decide."""
-    mode = (weights or {}).get("mode", "metrics")
+    weights = weights or {}
+    mode = weights.get("mode", "metrics")
     if mode == "none":
         return "inconclusive", f"{done}, but weight evidence is off (acceptance.weights: none)", evidence
     if mode == "checkpoint":
-        status, reason, extra = decision()
+        status, reason, extra = decision(weights)
         evidence["weights"] = extra
         return status, (f"{done}; {reason}" if status == "pass" else reason), evidence
     return None
 
 
-def zero_update(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
-    evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
+def zero_update(run: Run, n_steps: int, metrics: dict[str, str], weights: dict[str, Any] | None = None) -> Verdict:
+    evidence: dict[str, Any] = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
     reason = _basic(run, n_steps) or _exact_zero(run, n_steps, metrics)
     if reason:
         return "fail", reason, evidence
     done = f"diff and k3 exactly 0 at steps 1..{n_steps}"
-    verdict = _by_weights(lambda: checkpoint.zero_update(weights["shots"]), weights, evidence, done)
+    verdict = _by_weights(lambda w: checkpoint.zero_update(w["shots"]), weights, evidence, done)
     if verdict:
         return verdict
     sums = _checksums(run, n_steps, metrics)
     if sums is None:
         return ("inconclusive", f"diff and k3 exactly 0 at steps 1..{n_steps}, but the weight checksums "
                 f"({metrics['weights_before']}, {metrics['weights_after']}) are not logged", evidence)
-    if sums == "partial":
+    if isinstance(sums, str):  # "partial"
         return "fail", "weight checksum missing at some step", evidence
     values = {v for pair in sums for v in pair}
     evidence["weights"] = sorted(values)
@@ -110,8 +117,8 @@ def zero_update(run: Run, n_steps: int, metrics: dict, weights: dict | None = No
     return "pass", f"diff and k3 exactly 0 at steps 1..{n_steps}; weights unchanged with lr 0", evidence
 
 
-def rl_step(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
-    evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
+def rl_step(run: Run, n_steps: int, metrics: dict[str, str], weights: dict[str, Any] | None = None) -> Verdict:
+    evidence: dict[str, Any] = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
     reason = _basic(run, n_steps) or _exact_zero(run, n_steps, metrics)
     if reason:
         return "fail", reason, evidence
@@ -126,15 +133,14 @@ def rl_step(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
     evidence["throughput"] = mean_metric(run, n_steps, metrics["throughput"])
     evidence["throughput_steps"] = [run.steps[s].get(metrics["throughput"]) for s in range(1, n_steps + 1)]
     done = f"diff and k3 exactly 0 at steps 1..{n_steps} after an update and reload; reward and loss finite"
-    verdict = _by_weights(lambda: checkpoint.rl_step(weights["shots"], weights.get("may_stay") or []),
-                          weights, evidence, done)
+    verdict = _by_weights(lambda w: checkpoint.rl_step(w["shots"], w.get("may_stay") or []), weights, evidence, done)
     if verdict:
         return verdict
     sums = _checksums(run, n_steps, metrics)
     if sums is None:
         return ("inconclusive", f"diff and k3 exactly 0 at steps 1..{n_steps}, but the weight checksums are not"
                 " logged, so the update and reload are not shown", evidence)
-    if sums == "partial":
+    if isinstance(sums, str):  # "partial"
         return "fail", "weight checksum missing at some step", evidence
     if sums[0][0] == sums[0][1]:
         return "fail", f"weights did not change at step 1 with lr > 0 (checksum {sums[0][0]})", evidence
@@ -142,8 +148,8 @@ def rl_step(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
             f"(weights {sums[0][0]} -> {sums[0][1]}); reward and loss finite", evidence)
 
 
-def control(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
-    evidence = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
+def control(run: Run, n_steps: int, metrics: dict[str, str], weights: dict[str, Any] | None = None) -> Verdict:
+    evidence: dict[str, Any] = {"exit_code": run.exit_code, "log_source": run.source, "steps": _table(run, n_steps, metrics)}
     reason = _basic(run, n_steps)
     if reason:
         return "fail", reason, evidence
@@ -166,12 +172,14 @@ def control(run: Run, n_steps: int, metrics: dict, weights: dict | None = None):
             "aligned from unaligned here", evidence)
 
 
-def mean_metric(run: Run, n_steps: int, name: str):
+def mean_metric(run: Run, n_steps: int, name: str) -> float | None:
     """Mean of a numeric metric over steps 1..n (None when any step lacks a finite value)."""
     values = [number(run.steps.get(s, {}).get(name)) for s in range(1, n_steps + 1)]
-    if not values or any(v is None or not math.isfinite(v) for v in values):
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not values or len(finite) != len(values):
         return None
-    return sum(values) / len(values)
+    return sum(finite) / len(finite)
 
 
-DECISIONS = {"zero_update": zero_update, "rl_step": rl_step, "control": control}
+Decision = Callable[[Run, int, dict[str, str], dict[str, Any] | None], Verdict]
+DECISIONS: dict[str, Decision] = {"zero_update": zero_update, "rl_step": rl_step, "control": control}

@@ -2,11 +2,13 @@
 import json
 import math
 import re
+from collections.abc import Sequence
+from typing import Any
 
 STEP_LINE = re.compile(r"^\s*(?:\S.*?\s)?step:(\d+)(?: - |$)")
 
 
-def _value(text: str):
+def _value(text: str) -> float | str:
     """A console value: a number when it parses as one (nan/inf included), else the raw string."""
     text = text.strip()
     try:
@@ -15,9 +17,9 @@ def _value(text: str):
         return text
 
 
-def parse_jsonl(text: str) -> tuple[dict[int, dict], list[str]]:
+def parse_jsonl(text: str) -> tuple[dict[int, dict[str, Any]], list[str]]:
     """{step: data} from `{"step": N, "data": {...}}` lines; later lines for a step update earlier ones."""
-    steps: dict[int, dict] = {}
+    steps: dict[int, dict[str, Any]] = {}
     problems = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -34,15 +36,15 @@ def parse_jsonl(text: str) -> tuple[dict[int, dict], list[str]]:
     return steps, problems
 
 
-def parse_console(text: str) -> dict[int, dict]:
+def parse_console(text: str) -> dict[int, dict[str, Any]]:
     """{step: metrics} from console lines split on ' - ' (as verl's check_results.py does)."""
-    steps: dict[int, dict] = {}
+    steps: dict[int, dict[str, Any]] = {}
     for line in text.splitlines():
         match = STEP_LINE.match(line)
         if not match:
             continue
         parts = line[match.start(1) - len("step:"):].strip().split(" - ")
-        data = {}
+        data: dict[str, float | str] = {}
         for part in parts[1:]:
             key, sep, value = part.partition(":")
             if sep:
@@ -51,7 +53,7 @@ def parse_console(text: str) -> dict[int, dict]:
     return steps
 
 
-def number(value):
+def number(value: object) -> float | None:
     """The float of a logged value, or None when it is not a number."""
     if isinstance(value, bool) or value is None:
         return None
@@ -65,15 +67,16 @@ def number(value):
     return None
 
 
-def is_finite(value) -> bool:
+def is_finite(value: object) -> bool:
     num = number(value)
     return num is not None and math.isfinite(num)
 
 
-def disagreements(file_steps: dict, console_steps: dict, keys) -> list[str]:
+def disagreements(file_steps: dict[int, dict[str, Any]], console_steps: dict[int, dict[str, Any]],
+                  keys: Sequence[str]) -> list[str]:
     """Metrics both logs carry for a step where one says exactly 0 and the other does not
     (console values may be rounded, so only the zero / non-zero / NaN class is compared)."""
-    def kind(value):
+    def kind(value: object) -> str:
         num = number(value)
         return "nan" if num is None or math.isnan(num) else ("zero" if num == 0.0 else "nonzero")
 
@@ -86,7 +89,8 @@ def disagreements(file_steps: dict, console_steps: dict, keys) -> list[str]:
     return out
 
 
-def merged(file_steps: dict, console_steps: dict) -> tuple[dict[int, dict], str]:
+def merged(file_steps: dict[int, dict[str, Any]],
+           console_steps: dict[int, dict[str, Any]]) -> tuple[dict[int, dict[str, Any]], str]:
     """The file log when it has any step, else the console lines; and which one was used."""
     if file_steps:
         return file_steps, "file"

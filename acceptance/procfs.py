@@ -2,6 +2,7 @@
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 
 ESCAPE = re.compile(r"\\([0-7]{3})")
 SHARED = re.compile(r"\.so(\.[0-9]+)*$")
@@ -11,7 +12,7 @@ def _unescape(field: str) -> str:
     return ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
-def mounts(text: str | None = None) -> list[dict]:
+def mounts(text: str | None = None) -> list[dict[str, str]]:
     """[{mount_point, root, fstype, source, options}] from mountinfo (fields per proc(5))."""
     if text is None:
         with open("/proc/self/mountinfo") as fh:
@@ -63,10 +64,10 @@ def sha256(path: str) -> str | None:
     return digest.hexdigest()
 
 
-def startup_hooks(path_entries):
+def startup_hooks(path_entries: Iterable[str]) -> dict[str, str | None]:
     """Code the interpreter runs at start-up: *.pth files in site dirs and sitecustomize/usercustomize
     modules anywhere on sys.path. {absolute path: sha256}; the caller passes sys.path."""
-    found = {}
+    found: dict[str, str | None] = {}
     for entry in path_entries:
         if not entry or not os.path.isdir(entry):
             continue

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+from typing import Any
 
 from acceptance import procfs
 from acceptance.defaults import CACHE_ENV_VARS as CACHE_ENV
@@ -18,7 +19,7 @@ HOME_CACHES = (".cache/torch", ".triton", ".cache/vllm", ".cache/torch_extension
                ".nv/ComputeCache")
 
 
-def cache_dirs(settings: dict) -> list[str]:
+def cache_dirs(settings: dict[str, Any]) -> list[str]:
     """The compile/JIT cache locations this process would use, plus the usual defaults under /root."""
     dirs = [settings.get("cache_dir", "/cache")]
     dirs += [os.environ[k] for k in CACHE_ENV if os.environ.get(k)]
@@ -37,11 +38,11 @@ def cache_files(path: str, limit: int = 5) -> list[str]:
     return found[:limit]
 
 
-def numeric_env() -> dict:
+def numeric_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k in NUMERIC_ENV or k.startswith(NUMERIC_PREFIXES)}
 
 
-def _dist_info_dir(dist) -> str | None:
+def _dist_info_dir(dist: md.Distribution) -> str | None:
     for entry in dist.files or []:
         if entry.parts and entry.parts[0].endswith(".dist-info"):
             return str(dist.locate_file(entry.parts[0]))
@@ -50,10 +51,10 @@ def _dist_info_dir(dist) -> str | None:
 
 
 class Checker:
-    def __init__(self, settings: dict):
+    def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
         self.failures: list[str] = []
-        self.evidence: dict = {}
+        self.evidence: dict[str, Any] = {}
 
     def fail(self, message: str) -> None:
         self.failures.append(message)
@@ -68,7 +69,7 @@ class Checker:
                 self.fail(f"compile cache {path} not empty at start: {files[:2]}")
         self.evidence["caches_at_start"] = seen
 
-    def interpreter(self, manifest: dict) -> None:
+    def interpreter(self, manifest: dict[str, Any]) -> None:
         expected = manifest.get("python")
         entry = (self.settings.get("entry") or [""])[0]
         resolved = shutil.which(entry) if entry else None
@@ -82,7 +83,7 @@ class Checker:
             if not resolved or os.path.dirname(os.path.abspath(resolved)) != os.path.dirname(expected or ""):
                 self.fail(f"recipe entry {entry!r} resolves to {resolved}, not the manifest's python {expected}")
 
-    def mounts(self, site: str) -> list[dict]:
+    def mounts(self, site: str) -> list[dict[str, str]]:
         table = procfs.mounts()
         self.evidence["mounts"] = [f"{m['mount_point']} ({m['fstype']} {m['source']} {m['options']})" for m in table]
         for m in table:
@@ -91,9 +92,9 @@ class Checker:
                 self.fail(f"mount at {point} ({m['fstype']} {m['source']}) covers site-packages {site}")
         return table
 
-    def component(self, name: str, spec: dict, site: str, table: list[dict]) -> dict:
-        out = {"distribution": spec.get("distribution"), "modules": {}}
-        dist_name = spec.get("distribution")
+    def component(self, name: str, spec: dict[str, Any], site: str, table: list[dict[str, str]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"distribution": spec.get("distribution"), "modules": {}}
+        dist_name: str = spec.get("distribution") or ""  # "" raises ValueError as None does
         try:
             dist = md.distribution(dist_name)
         except md.PackageNotFoundError:
@@ -113,7 +114,7 @@ class Checker:
         self._strays(name, spec, out)
         return out
 
-    def _stamp(self, name: str, spec: dict, info: str | None, out: dict) -> None:
+    def _stamp(self, name: str, spec: dict[str, Any], info: str | None, out: dict[str, Any]) -> None:
         path = os.path.join(info or "", "BUILDER_PROVENANCE.json")
         try:
             with open(path) as fh:
@@ -125,7 +126,7 @@ class Checker:
         if stamp.get("commit") != spec.get("commit"):
             self.fail(f"{name}: stamped commit {stamp.get('commit')}, manifest says {spec.get('commit')}")
 
-    def _module(self, name: str, module: str, site: str, table: list[dict]) -> dict:
+    def _module(self, name: str, module: str, site: str, table: list[dict[str, str]]) -> dict[str, Any]:
         try:
             mod = importlib.import_module(module)
         except Exception as err:  # noqa: BLE001 - any import error is the finding
@@ -141,7 +142,7 @@ class Checker:
                 self.fail(f"{name}: {module} file {path} lies under mount {m['mount_point']} ({m['source']})")
         return {"file": path, "realpath": real, "version": getattr(mod, "__version__", None)}
 
-    def _files(self, name: str, spec: dict, dist, out: dict) -> None:
+    def _files(self, name: str, spec: dict[str, Any], dist: md.Distribution, out: dict[str, Any]) -> None:
         files = spec.get("files") or {}
         bad = [p for p, digest in files.items() if procfs.sha256(p) != digest]
         for path in bad[:5]:
@@ -152,7 +153,7 @@ class Checker:
             self.fail(f"{name}: {path} is in RECORD but not in the manifest")
         out["files"] = {"manifest": len(files), "mismatched": bad[:20], "record_only": extra[:20]}
 
-    def _strays(self, name: str, spec: dict, out: dict) -> None:
+    def _strays(self, name: str, spec: dict[str, Any], out: dict[str, Any]) -> None:
         """Files inside a component's package directories that the manifest does not list."""
         files = spec.get("files") or {}
         strays = []
@@ -165,7 +166,7 @@ class Checker:
             self.fail(f"{name}: {path} is installed but not in the manifest")
         out["files"]["unlisted"] = strays[:20]
 
-    def startup(self, manifest: dict) -> None:
+    def startup(self, manifest: dict[str, Any]) -> None:
         """.pth files and sitecustomize/usercustomize on sys.path now must be exactly those of the build:
         a new one can patch a component at start-up without touching its files."""
         expected = manifest.get("startup_hooks")
@@ -180,7 +181,7 @@ class Checker:
             elif expected[path] != digest:
                 self.fail(f"start-up hook {path} changed since the build")
 
-    def native(self, manifest: dict) -> None:
+    def native(self, manifest: dict[str, Any]) -> None:
         """Hash every mapped .so; component ones must be in the manifest's native_libs with that hash."""
         comps = manifest.get("components") or {}
         owned = {}
@@ -215,7 +216,7 @@ def _ignorable(path: str) -> bool:
     return path.endswith(".dist-info/RECORD")
 
 
-def check(settings: dict):
+def check(settings: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     checker = Checker(settings)
     checker.caches()  # before any import can create cache files
     checker.evidence["environment"] = {"numeric": numeric_env(), "recipe_env": settings.get("env") or {},

@@ -1,8 +1,10 @@
 """Run the recipe once (one arm) and parse what it logged; never imports the components."""
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from acceptance import metrics as m
 from acceptance.decide import Run
@@ -10,7 +12,7 @@ from acceptance.decide import Run
 TAIL = 6000
 
 
-def hydra(value) -> str:
+def hydra(value: object) -> str:
     """Command-line form of one override value (Hydra syntax)."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -19,7 +21,7 @@ def hydra(value) -> str:
     return str(value)
 
 
-def arm(settings: dict, gate: str) -> tuple[dict, float]:
+def arm(settings: dict[str, Any], gate: str) -> tuple[dict[str, Any], float]:
     """(arm env, learning rate) of a gate: zero_update = aligned at lr 0, rl_step = aligned at the recipe's lr,
     control = control env at the recipe's lr."""
     if gate == "zero_update":
@@ -31,7 +33,8 @@ def arm(settings: dict, gate: str) -> tuple[dict, float]:
     raise ValueError(f"no recipe arm for gate {gate!r}")
 
 
-def command(settings: dict, lr: float, log_path: str, extra: dict | None = None) -> tuple[list[str], dict]:
+def command(settings: dict[str, Any], lr: float, log_path: str,
+            extra: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and env of one run: entry + overrides (+ extra, e.g. the checkpoint options), steps and lr set,
     logger to console and file."""
     overrides = {**(settings.get("overrides") or {}), **(extra or {})}
@@ -43,7 +46,7 @@ def command(settings: dict, lr: float, log_path: str, extra: dict | None = None)
     return argv, env
 
 
-def run(settings: dict, gate: str, extra: dict | None = None) -> tuple[Run, dict, str]:
+def run(settings: dict[str, Any], gate: str, extra: dict[str, Any] | None = None) -> tuple[Run, dict[str, Any], str]:
     """Run one arm; returns the parsed Run, the facts of the run (argv, env) and the console tail."""
     arm_env, lr = arm(settings, gate)
     work = Path(settings.get("work_dir", "/tmp/acceptance"))
@@ -62,7 +65,8 @@ def run(settings: dict, gate: str, extra: dict | None = None) -> tuple[Run, dict
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=str(work))
         except OSError as err:
             return Run(exit_code=127, steps={}, source="none"), {"argv": argv, "error": str(err)}, str(err)
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):
+        stdout = cast(io.BufferedReader, proc.stdout)  # stdout=PIPE with the default buffering
+        for chunk in iter(lambda: stdout.read1(65536), b""):
             out.write(chunk)
             sys.stderr.buffer.write(chunk)  # the container log shows the run as it goes
             sys.stderr.flush()

@@ -13,6 +13,10 @@ import hashlib
 import json
 import os
 import struct
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:  # only for annotations: torch is imported where it is used
+    import torch
 
 CHUNK = 1 << 24
 SAFETENSORS = (".safetensors",)
@@ -57,7 +61,7 @@ def _safetensors_header(path: str) -> tuple[int, dict]:
     return 8 + size, header
 
 
-def _hash_range(fh, start: int, length: int) -> str:
+def _hash_range(fh: BinaryIO, start: int, length: int) -> str:
     digest = hashlib.sha256()
     fh.seek(start)
     left = length
@@ -85,7 +89,7 @@ def _safetensors_entries(path: str) -> dict[str, dict]:
     return out
 
 
-def _state_dict(path: str) -> dict:
+def _state_dict(path: str) -> dict[str, "torch.Tensor"]:
     import torch
 
     try:
@@ -100,18 +104,17 @@ def _state_dict(path: str) -> dict:
     return obj
 
 
-def _tensor_bytes(tensor, digest=None):
-    """sha256 of a CPU tensor's raw bytes (C order), fed in CHUNK pieces; or the bytes when digest is None."""
+def _tensor_sha256(tensor: "torch.Tensor") -> str:
+    """sha256 of a CPU tensor's raw bytes (C order), fed in CHUNK pieces."""
+    digest = hashlib.sha256()
     tensor = tensor.detach().contiguous()
     size, ptr = tensor.numel() * tensor.element_size(), tensor.data_ptr()
-    if digest is None:
-        return ctypes.string_at(ptr, size) if size else b""
     for offset in range(0, size, CHUNK):
         digest.update(ctypes.string_at(ptr + offset, min(CHUNK, size - offset)))
     return digest.hexdigest()
 
 
-def _dtype_name(tensor) -> str:
+def _dtype_name(tensor: "torch.Tensor") -> str:
     name = str(tensor.dtype).replace("torch.", "")
     return TORCH_TO_ST.get(name, name)
 
@@ -122,7 +125,7 @@ def _torch_entries(path: str) -> dict[str, dict]:
     for name in sorted(state):
         tensor = state[name]
         out[name] = {"dtype": _dtype_name(tensor), "shape": list(tensor.shape),
-                     "sha256": _tensor_bytes(tensor, hashlib.sha256()), "file": path}
+                     "sha256": _tensor_sha256(tensor), "file": path}
     return out
 
 
@@ -146,7 +149,7 @@ def snapshot(directory: str) -> dict:
             "digest": combined.hexdigest()}
 
 
-def load_tensor(entry: dict, name: str):
+def load_tensor(entry: dict[str, Any], name: str) -> "torch.Tensor":
     """One tensor as a torch tensor (for the max abs difference of a differing tensor)."""
     import torch
 
@@ -163,7 +166,7 @@ def load_tensor(entry: dict, name: str):
     return _state_dict(path)[name].clone()
 
 
-def max_abs_diff(a: dict, b: dict, name: str):
+def max_abs_diff(a: dict[str, Any], b: dict[str, Any], name: str) -> float | str:
     """Largest |a - b| over the elements of tensor `name` (a float; 'nan' stays nan), or a string reason."""
     ta, tb = a["tensors"][name], b["tensors"][name]
     if (ta["dtype"], ta["shape"]) != (tb["dtype"], tb["shape"]):

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from acceptance import checkpoint, decide, metrics, procfs, recipe
 from acceptance.__main__ import plain
 from acceptance.defaults import METRICS as DEFAULT_METRICS
@@ -243,6 +245,7 @@ def test_mountinfo_parsing_and_cover():
     assert procfs.covers("/", "/anything")
 
 
+@pytest.mark.slow  # imports torch
 def test_mapped_libraries_of_this_process():
     import torch  # noqa: F401  (maps its native libraries)
 

@@ -47,7 +47,8 @@ def _export(repo_path: Path, commit: str, dest: Path):
 
 
 class Installer:
-    """pip-installs a repository at a commit into its own --target dir (cached per commit)."""
+    """pip-installs a repository at a commit into its own --target dir (cached per commit). Tests that use it
+    are marked slow: pip, tinyengine's C extension and torch."""
 
     def __init__(self, root: Path, outdir: Path, stack: dict):
         self.root, self.outdir, self.stack, self.sites = root, outdir, stack, {}
@@ -166,6 +167,7 @@ print(json.dumps({"bi": llm.batch_invariant, "native": "tinyengine/_C" in maps,
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bi", [0, 1])
 def test_engine_batch_invariance(installer, bi):
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": installer.pythonpath(), "DEMO_BATCH_INVARIANT": str(bi)}
@@ -180,6 +182,7 @@ def test_engine_batch_invariance(installer, bi):
 
 # ---- tinyrl.main_ppo on the good PR heads ------------------------------------------------------
 
+@pytest.mark.slow
 def test_control_batch_invariance_off_shows_mismatch(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3)
     for m in steps:
@@ -188,6 +191,7 @@ def test_control_batch_invariance_off_shows_mismatch(installer, tmp_path):
         assert m[DIFF_MAX] > 0 and m[DIFF_MEAN] > 0
 
 
+@pytest.mark.slow
 def test_aligned_exact_zero_and_real_update(installer, tmp_path):
     steps, elapsed = run_ppo(installer, tmp_path, bi=1, lr=1e-3)
     print(f"2-step aligned run: {elapsed:.1f} s")
@@ -200,6 +204,7 @@ def test_aligned_exact_zero_and_real_update(installer, tmp_path):
     assert steps[1][W_BEFORE] == steps[0][W_AFTER]
 
 
+@pytest.mark.slow
 def test_zero_update_at_lr_zero(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=0.0)
     for m in steps:
@@ -207,6 +212,7 @@ def test_zero_update_at_lr_zero(installer, tmp_path):
         assert m[W_BEFORE] == m[W_AFTER] == steps[0][W_BEFORE]
 
 
+@pytest.mark.slow
 def test_unknown_override_exits_2(installer, tmp_path):
     proc, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, extra=["trainer.no_such_key=1"], expect_rc=2)
     assert "unknown key" in proc.stderr
@@ -214,29 +220,34 @@ def test_unknown_override_exits_2(installer, tmp_path):
 
 # ---- planted defects --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_defect_12_batch_invariance_broken(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 12})
     assert all(m["rollout/batch_invariant"] == 1 for m in steps)  # claims invariance ...
     assert all(m[DIFF_MAX] > 0 for m in steps)  # ... but is not
 
 
+@pytest.mark.slow
 def test_defect_13_skips_weight_reload(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 13})
     assert steps[0][DIFF_MAX] == 0.0 and steps[0][K3] == 0.0  # zero-update check still passes
     assert steps[1][DIFF_MAX] > 0 and steps[1][K3] > 0  # the update never reached the engine
 
 
+@pytest.mark.slow
 def test_defect_23_weight_decay_at_lr_zero(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=0.0, prs={"tinycore": 23})
     assert all(m[W_BEFORE] != m[W_AFTER] for m in steps)
 
 
+@pytest.mark.slow
 def test_defect_34_nan_metric(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, prs={"tinyrl": 34})
     assert all(math.isnan(m[DIFF_MAX]) for m in steps)
     assert all(math.isfinite(m[DIFF_MEAN]) for m in steps)
 
 
+@pytest.mark.slow
 def test_defect_35_missing_metric(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, prs={"tinyrl": 35})
     assert all(K3 not in m and DIFF_MAX in m for m in steps)
@@ -253,6 +264,7 @@ def _init_model(installer, tmp_path, prs=None):
     return tmp_path / "model"
 
 
+@pytest.mark.slow
 def test_checkpoints_in_verl_layout_without_checksum_metrics(installer, tmp_path):
     from acceptance import weights
 
@@ -272,6 +284,7 @@ def test_checkpoints_in_verl_layout_without_checksum_metrics(installer, tmp_path
     assert all(weights.compare(a, b)["unchanged"] == [] for a, b in zip(shots, shots[1:]))
 
 
+@pytest.mark.slow
 def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer, tmp_path):
     from acceptance import weights
 
@@ -281,6 +294,7 @@ def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer, tmp_path):
     assert weights.compare(one, two)["unchanged"] == ["lm_head.weight"]
 
 
+@pytest.mark.slow
 def test_defect_23_moves_weights_at_lr_zero_in_the_checkpoints(installer, tmp_path):
     from acceptance import weights
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # pip wheel, fresh venvs, subprocesses
 
 
 @pytest.fixture(scope="module")

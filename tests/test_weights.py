@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from acceptance import checkpoint, decide, weights
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # torch
 
 
 def _state(seed: int = 0) -> dict:

@@ -1,4 +1,6 @@
 """Helpers shared by the scripts that run inside the build (stdlib only, Python >= 3.8)."""
+from __future__ import annotations
+
 import base64
 import hashlib
 import re
@@ -6,11 +8,11 @@ import sysconfig
 from pathlib import Path
 
 
-def norm(name):
+def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def same_version(a, b):
+def same_version(a: object, b: object) -> bool:
     """Equal as PEP 440 versions (verl's __version__ "0.10.0.dev" is its metadata's "0.10.0.dev0"),
     with pip's vendored packaging (always in the image); as strings if either is not PEP 440."""
     from pip._vendor.packaging.version import InvalidVersion, Version
@@ -21,13 +23,13 @@ def same_version(a, b):
         return str(a) == str(b)
 
 
-def site_dirs(prefix=None):
+def site_dirs(prefix: str | None = None) -> list[str]:
     """purelib and platlib of the running interpreter, or of an install prefix."""
-    kw = {"vars": {"base": prefix, "platbase": prefix}} if prefix else {}
-    return sorted({sysconfig.get_path("purelib", **kw), sysconfig.get_path("platlib", **kw)})
+    where = {"base": prefix, "platbase": prefix} if prefix else None
+    return sorted({sysconfig.get_path("purelib", vars=where), sysconfig.get_path("platlib", vars=where)})
 
 
-def find_dist_info(distribution, dirs):
+def find_dist_info(distribution: str, dirs: list[str]) -> Path:
     """The single <name>-<version>.dist-info of a distribution in dirs, or SystemExit."""
     found = []
     for directory in dirs:
@@ -44,7 +46,7 @@ def find_dist_info(distribution, dirs):
     return found[0]
 
 
-def sha256_file(path):
+def sha256_file(path: str | Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -52,7 +54,7 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def record_hash(hex_digest):
+def record_hash(hex_digest: str) -> str:
     """RECORD's form of a sha256: sha256=<urlsafe base64, no padding>."""
     raw = bytes.fromhex(hex_digest)
     return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()

@@ -4,11 +4,13 @@ installed it (e.g. vllm before verl).
 
 usage: constraints.py NAMES_FILE OUT   (NAMES_FILE: one distribution per line)
 """
+from __future__ import annotations
+
 import sys
 from importlib import metadata
 
 
-def main(names_file, out):
+def main(names_file: str, out: str) -> None:
     names = [n.strip() for n in open(names_file).read().splitlines() if n.strip()]
     lines = []
     for name in names:

@@ -5,6 +5,8 @@ Earlier components' prefixes go on PYTHONPATH (site dirs from sysconfig, so Debi
 local/dist-packages layout works too). pip gets `-c` with the base pins of constraints.txt plus
 the versions of any constrained distribution an earlier component installed (e.g. vllm for verl).
 """
+from __future__ import annotations
+
 import os
 import subprocess
 import sys
@@ -18,7 +20,7 @@ NAMES = "/builder/constraints.in"
 BASE_PINS = "/builder/constraints.txt"
 
 
-def constraints(earlier_dirs, out, names_file=NAMES, base_pins=BASE_PINS):
+def constraints(earlier_dirs: list[str], out: str, names_file: str = NAMES, base_pins: str = BASE_PINS) -> str:
     """Base pins plus `name==version` for constrained names found in earlier prefixes."""
     lines = [line for line in open(base_pins).read().splitlines() if line.strip()]
     pinned = {norm(line.split("==")[0]) for line in lines}
@@ -31,7 +33,7 @@ def constraints(earlier_dirs, out, names_file=NAMES, base_pins=BASE_PINS):
     return out
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     split = argv.index("--")
     provenance, prefix, distribution, *earlier = argv[:split]
     earlier_dirs = [d for p in earlier for d in site_dirs(p)]

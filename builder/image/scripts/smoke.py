@@ -5,17 +5,20 @@ line of the build log, which the builder checks; nothing per-build is written in
 
 usage: smoke.py COMPONENTS_JSON
 """
+from __future__ import annotations
+
 import importlib
 import json
 import os
 import sys
 from importlib import metadata
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import same_version, site_dirs  # noqa: E402
 
 
-def check(name, spec, sites):
+def check(name: str, spec: dict[str, Any], sites: list[str]) -> dict[str, Any]:
     dist = metadata.distribution(spec["distribution"])
     stamp = json.loads(dist.read_text("BUILDER_PROVENANCE.json") or "null")
     if not stamp:
@@ -26,7 +29,7 @@ def check(name, spec, sites):
     scm = spec.get("scm_version") or ""
     if scm and dist.version != scm:
         raise SystemExit(f"{name}: installed version {dist.version} != VCS version {scm} computed from the mirror")
-    modules = {}
+    modules: dict[str, dict[str, Any]] = {}
     for module_name in spec["modules"]:
         module = importlib.import_module(module_name)
         where = os.path.realpath(getattr(module, "__file__", "") or "")
@@ -42,7 +45,7 @@ def check(name, spec, sites):
 MARKER = "BUILD-ENV "
 
 
-def main(components_json):
+def main(components_json: str) -> None:
     spec = json.load(open(components_json))
     sites = site_dirs()
     result = {name: check(name, comp, sites) for name, comp in sorted(spec["components"].items())}

@@ -3,6 +3,8 @@
 usage: stamp.py --prefix P --distribution D PROVENANCE_JSON
 (PROVENANCE_JSON: {component, commit, tree, pr, url, target}, written by the tool into the context)
 """
+from __future__ import annotations
+
 import argparse
 import csv
 import io
@@ -16,7 +18,7 @@ from common import find_dist_info, record_hash, sha256_file, site_dirs  # noqa: 
 NAME = "BUILDER_PROVENANCE.json"
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--distribution", required=True)

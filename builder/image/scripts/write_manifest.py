@@ -3,12 +3,15 @@
 usage: write_manifest.py COMPONENTS_JSON PINS_JSON DOCKERFILE_SHA256 OUT
 Every file a component's RECORD lists is hashed on disk; a hash that disagrees with RECORD fails.
 """
+from __future__ import annotations
+
 import csv
 import io
 import json
 import os
 import sys
 from importlib import metadata
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import record_hash, sha256_file, site_dirs  # noqa: E402
@@ -16,13 +19,14 @@ from common import record_hash, sha256_file, site_dirs  # noqa: E402
 from acceptance.procfs import startup_hooks  # the suite is installed before this step; one definition
 
 
-def is_native(path):
+def is_native(path: str) -> bool:
     base = os.path.basename(path)
     return base.endswith(".so") or ".so." in base
 
 
-def installed_files(dist, site):
-    files, native = {}, {}
+def installed_files(dist: metadata.Distribution, site: str) -> tuple[dict[str, str], dict[str, str]]:
+    files: dict[str, str] = {}
+    native: dict[str, str] = {}
     info = os.path.dirname(str(dist._path)) if hasattr(dist, "_path") else site
     record = dist.read_text("RECORD") or ""
     for row in csv.reader(io.StringIO(record)):
@@ -40,9 +44,9 @@ def installed_files(dist, site):
     return dict(sorted(files.items())), dict(sorted(native.items()))
 
 
-def distributions():
+def distributions() -> dict[str, str]:
     """Every Python distribution importable in this image: {name: version}, first on sys.path wins."""
-    found = {}
+    found: dict[str, str] = {}
     for dist in metadata.distributions():
         name = dist.metadata["Name"]
         if name and name.lower() not in {n.lower() for n in found}:
@@ -50,10 +54,10 @@ def distributions():
     return dict(sorted(found.items(), key=lambda kv: kv[0].lower()))
 
 
-def main(components_json, pins_json, dockerfile_sha_file, out):
+def main(components_json: str, pins_json: str, dockerfile_sha_file: str, out: str) -> None:
     spec = json.load(open(components_json))
     site = site_dirs()[0]
-    components = {}
+    components: dict[str, dict[str, Any]] = {}
     for name, comp in sorted(spec["components"].items()):
         dist = metadata.distribution(comp["distribution"])
         files, native = installed_files(dist, site)
@@ -61,7 +65,7 @@ def main(components_json, pins_json, dockerfile_sha_file, out):
                                                      "modules")},
                             "version": dist.version, "version_from_vcs": bool(comp.get("scm_version")),
                             "files": files, "native_libs": native}
-    extra = {}
+    extra: dict[str, dict[str, str] | None] = {}
     try:
         suite = metadata.distribution("truepolicy-acceptance")
         extra["acceptance"] = {"distribution": "truepolicy-acceptance", "version": suite.version}
