@@ -42,7 +42,7 @@ PIP_LONG_VALUED = (
 PIP_SHORT = {"-C": True, "-I": False, "-U": False, "-V": False, "-c": True, "-e": True, "-f": True, "-h": False,
              "-i": True, "-q": False, "-r": True, "-t": True, "-v": False}  # option: takes a value
 
-# the allowed words (documented in README "Pins"); nothing else reaches pip
+# the allowed words (documented in docs/pins.md, Rules); nothing else reaches pip
 PIP_FLAGS = frozenset({
     "--no-deps", "--no-dependencies", "--no-build-isolation", "--no-cache-dir", "--no-compile", "--compile",
     "--no-clean", "--no-warn-script-location", "--no-warn-conflicts", "--force-reinstall", "--ignore-installed",
@@ -86,7 +86,7 @@ def _long(word: str) -> tuple[str, bool]:
 def _refuse(word: str, option: str) -> ValueError:
     as_read = "" if word.split("=", 1)[0] == option else f" (pip reads it as {show(option)})"
     return ValueError(f"{show(word)}{as_read} is not an allowed pip option; the lock decides sources and"
-                      " install location (allowed: README, pip_args)")
+                      " install location (allowed: docs/pins.md, pip_args)")
 
 
 def check_pip_arg(word: str) -> str:

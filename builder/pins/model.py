@@ -74,7 +74,7 @@ URL_RX = [
     r"file://" + RX["abs_path"],
     RX["abs_path"],  # a plain absolute path, as git accepts it
 ]
-# documented ranges (README "Pins")
+# documented ranges (docs/pins.md, Rules)
 STEPS = (2, 100_000)       # the gate timeout bounds the wall time
 TIMEOUT_S = (1, 86_400)
 GPUS = (0, 64)

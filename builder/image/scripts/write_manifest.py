@@ -1,4 +1,4 @@
-"""Write /opt/delivery/manifest.json (format in DESIGN.md) from what is installed in this image.
+"""Write /opt/delivery/manifest.json (format in docs/image.md) from what is installed in this image.
 
 usage: write_manifest.py COMPONENTS_JSON PINS_JSON DOCKERFILE_SHA256 OUT
 Every file a component's RECORD lists is hashed on disk; a hash that disagrees with RECORD fails.

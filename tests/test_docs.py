@@ -1,0 +1,93 @@
+"""The docs match the code: a short README that links every page, the settings page generated from
+builder/core/options.py, DESIGN.md's module map naming every module once, relative links that resolve."""
+import ast
+import re
+from pathlib import Path
+
+import typer
+from test_architecture import ORDER
+
+from builder import cli
+from builder.core import options
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "DESIGN.md", ROOT / "benchmarks" / "README.md"]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_readme_is_a_landing_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 120
+    assert [n for n, line in enumerate(lines, 1) if len(line) > 120] == []
+
+
+def test_every_doc_page_is_linked_from_the_readme():
+    linked = {(ROOT / target.split("#")[0]).resolve() for target in LINK.findall(README.read_text())}
+    assert [p.relative_to(ROOT).as_posix() for p in PAGES if p.resolve() not in linked] == []
+
+
+def test_relative_links_resolve():
+    broken = []
+    for page in [README, *PAGES]:
+        for target in LINK.findall(page.read_text()):
+            path = target.split("#")[0]
+            if path and not re.match(r"[a-z]+:", path) and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
+def test_readme_has_one_line_per_command():
+    commands = set(typer.main.get_command(cli.app).commands)
+    listed = re.findall(r"^\| `builder ([a-z-]+)[ `]", README.read_text(), re.M)
+    assert sorted(listed) == sorted(commands)
+
+
+def test_settings_page_is_generated_from_options():
+    assert (ROOT / "docs" / "settings.md").read_text() == options.markdown(), \
+        "docs/settings.md is stale: regenerate with `python -m builder.core.options > docs/settings.md`"
+
+
+def _variables_read() -> set[str]:
+    """Names options.py reads from its `env` mapping: env.get("X"), env["X"], helper(env, "X", ...)."""
+    found = set()
+    for node in ast.walk(ast.parse(Path(options.__file__).read_text())):
+        if isinstance(node, ast.Call):
+            args = node.args
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
+                    isinstance(node.func.value, ast.Name) and node.func.value.id == "env":
+                args = [node.func.value, *args]
+            if len(args) >= 2 and isinstance(args[0], ast.Name) and args[0].id == "env" and \
+                    isinstance(args[1], ast.Constant) and isinstance(args[1].value, str):
+                found.add(args[1].value)
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "env" and \
+                isinstance(node.slice, ast.Constant):
+            found.add(node.slice.value)
+    return found
+
+
+def test_every_variable_read_is_listed_and_every_listed_one_is_read():
+    read = _variables_read()
+    assert len(read) >= 10
+    assert read == {v.name for v in options.VARIABLES}
+
+
+def _package(path: str) -> str:
+    parts = Path(path).relative_to("builder").parts
+    if len(parts) > 1:
+        return parts[0]
+    return "pipeline" if parts[0] == "pipeline.py" else "cli"
+
+
+def test_design_module_map_names_every_module_once_in_package_order():
+    text = (ROOT / "DESIGN.md").read_text()
+    match = re.search(r"<!-- modules:begin -->\n(.*?)<!-- modules:end -->", text, re.S)
+    assert match, "DESIGN.md lacks the module map section"
+    rows = re.findall(r"^\| `(builder/[^`]+\.py)` \|", match.group(1), re.M)
+    on_disk = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "builder").rglob("*.py")
+                     if not (p.name == "__init__.py" and p.parent != ROOT / "builder" and not p.read_text().strip()))
+    assert sorted({r for r in rows if rows.count(r) > 1}) == []
+    assert sorted(set(on_disk) - set(rows)) == [], "modules missing from DESIGN.md's map"
+    assert sorted(set(rows) - set(on_disk)) == [], "DESIGN.md's map names modules that do not exist"
+    ranks = [ORDER.index(_package(r)) for r in rows]
+    assert ranks == sorted(ranks), "DESIGN.md's map is not grouped in tests/test_architecture.py's ORDER"
