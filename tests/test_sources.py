@@ -209,6 +209,7 @@ def test_only_the_target_and_pr_refs_are_fetched(upstream):
     assert upstream.x not in git(mirror.mirror_path(SETTINGS, upstream.url), "rev-list", "--all", "--objects")
 
 
+@pytest.mark.slow  # two interpreters resolving at once
 def test_two_processes_share_a_cold_cache(upstream, cache):
     code = ("import sys; from types import SimpleNamespace as N; from builder import sources;"
             "from builder.core.options import Settings;"
