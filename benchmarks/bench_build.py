@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder.engine import staging  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.engine import client as engine
+from builder.engine import staging  # noqa: E402
 from builder.image import build, dockerfile, render
 from builder.pins import model as pins_mod  # noqa: E402
 from builder.sources import resolve as sources

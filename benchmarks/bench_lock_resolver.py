@@ -18,10 +18,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder.lock import resolver  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.engine import basecontainer
 from builder.lock import lockfile as lock
+from builder.lock import resolver  # noqa: E402
 
 
 def requirements_of_pins(settings: Settings, pins_path: str) -> tuple[list[str], dict[str, str], Any]:

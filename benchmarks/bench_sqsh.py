@@ -13,10 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder.release import sqsh  # noqa: E402
 from builder.core import files as fs
 from builder.core.options import Settings  # noqa: E402
 from builder.engine import client as engine
+from builder.release import sqsh  # noqa: E402
 from builder.release import sqsh_rootfs as layers
 
 DEFAULT = ["-comp lzo -noD", "-comp lzo -Xalgorithm lzo1x_1 -noD", "-comp zstd -Xcompression-level 1"]

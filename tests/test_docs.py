@@ -1,6 +1,7 @@
 """The docs match the code: a short README that links every page, the settings page generated from
 builder/core/options.py, DESIGN.md's module map naming every module once, relative links that resolve."""
 import ast
+import importlib.util
 import re
 from pathlib import Path
 
@@ -91,3 +92,15 @@ def test_design_module_map_names_every_module_once_in_package_order():
     assert sorted(set(rows) - set(on_disk)) == [], "DESIGN.md's map names modules that do not exist"
     ranks = [ORDER.index(_package(r)) for r in rows]
     assert ranks == sorted(ranks), "DESIGN.md's map is not grouped in tests/test_architecture.py's ORDER"
+
+
+def test_every_benchmark_script_is_listed_and_imports():
+    """benchmarks/README.md names every script, and each still imports (they run rarely, so a stale import
+    would otherwise go unnoticed)."""
+    listed = (ROOT / "benchmarks" / "README.md").read_text()
+    scripts = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert [p.name for p in scripts if p.name not in listed] == []
+    for path in scripts:
+        spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+        assert spec and spec.loader
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))

@@ -209,13 +209,14 @@ def test_only_the_target_and_pr_refs_are_fetched(upstream):
     assert upstream.x not in git(mirror.mirror_path(SETTINGS, upstream.url), "rev-list", "--all", "--objects")
 
 
+@pytest.mark.slow  # two interpreters resolving at once
 def test_two_processes_share_a_cold_cache(upstream, cache):
     code = ("import sys; from types import SimpleNamespace as N; from builder.sources import resolve as sources;"
             "from builder.core.options import Settings;"
             "c = sources.resolve_component(Settings.from_env(), 'vllm', N(target='main', pr=7, commit=sys.argv[2]),"
             " sys.argv[1]);"
             "print(c.export_sha256)")
-    env = {**os.environ, "BUILDER_CACHE": str(cache), "PYTHONPATH": str(Path(sources.__file__).parent.parent)}
+    env = {**os.environ, "BUILDER_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     procs = [subprocess.Popen([sys.executable, "-c", code, upstream.url, upstream.p2], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=60) for p in procs]
