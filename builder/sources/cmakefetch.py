@@ -432,6 +432,8 @@ class Walker:
                 env = re.fullmatch(r"\$ENV\{([A-Za-z0-9_]+)\}", texts[1])
                 if env:
                     self.from_env[texts[0]] = env.group(1)
+                    if env.group(1) not in self.scope.env:  # a plain build: the override is not given
+                        self.scope.vars.setdefault(texts[0], frozenset([UNSET]))
 
     def block(self, commands: list[Command], start: int, path: str, when: list[str], end: int | None = None) -> str:
         """Run commands[start:end]; how it ended: "end", or after a return() that certainly ("yes") or
