@@ -2,7 +2,6 @@
 from the component, the base's torch unchanged (builder/image/scripts/native_check.py, smoke.py)."""
 import csv
 import hashlib
-import struct
 import sys
 from pathlib import Path
 

@@ -130,7 +130,8 @@ def _check(value: str, rx: re.Pattern[str], what: str, where: str) -> str:
     return value
 
 
-def fetch_commit(settings: Settings, url: str, ref: str, where: str, offline: bool = False) -> tuple[pygit2.Repository, pygit2.Commit]:
+def fetch_commit(settings: Settings, url: str, ref: str, where: str,
+                 offline: bool = False) -> tuple[pygit2.Repository, pygit2.Commit]:
     """(mirror, commit) for a GIT_TAG: a full commit SHA as is, else a tag, else a branch of that name."""
     if FULL_SHA.fullmatch(ref):
         repo = mirror.ensure_commit(settings, url, ref, offline)

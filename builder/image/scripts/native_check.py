@@ -46,7 +46,7 @@ def fatbin_archs(data):
 def cuobjdump_archs(path, tool):
     found = {"elf": set(), "ptx": set()}
     for kind, flag in (("elf", "--list-elf"), ("ptx", "--list-ptx")):
-        proc = subprocess.run([tool, flag, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run([tool, flag, path], capture_output=True, text=True, check=False)
         found[kind] |= {int(m) for m in re.findall(r"sm_([0-9]+)[a-z]?", proc.stdout)}
     return found
 

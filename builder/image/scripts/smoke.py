@@ -66,7 +66,8 @@ def check_native(name, native, dist, sites, reader=native_check.archs_of):
     if native.get("device") == "cuda":
         problems, arch = native_check.check_archs(extensions(dist), native.get("cuda_arch") or [], reader)
         if problems:
-            raise SystemExit(f"builder: {name}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise SystemExit(f"builder: {name}: {problems[0]}{more}")
     return {"loaded": loaded, "cuda_arch": arch}
 
 
