@@ -164,8 +164,13 @@ def resolve_input(settings: Settings, component: str, component_url: str, decl: 
         repo, commit = fetch_commit(settings, url, decl.git_tag, where, offline)
         subs = sources_mod.submodules(settings, repo, commit, url, offline)
         stats = sources_mod.export_once(settings, repo, commit, subs)
-    return NativeInput(component, decl.name, decl.git_repository, decl.git_tag, str(commit.id), str(commit.tree_id),
+    item = NativeInput(component, decl.name, decl.git_repository, decl.git_tag, str(commit.id), str(commit.tree_id),
                        stats.sha256, decl.receive, decl.file, decl.when)
+    when = f"; only if {' AND '.join(decl.when)}" if decl.when else ""
+    log.info(f"lock: native input {component}/{decl.name}: {decl.git_repository} GIT_TAG {decl.git_tag} -> commit"
+             f" {item.commit} tree {item.tree[:12]}, {stats.files} files, received as {item.receive}"
+             f" (declared at {decl.file}{when})")
+    return item
 
 
 def gather(settings: Settings, pins: Any, sources: Any, offline: bool = False) -> Locked:
