@@ -178,6 +178,7 @@ class _Progress:
 
 
 SCRIPT_ERROR = "builder: "  # the one-line error an in-image script prints before failing a step
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, nocache: bool = False,
@@ -209,7 +210,8 @@ def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, 
         _drop_partial_tag(client, tag, before)
         failing = progress.steps[-1] if progress.steps else None
         where = f"step {failing.index}/{failing.total} `{failing.instruction}`" if failing else "before the first step"
-        said = [ln for ln in (failing.lines if failing else []) if ln.startswith(SCRIPT_ERROR)]  # an image script's one line
+        plain = [ANSI.sub("", ln) for ln in (failing.lines if failing else [])]  # stderr comes coloured
+        said = [ln for ln in plain if ln.startswith(SCRIPT_ERROR)]  # an image script's one line
         reason = said[-1] if said else progress.error
         raise BuildFailed(f"docker build {tag}: failed at {where}: {reason[:300] or 'no image produced'};"
                           f" log {log_path}", details=progress.tail)
