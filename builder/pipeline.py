@@ -85,7 +85,8 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
     pins = load_pins(pins_path)
     with log.step("lock: resolve sources"):
         resolved = sources.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
-    return lockfile.lock(pins, resolved, settings, check=check, resolver_name=resolver, build_sdists=build_sdists)
+    return lockfile.lock(pins, resolved, settings, check=check, resolver_name=resolver, build_sdists=build_sdists,
+                         offline=offline)
 
 
 def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names: list[str] | None = None,

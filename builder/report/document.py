@@ -107,6 +107,32 @@ def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, 
 # ---------------------------------------------------------------- markdown
 
 
+def _native_markdown(data: dict[str, Any]) -> list[str]:
+    inputs = data.get("inputs")
+    out = ["", "### Native build inputs", ""]
+    if isinstance(inputs, list) and inputs:
+        out += _table(["Component", "Input", "Repository", "GIT_TAG", "Commit", "Tree", "Export sha256", "Received as",
+                       "Declared at"],
+                      [[i["component"], i["name"], i["url"], i["ref"], _code(i["commit"]), _code(i["tree"][:12]),
+                        _code(i["export_sha256"][:16]), i["receive"], i["declared"]] for i in inputs])
+    else:
+        out += ["none" if isinstance(inputs, list) else UNKNOWN]
+    knobs = data.get("knobs")
+    if isinstance(knobs, dict) and knobs:
+        out += ["", "Build knobs:", ""]
+        out += _table(["Component", "Device", "CUDA archs", "MAX_JOBS", "NVCC_THREADS", "Native modules", "CMake",
+                       "Base torch"],
+                      [[n, k.get("device") or "-", " ".join(k.get("cuda_arch") or []) or "-", k.get("max_jobs") or "-",
+                        k.get("nvcc_threads") or "-", ", ".join(k.get("modules") or []) or "-",
+                        "yes" if k.get("cmake") else "no", "yes" if k.get("base_torch") else "no"]
+                       for n, k in knobs.items()])
+    for title, key in (("Torch pins relaxed to the base's torch", "relaxed"), ("Direct URLs locked from the index",
+                                                                              "direct_urls")):
+        if data.get(key):
+            out += ["", f"{title}:", ""] + [f"- `{line}`" for line in data[key]]
+    return out
+
+
 def _cell(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     return " ".join(text.split()).replace("|", "\\|") or " "
@@ -184,6 +210,7 @@ def to_markdown(report: Report) -> str:
                         f"{b.size / 1e6:.1f} MB", times, "yes" if b.cached else "no"]])
     else:
         out += ["unknown (no build record: acceptance ran on an existing image)"]
+    out += _native_markdown(report.run_manifest.get("native_build") or {})
     out += ["", "### Compatibility pins", ""]
     out += _table(["Package", "Version", "Reason"], [[c.package, c.version, c.reason]
                                                       for c in report.compat]) if report.compat else ["none"]

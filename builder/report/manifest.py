@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from builder.core import files as fs
-from builder.core.constants import CACHE_ENV_VARS
+from builder.core.constants import CACHE_ENV_VARS, COMPONENTS
+from builder.core.errors import BadInput
 from builder.core.imageref import ImageRef
 from builder.core.records import AcceptanceResult, BuiltImage, PublishReceipt, ResolvedSources
+from builder.lock import native as native_lock
 from builder.pins.model import Pins
 
 UNKNOWN = "unknown"
@@ -167,4 +169,22 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
             "native_libraries": native_layer(names, manifest, prov),
             "jit_caches": jit_layer(acceptance, prov),
             "container": container_layer(pins, build, acceptance, publish),
-            "run": run_layer(pins, sources, acceptance, manifest, prov)}
+            "run": run_layer(pins, sources, acceptance, manifest, prov),
+            "native_build": native_build(pins)}
+
+
+def native_build(pins: Pins) -> dict[str, Any]:
+    """From the lock and the pins: each native input (commit, tree, export sha256, how the build received
+    it), each component's build knobs, the torch pins relaxed to the base's torch, the direct URLs mapped."""
+    try:
+        locked = native_lock.parse(pins.lock_path().read_text(), str(pins.lock_path()))
+    except (OSError, BadInput):
+        return {"inputs": UNKNOWN, "knobs": UNKNOWN, "relaxed": UNKNOWN, "direct_urls": UNKNOWN}
+    knobs = {}
+    for name in COMPONENTS:
+        comp = pins.components[name]
+        if comp.native is not None or name in locked.cmake or comp.base_torch:
+            knobs[name] = {**(comp.native.model_dump() if comp.native else {}), "cmake": name in locked.cmake,
+                           "base_torch": comp.base_torch, "env": comp.native.env() if comp.native else {}}
+    return {"inputs": [i.record() for i in locked.inputs], "knobs": knobs, "relaxed": locked.relaxed,
+            "direct_urls": locked.direct, "base_records": locked.base_records}
