@@ -148,12 +148,14 @@ def run(pins_path: Path, settings: Settings, publish: bool = False, export: bool
 
 
 def publish_report(report_json: Path, settings: Settings, image: str | None = None,
-                   key: Path | None = None) -> PublishReceipt:
-    """Promote (or push) the accepted digest, verify what the registry serves, attach attestations."""
+                   key: Path | None = None, attest_once: bool = False) -> PublishReceipt:
+    """Promote (or push) the accepted digest, verify what the registry serves, attach attestations (those the
+    key has not attached yet; with `attest_once`, none when the key attested the digest before)."""
     with log.step("publish"):
         report = document.load(report_json)
         pins = trust.check(report, str(report_json))  # the one deliberate re-read of the pins file
-        return publish_stage.publish(report, report_json, pins, settings, image=image, signing_key=key)
+        return publish_stage.publish(report, report_json, pins, settings, image=image, signing_key=key,
+                                     attest_once=attest_once)
 
 
 def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
@@ -204,7 +206,7 @@ def nightly(pins_path: Path, settings: Settings, follow_prs: bool = False, publi
     accepted = report.verdict == "ACCEPTED"
     digest, tags = None, None
     if accepted and publish:
-        receipt = publish_report(run_dir / "report.json", settings, key=key)
+        receipt = publish_report(run_dir / "report.json", settings, key=key, attest_once=True)  # never re-attest
         digest = receipt.digest
         tags = follow.move_tags(receipt.repository, digest, pins.nightly.retention, settings, today)
         report = document.load(run_dir / "report.json")

@@ -145,39 +145,92 @@ def signer(key_path: Path | None) -> Ed25519PrivateKey | None:
 
 
 def attach_all(report: Report, pins: Pins, repository: str, digest: str, image_manifest: dict[str, Any],
-               key: Ed25519PrivateKey, registry: Registry) -> list[dict[str, Any]]:
+               key: Ed25519PrivateKey, registry: Registry, once: bool = False) -> list[dict[str, Any]]:
     """Sign the three statements and attach them to repository@digest; returns the artifact descriptors.
-    On a failed push the artifacts already pushed are deleted and PublishError is raised."""
+    Idempotent per key: a statement this key already attached to the digest (equal apart from its timestamps,
+    see `stable`) is not attached again; with `once`, nothing is attached when the key already attached all
+    three predicate types (a nightly on an unchanged digest).  On a failed push the artifacts already pushed
+    are deleted and PublishError is raised."""
     _, name = split_repository(repository)
+    kid = dsse.key_id(key.public_key())[:16]
+    existing = attached_by(registry, name, digest, key.public_key())
+    if once and {t for t, _ in existing.values()} >= set(PREDICATE_TYPES):
+        log.info(f"already attested {repository}@{digest} (key {kid}): attached nothing new")
+        return [d for _, d in existing.values()]
     served = registry.manifest(name, digest)
     subject = {"mediaType": served["media_type"], "digest": digest, "size": len(served["content"])}
-    envelopes = [(s["predicateType"], json.dumps(dsse.sign(s, key), sort_keys=True).encode())
-                 for s in statements(report, pins, image_manifest, repository, digest)]
+    todo, kept = [], []
+    for stmt in statements(report, pins, image_manifest, repository, digest):
+        same = existing.get(stable(stmt))
+        if same:
+            kept.append(same[1])
+        else:
+            todo.append((stmt["predicateType"], json.dumps(dsse.sign(stmt, key), sort_keys=True).encode()))
     pushed: list[dict] = []
     try:
-        for predicate_type, envelope in envelopes:
+        for predicate_type, envelope in todo:
             pushed.append(referrers.attach(registry, name, subject, envelope, predicate_type))
     except PublishError:
         for desc in pushed:
             registry.delete_manifest(name, desc["digest"])
         raise
-    log.info(f"attested {repository}@{digest}: " + ", ".join(
-        f"{d['annotations'][referrers.PREDICATE_ANNOTATION].rsplit('/', 2)[-2]} {d['digest'][:19]}" for d in pushed)
-             + f" (key {dsse.key_id(key.public_key())[:16]})")
-    return pushed
+    if kept:
+        log.info(f"already attested {repository}@{digest} (key {kid}): " + ", ".join(_short(d) for d in kept))
+    log.info(f"attested {repository}@{digest}: " + (", ".join(_short(d) for d in pushed) or "nothing new")
+             + f" (key {kid})")
+    return kept + pushed
+
+
+def _short(desc: dict[str, Any]) -> str:
+    return f"{desc['annotations'][referrers.PREDICATE_ANNOTATION].rsplit('/', 2)[-2]} {desc['digest'][:19]}"
+
+
+# Fields that change with every signing though the claim is the same: the provenance's run metadata (invocation
+# ID and times) and the SBOM's timestamp and random serial number.
+VOLATILE = {PROVENANCE_TYPE: (("runDetails", "metadata"),), SBOM_TYPE: (("serialNumber",), ("metadata", "timestamp"))}
+
+
+def stable(stmt: dict[str, Any]) -> bytes:
+    """The statement's bytes without its volatile fields: equal for a re-publish of the same claim."""
+    copy = json.loads(json.dumps(stmt))
+    for path in VOLATILE.get(copy.get("predicateType"), ()):
+        node = copy.get("predicate")
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return json.dumps(copy, sort_keys=True, separators=(",", ":")).encode()
+
+
+def attached_by(registry: Registry, name: str, digest: str,
+                public_key: Ed25519PublicKey) -> dict[bytes, tuple[str, dict[str, Any]]]:
+    """{stable statement: (predicate type, descriptor)} of the envelopes `public_key` signed for `digest`
+    that are attached to it; unreadable envelopes and others' envelopes are passed over."""
+    out: dict[bytes, tuple[str, dict[str, Any]]] = {}
+    for desc in referrers.discover(registry, name, digest):
+        try:
+            stmt = open_statement(referrers.fetch_envelope(registry, name, desc)[1], public_key, digest)
+        except (PublishError, AttestationError, ValueError):
+            continue
+        out.setdefault(stable(stmt), (str(stmt.get("predicateType")), desc))
+    return out
 
 
 # ---------------------------------------------------------------- checks shared with builder verify
 
 
-def open_statement(envelope: dict[str, Any], public_key: Ed25519PublicKey, digest: str) -> dict[str, Any]:
-    """The statement of a signed envelope whose subject is `digest`; AttestationError naming the check."""
+def open_statement(envelope: dict[str, Any], public_key: Ed25519PublicKey, digest: str,
+                   subject: bool = True) -> dict[str, Any]:
+    """The statement of a signed envelope whose subject is `digest` (not checked with subject=False);
+    AttestationError naming the check."""
     try:
         stmt = dsse.open_envelope(envelope, public_key)
     except dsse.SignatureError as exc:
         raise AttestationError("signature", str(exc)) from None
     if stmt.get("_type") != STATEMENT_TYPE:
         raise AttestationError("statement", f"_type {stmt.get('_type')!r}, expected {STATEMENT_TYPE}")
+    if not subject:
+        return stmt
     hexpart = hex_of(digest)
     subjects = [s.get("digest", {}).get("sha256") for s in stmt.get("subject") or []]
     if not subjects or any(s != hexpart for s in subjects):

@@ -78,9 +78,10 @@ def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | Non
 
 
 def publish(report: Report, report_path: Path, pins: Pins | None, settings: Settings, image: str | None = None,
-            signing_key: Path | None = None) -> PublishReceipt:
+            signing_key: Path | None = None, attest_once: bool = False) -> PublishReceipt:
     """Give the accepted digest of an ACCEPTED report its release tags (promote from staging, or push the
-    accepted local image), verify it through the registry API, attach signed attestations, record the receipt.
+    accepted local image), verify it through the registry API, attach signed attestations (only those the key
+    has not attached already; with `attest_once`, none when it attested the digest before), record the receipt.
     `pins`: what `trust.check` re-read and checked against the report (the caller runs it first)."""
     where = str(report_path)
     check_accepted(report, where)
@@ -110,7 +111,7 @@ def publish(report: Report, report_path: Path, pins: Pins | None, settings: Sett
         digests = sorted({f["digest"] for f in facts})
         if len(digests) != 1:
             raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
-        attestations = attest_published(report, pins, client, registry, digests[0], key)
+        attestations = attest_published(report, pins, client, registry, digests[0], key, attest_once)
     except PublishError:
         withdraw(registry, name, set(pushed.values()) - served_before)
         raise
@@ -147,12 +148,13 @@ def check_signed_acceptance(report: Report, report_path: Path, key: attest.Ed255
 
 
 def attest_published(report: Report, pins: Pins, client: Client, registry: Registry, digest: str,
-                     key: attest.Ed25519PrivateKey | None) -> list[str]:
+                     key: attest.Ed25519PrivateKey | None, once: bool = False) -> list[str]:
     """Signed attestations for the pushed digest (builder/release/attest.py); none without a key."""
     if key is None:
         return []
     manifest = json.loads(engine.read_file(client, report.image_id, MANIFEST) or b"{}")
-    return [d["digest"] for d in attest.attach_all(report, pins, report.repository, digest, manifest, key, registry)]
+    return [d["digest"] for d in attest.attach_all(report, pins, report.repository, digest, manifest, key, registry,
+                                                             once=once)]
 
 
 def _push_local(client: Client, report: Report, image: str | None, where: str, auth: tuple[str, str] | None,

@@ -1,14 +1,19 @@
-"""`builder verify REPO@sha256:... --key PUB`: find the image's attestations in the registry and check them.
+"""`builder verify REPO@sha256:... --key PUB [--key PUB2] [--require-all-keys]`: find the image's attestations
+in the registry, select those a trusted key signed for this digest (as cosign does) and check them.
 
-Checks, in order (the first that fails is named): attestations present, every signature, every subject
-equal to the digest, the three predicate types present, a test result of PASSED, provenance commits
-equal to the image's labels and its /opt/delivery/manifest.json, an SBOM covering every distribution
-in that manifest.  Everything is read from the registry, nothing from the local engine.
+Anyone with push rights can attach an envelope, so envelopes no trusted key signed are listed as
+`untrusted: N envelopes (key IDs ...)` and never fail the verification; nor do envelopes a trusted key signed
+for another digest (a replayed copy).  Checks on the selected ones, in order (the first that fails is named):
+attestations present, a trusted signature, the three predicate types (from each key with --require-all-keys),
+a test result of PASSED, provenance commits equal to the image's labels and its /opt/delivery/manifest.json,
+an SBOM covering every distribution in that manifest.  Everything is read from the registry, nothing from the
+local engine.
 """
 from __future__ import annotations
 
 import json
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -17,7 +22,7 @@ from builder.core.constants import LABEL_PREFIX, MANIFEST
 from builder.core.errors import AttestationError, BadInput, PublishError
 from builder.core.imageref import ImageRef
 from builder.core.options import Settings
-from builder.core.safetext import show
+from builder.core.safetext import escape, show
 from builder.engine.registry import Registry
 from builder.release import dsse, referrers, sbom
 from builder.release.attest import (
@@ -30,6 +35,7 @@ from builder.release.attest import (
 )
 
 MANIFEST_PATH = MANIFEST.lstrip("/")
+SHOWN_IDS = 6  # key IDs named on the untrusted line; the rest are counted
 
 
 @dataclass
@@ -37,6 +43,8 @@ class Outcome:
     reference: str
     passed: list[str] = field(default_factory=list)
     attestations: list[dict] = field(default_factory=list)
+    untrusted: str = ""  # 'untrusted: N envelopes (key IDs ...)', empty when none
+    foreign: str = ""  # 'ignored: N envelopes signed by a trusted key for another subject (...)'
 
 
 def parse_reference(ref: str) -> tuple[str, str, str]:
@@ -77,8 +85,9 @@ def _file_in_layer(reg: Registry, name: str, digest: str, path: str) -> bytes | 
     return None
 
 
-def verify(ref: str, public_key: Ed25519PublicKey, settings: Settings) -> Outcome:
-    """Run every check; AttestationError names the first that fails."""
+def verify(ref: str, keys: Sequence[Ed25519PublicKey], settings: Settings, require_all_keys: bool = False) -> Outcome:
+    """Select the envelopes a trusted key signed for this digest and run every check on them;
+    AttestationError names the first that fails.  Other envelopes are listed, never a failure."""
     host, name, digest = parse_reference(ref)
     reg = Registry.from_settings(host, settings)
     reg.ping()
@@ -87,24 +96,30 @@ def verify(ref: str, public_key: Ed25519PublicKey, settings: Settings) -> Outcom
     if not found:
         raise AttestationError("attestations", f"no attestations refer to {ref}")
     out.passed.append(f"attestations: {len(found)} found")
-    envelopes = [referrers.fetch_envelope(reg, name, d)[1] for d in found]
-    for env in envelopes:  # every attestation must verify: all signatures first, then all subjects
-        try:
-            dsse.open_envelope(env, public_key)
-        except dsse.SignatureError as exc:
-            raise AttestationError("signature", str(exc)) from None
-    stmts = [open_statement(env, public_key, digest) for env in envelopes]
-    out.passed.append(f"signature: {len(stmts)} envelopes verify")
-    out.passed.append(f"subject: every statement is for {digest}")
+    sel = select(reg, name, digest, found, keys)
+    out.untrusted, out.foreign = sel.untrusted_line(), sel.foreign_line()
+    others = "; ".join(line for line in (out.untrusted, out.foreign) if line) or "untrusted: 0 envelopes"
+    if not sel.trusted:
+        raise AttestationError("signature", f"none of the {len(found)} envelopes verifies with {_keys(keys)} for "
+                               f"this digest; {others}")
+    signers = sorted({kid[:16] for _, _, kids in sel.trusted for kid in kids})
+    out.passed.append(f"signature: {len(sel.trusted)} envelopes verify with key {', '.join(signers)}")
+    out.passed.append(f"subject: every selected statement is for {digest}")
     by_type: dict[str, list[dict]] = {}
-    for stmt in stmts:
+    for _, stmt, _ in sel.trusted:
         by_type.setdefault(stmt["predicateType"], []).append(stmt)
-    missing = [t for t in PREDICATE_TYPES if t not in by_type]
-    if missing:
-        raise AttestationError("predicates", f"missing {', '.join(missing)}")
-    for env, stmt in zip(envelopes, stmts):
+    groups = [(dsse.key_id(k), [s for _, s, kids in sel.trusted if dsse.key_id(k) in kids]) for k in keys] \
+        if require_all_keys else [("", [s for _, s, _ in sel.trusted])]
+    for kid, stmts in groups:
+        missing = [t for t in PREDICATE_TYPES if t not in {s["predicateType"] for s in stmts}]
+        if missing:
+            who = f"key {kid[:16]} signed" if kid else f"the {len(stmts)} envelopes signed by a trusted key are"
+            raise AttestationError("predicates", f"missing {', '.join(missing)} ({who} for {digest}); {others}")
+    if require_all_keys:
+        out.passed.append(f"predicates: each of the {len(keys)} keys signed all three")
+    for env, stmt, kids in sel.trusted:
         if stmt["predicateType"] == TEST_RESULT_TYPE:
-            verify_test_result(env, public_key, digest)
+            verify_test_result(env, next(k for k in keys if dsse.key_id(k) in kids), digest)
     out.passed.append(f"test result: PASSED ({len(by_type[TEST_RESULT_TYPE])})")
     labels, manifest = image_facts(reg, name, digest)
     for stmt in by_type[PROVENANCE_TYPE]:
@@ -114,8 +129,94 @@ def verify(ref: str, public_key: Ed25519PublicKey, settings: Settings) -> Outcom
         count = _check_sbom(stmt["predicate"], manifest)
     out.passed.append(f"sbom: covers all {count} distributions in the image manifest")
     out.attestations = [{"predicateType": d["annotations"].get(referrers.PREDICATE_ANNOTATION), "digest": d["digest"]}
-                        for d in found]
+                        for d in sel.trusted_descriptors]
     return out
+
+
+@dataclass
+class Selection:
+    """The referrers of one digest split by trust: (envelope, statement, verifying key IDs) signed by a trusted
+    key for this digest; envelopes no trusted key signed (by claimed key ID); trusted ones for another subject."""
+
+    trusted: list[tuple[dict, dict, set[str]]] = field(default_factory=list)
+    trusted_descriptors: list[dict] = field(default_factory=list)
+    untrusted: list[str] = field(default_factory=list)  # one claimed key ID (or a reason) per envelope
+    foreign: list[str] = field(default_factory=list)  # subjects of trusted envelopes made for another digest
+
+    def untrusted_line(self) -> str:
+        if not self.untrusted:
+            return ""
+        ids = sorted(set(self.untrusted))
+        more = f" and {len(ids) - SHOWN_IDS} more" if len(ids) > SHOWN_IDS else ""
+        return f"untrusted: {len(self.untrusted)} envelopes (key IDs {', '.join(ids[:SHOWN_IDS])}{more})"
+
+    def foreign_line(self) -> str:
+        if not self.foreign:
+            return ""
+        subjects = sorted(set(self.foreign))
+        more = f" and {len(subjects) - SHOWN_IDS} more" if len(subjects) > SHOWN_IDS else ""
+        return (f"ignored: {len(self.foreign)} envelopes signed by a trusted key for another subject "
+                f"({'; '.join(subjects[:SHOWN_IDS])}{more})")
+
+
+def select(reg: Registry, name: str, digest: str, found: list[dict], keys: Sequence[Ed25519PublicKey]) -> Selection:
+    """Sort each referrer into trusted / untrusted / another subject (see Selection); an unreadable or malformed
+    referrer is untrusted, never an error: anyone with push rights can attach one."""
+    sel = Selection()
+    trusted_ids = {dsse.key_id(k) for k in keys}
+    for desc in found:
+        try:
+            envelope = referrers.fetch_envelope(reg, name, desc)[1]
+        except (PublishError, ValueError):
+            sel.untrusted.append("unreadable")
+            continue
+        opened = {}
+        for key in keys:
+            try:
+                opened[dsse.key_id(key)] = dsse.open_envelope(envelope, key)
+            except dsse.SignatureError:
+                continue
+        if not opened:
+            sel.untrusted.append(_claimed(envelope, trusted_ids))
+            continue
+        kid = sorted(opened)[0]
+        stmt = open_statement(envelope, next(k for k in keys if dsse.key_id(k) == kid), digest, subject=False)
+        other = _other_subject(stmt, digest)
+        if other:
+            sel.foreign.append(other)
+            continue
+        sel.trusted.append((envelope, stmt, set(opened)))
+        sel.trusted_descriptors.append(desc)
+    return sel
+
+
+def _claimed(envelope: dict, trusted_ids: set[str]) -> str:
+    """The key IDs an untrusted envelope claims (16 hex each); a trusted ID whose signature fails is marked."""
+    sigs = envelope.get("signatures") if isinstance(envelope, dict) else None
+    ids = []
+    for sig in sigs if isinstance(sigs, list) else []:
+        kid = str(sig.get("keyid", "")) if isinstance(sig, dict) else ""
+        if kid:
+            ids.append(f"{show_id(kid)} (bad signature)" if kid in trusted_ids else show_id(kid))
+    return "+".join(ids) or "none"
+
+
+def show_id(kid: str) -> str:
+    """A claimed key ID as printed: its first 16 characters, escaped (it is untrusted text)."""
+    return escape(kid[:16])
+
+
+def _other_subject(stmt: dict, digest: str) -> str:
+    algo, _, hexpart = digest.partition(":")
+    subjects = [s.get("digest", {}).get(algo) if isinstance(s, dict) else None for s in stmt.get("subject") or []]
+    if subjects and all(s == hexpart for s in subjects):
+        return ""
+    return ", ".join(f"{algo}:{escape(str(s))[:12]}" for s in subjects) or "no subject"
+
+
+def _keys(keys: Sequence[Ed25519PublicKey]) -> str:
+    ids = [dsse.key_id(k)[:16] for k in keys]
+    return f"key {ids[0]}" if len(ids) == 1 else f"any of keys {', '.join(ids)}"
 
 
 def _check_provenance(predicate: dict, labels: dict, manifest: dict) -> None:
