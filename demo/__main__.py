@@ -12,6 +12,7 @@ from builder import cli
 from builder.core import log
 from builder.core.errors import BuilderError
 from builder.core.options import Settings
+from builder.core.safetext import fit
 
 
 def main(argv: list[str]) -> int:
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
         with log.step("prepare demo world"):
             pins = prepare.prepare_demo(settings)
     except BuilderError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(fit(f"error: {err}"), file=sys.stderr)
         return err.exit_code
     if command == "prepare":
         print(pins)

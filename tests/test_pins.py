@@ -235,6 +235,20 @@ def test_bad_scalar_fields(pins_dir, field, value):
     rejected(pins_dir, with_value(field, value), path)
 
 
+@pytest.mark.parametrize("value", ["/..", "/", "/opt/venv/bin/", "/opt/./python", "//opt/python",
+                                   "/opt/venv/../bin/python", "/opt/venv/bin/.", "/opt//python"])
+def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir, value):
+    message = rejected(pins_dir, with_value("base.python_bin", value), "base.python_bin",
+                       "expected an absolute normalised path to a file")
+    assert len(message) <= 300 and repr(value) in message
+
+
+@pytest.mark.parametrize("value", ["/usr/bin/python3", "/opt/venv/bin/python3.11", "/opt/.venv/bin/python",
+                                   "/x/...", "/opt/venv/bin/..python"])
+def test_python_bin_file_paths_accepted(pins_dir, value):
+    assert pins.load(write(pins_dir, with_value("base.python_bin", value))).base.python_bin == value
+
+
 def test_compat_reason_is_required(pins_dir):
     rejected(pins_dir, with_value("compat.0.reason", None, delete=True), "compat[0].reason", "required")
 

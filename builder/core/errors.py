@@ -6,15 +6,18 @@ the CLI's entry (`builder.cli.main`), like cibuildwheel's errors module.
 """
 from __future__ import annotations
 
+from builder.core.safetext import fit
+
 
 class BuilderError(Exception):
     """Base error. The message is one line naming the file or field and what was expected;
-    `details` (e.g. a build log's tail) are printed after it, one per line."""
+    `details` (e.g. a build log's tail) are printed after it, one per line.  The line is kept within
+    300 characters, long paths elided first (builder/core/safetext.py `fit`)."""
 
     exit_code = 1
 
     def __init__(self, message: str, details: list[str] | None = None):
-        super().__init__(" ".join(str(message).splitlines()))
+        super().__init__(fit(" ".join(str(message).splitlines())))
         self.details = list(details or [])
 
     def headline(self) -> str:

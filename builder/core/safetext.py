@@ -2,15 +2,21 @@
 
 `show(value)` is what an error line prints for a value read from an input file: non-printable and
 format characters are escaped (\\x85, \\u2028, \\u202e), long values keep their head and say how long
-they were. `clip(line)` bounds a whole message (MAX_LINE characters).
+they were. `clip(line)` bounds a whole message (MAX_LINE characters); `fit(line)` does too, first
+eliding the middle of long paths (head and file name kept) so that what is cut is least informative.
 """
 from __future__ import annotations
 
+import re
 import unicodedata
 from typing import Any
 
 MAX_LINE = 300
 MAX_SHOWN = 60
+KEEP_PATH = 100  # a path of at most this many characters is never elided (the line is cut at its end instead)
+MIN_PATH = 32  # nor is a longer one elided below this many
+LEAD = 20  # a path starting within this many characters is the line's subject ('error: <file>: ...')
+PATH = re.compile(r"[^\s'\"()\[\]{},;<>]*/[^\s'\"()\[\]{},;<>]*")
 
 
 def escape(text: str, backslash: bool = True) -> str:
@@ -44,3 +50,49 @@ def clip(line: str, limit: int = MAX_LINE) -> str:
     """Escape a whole message and cut it to `limit` characters."""
     text = escape(" ".join(str(line).split("\n")), backslash=False)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def elide(path: str, width: int) -> str:
+    """`path` in at most `width` characters: its head, '...', and its tail (the file name) kept whole when it fits."""
+    if len(path) <= width:
+        return path
+    width = max(width, 7)
+    tail = path[-(width - 3) * 2 // 3:]
+    cut = tail.find("/")
+    if 0 < cut < len(tail) // 2:  # start the tail at a separator when that loses little
+        tail = tail[cut:]
+    head = path[: width - 3 - len(tail)]
+    return f"{head}...{tail}"
+
+
+def fit(line: str, limit: int = MAX_LINE) -> str:
+    """A one-line message within `limit` characters, escaped.  Where it is longer: first its paths longer than
+    KEEP_PATH, then also the shorter ones after the leading one (the file the line is about, named in full), are
+    elided to one common width (the widest that fits, never below MIN_PATH); what still does not fit is cut."""
+    text = escape(" ".join(str(line).split("\n")), backslash=False)
+    if len(text) <= limit:
+        return text
+    found = [m for m in PATH.finditer(text) if len(m.group()) > MIN_PATH]
+    lead = found[0].group() if found and found[0].start() <= LEAD else None
+    long = {m.group() for m in found if len(m.group()) > KEEP_PATH}
+    for paths in (long, long | {m.group() for m in found if m.group() != lead}):
+        fitted = _shrink(text, sorted(paths, key=len, reverse=True), limit)
+        if len(fitted) <= limit:
+            return fitted
+    return clip(fitted, limit)
+
+
+def _shrink(text: str, paths: list[str], limit: int) -> str:
+    """`text` with `paths` elided to the widest common width (>= MIN_PATH) at which it fits in `limit`."""
+
+    def shrunk(width: int) -> str:
+        out = text
+        for path in paths:
+            out = out.replace(path, elide(path, width))
+        return out
+
+    low, high = MIN_PATH, max((len(p) for p in paths), default=MIN_PATH)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if len(shrunk(mid)) <= limit else (low, mid - 1)
+    return shrunk(low)

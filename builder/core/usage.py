@@ -5,7 +5,7 @@ import sys
 
 import typer
 
-from builder.core.safetext import clip
+from builder.core.safetext import fit
 
 
 def run_app(app: typer.Typer, argv: list[str] | None = None) -> int:
@@ -25,6 +25,6 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> int:
             return 2
         message = (exc.format_message() if hasattr(exc, "format_message") else str(exc)).rstrip(".")
         where = ctx.command_path if ctx is not None else "builder"
-        print(clip(f"error: {message}; see '{where} --help'"), file=sys.stderr)
+        print(fit(f"error: {message}; see '{where} --help'"), file=sys.stderr)
         return int(getattr(exc, "exit_code", 2) or 2)
     return code if isinstance(code, int) else 0

@@ -24,6 +24,7 @@ from builder.core import commands, log
 from builder.core import files as fs
 from builder.core.errors import BuilderError, InfraError
 from builder.core.options import Settings
+from builder.core.safetext import fit
 from builder.engine import client as engine
 
 Info = dict[str, Any]
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = ensure_all(Settings.from_env())
     except BuilderError as exc:
-        log.info(f"error: {exc}")
+        log.info(fit(f"error: {exc}"))
         return exc.exit_code
     print(json.dumps(result, indent=2))
     return 0

@@ -16,6 +16,7 @@ from builder.core import commands, log
 from builder.core import files as fs
 from builder.core.errors import BadInput, InfraError
 from builder.core.options import Settings
+from builder.core.safetext import show
 
 REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 HASH_RE = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
@@ -74,15 +75,15 @@ def parse_lock(text: str, where: str = "lock") -> list[LockEntry]:
         words = line.split()
         req = REQ_RE.match(words[0])
         if not req:
-            raise BadInput(f"{where}:{lineno}: expected name==version, got {words[0][:80]!r}")
+            raise BadInput(f"{where}:{lineno}: expected name==version, got {show(words[0], 80)}")
         hashes = []
         for word in words[1:]:
             match = HASH_RE.match(word)
             if not match:
-                raise BadInput(f"{where}:{lineno}: expected --hash=sha256:<64 hex>, got {word[:80]!r}")
+                raise BadInput(f"{where}:{lineno}: expected --hash=sha256:<64 hex>, got {show(word, 80)}")
             hashes.append(match.group(1))
         if not hashes:
-            raise BadInput(f"{where}:{lineno}: {words[0]} has no --hash=sha256:")
+            raise BadInput(f"{where}:{lineno}: {show(words[0], 80)} has no --hash=sha256:")
         entries.append(LockEntry(req.group(1), req.group(2), tuple(hashes)))
     return entries
 

@@ -36,7 +36,7 @@ from pydantic import (
 from builder.core import imageref as reference
 from builder.core.constants import COMPONENTS, GATES, METRICS
 from builder.core.errors import BadInput
-from builder.core.safetext import clip, show
+from builder.core.safetext import clip, fit, show
 from builder.pins import allowlist, inputfile, yamlguard
 
 # Whitelists (full match). None of them admits newline, quote, backslash, $, backtick, ; & | < > or space.
@@ -48,6 +48,8 @@ RX = {
     "base_image": rf"{reference.NAME}(:{reference.TAG})?@{reference.SHA256}",
     "python": r"3\.[0-9]{1,2}",
     "abs_path": r"(/[A-Za-z0-9_.+@-]+)+",
+    # normalised, to a file: no '.' or '..' segment, no '//', no trailing '/', not '/' itself
+    "file_path": r"(/(?!\.\.?(/|$))[A-Za-z0-9_.+@-]+)+",
     "rel_path": r"[A-Za-z0-9_.+@][A-Za-z0-9_.+@-]*(/[A-Za-z0-9_.+@-]+)*",
     "branch": r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,200}",
     "commit": r"[0-9a-f]{40}",
@@ -164,6 +166,9 @@ Repository = Annotated[str, WithJsonSchema({"type": "string", "pattern": f"^{RX[
 Tag = Annotated[str, _schema("tag"), AfterValidator(_tag)]
 AbsPath = Annotated[str, _schema("abs_path"), AfterValidator(_check(
     "abs_path", "an absolute path of [A-Za-z0-9_.+@-] segments"))]
+FilePath = Annotated[str, _schema("file_path"), AfterValidator(_check(
+    "file_path", "an absolute normalised path to a file like '/opt/venv/bin/python' (no '.' or '..' segment, "
+    "no trailing '/')"))]
 Branch = Annotated[str, _schema("branch"), AfterValidator(_check(
     "branch", "a git branch name like 'main'"))]
 Distribution = Annotated[str, _schema("distribution"), AfterValidator(_check(
@@ -265,7 +270,7 @@ class Base(Strict):
                      WithJsonSchema({"type": "string", "pattern": f"^{RX['base_image']}$"})]
     platform: Literal["linux/amd64", "linux/arm64"]
     python: Annotated[str, _schema("python"), AfterValidator(_check("python", "a quoted Python version like \"3.11\""))]
-    python_bin: AbsPath
+    python_bin: FilePath
 
     @property
     def name(self) -> str:
@@ -737,7 +742,7 @@ if __name__ == "__main__":
         try:
             print(json.dumps(load(sys.argv[1]).to_json_dict(), indent=2))
         except BadInput as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(fit(f"error: {exc}"), file=sys.stderr)
             sys.exit(exc.exit_code)
     else:
         print("usage: python -m builder.pins.model --schema | PINS_FILE", file=sys.stderr)
