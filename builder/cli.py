@@ -17,7 +17,7 @@ import typer
 
 from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted, NotAccepted
 from builder.core.options import Settings
-from builder.core.safetext import clip
+from builder.core.safetext import fit
 from builder.core.usage import run_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -213,15 +213,23 @@ def keygen(private: Path = typer.Argument(..., help="private key file to write (
 
 @app.command()
 def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>"),
-           key: Path = typer.Option(..., "--key", help="ed25519 public key (PEM) the attestations must be signed with"),
+           key: list[Path] = typer.Option(..., "--key", help="trusted ed25519 public key (PEM); repeat for several "
+                                          "(any of them trusted)"),
+           require_all_keys: bool = typer.Option(False, "--require-all-keys",
+                                                 help="each --key must have signed all three attestations"),
            ) -> None:
-    """Check the signed attestations of a published image. Exit 0 all pass, 1 naming the first failed check."""
+    """Check the attestations a trusted key signed for a published image; others are listed as untrusted.
+    Exit 0 all pass, 1 naming the first failed check."""
     from builder.release import dsse  # lazy: start-up
     from builder.release import verify as verify_mod  # lazy: start-up
 
-    outcome = verify_mod.verify(reference, dsse.load_public(key), settings())
+    publics = [dsse.load_public(k) for k in key]
+    outcome = verify_mod.verify(reference, publics, settings(), require_all_keys=require_all_keys)
     for line in outcome.passed:
         typer.echo(f"ok  {line}")
+    for line in (outcome.untrusted, outcome.foreign):
+        if line:
+            typer.echo(fit(line))
     typer.echo(f"VERIFIED {reference}")
 
 
@@ -267,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _report(err: BuilderError) -> int:
     stream = sys.stdout if err.headline().startswith("FAILED ") else sys.stderr
-    print(clip(err.headline()), file=stream)
+    print(fit(err.headline()), file=stream)  # within 300 characters, whatever the producer did
     for line in err.details:
         print(f"  | {line}", file=sys.stderr)
     return err.exit_code
