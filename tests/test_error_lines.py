@@ -44,6 +44,15 @@ def test_fit_cuts_what_has_no_path_and_elide_keeps_the_tail():
     assert len(elide("/a/" + "b" * 200 + "/file.json", 60)) <= 60
 
 
+def test_fit_elides_shorter_paths_after_the_leading_one_before_cutting():
+    report = "/tmp/pytest-of-root/pytest-127/test_refuses_report_for_anothe0/report.json"
+    ref = "127.0.0.1:5000/tests/other-image:vllm-87185e8f7f83.megatron-341823c62b4f.verl-326d9d4a55ad"
+    one, two = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    line = fit(f"error: {report}: local image {ref} is {one}, the report accepted {two}")
+    assert len(line) <= MAX_LINE and line.startswith(f"error: {report}: local image 127.0.0.1:5")
+    assert line.endswith(f"verl-326d9d4a55ad is {one}, the report accepted {two}"), line
+
+
 def test_every_builder_error_is_one_bounded_line(deep):
     err = BadInput(f"{deep}/report.json:\nacceptance: {deep}/evidence.json is missing")
     assert len(str(err)) <= MAX_LINE and "\n" not in str(err) and "/report.json: acceptance: " in str(err)

@@ -17,7 +17,6 @@ import pytest
 
 from builder.core.constants import LABEL_PREFIX
 from builder.engine.registry import Registry, push_blob, put_manifest
-from builder.pins import model as pins_mod
 from builder.release import attest, dsse, referrers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,8 +105,8 @@ def image(report, request):
 def publish(report, image, key, once=False):
     """What `builder publish` does after the tags verify: attach the three signed statements."""
     reg, name, digest = image
-    pins = pins_mod.load(report.sources.pins_path)
-    return attest.attach_all(report, pins, f"{HOST}/{name}", digest, delivery_manifest(report), key, reg, once=once)
+    return attest.attach_all(report, report_pins(), f"{HOST}/{name}", digest, delivery_manifest(report), key, reg,
+                             once=once)
 
 
 def attach(image, envelope, kind: str) -> None:

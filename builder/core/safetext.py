@@ -14,7 +14,8 @@ from typing import Any
 MAX_LINE = 300
 MAX_SHOWN = 60
 KEEP_PATH = 100  # a path of at most this many characters is never elided (the line is cut at its end instead)
-MIN_PATH = 40  # nor is a longer one elided below this many
+MIN_PATH = 32  # nor is a longer one elided below this many
+LEAD = 20  # a path starting within this many characters is the line's subject ('error: <file>: ...')
 PATH = re.compile(r"[^\s'\"()\[\]{},;<>]*/[^\s'\"()\[\]{},;<>]*")
 
 
@@ -65,12 +66,24 @@ def elide(path: str, width: int) -> str:
 
 
 def fit(line: str, limit: int = MAX_LINE) -> str:
-    """A one-line message within `limit` characters: escaped; its paths longer than KEEP_PATH elided to one common
-    width (the widest that fits, never below MIN_PATH); cut at `limit` if it still does not fit."""
+    """A one-line message within `limit` characters, escaped.  Where it is longer: first its paths longer than
+    KEEP_PATH, then also the shorter ones after the leading one (the file the line is about, named in full), are
+    elided to one common width (the widest that fits, never below MIN_PATH); what still does not fit is cut."""
     text = escape(" ".join(str(line).split("\n")), backslash=False)
     if len(text) <= limit:
         return text
-    paths = sorted({m.group() for m in PATH.finditer(text) if len(m.group()) > KEEP_PATH}, key=len, reverse=True)
+    found = [m for m in PATH.finditer(text) if len(m.group()) > MIN_PATH]
+    lead = found[0].group() if found and found[0].start() <= LEAD else None
+    long = {m.group() for m in found if len(m.group()) > KEEP_PATH}
+    for paths in (long, long | {m.group() for m in found if m.group() != lead}):
+        fitted = _shrink(text, sorted(paths, key=len, reverse=True), limit)
+        if len(fitted) <= limit:
+            return fitted
+    return clip(fitted, limit)
+
+
+def _shrink(text: str, paths: list[str], limit: int) -> str:
+    """`text` with `paths` elided to the widest common width (>= MIN_PATH) at which it fits in `limit`."""
 
     def shrunk(width: int) -> str:
         out = text
@@ -79,7 +92,7 @@ def fit(line: str, limit: int = MAX_LINE) -> str:
         return out
 
     low, high = MIN_PATH, max((len(p) for p in paths), default=MIN_PATH)
-    while low < high:  # the widest width that fits
+    while low < high:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if len(shrunk(mid)) <= limit else (low, mid - 1)
-    return clip(shrunk(low), limit)
+    return shrunk(low)

@@ -154,7 +154,7 @@ def attest_published(report: Report, pins: Pins, client: Client, registry: Regis
         return []
     manifest = json.loads(engine.read_file(client, report.image_id, MANIFEST) or b"{}")
     return [d["digest"] for d in attest.attach_all(report, pins, report.repository, digest, manifest, key, registry,
-                                                   once=once)]
+                                                             once=once)]
 
 
 def _push_local(client: Client, report: Report, image: str | None, where: str, auth: tuple[str, str] | None,

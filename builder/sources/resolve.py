@@ -70,8 +70,8 @@ def resolve_component(settings: Settings, name: str, pin: Component, url: str, o
     if moved and not repo.descendant_of(pr_head, commit.id):
         raise BadInput(f"{where}.commit: commit {pin.commit} is not on PR #{pin.pr} (head {pr_head})")
     if moved and (commit.id == target_head or repo.descendant_of(target_head, commit.id)):
-        raise BadInput(f"{where}.commit: commit {pin.commit} is on {pin.target}, not a commit of PR #{pin.pr};"
-                       f" --allow-moved-pr accepts only commits of the PR, between merge-base"
+        raise BadInput(f"{where}.commit: commit {pin.commit} is on {pin.target} (tip {str(target_head)[:12]}), not a"
+                       f" commit of PR #{pin.pr}; --allow-moved-pr takes only the PR's commits, between merge-base"
                        f" {repo.merge_base(pr_head, target_head)} and head {pr_head}")
     if moved:
         ahead = repo.ahead_behind(pr_head, commit.id)[0]
