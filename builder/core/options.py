@@ -12,6 +12,7 @@ CLI flags are the rest). The CLI calls `Settings.from_env()` and passes the obje
 | BUILDER_BUILD_TIMEOUT | 3600 | HTTP read timeout of a build: a step may print nothing for minutes |
 | BUILDER_GIT_CONFIG | unset | a git config file included in every fetch, e.g. url.<base>.insteadOf mirrors (submodules too) |
 | BUILDER_SIGNING_KEY | unset | ed25519 private key (PEM) that signs the attestations on publish |
+| BUILDER_CCACHE | on | `off`: build native code without the compiler cache (builder/image/ccache.py) |
 | BUILDER_SQUASH_OPTIONS | -comp lzo -noD | mksquashfs compression of `export-sqsh` (enroot's ENROOT_SQUASH_OPTIONS default) |
 | DOCKER_HOST | the local socket | which Docker engine (`unix://`, `tcp://`, `ssh://`) |
 | DOCKER_TLS_VERIFY / DOCKER_CERT_PATH | unset | TLS for a `tcp://` engine, as the Docker CLI reads them |
@@ -47,6 +48,13 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not 0 < value <= 86400:
         raise BadInput(f"{name}: expected seconds in (0, 86400], got {text[:40]!r}")
     return value
+
+
+def _on_off(env: Mapping[str, str], name: str) -> bool:
+    text = env.get(name, "") or "on"
+    if text not in ("on", "off"):
+        raise BadInput(f"{name}: expected on or off, got {text[:40]!r}")
+    return text == "on"
 
 
 def _resolver_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -99,6 +107,7 @@ class Settings:
     git_env: tuple[tuple[str, str], ...] = ()
     signing_key: Path | None = None
     squash_options: str = ENROOT_SQUASH_OPTIONS
+    compiler_cache: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -124,6 +133,7 @@ class Settings:
             signing_key=Path(env["BUILDER_SIGNING_KEY"]) if env.get("BUILDER_SIGNING_KEY") else None,
             squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
                                                 "BUILDER_SQUASH_OPTIONS"),
+            compiler_cache=_on_off(env, "BUILDER_CCACHE"),
         )
 
     def docker_environment(self) -> dict[str, str]:
