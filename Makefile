@@ -5,14 +5,21 @@
 VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/.venv)
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup venv base demo test test-fast lint real-repos
+.PHONY: setup venv venv-test base demo test test-fast lint real-repos
 
+# The tool's own dependencies (what `make demo` needs); the test extras (torch, linters) only for tests.
 venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e .
 	touch $(STAMP)
+
+venv-test: $(TEST_STAMP)
+$(TEST_STAMP): $(STAMP)
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(TEST_STAMP)
 
 # Start the Docker engine and the 127.0.0.1:5000 registry if they are not running (idempotent).
 setup: venv
@@ -22,19 +29,21 @@ setup: venv
 base: setup
 	$(PYTHON) -m demo base
 
-# Everything missing (engine, registry, base image, demo repos, local pins), then the whole flow.
-demo: setup
-	$(PYTHON) -m demo run
+# Everything missing (engine, registry, base image, demo repos, local pins), then the whole flow;
+# prints each phase's time at the end.
+demo:
+	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
+	$(PYTHON) -m demo run --setup-seconds $$(( $$(date +%s) - start ))
 
-lint: venv
+lint: venv-test
 	$(PYTHON) -m ruff check builder acceptance demo tests benchmarks
 	$(PYTHON) -m mypy
 
-test: setup
+test: setup venv-test
 	$(PYTHON) -m pytest -q -ra
 
 # The unit lane: no Docker engine, no pip/torch/subprocess builds (markers in pyproject.toml); under 2 minutes.
-test-fast: venv
+test-fast: venv-test
 	$(PYTHON) -m pytest -q -ra -m "not docker and not slow"
 
 # Not a CI test: lock, build and check an image with real Megatron-LM and verl PR heads from local

@@ -132,13 +132,15 @@ def lock_cmd(pins_path: Path = PinsArg,
              build_sdists: bool = typer.Option(False, "--build-sdists",
                                                help="build sdist-only dependencies in a network-none base container"),
              resolver: str = typer.Option("uv", "--resolver", help="uv | pip"),
+             upgrade: bool = typer.Option(False, "--upgrade",
+                                          help="resolve again even when the inputs are unchanged (newer releases)"),
              offline: bool = Offline, allow_moved_pr: bool = AllowMoved) -> None:
     """Write the pins' lock (every wheel to build and run the three components offline, sha256-pinned)
     and fill the wheelhouse; with --check, only verify it."""
     from builder import pipeline  # lazy: start-up
 
     result = pipeline.lock(pins_path, settings(), check=check, offline=offline, resolver=resolver,
-                           build_sdists=build_sdists, allow_moved_pr=allow_moved_pr)
+                           build_sdists=build_sdists, allow_moved_pr=allow_moved_pr, upgrade=upgrade)
     typer.echo(json.dumps({"lock": str(result.path), "sha256": result.sha256, "inputs_sha256": result.inputs_sha256,
                            "wheels": result.wheels, "wheelhouse": str(result.wheelhouse or ""),
                            "check": "up to date" if check else None}, indent=2))

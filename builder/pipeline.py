@@ -77,8 +77,10 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, qu
 
 
 def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool = False, resolver: str = "uv",
-         build_sdists: bool = False, allow_moved_pr: bool = False) -> lockfile.LockResult:
-    """Write (or with `check`, verify) the pins' lock and fill the wheelhouse."""
+         build_sdists: bool = False, allow_moved_pr: bool = False, upgrade: bool = False) -> lockfile.LockResult:
+    """Write (or with `check`, verify) the pins' lock and fill the wheelhouse (`upgrade`: resolve again
+    even when the inputs are unchanged)."""
+    started = time.monotonic()
     lockfile.check_resolver(resolver)
     if not check:
         lockfile.start_lock_file(pins_path)
@@ -86,7 +88,7 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
     with log.step("lock: resolve sources"):
         resolved = sources.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
     return lockfile.lock(pins, resolved, settings, check=check, resolver_name=resolver, build_sdists=build_sdists,
-                         offline=offline)
+                         offline=offline, upgrade=upgrade, started=started)
 
 
 def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names: list[str] | None = None,

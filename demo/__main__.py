@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from builder import cli
 from builder.core import log
@@ -14,8 +15,34 @@ from builder.core.errors import BuilderError
 from builder.core.options import Settings
 from builder.core.safetext import fit
 
+# the phases `make demo` prints at the end, in order (log.step names; absent ones are left out)
+PHASES = ("demo: engine + registry", "demo: base image", "demo: stack repositories", "load pins", "resolve sources",
+          "render", "build", "acceptance", "publish", "export .sqsh")
+
+
+def phase_table(started: float, setup_s: float | None) -> str:
+    rows = [("make setup (venv, engine, registry)", setup_s)] if setup_s is not None else []
+    rows += [(name, log.timings[name]) for name in PHASES if name in log.timings]
+    total = time.monotonic() - started + (setup_s or 0.0)
+    lines = [f"  {name:<40} {seconds:7.1f} s" for name, seconds in rows if seconds is not None]
+    return "\n".join(["== make demo phase timings ==", *lines, f"  {'total':<40} {total:7.1f} s"])
+
 
 def main(argv: list[str]) -> int:
+    started = time.monotonic()
+    setup_s = None
+    if "--setup-seconds" in argv:  # `make demo` passes how long `make setup` took
+        at = argv.index("--setup-seconds")
+        setup_s = float(argv[at + 1])
+        argv = argv[:at] + argv[at + 2:]
+    try:
+        return _main(argv)
+    finally:
+        if (argv[0] if argv else "run") == "run":
+            log.info(phase_table(started, setup_s))
+
+
+def _main(argv: list[str]) -> int:
     command = argv[0] if argv else "run"
     if command not in ("run", "prepare", "base"):
         print(f"error: expected run, prepare or base, got {command[:40]!r}; see `python -m demo --help`"

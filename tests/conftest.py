@@ -1,13 +1,20 @@
 """Shared fixtures.
 
 Tests that need a Docker engine are marked `@pytest.mark.docker`: without an engine they skip with
-the reason, except when `CI` is set, where they fail (CI must run them).
+the reason, except when `CI` is set, where they fail (CI must run them). Slow tests and the time
+budgets: tests/budget.py.
 """
 import os
 
 import pytest
 
 from builder.core.options import Settings
+from tests.budget import (  # noqa: F401  (hooks: slow marks, budgets, the timing table)
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 SETTINGS = Settings.from_env()
 

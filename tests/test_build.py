@@ -120,6 +120,8 @@ def layers_by_group(built, text: str) -> dict[str, list[str]]:
     groups = dockerfile.instructions(text)
     out: dict[str, list[str]] = {}
     for step in json.loads(build.steps_file(built).read_text()):
+        if step["step"] == 1 and step["instruction"].startswith("ARG "):
+            continue  # the global ARG (the compiler cache seed) before the first FROM makes no image
         assert step["image"], step
         out.setdefault(groups[step["step"] - 1][0], []).append(step["image"])
     return out

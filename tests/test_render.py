@@ -106,7 +106,8 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
         if name == "vllm":  # the demo engine builds with CMake: its native inputs from the lock
             assert steps[2] == 'COPY ["native/vllm/", "/builder/native/vllm/"]'
             steps = steps[:2] + steps[3:]
-        install = steps[2]  # pip install into its own prefix, then stamp.py
+        assert steps[2] == f'COPY --from=ccache ["/ccache/{name}/", "/builder/ccache/{name}/"]'  # compiler cache seed
+        install = steps[3]  # pip install into its own prefix, then stamp.py
         assert f'"/builder/scripts/install.py", "/builder/provenance/{name}.json", "/install/{name}"' in install
         assert '"--no-index"' in install  # install.py adds -c with the base and earlier pins
         runtime_deps, build_deps = (bool(part) for part in wheels.split_lock(pins.lock_path().read_text()))
@@ -121,7 +122,10 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
     assert copies == ["/install/acceptance", *deps, "/install/vllm", "/install/megatron", "/install/verl"]
     froms = re.findall(r"^FROM (\S+) AS (\S+)$", built.dockerfile, re.M)
     base = pins.base.image
-    assert froms == [(base, "prepare"), ("prepare", "build"), ("prepare", "acceptance"), (base, "runtime")]
+    assert froms == [("${CCACHE_SEED}", "ccache"), (base, "prepare"), ("prepare", "build"), ("prepare", "acceptance"),
+                     (base, "runtime")]
+    assert not re.search(r"^COPY --from=(ccache|build) \S*\"/(builder/)?ccache", built.dockerfile.split(" AS runtime")[1],
+                         re.M)  # the runtime stage copies nothing of the compiler cache
 
 
 def test_context_is_normalised_sorted_and_complete(rendered):

@@ -43,6 +43,7 @@ VARIABLES: tuple[Variable, ...] = (
              "mirrors (submodules too); see sources.md"),
     Variable("BUILDER_SIGNING_KEY", "unset", "ed25519 private key (PEM) that signs the acceptance result and the "
              "attestations on publish (`--key` overrides it)"),
+    Variable("BUILDER_CCACHE", "on", "`off`: build native code without the compiler cache (builder/image/ccache.py)"),
     Variable("BUILDER_SQUASH_OPTIONS", f"`{ENROOT_SQUASH_OPTIONS}`", "mksquashfs compression of `export-sqsh` "
              "(enroot's `ENROOT_SQUASH_OPTIONS` default); flags and plain values only"),
     Variable("DOCKER_HOST", "the local socket", "which Docker engine (`unix://`, `tcp://`, `ssh://`)"),
@@ -82,6 +83,13 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not 0 < value <= 86400:
         raise BadInput(f"{name}: expected seconds in (0, 86400], got {text[:40]!r}")
     return value
+
+
+def _on_off(env: Mapping[str, str], name: str) -> bool:
+    text = env.get(name, "") or "on"
+    if text not in ("on", "off"):
+        raise BadInput(f"{name}: expected on or off, got {text[:40]!r}")
+    return text == "on"
 
 
 def _resolver_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -133,6 +141,7 @@ class Settings:
     git_env: tuple[tuple[str, str], ...] = ()
     signing_key: Path | None = None
     squash_options: str = ENROOT_SQUASH_OPTIONS
+    compiler_cache: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -158,6 +167,7 @@ class Settings:
             signing_key=Path(env["BUILDER_SIGNING_KEY"]) if env.get("BUILDER_SIGNING_KEY") else None,
             squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
                                                 "BUILDER_SQUASH_OPTIONS"),
+            compiler_cache=_on_off(env, "BUILDER_CCACHE"),
         )
 
     def docker_environment(self) -> dict[str, str]:

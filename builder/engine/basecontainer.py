@@ -7,6 +7,7 @@ wheelhouse, and to build wheels of sdist-only dependencies. Files go in through 
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import platform as host_platform
@@ -137,12 +138,19 @@ def _abi(soabi: str, python: str) -> str:
 
 
 def read_base(settings: Settings, image: str, python_bin: str, pins_python: str, pins_platform: str) -> BaseInfo:
-    """Query the base in a network-none container and check it against the pins' base fields."""
-    result = run(settings, image, python_bin, BASE_QUERY, log_name="lock-base-query")
-    if result.rc != 0:
-        raise BadInput(f"base.python_bin: {python_bin} does not run in {image} (exit {result.rc}):"
-                       f" {result.stderr.strip()[-300:]}")
-    data = result.payload()
+    """Query the base in a network-none container (once per digest, interpreter and host kernel: an image
+    by digest never changes) and check it against the pins' base fields."""
+    key = hashlib.sha256(json.dumps([image, python_bin, host_platform.release(), BASE_QUERY]).encode()).hexdigest()
+    cached = settings.cache("lock", "base") / f"{key[:32]}.json"
+    if "@sha256:" in image and cached.is_file():
+        data = json.loads(cached.read_text())
+    else:
+        result = run(settings, image, python_bin, BASE_QUERY, log_name="lock-base-query")
+        if result.rc != 0:
+            raise BadInput(f"base.python_bin: {python_bin} does not run in {image} (exit {result.rc}):"
+                           f" {result.stderr.strip()[-300:]}")
+        data = result.payload()
+        cached.write_text(json.dumps(data, sort_keys=True))
     if data["python"] != pins_python:
         raise BadInput(f"base.python: pinned {pins_python!r}, the base's {python_bin} is Python {data['python']}")
     if data["impl"] != "cpython":

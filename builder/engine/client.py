@@ -183,7 +183,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, nocache: bool = False,
-          echo: bool = True) -> BuildResult:
+          echo: bool = True, buildargs: dict[str, str] | None = None) -> BuildResult:
     """Build a custom context tar; stream each line to stderr and log_path; BuildFailed names the
     failing step (its instruction) and the log, with the last 20 lines as details. The tag is set only on success."""
     before = inspect_image(client, tag)
@@ -193,7 +193,7 @@ def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, 
         try:
             stream = client.api.build(fileobj=context_fileobj, custom_context=True, tag=tag, rm=True,
                                       forcerm=True, pull=False, nocache=nocache, network_mode="none",
-                                      decode=True)
+                                      buildargs=buildargs or None, decode=True)
             for chunk in stream:
                 progress.chunk(chunk)
         except Exception as exc:  # refused by the engine (parse error) or the engine went away

@@ -15,6 +15,7 @@ from builder.core.options import PACKAGE, Settings
 from builder.core.records import BuiltImage, RenderedBuild
 from builder.engine import client as engine
 from builder.engine import normalize, staging
+from builder.image import ccache
 from builder.image.dockerfile import instructions
 
 MARKER = "BUILD-ENV "  # the line smoke.py prints in the runtime stage's last step
@@ -34,8 +35,8 @@ def stage_times(dockerfile: str, steps: list[engine.Step], total: float) -> dict
 
 
 def all_cached(steps: list[engine.Step]) -> bool:
-    """Every step but FROM reported `Using cache` (FROM never does)."""
-    return bool(steps) and all(s.cached for s in steps if not s.instruction.upper().startswith("FROM "))
+    """Every step but FROM and a global ARG reported `Using cache` (those never do)."""
+    return bool(steps) and all(s.cached for s in steps if not s.instruction.upper().startswith(("FROM ", "ARG ")))
 
 
 def build_env(steps: list[engine.Step]) -> dict[str, Any] | None:
@@ -99,8 +100,15 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     out_dir = Path(rendered.context_path).parent
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
     log_path = out_dir / f"build-{stamp}.log"
+    # a no-cache build (rebuild --check) compiles everything itself: no compiler cache either
+    seed = ccache.prepare(client, settings, rendered.labels, settings.compiler_cache and not nocache)
     with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
-        result = engine.build(client, context, rendered.tag, log_path, nocache=nocache, echo=echo)
+        result = engine.build(client, context, rendered.tag, log_path, nocache=nocache, echo=echo,
+                              buildargs={ccache.ARG: seed.tag})
+    compiled = ccache.harvest(client, seed, result.steps)
+    if compiled:
+        log.info(f"compiler cache: {ccache.summary(compiled)}")
+        (out_dir / "ccache.json").write_text(json.dumps(compiled, indent=2, sort_keys=True) + "\n")
     attrs = engine.inspect_image(client, result.image_id)
     if attrs is None:
         raise BuildFailed(f"{rendered.tag}: image {result.image_id} vanished after the build")

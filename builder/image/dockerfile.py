@@ -57,11 +57,12 @@ def environment() -> jinja2.Environment:
 
 
 FROM_RX = re.compile(r"FROM [a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64} AS [a-z]+")
+SEED_FROM = "FROM ${CCACHE_SEED} AS ccache"  # the compiler cache's side image (builder/image/ccache.py)
 
 
 def lint(dockerfile: str) -> list[str]:
     """What the unified Dockerfile must never contain: ADD, RUN --mount, shell-form RUN,
-    a FROM without digest, or anything that reaches the network."""
+    a FROM without digest (but the compiler cache seed's), or anything that reaches the network."""
     problems: list[str] = []
     stages: set[str] = set()
     for group, text in instructions(dockerfile):
@@ -74,7 +75,8 @@ def lint(dockerfile: str) -> list[str]:
             problems.append(f"RUN must be exec form: {text[:80]}")
         if word == "FROM":
             parts = text.split()
-            if not (FROM_RX.fullmatch(text) or (len(parts) == 4 and parts[1] in stages and parts[2] == "AS")):
+            earlier = len(parts) == 4 and parts[1] in stages and parts[2] == "AS"
+            if not (FROM_RX.fullmatch(text) or text == SEED_FROM or earlier):
                 problems.append(f"FROM must name the base by digest or an earlier stage: {text[:80]}")
             stages.add(parts[-1])
         if word != "LABEL" and NETWORK_RX.search(text):

@@ -21,7 +21,9 @@ import os
 import shutil
 import tarfile
 import tempfile
+import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,7 @@ from builder.core.options import Settings
 from builder.core.records import ResolvedSources
 from builder.engine import basecontainer
 from builder.engine.basecontainer import WORK, BaseInfo
-from builder.lock import native, resolver, wheels
+from builder.lock import download, native, resolver, wheels
 from builder.lock.resolver import Target
 from builder.lock.wheels import BUILD_MARK
 from builder.pins import model as pins_mod
@@ -182,7 +184,7 @@ import glob, json, os, subprocess, sys
 w = "/tmp/lock"
 wheels = sorted(glob.glob(w + "/wheels/*.whl"))
 if wheels:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                            "--disable-pip-version-check", "--target", w + "/bt", *wheels], stdout=sys.stderr)
 env = dict(os.environ, PYTHONPATH=w + "/bt", PIP_DISABLE_PIP_VERSION_CHECK="1")
 """
@@ -213,37 +215,55 @@ def static_metadata(pyproject: dict[str, Any]) -> dict[str, Any] | None:
             "requires_dist": list(project.get("dependencies", []))}
 
 
-def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs,
-                     build_wheels: list[Path], pyproject: dict[str, Any]) -> None:
-    """Fill inputs.version / requires_dist from the component's metadata: static [project] fields, or
-    else prepared in a network-none base container with its build requirements (setup.py, requirements
-    files, VCS versions; cached by base, export, wheels and version)."""
-    key = hashlib.sha256(json.dumps([pins.base.image, component.export_sha256, inputs.scm_version,
-                                     sorted(p.name for p in build_wheels)]).encode()).hexdigest()
-    cached = settings.cache("lock", "metadata") / f"{key[:32]}.json"
+def metadata_cache(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs) -> Path:
+    """Where a component's prepared metadata is kept: by base digest, the export of its commit, its VCS
+    version and its build requirements (as written, so a hit needs no resolve)."""
+    key = hashlib.sha256(json.dumps(["metadata/2", pins.base.image, component.export_sha256, inputs.scm_version,
+                                     inputs.build_requires,
+                                     "--ignore-requires-python" in pins.components[inputs.name].install.pip_args]
+                                    ).encode()).hexdigest()
+    return settings.cache("lock", "metadata") / f"{key[:32]}.json"
+
+
+def known_metadata(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs,
+                   pyproject: dict[str, Any]) -> dict[str, Any] | None:
+    """The metadata without a container: static [project] fields, or prepared before (the cache)."""
     static = static_metadata(pyproject)
     if static is not None:
-        data = static
         log.info(f"lock: metadata of {inputs.name}: static in pyproject.toml [project]")
-    elif cached.is_file():
-        data = json.loads(cached.read_text())
-    else:
-        files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in build_wheels}
-        env = {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
-        if "--ignore-requires-python" in pins.components[inputs.name].install.pip_args:
-            env["LOCK_IGNORE_REQUIRES_PYTHON"] = "1"  # the install will pass it too (pins' pip_args)
-        if inputs.scm_version:
-            env[scmversion.pretend_env_name(inputs.distribution)] = inputs.scm_version
-        with log.step(f"lock: metadata of {inputs.name} (network-none base container)"):
-            archives = [("/", basecontainer.tar_bytes(files, (f"{WORK.lstrip('/')}/src",))),
-                        (f"{WORK}/src", exported_tar(settings, component).read_bytes())]
-            result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, METADATA_SCRIPT, archives, env,
-                                       log_name=f"lock-metadata-{inputs.name}")
-        if result.rc != 0:
-            raise BuildFailed(f"components.{inputs.name}: preparing metadata failed in the base (exit {result.rc}):"
-                              f" {result.stderr.strip()[-400:]}")
-        data = result.payload()
-        cached.write_text(json.dumps(data, sort_keys=True))
+        return static
+    cached = metadata_cache(settings, pins, component, inputs)
+    if cached.is_file():
+        data: dict[str, Any] = json.loads(cached.read_text())
+        return data
+    return None
+
+
+def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs,
+                     build_wheels: list[Path]) -> dict[str, Any]:
+    """Prepare the metadata in a network-none base container with its build requirements (setup.py,
+    requirements files, VCS versions) and keep it in the cache."""
+    files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in build_wheels}
+    env = {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
+    if "--ignore-requires-python" in pins.components[inputs.name].install.pip_args:
+        env["LOCK_IGNORE_REQUIRES_PYTHON"] = "1"  # the install will pass it too (pins' pip_args)
+    if inputs.scm_version:
+        env[scmversion.pretend_env_name(inputs.distribution)] = inputs.scm_version
+    with log.step(f"lock: metadata of {inputs.name} (network-none base container)"):
+        archives = [("/", basecontainer.tar_bytes(files, (f"{WORK.lstrip('/')}/src",))),
+                    (f"{WORK}/src", exported_tar(settings, component).read_bytes())]
+        result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, METADATA_SCRIPT, archives, env,
+                                   log_name=f"lock-metadata-{inputs.name}")
+    if result.rc != 0:
+        raise BuildFailed(f"components.{inputs.name}: preparing metadata failed in the base (exit {result.rc}):"
+                          f" {result.stderr.strip()[-400:]}")
+    data: dict[str, Any] = result.payload()
+    metadata_cache(settings, pins, component, inputs).write_text(json.dumps(data, sort_keys=True))
+    return data
+
+
+def use_metadata(component: Any, inputs: ComponentInputs, data: dict[str, Any]) -> None:
+    """Check the metadata against the pins and fill inputs.version / requires_dist from it."""
     if canonicalize_name(data["name"]) != canonicalize_name(inputs.distribution):
         raise BadInput(f"components.{inputs.name}.distribution: pinned {inputs.distribution!r}, the"
                        f" package at {component.commit[:12]} is {data['name']!r}")
@@ -338,10 +358,11 @@ def compat_requirements(pins: Any, base: BaseInfo) -> list[str]:
 
 def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: Target,
            resolver_name: str, adjusts: dict[str, Adjust] | None = None) -> list[ComponentInputs]:
-    """Per component: build requirements, VCS version, and metadata prepared in the base; `adjusts`
-    collects each component's relaxed torch pins and mapped direct URLs."""
+    """Per component: build requirements, VCS version, and metadata (static, cached by commit and base
+    digest, or prepared in base containers, the three in parallel); `adjusts` collects each component's
+    relaxed torch pins and mapped direct URLs."""
     adjusts = {} if adjusts is None else adjusts
-    comps = []
+    comps, todo = [], []
     names: set[str] = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
     for name in COMPONENTS:
         pin, resolved = pins.components[name], sources.components[name]
@@ -357,15 +378,32 @@ def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: 
         check_against([r for r in inputs.build_requires
                        if canonicalize_name(Requirement(r).name) not in inputs.tools_over_base],
                       base.dists, f"{where}: [build-system].requires", f"the base {pins.base.image}")
+        data = known_metadata(settings, pins, resolved, inputs, pyproject)
+        if data is None:
+            todo.append((resolved, inputs, where))
+        else:
+            use_metadata(resolved, inputs, data)
+        comps.append(inputs)
+
+    def prepare(resolved: Any, inputs: ComponentInputs, where: str) -> dict[str, Any]:
         pinned = resolver.resolve(settings, inputs.build_requires, without(base.dists, inputs.tools_over_base), target,
-                                  resolver_name, log_name=f"lock-resolve-build-{name}")
+                                  resolver_name, log_name=f"lock-resolve-build-{inputs.name}")
         found, missing = resolver.download_wheels(settings, pinned, target)
         if missing:
             raise BadInput(f"{where}: build requirements with no wheel for the base: {', '.join(missing)}")
-        prepare_metadata(settings, pins, resolved, inputs, [found[n] for n in sorted(found)], pyproject)
-        inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names, adjust)
+        return prepare_metadata(settings, pins, resolved, inputs, [found[n] for n in sorted(found)])
+
+    if todo:  # the components' build requirements and metadata containers side by side
+        with resolver.spent("metadata in base containers"), \
+                ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            jobs = [(resolved, inputs, pool.submit(prepare, resolved, inputs, where)) for resolved, inputs, where in todo]
+            for resolved, inputs, job in jobs:
+                use_metadata(resolved, inputs, job.result())
+    for inputs in comps:
+        where = f"components.{inputs.name} ({inputs.distribution} at {pins.components[inputs.name].commit[:12]})"
+        inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names,
+                                          adjusts[inputs.name])
         check_against(inputs.requires_dist, base.dists, f"{where}: Requires-Dist", f"the base {pins.base.image}")
-        comps.append(inputs)
     provided = {c.distribution: c.version for c in comps}
     for c in comps:
         check_against(c.requires_dist, provided, f"components.{c.name}: Requires-Dist", "the stack")
@@ -390,7 +428,7 @@ def _resolve_all(settings: Settings, reqs_of: dict[str, list[str]], provided: di
 def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "uv",
             build_sdists: bool = False, offline: bool = False) -> tuple[str, dict[str, Path]]:
     """(lock text, {wheel file name: path}) for the pins."""
-    with log.step("lock: read the base (network-none container)"):
+    with log.step("lock: read the base (network-none container)"), resolver.spent("read the base"):
         base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
                                        pins.base.platform)
     target = Target.of(base)
@@ -408,16 +446,26 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
         build = _resolve_all(settings, {c.name: c.build_requires for c in comps}, without({**provided, **runtime}, tools),
                              target, resolver_name, "build")
     pinned = {**runtime, **build}
-    with log.step(f"lock: wheels for {base.python} {base.abi} {target.uv_platform()}"):
-        found, no_wheel = resolver.download_wheels(settings, pinned, target)
-    built: dict[str, str] = {}
-    if no_wheel and not build_sdists:
-        raise BadInput(f"{pins.path}: {len(no_wheel)} dependencies have only an sdist for the base"
-                       f" ({', '.join(sorted(no_wheel))}); pass --build-sdists to build them in a"
-                       " network-none base container, or pin versions with wheels")
-    for req in sorted(no_wheel):
-        name, version = req.split("==", 1)
-        found[name], built[name] = build_sdist(settings, pins, base, target, name, version, resolver_name)
+    with ThreadPoolExecutor(max_workers=1) as builder_pool:
+        building: dict[str, Any] = {}
+
+        def start_sdist(name: str) -> None:  # while the other wheels download
+            if build_sdists and name not in building:
+                building[name] = builder_pool.submit(build_sdist, settings, pins, base, target, name, pinned[name],
+                                                     resolver_name)
+
+        with log.step(f"lock: wheels for {base.python} {base.abi} {target.uv_platform()}"):
+            found, no_wheel = resolver.download_wheels(settings, pinned, target, start_sdist)
+        built: dict[str, str] = {}
+        if no_wheel and not build_sdists:
+            raise BadInput(f"{pins.path}: {len(no_wheel)} dependencies have only an sdist for the base"
+                           f" ({', '.join(sorted(no_wheel))}); pass --build-sdists to build them in a"
+                           " network-none base container, or pin versions with wheels")
+        with resolver.spent("sdists built in base containers"):
+            for req in sorted(no_wheel):
+                name, version = req.split("==", 1)
+                start_sdist(name)
+                found[name], built[name] = building[name].result()
     header = [
         "# Written by `builder lock`; do not edit. Regenerate with `builder lock PINS`, verify with --check.",
         f"# format: {FORMAT}",
@@ -439,11 +487,13 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
     header += [f"{native.RECORD_MARK}{name} {version} {record} sha256={sha}"
                for name, (version, record, sha) in sorted(base.records.items())]
     lines = []
+    with resolver.spent("sha256 of the wheels"):
+        hashes = {name: sha256_file(found[name]) for name in pinned}
     for name in sorted(pinned):
         path = found[name]
         note = f"{path.name} {BUILT_MARK} sha256 {built[name]}" if name in built else path.name
         mark = BUILD_MARK if name not in runtime else "# "
-        lines.append(f"{name}=={pinned[name]} --hash=sha256:{sha256_file(path)}  {mark}{note}")
+        lines.append(f"{name}=={pinned[name]} --hash=sha256:{hashes[name]}  {mark}{note}")
     if not lines:
         lines.append("# (no wheels: the base provides everything)")
     return "\n".join(header + lines) + "\n", {found[n].name: found[n] for n in pinned}
@@ -460,7 +510,10 @@ def fill_wheelhouse(settings: Settings, pins: Any, files: dict[str, Path]) -> Pa
     for name, path in sorted(files.items()):
         if not (dest / name).exists():
             tmp = dest / f".{name}.part"
-            shutil.copyfile(path, tmp)
+            try:
+                os.link(path, tmp)  # the pool and the wheelhouse share the bytes (same cache file system)
+            except OSError:
+                shutil.copyfile(path, tmp)
             os.replace(tmp, dest / name)
     return wheels.ensure_wheels(lock_path, target, settings)
 
@@ -478,10 +531,20 @@ def check_resolver(name: str) -> None:
 
 
 def lock(pins: Pins, sources: ResolvedSources, settings: Settings, check: bool = False, resolver_name: str = "uv",
-         build_sdists: bool = False, offline: bool = False) -> LockResult:
-    """Write (or with check, verify) the lock of a pins file."""
+         build_sdists: bool = False, offline: bool = False, upgrade: bool = False,
+         started: float | None = None) -> LockResult:
+    """Write (or with check, verify) the lock of a pins file. A lock written for the same inputs (commits,
+    base, requirements, compat, native inputs) by the same resolver is kept as it is, its wheels checked,
+    unless `upgrade` (resolve again, taking newer releases). `started`: when the lock began (sources
+    resolved before), for the time table it prints at the end."""
     check_resolver(resolver_name)
     pins_path = pins.path
+    resolver.SPENT.clear()
+    download.TOTALS.reset()
+    if started is None:
+        started = time.monotonic()
+    elif "lock: resolve sources" in log.timings:
+        resolver.SPENT["resolve sources (git)"] = log.timings["lock: resolve sources"]
     path = pins.lock_path()
     old = path.read_text() if path.is_file() else ""
     if check:
@@ -504,15 +567,61 @@ def lock(pins: Pins, sources: ResolvedSources, settings: Settings, check: bool =
                             f" {have[:16] or 'nothing (no inputs-sha256 line)'}; run `builder lock {pins_path}`")
         return LockResult(path, old, hashlib.sha256(old.encode()).hexdigest(), want,
                           sum(1 for ln in old.splitlines() if "--hash=" in ln), None)
-    text, files = compute(settings, pins, sources, resolver_name, build_sdists, offline)
+    kept = None if upgrade else unchanged(settings, pins, sources, old, resolver_name, offline)
+    text, files = kept if kept is not None else compute(settings, pins, sources, resolver_name, build_sdists, offline)
     if text != old:
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as fh:
             fh.write(text)
         os.replace(fh.name, path)
-    wheelhouse = fill_wheelhouse(settings, pins, files)
-    log.info(f"lock: {path} ({len(files)} wheels, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]})")
-    return LockResult(path, text, hashlib.sha256(text.encode()).hexdigest(), recorded_inputs(text), len(files),
-                      wheelhouse)
+    with resolver.spent("wheelhouse (copy, check)"):
+        wheelhouse = fill_wheelhouse(settings, pins, files)
+    count = sum(1 for line in text.splitlines() if "--hash=" in line)
+    log.info(f"lock: {path} ({count} wheels, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]})")
+    log.info(time_table(time.monotonic() - started))
+    return LockResult(path, text, hashlib.sha256(text.encode()).hexdigest(), recorded_inputs(text), count, wheelhouse)
+
+
+def unchanged(settings: Settings, pins: Any, sources: Any, old: str, resolver_name: str, offline: bool = False
+              ) -> tuple[str, dict[str, Path]] | None:
+    """(old lock, {}) when it was written for the same inputs by the same resolver and its wheelhouse
+    holds every locked wheel, else None (resolve)."""
+    if not old or f"# resolver: {resolver.resolver_version(resolver_name)}\n" not in old:
+        return None
+    with log.step("lock: inputs (metadata cached by commit and base digest)"):
+        with resolver.spent("read the base"):
+            base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
+                                           pins.base.platform)
+        target = Target.of(base)
+        locked = native.gather(settings, pins, sources, offline)
+        adjusts: dict[str, Adjust] = {}
+        comps = gather(settings, pins, sources, base, target, resolver_name, adjusts)
+        want = inputs_sha256(base, target, comps, compat_requirements(pins, base), locked,
+                             [n for name in COMPONENTS for n in adjusts[name].notes])
+    if want != recorded_inputs(old):
+        return None
+    entries = wheels.parse_lock(old, str(pins.lock_path()))
+    dest = wheels.wheelhouse(old.encode(), wheels.Target.from_base(pins.base.python, pins.base.platform), settings)
+    with resolver.spent("sha256 of the wheels"):
+        found = wheels.match_files(dest, entries) if entries else {}
+    if found is None:  # a new cache: resolve, download and build again (wheels built from sdists are nowhere else)
+        return None
+    log.info(f"lock: inputs unchanged (sha256 {want[:16]}): kept {pins.lock_path()}; --upgrade resolves again")
+    return old, {}
+
+
+def time_table(total: float) -> str:
+    """Where a lock's time went: its parts (resolver.SPENT), downloads apart (time, volume, files)."""
+    spent = dict(resolver.SPENT)
+    dl = download.TOTALS
+    wheels_s = spent.pop("wheels: pool and downloads", 0.0)
+    spent["wheels: pool (downloads apart)"] = max(0.0, wheels_s - dl.seconds)
+    rows = [f"  {what:<34} {seconds:7.2f} s" for what, seconds in sorted(spent.items(), key=lambda kv: -kv[1])]
+    rows.append(f"  {'other':<34} {max(0.0, total - sum(spent.values()) - dl.seconds):7.2f} s")
+    return "\n".join(["lock: where the time went", *rows,
+                      f"  {'total without downloads':<34} {total - dl.seconds:7.2f} s",
+                      f"  {'downloads':<34} {dl.seconds:7.2f} s  {dl.files} wheels, {dl.bytes / 1e6:.1f} MB"
+                      f" ({download.WORKERS} in parallel)",
+                      f"  {'total':<34} {total:7.2f} s"])
 
 
 def start_lock_file(pins_path: Path) -> None:

@@ -13,8 +13,11 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +28,21 @@ from packaging.version import Version
 from builder.core.errors import BadInput, InfraError
 from builder.core.options import Settings
 from builder.engine.basecontainer import BaseInfo
+from builder.lock import download
+
+SPENT: dict[str, float] = {}  # seconds per part of a lock, for the table `builder lock` prints
+
+
+@contextmanager
+def spent(what: str) -> Iterator[None]:
+    """Add the block's seconds to SPENT[what]; not in worker threads (their caller's block counts them)."""
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            SPENT[what] = SPENT.get(what, 0.0) + time.monotonic() - start
+
 
 UV_GLIBC = [(2, 17), (2, 28)] + [(2, n) for n in range(31, 41)]  # what `uv --python-platform` knows
 RESOLVERS = ("uv", "pip")
@@ -41,13 +59,17 @@ class Target:
     def of(cls, base: BaseInfo) -> Target:
         return cls(base.python, base.abi, base.machine, base.glibc)
 
+    def platforms(self) -> list[str]:
+        return [f"manylinux_{self.glibc[0]}_{minor}_{self.machine}" for minor in range(self.glibc[1], 16, -1)] + \
+            [f"manylinux2014_{self.machine}", f"linux_{self.machine}"]
+
     def pip_args(self) -> list[str]:
         args = ["--only-binary=:all:", "--python-version", self.python, "--implementation", "cp"]
         for abi in (self.abi, "abi3", "none"):
             args += ["--abi", abi]
-        for minor in range(self.glibc[1], 16, -1):
-            args += ["--platform", f"manylinux_{self.glibc[0]}_{minor}_{self.machine}"]
-        return args + ["--platform", f"manylinux2014_{self.machine}", "--platform", f"linux_{self.machine}"]
+        for platform in self.platforms():
+            args += ["--platform", platform]
+        return args
 
     def uv_platform(self) -> str:
         known = [g for g in UV_GLIBC if g <= self.glibc]
@@ -98,7 +120,7 @@ def resolve(settings: Settings, requirements: list[str], provided: dict[str, str
     Raises BadInput with the resolver's explanation when there is no solution."""
     if not requirements:
         return {}
-    with tempfile.TemporaryDirectory(prefix="lock-resolve-") as tmp:
+    with spent(f"resolve ({resolver})"), tempfile.TemporaryDirectory(prefix="lock-resolve-") as tmp:
         work = Path(tmp)
         (work / "stubs").mkdir()
         stub_wheels(provided, work / "stubs")
@@ -168,12 +190,53 @@ def _pool_match(pool: Path, name: str, version: str, wheel: bool) -> Path | None
     return None
 
 
-def download_wheels(settings: Settings, pinned: dict[str, str], target: Target) -> tuple[dict[str, Path], list[str]]:
+def download_wheels(settings: Settings, pinned: dict[str, str], target: Target,
+                    on_no_wheel: Callable[[str], None] | None = None) -> tuple[dict[str, Path], list[str]]:
     """({name: wheel for the target}, [name==version with no wheel for the target]); files are
-    kept in <cache>/wheels/pool so a second lock downloads nothing."""
+    kept in <cache>/wheels/pool so a second lock downloads nothing. on_no_wheel(name) hears of a
+    name with only an sdist as soon as the index says so (while the other downloads go on)."""
+    with spent("wheels: pool and downloads"):
+        return _download_wheels(settings, pinned, target, on_no_wheel)
+
+
+NO_WHEEL_TTL_S = 86400  # how long "the index has no wheel of name==version for this target" is believed
+
+
+def _no_wheel_marker(pool: Path, name: str, version: str, target: Target) -> Path:
+    return pool / ".no-wheel" / f"{name}-{version}-{target.abi}-{target.uv_platform()}"
+
+
+def _known_no_wheel(pool: Path, name: str, version: str, target: Target) -> bool:
+    try:
+        return time.time() - _no_wheel_marker(pool, name, version, target).stat().st_mtime < NO_WHEEL_TTL_S
+    except OSError:
+        return False
+
+
+def _download_wheels(settings: Settings, pinned: dict[str, str], target: Target,
+                     on_no_wheel: Callable[[str], None] | None) -> tuple[dict[str, Path], list[str]]:
     pool = settings.cache("wheels", "pool")
-    missing = [n for n, v in pinned.items() if _pool_match(pool, n, v, True) is None]
+    known = [n for n, v in pinned.items() if _pool_match(pool, n, v, True) is None and _known_no_wheel(pool, n, v, target)]
+    for name in known:
+        if on_no_wheel is not None:
+            on_no_wheel(name)
+    missing = [n for n, v in pinned.items() if _pool_match(pool, n, v, True) is None and n not in known]
+    sdist_only: set[str] = set()
+
+    def heard(name: str) -> None:
+        sdist_only.add(name)
+        if on_no_wheel is not None:
+            on_no_wheel(name)
+
+    if missing:  # in parallel through the index's JSON API; what that cannot get, pip below
+        fetched = download.fetch(settings, {n: pinned[n] for n in missing}, target.python, target.abi,
+                                 target.platforms(), pool, heard)
+        asked = list(missing)
+        missing = [n for n in missing if n not in fetched and n not in sdist_only]
+    else:
+        asked = []
     if missing:
+        start = time.monotonic()
         reqs = [f"{n}=={pinned[n]}" for n in missing]
         rc, _ = _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
                       *target.pip_args(), "--index-url", settings.index_url, *reqs], "lock-download")
@@ -181,11 +244,16 @@ def download_wheels(settings: Settings, pinned: dict[str, str], target: Target) 
             for req in reqs:
                 _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
                       *target.pip_args(), "--index-url", settings.index_url, req], "lock-download-one")
+        download.TOTALS.add(time.monotonic() - start, 0, 0)
     files, no_wheel = {}, []
     for name, version in pinned.items():
         path = _pool_match(pool, name, version, True)
         if path is None:
             no_wheel.append(f"{name}=={version}")
+            marker = _no_wheel_marker(pool, name, version, target)
+            if name in asked:  # the index was asked just now
+                marker.parent.mkdir(exist_ok=True)
+                marker.touch()
         else:
             files[name] = path
     return files, no_wheel

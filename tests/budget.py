@@ -1,0 +1,74 @@
+"""Test time budgets (hooks imported by conftest.py).
+
+A test is `slow` when marked so or when it uses a fixture that builds, accepts or starts something
+(SLOW_FIXTURES): those are shared per session, so the first user pays. Each kind has a budget per
+test (setup + call + teardown); `make test` as a whole has SESSION_BUDGET_S. At the end pytest prints
+where the time went: per kind, the shared fixtures' set-ups, the slowest tests and every test over
+its budget (BUILDER_TEST_BUDGET=strict makes those a failure). `pytest -m "not slow"` is the quick loop.
+"""
+import os
+import time
+
+import pytest
+
+SLOW_FIXTURES = {"base_image", "demo_image", "build_variant", "demo_accepted", "second_engine", "staged_demo",
+                 "stamped_pins", "hatch_locked", "demo_pins"}
+BUDGET_S = {"slow": 240.0, "docker": 60.0, "fast": 5.0}
+SESSION_BUDGET_S = 15 * 60
+
+_spent: dict[str, dict[str, float]] = {}  # nodeid -> {phase: seconds}
+_kind: dict[str, str] = {}
+_started = time.monotonic()
+
+
+def kind_of(item: pytest.Item) -> str:
+    if item.get_closest_marker("slow"):
+        return "slow"
+    return "docker" if item.get_closest_marker("docker") else "fast"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+        _kind[item.nodeid] = kind_of(item)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _spent.setdefault(report.nodeid, {})[report.when] = report.duration
+
+
+def over_budget() -> list[tuple[str, float, float]]:
+    out = []
+    for nodeid, phases in _spent.items():
+        took, budget = sum(phases.values()), BUDGET_S[_kind.get(nodeid, "fast")]
+        if took > budget:
+            out.append((nodeid, took, budget))
+    return sorted(out, key=lambda x: -x[1])
+
+
+def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
+    write = terminalreporter.write_line  # type: ignore[attr-defined]
+    if not _spent:
+        return
+    total = time.monotonic() - _started
+    write("== test phase timings ==")
+    for kind in ("fast", "docker", "slow"):
+        ids = [n for n in _spent if _kind.get(n, "fast") == kind]
+        seconds = sum(sum(_spent[n].values()) for n in ids)
+        write(f"  {kind:<8} {len(ids):5d} tests {seconds:8.1f} s  (budget {BUDGET_S[kind]:.0f} s per test)")
+    setups = sorted(((p.get("setup", 0.0), n) for n, p in _spent.items() if p.get("setup", 0.0) > 5), reverse=True)
+    for seconds, nodeid in setups[:8]:
+        write(f"  set-up  {seconds:8.1f} s  {nodeid} (shared fixtures built here)")
+    slowest = sorted(((sum(p.values()), n) for n, p in _spent.items()), reverse=True)[:10]
+    for seconds, nodeid in slowest:
+        write(f"  slowest {seconds:8.1f} s  {nodeid}")
+    late = over_budget()
+    for nodeid, took, budget in late:
+        write(f"  OVER BUDGET {took:.1f} s > {budget:.0f} s: {nodeid}")
+    write(f"  session  {total:8.1f} s  (budget {SESSION_BUDGET_S} s{'' if total <= SESSION_BUDGET_S else ', MISSED'})")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("BUILDER_TEST_BUDGET") == "strict" and over_budget() and exitstatus == 0:
+        session.exitstatus = 1

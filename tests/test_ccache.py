@@ -1,0 +1,153 @@
+"""The compiler cache (builder/image/ccache.py): seeds, the compiler routing in install.py, and on the
+real engine the same image digest with a cold cache, a warm cache and no cache, none of it in the image."""
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pygit2
+import pytest
+import yaml
+
+from builder.core.errors import BadInput
+from builder.core.options import Settings
+from builder.engine import client as engine
+from builder.image import ccache
+from tests.conftest import SETTINGS
+
+sys.path.insert(0, str(Path(ccache.__file__).parent / "scripts"))
+import install  # noqa: E402  (the in-image script)
+
+
+def names(tar_path: Path) -> list[str]:
+    with tarfile.open(tar_path) as tar:
+        return tar.getnames()
+
+
+def test_a_tree_built_before_gets_the_same_seed_a_new_tree_the_newest_harvest(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    first = ccache._component_seed(store, "vllm", "tree-a")
+    assert names(first) == ["ccache/vllm"]  # cold: an empty directory
+    (store / "live" / "a").mkdir(parents=True)
+    (store / "live" / "a" / "obj").write_bytes(b"object")
+    same = ccache._component_seed(store, "vllm", "tree-a").read_bytes()
+    assert same == first.read_bytes()  # the harvest does not change a built tree's seed (its step stays cached)
+    new = ccache._component_seed(store, "vllm", "tree-b")
+    assert names(new) == ["ccache/vllm", "ccache/vllm/a", "ccache/vllm/a/obj"]
+    assert json.loads((store / "seed.json").read_text())["tree"] == "tree-b"
+
+
+def test_harvest_extracts_only_files_and_directories_inside_the_store(tmp_path):
+    src = tmp_path / "archive.tar"
+    with tarfile.open(src, "w") as tar:
+        for name, data in (("vllm/ok/x", b"1"), ("vllm/../../escape", b"2")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, __import__("io").BytesIO(data))
+        link = tarfile.TarInfo("vllm/link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    live = tmp_path / "live"
+    live.mkdir()
+    ccache._extract([src.read_bytes()], live)
+    assert sorted(p.relative_to(live).as_posix() for p in live.rglob("*")) == ["ok", "ok/x"]
+    assert not (tmp_path / "escape").exists()
+
+
+def test_builder_ccache_setting_is_on_or_off():
+    assert Settings.from_env({}).compiler_cache is True
+    assert Settings.from_env({"BUILDER_CCACHE": "off"}).compiler_cache is False
+    with pytest.raises(BadInput, match="BUILDER_CCACHE: expected on or off"):
+        Settings.from_env({"BUILDER_CCACHE": "maybe"})
+
+
+def test_install_routes_compilers_through_ccache_only_when_seeded(tmp_path):
+    fake = tmp_path / "ccache"
+    env = {"PATH": "/usr/bin", "CCACHE_DIR": str(tmp_path / "dir")}
+    assert install.compiler_cache(dict(env), ccache=str(fake), masquerade=str(tmp_path / "m")) is False  # no binary
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    assert install.compiler_cache({"PATH": "/usr/bin"}, ccache=str(fake), masquerade=str(tmp_path / "m")) is False
+    assert install.compiler_cache(env, ccache=str(fake), masquerade=str(tmp_path / "m")) is True
+    assert env["PATH"].split(os.pathsep)[0] == str(tmp_path / "m")
+    for name in ("cc", "gcc", "g++", "c++"):
+        assert os.readlink(tmp_path / "m" / name) == str(fake)
+
+
+# ---- on the real engine
+
+
+def touched_pins(demo_pins, out: Path) -> Path:
+    """The demo pins with tinyengine at a commit that touches its C source (a new tree of the native
+    component, so its install step compiles)."""
+    from demo.prepare import variant_pins
+
+    pins_path = variant_pins(out, pins_path=demo_pins)
+    data = yaml.safe_load(pins_path.read_text())
+    comp = data["components"]["vllm"]
+    repo = pygit2.Repository(str(out / comp["url"]))
+    parent = repo.get(comp["commit"])
+    source = parent.tree / "csrc" / "_C.c"
+    blob = repo.create_blob(repo[source.id].data + b"/* touched by tests/test_ccache.py */\n")
+    csrc = repo.TreeBuilder(repo[(parent.tree / "csrc").id])
+    csrc.insert("_C.c", blob, pygit2.GIT_FILEMODE_BLOB)
+    root = repo.TreeBuilder(parent.tree)
+    root.insert("csrc", csrc.write(), pygit2.GIT_FILEMODE_TREE)
+    sig = pygit2.Signature("demo", "demo@example.invalid", 1735916400, 0)
+    commit = repo.create_commit(None, sig, sig, "csrc: touch", root.write(), [parent.id])
+    repo.references.create("refs/pull/91/head", commit, force=True)
+    comp["commit"], comp["pr"] = str(commit), 91
+    pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return pins_path
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins, docker_client, tmp_path):
+    from builder.image import build, render
+    from builder.pins import model as pins_mod
+    from builder.sources import resolve as sources
+
+    pins = pins_mod.load(touched_pins(demo_pins, tmp_path))
+    rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
+    store = ccache.store(SETTINGS, "vllm", pins.base.digest, ccache.machine_of(docker_client))
+    shutil.rmtree(store)  # a cold cache for the native component
+    out_dir = Path(rendered.context_path).parent
+    runs = {}
+    try:
+        for name, settings in (("cold", SETTINGS), ("warm", SETTINGS),
+                               ("none", dataclasses.replace(SETTINGS, compiler_cache=False))):
+            if name == "warm":
+                (store / "seed.json").unlink()  # the same tree again, now seeded with the harvest
+            (out_dir / "ccache.json").unlink(missing_ok=True)
+            built = build.build(rendered, settings, echo=False)
+            counters = json.loads((out_dir / "ccache.json").read_text()) if (out_dir / "ccache.json").exists() else {}
+            runs[name] = (built.manifest_digest, counters.get("vllm"))
+        assert runs["cold"][1]["misses"] >= 1 and runs["cold"][1]["hits"] == 0, runs
+        assert runs["warm"][1]["hits"] == runs["cold"][1]["misses"] and runs["warm"][1]["misses"] == 0, runs
+        assert runs["none"][1] is None, runs  # no ccache ran
+        assert runs["cold"][0] == runs["warm"][0] == runs["none"][0], runs
+        assert engine.read_file(docker_client, built.image_id, "/builder") is None  # nothing of the build stage
+    finally:
+        engine.remove_image(docker_client, rendered.tag)
+
+
+def test_prune_keeps_the_newest_seed_images_and_the_one_in_use():
+    removed = []
+
+    class Api:
+        def images(self, name):
+            return [{"Created": t, "RepoTags": [f"{ccache.REPOSITORY}:{t}"]} for t in range(10)]
+
+        def remove_image(self, ref, noprune=False):
+            removed.append(ref)
+
+    class Client:
+        api = Api()
+
+    ccache.prune(Client(), keep=f"{ccache.REPOSITORY}:0", newest=3)
+    assert sorted(removed) == [f"{ccache.REPOSITORY}:{t}" for t in range(1, 7)]  # 9, 8, 7 newest; 0 in use
