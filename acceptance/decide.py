@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from acceptance import checkpoint
-from acceptance.metrics import disagreements, is_finite, number
+from acceptance.metrics import disagreements, first_nonfinite, is_finite, number
 
 ZERO_KEYS = ("diff_max", "k3_kl")
 
@@ -19,6 +19,7 @@ class Run:
     source: str = "file"                # file | console | none
     console: dict[int, dict] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)   # unparsable JSONL lines
+    error: str | None = None            # the recipe's last error line when it exited non-zero
 
 
 def _table(run: Run, n_steps: int, metrics: dict) -> dict:
@@ -31,13 +32,24 @@ def _table(run: Run, n_steps: int, metrics: dict) -> dict:
 def _basic(run: Run, n_steps: int) -> str | None:
     """Reason to fail before looking at values: exit status, empty or incomplete log."""
     if run.exit_code != 0:
-        return f"recipe exited with status {run.exit_code}"
+        return f"recipe exited with status {run.exit_code}" + crash_cause(run)
     if not run.steps:
         return "no step metrics in the file log or the console"
     missing = [s for s in range(1, n_steps + 1) if s not in run.steps]
     if missing:
         return f"step(s) {missing} missing from the {run.source} log (expected 1..{n_steps})"
     return None
+
+
+def crash_cause(run: Run) -> str:
+    """What a crashed run shows: the first non-finite metric it logged (step and key) and its last error line."""
+    parts = []
+    nonfinite = first_nonfinite(run.steps) or first_nonfinite(run.console)
+    if nonfinite:
+        parts.append(f"first non-finite metric at {nonfinite}")
+    if run.error:
+        parts.append(f"last error: {run.error}")
+    return "; " + "; ".join(parts) if parts else ""
 
 
 def _exact_zero(run: Run, n_steps: int, metrics: dict) -> str | None:
@@ -172,6 +184,20 @@ def mean_metric(run: Run, n_steps: int, name: str):
     if not values or any(v is None or not math.isfinite(v) for v in values):
         return None
     return sum(values) / len(values)
+
+
+def performance_run(run: Run, n_steps: int, metric: str, arm: str):
+    """One run of the performance gate (one arm, in its own container): its mean throughput over the steps.
+    The decision over all runs is acceptance.perf.decide, on the host."""
+    evidence = {"arm": arm, "exit_code": run.exit_code, "log_source": run.source, "metric": metric,
+                "throughput": mean_metric(run, n_steps, metric),
+                "throughput_steps": [run.steps.get(s, {}).get(metric) for s in range(1, n_steps + 1)]}
+    reason = _basic(run, n_steps)
+    if reason:
+        return "fail", reason, evidence
+    if evidence["throughput"] is None:
+        return "fail", f"{metric} missing or not finite at some step of 1..{n_steps}", evidence
+    return "pass", f"{arm} arm: {metric} {evidence['throughput']:.4g} (mean of steps 1..{n_steps})", evidence
 
 
 DECISIONS = {"zero_update": zero_update, "rl_step": rl_step, "control": control}

@@ -4,6 +4,7 @@ import math
 import re
 
 STEP_LINE = re.compile(r"^\s*(?:\S.*?\s)?step:(\d+)(?: - |$)")
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
 
 
 def _value(text: str):
@@ -93,3 +94,26 @@ def merged(file_steps: dict, console_steps: dict) -> tuple[dict[int, dict], str]
     if console_steps:
         return console_steps, "console"
     return {}, "none"
+
+
+def first_nonfinite(steps: dict[int, dict]) -> str | None:
+    """'step N: key = nan' for the first logged value that is a NaN or an infinity (steps in order,
+    keys in logged order), else None."""
+    for step in sorted(steps):
+        for key, value in steps[step].items():
+            num = number(value)
+            if num is not None and not math.isfinite(num):
+                return f"step {step}: {key} = {value!r}" if isinstance(value, str) else f"step {step}: {key} = {num!r}"
+    return None
+
+
+def last_error(console: str) -> str | None:
+    """The recipe's last error line: the last `SomeError: ...` line (a Python traceback's end), else the
+    last non-empty line after a 'Traceback' header, else None."""
+    lines = [line.strip() for line in console.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ERROR_LINE.match(line):
+            return line[:300]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return lines[-1][:300]
+    return None
