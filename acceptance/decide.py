@@ -46,7 +46,7 @@ def crash_cause(run: Run) -> str:
     parts = []
     nonfinite = first_nonfinite(run.steps) or first_nonfinite(run.console)
     if nonfinite:
-        parts.append(f"first non-finite metric at {nonfinite}")
+        parts.append(f"first non-finite metrics at {nonfinite}")
     if run.error:
         parts.append(f"last error: {run.error}")
     return "; " + "; ".join(parts) if parts else ""

@@ -2,22 +2,23 @@
 that change numerics; the string 'none' when no GPU is visible (stdlib; torch only when installed)."""
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 
 NUMERIC_ENV = ("CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
                "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
 
+VERSION = re.compile(r"Kernel Module\b.*?\s(\d+\.\d+(?:\.\d+)?)(?:\s|$)")
+
 
 def driver_version() -> str | None:
     """The NVIDIA kernel driver's version: /proc/driver/nvidia/version, else nvidia-smi."""
     try:
         with open("/proc/driver/nvidia/version") as fh:
-            first = fh.readline()
-        words = first.split()
-        for i, word in enumerate(words):
-            if word == "Kernel" and i + 3 < len(words) and words[i + 1] == "Module":
-                return words[i + 2] if words[i + 2][0].isdigit() else words[i + 3]
+            found = VERSION.search(fh.readline())  # "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04 ..."
+        if found:
+            return found.group(1)
     except OSError:
         pass
     smi = shutil.which("nvidia-smi")

@@ -96,14 +96,16 @@ def merged(file_steps: dict, console_steps: dict) -> tuple[dict[int, dict], str]
     return {}, "none"
 
 
-def first_nonfinite(steps: dict[int, dict]) -> str | None:
-    """'step N: key = nan' for the first logged value that is a NaN or an infinity (steps in order,
-    keys in logged order), else None."""
+def first_nonfinite(steps: dict[int, dict], limit: int = 5) -> str | None:
+    """'step N: key = nan, key2 = inf' for the first step that logged a NaN or an infinity (its non-finite keys
+    in logged order, at most `limit`), else None."""
     for step in sorted(steps):
-        for key, value in steps[step].items():
-            num = number(value)
-            if num is not None and not math.isfinite(num):
-                return f"step {step}: {key} = {value!r}" if isinstance(value, str) else f"step {step}: {key} = {num!r}"
+        bad = [(key, value) for key, value in steps[step].items()
+               if number(value) is not None and not math.isfinite(number(value))]
+        if bad:
+            shown = ", ".join(f"{key} = {number(value)!r}" for key, value in bad[:limit])
+            more = f" (+{len(bad) - limit} more)" if len(bad) > limit else ""
+            return f"step {step}: {shown}{more}"
     return None
 
 

@@ -22,7 +22,7 @@ def test_all_required_gates_pass_is_accepted(report_inputs):
     rep = make(report_inputs)
     assert rep.verdict == "ACCEPTED"
     assert rep.reasons == []
-    assert [g.status for g in rep.gates] == ["pass"] * 4
+    assert [g.status for g in rep.gates] == ["pass"] * 5
 
 
 def test_report_records_the_lock_sha256(report_inputs):
@@ -51,7 +51,7 @@ def test_no_acceptance_means_every_gate_not_run(report_inputs):
     rep = make(report_inputs, acceptance=False)
     assert rep.verdict == "NOT ACCEPTED"
     assert {g.name: g.status for g in rep.gates} == dict.fromkeys(
-        ["provenance", "zero_update", "rl_step", "control"], "not_run")
+        ["provenance", "zero_update", "rl_step", "control", "performance"], "not_run")
     assert "no acceptance result" in rep.reasons
 
 
@@ -175,9 +175,9 @@ def test_junit_has_one_case_per_gate_with_right_elements(report_inputs):
     rep = make(report_inputs, statuses={"zero_update": "fail", "rl_step": "inconclusive", "control": None})
     root = ET.fromstring(report.to_junit(rep))
     assert root.tag == "testsuite" and root.get("name") == "acceptance"
-    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("4", "1", "1", "1")
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("5", "1", "1", "1")
     cases = {c.get("name"): c for c in root.iter("testcase")}
-    assert list(cases) == ["provenance", "zero_update", "rl_step", "control"]
+    assert list(cases) == ["provenance", "zero_update", "rl_step", "control", "performance"]
     assert cases["provenance"].find("failure") is None and cases["provenance"].find("skipped") is None
     assert cases["zero_update"].find("failure").get("message") == "zero_update fail"
     assert cases["rl_step"].find("error").get("message") == "rl_step inconclusive"
