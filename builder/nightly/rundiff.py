@@ -54,8 +54,9 @@ def performance(report: Report, previous_ratio: float | None, threshold: float) 
     if not aligned or not control or not previous_ratio or previous_ratio <= 0:
         return None
     floor = previous_ratio * (1 - threshold)
-    max_spread = tp.get("max_spread") if isinstance(tp.get("max_spread"), (int, float)) else 1.5
-    status, reason, evidence = perf_rule.decide(aligned, control, floor, float(max_spread),
+    bound = tp.get("max_spread")
+    max_spread = float(bound) if isinstance(bound, (int, float)) else 1.5
+    status, reason, evidence = perf_rule.decide(aligned, control, floor, max_spread,
                                                 str(tp.get("metric") or "throughput"))
     return {"status": status, "reason": reason, "floor": floor, "previous_ratio": previous_ratio,
             "ratio": evidence["ratio"], "max_spread": max_spread,
