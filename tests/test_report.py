@@ -204,3 +204,32 @@ def test_load_refuses_a_non_report(tmp_path):
         report.load(bad)
     with pytest.raises(BadInput, match="cannot read"):
         report.load(tmp_path / "missing.json")
+
+
+def test_run_manifest_records_gpus_or_none(report_inputs):
+    from acceptance import gpu
+
+    assert gpu.facts() == "none"  # this host's torch sees no GPU
+    pins, sources, built, result = report_inputs()
+    prov = next(g for g in result.gates if g.name == "provenance")
+    prov.evidence["gpu"] = "none"
+    assert report.make_report(pins, sources, built, result).run_manifest["run"]["gpus"] == "none"
+    facts = {"count": 1, "devices": [{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"}],
+             "driver": "580.159.04", "cuda_runtime": "13.0",
+             "numerics": {"tf32_matmul": False, "deterministic_algorithms": False,
+                          "env": {"CUBLAS_WORKSPACE_CONFIG": "unset"}}}
+    prov.evidence["gpu"] = facts
+    rep = report.make_report(pins, sources, built, result)
+    assert rep.run_manifest["run"]["gpus"] == facts
+    md = report.to_markdown(rep)
+    assert "| run | gpus.devices[0].name | NVIDIA H200 |" in md and "| run | gpus.driver | 580.159.04 |" in md
+    prov.evidence.pop("gpu")
+    assert report.make_report(pins, sources, built, result).run_manifest["run"]["gpus"] == "unknown"
+
+
+def test_gpu_driver_version_from_the_kernel_module_line():
+    from acceptance.gpu import VERSION
+
+    line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)"
+    assert VERSION.search(line).group(1) == "580.159.04"
+    assert VERSION.search("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19").group(1) == "535.104.05"
