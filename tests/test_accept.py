@@ -41,7 +41,10 @@ def test_clean_demo_stack_passes_every_gate(demo_image, docker_client, run_id):
     assert [(r["run"], r["arm"]) for r in runs] == [(i, a) for i in (1, 2, 3) for a in ("aligned", "control")]
     assert result.throughput["source"] == "performance gate: medians" and len(result.throughput["runs"]) == 6
     assert len(result.container["gates"]["performance"]["runs"]) == 6
-    for facts in result.container["gates"].values():
+    containers = [f for f in result.container["gates"].values() if "runs" not in f]
+    containers += result.container["gates"]["performance"]["runs"]
+    assert len(containers) == 4 + 6
+    for facts in containers:
         assert facts["network"] == "none" and facts["networks"] == ["none"]
         assert facts["mounts"] == [] and set(facts["tmpfs"]) == {"/cache", "/tmp"}
         assert facts["image"] == built.image_id and facts["exit_code"] == 0
