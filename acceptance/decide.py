@@ -4,6 +4,7 @@ Every decision returns (status, reason, evidence). A missing step, a missing met
 non-zero exit is never a pass.
 """
 import math
+import statistics
 from dataclasses import dataclass, field
 
 from acceptance import checkpoint
@@ -187,17 +188,20 @@ def mean_metric(run: Run, n_steps: int, name: str):
 
 
 def performance_run(run: Run, n_steps: int, metric: str, arm: str):
-    """One run of the performance gate (one arm, in its own container): its mean throughput over the steps.
-    The decision over all runs is acceptance.perf.decide, on the host."""
+    """One run of the performance gate (one arm, in its own container): the median of its steps' throughput
+    (a step stalled by the host, or the first step's warm-up, does not move it). The decision over all runs
+    is acceptance.perf.decide, on the host."""
+    values = [number(run.steps.get(s, {}).get(metric)) for s in range(1, n_steps + 1)]
+    whole = all(v is not None and math.isfinite(v) for v in values)
     evidence = {"arm": arm, "exit_code": run.exit_code, "log_source": run.source, "metric": metric,
-                "throughput": mean_metric(run, n_steps, metric),
+                "throughput": statistics.median(values) if whole and values else None,
                 "throughput_steps": [run.steps.get(s, {}).get(metric) for s in range(1, n_steps + 1)]}
     reason = _basic(run, n_steps)
     if reason:
         return "fail", reason, evidence
     if evidence["throughput"] is None:
         return "fail", f"{metric} missing or not finite at some step of 1..{n_steps}", evidence
-    return "pass", f"{arm} arm: {metric} {evidence['throughput']:.4g} (mean of steps 1..{n_steps})", evidence
+    return "pass", f"{arm} arm: {metric} {evidence['throughput']:.4g} (median of steps 1..{n_steps})", evidence
 
 
 DECISIONS = {"zero_update": zero_update, "rl_step": rl_step, "control": control}

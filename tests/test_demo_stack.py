@@ -22,7 +22,7 @@ GOOD = {"tinyengine": 11, "tinycore": 22, "tinyrl": 33}
 DIFF_MAX, DIFF_MEAN, K3 = "training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "rollout_corr/k3_kl"
 W_BEFORE, W_AFTER = "actor/weights_checksum_before", "actor/weights_checksum_after"
 REQUIRED = [DIFF_MAX, DIFF_MEAN, K3, W_BEFORE, W_AFTER, "actor/lr", "actor/grad_norm", "actor/pg_loss",
-            "critic/rewards/mean", "perf/rollout_tokens_per_s", "rollout/batch_invariant"]
+            "critic/rewards/mean", "perf/rollout_tokens_per_s", "perf/rollout_tokens_per_cpu_s", "rollout/batch_invariant"]
 
 
 def _git(*args, cwd=None):

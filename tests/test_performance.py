@@ -57,10 +57,17 @@ def test_runs_as_records_are_read():
 # ---- one run in the image
 
 
-def test_performance_run_of_a_clean_run_reports_its_mean_throughput():
+def test_performance_run_of_a_clean_run_reports_the_median_of_its_steps():
     status, reason, ev = decide.performance_run(load("clean_rl"), 2, METRICS["throughput"], "aligned")
     assert status == "pass", reason
     assert ev["throughput"] == pytest.approx(sum(ev["throughput_steps"]) / 2) and ev["arm"] == "aligned"
+    assert "(median of steps 1..2)" in reason
+
+
+def test_one_stalled_step_does_not_move_a_runs_value():
+    name = METRICS["throughput"]
+    run = decide.Run(exit_code=0, steps={s: {name: v} for s, v in enumerate([300.0, 1000, 90, 1010, 990], 1)})
+    assert decide.performance_run(run, 5, name, "control")[2]["throughput"] == 990
 
 
 def test_performance_run_of_a_crashed_run_fails_with_the_cause():
@@ -117,7 +124,7 @@ def test_demo_pins_name_the_performance_gate_with_a_reason(demo_data):
     perf_pins = pins.acceptance.performance
     assert perf_pins is not None and "performance" in pins.acceptance.required_gates
     assert 0 < perf_pins.min_ratio < 1 and perf_pins.repeats >= 3 and "measured" in perf_pins.reason
-    assert pins.acceptance.performance_metric() == "perf/rollout_tokens_per_s"
+    assert pins.acceptance.performance_metric() == "perf/rollout_tokens_per_cpu_s" and perf_pins.steps == 4
 
 
 def test_performance_in_the_pins_makes_the_gate_required(demo_data):

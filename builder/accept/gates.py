@@ -169,7 +169,7 @@ def run_performance(client: Client, pins: Pins, image_id: str, timeout_s: int,
     facts: dict[str, Any] = {"runs": []}
     for index in range(1, perf.repeats + 1):
         for arm in ("aligned", "control"):
-            settings = {**gate_settings(pins, "performance"), "arm": arm}
+            settings = {**gate_settings(pins, "performance"), "arm": arm, "steps": perf.steps or pins.acceptance.steps}
             start = time.monotonic()
             result, fact = run_gate(client, pins, image_id, "performance", timeout_s, run_id, settings)
             seconds = round(time.monotonic() - start, 3)

@@ -510,13 +510,16 @@ class Checkpoint(Strict):
 
 
 class Performance(Strict):
-    """The performance gate: both arms run `repeats` times, interleaved, each in a fresh container; it passes
-    when median(aligned) / median(control) of `metric` is at least `min_ratio`, and is inconclusive when an
-    arm's spread (max / min over its runs) is over `max_spread`. `reason` says where min_ratio comes from."""
+    """The performance gate: both arms run `repeats` times, interleaved, each in a fresh container; a run's value
+    is the median of its steps' `metric`. It passes when median(aligned) / median(control) over the runs is at
+    least `min_ratio`, and is inconclusive when an arm's spread (max / min over its runs) is over `max_spread`.
+    `reason` says where min_ratio comes from."""
     metric: Metric | None = None    # default: acceptance.metrics.throughput
     min_ratio: Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=100)]
     repeats: Annotated[int, _ranged(*REPEATS, "runs per arm"), _range_schema(*REPEATS)] = 3
     max_spread: Annotated[float, BeforeValidator(_no_bool), Field(ge=1, le=100)] = 1.5
+    # steps of each run (default acceptance.steps); a run's value is the median of its steps' metric
+    steps: Annotated[int, _ranged(*STEPS, "a step count"), _range_schema(*STEPS)] | None = None
     reason: Reason
 
 

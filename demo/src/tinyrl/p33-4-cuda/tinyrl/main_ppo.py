@@ -47,9 +47,9 @@ def run(cfg):
     for step in range(1, cfg["trainer.total_training_steps"] + 1):
         t_step = time.perf_counter()
         prompts = make_prompts(seed, step, cfg["data.train_batch_size"], P).repeat_interleave(n, 0)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         out = engine.generate(prompts, max_tokens=R, seed=seed * 1_000_003 + step * 10_007)
-        t_gen = time.perf_counter() - t0
+        t_gen, cpu_gen = time.perf_counter() - t0, time.process_time() - cpu0
         rewards = compute_reward(prompts, out.tokens)
         advantages = grpo_advantages(rewards, n)[:, None].expand(-1, R).to(device)
 
@@ -94,6 +94,8 @@ def run(cfg):
             "response_length/mean": float(R),
             "perf/rollout_tokens_per_s": tokens_per_s,
             "rollout/throughput_tokens_per_s": tokens_per_s,
+            # per second of this process's CPU time: steadier than wall time on a shared host
+            "perf/rollout_tokens_per_cpu_s": out.tokens.numel() / max(cpu_gen, 1e-9),
             "timing_s/gen": t_gen,
             "timing_s/update_actor": t_update,
             "timing_s/step": time.perf_counter() - t_step,
