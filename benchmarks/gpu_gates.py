@@ -215,7 +215,7 @@ print(json.dumps(out))
 
 def run(out: Path, repeats: int) -> int:
     sys.path.insert(0, str(out))
-    from acceptance import gpu, perf
+    from acceptance import decide, gpu, perf, recipe
     from acceptance.__main__ import plain, run_gate
 
     started = time.time()
@@ -239,17 +239,24 @@ def run(out: Path, repeats: int) -> int:
         print(json.dumps(results[gate], default=str))
         if result["status"] != "pass":
             print("log tail:", result.get("log", "")[-1500:])
-    runs = {"aligned": [], "control": []}
+    stack_settings = json.loads((out / "stack.json").read_text())["settings"]["performance"]
+    spec = stack_settings.get("performance") or {}
+    min_ratio, max_spread = spec.get("min_ratio", 0.1), spec.get("max_spread", 1.5)
+    steps = spec.get("steps") or stack_settings["steps"]
+    metrics = [spec.get("metric") or "perf/rollout_tokens_per_s", "perf/rollout_tokens_per_s"]
+    runs: dict = {m: {"aligned": [], "control": []} for m in metrics}
     for index in range(1, repeats + 1):
         for arm in ("aligned", "control"):
-            settings = {**settings_for(out, work, py, "performance"), "arm": arm, "weights": "metrics"}
-            result = run_gate("performance", settings)
-            runs[arm].append(result["evidence"].get("throughput"))
-            print(f"performance {arm} run {index}: {result['status']}: {result['reason']}")
-    spec = json.loads((out / "stack.json").read_text())["settings"]["performance"].get("performance") or {}
-    min_ratio, max_spread = spec.get("min_ratio", 0.1), spec.get("max_spread", 1.5)
-    status, reason, _ = perf.decide(runs["aligned"], runs["control"], min_ratio, max_spread)
-    print(f"\n== performance (min_ratio {min_ratio} from the CPU demo pins): {status}: {reason}")
+            settings = {**settings_for(out, work, py, "performance"), "arm": arm, "steps": steps}
+            run_, _, _ = recipe.run(settings, "rl_step" if arm == "aligned" else "control")
+            for metric in metrics:
+                status, reason, ev = decide.performance_run(run_, steps, metric, arm)
+                runs[metric][arm].append(ev["throughput"])
+                print(f"performance {arm} run {index}: {status}: {reason}")
+    for metric in metrics:
+        status, reason, _ = perf.decide(runs[metric]["aligned"], runs[metric]["control"], min_ratio, max_spread, metric)
+        print(f"\n== performance on {metric} (the demo pins' CPU-measured min_ratio {min_ratio}, max_spread"
+              f" {max_spread}): {status}: {reason}")
     print("\n== kernels: a row computed alone vs inside a batch of 256, and engine vs trainer (GPU)")
     for name, value in json.loads(sh(py, "-c", KERNEL_CHECK)).items():
         print(f"{name}: {json.dumps(value)}")
