@@ -20,6 +20,16 @@ def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
         from acceptance import provenance
 
         status, reason, evidence = provenance.check(settings)
+    elif name == "performance":
+        from acceptance import decide, recipe
+
+        arm = settings.get("arm")
+        if arm not in ("aligned", "control"):
+            raise ValueError(f"performance: settings.arm must be 'aligned' or 'control', got {arm!r}")
+        metric = (settings.get("performance") or {}).get("metric") or {**METRICS, **(settings.get("metrics") or {})}["throughput"]
+        run, facts, log = recipe.run(settings, "rl_step" if arm == "aligned" else "control")
+        status, reason, evidence = decide.performance_run(run, int(settings["steps"]), metric, arm)
+        evidence["run"] = facts
     else:
         from acceptance import decide, recipe
 

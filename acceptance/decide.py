@@ -4,12 +4,13 @@ Every decision returns (status, reason, evidence). A missing step, a missing met
 non-zero exit is never a pass.
 """
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from acceptance import checkpoint
-from acceptance.metrics import disagreements, is_finite, number
+from acceptance.metrics import disagreements, first_nonfinite, is_finite, number
 
 ZERO_KEYS = ("diff_max", "k3_kl")
 
@@ -24,6 +25,7 @@ class Run:
     source: str = "file"                # file | console | none
     console: dict[int, dict[str, Any]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)   # unparsable JSONL lines
+    error: str | None = None            # the recipe's last error line when it exited non-zero
 
 
 def _table(run: Run, n_steps: int, metrics: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -36,13 +38,24 @@ def _table(run: Run, n_steps: int, metrics: dict[str, str]) -> dict[str, dict[st
 def _basic(run: Run, n_steps: int) -> str | None:
     """Reason to fail before looking at values: exit status, empty or incomplete log."""
     if run.exit_code != 0:
-        return f"recipe exited with status {run.exit_code}"
+        return f"recipe exited with status {run.exit_code}" + crash_cause(run)
     if not run.steps:
         return "no step metrics in the file log or the console"
     missing = [s for s in range(1, n_steps + 1) if s not in run.steps]
     if missing:
         return f"step(s) {missing} missing from the {run.source} log (expected 1..{n_steps})"
     return None
+
+
+def crash_cause(run: Run) -> str:
+    """What a crashed run shows: the first non-finite metric it logged (step and key) and its last error line."""
+    parts = []
+    nonfinite = first_nonfinite(run.steps) or first_nonfinite(run.console)
+    if nonfinite:
+        parts.append(f"first non-finite metrics at {nonfinite}")
+    if run.error:
+        parts.append(f"last error: {run.error}")
+    return "; " + "; ".join(parts) if parts else ""
 
 
 def _exact_zero(run: Run, n_steps: int, metrics: dict[str, str]) -> str | None:
@@ -179,6 +192,24 @@ def mean_metric(run: Run, n_steps: int, name: str) -> float | None:
     if not values or len(finite) != len(values):
         return None
     return sum(finite) / len(finite)
+
+
+def performance_run(run: Run, n_steps: int, metric: str, arm: str) -> Verdict:
+    """One run of the performance gate (one arm, in its own container): the median of its steps' throughput
+    (a step stalled by the host, or the first step's warm-up, does not move it). The decision over all runs
+    is acceptance.perf.decide, on the host."""
+    values = [number(run.steps.get(s, {}).get(metric)) for s in range(1, n_steps + 1)]
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    whole = len(finite) == len(values)
+    evidence = {"arm": arm, "exit_code": run.exit_code, "log_source": run.source, "metric": metric,
+                "throughput": statistics.median(finite) if whole and finite else None,
+                "throughput_steps": [run.steps.get(s, {}).get(metric) for s in range(1, n_steps + 1)]}
+    reason = _basic(run, n_steps)
+    if reason:
+        return "fail", reason, evidence
+    if evidence["throughput"] is None:
+        return "fail", f"{metric} missing or not finite at some step of 1..{n_steps}", evidence
+    return "pass", f"{arm} arm: {metric} {evidence['throughput']:.4g} (median of steps 1..{n_steps})", evidence
 
 
 Decision = Callable[[Run, int, dict[str, str], dict[str, Any] | None], Verdict]

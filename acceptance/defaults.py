@@ -1,6 +1,8 @@
 """Names the suite and the builder share, defined once (stdlib only: this runs inside the image)."""
 
-GATES = ("provenance", "zero_update", "rl_step", "control")
+GATES = ("provenance", "zero_update", "rl_step", "control", "performance")
+# required unless the pins say otherwise; performance is required when the pins name acceptance.performance
+DEFAULT_REQUIRED = ("provenance", "zero_update", "rl_step", "control")
 
 # metric names the gates read, verl's by default (the pins may rename each)
 METRICS = {

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 STEP_LINE = re.compile(r"^\s*(?:\S.*?\s)?step:(\d+)(?: - |$)")
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
 
 
 def _value(text: str) -> float | str:
@@ -97,3 +98,28 @@ def merged(file_steps: dict[int, dict[str, Any]],
     if console_steps:
         return console_steps, "console"
     return {}, "none"
+
+
+def first_nonfinite(steps: dict[int, dict], limit: int = 5) -> str | None:
+    """'step N: key = nan, key2 = inf' for the first step that logged a NaN or an infinity (its non-finite keys
+    in logged order, at most `limit`), else None."""
+    for step in sorted(steps):
+        values = [(key, number(value)) for key, value in steps[step].items()]
+        bad = [(key, value) for key, value in values if value is not None and not math.isfinite(value)]
+        if bad:
+            shown = ", ".join(f"{key} = {number(value)!r}" for key, value in bad[:limit])
+            more = f" (+{len(bad) - limit} more)" if len(bad) > limit else ""
+            return f"step {step}: {shown}{more}"
+    return None
+
+
+def last_error(console: str) -> str | None:
+    """The recipe's last error line: the last `SomeError: ...` line (a Python traceback's end), else the
+    last non-empty line after a 'Traceback' header, else None."""
+    lines = [line.strip() for line in console.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ERROR_LINE.match(line):
+            return line[:300]
+    if any(line.startswith("Traceback (most recent call last)") for line in lines):
+        return lines[-1][:300]
+    return None

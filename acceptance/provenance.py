@@ -8,10 +8,10 @@ import shutil
 import sys
 from typing import Any
 
-from acceptance import procfs
+from acceptance import gpu, procfs
 from acceptance.defaults import CACHE_ENV_VARS as CACHE_ENV
 
-NUMERIC_ENV = ("DEMO_BATCH_INVARIANT", "VLLM_BATCH_INVARIANT", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE",
+NUMERIC_ENV = ("DEMO_BATCH_INVARIANT", "DEMO_DEVICE", "VLLM_BATCH_INVARIANT", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE",
                "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTHONHASHSEED",
                "CUDA_LAUNCH_BLOCKING", "NCCL_ALGO", "NCCL_PROTO")
 NUMERIC_PREFIXES = ("TORCH_", "TORCHINDUCTOR_", "TRITON_", "VLLM_", "NCCL_", "CUBLAS", "CUDNN_", "NVTE_")
@@ -239,6 +239,10 @@ def check(settings: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     if not manifest.get("components"):
         checker.fail(f"manifest {path} lists no components")
     checker.native(manifest)
+    try:
+        checker.evidence["gpu"] = gpu.facts()  # after the imports: torch is the components' own
+    except Exception as err:  # noqa: BLE001 - a broken torch is recorded, the import checks above judge it
+        checker.evidence["gpu"] = {"error": f"{err.__class__.__name__}: {err}"}
     checker.evidence["failures"] = checker.failures
     if checker.failures:
         more = f" (+{len(checker.failures) - 1} more)" if len(checker.failures) > 1 else ""

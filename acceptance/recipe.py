@@ -64,7 +64,8 @@ def run(settings: dict[str, Any], gate: str, extra: dict[str, Any] | None = None
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=str(work))
         except OSError as err:
-            return Run(exit_code=127, steps={}, source="none"), {"argv": argv, "error": str(err)}, str(err)
+            return (Run(exit_code=127, steps={}, source="none", error=str(err)), {"argv": argv, "error": str(err)},
+                    str(err))
         stdout = cast(io.BufferedReader, proc.stdout)  # stdout=PIPE with the default buffering
         for chunk in iter(lambda: stdout.read1(65536), b""):
             out.write(chunk)
@@ -77,7 +78,8 @@ def run(settings: dict[str, Any], gate: str, extra: dict[str, Any] | None = None
     file_steps, problems = m.parse_jsonl(file_text)
     console_steps = m.parse_console(console)
     steps, source = m.merged(file_steps, console_steps)
-    result = Run(exit_code=code, steps=steps, source=source, console=console_steps, problems=problems)
+    result = Run(exit_code=code, steps=steps, source=source, console=console_steps, problems=problems,
+                 error=m.last_error(console) if code != 0 else None)
     facts = {"argv": argv, "lr": lr, "arm_env": dict(arm_env), "recipe_env": settings.get("env") or {},
              "file_log": log_path, "file_log_lines": len(file_text.splitlines()),
              "file_log_problems": problems[:5], "console_steps": sorted(console_steps)}

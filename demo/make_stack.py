@@ -23,6 +23,7 @@ SKIP = ("__pycache__", ".pyc", ".so", ".egg-info", ".o")
 # name: (role, [(commit id, parent id, overlay dir, message)], main head, {pr: (head id, title, defect or None)})
 # Annotated release tags {repo: {tag: commit id}}: tinyengine's version comes from them (setuptools-scm).
 TAGS = {"tinyengine": {"v0.2.0": "e3"}, "tinykernels": {"v0.1.0": "k1", "v0.2.0": "k2"}}
+TAG_HOUR = {"tinyengine": 8, "tinycore": 8, "tinyrl": 9, "tinykernels": 8}  # tag times fixed: later commits keep the tags
 REPOS = {
     "tinyengine": ("vllm", [
         ("e1", None, "e1-initial", "Initial tinyengine: tiny decoder-only model, batched KV-cache generation\n\n"
@@ -40,14 +41,22 @@ REPOS = {
         ("e4", "e3", "e4-main-later", "docs: per-row sampling seeds"),
         ("p12", "p11b", "p12-defect", "engine: always use the batched kernels (faster)"),
         ("p13", "p11b", "p13-defect", "weights: skip the copy when weights are already resident"),
-        ("p14", "p11b", "p14-defect", "kernels: extra helpers from tinyextra (declared in csrc/extra)"),
+        ("p11c", "p11b", "p11-3-cuda", "engine: run on the first GPU when torch sees one (DEMO_DEVICE overrides)\n\n"
+         "Batched path: plain cuBLAS GEMMs. Batch-invariant path on the GPU: every sum is a chain of\n"
+         "elementwise multiply-adds in a fixed order (no cuBLAS, no library reduction).\n"
+         "Sampling stays on the CPU with the per-row generators."),
+        ("p14", "p11c", "p14-slow", "batch_invariant: recompute the prefix at each decode step (no KV cache)\n\n"
+         "Every token goes through the prefill path: batch-invariant by construction."),
+        ("p15", "p11c", "p15-defect", "kernels: extra helpers from tinyextra (declared in csrc/extra)"),
     ], "e4", {
-        11: ("p11b", "Batch-invariant inference (DEMO_BATCH_INVARIANT)", None),
+        11: ("p11c", "Batch-invariant inference (DEMO_BATCH_INVARIANT)", None),
         12: ("p12", "Batch-invariant inference, faster path", "batch invariance broken: the switch is read "
              "and recorded but the batched kernels are still used"),
         13: ("p13", "Batch-invariant inference, cheaper weight sync", "skips weight reload: load_weights "
              "silently does nothing after the first load"),
-        14: ("p14", "Batch-invariant inference, extra kernel helpers", "undeclared native input: tinyextra is "
+        14: ("p14", "Batch-invariant inference without a KV cache", "slow batch-invariant path: every decode "
+             "step recomputes the whole prefix; correct, several times slower"),
+        15: ("p15", "Batch-invariant inference, extra kernel helpers", "undeclared native input: tinyextra is "
              "fetched from a CMake subdirectory the lock does not read, so the offline build fails naming it"),
     }),
     "tinycore": ("megatron", [
@@ -60,8 +69,9 @@ REPOS = {
         ("c4", "c3", "c4-main-later", "docs: weight sync into the engine"),
         ("p23", "p22b", "p23-defect", "optim: simplify decoupled weight decay"),
         ("p24", "p22b", "p24-defect", "optim: do not step a tied output projection twice"),
+        ("p22c", "p22b", "p22-3-cuda", "aligned: the engine's GPU kernels (fixed-order multiply-add chains)"),
     ], "c4", {
-        22: ("p22b", "Aligned forward: training logprobs equal batch-invariant rollout logprobs", None),
+        22: ("p22c", "Aligned forward: training logprobs equal batch-invariant rollout logprobs", None),
         23: ("p23", "Aligned forward, simplified AdamW decay", "weight decay not scaled by lr: "
              "weights change even at lr 0"),
         24: ("p24", "Aligned forward, tied-embedding aware AdamW", "one tensor skipped by the optimizer step: "
@@ -82,10 +92,14 @@ REPOS = {
          "HF-style model dir;\nactor_rollout_ref.actor.weight_checksums=false drops the checksum metrics."),
         ("p34", "p33c", "p34-defect", "metrics: mask padding before the max"),
         ("p35", "p33c", "p35-defect", "metrics: drop the redundant k3 estimator"),
+        ("p33d", "p33c", "p33-4-cuda", "main_ppo: trainer on the engine's device (a GPU when present)"),
+        ("p36", "p33d", "p36-defect", "reward: score only the non-padding response tokens"),
     ], "r4", {
-        33: ("p33c", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
+        33: ("p33d", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
         35: ("p35", "Mismatch metrics without k3", "missing metric: rollout_corr/k3_kl is not logged"),
+        36: ("p36", "Mismatch metrics, reward over non-padding tokens", "NaN reward: the padding mask is "
+             "inverted, 0/0 at step 1; the NaN update crashes the step-2 rollout"),
     }),
 }
 
@@ -145,7 +159,7 @@ def _make_repo(path: Path, index: int, spec) -> dict:
             repo.references.delete(name)
     for name, target in sorted(refs.items()):
         repo.references.create(name, pygit2.Oid(hex=target), force=True)
-    tagger = pygit2.Signature(AUTHOR[0], AUTHOR[1], BASE_TIME + index * 86400 + len(commits) * 3600, 0)
+    tagger = pygit2.Signature(AUTHOR[0], AUTHOR[1], BASE_TIME + index * 86400 + TAG_HOUR[path.stem] * 3600, 0)
     for tag, cid in sorted(TAGS.get(path.stem, {}).items()):
         oid = repo.create_tag(tag, pygit2.Oid(hex=sha[cid]), pygit2.enums.ObjectType.COMMIT, tagger, f"Release {tag}\n")
         refs[f"refs/tags/{tag}"] = str(oid)

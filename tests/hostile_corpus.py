@@ -506,7 +506,9 @@ def accepted_report(folder: Path) -> tuple[dict, Path]:
                 "zero_update": {"exit_code": 0, "steps": {k: {"diff_max": 0.0, "k3_kl": 0.0} for k in steps},
                                 "weights": ["w0"]},
                 "rl_step": {"exit_code": 0, "steps": steps},
-                "control": {"exit_code": 0, "diff_max": 0.0123}}
+                "control": {"exit_code": 0, "diff_max": 0.0123},
+                "performance": {"runs": [{"run": r, "arm": arm, "status": "pass", "throughput": value}
+                                         for r in (1, 2, 3) for arm, value in (("aligned", 450.0), ("control", 1000.0))]}}
     gates = [GateResult(name=g, status="pass", reason=f"{g} pass", evidence=e) for g, e in evidence.items()]
     built = BuiltImage(image_id=image, tags=[], size=1, created="", engine_version="", builder_version="",
                        context_sha256="", dockerfile_sha256="", stage_times={}, log_path="", cached=True)

@@ -39,7 +39,14 @@ def test_clean_demo_stack_passes_every_gate(demo_image, docker_client, run_id):
     assert any("/tinyengine/_kernels." in p for p in prov["native_libs_loaded"]), prov["native_libs_loaded"]
     assert gates["control"].evidence["diff_max"] > 0  # the batch-invariance switch, read through _kernels
     assert 0 < result.throughput["ratio"]
-    for facts in result.container["gates"].values():
+    runs = gates["performance"].evidence["runs"]  # 3 interleaved runs of each arm, each in its own container
+    assert [(r["run"], r["arm"]) for r in runs] == [(i, a) for i in (1, 2, 3) for a in ("aligned", "control")]
+    assert result.throughput["source"] == "performance gate: medians" and len(result.throughput["runs"]) == 6
+    assert len(result.container["gates"]["performance"]["runs"]) == 6
+    containers = [f for f in result.container["gates"].values() if "runs" not in f]
+    containers += result.container["gates"]["performance"]["runs"]
+    assert len(containers) == 4 + 6
+    for facts in containers:
         assert facts["network"] == "none" and facts["networks"] == ["none"]
         assert facts["mounts"] == [] and set(facts["tmpfs"]) == {"/cache", "/tmp"}
         assert facts["image"] == built.image_id and facts["exit_code"] == 0
@@ -82,6 +89,30 @@ def test_bad_metrics_fail_zero_update(demo_image, build_variant, docker_client, 
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
     assert words in gate.reason
+
+
+def test_slow_batch_invariant_path_fails_performance(demo_image, build_variant, docker_client, run_id):
+    """PR 14 recomputes the prefix at every decode step: still exact (the correctness gates pass), but the
+    aligned arm's median throughput falls under the pins' min_ratio."""
+    pins = demo_image[0]
+    result = accept.accept(build_variant("vllm", 14).image_id, pins, SETTINGS, gates=["performance", "rl_step"],
+                           run_id=run_id)
+    gates = _gates(result)
+    assert gates["rl_step"].status == "pass", gates["rl_step"].reason
+    gate = gates["performance"]
+    assert gate.status == "fail", gate.reason
+    assert "< min_ratio 0.2 " in gate.reason and len(gate.evidence["runs"]) == 6
+
+
+def test_nan_reward_crash_names_the_cause(demo_image, build_variant, docker_client, run_id):
+    pins = demo_image[0]
+    result = accept.accept(build_variant("verl", 36).image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
+    gate = _gates(result)["rl_step"]
+    assert gate.status == "fail"
+    assert gate.reason.startswith("recipe exited with status 1; first non-finite metrics at step 1: "), gate.reason
+    assert "critic/rewards/mean = nan" in gate.reason
+    assert gate.reason.endswith("last error: RuntimeError: probability tensor contains either `inf`, `nan` or "
+                                "element < 0")
 
 
 def _derived(docker_client, image_id: str, run: str) -> str:

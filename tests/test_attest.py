@@ -101,7 +101,8 @@ def test_statements_carry_the_required_fields(records):
     assert rd["builder"]["version"]["docker-engine"] == "20.10.24"
     assert rd["metadata"]["startedOn"] and rd["metadata"]["finishedOn"]
     result = stmts[2]["predicate"]
-    assert result["result"] == "PASSED" and result["passedTests"] == ["provenance", "zero_update", "rl_step", "control"]
+    assert result["result"] == "PASSED" and result["passedTests"] == ["provenance", "zero_update", "rl_step", "control",
+                                                                          "performance"]
     assert [c["name"] for c in result["configuration"]] == ["demo.yaml", "recipe"]
 
 

@@ -28,7 +28,7 @@ def test_resolve_demo_prints_record(demo_stack_ready):
     record = json.loads(out.stdout)
     assert set(record["components"]) == {"vllm", "megatron", "verl"}
     vllm = record["components"]["vllm"]
-    assert (vllm["pr"], vllm["ahead"], vllm["behind"]) == (11, 2, 1)
+    assert (vllm["pr"], vllm["ahead"], vllm["behind"]) == (11, 3, 1)  # kernels, switch, CUDA
     assert "merge-base" in out.stderr  # the readable table
 
 

@@ -22,7 +22,7 @@ GOOD = {"tinyengine": 11, "tinycore": 22, "tinyrl": 33}
 DIFF_MAX, DIFF_MEAN, K3 = "training/rollout_probs_diff_max", "training/rollout_probs_diff_mean", "rollout_corr/k3_kl"
 W_BEFORE, W_AFTER = "actor/weights_checksum_before", "actor/weights_checksum_after"
 REQUIRED = [DIFF_MAX, DIFF_MEAN, K3, W_BEFORE, W_AFTER, "actor/lr", "actor/grad_norm", "actor/pg_loss",
-            "critic/rewards/mean", "perf/rollout_tokens_per_s", "rollout/batch_invariant"]
+            "critic/rewards/mean", "perf/rollout_tokens_per_s", "perf/rollout_tokens_per_cpu_s", "rollout/batch_invariant"]
 
 
 def _git(*args, cwd=None):
@@ -135,11 +135,13 @@ def test_refs_history_and_packaging(stack):
         good = info["prs"][str(GOOD[name])]
         assert info["pr"] == GOOD[name] and good["defect"] is None
         assert good["merge_base"] == info["fork_point"] == _git("merge-base", good["head"], info["main"], cwd=path).strip()
-        assert 2 <= good["ahead"] <= 3 and good["behind"] >= 1
+        assert 3 <= good["ahead"] <= 4 and good["behind"] >= 1
         for n, pr in info["prs"].items():
             assert refs[f"refs/pull/{n}/head"] == pr["head"]
-            if pr["defect"]:  # one commit on top of the good PR head
-                assert _git("rev-parse", pr["head"] + "^", cwd=path).strip() == good["head"]
+            if pr["defect"]:  # one commit on top of the good PR's head, or of an earlier commit of it
+                parent = _git("rev-parse", pr["head"] + "^", cwd=path).strip()
+                assert _git("merge-base", parent, good["head"], cwd=path).strip() == parent
+                assert _git("merge-base", parent, info["main"], cwd=path).strip() != parent
         tree = _git("ls-tree", "-r", "--name-only", good["head"], cwd=path).split()
         assert "pyproject.toml" in tree and f"{name}/__init__.py" in tree
         pyproject = _git("show", f"{good['head']}:pyproject.toml", cwd=path)
@@ -151,9 +153,9 @@ def test_refs_history_and_packaging(stack):
         else:
             version = pyproject.split('version = "')[1].split('"')[0]
             assert f'__version__ = "{version}"' in init
-    assert {n for n in st["repos"]["tinyengine"]["prs"]} == {"11", "12", "13", "14"}
+    assert {n for n in st["repos"]["tinyengine"]["prs"]} == {"11", "12", "13", "14", "15"}
     assert {n for n in st["repos"]["tinycore"]["prs"]} == {"22", "23", "24"}
-    assert {n for n in st["repos"]["tinyrl"]["prs"]} == {"33", "34", "35"}
+    assert {n for n in st["repos"]["tinyrl"]["prs"]} == {"33", "34", "35", "36"}
 
 
 # ---- the engine on its own -------------------------------------------------------------------
@@ -257,6 +259,31 @@ def test_defect_34_nan_metric(installer, tmp_path):
 def test_defect_35_missing_metric(installer, tmp_path):
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, prs={"tinyrl": 35})
     assert all(K3 not in m and DIFF_MAX in m for m in steps)
+
+
+def test_defect_14_slow_path_is_still_exact(installer, tmp_path):
+    """No KV cache: every decode step recomputes the prefix. The correctness gates cannot see it (exact 0)."""
+    steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 14})
+    assert all(m[DIFF_MAX] == 0.0 and m[K3] == 0.0 and m["perf/rollout_tokens_per_s"] > 0 for m in steps)
+
+
+def test_defect_36_nan_reward_crash_names_its_cause(installer, tmp_path):
+    """The suite's own recipe runner and decision on the NaN-reward PR: the reason names the first
+    non-finite metrics (step 1, the reward among them) and the recipe's last error line."""
+    from acceptance import decide, recipe
+    from acceptance.defaults import METRICS
+
+    settings = {"entry": [sys.executable, "-m", "tinyrl.main_ppo"], "steps": 2,
+                "steps_key": "trainer.total_training_steps", "lr_key": "actor_rollout_ref.actor.optim.lr",
+                "lr": 1e-3, "overrides": {"seed": 1}, "env": {"PYTHONPATH": installer.pythonpath(tinyrl=36)},
+                "aligned_env": {"DEMO_BATCH_INVARIANT": "1"}, "control_env": {"DEMO_BATCH_INVARIANT": "0"},
+                "work_dir": str(tmp_path / "acceptance")}
+    run, facts, _ = recipe.run(settings, "rl_step")
+    status, reason, _ = decide.rl_step(run, 2, {**METRICS, "reward": "critic/rewards/mean"})
+    assert status == "fail" and run.exit_code == 1, reason
+    assert reason.startswith("recipe exited with status 1; first non-finite metrics at step 1: "), reason
+    assert "critic/rewards/mean = nan" in reason
+    assert reason.endswith("last error: RuntimeError: probability tensor contains either `inf`, `nan` or element < 0")
 
 
 # ---- checkpoints: verl's options, read back with the acceptance suite's hashing ------------------

@@ -47,7 +47,7 @@ def test_undeclared_native_input_fails_the_offline_build_naming_it(demo_pins, tm
     from demo.prepare import variant_pins
     from tests.conftest import _resolve_render_build
 
-    pins = variant_pins(tmp_path, "vllm", 14, pins_path=demo_pins)  # tinyextra declared in csrc/extra/
+    pins = variant_pins(tmp_path, "vllm", 15, pins_path=demo_pins)  # tinyextra declared in csrc/extra/
     with pytest.raises(BuildFailed, match=r"builder: tinyengine: native input 'tinyextra' is not in the lock"):
         _resolve_render_build(pins)
 

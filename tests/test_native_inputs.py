@@ -142,7 +142,7 @@ def test_the_demo_engine_declares_tinykernels_by_tag_for_cpu_and_more_for_cuda(s
         [("tinykernels", "../tinykernels.git", "v0.1.0", "TINYKERNELS_SRC_DIR", [])]
     cuda = cmakefetch.discover_at(repo, head, {"TINYENGINE_TARGET_DEVICE": "cuda"})
     assert [d.name for d in cuda.declarations] == ["tinykernels", "tinykernels_cuda"]
-    defect = cmakefetch.discover_at(repo, st["repos"]["tinyengine"]["prs"]["14"]["head"],
+    defect = cmakefetch.discover_at(repo, st["repos"]["tinyengine"]["prs"]["15"]["head"],
                                     {"TINYENGINE_TARGET_DEVICE": "cpu"})
     assert [d.name for d in defect.declarations] == ["tinykernels"]  # tinyextra hides in add_subdirectory()
 

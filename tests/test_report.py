@@ -22,7 +22,7 @@ def test_all_required_gates_pass_is_accepted(report_inputs):
     rep = make(report_inputs)
     assert rep.verdict == "ACCEPTED"
     assert rep.reasons == []
-    assert [g.status for g in rep.gates] == ["pass"] * 4
+    assert [g.status for g in rep.gates] == ["pass"] * 5
 
 
 def test_report_records_the_lock_sha256(report_inputs):
@@ -51,7 +51,7 @@ def test_no_acceptance_means_every_gate_not_run(report_inputs):
     rep = make(report_inputs, acceptance=False)
     assert rep.verdict == "NOT ACCEPTED"
     assert {g.name: g.status for g in rep.gates} == dict.fromkeys(
-        ["provenance", "zero_update", "rl_step", "control"], "not_run")
+        ["provenance", "zero_update", "rl_step", "control", "performance"], "not_run")
     assert "no acceptance result" in rep.reasons
 
 
@@ -176,9 +176,9 @@ def test_junit_has_one_case_per_gate_with_right_elements(report_inputs):
     rep = make(report_inputs, statuses={"zero_update": "fail", "rl_step": "inconclusive", "control": None})
     root = ET.fromstring(report.to_junit(rep))
     assert root.tag == "testsuite" and root.get("name") == "acceptance"
-    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("4", "1", "1", "1")
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("5", "1", "1", "1")
     cases = {c.get("name"): c for c in root.iter("testcase")}
-    assert list(cases) == ["provenance", "zero_update", "rl_step", "control"]
+    assert list(cases) == ["provenance", "zero_update", "rl_step", "control", "performance"]
     assert cases["provenance"].find("failure") is None and cases["provenance"].find("skipped") is None
     assert cases["zero_update"].find("failure").get("message") == "zero_update fail"
     assert cases["rl_step"].find("error").get("message") == "rl_step inconclusive"
@@ -217,3 +217,32 @@ def test_native_build_inputs_and_knobs_are_listed(report_inputs):
     md = report.to_markdown(rep)
     assert "### Native build inputs" in md and f"`{item['commit']}`" in md and "TINYENGINE" not in md.split("###")[0]
     assert "| vllm | cpu | - |" in md
+
+
+def test_run_manifest_records_gpus_or_none(report_inputs):
+    from acceptance import gpu
+
+    assert gpu.facts() == "none"  # this host's torch sees no GPU
+    pins, sources, built, result = report_inputs()
+    prov = next(g for g in result.gates if g.name == "provenance")
+    prov.evidence["gpu"] = "none"
+    assert report.make_report(pins, sources, built, result).run_manifest["run"]["gpus"] == "none"
+    facts = {"count": 1, "devices": [{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"}],
+             "driver": "580.159.04", "cuda_runtime": "13.0",
+             "numerics": {"tf32_matmul": False, "deterministic_algorithms": False,
+                          "env": {"CUBLAS_WORKSPACE_CONFIG": "unset"}}}
+    prov.evidence["gpu"] = facts
+    rep = report.make_report(pins, sources, built, result)
+    assert rep.run_manifest["run"]["gpus"] == facts
+    md = report.to_markdown(rep)
+    assert "| run | gpus.devices[0].name | NVIDIA H200 |" in md and "| run | gpus.driver | 580.159.04 |" in md
+    prov.evidence.pop("gpu")
+    assert report.make_report(pins, sources, built, result).run_manifest["run"]["gpus"] == "unknown"
+
+
+def test_gpu_driver_version_from_the_kernel_module_line():
+    from acceptance.gpu import VERSION
+
+    line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)"
+    assert VERSION.search(line).group(1) == "580.159.04"
+    assert VERSION.search("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19").group(1) == "535.104.05"

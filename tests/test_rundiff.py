@@ -81,6 +81,7 @@ def test_ctrf_maps_gate_statuses(reports):
     doc = ctrf.to_ctrf(reports(statuses={"control": "inconclusive", "rl_step": "fail", "zero_update": None}))
     assert doc["reportFormat"] == "CTRF"
     status = {t["name"]: t["status"] for t in doc["results"]["tests"]}
-    assert status == {"provenance": "passed", "zero_update": "skipped", "rl_step": "failed", "control": "other"}
+    assert status == {"provenance": "passed", "zero_update": "skipped", "rl_step": "failed", "control": "other",
+                      "performance": "passed"}
     summary = doc["results"]["summary"]
-    assert (summary["tests"], summary["passed"], summary["failed"], summary["skipped"], summary["other"]) == (4, 1, 1, 1, 1)
+    assert (summary["tests"], summary["passed"], summary["failed"], summary["skipped"], summary["other"]) == (5, 2, 1, 1, 1)

@@ -51,6 +51,25 @@ def test_derive_from_evidence(gate, evidence, why):
     assert (got is None) if why is None else (why in got), got
 
 
+def _perf_runs(aligned, control, status="pass"):
+    return {"runs": [{"run": i, "arm": arm, "status": status, "throughput": value}
+                     for i, (a, c) in enumerate(zip(aligned, control), 1) for arm, value in (("aligned", a), ("control", c))]}
+
+
+@pytest.mark.parametrize("evidence,why", [
+    (_perf_runs([450, 460, 440], [1000, 1000, 1000]), None),
+    (_perf_runs([100, 110, 105], [1000, 1000, 1000]), "the runs read fail"),  # a slow path relabelled pass
+    (_perf_runs([450, 460, 1500], [1000, 1000, 1000]), "the runs read inconclusive"),
+    (_perf_runs([450, 460], [1000, 1000]), "expected 3 passing runs"),
+    (_perf_runs([450, 460, 440], [1000, 1000, 1000], status="fail"), "expected 3 passing runs"),
+])
+def test_derive_performance_with_the_pins_bounds(evidence, why):
+    spec = pins_mod.Performance(min_ratio=0.25, repeats=3, max_spread=3.0, reason="measured")
+    got = trust.derive(GateResult(name="performance", status="pass", reason="", evidence=evidence), 2, spec)
+    assert (got is None) if why is None else (why in got), got
+    assert "no acceptance.performance" in trust.derive(GateResult(name="performance", status="pass", reason=""), 2)
+
+
 def test_signature_hook_requires_a_valid_passed_result(tmp_path):
     _, path = accepted_report(tmp_path)
     rep, where = _load(path), str(path)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from acceptance import perf as perf_rule
 from builder.core import log
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import CACHE_ENV, GATES, LABEL_PREFIX, MANIFEST
@@ -34,7 +35,8 @@ def gate_settings(pins: Pins, gate: str) -> dict[str, Any]:
             "steps": acc.steps, "steps_key": acc.steps_key, "lr_key": acc.lr_key, "lr": pins.rl_lr(),
             "logger_key": "trainer.logger", "logger": ["console", "file"],
             "metrics": acc.metrics.model_dump(), "cache_dir": CACHE, "work_dir": "/tmp/acceptance",
-            "manifest": MANIFEST, "weights": acc.weights, "checkpoint": checkpoint_settings(pins)}
+            "manifest": MANIFEST, "weights": acc.weights, "checkpoint": checkpoint_settings(pins),
+            "performance": acc.performance.model_dump() if acc.performance else None}
 
 
 def checkpoint_settings(pins: Pins) -> dict[str, Any] | None:
@@ -92,12 +94,12 @@ def _parse(stdout: str, gate: str) -> dict[str, Any] | None:
 
 
 def run_gate(client: Client, pins: Pins, image_id: str, gate: str, timeout_s: int,
-             run_id: str) -> tuple[GateResult, dict[str, Any]]:
+             run_id: str, settings: dict[str, Any] | None = None) -> tuple[GateResult, dict[str, Any]]:
     """Run one gate in a new container; always remove it (also on timeout and Ctrl-C)."""
     import docker  # lazy: docker SDK, slow to import; start-up
     import requests  # lazy: slow to import; start-up
 
-    settings = gate_settings(pins, gate)
+    settings = settings or gate_settings(pins, gate)
     container = None
     try:
         try:
@@ -155,9 +157,48 @@ def _image_id(client: Client, image: str) -> str:
         raise BadInput(f"image {image}: not found in the Docker engine") from None
 
 
+def run_performance(client: Client, pins: Pins, image_id: str, timeout_s: int,
+                    run_id: str) -> tuple[GateResult, dict[str, Any]]:
+    """The performance gate: `repeats` runs of each arm, interleaved (aligned, control, aligned, ...), each in
+    a fresh container; a run that fails fails the gate, otherwise acceptance.perf decides on the medians."""
+    perf = pins.acceptance.performance
+    if perf is None:
+        return GateResult(name="performance", status="not_run", reason="no acceptance.performance in the pins"), {}
+    metric = pins.acceptance.performance_metric()
+    runs: list[dict[str, Any]] = []
+    facts: dict[str, Any] = {"runs": []}
+    for index in range(1, perf.repeats + 1):
+        for arm in ("aligned", "control"):
+            settings = {**gate_settings(pins, "performance"), "arm": arm, "steps": perf.steps or pins.acceptance.steps}
+            start = time.monotonic()
+            result, fact = run_gate(client, pins, image_id, "performance", timeout_s, run_id, settings)
+            seconds = round(time.monotonic() - start, 3)
+            runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.get(
+                "throughput"), "steps": result.evidence.get("throughput_steps"), "seconds": seconds})
+            facts["runs"].append({**fact, "arm": arm, "run": index, "seconds": seconds})
+            log.info(f"  performance {arm} run {index}: {result.status}: {result.reason}")
+            if result.status != "pass":
+                failed = {"metric": metric, "runs": runs, "failed_run": result.evidence}
+                return GateResult(name="performance", status="fail", reason=f"{arm} run {index}: {result.reason}",
+                                  evidence=failed, log=result.log), facts
+    status, reason, evidence = perf_rule.decide([r for r in runs if r["arm"] == "aligned"],
+                                                [r for r in runs if r["arm"] == "control"],
+                                                perf.min_ratio, perf.max_spread, metric)
+    evidence.update({"runs": runs, "repeats": perf.repeats, "min_ratio_reason": perf.reason})
+    return GateResult(name="performance", status=status, reason=reason, evidence=evidence), facts
+
+
 def throughput(gates: list[GateResult], metric: str) -> dict[str, Any]:
-    """Rollout throughput of the aligned arm (rl_step) and the control arm, and their ratio."""
+    """Rollout throughput of the aligned arm and the control arm, and their ratio: the performance gate's
+    medians and every run when it ran, else the rl_step and control gates' single runs."""
     by_name = {g.name: g for g in gates}
+    perf = by_name.get("performance")
+    if perf is not None and isinstance(perf.evidence.get("aligned"), dict):
+        ev = perf.evidence
+        return {"metric": ev.get("metric", metric), "aligned": ev["aligned"].get("median"),
+                "control": (ev.get("control") or {}).get("median"), "ratio": ev.get("ratio"),
+                "source": "performance gate: medians", "min_ratio": ev.get("min_ratio"),
+                "max_spread": ev.get("max_spread"), "runs": ev.get("runs") or []}
     aligned = by_name["rl_step"].evidence.get("throughput") if "rl_step" in by_name else None
     control = by_name["control"].evidence.get("throughput") if "control" in by_name else None
     numbers = all(isinstance(v, (int, float)) for v in (aligned, control))
@@ -188,7 +229,10 @@ def accept(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] |
             continue
         with log.step(f"gate {gate}"):
             start = time.monotonic()
-            result, facts[gate] = run_gate(client, pins, full_id, gate, timeout, run_id)
+            if gate == "performance":
+                result, facts[gate] = run_performance(client, pins, full_id, timeout, run_id)
+            else:
+                result, facts[gate] = run_gate(client, pins, full_id, gate, timeout, run_id)
             facts[gate]["seconds"] = round(time.monotonic() - start, 3)
         log.info(f"  {gate}: {result.status}: {result.reason}")
         results.append(result)
@@ -196,7 +240,7 @@ def accept(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] |
     environment = {"engine": client.version().get("Version")}
     if prov is not None:
         environment.update({"interpreter": prov.evidence.get("interpreter"),
-                            "numeric_env": prov.evidence.get("environment")})
+                            "numeric_env": prov.evidence.get("environment"), "gpu": prov.evidence.get("gpu")})
     container = {"image_id": full_id, "run_id": run_id, "label": f"{LABEL}={run_id}", "network": "none",
                  "tmpfs": TMPFS, "env": CACHE_ENV, "mounts": [m.model_dump() for m in pins.acceptance.mounts],
                  "gpus": pins.acceptance.gpus, "timeout_s": timeout, "gates": facts,

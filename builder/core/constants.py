@@ -1,9 +1,9 @@
 """Project constants, each defined once (the suite's own names come from acceptance.defaults)."""
-from acceptance.defaults import CACHE_ENV_VARS, GATES, METRICS
+from acceptance.defaults import CACHE_ENV_VARS, DEFAULT_REQUIRED, GATES, METRICS
 from builder import __version__
 
-__all__ = ["BUILDER_VERSION", "CACHE_DIR", "CACHE_ENV", "CACHE_ENV_VARS", "COMPONENTS", "GATES", "LABEL_PREFIX",
-           "MANIFEST", "METRICS", "SOURCE_DATE_EPOCH", "TOOL_URI"]
+__all__ = ["BUILDER_VERSION", "CACHE_DIR", "CACHE_ENV", "CACHE_ENV_VARS", "COMPONENTS", "DEFAULT_REQUIRED", "GATES",
+           "LABEL_PREFIX", "MANIFEST", "METRICS", "SOURCE_DATE_EPOCH", "TOOL_URI"]
 
 BUILDER_VERSION = __version__
 TOOL_URI = "https://github.com/truepolicy/rl-image-builder"

@@ -1,14 +1,17 @@
 """Compare a run with the last ACCEPTED run of the same pins: commits, digest, image files, gates, metrics.
 
 `compare(...)` returns the JSON-able diff; `to_markdown(diff)` renders nightly-diff.md.  The regression
-flag goes up when the throughput ratio (aligned / control) drops by more than the pins' threshold, or
-when a gate that passed before reads anything else now.
+flag goes up when a gate that passed before reads anything else now, or when the throughput ratio
+(aligned / control) drops by more than the pins' threshold. With the performance gate's runs, the drop is
+judged by the gate's own noise-aware rule (acceptance.perf: medians, spread bound): a run too noisy to judge
+is noted, not flagged. Without runs (older reports), the single ratios are compared.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from acceptance import perf as perf_rule
 from builder.core.records import Report
 
 EVIDENCE_METRICS = ("throughput", "diff_max", "seconds")
@@ -41,6 +44,25 @@ def metrics(report: Report) -> dict[str, float]:
     return out
 
 
+def performance(report: Report, previous_ratio: float | None, threshold: float) -> dict | None:
+    """The performance gate's rule on this run's runs, with the floor at the previous accepted ratio less the
+    threshold; None when this run has no per-run throughput or there is no previous ratio."""
+    tp = report.acceptance.throughput if report.acceptance else {}
+    runs = tp.get("runs") or []
+    aligned = [r for r in runs if isinstance(r, dict) and r.get("arm") == "aligned"]
+    control = [r for r in runs if isinstance(r, dict) and r.get("arm") == "control"]
+    if not aligned or not control or not previous_ratio or previous_ratio <= 0:
+        return None
+    floor = previous_ratio * (1 - threshold)
+    bound = tp.get("max_spread")
+    max_spread = float(bound) if isinstance(bound, (int, float)) else 1.5
+    status, reason, evidence = perf_rule.decide(aligned, control, floor, max_spread,
+                                                str(tp.get("metric") or "throughput"))
+    return {"status": status, "reason": reason, "floor": floor, "previous_ratio": previous_ratio,
+            "ratio": evidence["ratio"], "max_spread": max_spread,
+            "aligned": evidence["aligned"]["runs"], "control": evidence["control"]["runs"]}
+
+
 def compare(report: Report, manifest: dict | None, digest: str | None, previous: Report | None,
             previous_manifest: dict | None, previous_digest: str | None, threshold: float,
             commit_log: dict[str, list[dict]]) -> dict:
@@ -71,10 +93,19 @@ def compare(report: Report, manifest: dict | None, digest: str | None, previous:
                        for k in sorted(set(old_m) & set(new_m))]
     reasons = [f"gate {g['gate']}: {g['old']} -> {g['new']}" for g in diff["gates"] if g["old"] == "pass"]
     ratio = next((m for m in diff["metrics"] if m["metric"] == "throughput.ratio"), None)
-    if ratio and ratio["relative"] is not None and ratio["relative"] < -threshold:
+    perf = performance(report, ratio["old"] if ratio else None, threshold)
+    diff["performance"] = perf
+    if perf is not None:
+        if perf["status"] == "fail":
+            now = "unknown" if perf["ratio"] is None else f"{perf['ratio']:.4g}"
+            reasons.append(f"throughput ratio {perf['previous_ratio']:.4g} -> {now}, floor {perf['floor']:.4g}"
+                           f" (previous ratio - {threshold:.0%}): {perf['reason']}")
+    elif ratio and ratio["relative"] is not None and ratio["relative"] < -threshold:
         reasons.append(f"throughput ratio {ratio['old']:.4g} -> {ratio['new']:.4g} "
-                       f"({ratio['relative']:+.1%}, threshold -{threshold:.0%})")
+                       f"({ratio['relative']:+.1%}, threshold -{threshold:.0%}; single runs, no noise bound)")
     diff["regression"] = {"flag": bool(reasons), "reasons": reasons}
+    if perf is not None and perf["status"] == "inconclusive":
+        diff["regression"]["noisy"] = perf["reason"]
     nothing = (not any(c["changed"] for c in commits.values()) and diff["same_image"]
                and diff["same_digest"] is not False and not any(diff["files"].values()))
     diff["no_change"] = nothing
@@ -98,6 +129,8 @@ def to_markdown(diff: dict) -> str:
            + (" - **REGRESSION**" if diff["regression"]["flag"] else ""), "", f"{diff['summary']}.", ""]
     for reason in diff["regression"]["reasons"]:
         out.append(f"- regression: {reason}")
+    if diff["regression"].get("noisy"):
+        out.append(f"- throughput not judged (too noisy): {diff['regression']['noisy']}")
     if diff.get("moved"):
         out += ["", "### PR heads followed", "", "| Component | PR | Old | New | Ahead / behind |", "|---|---|---|---|---|"]
         out += [f"| {m['component']} | #{m['pr']} | {_short(m['old'])} | {_short(m['new'])} | +{m['ahead']} / -{m['behind']} |"

@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from builder.core import imageref as reference
-from builder.core.constants import COMPONENTS, GATES, METRICS
+from builder.core.constants import COMPONENTS, DEFAULT_REQUIRED, GATES, METRICS
 from builder.core.errors import BadInput
 from builder.core.safetext import clip, fit, show
 from builder.pins import allowlist, inputfile, yamlguard
@@ -81,6 +81,7 @@ URL_RX = [
 STEPS = (2, 100_000)       # the gate timeout bounds the wall time
 TIMEOUT_S = (1, 86_400)
 GPUS = (0, 64)
+REPEATS = (1, 50)           # performance runs per arm
 LR = (0.0, 10.0)            # the rl_step learning rate: finite, > 0 and at most 10
 SHAREABLE = ("url", "commit", "distribution")
 # host paths a gate must never see: the whole host, the engine, kernel interfaces, devices
@@ -584,6 +585,20 @@ class Checkpoint(Strict):
         return self
 
 
+class Performance(Strict):
+    """The performance gate: both arms run `repeats` times, interleaved, each in a fresh container; a run's value
+    is the median of its steps' `metric`. It passes when median(aligned) / median(control) over the runs is at
+    least `min_ratio`, and is inconclusive when an arm's spread (max / min over its runs) is over `max_spread`.
+    `reason` says where min_ratio comes from."""
+    metric: Metric | None = None    # default: acceptance.metrics.throughput
+    min_ratio: Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=100)]
+    repeats: Annotated[int, _ranged(*REPEATS, "runs per arm"), _range_schema(*REPEATS)] = 3
+    max_spread: Annotated[float, BeforeValidator(_no_bool), Field(ge=1, le=100)] = 1.5
+    # steps of each run (default acceptance.steps); a run's value is the median of its steps' metric
+    steps: Annotated[int, _ranged(*STEPS, "a step count"), _range_schema(*STEPS)] | None = None
+    reason: Reason
+
+
 class Acceptance(Strict):
     steps: Annotated[int, _ranged(*STEPS, "a step count"), _range_schema(*STEPS)] = 2
     steps_key: OverrideKey = "trainer.total_training_steps"
@@ -592,7 +607,8 @@ class Acceptance(Strict):
     gpus: Annotated[int, _ranged(*GPUS, "a GPU count"), _range_schema(*GPUS)] = 0
     mounts: list[Mount] = []
     metrics: Metrics = Metrics()
-    required_gates: Annotated[list[GateName], Field(min_length=1), AfterValidator(_unique)] = list(GATES)
+    required_gates: Annotated[list[GateName], Field(min_length=1), AfterValidator(_unique)] = list(DEFAULT_REQUIRED)
+    performance: Performance | None = None  # named here: the performance gate runs and is required
     weights: Literal["metrics", "checkpoint", "none"] = "metrics"   # where weight evidence comes from
     checkpoint: Checkpoint | None = None
     engine: Engine | None = None  # run the gates on this engine, pulled by digest; default: DOCKER_HOST
@@ -607,7 +623,16 @@ class Acceptance(Strict):
     def _checkpoint(self) -> "Acceptance":
         if self.weights == "checkpoint" and self.checkpoint is None:
             raise ValueError("checkpoint: expected the recipe's checkpoint options when weights is 'checkpoint'")
+        if "performance" in self.required_gates and self.performance is None:
+            raise ValueError("required_gates: names performance, but acceptance.performance (metric, min_ratio,"
+                             " repeats, max_spread, reason) is not set")
+        if self.performance is not None and "performance" not in self.required_gates:
+            self.required_gates = [*self.required_gates, "performance"]  # named in the pins: required
         return self
+
+    def performance_metric(self) -> str:
+        perf = self.performance
+        return perf.metric if perf is not None and perf.metric else self.metrics.throughput
 
 
 class Nightly(Strict):

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from acceptance import perf as perf_rule
 from builder.core.errors import BadInput
 from builder.core.records import GateResult, Report
 from builder.core.safetext import show
@@ -52,9 +53,24 @@ def _steps_zero(evidence: dict, steps: int) -> str | None:
     return None
 
 
-def derive(gate: GateResult, steps: int) -> str | None:
+def _performance(ev: dict[str, Any], spec: pins_mod.Performance | None) -> str | None:
+    """The performance gate's rule again, on the evidence's runs with the pins' min_ratio and max_spread."""
+    if spec is None:
+        return "the pins name no acceptance.performance"
+    runs = [r for r in ev.get("runs") or [] if isinstance(r, dict)]
+    arms = {arm: [r for r in runs if r.get("arm") == arm] for arm in ("aligned", "control")}
+    for arm, own in arms.items():
+        if len(own) != spec.repeats or any(r.get("status") != "pass" for r in own):
+            return f"{arm}: expected {spec.repeats} passing runs, got {show([r.get('status') for r in own])}"
+    status, reason, _ = perf_rule.decide(arms["aligned"], arms["control"], spec.min_ratio, spec.max_spread)
+    return None if status == "pass" else f"the runs read {status}: {reason}"
+
+
+def derive(gate: GateResult, steps: int, performance: pins_mod.Performance | None = None) -> str | None:
     """Why the evidence of a gate reading `pass` does not show a pass (None when it does)."""
     ev = gate.evidence if isinstance(gate.evidence, dict) else {}
+    if gate.name == "performance":
+        return _performance(ev, performance)
     if gate.name == "provenance":
         failures = ev.get("failures")
         return None if failures == [] else f"failures is {show(failures)}, not an empty list"
@@ -168,7 +184,7 @@ def check(report: Report, where: str) -> pins_mod.Pins | None:
         if gate is None or gate.status != "pass":
             raise _fail(where, f"acceptance.gates.{name}",
                         f"required gate reads {gate.status if gate else 'not run'}, not pass")
-        why = derive(gate, pins.acceptance.steps)
+        why = derive(gate, pins.acceptance.steps, pins.acceptance.performance)
         if why:
             raise _fail(where, f"acceptance.gates.{name}.evidence", f"does not support pass: {why}")
     return pins

@@ -199,8 +199,10 @@ def to_markdown(report: Report) -> str:
     tp = report.acceptance.throughput if report.acceptance else {}
     if tp:
         show = {k: UNKNOWN if tp.get(k) is None else _num(tp[k]) for k in ("metric", "aligned", "control", "ratio")}
-        out += ["", f"Rollout throughput (`{show['metric']}`): aligned {show['aligned']}, control {show['control']},"
-                    f" ratio {show['ratio']}."]
+        source = f" ({tp['source']})" if tp.get("source") else ""
+        out += ["", f"Rollout throughput (`{show['metric']}`){source}: aligned {show['aligned']}, control"
+                    f" {show['control']}, ratio {show['ratio']}."]
+        out += _runs_table(tp.get("runs") or [])
     out += ["", "### Build", ""]
     b = report.build
     if b:
@@ -230,6 +232,16 @@ def to_markdown(report: Report) -> str:
     out += _table(["Layer", "Item", "Value"], rows)
     out += ["", "</details>", ""]
     return "\n".join(out)
+
+
+def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Every performance run: arm, run number, throughput, per-step values, status and seconds."""
+    if not runs:
+        return []
+    return ["", *_table(["Run", "Arm", "Throughput", "Per step", "Status", "Seconds"],
+                        [[r.get("run"), r.get("arm"), _num(r.get("throughput")),
+                          ", ".join(str(_num(v)) for v in r.get("steps") or []) or UNKNOWN, r.get("status"),
+                          r.get("seconds")] for r in runs])]
 
 
 def _rebuild_section(result: dict[str, Any]) -> list[str]:

@@ -153,6 +153,7 @@ def run_layer(pins: Pins, sources: ResolvedSources, acceptance: AcceptanceResult
         "site_packages": or_unknown((prov.get("manifest") or {}).get("site_packages")
                                     or (manifest or {}).get("site_packages")),
         "numeric_env": or_unknown((prov.get("environment") or {}).get("numeric")),
+        "gpus": or_unknown(prov.get("gpu") or (acceptance.environment.get("gpu") if acceptance else None)),
         "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
         "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
         "components_shared": list(pins.shared) or "none (url, commit and distribution all distinct)",
