@@ -105,10 +105,10 @@ def report_inputs(tmp_path_factory):
         "rl_step": {"exit_code": 0, "steps": steps, "throughput": 1234.5},
         "control": {"exit_code": 0, "diff_max": 0.0123, "throughput": 1200.0},
         "performance": {"metric": "perf/rollout_tokens_per_s", "min_ratio": 0.25, "max_spread": 3.0, "ratio": 1.02875,
-                        "aligned": {"runs": [1234.5], "median": 1234.5, "spread": 1.0},
-                        "control": {"runs": [1200.0], "median": 1200.0, "spread": 1.0}, "repeats": 1,
-                        "runs": [{"run": 1, "arm": "aligned", "status": "pass", "throughput": 1234.5},
-                                 {"run": 1, "arm": "control", "status": "pass", "throughput": 1200.0}]},
+                        "aligned": {"runs": [1234.5] * 3, "median": 1234.5, "spread": 1.0},
+                        "control": {"runs": [1200.0] * 3, "median": 1200.0, "spread": 1.0}, "repeats": 3,
+                        "runs": [{"run": i, "arm": arm, "status": "pass", "throughput": value}
+                                 for i in (1, 2, 3) for arm, value in (("aligned", 1234.5), ("control", 1200.0))]},
     }
 
     def make(repository="127.0.0.1:5000/demo/unified", image_id="sha256:" + "ab" * 32, statuses=None,

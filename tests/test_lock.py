@@ -146,7 +146,7 @@ def test_demo_engine_version_comes_from_its_tag(tmp_path):
     repo = pygit2.Repository(str(tmp_path / "tinyengine.git"))
     head = stack["prs"]["11"]["head"]
     assert "refs/tags/v0.2.0" in stack["refs"]
-    assert scmversion.component_version(repo, head) == f"0.2.1.dev2+g{head[:7]}"
+    assert scmversion.component_version(repo, head) == f"0.2.1.dev3+g{head[:7]}"
 
 
 def test_split_lock_and_base_conflict_messages():
@@ -169,7 +169,7 @@ def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked):
     assert "packaging" not in entries and "setuptools" not in entries  # the base provides them, as they are
     assert "# build: " in entries["hatchling"] and "# build: " not in entries["pyyaml"]
     assert "cp311" in entries["pyyaml"] and "torch" not in entries  # base's interpreter; base kept as it is
-    assert "tinyengine 0.2.1.dev2+g" in first and "hatchpkg 1.0.0" in first
+    assert "tinyengine 0.2.1.dev3+g" in first and "hatchpkg 1.0.0" in first
 
 
 @pytest.mark.docker

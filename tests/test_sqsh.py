@@ -257,7 +257,7 @@ def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs, tmp_p
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props["sqsh_sha256"] == "5" * 64 and props["sqsh_registry_digest"] == "sha256:" + "9" * 64
     assert props["sqsh_compression"] == "-comp lzo -noD" and props["sqsh_size"] == "1026101248"
-    assert [c.get("name") for c in suite.iter("testcase")][-1] == "sqsh_smoke" and suite.get("tests") == "5"
+    assert [c.get("name") for c in suite.iter("testcase")][-1] == "sqsh_smoke" and suite.get("tests") == "6"
 
 
 def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, tmp_path):
