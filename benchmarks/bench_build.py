@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import staging  # noqa: E402
+from builder.engine import staging  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.engine import client as engine
 from builder.image import build, dockerfile, render
