@@ -1,0 +1,154 @@
+"""Independence from the base's size: the demo pins on synthetic bases of 1 GB and 8 GB (incompressible
+files added to the demo base), then a verl-only rebuild timed end to end per stage (render, engine
+build, normalise, stage push, pull, promote). Target: 8 GB adds at most 10% over 1 GB.
+
+Each base is built here (network none), pushed to the local registry, and removed again at the end
+with every image built on it (only images holding this run's random ballast layer). Registry blobs stay
+until the registry's garbage collection (never run here: the registry is shared).
+usage: python benchmarks/bench_base_size.py [GB ...]   (default: 1 8)
+"""
+import io
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from builder.core.options import Settings  # noqa: E402
+from builder.engine import client as engine  # noqa: E402
+from builder.engine import staging  # noqa: E402
+from builder.image import build, render  # noqa: E402
+from builder.pins import model as pins_mod  # noqa: E402
+from builder.sources import resolve as sources  # noqa: E402
+from demo.prepare import LOCAL_PINS, prepare_demo, variant_pins  # noqa: E402
+
+SETTINGS = Settings.from_env()
+REGISTRY = "127.0.0.1:5000"
+PREFIX = f"{REGISTRY}/i20a-bench"
+STAGES = ("render", "engine build", "normalise", "stage push", "pull", "promote", "total")
+
+
+def synthetic_base(client, demo_base: str, gigabytes: int) -> tuple[str, str]:
+    """FROM the demo base, `gigabytes` files of 1 GB from /dev/urandom; pushed; (name@digest, ballast diff ID)."""
+    dockerfile = (f"FROM {demo_base}\nRUN mkdir /opt/ballast && for i in $(seq {gigabytes}); do "
+                  "head -c 1073741824 /dev/urandom > /opt/ballast/$i; done\n")
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile.encode()))
+    context.seek(0)
+    repo = f"{PREFIX}/base-{gigabytes}g"
+    for item in client.api.build(fileobj=context, custom_context=True, tag=f"{repo}:latest", network_mode="none",
+                                 rm=True, forcerm=True, decode=True):
+        if "error" in item:
+            raise RuntimeError(item["error"])
+    for item in client.api.push(repo, tag="latest", stream=True, decode=True):
+        if "error" in item:
+            raise RuntimeError(item["error"])
+    attrs = client.api.inspect_image(f"{repo}:latest")
+    digest = next(d for d in attrs["RepoDigests"] if d.startswith(repo + "@")).partition("@")[2]
+    return f"{repo}@{digest}", attrs["RootFS"]["Layers"][-1]
+
+
+def pins_on(base_ref: str, gigabytes: int, out: Path, pins_path: Path, component: str | None = None,
+            pr: int | None = None) -> Path:
+    def edit(data: dict) -> None:
+        data["base"]["image"] = base_ref
+        data["name"] = f"i20a-bench-{gigabytes}g"
+        data["image"]["repository"] = f"{PREFIX}/unified-{gigabytes}g"
+        data["image"].pop("staging", None)
+        data["image"]["tags"] = []
+    return variant_pins(out, component, pr, edit=edit, pins_path=pins_path)
+
+
+def end_to_end(pins_path: Path, client) -> tuple[dict[str, float], object]:
+    """One build as `builder run` does it, then stage push, pull by digest and promote."""
+    times: dict[str, float] = {}
+    pins = pins_mod.load(pins_path)
+    resolved = sources.resolve(pins, SETTINGS)
+    start = mark = time.monotonic()
+    rendered = render.render(pins, resolved, SETTINGS)
+    times["render"] = time.monotonic() - mark
+    mark = time.monotonic()
+    built = build.build(rendered, SETTINGS, echo=False)
+    whole = time.monotonic() - mark
+    times["normalise"] = built.stage_times["normalise"]
+    times["engine build"] = whole - times["normalise"]
+    staging_repo = staging.staging_repository(pins.image.repository)
+    mark = time.monotonic()
+    ref = staging.push(built.manifest_digest, staging_repo, pins.base.name, SETTINGS)
+    times["stage push"] = time.monotonic() - mark
+    mark = time.monotonic()
+    staging.pull(client, ref, built.image_id, SETTINGS)
+    times["pull"] = time.monotonic() - mark
+    mark = time.monotonic()
+    staging.promote(ref, built.image_id, pins.image.repository, ["bench"], SETTINGS)
+    times["promote"] = time.monotonic() - mark
+    times["total"] = time.monotonic() - start
+    return times, built
+
+
+def cleanup(client, ballast: str) -> int:
+    """Remove every image holding this run's ballast layer (children first), and nothing else."""
+    mine = []
+    for image in client.api.images(all=True):
+        try:
+            layers = client.api.inspect_image(image["Id"])["RootFS"]["Layers"]
+        except Exception:  # noqa: BLE001 (removed meanwhile)
+            continue
+        if ballast in layers:
+            mine.append((len(layers), image["Id"], image.get("RepoTags") or []))
+    for _, image_id, tags in sorted(mine, reverse=True):
+        for tag in tags:
+            if tag != "<none>:<none>":
+                client.api.remove_image(tag, noprune=True)
+        try:
+            client.api.remove_image(image_id, force=True, noprune=True)
+        except Exception:  # noqa: BLE001 (a parent went with its child)
+            pass
+    return len(mine)
+
+
+def main(sizes: list[int]) -> int:
+    demo_pins = LOCAL_PINS if LOCAL_PINS.exists() else prepare_demo(SETTINGS)
+    demo_base = pins_mod.load(demo_pins).base.image
+    client = engine.connect(SETTINGS)
+    rows: dict[int, dict[str, float]] = {}
+    extra: dict[int, str] = {}
+    for gigabytes in sizes:
+        work = Path(tempfile.mkdtemp(prefix=f"i20a-bench-{gigabytes}g-"))
+        mark = time.monotonic()
+        base_ref, ballast = synthetic_base(client, demo_base, gigabytes)
+        made = time.monotonic() - mark
+        try:
+            main_pins = pins_on(base_ref, gigabytes, work / "main", demo_pins)
+            cold, _ = end_to_end(main_pins, client)
+            verl_pins = pins_on(base_ref, gigabytes, work / "verl", demo_pins, "verl", 34)
+            rows[gigabytes], built = end_to_end(verl_pins, client)
+            extra[gigabytes] = (f"base {base_ref.rpartition('@')[2][:19]} made+pushed in {made:.0f} s; cold build+stage"
+                                f" {cold['total']:.1f} s; verl-only: {json.dumps(built.stage_times)}")
+        finally:
+            removed = cleanup(client, ballast)
+            shutil.rmtree(work, ignore_errors=True)
+            print(f"[{gigabytes} GB] removed {removed} images holding the ballast layer", file=sys.stderr)
+    print("verl-only rebuild, end to end (seconds)")
+    print(f"| stage | {' | '.join(f'{g} GB base' for g in sizes)} |")
+    print(f"|---|{'---|' * len(sizes)}")
+    for stage in STAGES:
+        print(f"| {stage} | {' | '.join(f'{rows[g][stage]:.2f}' for g in sizes)} |")
+    for g in sizes:
+        print(f"{g} GB: {extra[g]}")
+    if len(sizes) >= 2:
+        small, big = rows[sizes[0]]["total"], rows[sizes[-1]]["total"]
+        grow = big / small - 1
+        print(f"{sizes[-1]} GB vs {sizes[0]} GB: {grow:+.1%} (target <= +10%: {'ok' if grow <= 0.10 else 'MISSED'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main([int(a) for a in sys.argv[1:]] or [1, 8]))
