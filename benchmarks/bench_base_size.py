@@ -86,10 +86,10 @@ def end_to_end(pins_path: Path, client) -> tuple[dict[str, float], object]:
     ref = staging.push(built.manifest_digest, staging_repo, pins.base.name, SETTINGS)
     times["stage push"] = time.monotonic() - mark
     mark = time.monotonic()
-    staging.pull(client, ref, built.image_id, SETTINGS)
+    staging.pull(client, str(ref), built.image_id, SETTINGS)
     times["pull"] = time.monotonic() - mark
     mark = time.monotonic()
-    staging.promote(ref, built.image_id, pins.image.repository, ["bench"], SETTINGS)
+    staging.promote(str(ref), built.image_id, pins.image.repository, ["bench"], SETTINGS)
     times["promote"] = time.monotonic() - mark
     times["total"] = time.monotonic() - start
     return times, built

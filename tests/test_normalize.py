@@ -96,12 +96,14 @@ def test_rebuild_diff_names_the_stamped_file(tmp_path):
 
 def test_rebuild_check_takes_the_digest_from_any_report_that_names_it(tmp_path):
     from builder.core.errors import BadInput
-    from builder.core.records import AcceptanceResult, BuiltImage, Report
+    from builder.core.imageref import ImageRef
+    from builder.core.records import AcceptanceResult, BuiltImage, Pulled, Report
 
-    manifest, image_id, ref = "sha256:" + "a" * 64, "sha256:" + "b" * 64, "127.0.0.1:5000/x-staging@sha256:" + "a" * 64
+    manifest, image_id = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    ref = ImageRef("127.0.0.1:5000/x-staging@" + manifest)
     built = BuiltImage.model_construct(manifest_digest=manifest, staged=ref)
-    accepted_image = AcceptanceResult.model_construct(pulled={"ref": ref, "digest": manifest, "image_id": image_id})
-    local_only = AcceptanceResult.model_construct(pulled={})
+    accepted_image = AcceptanceResult.model_construct(pulled=Pulled(ref=ref, digest=manifest, image_id=image_id))
+    local_only = AcceptanceResult.model_construct(pulled=None)
     cases = [Report.model_construct(build=built, acceptance=None, image_id=image_id),   # builder run
              Report.model_construct(build=None, acceptance=accepted_image, image_id=image_id)]  # accept --image
     for rep in cases:

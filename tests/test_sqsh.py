@@ -332,7 +332,7 @@ def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client, tmp_pat
 @pytest.mark.docker
 def test_exporting_an_exported_digest_again_is_a_checked_cache_hit(demo_sqsh, settings, tmp_path):
     path, record = demo_sqsh
-    again = sqsh.export(path, settings, squash_options=FAST, out=tmp_path / "again.sqsh")
+    again = pipeline.export_sqsh(path, settings, squash_options=FAST, out=tmp_path / "again.sqsh")
     assert "cache hit" in again.seconds and again.sha256 == record.sha256 and again.image_id == record.image_id
     assert (tmp_path / "again.sqsh.sha256").read_text() == f"{record.sha256}  again.sqsh\n"
     assert report.load(path).sqsh == again
