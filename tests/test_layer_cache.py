@@ -2,6 +2,7 @@
 component re-stamps only its layers; the engine's layer cache keyed per pins, so another pins file's
 identical layers on the same base never become this run's cache parent; normalised layers reused by
 raw diff ID."""
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -39,8 +40,6 @@ def test_config_dates_each_history_entry_by_its_layer_and_drops_the_cache_key():
                        {"created": "2026-01-01T00:00:00Z", "created_by": "COPY a"},
                        {"created": "2026-01-01T00:00:00Z", "created_by": "COPY b"},
                        {"created": "2026-01-01T00:00:00Z", "created_by": "LABEL a=b", "empty_layer": True}]}
-    import json
-
     config = json.loads(normalize.fixed_config(raw, 1, ["sha256:1", "sha256:2", "sha256:3"], [100, 200]))
     assert config["config"]["Labels"] == {"a": "b"}
     assert [h["created_by"] for h in config["history"]] == ["base", "COPY a", "COPY b", "LABEL a=b"]
@@ -71,8 +70,6 @@ def build_pins(path, nocache=False):
 
 def added_layers(built):
     manifest = normalize.blob_path(SETTINGS, built.manifest_digest).read_bytes()
-    import json
-
     layers = [d["digest"] for d in json.loads(manifest)["layers"]]
     return layers
 
@@ -94,6 +91,9 @@ def test_a_newer_verl_commit_changes_only_verls_layers(demo_image, tmp_path):
         verl_at = base + len(rendered.layer_epochs) - 3  # ..., verl, delivery, finish
         changed = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
         assert changed == [verl_at, verl_at + 1, verl_at + 2], (changed, base)
+        # the unchanged raw layers were not normalised again: taken from the layer cache by diff ID
+        record = next(normalize.store(SETTINGS, "records").glob(v_built.raw_image_id.removeprefix("sha256:") + "-*"))
+        assert json.loads(record.read_text())["reused"] == len(rendered.layer_epochs) - 3
     finally:
         engine.remove_image(engine.connect(SETTINGS), v_rendered.tag)
 

@@ -309,8 +309,9 @@ def normalise_one(src: Path, epoch: int, raw_diff_id: str, settings: Settings, w
     os.replace(tmp, blob_path(settings, hashing.digest()))
     entry = {"diff_id": diff_id, "digest": hashing.digest(), "size": hashing.size}
     record = layer_record(settings, raw_diff_id, epoch)
-    record.with_suffix(".tmp").write_text(json.dumps(entry) + "\n")
-    record.with_suffix(".tmp").replace(record)
+    tmp_record = work / f"{record.name}.tmp"  # this run's own: another run may write the same record
+    tmp_record.write_text(json.dumps(entry) + "\n")
+    tmp_record.replace(record)
     return entry
 
 

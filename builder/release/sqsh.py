@@ -262,8 +262,9 @@ def _cache_entry(settings: Settings, image_id: str, squash_options: str, version
 def remember(settings: Settings, record: SqshExport, smoke: bool) -> None:
     """Index an export by image ID, squash options, mksquashfs version and whether it was smoked."""
     entry = _cache_entry(settings, record.image_id, record.compression, record.mksquashfs, smoke)
-    entry.with_suffix(".tmp").write_text(record.model_dump_json(indent=2) + "\n")
-    entry.with_suffix(".tmp").replace(entry)
+    tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")  # another export may write the same entry
+    tmp.write_text(record.model_dump_json(indent=2) + "\n")
+    tmp.replace(entry)
 
 
 def cached_export(settings: Settings, report: Report, out: Path, squash_options: str, version: str,
