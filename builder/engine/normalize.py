@@ -15,7 +15,8 @@ The base is never read back: the engine pushes the raw image to `<base registry>
 A raw layer normalised once (by diff ID and date) is never normalised again (`<cache>/oci/layers/`).
 The result is loaded into the engine (`docker load`; layers it already has travel as placeholders), so
 the local image ID equals the config digest, and kept as blobs under `<cache>/oci/` for the registry
-push (builder/engine/staging.py). benchmarks/bench_normalise.py compares this with `docker save`.
+push (builder/engine/staging.py). benchmarks/bench_build.py compares this with `docker save` (source
+"save", kept for that comparison: it reads the whole image, base included).
 """
 from __future__ import annotations
 
