@@ -31,6 +31,7 @@ SETTINGS = Settings.from_env()
 REGISTRY = "127.0.0.1:5000"
 PREFIX = f"{REGISTRY}/i20a-bench"
 PRS = (34, 35)  # verl-only changes: the heads of two demo PRs (the demo pins hold #33's)
+ROUNDS = 3  # each PR rebuilt this often per base (its new layers removed in between), rounds interleaved
 STAGES = ("render", "engine build", "normalise", "stage push", "pull", "promote", "total")
 
 
@@ -95,6 +96,17 @@ def end_to_end(pins_path: Path, client) -> tuple[dict[str, float], object]:
     return times, built
 
 
+def forget(client, built) -> None:
+    """Remove what this build made (its normalised and raw images, the images of the steps that did not
+    come from the cache), so the next rebuild of the same pins is a real one."""
+    steps = json.loads(build.steps_file(built).read_text())
+    for ref in [built.image_id, built.raw_image_id] + [s["image"] for s in reversed(steps) if not s["cached"]]:
+        try:
+            client.api.remove_image(ref, force=True)
+        except Exception:  # noqa: BLE001 (gone with a child already)
+            pass
+
+
 def cleanup(client, ballast: str) -> int:
     """Remove every image holding this run's ballast layer (children first), and nothing else."""
     mine = []
@@ -132,25 +144,30 @@ def main(sizes: list[int]) -> int:
             cold, _ = end_to_end(pins_on(bases[gigabytes][0], gigabytes, work / f"{gigabytes}-main", demo_pins), client)
             extra[gigabytes].append(f"base {bases[gigabytes][0].rpartition('@')[2][:19]} made+pushed in {made:.0f} s;"
                                     f" cold build+stage {cold['total']:.1f} s")
-        for pr in PRS:
-            for gigabytes in sizes:
-                pins = pins_on(bases[gigabytes][0], gigabytes, work / f"{gigabytes}-{pr}", demo_pins, "verl", pr)
-                times, built = end_to_end(pins, client)
-                runs[gigabytes].append(times)
-                extra[gigabytes].append(f"verl PR #{pr}: {json.dumps(built.stage_times)}")
+        for _ in range(ROUNDS):
+            for pr in PRS:
+                for gigabytes in sizes:
+                    pins = pins_on(bases[gigabytes][0], gigabytes, work / f"{gigabytes}-{pr}", demo_pins, "verl", pr)
+                    times, built = end_to_end(pins, client)
+                    runs[gigabytes].append(times)
+                    extra[gigabytes].append(f"verl #{pr}: engine {built.stage_times['total']:.1f} s (verl"
+                                            f" {built.stage_times['verl']:.1f}, runtime {built.stage_times['runtime']:.1f})")
+                    forget(client, built)
     finally:
         for gigabytes, (_, ballast) in bases.items():
             removed = cleanup(client, ballast)
             print(f"[{gigabytes} GB] removed {removed} images holding the ballast layer", file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)
-    rows = {g: {stage: statistics.mean(r[stage] for r in runs[g]) for stage in STAGES} for g in sizes}
-    print(f"verl-only rebuild, end to end (seconds, mean of {len(PRS)}: verl PRs {', '.join(f'#{p}' for p in PRS)})")
+    rows = {g: {stage: statistics.median(r[stage] for r in runs[g]) for stage in STAGES} for g in sizes}
+    print(f"verl-only rebuild, end to end (seconds, median of {ROUNDS * len(PRS)}: verl PRs"
+          f" {', '.join(f'#{p}' for p in PRS)}, {ROUNDS} rounds interleaved across the bases)")
     print(f"| stage | {' | '.join(f'{g} GB base' for g in sizes)} |")
     print(f"|---|{'---|' * len(sizes)}")
     for stage in STAGES:
         print(f"| {stage} | {' | '.join(f'{rows[g][stage]:.2f}' for g in sizes)} |")
     for g in sizes:
         print(f"{g} GB: " + "; ".join(extra[g]))
+        print(f"{g} GB totals: " + ", ".join(f"{r['total']:.1f}" for r in runs[g]))
     if len(sizes) >= 2:
         small, big = rows[sizes[0]]["total"], rows[sizes[-1]]["total"]
         grow = big / small - 1
