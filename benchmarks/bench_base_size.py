@@ -31,7 +31,7 @@ SETTINGS = Settings.from_env()
 REGISTRY = "127.0.0.1:5000"
 PREFIX = f"{REGISTRY}/i20a-bench"
 PRS = (34, 35)  # verl-only changes: the heads of two demo PRs (the demo pins hold #33's)
-ROUNDS = 3  # each PR rebuilt this often per base (its new layers removed in between), rounds interleaved
+ROUNDS = 4  # each PR rebuilt this often per base (its new layers removed in between), rounds interleaved
 STAGES = ("render", "engine build", "normalise", "stage push", "pull", "promote", "total")
 
 
@@ -107,6 +107,14 @@ def forget(client, built) -> None:
             pass
 
 
+def _exists(client, image_id: str) -> bool:
+    try:
+        client.api.inspect_image(image_id)
+        return True
+    except Exception:  # noqa: BLE001 (ImageNotFound)
+        return False
+
+
 def cleanup(client, ballast: str) -> int:
     """Remove every image holding this run's ballast layer (children first), and nothing else."""
     mine = []
@@ -117,14 +125,22 @@ def cleanup(client, ballast: str) -> int:
             continue
         if ballast in layers:
             mine.append((len(layers), image["Id"], image.get("RepoTags") or []))
-    for _, image_id, tags in sorted(mine, reverse=True):
+    for _, image_id, tags in mine:
         for tag in tags:
             if tag != "<none>:<none>":
                 client.api.remove_image(tag, noprune=True)
-        try:
-            client.api.remove_image(image_id, force=True, noprune=True)
-        except Exception:  # noqa: BLE001 (a parent went with its child)
-            pass
+    left = [image_id for _, image_id, _ in mine]
+    while left:  # children first; a child may hold no more layers than its parent (LABEL), so retry
+        failed = []
+        for image_id in left:
+            try:
+                client.api.remove_image(image_id, force=True, noprune=True)
+            except Exception:  # noqa: BLE001 (a child still there, or gone already)
+                if client.api.images(all=True, quiet=True) and _exists(client, image_id):
+                    failed.append(image_id)
+        if len(failed) == len(left):
+            raise RuntimeError(f"could not remove {len(failed)} images holding the ballast: {failed[:3]}")
+        left = failed
     return len(mine)
 
 
@@ -159,19 +175,23 @@ def main(sizes: list[int]) -> int:
             print(f"[{gigabytes} GB] removed {removed} images holding the ballast layer", file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)
     rows = {g: {stage: statistics.median(r[stage] for r in runs[g]) for stage in STAGES} for g in sizes}
-    print(f"verl-only rebuild, end to end (seconds, median of {ROUNDS * len(PRS)}: verl PRs"
-          f" {', '.join(f'#{p}' for p in PRS)}, {ROUNDS} rounds interleaved across the bases)")
-    print(f"| stage | {' | '.join(f'{g} GB base' for g in sizes)} |")
-    print(f"|---|{'---|' * len(sizes)}")
+    best = {g: {stage: min(r[stage] for r in runs[g]) for stage in STAGES} for g in sizes}
+    print(f"verl-only rebuild, end to end (seconds; median and minimum of {ROUNDS * len(PRS)}: verl PRs"
+          f" {', '.join(f'#{p}' for p in PRS)}, {ROUNDS} rounds interleaved across the bases; the minimum is the"
+          " least disturbed by other jobs on the machine)")
+    print(f"| stage | {' | '.join(f'{g} GB median | {g} GB min' for g in sizes)} |")
+    print(f"|---|{'---|---|' * len(sizes)}")
     for stage in STAGES:
-        print(f"| {stage} | {' | '.join(f'{rows[g][stage]:.2f}' for g in sizes)} |")
+        print(f"| {stage} | {' | '.join(f'{rows[g][stage]:.2f} | {best[g][stage]:.2f}' for g in sizes)} |")
     for g in sizes:
         print(f"{g} GB: " + "; ".join(extra[g]))
         print(f"{g} GB totals: " + ", ".join(f"{r['total']:.1f}" for r in runs[g]))
     if len(sizes) >= 2:
-        small, big = rows[sizes[0]]["total"], rows[sizes[-1]]["total"]
-        grow = big / small - 1
-        print(f"{sizes[-1]} GB vs {sizes[0]} GB: {grow:+.1%} (target <= +10%: {'ok' if grow <= 0.10 else 'MISSED'})")
+        for what, table in (("median", rows), ("minimum", best)):
+            grow = table[sizes[-1]]["total"] / table[sizes[0]]["total"] - 1
+            ours = sum(table[sizes[-1]][s] - table[sizes[0]][s] for s in ("normalise", "stage push", "pull", "promote"))
+            print(f"{sizes[-1]} GB vs {sizes[0]} GB ({what}): {grow:+.1%} (target <= +10%: {'ok' if grow <= 0.10 else 'MISSED'});"
+                  f" normalise + stage push + pull + promote {ours:+.2f} s")
     return 0
 
 
