@@ -125,3 +125,32 @@ def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(
     finally:
         for tag in tags:
             engine.remove_image(client, tag)
+
+
+def test_layer_dates_must_match_the_layers_the_build_added():
+    from builder.core.errors import BuildFailed
+
+    assert normalize._epochs(7, 3, "t") == [7, 7, 7]
+    assert normalize._epochs([1, 2, 3], 3, "t") == [1, 2, 3]
+    with pytest.raises(BuildFailed, match="the build added 4 layers, the render planned 3 layer times"):
+        normalize._epochs([1, 2, 3], 4, "t")
+
+
+def test_a_layer_normalised_once_is_found_by_its_raw_diff_id_until_its_blob_goes(tmp_path):
+    import dataclasses
+    import io
+    import tarfile
+
+    settings = dataclasses.replace(SETTINGS, cache_root=tmp_path)
+    raw = tmp_path / "raw.tar"
+    with tarfile.open(raw, "w") as tar:
+        info = tarfile.TarInfo("opt/x")
+        info.size, info.mtime = 3, 2_000_000_000
+        tar.addfile(info, io.BytesIO(b"abc"))
+    raw_id = "sha256:" + "1" * 64
+    assert normalize.cached_layer(settings, raw_id, 100) is None
+    entry = normalize.normalise_one(raw, 100, raw_id, settings, tmp_path)
+    assert normalize.cached_layer(settings, raw_id, 100) == entry
+    assert normalize.cached_layer(settings, raw_id, 200) is None  # another date is another layer
+    normalize.blob_path(settings, entry["digest"]).unlink()  # planted: the blob is gone
+    assert normalize.cached_layer(settings, raw_id, 100) is None
