@@ -154,3 +154,26 @@ def test_a_layer_normalised_once_is_found_by_its_raw_diff_id_until_its_blob_goes
     assert normalize.cached_layer(settings, raw_id, 200) is None  # another date is another layer
     normalize.blob_path(settings, entry["digest"]).unlink()  # planted: the blob is gone
     assert normalize.cached_layer(settings, raw_id, 100) is None
+
+
+def test_each_stage_on_the_base_starts_with_its_own_cache_key():
+    """The same first instruction in two stages shares one image: after a nocache build the newest one
+    (the engine's pick) would be the runtime stage's, which has no build-stage children."""
+    from builder.image import dockerfile
+
+    text = dockerfile.render_text({"builder_version": "0", "pins_name": "p", "base_image": "b@sha256:" + "0" * 64,
+                                   "python": "/v/bin/python", "venv": "/v", "build_env": {}, "source_date_epoch": 0,
+                                   "deps": False, "build_deps": False, "components": [], "prefixes": [], "labels": {"a": "b"},
+                                   "cache_key_label": normalize.CACHE_KEY_LABEL, "cache_key": "k"})
+    firsts = [line for line in text.splitlines() if line.startswith(f"LABEL {normalize.CACHE_KEY_LABEL}=")]
+    assert firsts == [f"LABEL {normalize.CACHE_KEY_LABEL}=k.prepare", f"LABEL {normalize.CACHE_KEY_LABEL}=k.runtime"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_rebuild_after_a_nocache_build_hits_every_step(demo_image):
+    pins, _, _, built = demo_image
+    _, cold = build_pins(pins.path, nocache=True)
+    _, again = build_pins(pins.path)
+    assert again.cached, [s for s in json.loads(build.steps_file(again).read_text()) if not s["cached"]][:3]
+    assert (cold.manifest_digest, again.manifest_digest) == (built.manifest_digest, built.manifest_digest)

@@ -15,8 +15,8 @@ COMPONENTS = ("vllm", "megatron", "verl")
 SOURCE_DATE_EPOCH = 946684800
 
 LABEL_PREFIX = "io.truepolicy"
-# first instruction of each stage built on the base: keys the engine's layer cache to the pins (another run's
-# identical layer on the same base is never this run's cache parent); normalisation drops it from the image
+# first instruction of each stage built on the base (`<pins key>.<stage>`): keys the engine's layer cache to the
+# pins (another run's identical layer on the same base is never this run's cache parent); normalisation drops it
 CACHE_KEY_LABEL = f"{LABEL_PREFIX}.cache-key"
 MANIFEST = "/opt/delivery/manifest.json"
 

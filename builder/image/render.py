@@ -44,8 +44,10 @@ def created(sources: ResolvedSources | None) -> str:
 
 def cache_key(pins: Pins) -> str:
     """Which run this is (pins name and repository, not the commits): the first instruction of each stage
-    on the base carries it, so the engine never takes another pins file's identical layer as the parent
-    of this run's cached layers, while a new commit of the same pins still reuses them."""
+    on the base carries it (`<key>.prepare`, `<key>.runtime`: the classic builder takes the newest child
+    with the same instruction as cache parent, so two stages must not share one), so the engine never
+    takes another pins file's identical layer as the parent of this run's cached layers, while a new
+    commit of the same pins still reuses them."""
     return hashlib.sha256(f"{pins.name}\n{pins.image.repository}".encode()).hexdigest()[:16]
 
 
