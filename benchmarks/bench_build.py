@@ -139,8 +139,9 @@ def main() -> int:
     print(f"  stages: {verl.stage_times}")
     if args.report:
         print(sqsh_hit(args.report))
-    own_s, engine_push_s = push_times(cold, pins_mod.load(pins_path).base.name)
-    print(f"own push of the normalised image {own_s:.2f} s vs engine push of the raw one {engine_push_s:.2f} s")
+    if engine.inspect_image(engine.connect(SETTINGS), cold.raw_image_id) is not None:
+        own_s, engine_push_s = push_times(cold, pins_mod.load(pins_path).base.name)
+        print(f"own push of the normalised image {own_s:.2f} s vs engine push of the raw one {engine_push_s:.2f} s")
     client = engine.connect(SETTINGS)
     for tag in verl.tags:  # the variant is never accepted: leave no tag of it
         engine.remove_image(client, tag)
