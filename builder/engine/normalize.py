@@ -324,6 +324,7 @@ def raw_manifest_via_registry(client: Any, raw_image_id: str, host: str, setting
     repository, name = f"{host}/{RAW_REPOSITORY}", raw_image_id.removeprefix("sha256:")
     auth = settings.registry_auth
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
+    tagged = bool(client.api.inspect_image(raw_image_id).get("RepoTags"))
     if not client.api.tag(raw_image_id, repository, name, force=True):
         raise BuildFailed(f"{repository}:{name}: the engine refused to tag {raw_image_id}")
     try:
@@ -332,8 +333,9 @@ def raw_manifest_via_registry(client: Any, raw_image_id: str, host: str, setting
                 raise BuildFailed(f"docker push {repository}:{name[:12]} (raw layers): {str(item['error'])[:300]}")
     except docker.errors.APIError as err:
         raise BuildFailed(f"docker push {repository}:{name[:12]} (raw layers): {str(err)[:300]}") from None
-    finally:  # only the tag: the raw image still carries the build's tag and is the build cache
-        client.api.remove_image(f"{repository}:{name}", noprune=True)
+    finally:  # only the tag, and only when another one keeps the raw image (the build cache's last step)
+        if tagged:
+            client.api.remove_image(f"{repository}:{name}", noprune=True)
     manifest: dict[str, Any] = json.loads(Registry.from_settings(host, settings).manifest(RAW_REPOSITORY, name)["content"])
     return manifest
 
