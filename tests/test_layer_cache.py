@@ -91,9 +91,10 @@ def test_a_newer_verl_commit_changes_only_verls_layers(demo_image, tmp_path):
         verl_at = base + len(rendered.layer_epochs) - 3  # ..., verl, delivery, finish
         changed = [i for i, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]
         assert changed == [verl_at, verl_at + 1, verl_at + 2], (changed, base)
-        # the unchanged raw layers were not normalised again: taken from the layer cache by diff ID
+        # the unchanged raw layers were not normalised again: taken from the layer cache by diff ID (verl's
+        # too when an earlier run on this engine built the same variant)
         record = next(normalize.store(SETTINGS, "records").glob(v_built.raw_image_id.removeprefix("sha256:") + "-*"))
-        assert json.loads(record.read_text())["reused"] == len(rendered.layer_epochs) - 3
+        assert json.loads(record.read_text())["reused"] >= len(rendered.layer_epochs) - 3
     finally:
         engine.remove_image(engine.connect(SETTINGS), v_rendered.tag)
 
