@@ -6,6 +6,8 @@ import io
 import json
 import tarfile
 
+import pytest
+
 from builder.engine import normalize
 from builder.release import rebuild
 
@@ -90,3 +92,27 @@ def test_rebuild_diff_names_the_stamped_file(tmp_path):
     without = normalised(layer(tmp_path / "c.tar", ENTRIES, 2_000_000_000))
     gone = rebuild.diff_listings(rebuild.listing(a[1]), rebuild.listing(without[1]))
     assert gone[0]["path"] == "/opt/a/BUILD_TIME" and gone[0]["change"] == "removed"
+
+
+def test_rebuild_check_takes_the_digest_from_any_report_that_names_it(tmp_path):
+    from builder.core.errors import BadInput
+    from builder.core.imageref import ImageRef
+    from builder.core.records import AcceptanceResult, BuiltImage, Pulled, Report
+
+    manifest, image_id = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    ref = ImageRef("127.0.0.1:5000/x-staging@" + manifest)
+    built = BuiltImage.model_construct(manifest_digest=manifest, staged=ref)
+    accepted_image = AcceptanceResult.model_construct(pulled=Pulled(ref=ref, digest=manifest, image_id=image_id))
+    local_only = AcceptanceResult.model_construct(pulled=None)
+    cases = [Report.model_construct(build=built, acceptance=None, image_id=image_id),   # builder run
+             Report.model_construct(build=None, acceptance=accepted_image, image_id=image_id)]  # accept --image
+    for rep in cases:
+        assert rebuild.expected(rep, tmp_path / "r.json") == (manifest, image_id, ref)
+    by_id = Report.model_construct(build=None, acceptance=local_only, image_id=image_id)
+    assert rebuild.expected(by_id, tmp_path / "r.json") == ("", image_id, "")
+    same = rebuild.compare(by_id, manifest, image_id, None)  # type: ignore[arg-type]
+    assert same["status"] == "same"
+    assert rebuild.compare(by_id, manifest, "sha256:" + "c" * 64, None)["status"] == "different"  # type: ignore[arg-type]
+    nothing = Report.model_construct(build=None, acceptance=None, image_id="unknown")
+    with pytest.raises(BadInput, match="expected a report naming the image digest"):
+        rebuild.expected(nothing, tmp_path / "r.json")

@@ -371,3 +371,19 @@ def test_git_config_setting_must_name_a_file(tmp_path):
     (tmp_path / "mirrors.gitconfig").write_text("")
     assert Settings.from_env({"BUILDER_GIT_CONFIG": str(tmp_path / "mirrors.gitconfig")}).git_config == \
         tmp_path / "mirrors.gitconfig"
+
+
+def test_a_path_and_its_file_url_share_one_mirror(upstream, cache):
+    """`/abs` and `file:///abs` (and `/abs/./`) are one repository: one mirror, one cold fetch."""
+    path = upstream.url
+    spellings = [path, "file://" + path, path + "/./", "file://localhost" + path + "/"]
+    assert {mirror.mirror_path(SETTINGS, url) for url in spellings} == {mirror.mirror_path(SETTINGS, path)}
+    mirror.sync(SETTINGS, path, {"refs/heads/main": "refs/remotes/origin/main"})
+    mirror.sync(SETTINGS, "file://" + path, {"refs/heads/main": "refs/remotes/origin/main"})
+    assert len(list((cache / "mirrors").glob("*.git"))) == 1
+
+
+def test_distinct_repositories_keep_distinct_mirrors():
+    assert mirror.normalised_url("https://Example.org/a/b/") == "https://example.org/a/b"
+    keys = {mirror.mirror_path(SETTINGS, url) for url in ("/a/b", "/a/c", "https://example.org/a/b", "/a/b.git")}
+    assert len(keys) == 4

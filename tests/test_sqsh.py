@@ -327,3 +327,27 @@ def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client, tmp_pat
     result = smoke.provenance_on_rootfs(docker_client, loaded, pins_mod.load(loaded.sources.pins_path), root)
     assert result["status"] == "fail", result
     assert not docker_client.images.list(name=smoke.REPOSITORY)  # the imported image is gone
+
+
+@pytest.mark.docker
+def test_exporting_an_exported_digest_again_is_a_checked_cache_hit(demo_sqsh, settings, tmp_path):
+    path, record = demo_sqsh
+    again = pipeline.export_sqsh(path, settings, squash_options=FAST, out=tmp_path / "again.sqsh")
+    assert "cache hit" in again.seconds and again.sha256 == record.sha256 and again.image_id == record.image_id
+    assert (tmp_path / "again.sqsh.sha256").read_text() == f"{record.sha256}  again.sqsh\n"
+    assert report.load(path).sqsh == again
+    # an index entry of our own (another mksquashfs version string) on a copy: a hit while intact ...
+    rep, copy = report.load(path), tmp_path / "copy.sqsh"
+    copy.write_bytes(Path(record.path).read_bytes())
+    sqsh.remember(settings, record.model_copy(update={"path": str(copy), "mksquashfs": "planted"}), True)
+    assert sqsh.cached_export(settings, rep, tmp_path / "third.sqsh", FAST, "planted", True) is not None
+    # ... planted: the earlier .sqsh changed on disk -> no hit (its sha256 read in full), nothing copied
+    with open(copy, "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\0planted\0")
+    (tmp_path / "third.sqsh").unlink()
+    assert sqsh.cached_export(settings, rep, tmp_path / "third.sqsh", FAST, "planted", True) is None
+    assert not (tmp_path / "third.sqsh").exists()
+    # other options, or an unsmoked export when a smoked one is asked for, are other exports
+    assert sqsh.cached_export(settings, rep, tmp_path / "third.sqsh", "-comp gzip", record.mksquashfs, True) is None
+    assert sqsh.cached_export(settings, rep, tmp_path / "third.sqsh", FAST, record.mksquashfs, False) is None

@@ -2,8 +2,8 @@
 from acceptance.defaults import CACHE_ENV_VARS, DEFAULT_REQUIRED, GATES, METRICS
 from builder import __version__
 
-__all__ = ["BUILDER_VERSION", "CACHE_DIR", "CACHE_ENV", "CACHE_ENV_VARS", "COMPONENTS", "DEFAULT_REQUIRED", "GATES",
-           "LABEL_PREFIX", "MANIFEST", "METRICS", "SOURCE_DATE_EPOCH", "TOOL_URI"]
+__all__ = ["BUILDER_VERSION", "CACHE_DIR", "CACHE_ENV", "CACHE_ENV_VARS", "CACHE_KEY_LABEL", "COMPONENTS",
+           "DEFAULT_REQUIRED", "GATES", "LABEL_PREFIX", "MANIFEST", "METRICS", "SOURCE_DATE_EPOCH", "TOOL_URI"]
 
 BUILDER_VERSION = __version__
 TOOL_URI = "https://github.com/truepolicy/rl-image-builder"
@@ -15,6 +15,9 @@ COMPONENTS = ("vllm", "megatron", "verl")
 SOURCE_DATE_EPOCH = 946684800
 
 LABEL_PREFIX = "io.truepolicy"
+# first instruction of each stage built on the base (`<pins key>.<stage>`): keys the engine's layer cache to the
+# pins (another run's identical layer on the same base is never this run's cache parent); normalisation drops it
+CACHE_KEY_LABEL = f"{LABEL_PREFIX}.cache-key"
 MANIFEST = "/opt/delivery/manifest.json"
 
 # acceptance containers: compile/JIT caches on an empty tmpfs

@@ -61,6 +61,7 @@ class RenderedBuild(Record):
     context_sha256: str
     labels: dict[str, str]
     tag: str
+    layer_epochs: list[int] = []  # source date of each layer the runtime stage adds (normalisation clamps to it)
 
 
 class BuiltImage(Record):

@@ -1,15 +1,22 @@
 """Post-build normalisation: the same pins on the same base give the same image ID and manifest digest.
 
 The classic builder stamps wall-clock times into the layers it adds (file mtimes) and into the config
-(`created`, history, the build container's ID). This module reads the image back from the engine
-(`docker save`), rewrites only the layers the build added, and writes a Docker schema-2 image:
-- tar entries in path order, mtime clamped to the source date, uname/gname empty, only xattrs kept;
-- each added layer gzip-compressed here (level 6, header mtime 0, no file name);
-- config `created` and the added history entries at the source date; `container`, `container_config`,
-  `docker_version` and the parent `config.Image` dropped;
-- base layers are never rewritten: their registry descriptors come from the base manifest.
-The result is loaded into the engine (`docker load`), so the local image ID equals the config digest,
-and kept as blobs under `<cache>/oci/` for the registry push (builder/engine/staging.py).
+(`created`, history, the build container's ID). This module rewrites only the layers the build added,
+and writes a Docker schema-2 image:
+- tar entries in path order, mtime clamped to that layer's source date (the commit time of what it
+  installs), uname/gname empty, only xattrs kept;
+- each added layer gzip-compressed here (level 6, header mtime 0, no file name), layers in parallel;
+- config `created` at the newest layer date, each added history entry at its layer's date;
+  `container`, `container_config`, `docker_version`, the parent `config.Image` and the run's cache-key
+  label (builder/image/templates: it only keeps another run's layers out of this run's cache) dropped;
+- base layers are never read or rewritten: their registry descriptors come from the base manifest.
+The base is never read back: the engine pushes the raw image to `<base registry>/builder-raw/layers`
+(it uploads only the layers that registry lacks) and only added layers are downloaded from there.
+A raw layer normalised once (by diff ID and date) is never normalised again (`<cache>/oci/layers/`).
+The result is loaded into the engine (`docker load`; layers it already has travel as placeholders), so
+the local image ID equals the config digest, and kept as blobs under `<cache>/oci/` for the registry
+push (builder/engine/staging.py). benchmarks/bench_build.py compares this with `docker save` (source
+"save", kept for that comparison: it reads the whole image, base included).
 """
 from __future__ import annotations
 
@@ -22,17 +29,19 @@ import shutil
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 from builder.core import log
+from builder.core.constants import CACHE_KEY_LABEL
 from builder.core.errors import BuildFailed
-from builder.core.files import sha256_file
 from builder.core.imageref import ImageRef
 from builder.core.options import Settings
+from builder.engine.registry import Registry
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
@@ -40,6 +49,9 @@ LAYER_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 GZIP_LEVEL = 6
 PER_BUILD_KEYS = ("container", "container_config", "docker_version")
 CHUNK = 1 << 20
+SOURCES = ("registry", "save")
+RAW_REPOSITORY = "builder-raw/layers"
+RECENT_RECORDS = 16  # normalised images looked at for layers the engine already has
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,9 @@ class Normalized:
     layers: list[dict]      # descriptors, base first
     diff_ids: list[str]
     seconds: float
+    layer_epochs: list[int] = field(default_factory=list)  # source date of each added layer
+    reused: int = 0          # added layers whose normalised blob came from the layer cache
+    times: dict[str, float] = field(default_factory=dict)  # push_raw/save, normalise, load
 
 
 def store(settings: Settings, *parts: str) -> Path:
@@ -157,7 +172,7 @@ def _key(name: str) -> list[str]:
     return [p for p in name.split("/") if p not in ("", ".")]
 
 
-def normalize_layer(src: Path, out: IO[bytes], epoch: int) -> tuple[str, int]:
+def normalize_layer(src: Path, out: IO[bytes] | _Hashing, epoch: int) -> tuple[str, int]:
     """Rewrite one layer tar deterministically into gzip `out`; return (diff ID, uncompressed size)."""
     with tarfile.open(src) as tar:
         members = sorted(tar.getmembers(), key=lambda m: _key(m.name))
@@ -209,16 +224,31 @@ def _write_blob(settings: Settings, data: bytes) -> Descriptor:
     return Descriptor("", len(data), digest)
 
 
-def fixed_config(raw: dict, base_history: int, diff_ids: list[str], epoch: int) -> bytes:
-    """The engine's config with nothing per-build left: fixed times, no build container, new diff IDs."""
+def fixed_config(raw: dict, base_history: int, diff_ids: list[str], epochs: int | list[int]) -> bytes:
+    """The engine's config with nothing per-build left: fixed times (each added layer's history entry at
+    its layer's date, entries without a layer and `created` at the newest), no build container, no
+    cache-key label, new diff IDs."""
     config = {k: v for k, v in raw.items() if k not in PER_BUILD_KEYS}
-    config["created"] = iso(epoch)
-    config["config"] = dict(config.get("config") or {}, Image="", Hostname="")
+    inner = dict(config.get("config") or {}, Image="", Hostname="")
+    if CACHE_KEY_LABEL in (inner.get("Labels") or {}):
+        inner["Labels"] = {k: v for k, v in inner["Labels"].items() if k != CACHE_KEY_LABEL}
+    config["config"] = inner
     config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
     history = [dict(h) for h in config.get("history") or []]
+    per_layer = [epochs] * len(history) if isinstance(epochs, int) else list(epochs)
+    newest = max(per_layer, default=0)
+    config["created"] = iso(newest)
+    kept, layer = history[:base_history], 0
     for entry in history[base_history:]:
-        entry["created"] = iso(epoch)
-    config["history"] = history
+        if f"LABEL {CACHE_KEY_LABEL}=" in entry.get("created_by", ""):
+            continue
+        if entry.get("empty_layer"):
+            entry["created"] = iso(newest)
+        else:
+            entry["created"] = iso(per_layer[layer] if layer < len(per_layer) else newest)
+            layer += 1
+        kept.append(entry)
+    config["history"] = kept
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -256,15 +286,115 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, path: Path | None = None)
         tar.addfile(info, src)
 
 
+def layer_record(settings: Settings, raw_diff_id: str, epoch: int) -> Path:
+    """Where the normalised form of one raw layer (at one epoch) is remembered."""
+    return store(settings, "layers") / f"{raw_diff_id.removeprefix('sha256:')}-{epoch}.json"
+
+
+def cached_layer(settings: Settings, raw_diff_id: str, epoch: int) -> dict[str, Any] | None:
+    """{diff_id, digest, size} of a raw layer normalised before, when its blob is still in the store."""
+    path = layer_record(settings, raw_diff_id, epoch)
+    if not path.exists():
+        return None
+    entry: dict[str, Any] = json.loads(path.read_text())
+    blob = blob_path(settings, entry["digest"])
+    return entry if blob.exists() and blob.stat().st_size == entry["size"] else None
+
+
+def normalise_one(src: Path, epoch: int, raw_diff_id: str, settings: Settings, work: Path) -> dict[str, Any]:
+    """Normalise one raw layer tar into the blob store; remember it by its raw diff ID and epoch."""
+    fd, tmp = tempfile.mkstemp(dir=work, suffix=".gz")
+    with os.fdopen(fd, "wb") as out:
+        hashing = _Hashing(out)
+        diff_id, _ = normalize_layer(src, hashing, epoch)
+    os.replace(tmp, blob_path(settings, hashing.digest()))
+    entry = {"diff_id": diff_id, "digest": hashing.digest(), "size": hashing.size}
+    record = layer_record(settings, raw_diff_id, epoch)
+    tmp_record = work / f"{record.name}.tmp"  # this run's own: another run may write the same record
+    tmp_record.write_text(json.dumps(entry) + "\n")
+    tmp_record.replace(record)
+    return entry
+
+
+def raw_manifest_via_registry(client: Any, raw_image_id: str, host: str, settings: Settings) -> dict[str, Any]:
+    """Push the engine's image to `<host>/builder-raw/layers` (the engine uploads only the layers that
+    registry lacks: base layers are mounted or present) and return the manifest it pushed."""
+    import docker  # lazy: the docker SDK is heavy
+
+    repository, name = f"{host}/{RAW_REPOSITORY}", raw_image_id.removeprefix("sha256:")
+    auth = settings.registry_auth
+    auth_config = {"username": auth[0], "password": auth[1]} if auth else None
+    tagged = bool(client.api.inspect_image(raw_image_id).get("RepoTags"))
+    if not client.api.tag(raw_image_id, repository, name, force=True):
+        raise BuildFailed(f"{repository}:{name}: the engine refused to tag {raw_image_id}")
+    try:
+        for item in client.api.push(repository, tag=name, stream=True, decode=True, auth_config=auth_config):
+            if "error" in item:
+                raise BuildFailed(f"docker push {repository}:{name[:12]} (raw layers): {str(item['error'])[:300]}")
+    except docker.errors.APIError as err:
+        raise BuildFailed(f"docker push {repository}:{name[:12]} (raw layers): {str(err)[:300]}") from None
+    finally:  # only the tag, and only when another one keeps the raw image (the build cache's last step)
+        if tagged:
+            client.api.remove_image(f"{repository}:{name}", noprune=True)
+    manifest: dict[str, Any] = json.loads(Registry.from_settings(host, settings).manifest(RAW_REPOSITORY, name)["content"])
+    return manifest
+
+
+def fetch_raw_layer(reg: Registry, digest: str, diff_id: str, work: Path) -> Path:
+    """Download one pushed (gzip) layer and unpack it; its tar must hash to `diff_id`."""
+    fd, gz_path = tempfile.mkstemp(dir=work, suffix=".gz")
+    with os.fdopen(fd, "wb") as out:
+        reg.download_blob(RAW_REPOSITORY, digest, out)
+    fd, tar_path = tempfile.mkstemp(dir=work, suffix=".tar")
+    with gzip.open(gz_path, "rb") as src, os.fdopen(fd, "wb") as out:
+        hashing = _Hashing(out)
+        shutil.copyfileobj(src, hashing, CHUNK)
+    os.unlink(gz_path)
+    if hashing.digest() != diff_id:
+        raise BuildFailed(f"raw layer {digest} unpacks to {hashing.digest()}, the engine names it {diff_id}")
+    return Path(tar_path)
+
+
+def _epochs(epochs: int | list[int], count: int, tag: str) -> list[int]:
+    if isinstance(epochs, int):
+        return [epochs] * count
+    if len(epochs) != count:
+        raise BuildFailed(f"{tag}: the build added {count} layers, the render planned {len(epochs)} layer times")
+    return list(epochs)
+
+
+def present_prefix(client: Any, diff_ids: list[str], at_least: int, settings: Settings) -> int:
+    """How many leading layers of `diff_ids` the engine already has (a recently normalised image
+    shares them), so `docker load` need not read them again."""
+    import docker  # lazy: the docker SDK is heavy
+
+    best = at_least
+    records = sorted(store(settings, "records").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in records[:RECENT_RECORDS]:
+        theirs = json.loads(path.read_text()).get("diff_ids", [])
+        common = next((i for i, (a, b) in enumerate(zip(theirs, diff_ids, strict=False)) if a != b),
+                      min(len(theirs), len(diff_ids)))
+        if common <= best:
+            continue
+        try:
+            layers = client.api.inspect_image(json.loads(path.read_text())["image_id"])["RootFS"]["Layers"]
+        except docker.errors.ImageNotFound:
+            continue
+        if layers[:common] == diff_ids[:common]:
+            best = common
+    return best
+
+
 def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_layers: list[dict],
-              epoch: int, settings: Settings) -> Normalized:
-    """Normalise the image the engine built on top of the base (config + manifest layer descriptors
-    from the registry); load it as `tag`; return the record. Cached by raw image ID."""
-    record_path = store(settings, "records") / f"{raw_image_id.removeprefix('sha256:')}-{epoch}.json"
-    if record_path.exists():
-        cached = Normalized(**json.loads(record_path.read_text()))
-        if blob_path(settings, cached.manifest_digest).exists() and _retag(client, cached.image_id, tag):
-            return cached
+              epochs: int | list[int], settings: Settings, registry_host: str | None = None,
+              source: str = "registry") -> Normalized:
+    """Normalise what the engine built on top of the base (config + manifest layer descriptors from the
+    registry); load it as `tag`; return the record. `epochs`: one source date per added layer (or one
+    for all). Only added layers whose raw diff ID was never normalised at its epoch are read: through
+    the registry at `registry_host` (source "registry": the engine pushes only what it lacks) or by
+    `docker save` (source "save", reads the whole image). Cached by raw image ID and epochs."""
+    if source not in SOURCES:
+        raise BuildFailed(f"normalise source {source!r}: expected one of {', '.join(SOURCES)}")
     start = time.monotonic()
     attrs = client.api.inspect_image(raw_image_id)
     diff_ids: list[str] = list(attrs["RootFS"]["Layers"])
@@ -272,39 +402,87 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
     if diff_ids[: len(base_ids)] != base_ids or len(base_layers) != len(base_ids):
         raise BuildFailed(f"{tag}: the built image does not start with the base image's layers")
     added = diff_ids[len(base_ids):]
+    per_layer = _epochs(epochs, len(added), tag)
+    key = hashlib.sha256(json.dumps(per_layer).encode()).hexdigest()[:16]
+    record_path = store(settings, "records") / f"{raw_image_id.removeprefix('sha256:')}-{key}.json"
+    if record_path.exists():
+        cached = Normalized(**json.loads(record_path.read_text()))
+        if blob_path(settings, cached.manifest_digest).exists() and _retag(client, cached.image_id, tag):
+            return cached
+    times: dict[str, float] = {}
+    entries: dict[int, dict[str, Any]] = {}
+    for i, diff_id in enumerate(added):
+        hit = cached_layer(settings, diff_id, per_layer[i])
+        if hit is not None:
+            entries[i] = hit
+    todo = [i for i in range(len(added)) if i not in entries]
     work = Path(tempfile.mkdtemp(dir=store(settings, "tmp")))
     try:
-        with log.step(f"normalise {len(added)} added layers"):
-            raw_tars, raw_config = save_layers(client, raw_image_id, set(added), work)
-            missing = [d for d in added if d not in raw_tars]
-            if missing or not raw_config:
-                raise BuildFailed(f"{tag}: docker save lacked {missing or 'the config'}")
-            new_ids, descriptors, files = list(base_ids), [Descriptor(**d) for d in base_layers], []
-            for diff_id in added:
-                tmp = work / "layer.gz"
-                with open(tmp, "wb") as out:
-                    new_id, _ = normalize_layer(raw_tars[diff_id], out, epoch)
-                digest = "sha256:" + sha256_file(tmp)
-                dest = blob_path(settings, digest)
-                tmp.replace(dest)
-                new_ids.append(new_id)
-                descriptors.append(Descriptor(LAYER_TYPE, dest.stat().st_size, digest))
-                files.append(dest)
-            config = fixed_config(json.loads(raw_config), len(base_config.get("history") or []), new_ids, epoch)
+        with log.step(f"normalise {len(todo)} of {len(added)} added layers ({source})"):
+            raw_config, jobs = _raw_layer_jobs(client, raw_image_id, diff_ids, len(base_ids), todo, registry_host, source,
+                                   settings, work, times)
+            mark = time.monotonic()
+            workers = max(1, min(len(todo), os.cpu_count() or 1))
+            with ThreadPoolExecutor(max_workers=workers) as pool:  # zlib releases the GIL: layers compress at once
+                done = pool.map(lambda i: normalise_one(jobs[i](), per_layer[i], added[i], settings, work), todo)
+                entries.update(zip(todo, done, strict=True))
+            times["normalise"] = round(time.monotonic() - mark, 3)
+            new_ids = base_ids + [entries[i]["diff_id"] for i in range(len(added))]
+            descriptors = [Descriptor(**d) for d in base_layers]
+            descriptors += [Descriptor(LAYER_TYPE, entries[i]["size"], entries[i]["digest"]) for i in range(len(added))]
+            config = fixed_config(raw_config, len(base_config.get("history") or []), new_ids, per_layer)
             config_desc = _write_blob(settings, config)
             manifest = manifest_bytes(Descriptor(CONFIG_TYPE, config_desc.size, config_desc.digest), descriptors)
             manifest_desc = _write_blob(settings, manifest)
-        with log.step(f"docker load {config_desc.digest[:19]}"):
-            load(client, config, [None] * len(base_ids) + files, tag, work)
+        mark = time.monotonic()
+        present = present_prefix(client, new_ids, len(base_ids), settings)
+        files: list[Path | None] = [None] * present
+        files += [blob_path(settings, d.digest) for d in descriptors[present:]]
+        with log.step(f"docker load {config_desc.digest[:19]} ({len(new_ids) - present} layers read)"):
+            load(client, config, files, tag, work)
+        times["load"] = round(time.monotonic() - mark, 3)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if not _loaded(client, config_desc.digest, tag):
         raise BuildFailed(f"{tag}: after docker load the engine does not show image {config_desc.digest} under the tag")
     result = Normalized(image_id=config_desc.digest, manifest_digest=manifest_desc.digest, raw_image_id=raw_image_id,
-                        source_date_epoch=epoch, base_layers=len(base_ids), layers=[asdict(d) for d in descriptors],
-                        diff_ids=new_ids, seconds=round(time.monotonic() - start, 3))
+                        source_date_epoch=max(per_layer, default=0), base_layers=len(base_ids),
+                        layers=[asdict(d) for d in descriptors], diff_ids=new_ids,
+                        seconds=round(time.monotonic() - start, 3), layer_epochs=per_layer,
+                        reused=len(added) - len(todo), times=times)
     record_path.write_text(json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+def _raw_layer_jobs(client: Any, raw_image_id: str, diff_ids: list[str], base: int, todo: list[int],
+                    host: str | None, source: str, settings: Settings, work: Path,
+                    times: dict[str, float]) -> tuple[dict[str, Any], dict[int, Callable[[], Path]]]:
+    """The engine's config of the raw image, and index -> a callable giving that added layer's raw tar
+    (download and unpack run in the pool)."""
+    mark = time.monotonic()
+    if source == "save":
+        tars, config = save_layers(client, raw_image_id, {diff_ids[base + i] for i in todo}, work)
+        times["save"] = round(time.monotonic() - mark, 3)
+        missing = [diff_ids[base + i] for i in todo if diff_ids[base + i] not in tars]
+        if missing or not config:
+            raise BuildFailed(f"docker save of {raw_image_id[:19]} lacked {missing or 'the config'}")
+        return json.loads(config), {i: (lambda d=diff_ids[base + i]: tars[d]) for i in todo}  # type: ignore[misc]
+    if host is None:
+        raise BuildFailed("normalise through the registry needs the base image's registry host")
+    manifest = raw_manifest_via_registry(client, raw_image_id, host, settings)
+    times["push_raw"] = round(time.monotonic() - mark, 3)
+    layers = manifest.get("layers") or []
+    if len(layers) != len(diff_ids):
+        raise BuildFailed(f"{RAW_REPOSITORY}: the engine pushed {len(layers)} layers of {raw_image_id[:19]}, "
+                          f"it has {len(diff_ids)}")
+    reg = Registry.from_settings(host, settings)
+    config = reg.blob(RAW_REPOSITORY, manifest["config"]["digest"])  # hash-checked
+    if manifest["config"]["digest"] != raw_image_id:
+        raise BuildFailed(f"{RAW_REPOSITORY}: the engine pushed config {manifest['config']['digest']} for {raw_image_id}")
+    def job(i: int) -> Callable[[], Path]:
+        return lambda: fetch_raw_layer(reg, layers[base + i]["digest"], diff_ids[base + i], work)
+
+    return json.loads(config), {i: job(i) for i in todo}
 
 
 def _retag(client: Any, image_id: str, tag: str) -> bool:

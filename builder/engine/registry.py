@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 import requests
@@ -123,6 +123,22 @@ class Registry:
             raise PublishError(f"registry {self.host}: blob {digest} has content {computed}")
         return resp.content
 
+
+    def download_blob(self, name: str, digest: str, out: IO[bytes], chunk: int = 1 << 20) -> int:
+        """Stream a blob into `out`, checking its sha256 against the digest; return its size."""
+        path = f"/v2/{name}/blobs/{digest}"
+        resp = self._request("GET", path, stream=True)
+        if resp.status_code != 200:
+            raise PublishError(f"registry {self.host}: GET {path} answered {resp.status_code}, expected 200")
+        sha, size = hashlib.sha256(), 0
+        with resp:
+            for data in resp.iter_content(chunk):
+                sha.update(data)
+                size += len(data)
+                out.write(data)
+        if "sha256:" + sha.hexdigest() != digest:
+            raise PublishError(f"registry {self.host}: blob {digest} has content sha256:{sha.hexdigest()}")
+        return size
 
     # ---- writing: blobs by digest (HEAD, cross-repository mount, monolithic upload) and manifests
 

@@ -14,7 +14,7 @@ from builder.core.errors import BuildFailed
 from builder.core.options import PACKAGE, Settings
 from builder.core.records import BuiltImage, RenderedBuild
 from builder.engine import client as engine
-from builder.engine import normalize, staging
+from builder.engine import normalize, registry, staging
 from builder.image import ccache
 from builder.image.dockerfile import instructions
 
@@ -87,11 +87,15 @@ def steps_file(built: BuiltImage) -> Path:
     return Path(built.log_path[: -len(".log")] + ".steps.json")
 
 
-def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, settings: Settings) -> normalize.Normalized:
-    """Normalise the engine's image (builder/engine/normalize.py) and load it under the SHA tag."""
+def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, settings: Settings,
+                 source: str = "registry") -> normalize.Normalized:
+    """Normalise the engine's image (builder/engine/normalize.py) and load it under the SHA tag: each added
+    layer at its own source date (a render without them: the created label's date for all)."""
     base_config, base_layers = staging.base_of(rendered.labels, settings)
-    epoch = normalize.epoch_of(rendered.labels["org.opencontainers.image.created"])
-    return normalize.normalize(client, raw_id, rendered.tag, base_config, base_layers, epoch, settings)
+    epochs = rendered.layer_epochs or normalize.epoch_of(rendered.labels["org.opencontainers.image.created"])
+    host = registry.split_repository(rendered.labels[staging.BASE_NAME])[0]
+    return normalize.normalize(client, raw_id, rendered.tag, base_config, base_layers, epochs, settings,
+                               registry_host=host, source=source)
 
 
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:

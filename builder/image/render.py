@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from builder.core.constants import BUILDER_VERSION, COMPONENTS, LABEL_PREFIX, SOURCE_DATE_EPOCH
+from builder.core.constants import BUILDER_VERSION, CACHE_KEY_LABEL, COMPONENTS, LABEL_PREFIX, SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import RenderedBuild, ResolvedSources
@@ -40,6 +40,24 @@ def created(sources: ResolvedSources | None) -> str:
         return UNRESOLVED
     newest = max(sources.components[name].commit_time for name in COMPONENTS)
     return datetime.fromtimestamp(newest, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cache_key(pins: Pins) -> str:
+    """Which run this is (pins name and repository, not the commits): the first instruction of each stage
+    on the base carries it (`<key>.prepare`, `<key>.runtime`: the classic builder takes the newest child
+    with the same instruction as cache parent, so two stages must not share one), so the engine never
+    takes another pins file's identical layer as the parent of this run's cached layers, while a new
+    commit of the same pins still reuses them."""
+    return hashlib.sha256(f"{pins.name}\n{pins.image.repository}".encode()).hexdigest()[:16]
+
+
+def layer_epochs(sources: ResolvedSources, deps: bool) -> list[int]:
+    """Source date of each layer the runtime stage adds, in order: the builder's scripts and the acceptance
+    suite, the locked wheels (SOURCE_DATE_EPOCH, as the lock itself), each component at its commit time,
+    then the delivery files and the finish step at the newest commit time (they name all three)."""
+    commits = [sources.components[name].commit_time for name in COMPONENTS]
+    fixed = [SOURCE_DATE_EPOCH] * (3 if deps else 2)
+    return fixed + commits + [max(commits)] * 2
 
 
 def venv_root(pins: Pins) -> str:
@@ -152,6 +170,7 @@ def render_dockerfile(pins: Pins, sources: ResolvedSources | None) -> str:
         "python": pins.base.python_bin, "venv": venv_root(pins), "build_env": dict(pins.build.env),
         "source_date_epoch": SOURCE_DATE_EPOCH, "deps": deps, "build_deps": build_deps, "components": comps,
         "prefixes": prefixes, "labels": labels(pins, sources),
+        "cache_key_label": CACHE_KEY_LABEL, "cache_key": cache_key(pins),
     }
     return dockerfile.render_text(data)
 
@@ -198,4 +217,5 @@ def render(pins: Pins, sources: ResolvedSources, settings: Settings) -> Rendered
                                          delivery_components(pins, sources, tag), wheelhouse,
                                          {name: toolchain(name, locked) for name in locked.cmake}, locked.inputs)
     return RenderedBuild(dockerfile=text, dockerfile_sha256=text_sha, context_path=str(path),
-                         context_sha256=context_sha, labels=labels(pins, sources), tag=tag)
+                         context_sha256=context_sha, labels=labels(pins, sources), tag=tag,
+                         layer_epochs=layer_epochs(sources, bool(wheels.split_lock(lock.read_text())[0])))

@@ -1,7 +1,8 @@
 """`builder rebuild --check REPORT.json`: rebuild from the pins alone with no cache and compare digests.
 
-Same image ID and manifest digest -> exit 0. Otherwise exit 1 with a file-level diff of every layer
-that differs (path, type, mode, uid/gid, size, sha256, mtime, link), in the spirit of `diffoci --semantic`;
+Works from any report naming the image digest: its build record, the digest `accept --image` pulled,
+or its image ID alone. Same image ID and manifest digest -> exit 0. Otherwise exit 1 with a file-level
+diff of every layer that differs (path, type, mode, uid/gid, size, sha256, mtime, link), in the spirit of `diffoci --semantic`;
 the result is also written into the report (`rebuild`).
 """
 from __future__ import annotations
@@ -79,19 +80,33 @@ class _Blobs:
         return self.reg.blob(self.name, digest)
 
 
-def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str, settings: Settings) -> dict[str, Any]:
-    """The comparison record: digests, and per differing layer its file-level diff."""
-    assert report.build is not None
-    same = rebuilt_manifest == report.build.manifest_digest and rebuilt_id == report.image_id
-    result: dict[str, Any] = {"status": "same" if same else "different",
-                              "report": {"image_id": report.image_id, "manifest_digest": report.build.manifest_digest},
-                              "rebuild": {"image_id": rebuilt_id, "manifest_digest": rebuilt_manifest}, "layers": []}
-    if same:
-        return result
+def expected(report: Report, report_path: Path) -> tuple[str, str, str]:
+    """(manifest digest, image ID, ref to fetch blobs from) the report names: its build record, else the
+    digest acceptance pulled (`accept --image` reports), else its image ID alone (manifest "")."""
     pulled = report.acceptance.pulled if report.acceptance else None
-    blobs = _Blobs(report.build.staged or (pulled.ref if pulled else ""), settings)
+    ref = str((report.build.staged if report.build else None) or (pulled.ref if pulled else ""))
+    manifest = (report.build.manifest_digest if report.build else "") or (pulled.digest if pulled else "")
+    manifest = manifest or ref.partition("@")[2]
+    image_id = report.image_id if report.image_id.startswith("sha256:") else ""
+    if not manifest and not image_id:
+        raise BadInput(f"{report_path}: build.manifest_digest, acceptance.pulled.digest or image_id: "
+                       "expected a report naming the image digest")
+    return manifest, image_id, ref
+
+
+def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str, settings: Settings,
+            report_path: Path = Path("report.json")) -> dict[str, Any]:
+    """The comparison record: digests, and per differing layer its file-level diff."""
+    want_manifest, want_id, ref = expected(report, report_path)
+    same = (not want_manifest or rebuilt_manifest == want_manifest) and (not want_id or rebuilt_id == want_id)
+    result: dict[str, Any] = {"status": "same" if same else "different",
+                              "report": {"image_id": want_id or "unknown", "manifest_digest": want_manifest or "unknown"},
+                              "rebuild": {"image_id": rebuilt_id, "manifest_digest": rebuilt_manifest}, "layers": []}
+    if same or not want_manifest:
+        return result
+    blobs = _Blobs(ref, settings)
     local = normalize.blob_path
-    old = json.loads(blobs.get(report.build.manifest_digest))
+    old = json.loads(blobs.get(want_manifest))
     new = json.loads(local(settings, rebuilt_manifest).read_bytes())
     old_layers, new_layers = old["layers"], new["layers"]
     for i in range(max(len(old_layers), len(new_layers))):
@@ -109,10 +124,9 @@ def compare(report: Report, rebuilt_manifest: str, rebuilt_id: str, settings: Se
 
 
 def recorded_digest(report: Report, report_path: Path) -> str:
-    """The manifest digest the report names for its image (a build record or an accepted pulled digest)."""
-    if report.build is None or not report.build.manifest_digest:
-        raise BadInput(f"{report_path}: build.manifest_digest: expected a report of a normalised build")
-    return report.build.manifest_digest
+    """The manifest digest the report names for its image (a build record or an accepted pulled digest;
+    "" when it names only the image ID); BadInput when it names neither."""
+    return expected(report, report_path)[0]
 
 
 def rebuild_tag(tag: str) -> str:
@@ -125,7 +139,7 @@ def record(report: Report, report_path: Path, built: BuiltImage, tag: str,
            settings: Settings) -> dict[str, Any]:
     """Compare the rebuild with the report's image, drop the rebuild tag, write `rebuild` into the report."""
     try:
-        result = compare(report, built.manifest_digest, built.image_id, settings)
+        result = compare(report, built.manifest_digest, built.image_id, settings, report_path)
     finally:
         engine.remove_image(engine.connect(settings), tag)  # the rebuild tag only; an equal image keeps its own tag
     report.rebuild = result

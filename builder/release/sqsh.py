@@ -9,6 +9,8 @@ timestamp is SOURCE_DATE_EPOCH (enroot's own reproducible mode), mksquashfs sort
 when the image has them. The .sqsh is read back with `unsquashfs` and must equal the tree computed from
 the layers in memory; then the provenance gate runs on the unpacked tree in a network-none container.
 Nothing is left behind on failure: the .sqsh is renamed into place only once both checks passed.
+An image ID exported before with the same options is a cache hit: the earlier .sqsh, its sha256 checked
+again in full, is reused (copied when --out differs); `<cache>/sqsh/exports/` indexes them.
 """
 from __future__ import annotations
 
@@ -209,6 +211,12 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     if os.geteuid() != 0:
         raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
     version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
+    hit = cached_export(settings, report, out, squash_options, version, smoke)
+    if hit is not None:
+        report.sqsh = hit
+        report_mod.write(report, report_path.parent)
+        log.info(f".sqsh {out} sha256:{hit.sha256}: already exported ({hit.seconds['cache hit']} s)")
+        return hit
     client = client or engine.connect(settings)
     work = Path(tempfile.mkdtemp(prefix="sqsh-", dir=settings.cache("sqsh")))
     partial = out.with_name(f".{out.name}.partial")
@@ -240,9 +248,50 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     report.sqsh = record
     report_mod.write(report, report_path.parent)
+    remember(settings, record, smoke)
     log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB, {squash_options}); "
              f"registry {record.registry_digest}; tag {record.tag}")
     return record
+
+
+def _cache_entry(settings: Settings, image_id: str, squash_options: str, version: str, smoke: bool) -> Path:
+    key = hashlib.sha256(f"{image_id}\n{squash_options}\n{version}\n{smoke}".encode()).hexdigest()[:24]
+    return settings.cache("sqsh", "exports") / f"{key}.json"
+
+
+def remember(settings: Settings, record: SqshExport, smoke: bool) -> None:
+    """Index an export by image ID, squash options, mksquashfs version and whether it was smoked."""
+    entry = _cache_entry(settings, record.image_id, record.compression, record.mksquashfs, smoke)
+    tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")  # another export may write the same entry
+    tmp.write_text(record.model_dump_json(indent=2) + "\n")
+    tmp.replace(entry)
+
+
+def cached_export(settings: Settings, report: Report, out: Path, squash_options: str, version: str,
+                  smoke: bool) -> SqshExport | None:
+    """The record of an earlier export of the same image ID with the same options, when its .sqsh is
+    still there with the sha256 it was recorded with (read in full); copied to `out` if elsewhere."""
+    start = time.monotonic()
+    entry = _cache_entry(settings, report.image_id, squash_options, version, smoke)
+    if not report.image_id.startswith("sha256:") or not entry.exists():
+        return None
+    record = SqshExport.model_validate_json(entry.read_text())
+    made = Path(record.path)
+    if not made.is_file() or made.stat().st_size != record.size or fs.sha256_file(made) != record.sha256:
+        return None
+    if made.resolve() != out.resolve():
+        partial = out.with_name(f".{out.name}.partial")
+        shutil.copyfile(made, partial)
+        if fs.sha256_file(partial) != record.sha256:
+            partial.unlink()
+            return None
+        partial.replace(out)
+    out.with_name(out.name + ".sha256").write_text(f"{record.sha256}  {out.name}\n")
+    return record.model_copy(update={
+        "path": str(out), "tag": report.tags[0],
+        "registry_digest": report.publish.digest if report.publish else "not published",
+        "seconds": {"cache hit": round(time.monotonic() - start, 2)},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
 @contextmanager

@@ -3,16 +3,19 @@
 Fetches run the git CLI (builder/sources/gitcli.py): for a local repository it is 3-10x faster than
 libgit2, which builds a fresh pack of every object in-process. pygit2 reads the mirror.
 
-Each mirror lives under cache_dir('mirrors') as <sanitised-url>-<hash>.git with a lock file next
+Each mirror lives under cache_dir('mirrors') as <sanitised-url>-<hash>.git (of the normalised URL:
+`/abs` and `file:///abs` share one) with a lock file next
 to it; init and fetch happen under an exclusive flock so two runs never write at once. Objects
 are never removed, so reading objects after the lock is released is safe.
 """
 import hashlib
+import posixpath
 import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import pygit2
 
@@ -24,10 +27,26 @@ from builder.sources import gitcli
 OFFLINE_HINT = "not in the mirror cache; run without --offline"
 
 
+def normalised_url(url: str) -> str:
+    """One spelling per repository: `file:///abs` and `file://localhost/abs` are `/abs`, a local path is
+    normalised (`/a/./b/` is `/a/b`), a remote URL's scheme and host are lower-case, trailing slashes go."""
+    parts = urlsplit(url)
+    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
+        url = unquote(parts.path)
+    elif parts.scheme and parts.netloc:
+        user, at, host = parts.netloc.rpartition("@")
+        return urlunsplit((parts.scheme.lower(), user + at + host.lower(), parts.path.rstrip("/") or "/",
+                           parts.query, parts.fragment))
+    if url.startswith("/"):
+        return posixpath.normpath(url)
+    return url.rstrip("/") or url
+
+
 def mirror_path(settings: Settings, url: str) -> Path:
-    """The mirror directory of a URL: readable name plus a short hash of the exact URL."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", url).strip("_.")[-60:] or "repo"
-    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
+    """The mirror directory of a URL: readable name plus a short hash of the normalised URL."""
+    key = normalised_url(url)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("_.")[-60:] or "repo"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return settings.cache_root / "mirrors" / f"{name}-{digest}.git"  # created only when fetching (not --offline)
 
 
