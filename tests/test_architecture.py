@@ -11,6 +11,8 @@ from builder.core import records
 ROOT = Path(__file__).resolve().parent.parent
 BUILDER = ROOT / "builder"
 IN_IMAGE = BUILDER / "image" / "scripts"  # stdlib scripts copied into the image, not imported by the tool
+# stdlib scripts the tool runs with the base's interpreter in a base container (as text), never imports
+IN_CONTAINER = (BUILDER / "engine" / "scripts", BUILDER / "lock" / "scripts")
 
 
 # The stage packages, lowest first: a module may import only from its own package or from one listed
@@ -22,7 +24,8 @@ ORDER = ("core", "pins", "engine", "sources", "lock", "image", "accept", "report
 def modules() -> dict[str, Path]:
     found = {}
     for path in sorted(BUILDER.rglob("*.py")):
-        if IN_IMAGE in path.parents or path.name == "__init__.py" and path.parent == BUILDER:
+        if IN_IMAGE in path.parents or any(d in path.parents for d in IN_CONTAINER) or \
+                path.name == "__init__.py" and path.parent == BUILDER:
             continue
         rel = path.relative_to(BUILDER).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts

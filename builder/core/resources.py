@@ -2,6 +2,7 @@
 
 - templates: the jinja2 Dockerfile templates (`builder/image/templates/`; `dockerfiles/` links there)
 - image scripts: what the build copies into the image (`builder/image/scripts/`)
+- scripts run in base containers (`builder/engine/scripts/`, `builder/lock/scripts/`)
 - the pins JSON Schema (`builder/pins/schema/pins.schema.json`)
 - the acceptance suite package (`acceptance/`), copied into every image
 """
@@ -24,6 +25,12 @@ def templates() -> Path:
 
 def image_scripts() -> Path:
     return _path("builder.image", "scripts")
+
+
+def container_script(package: str, name: str) -> str:
+    """Text of a script run with the base's interpreter in a base container (`python -B -c`), e.g.
+    builder/engine/scripts/base_query.py, builder/lock/scripts/lock_in_base.py."""
+    return _path(f"builder.{package}", "scripts", name).read_text()
 
 
 def pins_schema() -> Path:

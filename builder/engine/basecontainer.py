@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.core import resources
 from builder.core.errors import BadInput, BuildFailed
 from builder.core.options import Settings
 from builder.engine import client as engine
@@ -24,36 +25,7 @@ WORK = "/tmp/lock"
 MARKER = "@@builder-lock-result@@"
 MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
-BASE_QUERY = r"""
-import hashlib, json, os, platform, sys, sysconfig
-from importlib import metadata
-dists, records = {}, {}
-for dist in metadata.distributions():
-    name = dist.metadata["Name"]
-    if name:
-        dists.setdefault(name, dist.version)
-    if name and name.lower() in ("torch", "torchvision", "torchaudio") and name not in records:
-        path = os.path.join(str(dist._path), "RECORD")
-        if os.path.isfile(path):
-            records[name] = [dist.version, os.path.basename(str(dist._path)) + "/RECORD",
-                             hashlib.sha256(open(path, "rb").read()).hexdigest()]
-impl = sys.implementation.name
-markers = {
-    "implementation_name": impl,
-    "implementation_version": "%d.%d.%d" % sys.implementation.version[:3],
-    "os_name": __import__("os").name, "platform_machine": platform.machine(),
-    "platform_release": platform.release(), "platform_system": platform.system(),
-    "platform_version": platform.version(), "python_full_version": platform.python_version(),
-    "platform_python_implementation": platform.python_implementation(),
-    "python_version": "%d.%d" % sys.version_info[:2], "sys_platform": sys.platform,
-}
-libc = platform.libc_ver()
-print("@@builder-lock-result@@")
-print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "impl": impl,
-                  "soabi": sysconfig.get_config_var("SOABI") or "", "machine": platform.machine(),
-                  "libc": [libc[0], libc[1]], "markers": markers, "dists": dists,
-                  "records": records}, sort_keys=True))
-"""
+BASE_QUERY = resources.container_script("engine", "base_query.py")  # what the base provides
 
 
 @dataclass(frozen=True)
@@ -101,14 +73,16 @@ def tar_bytes(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
 
 
 def run(settings: Settings, image: str, python: str, script: str, archives: list[tuple[str, bytes]] | None = None,
-        env: dict[str, str] | None = None, fetch: str | None = None, log_name: str = "base-container") -> Result:
+        env: dict[str, str] | None = None, fetch: str | None = None, log_name: str = "base-container",
+        args: list[str] | None = None) -> Result:
     """Run `python -c script` in a fresh network-none container of image, with each (directory, tar)
     of archives extracted there in order; `fetch` is a directory returned as tar bytes. Container removed after."""
     import docker  # lazy: docker SDK, slow to import; start-up
 
     client = engine.connect(settings)
     try:
-        container = client.containers.create(image, command=[python, "-B", "-c", script], network_mode="none",
+        container = client.containers.create(image, command=[python, "-B", "-c", script, *(args or [])],
+                                             network_mode="none",
                                              environment=env or {}, working_dir="/tmp", user="0")
     except docker.errors.ImageNotFound:
         raise BadInput(f"base.image: {image} is not in the local engine (pull or build it first)") from None

@@ -32,7 +32,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from builder.core import log
+from builder.core import log, resources
 from builder.core.constants import COMPONENTS, SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput, BuilderError, BuildFailed
 from builder.core.files import sha256_file
@@ -178,29 +178,7 @@ def build_requires(pyproject: dict[str, Any]) -> list[str]:
     return list(requires)
 
 
-# both container scripts start here: the build requirements from the wheelhouse, importable through PYTHONPATH
-BUILD_REQUIREMENTS = r"""
-import glob, json, os, subprocess, sys
-w = "/tmp/lock"
-wheels = sorted(glob.glob(w + "/wheels/*.whl"))
-if wheels:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                           "--disable-pip-version-check", "--target", w + "/bt", *wheels], stdout=sys.stderr)
-env = dict(os.environ, PYTHONPATH=w + "/bt", PIP_DISABLE_PIP_VERSION_CHECK="1")
-"""
-
-METADATA_SCRIPT = BUILD_REQUIREMENTS + r"""
-extra = ["--ignore-requires-python"] if os.environ.get("LOCK_IGNORE_REQUIRES_PYTHON") else []
-rc = subprocess.call([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-build-isolation",
-                      "--no-index", "--ignore-installed", *extra, "--report", w + "/report.json", w + "/src"],
-                     env=env, stdout=sys.stderr)
-if rc:
-    raise SystemExit(rc)
-meta = json.load(open(w + "/report.json"))["install"][0]["metadata"]
-print("@@builder-lock-result@@")
-print(json.dumps({"name": meta["name"], "version": meta["version"],
-                  "requires_dist": meta.get("requires_dist", [])}))
-"""
+LOCK_SCRIPT = resources.container_script("lock", "lock_in_base.py")  # metadata / sdist modes, in a base container
 
 
 def static_metadata(pyproject: dict[str, Any]) -> dict[str, Any] | None:
@@ -252,8 +230,8 @@ def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: Comp
     with log.step(f"lock: metadata of {inputs.name} (network-none base container)"):
         archives = [("/", basecontainer.tar_bytes(files, (f"{WORK.lstrip('/')}/src",))),
                     (f"{WORK}/src", exported_tar(settings, component).read_bytes())]
-        result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, METADATA_SCRIPT, archives, env,
-                                   log_name=f"lock-metadata-{inputs.name}")
+        result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, LOCK_SCRIPT, archives, env,
+                                   log_name=f"lock-metadata-{inputs.name}", args=["metadata"])
     if result.rc != 0:
         raise BuildFailed(f"components.{inputs.name}: preparing metadata failed in the base (exit {result.rc}):"
                           f" {result.stderr.strip()[-400:]}")
@@ -277,12 +255,6 @@ def use_metadata(component: Any, inputs: ComponentInputs, data: dict[str, Any]) 
 # --------------------------------------------------------------------------- sdists
 
 
-SDIST_SCRIPT = BUILD_REQUIREMENTS + r"""
-sdist = glob.glob(w + "/sdist/*")[0]
-rc = subprocess.call([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                      "-w", w + "/out", sdist], env=env, stdout=sys.stderr)
-raise SystemExit(rc)
-"""
 
 
 def _sdist_requires(sdist: Path) -> list[str]:
@@ -312,9 +284,9 @@ def build_sdist(settings: Settings, pins: Any, base: BaseInfo, target: Target, n
     files = {f"{WORK.lstrip('/')}/wheels/{p.name}": p.read_bytes() for p in found.values()}
     files[f"{WORK.lstrip('/')}/sdist/{sdist.name}"] = sdist.read_bytes()
     with log.step(f"lock: build {sdist.name} (network-none base container)"):
-        result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, SDIST_SCRIPT,
+        result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, LOCK_SCRIPT,
                                    [("/", basecontainer.tar_bytes(files))], {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
-                                   fetch=f"{WORK}/out", log_name=f"lock-sdist-{name}")
+                                   fetch=f"{WORK}/out", log_name=f"lock-sdist-{name}", args=["sdist"])
     if result.rc != 0:
         raise BuildFailed(f"{sdist.name}: building a wheel in the base failed (exit {result.rc}):"
                           f" {result.stderr.strip()[-300:]}")
