@@ -11,8 +11,9 @@ from typing import Any, Optional, TypeVar
 
 import typer
 
-from builder.core import log
-from builder.core.errors import BadInput, BuilderError, InfraError, NotAccepted
+from builder.core import faults, log
+from builder.core import files as fs
+from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted, NotAccepted
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, RenderedBuild, Report, ResolvedSources
 from builder.pins.model import Pins
@@ -50,12 +51,17 @@ def handled(func: F) -> F:
         except BuilderError as err:
             raise fail(err) from None
         except OSError as err:
-            if not engine.unreachable(err):
+            if not (engine.unreachable(err) or faults.infrastructure(err)):
                 raise
-            raise fail(InfraError(f"infrastructure: {err}")) from None
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+            raise fail(InfraError(f"infrastructure: {faults.describe(err)}")) from None
+        except KeyboardInterrupt as err:
+            typer.echo(f"error: interrupted{f' by {err}' if str(err) else ''}; nothing half-done was kept",
+                       err=True)
+            raise typer.Exit(Interrupted.exit_code) from None
+        except Exception as err:
+            if not faults.infrastructure(err):
+                raise
+            raise fail(InfraError(f"infrastructure: {faults.describe(err)}")) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -116,7 +122,7 @@ def resolve(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: 
     _, resolved = _load_and_resolve(pins_path, settings(), offline, allow_moved_pr)
     text = resolved.model_dump_json(indent=2)
     if json_out:
-        json_out.write_text(text + "\n")
+        fs.write_atomic(json_out, text + "\n")
     typer.echo(text)
 
 
@@ -409,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; a usage error (unknown option, missing argument) is one `error:` line, exit 2."""
     from builder.core.usage import run_app
 
+    faults.interrupt_on_sigterm()
     sys.exit(run_app(app, argv))
 
 

@@ -33,3 +33,10 @@ class InfraError(BuilderError):
     """Docker engine or registry unreachable, or a host tool missing."""
 
     exit_code = 3
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) while a stage runs: a BaseException, so no `except Exception` swallows it;
+    cleanup in `finally` blocks runs, then the CLI prints one line and exits 130."""
+
+    exit_code = 130

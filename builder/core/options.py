@@ -13,6 +13,7 @@ CLI flags are the rest). The CLI calls `Settings.from_env()` and passes the obje
 | BUILDER_GIT_CONFIG | unset | a git config file included in every fetch, e.g. url.<base>.insteadOf mirrors (submodules too) |
 | BUILDER_SIGNING_KEY | unset | ed25519 private key (PEM) that signs the attestations on publish |
 | BUILDER_SQUASH_OPTIONS | -comp lzo -noD | mksquashfs compression of `export-sqsh` (enroot's ENROOT_SQUASH_OPTIONS default) |
+| BUILDER_RUN_ID | random | scopes this run's local names (image tags `builder-run/<id>:...`); `[a-z0-9-]`, 1..32 |
 | DOCKER_HOST | the local socket | which Docker engine (`unix://`, `tcp://`, `ssh://`) |
 | DOCKER_TLS_VERIFY / DOCKER_CERT_PATH | unset | TLS for a `tcp://` engine, as the Docker CLI reads them |
 """
@@ -20,8 +21,10 @@ from __future__ import annotations
 
 import os
 import re
+import time
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.core.errors import BadInput
@@ -80,6 +83,22 @@ def _git_config(env: Mapping[str, str]) -> Path | None:
     return path
 
 
+RUN_ID = re.compile(r"(?=.{1,32}$)[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
+def _run_id(env: Mapping[str, str]) -> str:
+    value = env.get("BUILDER_RUN_ID", "")
+    if not value:
+        return new_run_id()
+    if not RUN_ID.fullmatch(value):
+        raise BadInput(f"BUILDER_RUN_ID: expected 1..32 of [a-z0-9] in words joined by single '-', got {value[:40]!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     cache_root: Path
@@ -99,6 +118,8 @@ class Settings:
     git_env: tuple[tuple[str, str], ...] = ()
     signing_key: Path | None = None
     squash_options: str = ENROOT_SQUASH_OPTIONS
+    # this run's scope for local names: concurrent runs on one engine never share a mutable tag
+    run_id: str = field(default_factory=new_run_id)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -124,6 +145,7 @@ class Settings:
             signing_key=Path(env["BUILDER_SIGNING_KEY"]) if env.get("BUILDER_SIGNING_KEY") else None,
             squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
                                                 "BUILDER_SQUASH_OPTIONS"),
+            run_id=_run_id(env),
         )
 
     def docker_environment(self) -> dict[str, str]:

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import BuildFailed
 from builder.core.files import sha256_file
@@ -202,9 +203,7 @@ def _write_blob(settings: Settings, data: bytes) -> Descriptor:
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     path = blob_path(settings, digest)
     if not path.exists():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        fs.write_atomic(path, data)  # a private temporary name: concurrent writers of one blob never mix
     return Descriptor("", len(data), digest)
 
 
@@ -271,7 +270,9 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
     if diff_ids[: len(base_ids)] != base_ids or len(base_layers) != len(base_ids):
         raise BuildFailed(f"{tag}: the built image does not start with the base image's layers")
     added = diff_ids[len(base_ids):]
-    work = Path(tempfile.mkdtemp(dir=store(settings, "tmp")))
+    fs.sweep_parts(store(settings, "tmp"))  # what a killed run left
+    fs.sweep_parts(store(settings, "blobs", "sha256"))
+    work = fs.part_dir(store(settings, "tmp"), "normalise")
     try:
         with log.step(f"normalise {len(added)} added layers"):
             raw_tars, raw_config = save_layers(client, raw_image_id, set(added), work)
@@ -302,7 +303,7 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
     result = Normalized(image_id=config_desc.digest, manifest_digest=manifest_desc.digest, raw_image_id=raw_image_id,
                         source_date_epoch=epoch, base_layers=len(base_ids), layers=[asdict(d) for d in descriptors],
                         diff_ids=new_ids, seconds=round(time.monotonic() - start, 3))
-    record_path.write_text(json.dumps(asdict(result), indent=2) + "\n")
+    fs.write_atomic(record_path, json.dumps(asdict(result), indent=2) + "\n")
     return result
 
 

@@ -8,10 +8,11 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
-from builder.core import log
+from builder.core import faults, log
 from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
 from builder.core.options import Settings
 from builder.core.records import Report
@@ -104,7 +105,9 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
 def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], settings: Settings,
             pushed: dict[str, str] | None = None) -> dict[str, Any]:
     """Give the accepted staged digest its release tags: mount every blob from staging, PUT the manifest
-    bytes served at that digest under each tag. Returns {digest, pushed: {tag: digest}}."""
+    bytes served at that digest under each tag, the first tag (the SHA tag) last. All or nothing: when any
+    step fails or the run is interrupted, every tag moved so far is put back where it was (builder/release
+    /publish.py then stops). Returns {digest, pushed: {tag: digest}}."""
     staging, _, digest = staged_ref.partition("@")
     s_host, s_name = split_repository(staging)
     host, name = split_repository(repository)
@@ -120,10 +123,54 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], se
     for desc in [*doc["layers"], doc["config"]]:
         if not reg.has_blob(name, desc["digest"]) and not reg.mount_blob(name, desc["digest"], s_name):
             raise PublishError(f"{repository}: could not mount blob {desc['digest']} from {staging}")
-    pushed = {} if pushed is None else pushed  # filled as tags land, so a failed publish can withdraw them
-    for tag in tags:
-        pushed[tag] = reg.put_manifest(name, tag, manifest, doc.get("mediaType") or MANIFEST_TYPE)
+    order = [*tags[1:], *tags[:1]]  # the SHA tag last: it exists only once every other tag moved
+    before = snapshot(reg, name, order)
+    pushed = {} if pushed is None else pushed  # filled as tags land
+    media_type = doc.get("mediaType") or MANIFEST_TYPE
+    existed = reg.tag_digest(name, digest) is not None
+    try:
+        for i, tag in enumerate(order):
+            faults.point(f"promote tag {i}")
+            pushed[tag] = reg.put_manifest(name, tag, manifest, media_type)
+            if reg.tag_digest(name, tag) != digest:
+                raise PublishError(f"{repository}:{tag}: does not serve {digest} after the push")
+    except BaseException:
+        rollback(reg, repository, {t: before[t] for t in pushed}, digest, existed)
+        pushed.clear()
+        raise
     return {"digest": digest, "pushed": pushed}
+
+
+def snapshot(reg: Registry, name: str, tags: list[str]) -> dict[str, tuple[bytes, str] | None]:
+    """The manifest bytes and media type each tag serves now; None for a tag that does not exist."""
+    out: dict[str, tuple[bytes, str] | None] = {}
+    for tag in tags:
+        got = reg.manifest(name, tag) if reg.tag_digest(name, tag) is not None else None
+        out[tag] = (bytes(got["content"]), str(got["media_type"])) if got else None
+    return out
+
+
+def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] | None], digest: str,
+             existed: bool) -> None:
+    """Put each moved tag back on the manifest it served before. A tag that did not exist goes with the new
+    manifest, deleted by digest, unless the repository held that digest before (`existed`). Logs what could not
+    be undone (the registry gone meanwhile) instead of raising over the error that led here."""
+    _, name = split_repository(repository)
+    for tag, prev in moved.items():
+        try:
+            if prev is not None:
+                reg.put_manifest(name, tag, prev[0], prev[1])
+                log.info(f"rolled back {repository}:{tag} to {_digest(prev[0])}")
+            elif not existed and reg.delete_manifest(name, digest):
+                log.info(f"rolled back {repository}:{tag} (it was new; {digest} removed)")
+            else:
+                log.info(f"could not roll back {repository}:{tag}; it serves {digest}")
+        except (InfraError, PublishError) as err:
+            log.info(f"could not roll back {repository}:{tag}: {err}")
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def accepted_ref(report: Report, where: str) -> str | None:

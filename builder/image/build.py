@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from acceptance import procfs  # one mountinfo parser (proc(5)), also used in the image
+from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import BUILDER_VERSION
 from builder.core.errors import BuildFailed
@@ -19,6 +20,7 @@ from builder.image.dockerfile import instructions
 
 MARKER = "BUILD-ENV "  # the line smoke.py prints in the runtime stage's last step
 SYSTEM_MOUNTS = ("/proc", "/dev", "/sys")
+LOCAL_REPOSITORY = "builder-run"  # local tags: builder-run/<run id>:<sha tag>, one repository per run
 ENGINE_FILES = ("/etc/resolv.conf", "/etc/hostname", "/etc/hosts")  # the engine's own per-container files
 
 
@@ -86,11 +88,18 @@ def steps_file(built: BuiltImage) -> Path:
     return Path(built.log_path[: -len(".log")] + ".steps.json")
 
 
+def local_tag(rendered: RenderedBuild, settings: Settings) -> str:
+    """This run's local name of the build: `builder-run/<run id>:<tag of the rendered ref>`. Only this run moves
+    it; release tags are given by promote (builder/engine/staging.py), and later stages use the image ID."""
+    return f"{LOCAL_REPOSITORY}/{settings.run_id}:{rendered.tag.rpartition(':')[2]}"
+
+
 def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, settings: Settings) -> normalize.Normalized:
-    """Normalise the engine's image (builder/engine/normalize.py) and load it under the SHA tag."""
+    """Normalise the engine's image (builder/engine/normalize.py) and load it under this run's local tag."""
     base_config, base_layers = staging.base_of(rendered.labels, settings)
     epoch = normalize.epoch_of(rendered.labels["org.opencontainers.image.created"])
-    return normalize.normalize(client, raw_id, rendered.tag, base_config, base_layers, epoch, settings)
+    return normalize.normalize(client, raw_id, local_tag(rendered, settings), base_config, base_layers, epoch,
+                               settings)
 
 
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
@@ -99,18 +108,19 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     out_dir = Path(rendered.context_path).parent
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
     log_path = out_dir / f"build-{stamp}.log"
+    tag = local_tag(rendered, settings)
     with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
-        result = engine.build(client, context, rendered.tag, log_path, nocache=nocache, echo=echo)
+        result = engine.build(client, context, tag, log_path, nocache=nocache, echo=echo)
     attrs = engine.inspect_image(client, result.image_id)
     if attrs is None:
         raise BuildFailed(f"{rendered.tag}: image {result.image_id} vanished after the build")
     checked = isolation(result.steps, settings, rendered)
     if checked.get("problems"):
-        engine.remove_image(client, rendered.tag)
+        engine.remove_image(client, tag)
         engine.remove_image(client, result.image_id)  # drop the layers too: a cache hit must not skip the check
         raise BuildFailed(f"docker build {rendered.tag}: the build container was not isolated:"
                           f" {checked['problems'][0]}; log {log_path}", details=checked["problems"])
-    check_labels(attrs, rendered.labels, rendered.tag)
+    check_labels(attrs, rendered.labels, tag)
     norm = reproducible(client, result.image_id, rendered, settings)
     attrs = engine.inspect_image(client, norm.image_id) or attrs
     times = stage_times(rendered.dockerfile, result.steps, result.seconds)
@@ -125,9 +135,9 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
         stage_times=times, log_path=result.log_path, cached=all_cached(result.steps), isolation=checked)
     steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached,
               "image": s.image} for s in result.steps]
-    steps_file(built).write_text(json.dumps(steps, indent=2) + "\n")
-    (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")  # the latest build
-    (out_dir / "built.json").write_text(built.model_dump_json(indent=2) + "\n")
-    log.info(f"built {rendered.tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
+    fs.write_atomic(steps_file(built), json.dumps(steps, indent=2) + "\n")
+    fs.write_atomic(out_dir / "steps.json", json.dumps(steps, indent=2) + "\n")  # the latest build
+    fs.write_atomic(out_dir / "built.json", built.model_dump_json(indent=2) + "\n")
+    log.info(f"built {tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
              f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
     return built

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import COMPONENTS, MANIFEST
 from builder.core.errors import BadInput, PublishError
@@ -174,7 +175,7 @@ def nightly(pins_path: Path, settings: Settings, follow_prs_: bool, publish: boo
     previous, previous_manifest, previous_digest = _previous(history, pins.name)
     report, run_dir = accept_and_report(pins_path, out)
     manifest = _image_manifest(report.image_id, settings)
-    (run_dir / "image-manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    fs.write_atomic(run_dir / "image-manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     accepted = report.verdict == "ACCEPTED"
     digest, tags = None, None
     if accepted and publish:

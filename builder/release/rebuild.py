@@ -14,6 +14,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import BadInput, BuildFailed
 from builder.core.options import Settings
@@ -126,11 +127,11 @@ def check(report_path: Path, settings: Settings) -> dict[str, Any]:
     try:
         result = compare(report, built.manifest_digest, built.image_id, settings)
     finally:
-        engine.remove_image(engine.connect(settings), rendered.tag)  # the rebuild tag only; an equal image keeps its own tag
+        engine.remove_image(engine.connect(settings), build.local_tag(rendered, settings))  # this run's tag only
     report.rebuild = result
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():
-        report_path.write_text(report.model_dump_json(indent=2) + "\n")
+        fs.write_atomic(report_path, report.model_dump_json(indent=2) + "\n")
     for layer in result["layers"]:
         names = ", ".join(e["path"] for e in layer["entries"][:5])
         log.info(f"layer {layer['index']}: {layer['files']} paths differ: {names}")

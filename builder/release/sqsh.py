@@ -17,7 +17,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -211,8 +210,10 @@ def export(report_path: Path, settings: Settings, out: Path | None = None, clien
         raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
     version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
     client = client or engine.connect(settings)
-    work = Path(tempfile.mkdtemp(prefix="sqsh-", dir=settings.cache("sqsh")))
-    partial = out.with_name(f".{out.name}.partial")
+    fs.sweep_parts(settings.cache("sqsh"))  # what a killed run left
+    fs.sweep_parts(out.parent)
+    work = fs.part_dir(settings.cache("sqsh"), "sqsh")
+    partial = fs.part_path(out)
     try:
         made = make_sqsh(client, report.image_id, partial, squash_options, work)
         result: dict[str, Any] = {"status": "not_run", "reason": "not asked"}
@@ -229,7 +230,7 @@ def export(report_path: Path, settings: Settings, out: Path | None = None, clien
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
-    out.with_name(out.name + ".sha256").write_text(f"{digest}  {out.name}\n")
+    fs.write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")
     expected = made.expected
     record = SqshExport(
         path=str(out), sha256=digest, size=out.stat().st_size, compression=squash_options, mksquashfs=version,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -384,11 +383,10 @@ def to_junit(report: Report) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    fs.sweep_parts(path.parent)  # what a killed run left
+    with fs.atomic_path(path) as tmp:
+        tmp.write_text(text)
+        os.chmod(tmp, 0o644)
 
 
 def write(report: Report, outdir: str | Path) -> dict[str, Path]:
