@@ -392,22 +392,31 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
 
 @app.command()
 @handled
-def nightly(pins_path: Path = PinsArg,
+def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML); several run as a fleet"),
             follow_prs: bool = typer.Option(False, "--follow-prs", help="move each component to its PR's current head"),
             publish: bool = typer.Option(False, "--publish", help="publish and move the nightly tags if ACCEPTED"),
-            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
-            key: Optional[Path] = SigningKey) -> None:
+            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report (several pins "
+                                               "files: one <n>-<stem> directory each under it)"),
+            key: Optional[Path] = SigningKey,
+            jobs: int = typer.Option(1, "--jobs", help="with several pins files: how many run at once (1..64)")) -> None:
     """Rebuild and accept, then diff with the last accepted run of the same pins name.
-    Exit codes as `run`, plus 4 when accepted but a regression flag is up."""
+    Exit codes as `run`, plus 4 when accepted but a regression flag is up; several pins files run in
+    parallel processes (at most --jobs at once) and the most severe exit code is the fleet's."""
+    from builder.nightly import fleet
     from builder.nightly import follow as nightly_mod
 
     config = settings()
+    if len(pins_paths) > 1:
+        flags = [*(["--follow-prs"] if follow_prs else []), *(["--publish"] if publish else []),
+                 *(["--key", str(key)] if key else [])]
+        outcomes = fleet.run_fleet(fleet.plan(pins_paths, out, config), jobs, flags)
+        raise typer.Exit(fleet.severest([o.code for o in outcomes]))
 
     def accept_and_report(path: Path, out_dir: Path | None) -> tuple[Report, Path]:
         return _accept_and_report(config, path, None, None, False, False, out_dir, stage=True, key=key)
 
-    code = nightly_mod.nightly(pins_path, config, follow_prs_=follow_prs, publish=publish, out=out, signing_key=key,
-                               accept_and_report=accept_and_report)
+    code = nightly_mod.nightly(pins_paths[0], config, follow_prs_=follow_prs, publish=publish, out=out,
+                               signing_key=key, accept_and_report=accept_and_report)
     raise typer.Exit(code)
 
 
