@@ -15,6 +15,7 @@ import sys
 import time
 from types import FrameType
 
+from builder.core import options
 from builder.core.errors import Interrupted
 from builder.core.safetext import clip
 
@@ -49,10 +50,9 @@ def describe(err: BaseException) -> str:
 
 def point(name: str) -> None:
     """A fail point (see the module docstring); nothing happens unless `name` starts with BUILDER_FAILPOINT."""
-    wanted = os.environ.get("BUILDER_FAILPOINT")
+    wanted, hold = options.failpoint()
     if not wanted or not name.startswith(wanted):
         return
-    hold = os.environ.get("BUILDER_FAILPOINT_HOLD", "")
     print(f"failpoint {name}", file=sys.stderr, flush=True)
     deadline = time.monotonic() + FAILPOINT_MAX_S
     while hold and os.path.exists(hold) and time.monotonic() < deadline:

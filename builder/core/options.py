@@ -83,6 +83,16 @@ def _git_config(env: Mapping[str, str]) -> Path | None:
     return path
 
 
+def failpoint() -> tuple[str, str]:
+    """BUILDER_FAILPOINT and BUILDER_FAILPOINT_HOLD, read at each fail point (tests only; builder/core/faults.py)."""
+    return os.environ.get("BUILDER_FAILPOINT", ""), os.environ.get("BUILDER_FAILPOINT_HOLD", "")
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """This process's environment plus `extra`, for a child `builder` process (builder/nightly/fleet.py)."""
+    return {**os.environ, **extra}
+
+
 RUN_ID = re.compile(r"(?=.{1,32}$)[a-z0-9]+(?:-[a-z0-9]+)*")
 
 

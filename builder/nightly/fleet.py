@@ -8,7 +8,6 @@ The fleet's exit code is the most severe of the runs': 130 interrupted, 3 infras
 """
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.core import files as fs
-from builder.core import log
+from builder.core import log, options
 from builder.core.errors import BadInput, Interrupted
 from builder.core.options import Settings
 
@@ -70,7 +69,7 @@ def run_fleet(jobs: list[Job], parallel: int, flags: list[str]) -> list[Outcome]
         start = time.monotonic()
         argv = [sys.executable, "-m", "builder", "nightly", str(job.pins), *flags,
                 *(["--out", str(job.out)] if job.out else [])]
-        env = dict(os.environ, BUILDER_RUN_ID=job.run_id)
+        env = options.child_environment(BUILDER_RUN_ID=job.run_id)
         with lock:
             if stopping.is_set():
                 return Outcome(job, 130, 0.0, "not started: interrupted")
