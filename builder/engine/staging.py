@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any
 
 from builder.core import faults, log
@@ -19,6 +20,7 @@ from builder.core.records import Report
 from builder.engine.normalize import MANIFEST_TYPE, blob_path
 from builder.engine.registry import Registry, split_repository
 
+ROLLBACK_RETRY_S = 15.0
 BASE_NAME = "org.opencontainers.image.base.name"
 BASE_DIGEST = "org.opencontainers.image.base.digest"
 
@@ -153,20 +155,31 @@ def snapshot(reg: Registry, name: str, tags: list[str]) -> dict[str, tuple[bytes
 def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] | None], digest: str,
              existed: bool) -> None:
     """Put each moved tag back on the manifest it served before. A tag that did not exist goes with the new
-    manifest, deleted by digest, unless the repository held that digest before (`existed`). Logs what could not
-    be undone (the registry gone meanwhile) instead of raising over the error that led here."""
+    manifest, deleted by digest, unless the repository held that digest before (`existed`). A registry that does
+    not answer is tried again for ROLLBACK_RETRY_S (a restart); what could not be undone is logged instead of
+    raising over the error that led here (the SHA tag, written last, then was never moved)."""
     _, name = split_repository(repository)
+    deadline = time.monotonic() + ROLLBACK_RETRY_S
     for tag, prev in moved.items():
-        try:
-            if prev is not None:
-                reg.put_manifest(name, tag, prev[0], prev[1])
-                log.info(f"rolled back {repository}:{tag} to {_digest(prev[0])}")
-            elif not existed and reg.delete_manifest(name, digest):
-                log.info(f"rolled back {repository}:{tag} (it was new; {digest} removed)")
-            else:
-                log.info(f"could not roll back {repository}:{tag}; it serves {digest}")
-        except (InfraError, PublishError) as err:
-            log.info(f"could not roll back {repository}:{tag}: {err}")
+        while True:
+            try:
+                if prev is not None:
+                    reg.put_manifest(name, tag, prev[0], prev[1])
+                    log.info(f"rolled back {repository}:{tag} to {_digest(prev[0])}")
+                elif not existed and reg.delete_manifest(name, digest):
+                    log.info(f"rolled back {repository}:{tag} (it was new; {digest} removed)")
+                else:
+                    log.info(f"could not roll back {repository}:{tag}; it serves {digest}")
+                break
+            except InfraError as err:
+                if time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                log.info(f"could not roll back {repository}:{tag}: {err}")
+                break
+            except PublishError as err:
+                log.info(f"could not roll back {repository}:{tag}: {err}")
+                break
 
 
 def _digest(data: bytes) -> str:
