@@ -255,14 +255,16 @@ class LoopDisk:
         free = os.statvfs(self.mount)
         size = max(0, free.f_bavail * free.f_frsize - (32 << 20))
         subprocess.run(["fallocate", "-l", str(size), str(self.filler)], check=False, capture_output=True)
-        with contextlib.suppress(OSError), open(self.mount / "filler2", "wb") as fh:
-            while True:  # the blocks fallocate could not take
-                fh.write(b"\0" * 65536)
-                fh.flush()
+        for i, chunk in enumerate((1 << 20, 1 << 16, 1 << 12, 1 << 9)):  # what fallocate left, down to the last block
+            with contextlib.suppress(OSError), open(self.mount / f"filler-{i}", "wb", buffering=0) as fh:
+                while True:
+                    fh.write(b"\0" * chunk)
+                    os.fsync(fh.fileno())
 
     def drain(self) -> None:
         self.filler.unlink(missing_ok=True)
-        (self.mount / "filler2").unlink(missing_ok=True)
+        for path in self.mount.glob("filler-*"):
+            path.unlink()
 
     def close(self) -> None:
         self.drain()

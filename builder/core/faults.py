@@ -35,13 +35,13 @@ def interrupt_on_sigterm() -> None:
 
 def infrastructure(err: BaseException) -> bool:
     """A full or broken disk, an HTTP/socket failure (requests, urllib3), or a Docker engine error."""
-    if isinstance(err, OSError) and err.errno in DISK_ERRNOS or _disk_message(err):
+    if isinstance(err, OSError) and err.errno in DISK_ERRNOS or disk_message(err):
         return True
     module = type(err).__module__.split(".")[0]
     return module in ("requests", "urllib3", "docker", "http") or isinstance(err, (ConnectionError, TimeoutError))
 
 
-def _disk_message(err: BaseException) -> str:
+def disk_message(err: BaseException) -> str:
     """The disk error a library reported as text only (libgit2: 'failed to write out file: No space left ...')."""
     text = str(err)
     return next((os.strerror(code) for code in DISK_ERRNOS if os.strerror(code) in text), "")
@@ -51,7 +51,7 @@ def describe(err: BaseException) -> str:
     if isinstance(err, OSError) and err.errno in DISK_ERRNOS:
         where = f" ({err.filename})" if getattr(err, "filename", None) else ""
         return clip(f"disk: {os.strerror(err.errno or 0)}{where}", 250)
-    if _disk_message(err):
+    if disk_message(err):
         return clip(f"disk: {' '.join(str(err).split())}", 250)
     return clip(f"{type(err).__name__}: {' '.join(str(err).split())}", 250)
 

@@ -95,7 +95,12 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
     with log.step(f"pull {ref}"):
         try:
-            client.api.pull(repository, tag=digest, auth_config=auth_config)
+            # the engine reports a failed pull inside the stream (HTTP 200): an image already present from an
+            # earlier pull must not hide it
+            for item in client.api.pull(repository, tag=digest, auth_config=auth_config, stream=True, decode=True):
+                if "error" in item or "errorDetail" in item:
+                    message = item.get("error") or (item.get("errorDetail") or {}).get("message", "error")
+                    raise InfraError(f"docker engine: pull {ref}: {' '.join(str(message).split())[:200]}")
             image_id = client.api.inspect_image(ref)["Id"]
         except docker.errors.APIError as err:
             raise InfraError(f"docker engine: pull {ref}: {str(err)[:300]}") from None
