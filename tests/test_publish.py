@@ -4,12 +4,12 @@ import hashlib
 import http.client
 import io
 import json
-import uuid
 import socket
 import subprocess
 import tarfile
 import threading
 import time
+import uuid
 import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 

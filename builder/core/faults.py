@@ -41,8 +41,9 @@ def infrastructure(err: BaseException) -> bool:
     return module in ("requests", "urllib3", "docker", "http") or isinstance(err, (ConnectionError, TimeoutError))
 
 
-def disk_message(err: BaseException) -> str:
-    """The disk error a library reported as text only (libgit2: 'failed to write out file: No space left ...')."""
+def disk_message(err: BaseException | str) -> str:
+    """The disk error a library or tool reported as text only (libgit2: 'failed to write out file: No space
+    left on device'; uv: '... (os error 28)')."""
     text = str(err)
     return next((os.strerror(code) for code in DISK_ERRNOS if os.strerror(code) in text), "")
 
