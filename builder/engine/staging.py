@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from builder.core import faults, log
+from builder.core import files as fs
 from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
 from builder.core.options import Settings
 from builder.core.records import Report
@@ -146,6 +149,15 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], se
         pushed.clear()
         raise
     return {"digest": digest, "pushed": pushed}
+
+
+@contextmanager
+def repository_lock(repository: str, settings: Settings) -> Iterator[None]:
+    """One tag-moving run per release repository at a time among the runs sharing this cache (a nightly fleet):
+    two runs promoting one digest would otherwise read, write and roll back the same tags at once."""
+    name = hashlib.sha256(repository.encode()).hexdigest()[:24]
+    with fs.locked(settings.cache("locks") / f"promote-{name}.lock"):
+        yield
 
 
 def snapshot(reg: Registry, name: str, tags: list[str]) -> dict[str, tuple[bytes, str] | None]:

@@ -98,9 +98,10 @@ def move_tags(repository: str, digest: str, retention: int, settings: Settings,
         raise PublishError(f"{repository}@{digest}: registry serves {got['computed']}")
     dated = f"nightly-{today or time.strftime('%Y%m%d', time.gmtime())}"
     config = json.loads(got["content"]).get("config", {}).get("digest", "")
-    # through promote: both tags or neither (`nightly` written last, rolled back on a failure)
-    staging.promote(f"{repository}@{digest}", config, repository, [NIGHTLY, dated], settings)
-    return {"digest": digest, "added": [NIGHTLY, dated], "pruned": prune(reg, name, retention)}
+    with staging.repository_lock(repository, settings):
+        # through promote: both tags or neither (`nightly` written last, rolled back on a failure)
+        staging.promote(f"{repository}@{digest}", config, repository, [NIGHTLY, dated], settings)
+        return {"digest": digest, "added": [NIGHTLY, dated], "pruned": prune(reg, name, retention)}
 
 
 def prune(reg: Registry, name: str, retention: int) -> list[str]:

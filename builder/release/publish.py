@@ -97,30 +97,31 @@ def publish(report_path: str | Path, settings: Settings, image: str | None = Non
     check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
     client = engine.connect(settings)
-    served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
-    before = staging.snapshot(registry, name, report.tags) if staged else {}
-    existed = staged is not None and registry.tag_digest(name, staged.partition("@")[2]) is not None
-    pushed: dict[str, str] = {}
-    try:
-        if staged:  # promote: the accepted digest gets the tags (blob mount + manifest PUT); all or nothing
-            with log.step(f"promote {staged} -> {report.repository}"):
-                staging.promote(staged, report.image_id, report.repository, report.tags, settings, pushed)
-        else:  # accepted on a local image ID: the engine pushes that image
-            _push_local(client, report, image, where, auth, secrets, registry, pushed)
-        facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform)
-                 for tag in report.tags]
-        digests = sorted({f["digest"] for f in facts})
-        if len(digests) != 1:
-            raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
-        with log.step(f"attest {report.repository}@{digests[0][:19]}"):
-            attestations = attest_published(report, client, registry, digests[0], key)
-    except BaseException as err:
-        if staged and pushed:  # promote finished, a later step did not: the tags go back (when reachable)
-            staging.rollback(registry, report.repository, {t: before[t] for t in pushed},
-                             staged.partition("@")[2], existed)
-        elif isinstance(err, PublishError):
-            withdraw(registry, name, set(pushed.values()) - served_before)
-        raise
+    with staging.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
+        served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
+        before = staging.snapshot(registry, name, report.tags) if staged else {}
+        existed = staged is not None and registry.tag_digest(name, staged.partition("@")[2]) is not None
+        pushed: dict[str, str] = {}
+        try:
+            if staged:  # promote: the accepted digest gets the tags (blob mount + manifest PUT); all or nothing
+                with log.step(f"promote {staged} -> {report.repository}"):
+                    staging.promote(staged, report.image_id, report.repository, report.tags, settings, pushed)
+            else:  # accepted on a local image ID: the engine pushes that image
+                _push_local(client, report, image, where, auth, secrets, registry, pushed)
+            facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform)
+                     for tag in report.tags]
+            digests = sorted({f["digest"] for f in facts})
+            if len(digests) != 1:
+                raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
+            with log.step(f"attest {report.repository}@{digests[0][:19]}"):
+                attestations = attest_published(report, client, registry, digests[0], key)
+        except BaseException as err:
+            if staged and pushed:  # promote finished, a later step did not: the tags go back (when reachable)
+                staging.rollback(registry, report.repository, {t: before[t] for t in pushed},
+                                 staged.partition("@")[2], existed)
+            elif isinstance(err, PublishError):
+                withdraw(registry, name, set(pushed.values()) - served_before)
+            raise
     receipt = PublishReceipt(repository=report.repository, tags=list(report.tags), digest=digests[0],
                              config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
                              pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=attestations)
