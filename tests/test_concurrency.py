@@ -1,6 +1,7 @@
 """Concurrent runs on one engine and registry: the shared caches and the history under concurrent writers, and
-a fleet of four nightly runs (`builder nightly A B C D --jobs 4 --publish`), two of them with equal pins (one
-image, built once by whichever run comes first) and one sharing two components with them."""
+a fleet of four nightly runs (`builder nightly A B C D --jobs 4 --publish`): two with equal pins (one image,
+built once by whichever run comes first, promoted by both), one sharing two components with them whose third
+is a planted defect (NOT ACCEPTED, never published), one with their components under another name."""
 from __future__ import annotations
 
 import json
@@ -112,7 +113,7 @@ def test_four_nightly_runs_at_once(demo_pins, docker_client, tmp_path):
     a = pins_for("a")
     b = a.with_name("b.yaml")  # equal pins in another file: the same image, built once
     b.write_text(a.read_text())
-    c = pins_for("c", "vllm", 13)  # another vllm commit: shares megatron and verl with a and b
+    c = pins_for("c", "vllm", 13)  # demo PR 13, a planted defect: shares megatron and verl with a and b
     d = pins_for("d")  # a's components under another name and repository
     run_id = f"conc{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, BUILDER_RUN_ID=run_id)
@@ -120,26 +121,33 @@ def test_four_nightly_runs_at_once(demo_pins, docker_client, tmp_path):
                            "--publish", "--out", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=3000)
     logs = "\n".join(p.read_text()[-3000:] for p in sorted(SETTINGS.cache("logs", "nightly", run_id).glob("*.log")))
-    assert proc.returncode == 0, proc.stderr[-3000:] + logs
+    assert proc.returncode == 1, proc.stderr[-3000:] + logs  # the fleet's: c is not accepted
     reports = {key: json.loads((tmp_path / "out" / f"{i}-{stem}" / "report.json").read_text())
                for key, i, stem in (("a", 1, a.stem), ("b", 2, b.stem), ("c", 3, c.stem), ("d", 4, d.stem))}
-    assert {k: r["verdict"] for k, r in reports.items()} == dict.fromkeys("abcd", "ACCEPTED")
+    assert {k: r["verdict"] for k, r in reports.items()} == {"a": "ACCEPTED", "b": "ACCEPTED", "c": "NOT ACCEPTED",
+                                                             "d": "ACCEPTED"}
+    assert {g["name"]: g["status"] for g in reports["c"]["gates"]}["rl_step"] == "fail"
     assert reports["a"]["image_id"] == reports["b"]["image_id"]
     assert len({reports[k]["image_id"] for k in "acd"}) == 3
     for key, report in reports.items():
         repo = f"{space}/{'a' if key == 'b' else key}"
-        assert report["repository"] == repo and report["publish"]["digest"] == report["build"]["manifest_digest"]
         host, name = split_repository(repo)
         reg = Registry(host)
-        for tag in [*report["tags"], "nightly"]:
-            assert reg.tag_digest(name, tag) == report["publish"]["digest"], (key, tag)
+        assert report["repository"] == repo
+        if key == "c":  # never published: no release tag exists
+            assert report["publish"] is None and all(reg.tag_digest(name, t) is None for t in [*report["tags"], "nightly"])
+        else:
+            assert report["publish"]["digest"] == report["build"]["manifest_digest"]
+            for tag in [*report["tags"], "nightly"]:
+                assert reg.tag_digest(name, tag) == report["publish"]["digest"], (key, tag)
         local = f"builder-run/{run_id}-n{'abcd'.index(key) + 1}:{report['tags'][0]}"
         assert docker_client.images.get(local).id == report["image_id"]
         assert (tmp_path / "out" / f"{'abcd'.index(key) + 1}-{Path(report['sources']['pins_path']).stem}"
                 / "nightly-diff.json").is_file()
     history = History(SETTINGS.cache("history") / "runs.sqlite")
     rows = [r for n in set(names.values()) for r in history.runs(n)]
-    assert len(rows) == 4 and {r.verdict for r in rows} == {"ACCEPTED"} and {r.exit_code for r in rows} == {0}
+    assert len(rows) == 4
+    assert sorted((r.verdict, r.exit_code) for r in rows) == [("ACCEPTED", 0)] * 3 + [("NOT ACCEPTED", 1)]
     assert sorted(Path(r.report_path).parent.name for r in rows) == [f"{i}-{p.stem}" for i, p in enumerate((a, b, c, d), 1)]
     for key in "abcd":
         for image in docker_client.images.list(name=f"builder-run/{run_id}-n{'abcd'.index(key) + 1}"):
