@@ -210,7 +210,7 @@ def test_only_the_target_and_pr_refs_are_fetched(upstream):
 
 
 def test_two_processes_share_a_cold_cache(upstream, cache):
-    code = ("import sys; from types import SimpleNamespace as N; from builder import sources;"
+    code = ("import sys; from types import SimpleNamespace as N; from builder.sources import resolve as sources;"
             "from builder.core.options import Settings;"
             "c = sources.resolve_component(Settings.from_env(), 'vllm', N(target='main', pr=7, commit=sys.argv[2]),"
             " sys.argv[1]);"
