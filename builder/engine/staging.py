@@ -88,18 +88,17 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
         raise BadInput(f"--image {ref}: expected REPOSITORY@sha256:<64 hex>")
     host, name = split_repository(repository)
     reg = Registry.from_settings(host, settings)
-    reg.ping()
-    if reg.tag_digest(name, digest) is None:
-        raise PublishError(f"{ref}: not in the registry ({host} does not serve {name}@{digest})")
-    config_digest = json.loads(reg.manifest_by_digest(name, digest))["config"]["digest"]
-    if expected_id and config_digest != expected_id:
-        raise PublishError(f"{ref}: its config is {config_digest}, the build made {expected_id}; refusing")
     auth = settings.registry_auth
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
-    with log.step(f"pull {ref}"):
+    with log.step(f"pull {ref}"):  # the registry's answers first; an engine that has the digest needs no transfer
+        reg.ping()
+        if reg.tag_digest(name, digest) is None:
+            raise PublishError(f"{ref}: not in the registry ({host} does not serve {name}@{digest})")
+        config_digest = json.loads(reg.manifest_by_digest(name, digest))["config"]["digest"]
+        if expected_id and config_digest != expected_id:
+            raise PublishError(f"{ref}: its config is {config_digest}, the build made {expected_id}; refusing")
         try:
-            # the engine reports a failed pull inside the stream (HTTP 200): an image already present from an
-            # earlier pull must not hide it
+            # the engine reports a failed pull inside the stream (HTTP 200)
             for item in client.api.pull(repository, tag=digest, auth_config=auth_config, stream=True, decode=True):
                 if "error" in item or "errorDetail" in item:
                     message = item.get("error") or (item.get("errorDetail") or {}).get("message", "error")
