@@ -13,8 +13,7 @@ from builder.image import build, dockerfile, render
 from builder.pins import model as pins_mod
 from builder.sources import resolve as sources
 from demo.prepare import variant_pins
-
-SETTINGS = Settings.from_env()
+from tests.conftest import SETTINGS  # the session's settings: one run ID, so the fixtures' local tags
 
 
 def run_in(client, image: str, argv: list[str]) -> tuple[int, str]:
