@@ -89,7 +89,10 @@ def test_fleet_plans_one_run_id_and_directory_per_pins(tmp_path):
 
 def test_run_ids_are_checked():
     assert Settings.from_env({"BUILDER_RUN_ID": "a-1"}).run_id == "a-1"
-    assert Settings.from_env({}).run_id != Settings.from_env({}).run_id
+    assert Settings.from_env({}).run_id == Settings.from_env({}).run_id  # one run per process
+    other = subprocess.run([sys.executable, "-c", "from builder.core.options import Settings as S; print(S.from_env({}).run_id)"],
+                           capture_output=True, text=True, cwd=ROOT, check=True).stdout.strip()
+    assert other != Settings.from_env({}).run_id
     for bad in ("A", "a--b", "-a", "a-", "x" * 33, "a/b"):
         with pytest.raises(Exception, match="BUILDER_RUN_ID"):
             Settings.from_env({"BUILDER_RUN_ID": bad})

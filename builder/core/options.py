@@ -24,7 +24,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder.core.errors import BadInput
@@ -100,10 +100,13 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
 
 
+PROCESS_RUN_ID = new_run_id()  # one run per process unless BUILDER_RUN_ID says otherwise
+
+
 def _run_id(env: Mapping[str, str]) -> str:
     value = env.get("BUILDER_RUN_ID", "")
     if not value:
-        return new_run_id()
+        return PROCESS_RUN_ID
     if not RUN_ID.fullmatch(value):
         raise BadInput(f"BUILDER_RUN_ID: expected 1..32 of [a-z0-9] in words joined by single '-', got {value[:40]!r}")
     return value
@@ -129,7 +132,7 @@ class Settings:
     signing_key: Path | None = None
     squash_options: str = ENROOT_SQUASH_OPTIONS
     # this run's scope for local names: concurrent runs on one engine never share a mutable tag
-    run_id: str = field(default_factory=new_run_id)
+    run_id: str = PROCESS_RUN_ID
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
