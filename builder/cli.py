@@ -7,14 +7,13 @@ refused argument stay fast; those imports are marked `lazy:`.
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from builder.core import files as fs
 from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted, NotAccepted
 from builder.core.options import Settings
 from builder.core.safetext import fit
@@ -69,7 +68,7 @@ def resolve(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: 
     resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
     text = resolved.model_dump_json(indent=2)
     if json_out:
-        json_out.write_text(text + "\n")
+        fs.write_atomic(json_out, text + "\n")
     typer.echo(text)
 
 
@@ -252,45 +251,55 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
 
 
 @app.command()
-def nightly(pins_path: Path = PinsArg,
+def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML); several run as a fleet"),
             follow_prs: bool = typer.Option(False, "--follow-prs", help="move each component to its PR's current head"),
             publish: bool = typer.Option(False, "--publish", help="publish and move the nightly tags if ACCEPTED"),
-            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
-            key: Optional[Path] = SigningKey) -> None:
+            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report (several pins "
+                                               "files: one <n>-<stem> directory each under it)"),
+            key: Optional[Path] = SigningKey,
+            jobs: int = typer.Option(1, "--jobs", help="with several pins files: how many run at once (1..64)")) -> None:
     """Rebuild and accept, then diff with the last accepted run of the same pins name.
-    Exit codes as `run`, plus 4 when accepted but a regression flag is up."""
-    pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
+    Exit codes as `run`, plus 4 when accepted but a regression flag is up; several pins files run in
+    parallel processes (at most --jobs at once) and the most severe exit code is the fleet's."""
+    if len(pins_paths) > 1:
+        from builder.nightly import fleet  # lazy: start-up
+
+        flags = [*(["--follow-prs"] if follow_prs else []), *(["--publish"] if publish else []),
+                 *(["--key", str(key)] if key else [])]
+        outcomes = fleet.run_fleet(fleet.plan(pins_paths, out, settings()), jobs, flags)
+        raise typer.Exit(fleet.severest([o.code for o in outcomes]))
+    pins = load_pins(pins_paths[0])  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
     pipeline.nightly(pins, settings(), follow_prs=follow_prs, publish=publish, out=out, key=key)
 
 
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(f"stopped by signal {signal.Signals(signum).name}")
-
-
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code. The one place errors become exit codes: a BuilderError
     prints its one line (its details after it) and gives its code; a usage error is one `error:` line,
-    exit 2; SIGINT and SIGTERM end as Interrupted (130) after the stages' own clean-up ran."""
+    exit 2; a full disk or a lost engine or registry is InfraError (3); SIGINT and SIGTERM end as
+    Interrupted (130) after the stages' own clean-up ran."""
+    from builder.core import faults  # lazy: start-up (requests, docker error types)
+
     try:
         return run_app(app, argv)
-    except KeyboardInterrupt:
-        return _report(Interrupted("interrupted"))
+    except KeyboardInterrupt as err:
+        print(fit(f"error: interrupted{f' by {err}' if str(err) else ''}; nothing half-done was kept"),
+              file=sys.stderr)
+        return Interrupted.exit_code
     except BuilderError as err:
         return _report(err)
-    except OSError as err:
-        from builder.engine import client as engine  # lazy: start-up (docker SDK)
-
-        if not engine.unreachable(err):
+    except Exception as err:
+        if not faults.infrastructure(err):
             raise
-        return _report(InfraError(f"infrastructure: {err}"))
+        return _report(InfraError(f"infrastructure: {faults.describe(err)}"))
 
 
 def main(argv: list[str] | None = None) -> None:
-    signal.signal(signal.SIGTERM, _terminated)
-    sys.exit(run(argv))
+    from builder.core import faults  # lazy: start-up
 
+    faults.interrupt_on_sigterm()
+    sys.exit(run(argv))
 
 def _report(err: BuilderError) -> int:
     stream = sys.stdout if err.headline().startswith("FAILED ") else sys.stderr

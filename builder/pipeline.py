@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.accept import gates
+from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
 from builder.core.errors import BadInput, NotAccepted, Regression
@@ -179,7 +180,7 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     rendered = rendered.model_copy(update={"tag": rebuild.rebuild_tag(rendered.tag)})
     with log.step("rebuild --nocache"):
         built = build_stage.build(rendered, settings, nocache=True, echo=False)
-    result = rebuild.record(report, report_json, built, rendered.tag, settings)
+    result = rebuild.record(report, report_json, built, build_stage.local_tag(rendered, settings), settings)
     if result["status"] != "same":
         raise NotAccepted(f"{report_json}: rebuild gives {result['rebuild']['manifest_digest']}, the report has "
                           f"{result['report']['manifest_digest']}; diff in {report_json}")
@@ -204,7 +205,7 @@ def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: b
     done = accept(pins, settings, out=out, stage=True, key=key)
     report, run_dir = done.report, done.run_dir
     manifest = image_manifest(settings, report.image_id)
-    (run_dir / "image-manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    fs.write_atomic(run_dir / "image-manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     accepted = report.verdict == "ACCEPTED"
     digest, tags = None, None
     if accepted and publish:

@@ -13,8 +13,7 @@ from builder.image import build, dockerfile, render
 from builder.pins import model as pins_mod
 from builder.sources import resolve as sources
 from demo.prepare import variant_pins
-
-SETTINGS = Settings.from_env()
+from tests.conftest import SETTINGS  # the session's settings: one run ID, so the fixtures' local tags
 
 
 def run_in(client, image: str, argv: list[str]) -> tuple[int, str]:
@@ -38,7 +37,7 @@ def read_json(client, image: str, path: str) -> dict:
 def test_labels_and_manifest(demo_image, docker_client):
     pins, resolved, rendered, built = demo_image
     attrs = docker_client.api.inspect_image(built.image_id)
-    assert rendered.tag in attrs["RepoTags"] and built.tags == sorted(attrs["RepoTags"])
+    assert build.local_tag(rendered, SETTINGS) in attrs["RepoTags"] and built.tags == sorted(attrs["RepoTags"])
     labels = attrs["Config"]["Labels"]
     assert {k: labels.get(k) for k in rendered.labels} == rendered.labels
     for name in COMPONENTS:
@@ -146,14 +145,14 @@ def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins, docker
 
     pins = pins_mod.load(variant_pins(tmp_path, "verl", 35, edit=bad_pip_arg, pins_path=demo_pins))
     rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
-    before = engine.inspect_image(docker_client, rendered.tag)
+    before = engine.inspect_image(docker_client, build.local_tag(rendered, SETTINGS))
     with pytest.raises(BuildFailed) as failed:
         build.build(rendered, SETTINGS, echo=False)
     message = str(failed.value)
     assert "install.py" in message and "/install/verl" in message and "--require-hashes" in message
     assert "step " in message and "log " in message and "\n" not in message and len(message) < 1500
     assert failed.value.details and any("hashes" in line for line in failed.value.details)
-    after = engine.inspect_image(docker_client, rendered.tag)
+    after = engine.inspect_image(docker_client, build.local_tag(rendered, SETTINGS))
     assert (after is None) if before is None else after["Id"] == before["Id"]
 
 

@@ -62,4 +62,4 @@ def test_second_engine_builds_the_same_pins_to_the_same_digests(demo_image, seco
     other = build.build(rendered, there, nocache=True, echo=False)  # pulls the base from 127.0.0.1:5000
     assert other.raw_image_id != built.raw_image_id  # the engines' own builds differ ...
     assert (other.image_id, other.manifest_digest) == (built.image_id, built.manifest_digest)  # ... ours do not
-    assert engine.inspect_image(engine.connect(there), rendered.tag)["Id"] == built.image_id
+    assert engine.inspect_image(engine.connect(there), build.local_tag(rendered, there))["Id"] == built.image_id

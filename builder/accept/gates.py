@@ -61,7 +61,8 @@ def _container_spec(pins: Pins, image_id: str, gate: str, settings: dict[str, An
     spec: dict[str, Any] = {"image": image_id,
             "command": [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", json.dumps(settings)],
             "environment": dict(CACHE_ENV), "network_mode": "none", "tmpfs": dict(TMPFS), "mounts": mounts,
-            "working_dir": "/tmp", "labels": {LABEL: run_id, f"{LABEL}.gate": gate, f"{LABEL}.image": image_id},
+            "working_dir": "/tmp", "labels": {LABEL: run_id, f"{LABEL}.gate": gate, f"{LABEL}.image": image_id,
+                       **engine.owner_labels()},
             "detach": True}
     if pins.acceptance.gpus > 0:
         spec["device_requests"] = [docker.types.DeviceRequest(count=pins.acceptance.gpus, capabilities=[["gpu"]])]

@@ -67,7 +67,8 @@ class Regression(BuilderError):
     exit_code = 4
 
 
-class Interrupted(BuilderError):
-    """SIGINT or SIGTERM: the work stopped; nothing half-done is left (each stage cleans up)."""
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM (or SIGINT) while a stage runs: a BaseException, so no `except Exception` swallows it;
+    cleanup in `finally` blocks runs, then the CLI prints one line and exits 130."""
 
     exit_code = 130

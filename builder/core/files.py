@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import os
+import re
+import shutil
+import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,3 +37,70 @@ def tail(path: Path, lines: int = 15) -> list[str]:
         return path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
         return []
+
+
+PART = ".part"  # suffix of every file being written; never read as a result
+
+
+def part_path(dest: Path) -> Path:
+    """A private temporary name beside `dest` (same file system, so the rename is atomic): hidden, with
+    this process's ID, so `sweep_parts` can tell a dead writer's leftover from a live one's."""
+    return dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}{PART}")
+
+
+@contextmanager
+def atomic_path(dest: Path) -> Iterator[Path]:
+    """Write to the yielded temporary path; it is renamed onto `dest` only when the block ends without an
+    error (also an interruption), and removed otherwise: readers see the old file or the whole new one."""
+    tmp = part_path(dest)
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(dest: Path, data: bytes | str) -> None:
+    with atomic_path(dest) as tmp:
+        if isinstance(data, str):
+            tmp.write_text(data)
+        else:
+            tmp.write_bytes(data)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_parts(directory: Path) -> list[Path]:
+    """Remove the temporary files and directories (`part_path`, `part_dir`) that a killed writer left in
+    `directory`; a live process's are kept. Returns what was removed."""
+    removed: list[Path] = []
+    try:
+        names = list(directory.iterdir())
+    except OSError:
+        return removed
+    for path in names:
+        match = PART_RX.match(path.name)
+        if match and not alive(int(match[1])):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def part_dir(parent: Path, prefix: str = "work") -> Path:
+    """A private work directory under `parent` that `sweep_parts` removes once its process is gone."""
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{prefix}.{os.getpid()}.", suffix=PART, dir=parent))
+
+
+PART_RX = re.compile(r"^\..*?\.(\d+)\.[^.]*\.part$")

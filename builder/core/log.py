@@ -4,6 +4,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from builder.core import faults
+
 timings: dict[str, float] = {}
 
 
@@ -14,6 +16,7 @@ def info(message: str) -> None:
 @contextmanager
 def step(name: str) -> Iterator[None]:
     info(f"==> {name}")
+    faults.point(name)  # a test may hold the run here and inject a fault (builder/core/faults.py)
     start = time.monotonic()
     ok = False
     try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +48,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BUILDER_CCACHE", "on", "`off`: build native code without the compiler cache (builder/image/ccache.py)"),
     Variable("BUILDER_SQUASH_OPTIONS", f"`{ENROOT_SQUASH_OPTIONS}`", "mksquashfs compression of `export-sqsh` "
              "(enroot's `ENROOT_SQUASH_OPTIONS` default); flags and plain values only"),
+    Variable("BUILDER_RUN_ID", "random per process", "scopes this run's local names (image tags `builder-run/<id>:...`); "
+             "`[a-z0-9-]`, 1..32"),
     Variable("DOCKER_HOST", "the local socket", "which Docker engine (`unix://`, `tcp://`, `ssh://`)"),
     Variable("DOCKER_TLS_VERIFY", "unset", "TLS for a `tcp://` engine, as the Docker CLI reads it"),
     Variable("DOCKER_CERT_PATH", "unset", "the client certificate directory for `DOCKER_TLS_VERIFY`"),
@@ -122,6 +126,35 @@ def _git_config(env: Mapping[str, str]) -> Path | None:
     return path
 
 
+def failpoint() -> tuple[str, str]:
+    """BUILDER_FAILPOINT and BUILDER_FAILPOINT_HOLD, read at each fail point (tests only; builder/core/faults.py)."""
+    return os.environ.get("BUILDER_FAILPOINT", ""), os.environ.get("BUILDER_FAILPOINT_HOLD", "")
+
+
+def child_environment(**extra: str) -> dict[str, str]:
+    """This process's environment plus `extra`, for a child `builder` process (builder/nightly/fleet.py)."""
+    return {**os.environ, **extra}
+
+
+RUN_ID = re.compile(r"(?=.{1,32}$)[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
+PROCESS_RUN_ID = new_run_id()  # one run per process unless BUILDER_RUN_ID says otherwise
+
+
+def _run_id(env: Mapping[str, str]) -> str:
+    value = env.get("BUILDER_RUN_ID", "")
+    if not value:
+        return PROCESS_RUN_ID
+    if not RUN_ID.fullmatch(value):
+        raise BadInput(f"BUILDER_RUN_ID: expected 1..32 of [a-z0-9] in words joined by single '-', got {value[:40]!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     cache_root: Path
@@ -142,6 +175,8 @@ class Settings:
     signing_key: Path | None = None
     squash_options: str = ENROOT_SQUASH_OPTIONS
     compiler_cache: bool = True
+    # this run's scope for local names: concurrent runs on one engine never share a mutable tag
+    run_id: str = PROCESS_RUN_ID
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -168,6 +203,7 @@ class Settings:
             squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
                                                 "BUILDER_SQUASH_OPTIONS"),
             compiler_cache=_on_off(env, "BUILDER_CCACHE"),
+            run_id=_run_id(env),
         )
 
     def docker_environment(self) -> dict[str, str]:

@@ -15,8 +15,10 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> int:
         code = command.main(args=argv, prog_name="builder", standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
-    except typer.Abort:
-        print("error: aborted", file=sys.stderr)
+    except typer.Abort as exc:  # click turns SIGINT / SIGTERM (Interrupted) into Abort
+        cause = exc.__cause__
+        print(fit(f"error: interrupted{f' by {cause}' if cause and str(cause) else ''}; nothing half-done was kept"),
+              file=sys.stderr)
         return 130
     except typer.TyperException as exc:  # click's UsageError family, vendored by typer
         ctx = getattr(exc, "ctx", None)

@@ -82,8 +82,8 @@ def run(settings: Settings, image: str, python: str, script: str, archives: list
     client = engine.connect(settings)
     try:
         container = client.containers.create(image, command=[python, "-B", "-c", script, *(args or [])],
-                                             network_mode="none",
-                                             environment=env or {}, working_dir="/tmp", user="0")
+                                             network_mode="none", environment=env or {}, working_dir="/tmp",
+                                             user="0", labels=engine.owner_labels())
     except docker.errors.ImageNotFound:
         raise BadInput(f"base.image: {image} is not in the local engine (pull or build it first)") from None
     try:

@@ -6,7 +6,9 @@ Every build runs with network_mode "none", pull=False, and intermediate containe
 from __future__ import annotations
 
 import io
+import os
 import re
+import socket
 import sys
 import tarfile
 import time
@@ -16,6 +18,7 @@ from typing import IO, Any
 
 import requests
 
+from builder.core import files as fs
 from builder.core.errors import BuildFailed, InfraError
 from builder.core.imageref import ImageRef
 from builder.core.options import Settings
@@ -23,6 +26,8 @@ from builder.core.options import Settings
 STEP_RX = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 LAYER_RX = re.compile(r"^---> ([0-9a-f]{12})$")
 Client = Any  # docker.DockerClient (the SDK ships no type hints)
+OWNER_LABEL = "io.truepolicy.owner"  # value: <host name>:<pid> of the builder process that made the container
+_swept: set[str] = set()  # engines this process has swept for orphans
 
 
 @dataclass
@@ -54,11 +59,38 @@ def connect(settings: Settings, timeout: float | None = None) -> Client:
                                  environment=settings.docker_environment(),
                                  use_ssh_client=(settings.docker_host or "").startswith("ssh://"))
         client.ping()
-        return client
     except Exception as exc:  # DockerException, requests errors, socket errors
         where = f"docker engine {settings.docker_host}" if settings.docker_host else "docker engine"
         raise InfraError(f"{where}: not reachable ({type(exc).__name__}: {str(exc)[:200]});"
                          " start it with `builder setup`") from None
+    if client.api.base_url not in _swept:
+        _swept.add(client.api.base_url)
+        sweep_orphans(client)
+    return client
+
+
+def owner_labels() -> dict[str, str]:
+    """On every container a run creates: which process on which host made it (see sweep_orphans)."""
+    return {OWNER_LABEL: f"{socket.gethostname()}:{os.getpid()}"}
+
+
+def sweep_orphans(client: Client) -> list[str]:
+    """Remove the containers that a builder process on this host, now gone (SIGKILL, power loss), left on
+    the engine; a live process's containers are kept. Returns their IDs."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+
+    host, removed = socket.gethostname(), []
+    try:
+        for container in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+            owner, _, pid = str(container.labels.get(OWNER_LABEL, "")).rpartition(":")
+            if owner == host and pid.isdigit() and not fs.alive(int(pid)):
+                container.remove(force=True)
+                removed.append(container.id)
+    except docker.errors.NotFound:  # another sweeper was quicker
+        pass
+    if removed:
+        print(f"removed {len(removed)} container(s) that a killed builder left", file=sys.stderr, flush=True)
+    return removed
 
 
 def facts(client: Client) -> dict[str, Any]:
@@ -97,7 +129,7 @@ def read_file(client: Client, image_id: str, path: str) -> bytes | None:
 
     import docker  # lazy: docker SDK, slow to import; start-up
 
-    container = client.containers.create(image_id, command=["true"], network_mode="none")
+    container = client.containers.create(image_id, command=["true"], network_mode="none", labels=owner_labels())
     try:
         stream, _ = container.get_archive(path)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import CACHE_KEY_LABEL
 from builder.core.errors import BuildFailed
@@ -218,9 +219,7 @@ def _write_blob(settings: Settings, data: bytes) -> Descriptor:
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     path = blob_path(settings, digest)
     if not path.exists():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        fs.write_atomic(path, data)  # a private temporary name: concurrent writers of one blob never mix
     return Descriptor("", len(data), digest)
 
 
@@ -416,7 +415,9 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
         if hit is not None:
             entries[i] = hit
     todo = [i for i in range(len(added)) if i not in entries]
-    work = Path(tempfile.mkdtemp(dir=store(settings, "tmp")))
+    fs.sweep_parts(store(settings, "tmp"))  # what a killed run left
+    fs.sweep_parts(store(settings, "blobs", "sha256"))
+    work = fs.part_dir(store(settings, "tmp"), "normalise")
     try:
         with log.step(f"normalise {len(todo)} of {len(added)} added layers ({source})"):
             raw_config, jobs = _raw_layer_jobs(client, raw_image_id, diff_ids, len(base_ids), todo, registry_host, source,
@@ -450,7 +451,7 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
                         layers=[asdict(d) for d in descriptors], diff_ids=new_ids,
                         seconds=round(time.monotonic() - start, 3), layer_epochs=per_layer,
                         reused=len(added) - len(todo), times=times)
-    record_path.write_text(json.dumps(asdict(result), indent=2) + "\n")
+    fs.write_atomic(record_path, json.dumps(asdict(result), indent=2) + "\n")
     return result
 
 

@@ -71,6 +71,8 @@ class Registry:
         except requests.RequestException as exc:
             raise InfraError(mask(f"registry {self.host}: unreachable ({type(exc).__name__}); is it running?",
                                   self.secrets)) from None
+        if resp.status_code >= 500:
+            raise InfraError(f"registry {self.host}: {method} {_path_of(path)[:120]} answered {resp.status_code}"[:250])
         if resp.status_code == 401:
             challenge = resp.headers.get("WWW-Authenticate", "")
             raise PublishError(f"registry {self.host}: {method} {path}: 401 unauthorized"

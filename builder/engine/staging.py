@@ -8,10 +8,15 @@
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from builder.core import log
+from builder.core import faults, log
+from builder.core import files as fs
 from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
 from builder.core.imageref import ImageRef
 from builder.core.options import Settings
@@ -20,6 +25,7 @@ from builder.core.safetext import show
 from builder.engine.normalize import MANIFEST_TYPE, blob_path
 from builder.engine.registry import Registry, split_repository
 
+ROLLBACK_RETRY_S = 15.0
 BASE_NAME = "org.opencontainers.image.base.name"
 BASE_DIGEST = "org.opencontainers.image.base.digest"
 
@@ -86,17 +92,21 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
         raise BadInput(f"--image {show(ref, 120)}: expected REPOSITORY@sha256:<64 hex> ({exc})") from None
     host, name, digest, repository = image.registry, image.repository, str(image.digest), image.name
     reg = Registry.from_settings(host, settings)
-    reg.ping()
-    if reg.tag_digest(name, digest) is None:
-        raise PublishError(f"{ref}: not in the registry ({host} does not serve {name}@{digest})")
-    config_digest = json.loads(reg.manifest_by_digest(name, digest))["config"]["digest"]
-    if expected_id and config_digest != expected_id:
-        raise PublishError(f"{ref}: its config is {config_digest}, the build made {expected_id}; refusing")
     auth = settings.registry_auth
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
-    with log.step(f"pull {ref}"):
+    with log.step(f"pull {ref}"):  # the registry's answers first; an engine that has the digest needs no transfer
+        reg.ping()
+        if reg.tag_digest(name, digest) is None:
+            raise PublishError(f"{ref}: not in the registry ({host} does not serve {name}@{digest})")
+        config_digest = json.loads(reg.manifest_by_digest(name, digest))["config"]["digest"]
+        if expected_id and config_digest != expected_id:
+            raise PublishError(f"{ref}: its config is {config_digest}, the build made {expected_id}; refusing")
         try:
-            client.api.pull(repository, tag=digest, auth_config=auth_config)
+            # the engine reports a failed pull inside the stream (HTTP 200)
+            for item in client.api.pull(repository, tag=digest, auth_config=auth_config, stream=True, decode=True):
+                if "error" in item or "errorDetail" in item:
+                    message = item.get("error") or (item.get("errorDetail") or {}).get("message", "error")
+                    raise InfraError(f"docker engine: pull {ref}: {' '.join(str(message).split())[:200]}")
             image_id = client.api.inspect_image(ref)["Id"]
         except docker.errors.APIError as err:
             raise InfraError(f"docker engine: pull {ref}: {str(err)[:300]}") from None
@@ -108,7 +118,9 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
 def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], settings: Settings,
             pushed: dict[str, str] | None = None) -> dict[str, Any]:
     """Give the accepted staged digest its release tags: mount every blob from staging, PUT the manifest
-    bytes served at that digest under each tag. Returns {digest, pushed: {tag: digest}}."""
+    bytes served at that digest under each tag, the first tag (the SHA tag) last. All or nothing: when any
+    step fails or the run is interrupted, every tag moved so far is put back where it was (builder/release
+    /publish.py then stops). Returns {digest, pushed: {tag: digest}}."""
     staged = ImageRef(staged_ref, need_domain=True, need_digest=True)
     s_host, s_name, digest = staged.registry, staged.repository, str(staged.digest)
     host, name = split_repository(repository)
@@ -124,13 +136,77 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], se
     for desc in [*doc["layers"], doc["config"]]:
         if not reg.has_blob(name, desc["digest"]) and not reg.mount_blob(name, desc["digest"], s_name):
             raise PublishError(f"{repository}: could not mount blob {desc['digest']} from {staged.name}")
-    pushed = {} if pushed is None else pushed  # filled as tags land, so a failed publish can withdraw them
-    for tag in tags:
-        pushed[tag] = reg.put_manifest(name, tag, manifest, doc.get("mediaType") or MANIFEST_TYPE)
+    order = [*tags[1:], *tags[:1]]  # the SHA tag last: it exists only once every other tag moved
+    before = snapshot(reg, name, order)
+    pushed = {} if pushed is None else pushed  # filled as tags land
+    media_type = doc.get("mediaType") or MANIFEST_TYPE
+    existed = reg.tag_digest(name, digest) is not None
+    try:
+        for i, tag in enumerate(order):
+            faults.point(f"promote tag {i}")
+            pushed[tag] = reg.put_manifest(name, tag, manifest, media_type)
+            if reg.tag_digest(name, tag) != digest:
+                raise PublishError(f"{repository}:{tag}: does not serve {digest} after the push")
+    except BaseException:
+        rollback(reg, repository, {t: before[t] for t in pushed}, digest, existed)
+        pushed.clear()
+        raise
     return {"digest": digest, "pushed": pushed}
 
 
-def accepted_ref(report: Report, where: str) -> str | None:
+@contextmanager
+def repository_lock(repository: str, settings: Settings) -> Iterator[None]:
+    """One tag-moving run per release repository at a time among the runs sharing this cache (a nightly fleet):
+    two runs promoting one digest would otherwise read, write and roll back the same tags at once."""
+    name = hashlib.sha256(repository.encode()).hexdigest()[:24]
+    with fs.locked(settings.cache("locks") / f"promote-{name}.lock"):
+        yield
+
+
+def snapshot(reg: Registry, name: str, tags: list[str]) -> dict[str, tuple[bytes, str] | None]:
+    """The manifest bytes and media type each tag serves now; None for a tag that does not exist."""
+    out: dict[str, tuple[bytes, str] | None] = {}
+    for tag in tags:
+        got = reg.manifest(name, tag) if reg.tag_digest(name, tag) is not None else None
+        out[tag] = (bytes(got["content"]), str(got["media_type"])) if got else None
+    return out
+
+
+def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] | None], digest: str,
+             existed: bool) -> None:
+    """Put each moved tag back on the manifest it served before. A tag that did not exist goes with the new
+    manifest, deleted by digest, unless the repository held that digest before (`existed`). A registry that does
+    not answer is tried again for ROLLBACK_RETRY_S (a restart); what could not be undone is logged instead of
+    raising over the error that led here (the SHA tag, written last, then was never moved)."""
+    _, name = split_repository(repository)
+    deadline = time.monotonic() + ROLLBACK_RETRY_S
+    for tag, prev in moved.items():
+        while True:
+            try:
+                if prev is not None:
+                    reg.put_manifest(name, tag, prev[0], prev[1])
+                    log.info(f"rolled back {repository}:{tag} to {_digest(prev[0])}")
+                elif not existed and reg.delete_manifest(name, digest):
+                    log.info(f"rolled back {repository}:{tag} (it was new; {digest} removed)")
+                else:
+                    log.info(f"could not roll back {repository}:{tag}; it serves {digest}")
+                break
+            except InfraError as err:
+                if time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                log.info(f"could not roll back {repository}:{tag}: {err}")
+                break
+            except PublishError as err:
+                log.info(f"could not roll back {repository}:{tag}: {err}")
+                break
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def accepted_ref(report: Report, where: str) -> ImageRef | None:
     """The staged `repo@digest` acceptance pulled and ran on, cross-checked across the report; None for
     a report accepted on a local image ID (no staging). Any disagreement is PublishError."""
     acc = report.acceptance

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from acceptance import procfs  # one mountinfo parser (proc(5)), also used in the image
+from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import BUILDER_VERSION
 from builder.core.errors import BuildFailed
+from builder.core.imageref import ImageRef
 from builder.core.options import PACKAGE, Settings
 from builder.core.records import BuiltImage, RenderedBuild
 from builder.engine import client as engine
@@ -20,6 +22,7 @@ from builder.image.dockerfile import instructions
 
 MARKER = "BUILD-ENV "  # the line smoke.py prints in the runtime stage's last step
 SYSTEM_MOUNTS = ("/proc", "/dev", "/sys")
+LOCAL_REPOSITORY = "builder-run"  # local tags: builder-run/<run id>:<sha tag>, one repository per run
 ENGINE_FILES = ("/etc/resolv.conf", "/etc/hostname", "/etc/hosts")  # the engine's own per-container files
 
 
@@ -87,15 +90,21 @@ def steps_file(built: BuiltImage) -> Path:
     return Path(built.log_path[: -len(".log")] + ".steps.json")
 
 
+def local_tag(rendered: RenderedBuild, settings: Settings) -> str:
+    """This run's local name of the build: `builder-run/<run id>:<tag of the rendered ref>`. Only this run moves
+    it; release tags are given by promote (builder/engine/staging.py), and later stages use the image ID."""
+    return f"{LOCAL_REPOSITORY}/{settings.run_id}:{ImageRef(rendered.tag).tag}"
+
+
 def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, settings: Settings,
                  source: str = "registry") -> normalize.Normalized:
-    """Normalise the engine's image (builder/engine/normalize.py) and load it under the SHA tag: each added
-    layer at its own source date (a render without them: the created label's date for all)."""
+    """Normalise the engine's image (builder/engine/normalize.py) and load it under this run's local tag: each
+    added layer at its own source date (a render without them: the created label's date for all)."""
     base_config, base_layers = staging.base_of(rendered.labels, settings)
     epochs = rendered.layer_epochs or normalize.epoch_of(rendered.labels["org.opencontainers.image.created"])
     host = registry.split_repository(rendered.labels[staging.BASE_NAME])[0]
-    return normalize.normalize(client, raw_id, rendered.tag, base_config, base_layers, epochs, settings,
-                               registry_host=host, source=source)
+    return normalize.normalize(client, raw_id, local_tag(rendered, settings), base_config, base_layers, epochs,
+                               settings, registry_host=host, source=source)
 
 
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
@@ -106,23 +115,24 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     log_path = out_dir / f"build-{stamp}.log"
     # a no-cache build (rebuild --check) compiles everything itself: no compiler cache either
     seed = ccache.prepare(client, settings, rendered.labels, settings.compiler_cache and not nocache)
+    tag = local_tag(rendered, settings)
     with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
-        result = engine.build(client, context, rendered.tag, log_path, nocache=nocache, echo=echo,
+        result = engine.build(client, context, tag, log_path, nocache=nocache, echo=echo,
                               buildargs={ccache.ARG: seed.tag})
     compiled = ccache.harvest(client, seed, result.steps)
     if compiled:
         log.info(f"compiler cache: {ccache.summary(compiled)}")
-        (out_dir / "ccache.json").write_text(json.dumps(compiled, indent=2, sort_keys=True) + "\n")
+        fs.write_atomic(out_dir / "ccache.json", json.dumps(compiled, indent=2, sort_keys=True) + "\n")
     attrs = engine.inspect_image(client, result.image_id)
     if attrs is None:
         raise BuildFailed(f"{rendered.tag}: image {result.image_id} vanished after the build")
     checked = isolation(result.steps, settings, rendered)
     if checked.get("problems"):
-        engine.remove_image(client, rendered.tag)
+        engine.remove_image(client, tag)
         engine.remove_image(client, result.image_id)  # drop the layers too: a cache hit must not skip the check
         raise BuildFailed(f"docker build {rendered.tag}: the build container was not isolated:"
                           f" {checked['problems'][0]}; log {log_path}", details=checked["problems"])
-    check_labels(attrs, rendered.labels, rendered.tag)
+    check_labels(attrs, rendered.labels, tag)
     norm = reproducible(client, result.image_id, rendered, settings)
     attrs = engine.inspect_image(client, norm.image_id) or attrs
     times = stage_times(rendered.dockerfile, result.steps, result.seconds)
@@ -137,9 +147,9 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
         stage_times=times, log_path=result.log_path, cached=all_cached(result.steps), isolation=checked)
     steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached,
               "image": s.image} for s in result.steps]
-    steps_file(built).write_text(json.dumps(steps, indent=2) + "\n")
-    (out_dir / "steps.json").write_text(json.dumps(steps, indent=2) + "\n")  # the latest build
-    (out_dir / "built.json").write_text(built.model_dump_json(indent=2) + "\n")
-    log.info(f"built {rendered.tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
+    fs.write_atomic(steps_file(built), json.dumps(steps, indent=2) + "\n")
+    fs.write_atomic(out_dir / "steps.json", json.dumps(steps, indent=2) + "\n")  # the latest build
+    fs.write_atomic(out_dir / "built.json", built.model_dump_json(indent=2) + "\n")
+    log.info(f"built {tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
              f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
     return built

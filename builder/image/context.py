@@ -13,7 +13,6 @@ import io
 import json
 import os
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -130,9 +129,10 @@ def assemble(pins: Pins, sources: ResolvedSources, settings: Settings, dockerfil
         entries[f"native/{item.component}/{item.name}/"] = item
     for name in COMPONENTS:
         entries[f"src/{name}/"] = sources.components[name]
-    fd, tmp = tempfile.mkstemp(prefix="context-", suffix=".tar.part", dir=settings.cache("builds"))
+    fs.sweep_parts(settings.cache("builds"))  # what a killed run left
+    tmp = fs.part_path(settings.cache("builds") / "context.tar")
     try:
-        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        with open(tmp, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
             for key in sorted(entries):
                 value = entries[key]
                 if isinstance(value, native.NativeInput):  # its export, made once (sha256 in the lock)
@@ -147,7 +147,7 @@ def assemble(pins: Pins, sources: ResolvedSources, settings: Settings, dockerfil
         out_dir = settings.cache("builds", sha[:16])
         path = out_dir / "context.tar"
         os.replace(tmp, path)
-        (out_dir / "Dockerfile").write_text(dockerfile)
+        fs.write_atomic(out_dir / "Dockerfile", dockerfile)
         return path, sha
     finally:
         if os.path.exists(tmp):

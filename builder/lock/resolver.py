@@ -25,6 +25,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
 
+from builder.core import faults
 from builder.core.errors import BadInput, InfraError
 from builder.core.options import Settings
 from builder.engine.basecontainer import BaseInfo
@@ -98,6 +99,8 @@ def _run(settings: Settings, argv: list[str], log_name: str) -> tuple[int, str]:
     proc = subprocess.run(argv, check=False, env=dict(settings.resolver_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, text=True)
     logfile.write_text("$ " + " ".join(argv) + "\n" + proc.stdout)
+    if proc.returncode != 0 and faults.disk_message(proc.stdout):  # a full disk is no resolution conflict
+        raise InfraError(f"{Path(argv[0]).name}: {faults.disk_message(proc.stdout)} (log {logfile})")
     return proc.returncode, proc.stdout
 
 

@@ -7,7 +7,9 @@ in `<cache>/wheels/lock/<sha256 of the lock>[:16]/` and are checked against the 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,9 +142,16 @@ def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
         if match_files(dest, entries) is not None:
             log.info(f"wheels for {lock_path}: reused {dest}")
             return dest
-        with log.step(f"pip download {lock_path.name} (cp{target.abi[2:]}, {target.machine})"):
-            pip_download(["--no-deps", "--require-hashes", "-r", str(lock_path)], dest, target,
-                         settings.cache("logs") / "pip-download-lock.log")
+        fs.sweep_parts(dest.parent)  # what a killed run left
+        work = fs.part_dir(dest.parent, "wheels")
+        try:
+            with log.step(f"pip download {lock_path.name} (cp{target.abi[2:]}, {target.machine})"):
+                pip_download(["--no-deps", "--require-hashes", "-r", str(lock_path)], work, target,
+                             settings.cache("logs") / "pip-download-lock.log")
+            for wheel in work.iterdir():  # each whole file renamed into place: no partial wheel in dest
+                os.replace(wheel, dest / wheel.name)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         if match_files(dest, entries) is None:
             raise InfraError(f"{dest}: downloaded wheels do not match the hashes in {lock_path}")
         log.info(f"wheels for {lock_path}: {len(entries)} in {dest}")

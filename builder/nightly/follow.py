@@ -17,7 +17,8 @@ from builder.core.constants import COMPONENTS
 from builder.core.errors import BadInput, PublishError
 from builder.core.options import Settings
 from builder.core.records import Report
-from builder.engine.registry import Registry, get_json, put_manifest, split_repository
+from builder.engine import staging
+from builder.engine.registry import Registry, get_json, split_repository
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
@@ -93,11 +94,11 @@ def move_tags(repository: str, digest: str, retention: int, settings: Settings,
     if got["computed"] != digest:
         raise PublishError(f"{repository}@{digest}: registry serves {got['computed']}")
     dated = f"nightly-{today or time.strftime('%Y%m%d', time.gmtime())}"
-    for tag in (NIGHTLY, dated):
-        put_manifest(reg, name, tag, got["content"], got["media_type"])
-        if reg.tag_digest(name, tag) != digest:
-            raise PublishError(f"{repository}:{tag}: does not serve {digest} after the push")
-    return {"digest": digest, "added": [NIGHTLY, dated], "pruned": prune(reg, name, retention)}
+    config = json.loads(got["content"]).get("config", {}).get("digest", "")
+    with staging.repository_lock(repository, settings):
+        # through promote: both tags or neither (`nightly` written last, rolled back on a failure)
+        staging.promote(f"{repository}@{digest}", config, repository, [NIGHTLY, dated], settings)
+        return {"digest": digest, "added": [NIGHTLY, dated], "pruned": prune(reg, name, retention)}
 
 
 def prune(reg: Registry, name: str, retention: int) -> list[str]:

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+BUSY_TIMEOUT_S = 60.0
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -44,8 +47,19 @@ class History:
         with self._db() as db:
             db.executescript(SCHEMA)
 
-    def _db(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.path, timeout=30)
+    @contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        """WAL (readers never block the writer) and a busy timeout, so concurrent nightly runs each add their
+        row; one transaction per use, committed at the end, and the connection closed."""
+        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S)
+        try:
+            db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode = WAL")
+            with db:
+                yield db
+        finally:
+            db.close()
 
     def add(self, pins_name: str, started: str, verdict: str, image_id: str, digest: str | None,
             commits: dict[str, str], report_path: Path, exit_code: int, regression: bool) -> int:

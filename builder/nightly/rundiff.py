@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from acceptance import perf as perf_rule
+from builder.core import files as fs
 from builder.core.records import Report
 
 EVIDENCE_METRICS = ("throughput", "diff_max", "seconds")
@@ -167,6 +168,6 @@ def to_markdown(diff: dict) -> str:
 
 def write(diff: dict, run_dir: Path) -> dict[str, Path]:
     paths = {"json": run_dir / "nightly-diff.json", "md": run_dir / "nightly-diff.md"}
-    paths["json"].write_text(json.dumps(diff, indent=2, sort_keys=True) + "\n")
-    paths["md"].write_text(to_markdown(diff))
+    fs.write_atomic(paths["json"], json.dumps(diff, indent=2, sort_keys=True) + "\n")
+    fs.write_atomic(paths["md"], to_markdown(diff))
     return paths

@@ -15,6 +15,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import BUILDER_VERSION, TOOL_URI
 from builder.core.errors import AttestationError, PublishError
@@ -148,7 +149,7 @@ def sign_acceptance(report: Report, pins: Pins, key: Ed25519PrivateKey, run_dir:
     DSSE-signed; publish requires it (and a matching key) before any release tag."""
     stmt = statement(report.repository, report.image_id, TEST_RESULT_TYPE, test_result(report, pins, pins_bytes(report)))
     path = run_dir / ACCEPTANCE_ENVELOPE
-    path.write_text(json.dumps(dsse.sign(stmt, key), sort_keys=True, indent=2) + "\n")
+    fs.write_atomic(path, json.dumps(dsse.sign(stmt, key), sort_keys=True, indent=2) + "\n")
     log.info(f"signed the acceptance result of {report.image_id[:19]} (key {dsse.key_id(key.public_key())[:16]}): {path}")
     return path
 

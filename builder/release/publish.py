@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
 from builder.core.errors import PublishError
@@ -44,8 +45,9 @@ def check_accepted(report: Report, where: str) -> None:
 
 
 def local_image(client: Client, report: Report, image: str | None, where: str) -> Any:
-    """The local image the SHA tag (or `image`) points to; it must be the one the report accepted."""
-    ref = image or f"{report.repository}:{report.tags[0]}"
+    """The local image the report accepted, by its ID (a tag may have been moved by a concurrent run), or
+    `image`; it must be the one the report accepted."""
+    ref = image or report.image_id
     import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
@@ -98,23 +100,31 @@ def publish(report: Report, report_path: Path, pins: Pins | None, settings: Sett
     check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
     client = engine.connect(settings)
-    served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
-    pushed: dict[str, str] = {}
-    try:
-        if staged:  # promote: the accepted digest gets the tags (blob mount + manifest PUT)
-            with log.step(f"promote {staged} -> {report.repository}"):
-                staging.promote(staged, report.image_id, report.repository, report.tags, settings, pushed)
-        else:  # accepted on a local image ID: the engine pushes that image
-            _push_local(client, report, image, where, auth, secrets, registry, pushed)
-        facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform)
-                 for tag in report.tags]
-        digests = sorted({f["digest"] for f in facts})
-        if len(digests) != 1:
-            raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
-        attestations = attest_published(report, pins, client, registry, digests[0], key, attest_once)
-    except PublishError:
-        withdraw(registry, name, set(pushed.values()) - served_before)
-        raise
+    with staging.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
+        served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
+        before = staging.snapshot(registry, name, report.tags) if staged else {}
+        existed = staged is not None and registry.tag_digest(name, str(staged.digest)) is not None
+        pushed: dict[str, str] = {}
+        try:
+            if staged:  # promote: the accepted digest gets the tags (blob mount + manifest PUT); all or nothing
+                with log.step(f"promote {staged} -> {report.repository}"):
+                    staging.promote(staged, report.image_id, report.repository, report.tags, settings, pushed)
+            else:  # accepted on a local image ID: the engine pushes that image
+                _push_local(client, report, image, where, auth, secrets, registry, pushed)
+            facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform)
+                     for tag in report.tags]
+            digests = sorted({f["digest"] for f in facts})
+            if len(digests) != 1:
+                raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
+            with log.step(f"attest {report.repository}@{digests[0][:19]}"):
+                attestations = attest_published(report, pins, client, registry, digests[0], key, attest_once)
+        except BaseException as err:
+            if staged and pushed:  # promote finished, a later step did not: the tags go back (when reachable)
+                staging.rollback(registry, report.repository, {t: before[t] for t in pushed},
+                                 str(staged.digest), existed)
+            elif isinstance(err, PublishError):
+                withdraw(registry, name, set(pushed.values()) - served_before)
+            raise
     receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digests[0],
                              config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
                              pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=attestations)
@@ -188,4 +198,4 @@ def record_receipt(report: Report, receipt: PublishReceipt, report_path: Path) -
         container["platform"] = receipt.platform
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():
-        report_path.write_text(report.model_dump_json(indent=2) + "\n")
+        fs.write_atomic(report_path, report.model_dump_json(indent=2) + "\n")

@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import BadInput, BuildFailed
 from builder.core.imageref import ImageRef
@@ -145,7 +146,7 @@ def record(report: Report, report_path: Path, built: BuiltImage, tag: str,
     report.rebuild = result
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():
-        report_path.write_text(report.model_dump_json(indent=2) + "\n")
+        fs.write_atomic(report_path, report.model_dump_json(indent=2) + "\n")
     for layer in result["layers"]:
         names = ", ".join(e["path"] for e in layer["entries"][:5])
         log.info(f"layer {layer['index']}: {layer['files']} paths differ: {names}")

@@ -19,7 +19,6 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -218,8 +217,10 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
         log.info(f".sqsh {out} sha256:{hit.sha256}: already exported ({hit.seconds['cache hit']} s)")
         return hit
     client = client or engine.connect(settings)
-    work = Path(tempfile.mkdtemp(prefix="sqsh-", dir=settings.cache("sqsh")))
-    partial = out.with_name(f".{out.name}.partial")
+    fs.sweep_parts(settings.cache("sqsh"))  # what a killed run left
+    fs.sweep_parts(out.parent)
+    work = fs.part_dir(settings.cache("sqsh"), "sqsh")
+    partial = fs.part_path(out)
     try:
         made = make_sqsh(client, report.image_id, partial, squash_options, work)
         result: dict[str, Any] = {"status": "not_run", "reason": "not asked"}
@@ -236,7 +237,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
-    out.with_name(out.name + ".sha256").write_text(f"{digest}  {out.name}\n")
+    fs.write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")
     expected = made.expected
     record = SqshExport(
         path=str(out), sha256=digest, size=out.stat().st_size, compression=squash_options, mksquashfs=version,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
 from builder.core.records import AcceptanceResult, BuiltImage, CompatPin, GateResult, PublishReceipt, Report, ResolvedSources
@@ -300,11 +300,10 @@ def to_junit(report: Report) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    fs.sweep_parts(path.parent)  # what a killed run left
+    with fs.atomic_path(path) as tmp:
+        tmp.write_text(text)
+        os.chmod(tmp, 0o644)
 
 
 def write(report: Report, outdir: str | Path) -> dict[str, Path]:

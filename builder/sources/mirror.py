@@ -57,7 +57,26 @@ def locked(path: Path, exclusive: bool = True) -> Iterator[None]:
         yield
 
 
+def clear_stale(path: Path) -> list[Path]:
+    """Under the mirror's exclusive lock no git runs in it, so any git lock file (`*.lock`) or temporary
+    pack (`objects/pack/tmp_*`, `objects/incoming-*`) is what a killed fetch left: removed, or the next fetch
+    would refuse ("Unable to create ... .lock: File exists")."""
+    removed: list[Path] = []
+    if not path.is_dir():
+        return removed
+    stale = [*path.glob("*.lock"), *path.glob("refs/**/*.lock"), *path.glob("objects/pack/tmp_*"),
+             *path.glob("objects/incoming-*")]
+    for item in stale:
+        if item.is_dir():
+            shutil.rmtree(item, ignore_errors=True)
+        else:
+            item.unlink(missing_ok=True)
+        removed.append(item)
+    return removed
+
+
 def _open_or_init(path: Path) -> pygit2.Repository:
+    clear_stale(path)
     if path.exists():
         try:
             return pygit2.Repository(str(path))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pygit2
 
+from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import COMPONENTS
 from builder.core.errors import BadInput
@@ -120,10 +121,12 @@ def export_path(settings: Settings, export_sha256: str) -> Path:
 def export_once(settings: Settings, repo: pygit2.Repository, commit: pygit2.Commit,
                 subs: list[Submodule]) -> export.ExportStats:
     """Export the tree (submodules included) into the export cache, named by its sha256."""
-    with tempfile.NamedTemporaryFile(dir=settings.cache("exports"), suffix=".part", delete=False) as tmp:
-        part = Path(tmp.name)
+    exports = settings.cache("exports")
+    fs.sweep_parts(exports)  # what a killed run left
+    part = fs.part_path(exports / "export.tar")  # named by its sha256 once written
     try:
-        stats = export.export_file(repo, commit.id, part, modules=modules_for(settings, subs))
+        with open(part, "wb") as fh:
+            stats = export.export_tar(repo, commit.id, fh, modules=modules_for(settings, subs))
         part.replace(export_path(settings, stats.sha256))
     finally:
         part.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ from typing import BinaryIO
 
 import pygit2
 
+from builder.core import files as fs
 from builder.core.errors import BadInput
 
 TREE, LINK, GITLINK = 0o040000, 0o120000, 0o160000
@@ -246,12 +247,6 @@ def file_manifest(repo: pygit2.Repository | str | Path, commit: object,
 def export_file(repo: pygit2.Repository | str | Path, commit: object, path: Path, prefix: str = "",
                 modules: Modules | None = None) -> ExportStats:
     """export_tar into a file, written next to it first and renamed into place."""
-    tmp = Path(path).with_name(Path(path).name + ".part")
-    try:
-        with open(tmp, "wb") as fh:
-            stats = export_tar(repo, commit, fh, prefix, modules)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(path)
+    with fs.atomic_path(Path(path)) as tmp, open(tmp, "wb") as fh:
+        stats = export_tar(repo, commit, fh, prefix, modules)
     return stats
