@@ -261,12 +261,14 @@ def test_defect_35_missing_metric(installer, tmp_path):
     assert all(K3 not in m and DIFF_MAX in m for m in steps)
 
 
+@pytest.mark.slow
 def test_defect_14_slow_path_is_still_exact(installer, tmp_path):
     """No KV cache: every decode step recomputes the prefix. The correctness gates cannot see it (exact 0)."""
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 14})
     assert all(m[DIFF_MAX] == 0.0 and m[K3] == 0.0 and m["perf/rollout_tokens_per_s"] > 0 for m in steps)
 
 
+@pytest.mark.slow
 def test_defect_36_nan_reward_crash_names_its_cause(installer, tmp_path):
     """The suite's own recipe runner and decision on the NaN-reward PR: the reason names the first
     non-finite metrics (step 1, the reward among them) and the recipe's last error line."""
