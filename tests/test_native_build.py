@@ -7,11 +7,12 @@ import pygit2
 import pytest
 import yaml
 
+from builder import pipeline
 from builder.core.errors import BuildFailed
 from builder.engine import client as engine
 from builder.lock import lockfile as lock
 from builder.lock import native
-from builder.report import document
+from builder.report import manifest as manifest_layers
 
 pytestmark = pytest.mark.docker
 
@@ -38,7 +39,7 @@ def test_demo_image_carries_its_native_build(demo_image, docker_client):
     # offline supply: the toolchain file and the exported source travel in the context, nothing is fetched
     assert 'COPY ["native/vllm/", "/builder/native/vllm/"]' in rendered.dockerfile
     assert "CMAKE_TOOLCHAIN_FILE=/builder/native/vllm/toolchain.cmake" in rendered.dockerfile
-    report = document.native_build(pins)
+    report = manifest_layers.native_build(pins)
     assert [(i["name"], i["commit"]) for i in report["inputs"]] == [("tinykernels", v010)]
     assert report["knobs"]["vllm"]["device"] == "cpu" and report["knobs"]["vllm"]["cmake"] is True
 
@@ -66,7 +67,7 @@ def test_lock_check_names_a_changed_git_tag(demo_pins, tmp_path, settings):
     data["components"]["vllm"]["commit"] = sha
     pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(lock.StaleLock, match=r"stale: native input vllm/tinykernels: GIT_TAG v0.1.0 -> v0.2.0"):
-        lock.lock(pins_path, settings, check=True)
+        pipeline.lock(pins_path, settings, check=True)
     assert native.parse((tmp_path / "locks" / "demo.lock").read_text()).inputs[0].ref == "v0.1.0"
 
 

@@ -385,5 +385,5 @@ def test_demo_image_accepted_report_and_publish(demo_accepted, tmp_path, docker_
     stored = report.load(paths["json"])
     assert stored.publish == receipt and f"`{receipt.digest}`" in paths["md"].read_text()
     cases = ET.parse(paths["junit"]).getroot().findall("testcase")
-    assert [c.get("name") for c in cases] == ["provenance", "zero_update", "rl_step", "control"]
+    assert [c.get("name") for c in cases] == ["provenance", "zero_update", "rl_step", "control", "performance"]
     assert all(len(c.findall("failure") + c.findall("error") + c.findall("skipped")) == 0 for c in cases)

@@ -36,7 +36,11 @@ def untag():
 
 
 def container_ids(report: dict) -> set[str]:
-    return {g["id"] for g in report["acceptance"]["container"]["gates"].values()}
+    """Every gate's container ID (the performance gate: one container per run)."""
+    ids = set()
+    for gate in report["acceptance"]["container"]["gates"].values():
+        ids |= {gate["id"]} if "id" in gate else {run["id"] for run in gate["runs"]}
+    return ids
 
 
 def served(repository: str, tag: str) -> int:

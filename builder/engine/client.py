@@ -242,12 +242,14 @@ def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, 
     if progress.error or not progress.image_id:
         _drop_partial_tag(client, tag, before)
         failing = progress.steps[-1] if progress.steps else None
-        where = f"step {failing.index}/{failing.total} `{failing.instruction}`" if failing else "before the first step"
+        instruction = failing.instruction if failing else ""
+        shown = instruction if len(instruction) <= 60 else instruction[:57] + "..."  # the reason must fit the line
+        where = f"step {failing.index}/{failing.total} `{shown}`" if failing else "before the first step"
         plain = [ANSI.sub("", ln) for ln in (failing.lines if failing else [])]  # stderr comes coloured
         said = [ln for ln in plain if ln.startswith(SCRIPT_ERROR)]  # an image script's one line
         reason = said[-1] if said else progress.error
         raise BuildFailed(f"docker build {tag}: failed at {where}: {reason[:300] or 'no image produced'};"
-                          f" log {log_path}", details=progress.tail)
+                          f" log {log_path}", details=[f"step: {instruction}", *progress.tail] if failing else progress.tail)
     return BuildResult(progress.image_id, progress.steps, seconds, str(log_path))
 
 
