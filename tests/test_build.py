@@ -55,12 +55,12 @@ def test_labels_and_manifest(demo_image, docker_client):
         stamp = [p for p in comp["files"] if p.endswith("BUILDER_PROVENANCE.json")]
         assert len(stamp) == 1 and all(p.startswith(manifest["site_packages"]) for p in comp["files"])
         assert json.loads(run_in(docker_client, built.image_id, ["cat", stamp[0]])[1])["commit"] == res.commit
-    # the vllm-role package ships a C extension: its .so is listed and hashed as built
+    # the vllm-role package ships two C extensions (setuptools' _C, CMake's _kernels): listed and hashed as built
     native = manifest["components"]["vllm"]["native_libs"]
-    assert len(native) == 1
-    (so_path, so_sha), = native.items()
-    rc, out = run_in(docker_client, built.image_id, ["sha256sum", so_path])
-    assert rc == 0 and out.split()[0] == so_sha
+    assert sorted(p.rsplit("/", 1)[1].split(".")[0] for p in native) == ["_C", "_kernels"]
+    for so_path, so_sha in native.items():
+        rc, out = run_in(docker_client, built.image_id, ["sha256sum", so_path])
+        assert rc == 0 and out.split()[0] == so_sha
 
 
 def _build_env(demo_image, tmp_path):
@@ -75,12 +75,10 @@ def _build_env(demo_image, tmp_path):
         data["image"]["repository"] = "127.0.0.1:5000/builder-tests/isolation"
     other = pins_mod.load(variant_pins(tmp_path, edit=elsewhere, pins_path=pins.path))
     rendered = render.render(other, sources.resolve(other, SETTINGS), SETTINGS)
-    result = engine.build(engine.connect(SETTINGS), open(rendered.context_path, "rb"), rendered.tag,
-                          tmp_path / "build.log", nocache=True, echo=False)
-    engine.remove_image(engine.connect(SETTINGS), rendered.tag)
-    env = build.build_env(result.steps)
-    assert env is not None, "the runtime stage printed no BUILD-ENV line"
-    return pins, env
+    other_built = build.build(rendered, SETTINGS, nocache=True, echo=False)
+    engine.remove_image(engine.connect(SETTINGS), build.local_tag(rendered, SETTINGS))
+    assert other_built.isolation.get("checked"), "the runtime stage printed no BUILD-ENV line"
+    return pins, {"net": other_built.isolation["net"], "mountinfo": other_built.isolation["mountinfo"]}
 
 
 @pytest.mark.docker

@@ -248,8 +248,9 @@ def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, 
         plain = [ANSI.sub("", ln) for ln in (failing.lines if failing else [])]  # stderr comes coloured
         said = [ln for ln in plain if ln.startswith(SCRIPT_ERROR)]  # an image script's one line
         reason = said[-1] if said else progress.error
-        raise BuildFailed(f"docker build {tag}: failed at {where}: {reason[:300] or 'no image produced'};"
-                          f" log {log_path}", details=[f"step: {instruction}", *progress.tail] if failing else progress.tail)
+        reason = re.sub(r"^The command '.*' returned a non-zero code: (\d+)$", r"the step exited \1", reason or "")
+        raise BuildFailed(f"docker build {tag}: failed at {where}; log {log_path}: {reason[:300] or 'no image produced'}",
+                          details=[f"step: {instruction}", *progress.tail] if failing else progress.tail)
     return BuildResult(progress.image_id, progress.steps, seconds, str(log_path))
 
 
