@@ -22,7 +22,7 @@ SKIP = ("__pycache__", ".pyc", ".so", ".egg-info", ".o")
 
 # name: (role, [(commit id, parent id, overlay dir, message)], main head, {pr: (head id, title, defect or None)})
 # Annotated release tags {repo: {tag: commit id}}: tinyengine's version comes from them (setuptools-scm).
-TAGS = {"tinyengine": {"v0.2.0": "e3"}}
+TAGS = {"tinyengine": {"v0.2.0": "e3"}, "tinykernels": {"v0.1.0": "k1", "v0.2.0": "k2"}}
 REPOS = {
     "tinyengine": ("vllm", [
         ("e1", None, "e1-initial", "Initial tinyengine: tiny decoder-only model, batched KV-cache generation\n\n"
@@ -32,19 +32,23 @@ REPOS = {
         ("e3", "e2", "e3-weights-check", "weights: native FNV-1a fingerprint of the resident weights"),
         ("p11a", "e3", "p11-1-kernels", "Add batch-invariant kernels\n\n"
          "Vectorised, with a fixed reduction order per output: linear = elementwise product\n"
-         "and a sum over the input dim, attention over all max_seq_len key slots (masked)."),
+         "and a sum over the input dim, attention over all max_seq_len key slots (masked).\n"
+         "Native part tinyengine._kernels built with CMake, fetching tinykernels v0.1.0."),
         ("p11b", "p11a", "p11-2-switch", "engine: DEMO_BATCH_INVARIANT selects the batch-invariant kernels\n\n"
          "Read once at construction and recorded as LLM.batch_invariant\n"
          "(the counterpart of VLLM_BATCH_INVARIANT)."),
         ("e4", "e3", "e4-main-later", "docs: per-row sampling seeds"),
         ("p12", "p11b", "p12-defect", "engine: always use the batched kernels (faster)"),
         ("p13", "p11b", "p13-defect", "weights: skip the copy when weights are already resident"),
+        ("p14", "p11b", "p14-defect", "kernels: extra helpers from tinyextra (declared in csrc/extra)"),
     ], "e4", {
         11: ("p11b", "Batch-invariant inference (DEMO_BATCH_INVARIANT)", None),
         12: ("p12", "Batch-invariant inference, faster path", "batch invariance broken: the switch is read "
              "and recorded but the batched kernels are still used"),
         13: ("p13", "Batch-invariant inference, cheaper weight sync", "skips weight reload: load_weights "
              "silently does nothing after the first load"),
+        14: ("p14", "Batch-invariant inference, extra kernel helpers", "undeclared native input: tinyextra is "
+             "fetched from a CMake subdirectory the lock does not read, so the offline build fails naming it"),
     }),
     "tinycore": ("megatron", [
         ("c1", None, "c1-initial", "Initial tinycore: full-sequence forward, backward, AdamW\n\n"
@@ -83,6 +87,15 @@ REPOS = {
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
         35: ("p35", "Mismatch metrics without k3", "missing metric: rollout_corr/k3_kl is not logged"),
     }),
+}
+
+
+# Native inputs (no PRs): fetched by a component's CMake build with FetchContent, by tag.
+NATIVE = {
+    "tinykernels": ("native", [
+        ("k1", None, "k1-initial", "Initial tinykernels: the kernel switch rule (header only)"),
+        ("k2", "k1", "k2-release", "Release 0.2.0"),
+    ], "k2", {}),
 }
 
 
@@ -147,6 +160,9 @@ def _make_repo(path: Path, index: int, spec) -> dict:
             "description": defect or title, "defect": defect, "good": defect is None,
             "merge_base": str(repo.merge_base(head_oid, main_oid)), "ahead": ahead, "behind": behind,
         }
+    if not prs:
+        return {"url": path.name, "role": role, "target": "main", "main": sha[main], "refs": refs,
+                "tags": {tag: sha[cid] for tag, cid in sorted(TAGS.get(path.stem, {}).items())}}
     good = [n for n, (_, _, d) in prs.items() if d is None][0]
     return {
         "url": path.name, "role": role, "distribution": path.stem, "modules": [path.stem], "target": "main",
@@ -162,6 +178,8 @@ def make_stack(outdir) -> dict:
     stack = {"schema": 1, "repos": {}}
     for index, (name, spec) in enumerate(REPOS.items()):
         stack["repos"][name] = _make_repo(outdir / f"{name}.git", index, spec)
+    stack["native"] = {name: _make_repo(outdir / f"{name}.git", len(REPOS) + index, spec)
+                       for index, (name, spec) in enumerate(NATIVE.items())}
     (outdir / "stack.json").write_text(json.dumps(stack, indent=2, sort_keys=True) + "\n")
     return stack
 
@@ -172,6 +190,8 @@ def main(argv=None) -> int:
         print("usage: make_stack.py OUTDIR", file=sys.stderr)
         return 2
     stack = make_stack(Path(argv[0]))
+    for name, r in stack["native"].items():
+        print(f"{name}: main={r['main'][:12]} tags {' '.join(f'{t}={c[:12]}' for t, c in r['tags'].items())}")
     for name, r in stack["repos"].items():
         prs = " ".join(f"#{n}={p['head'][:12]}" for n, p in r["prs"].items())
         print(f"{name}: main={r['main'][:12]} fork_point={r['fork_point'][:12]} {prs}")

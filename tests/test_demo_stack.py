@@ -59,7 +59,13 @@ class Installer:
             _export(self.outdir / f"{repo}.git", commit, src)
             # the export has no .git: a version from git tags comes from the tool (like the image build)
             version = scmversion.component_version(pygit2.Repository(str(self.outdir / f"{repo}.git")), commit)
-            env = {**os.environ, scmversion.pretend_env_name(repo): version} if version else None
+            env = {**os.environ, scmversion.pretend_env_name(repo): version} if version else dict(os.environ)
+            if repo == "tinyengine":  # its CMake build fetches tinykernels by tag: hand it a local copy
+                kernels = self.root / "tinykernels-v0.1.0"
+                if not kernels.exists():
+                    _export(self.outdir / "tinykernels.git", self.stack["native"]["tinykernels"]["tags"]["v0.1.0"],
+                            kernels)
+                env["TINYKERNELS_SRC_DIR"] = str(kernels)
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                             "--no-index", "--disable-pip-version-check", "--target", str(target), str(src)],
                            check=True, capture_output=True, text=True, env=env)
@@ -144,7 +150,7 @@ def test_refs_history_and_packaging(stack):
         else:
             version = pyproject.split('version = "')[1].split('"')[0]
             assert f'__version__ = "{version}"' in init
-    assert {n for n in st["repos"]["tinyengine"]["prs"]} == {"11", "12", "13"}
+    assert {n for n in st["repos"]["tinyengine"]["prs"]} == {"11", "12", "13", "14"}
     assert {n for n in st["repos"]["tinycore"]["prs"]} == {"22", "23", "24"}
     assert {n for n in st["repos"]["tinyrl"]["prs"]} == {"33", "34", "35"}
 

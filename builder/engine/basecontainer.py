@@ -24,13 +24,18 @@ MARKER = "@@builder-lock-result@@"
 MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
 BASE_QUERY = r"""
-import json, platform, sys, sysconfig
+import hashlib, json, os, platform, sys, sysconfig
 from importlib import metadata
-dists = {}
+dists, records = {}, {}
 for dist in metadata.distributions():
     name = dist.metadata["Name"]
     if name:
         dists.setdefault(name, dist.version)
+    if name and name.lower() in ("torch", "torchvision", "torchaudio") and name not in records:
+        path = os.path.join(str(dist._path), "RECORD")
+        if os.path.isfile(path):
+            records[name] = [dist.version, os.path.basename(str(dist._path)) + "/RECORD",
+                             hashlib.sha256(open(path, "rb").read()).hexdigest()]
 impl = sys.implementation.name
 markers = {
     "implementation_name": impl,
@@ -45,7 +50,8 @@ libc = platform.libc_ver()
 print("@@builder-lock-result@@")
 print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "impl": impl,
                   "soabi": sysconfig.get_config_var("SOABI") or "", "machine": platform.machine(),
-                  "libc": [libc[0], libc[1]], "markers": markers, "dists": dists}, sort_keys=True))
+                  "libc": [libc[0], libc[1]], "markers": markers, "dists": dists,
+                  "records": records}, sort_keys=True))
 """
 
 
@@ -59,6 +65,8 @@ class BaseInfo:
     glibc: tuple[int, int]
     markers: dict[str, str] = field(default_factory=dict)
     dists: dict[str, str] = field(default_factory=dict)  # distribution name -> version
+    # torch, torchvision, torchaudio: [version, <dist-info>/RECORD, sha256 of that RECORD] (kept as they are)
+    records: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -148,4 +156,5 @@ def read_base(settings: Settings, image: str, python_bin: str, pins_python: str,
                        " metadata and sdists are prepared in base containers, which must run here")
     major, minor = (int(x) for x in data["libc"][1].split(".")[:2])
     return BaseInfo(image=image, python=data["python"], abi=_abi(data["soabi"], data["python"]),
-                    machine=data["machine"], glibc=(major, minor), markers=data["markers"], dists=data["dists"])
+                    machine=data["machine"], glibc=(major, minor), markers=data["markers"], dists=data["dists"],
+                    records=data.get("records", {}))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from builder.core import log
@@ -35,7 +36,7 @@ from builder.core.files import sha256_file
 from builder.core.options import Settings
 from builder.engine import basecontainer
 from builder.engine.basecontainer import WORK, BaseInfo
-from builder.lock import resolver, wheels
+from builder.lock import native, resolver, wheels
 from builder.lock.resolver import Target
 from builder.lock.wheels import BUILD_MARK
 from builder.sources import mirror, scmversion
@@ -44,6 +45,10 @@ from builder.sources.resolve import exported_tar
 FORMAT = 1
 LEGACY_REQUIRES = ["setuptools>=40.8.0"]  # PEP 517: no [build-system] means setuptools' legacy backend
 BUILT_MARK = "built from sdist"
+TORCH_NAMES = ("torch", "torchvision", "torchaudio")  # what base_torch relaxes (vLLM's tools/use_existing_torch.py)
+# build-only tools a component may need in another version than the base has: they go into the
+# build-tools prefix (importable and on PATH while components build), never into the image
+BUILD_TOOLS = ("setuptools", "cmake", "ninja", "setuptools-scm", "setuptools-rust")
 
 
 class StaleLock(BuilderError):
@@ -60,6 +65,15 @@ class ComponentInputs:
     scm_version: str = ""
     build_requires: list[str] = field(default_factory=list)
     requires_dist: list[str] = field(default_factory=list)
+    tools_over_base: list[str] = field(default_factory=list)  # BUILD_TOOLS the base has in a version not wanted
+
+
+@dataclass
+class Adjust:
+    """How a component's requirements are adjusted before locking, and the notes the lock writes about it."""
+    base_torch: bool = False
+    direct: dict[str, str] = field(default_factory=dict)  # canonical name -> version (pins direct_urls)
+    notes: list[str] = field(default_factory=list)        # "relaxed: ..." / "direct-url: ..." lines
 
 
 @dataclass
@@ -82,21 +96,51 @@ def _parse(req: str, where: str) -> Requirement:
         raise BadInput(f"{where}: expected a PEP 508 requirement, got {req!r} ({exc})") from None
 
 
-def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str]) -> list[str]:
-    """Requirements whose markers hold on the base (no extras), markers dropped, components left out."""
+def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str], adjust: Adjust | None = None) -> list[str]:
+    """Requirements whose markers hold on the base (no extras), markers dropped, components left out;
+    a direct URL mapped by the pins' direct_urls, exact torch pins relaxed with base_torch (adjust)."""
     out = []
     for text in reqs:
         req = _parse(text, where)
         if req.marker is not None and not req.marker.evaluate({**base.markers, "extra": ""}):
             continue
-        if canonicalize_name(req.name) in skip:
+        name = canonicalize_name(req.name)
+        if name in skip:
             continue
-        if req.url:
-            raise BadInput(f"{where}: {text!r}: a direct URL requirement cannot be locked by hash; "
-                           "expected name[extras] and a version specifier")
         req.marker = None
+        if req.url:
+            version = adjust.direct.get(name) if adjust else None
+            if version is None or adjust is None:
+                raise BadInput(f"{where}: {text!r}: a direct URL requirement cannot be locked by hash; expected"
+                               f" name[extras] and a version specifier, or a direct_urls entry mapping {req.name}"
+                               " to a version from the index, with a reason")
+            req.url, req.specifier = None, SpecifierSet(f"=={version}")
+            adjust.notes.append(f"{native.DIRECT_MARK}{where}: {text} -> {req}")
+        have = {canonicalize_name(n): v for n, v in base.dists.items()}.get(name)
+        if adjust and adjust.base_torch and name in TORCH_NAMES and have is not None and req.specifier \
+                and not req.specifier.contains(have, prereleases=True):
+            before = str(req)
+            req.specifier = SpecifierSet()
+            adjust.notes.append(f"{native.RELAXED_MARK}{where}: {before} -> {req} (the base's {req.name} {have})")
         out.append(str(req))
     return sorted(set(out))
+
+
+def tools_over_base(reqs: list[str], provided: dict[str, str]) -> list[str]:
+    """BUILD_TOOLS a build requirement wants in a version the base does not have."""
+    versions = {canonicalize_name(n): v for n, v in provided.items()}
+    out = set()
+    for text in reqs:
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        have = versions.get(name)
+        if name in BUILD_TOOLS and have is not None and not req.specifier.contains(have, prereleases=True):
+            out.add(name)
+    return sorted(out)
+
+
+def without(provided: dict[str, str], names: list[str]) -> dict[str, str]:
+    return {n: v for n, v in provided.items() if canonicalize_name(n) not in names}
 
 
 def check_against(reqs: list[str], provided: dict[str, str], where: str, what: str) -> None:
@@ -264,11 +308,18 @@ def build_sdist(settings: Settings, pins: Any, base: BaseInfo, target: Target, n
 # --------------------------------------------------------------------------- the lock
 
 
-def inputs_sha256(base: BaseInfo, target: Target, comps: list[ComponentInputs], compat: list[str] | None = None) -> str:
+def inputs_sha256(base: BaseInfo, target: Target, comps: list[ComponentInputs], compat: list[str] | None = None,
+                  locked: native.Locked | None = None, notes: list[str] | None = None) -> str:
     data: dict[str, Any] = {"format": FORMAT, "base_dists": base.dists, "target": target.__dict__,
-                            "components": [c.__dict__ for c in comps]}
+                            "components": [{k: v for k, v in c.__dict__.items() if v or k != "tools_over_base"}
+                                           for c in comps]}
     if compat:
         data["compat"] = compat
+    if locked is not None and (locked.cmake or locked.inputs):
+        data["native"] = {"cmake": locked.cmake,
+                          "inputs": [[i.component, i.name, i.url, i.ref, i.commit] for i in locked.inputs]}
+    if notes:
+        data["notes"] = notes
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
 
 
@@ -283,26 +334,33 @@ def compat_requirements(pins: Any, base: BaseInfo) -> list[str]:
 
 
 def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: Target,
-           resolver_name: str) -> list[ComponentInputs]:
-    """Per component: build requirements, VCS version, and metadata prepared in the base."""
+           resolver_name: str, adjusts: dict[str, Adjust] | None = None) -> list[ComponentInputs]:
+    """Per component: build requirements, VCS version, and metadata prepared in the base; `adjusts`
+    collects each component's relaxed torch pins and mapped direct URLs."""
+    adjusts = {} if adjusts is None else adjusts
     comps = []
     names: set[str] = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
     for name in COMPONENTS:
         pin, resolved = pins.components[name], sources.components[name]
         where = f"components.{name} ({pin.distribution} at {pin.commit[:12]})"
         pyproject = _pyproject(settings, resolved)
+        adjust = adjusts.setdefault(name, Adjust(pin.base_torch, {canonicalize_name(d.package): d.version
+                                                                 for d in pins.direct_urls}))
         inputs = ComponentInputs(name=name, distribution=pin.distribution,
                                  scm_version=getattr(resolved, "version", "") or "",
                                  build_requires=applicable(build_requires(pyproject), base, f"{where}: build-system",
-                                                           set()))
-        check_against(inputs.build_requires, base.dists, f"{where}: [build-system].requires", f"the base {pins.base.image}")
-        pinned = resolver.resolve(settings, inputs.build_requires, base.dists, target, resolver_name,
-                                  log_name=f"lock-resolve-build-{name}")
+                                                           set(), adjust))
+        inputs.tools_over_base = tools_over_base(inputs.build_requires, base.dists)
+        check_against([r for r in inputs.build_requires
+                       if canonicalize_name(Requirement(r).name) not in inputs.tools_over_base],
+                      base.dists, f"{where}: [build-system].requires", f"the base {pins.base.image}")
+        pinned = resolver.resolve(settings, inputs.build_requires, without(base.dists, inputs.tools_over_base), target,
+                                  resolver_name, log_name=f"lock-resolve-build-{name}")
         found, missing = resolver.download_wheels(settings, pinned, target)
         if missing:
             raise BadInput(f"{where}: build requirements with no wheel for the base: {', '.join(missing)}")
         prepare_metadata(settings, pins, resolved, inputs, [found[n] for n in sorted(found)], pyproject)
-        inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names)
+        inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names, adjust)
         check_against(inputs.requires_dist, base.dists, f"{where}: Requires-Dist", f"the base {pins.base.image}")
         comps.append(inputs)
     provided = {c.distribution: c.version for c in comps}
@@ -327,21 +385,25 @@ def _resolve_all(settings: Settings, reqs_of: dict[str, list[str]], provided: di
 
 
 def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "uv",
-            build_sdists: bool = False) -> tuple[str, dict[str, Path]]:
+            build_sdists: bool = False, offline: bool = False) -> tuple[str, dict[str, Path]]:
     """(lock text, {wheel file name: path}) for the pins."""
     with log.step("lock: read the base (network-none container)"):
         base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
                                        pins.base.platform)
     target = Target.of(base)
-    comps = gather(settings, pins, sources, base, target, resolver_name)
+    adjusts: dict[str, Adjust] = {}
+    comps = gather(settings, pins, sources, base, target, resolver_name, adjusts)
+    notes = [n for name in COMPONENTS for n in adjusts[name].notes]
+    locked = native.gather(settings, pins, sources, offline)
     provided = {**base.dists, **{c.distribution: c.version for c in comps}}
+    tools = sorted({t for c in comps for t in c.tools_over_base})
     with log.step(f"lock: resolve runtime closure ({resolver_name})"):
         compat = compat_requirements(pins, base)
         wanted = {c.name: c.requires_dist for c in comps} | ({"compat": compat} if compat else {})
         runtime = _resolve_all(settings, wanted, provided, target, resolver_name, "runtime")
     with log.step(f"lock: resolve build closure ({resolver_name})"):
-        build = _resolve_all(settings, {c.name: c.build_requires for c in comps}, {**provided, **runtime}, target,
-                             resolver_name, "build")
+        build = _resolve_all(settings, {c.name: c.build_requires for c in comps}, without({**provided, **runtime}, tools),
+                             target, resolver_name, "build")
     pinned = {**runtime, **build}
     with log.step(f"lock: wheels for {base.python} {base.abi} {target.uv_platform()}"):
         found, no_wheel = resolver.download_wheels(settings, pinned, target)
@@ -356,7 +418,7 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
     header = [
         "# Written by `builder lock`; do not edit. Regenerate with `builder lock PINS`, verify with --check.",
         f"# format: {FORMAT}",
-        f"# inputs-sha256: {inputs_sha256(base, target, comps, compat)}",
+        f"# inputs-sha256: {inputs_sha256(base, target, comps, compat, locked, notes)}",
         f"# base: {pins.base.name} (what it provides is read from it; its digest is in the pins)",
         f"# target: python {base.python} {base.abi} {target.uv_platform()} (read from the base)",
         f"# resolver: {resolver.resolver_version(resolver_name)}",
@@ -368,6 +430,11 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
         how = " (from VCS: SETUPTOOLS_SCM_PRETEND_VERSION_FOR_)" if c.scm_version else ""
         header.append(f"# {c.name}: {c.distribution} {c.version}{how}; build-system.requires:"
                       f" {', '.join(c.build_requires) or '-'}")
+    if tools:
+        header.append(f"# build tools over the base's (build-tools prefix only, never in the image): {', '.join(tools)}")
+    header += notes + native.lock_lines(locked)
+    header += [f"{native.RECORD_MARK}{name} {version} {record} sha256={sha}"
+               for name, (version, record, sha) in sorted(base.records.items())]
     lines = []
     for name in sorted(pinned):
         path = found[name]
@@ -422,15 +489,22 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
             base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
                                            pins.base.platform)
         target = Target.of(base)
-        want = inputs_sha256(base, target, gather(settings, pins, sources, base, target, resolver_name),
-                             compat_requirements(pins, base))
+        adjusts: dict[str, Adjust] = {}
+        comps = gather(settings, pins, sources, base, target, resolver_name, adjusts)
+        locked = native.gather(settings, pins, sources, offline)
+        changed = native.changes(native.parse(old, str(path)), locked)
+        if changed:
+            raise StaleLock(f"{path}: stale: {changed[0]}" + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+                            + f"; run `builder lock {pins_path}`")
+        want = inputs_sha256(base, target, comps, compat_requirements(pins, base), locked,
+                             [n for name in COMPONENTS for n in adjusts[name].notes])
         have = recorded_inputs(old)
         if want != have:
             raise StaleLock(f"{path}: stale: the pins' inputs are sha256 {want[:16]}, the lock was written for"
                             f" {have[:16] or 'nothing (no inputs-sha256 line)'}; run `builder lock {pins_path}`")
         return LockResult(path, old, hashlib.sha256(old.encode()).hexdigest(), want,
                           sum(1 for ln in old.splitlines() if "--hash=" in ln), None)
-    text, files = compute(settings, pins, sources, resolver_name, build_sdists)
+    text, files = compute(settings, pins, sources, resolver_name, build_sdists, offline)
     if text != old:
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as fh:
             fh.write(text)

@@ -65,6 +65,7 @@ RX = {
     "reason": r"[A-Za-z0-9(][A-Za-z0-9 .,:()/+_#@=-]{0,299}",
     "layout": r"([A-Za-z0-9_.+@-]|\{step\})+(/([A-Za-z0-9_.+@-]|\{step\})+)*",
     "tensor_pattern": r"[A-Za-z0-9_.*?\[\]-]{1,200}",
+    "device": r"[a-z][a-z0-9_]{0,31}",
     "engine": r"(unix://(/[A-Za-z0-9_.+@-]+)+|(tcp|ssh)://([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+(:[0-9]{1,5})?)",
 }
 URL_RX = [
@@ -295,6 +296,55 @@ class Install(Strict):
     env: BuildEnv = {}
 
 
+CUDA_ARCH_RX = r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?"
+KNOB_ENV = ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "NVCC_THREADS")
+
+
+def _cuda_arch(value: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(CUDA_ARCH_RX, value):
+        raise ValueError(f"expected a CUDA arch like '9.0', '10.0a' or '8.0+PTX', got {show(value)}")
+    return value
+
+
+CudaArch = Annotated[str, AfterValidator(_cuda_arch),
+                     WithJsonSchema({"type": "string", "pattern": f"^{CUDA_ARCH_RX}$"})]
+Device = Annotated[str, _schema("device"), AfterValidator(_check("device", "a target device like 'cpu' or 'cuda'"))]
+
+
+class Native(Strict):
+    """A component's native build: the knobs it is built with (each passed as env, recorded in the
+    manifest and report) and the native modules the smoke step loads."""
+    device: Device | None = None            # the target device, e.g. cpu or cuda
+    device_var: EnvName | None = None       # the variable carrying it (env, and the CMake variable), e.g. VLLM_TARGET_DEVICE
+    cuda_arch: Annotated[list[CudaArch], AfterValidator(_unique)] = []  # TORCH_CUDA_ARCH_LIST
+    max_jobs: Annotated[int, _ranged(1, 1024, "a job count"), _range_schema(1, 1024)] | None = None
+    nvcc_threads: Annotated[int, _ranged(1, 64, "a thread count"), _range_schema(1, 64)] | None = None
+    modules: Annotated[list[Module], AfterValidator(_unique)] = []  # native modules smoke imports
+
+    @model_validator(mode="after")
+    def _device(self) -> "Native":
+        if (self.device is None) != (self.device_var is None):
+            raise ValueError("device_var: expected device and device_var together")
+        if self.cuda_arch and self.device != "cuda":
+            raise ValueError(f"cuda_arch: expected only with device 'cuda', got device {show(self.device)}")
+        if self.device == "cuda" and not self.cuda_arch:
+            raise ValueError("cuda_arch: expected the arch list the kernels are built for (device 'cuda')")
+        return self
+
+    def env(self) -> dict[str, str]:
+        """The build environment these knobs set."""
+        out: dict[str, str] = {}
+        if self.device is not None and self.device_var is not None:
+            out[self.device_var] = self.device
+        if self.cuda_arch:
+            out["TORCH_CUDA_ARCH_LIST"] = " ".join(self.cuda_arch)
+        if self.max_jobs is not None:
+            out["MAX_JOBS"] = str(self.max_jobs)
+        if self.nvcc_threads is not None:
+            out["NVCC_THREADS"] = str(self.nvcc_threads)
+        return out
+
+
 class Component(Strict):
     url: Annotated[str, WithJsonSchema({"type": "string"})]
     target: Branch
@@ -304,6 +354,19 @@ class Component(Strict):
     distribution: Distribution
     modules: Annotated[list[Module], Field(min_length=1), AfterValidator(_unique)]
     install: Install = Install()
+    native: Native | None = None
+    base_torch: bool = False  # build against the base's torch: exact torch/torchvision/torchaudio pins relaxed
+
+    @model_validator(mode="after")
+    def _knobs(self) -> "Component":
+        both = sorted(set(self.native.env() if self.native else {}) & set(self.install.env))
+        if both:
+            raise ValueError(f"install.env: expected {both[0]} set once, by native (it sets {', '.join(both)})")
+        return self
+
+    def build_env(self) -> dict[str, str]:
+        """install.env plus the native knobs' env."""
+        return {**self.install.env, **(self.native.env() if self.native else {})}
 
     @field_validator("url")
     @classmethod
@@ -340,6 +403,14 @@ class Components(Strict):
 
 
 class Compat(Strict):
+    package: Distribution
+    version: Version
+    reason: Reason
+
+
+class DirectUrl(Strict):
+    """A direct-URL requirement (`name @ url`) of a component, locked instead as package==version from
+    the index (with its hash), for the reason given."""
     package: Distribution
     version: Version
     reason: Reason
@@ -547,6 +618,7 @@ class Pins(Strict):
     base: Base
     components: Components
     compat: list[Compat] = []
+    direct_urls: list[DirectUrl] = []
     build: Build
     recipe: Recipe
     acceptance: Acceptance = Acceptance()
