@@ -71,9 +71,12 @@ COMPONENTS = {
 }
 # vLLM from source for the cpu target, against the base's torch (vLLM's Dockerfile.cpu builds the
 # same way: --no-build-isolation after use_existing_torch). MAX_JOBS: the machine's cores.
-VLLM = {"distribution": "vllm", "modules": ["vllm"], "native_modules": ["vllm._C"],
-        "pip_args": ["--no-build-isolation", "--no-deps"],
-        "env": {"VLLM_TARGET_DEVICE": "cpu", "MAX_JOBS": str(os.cpu_count() or 2)}}
+VLLM = {"distribution": "vllm", "modules": ["vllm"],
+        # --verbose: the compile steps ([N/M] from ninja) reach the build log, so a long build shows how far it got
+        "pip_args": ["--no-build-isolation", "--no-deps", "--verbose"],
+        "native": {"device": "cpu", "device_var": "VLLM_TARGET_DEVICE", "max_jobs": os.cpu_count() or 2,
+                   "modules": ["vllm._C"]},
+        "base_torch": True}
 
 
 # megatron.core imports triton at import time (transformer/moe/ops/paged_stash.py); NGC's CUDA torch
@@ -82,10 +85,7 @@ COMPAT_TRITON = {"package": "triton", "version": "3.9.0",
                  "reason": "megatron.core imports triton, CUDA torch brings it, the CPU demo base does not"}
 # vLLM's requirements/cpu.txt: `triton @ https://github.com/triton-lang/triton-cpu/releases/...whl`
 # (triton-cpu, GitHub only). The CPU build does not use it; the locked triton (above) takes its place.
-VLLM_DIRECT_URLS = [{"package": "triton",
-                     "url": "https://github.com/triton-lang/triton-cpu/releases/download/v3.8.0/"
-                            "triton-3.8.0+cpu-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
-                     "version": "3.9.0",
+VLLM_DIRECT_URLS = [{"package": "triton", "version": "3.9.0",
                      "reason": "triton-cpu is a GitHub release asset, not on PyPI; the CPU build does not need it "
                                "and megatron.core needs the locked triton 3.9.0 anyway"}]
 
@@ -123,7 +123,9 @@ def write_pins(work: Path, mirrors: Path, prs: dict[str, int], base: str, real_v
             "url": PUBLIC["vllm"], "target": "main", "pr": prs["vllm"],
             "commit": git_head(mirrors / MIRROR_NAMES["vllm"], f"refs/pull/{prs['vllm']}/head"),
             "distribution": VLLM["distribution"], "modules": VLLM["modules"],
-            "install": {"pip_args": VLLM["pip_args"], "env": VLLM["env"]}}}
+            "install": {"pip_args": VLLM["pip_args"], "env": {}},
+            "native": VLLM["native"], "base_torch": VLLM["base_torch"]}}
+        data["direct_urls"] = VLLM_DIRECT_URLS
     else:
         stack = work / "demo-stack"
         make_stack(stack)
@@ -213,6 +215,7 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=ROOT / ".cache" / "real-repos")
     ap.add_argument("--compare-resolvers", action="store_true", help="also time pip's resolver against uv")
     ap.add_argument("--cuda-inputs-only", action="store_true", help="only list vLLM's CUDA native inputs")
+    ap.add_argument("--lock-only", action="store_true", help="stop after the lock")
     args = ap.parse_args()
     mirrors, work = args.mirrors.resolve(), args.work.resolve()
     real = args.vllm == "real"
@@ -243,6 +246,8 @@ def main() -> int:
         say(f"lock        {line}")
     if args.compare_resolvers:
         compare_resolvers(pins, env, work)
+    if args.lock_only:
+        return 0
 
     rc, t_build, out = clock.run("build", builder, ["build", str(pins), "--quiet"], env, work / "build.log")
     if rc != 0:
@@ -272,6 +277,59 @@ def main() -> int:
         f"image {size / 1e9:.2f} GB, provenance {gate.get('status', 'not run')}, "
         f"imports {'ok' if proc.returncode == 0 else 'failed'}")
     return 0 if rc == 0 and proc.returncode == 0 else 1
+
+
+# What reading vLLM 0.33.0's CMake by hand finds for the cuda target (/work/notes/vllm_inputs.md): the
+# listing says which of them the lock's discovery did not find.
+CUDA_EXPECTED = ["cutlass", "triton_kernels", "deepgemm", "deepselect", "fmha_sm100", "flashmla", "flashkda",
+                 "qutlass", "tml_fa4", "vllm-flash-attn"]
+
+
+def cuda_inputs(mirrors: Path, env: dict, work: Path, clock: Clock) -> int:
+    """The native inputs the lock's discovery finds for vLLM's cuda target (nothing built), each with
+    its commit: a pinned commit as is, a tag or branch through DIR's mirror of its URL."""
+    import pygit2  # lazy: only this listing reads git objects in-process
+
+    from builder.sources import cmakefetch
+
+    repo = pygit2.Repository(str(mirrors / MIRROR_NAMES["vllm"]))
+    commit = git_head(mirrors / MIRROR_NAMES["vllm"], f"refs/pull/{real_vllm.PR_NUMBER}/head")
+    try:
+        found = clock.run("cuda inputs: discovery", cmakefetch.discover_at, repo, commit,
+                          {"VLLM_TARGET_DEVICE": "cuda"}, {}).declarations
+    except Exception as exc:  # noqa: BLE001 - a listing: say why, go on
+        say(f"cuda inputs FAILED: {exc}")
+        return 1
+    say(f"cuda inputs {len(found)} found at vllm {commit[:12]} (target cuda, not built):")
+    for decl in found:
+        say(f"  {decl.name:<16} {decl.git_repository} {decl.git_tag} -> {resolve_input(mirrors, decl.git_repository, decl.git_tag)}"
+            f"  [{decl.receive}; {decl.file}]")
+    missing = [name for name in CUDA_EXPECTED if name not in {d.key for d in found}]
+    if missing:
+        say(f"  not found by the lock (in vLLM's CMake): {', '.join(missing)}")
+    return 0 if not missing else 1
+
+
+def resolve_input(mirrors: Path, url: str, tag: str) -> str:
+    """commit of a native input: the pinned commit, or the tag/branch through DIR's mirror of url."""
+    name = CUDA_INPUTS.get(url) or next((n for u, n in PUBLIC.items() if u == url and n in MIRROR_NAMES), "")
+    mirror = mirrors / (MIRROR_NAMES.get(name, name) if name else "-")
+    have = (mirror / "HEAD").exists()
+    pinned = re.fullmatch(r"[0-9a-f]{40}", tag) is not None
+    if pinned:
+        if not have:
+            return f"{tag} (pinned commit; not checked: no mirror)"
+        ok = subprocess.run(["git", "--git-dir", str(mirror), "cat-file", "-e", f"{tag}^{{commit}}"],
+                            capture_output=True, check=False).returncode == 0
+        return f"{tag} ({'in the mirror' if ok else 'pinned commit; not in the mirror snapshot'})"
+    if not have:
+        return "not resolved: no mirror"
+    for ref in (f"refs/tags/{tag}", f"refs/heads/{tag}"):
+        proc = subprocess.run(["git", "--git-dir", str(mirror), "rev-parse", "-q", "--verify", f"{ref}^{{commit}}"],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode == 0:
+            return f"{proc.stdout.strip()} ({ref})"
+    return "not resolved: the mirror snapshot has no such tag or branch"
 
 
 def vllm_tag(mirrors: Path) -> str:
