@@ -86,7 +86,7 @@ COMPAT_TRITON = {"package": "triton", "version": "3.9.0",
 # vLLM's requirements/cpu.txt: `triton @ https://github.com/triton-lang/triton-cpu/releases/...whl`
 # (triton-cpu, GitHub only). The CPU build does not use it; the locked triton (above) takes its place.
 VLLM_DIRECT_URLS = [{"package": "triton", "version": "3.9.0",
-                     "reason": "triton-cpu is a GitHub release asset, not on PyPI; the CPU build does not need it "
+                     "reason": "triton-cpu is a GitHub release asset, not on PyPI. The CPU build does not need it "
                                "and megatron.core needs the locked triton 3.9.0 anyway"}]
 
 

@@ -7,7 +7,9 @@ and cmake/cpu_extension.cmake stops with "X86 backend requires gcc/g++ >= 12.3" 
 12.2, Debian 13 has no Python 3.11 for the base's cp311 CPU torch); it also links libnuma. A vendor
 base (NGC) has all of them. This is demo/baseimage.py with another rootfs: Ubuntu 22.04 (jammy +
 jammy-updates: python3.11, g++-12 12.3.0, libnuma-dev), CC/CXX set to gcc-12/g++-12, and its own
-repository. The venv is the demo base's: the same wheel lock, torch 2.13.0+cpu.
+repository. The venv is the demo base's (torch 2.13.0+cpu) plus pip 23.0.1, the demo base's pip (jammy's
+Python 3.11.0rc1 brings pip 22.2, without `install --dry-run`). Its wheel lock differs from the demo
+base's, so it runs with its own BUILDER_CACHE (the lock file sits at a fixed place in the cache).
 The Ubuntu archive key comes from ubuntu-keyring in the same archive (the host has none).
 """
 from __future__ import annotations
@@ -95,6 +97,7 @@ def rootfs_image(settings: Settings, client: Any, work: Path) -> str:
 def configure() -> None:
     """Point demo.baseimage at this rootfs, Dockerfile and repository (same wheel lock)."""
     baseimage.DEBOOTSTRAP = DEBOOTSTRAP
+    baseimage.BASE_REQUIREMENTS = [*baseimage.BASE_REQUIREMENTS, "pip==23.0.1"]
     baseimage.DOCKERFILE = Path(__file__).with_suffix(".Dockerfile")
     baseimage.REPOSITORY = f"{infra.registry_url()}/real/vllm-cpu-base"
     baseimage._rootfs_image = rootfs_image
@@ -106,5 +109,5 @@ def ensure(settings: Settings) -> str:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("BUILDER_CACHE", str(ROOT / ".cache"))
-    print(ensure(Settings.from_env()))
+    cache = Path(os.environ.get("BUILDER_CACHE", ROOT / ".cache")) / "real-vllm-base"
+    print(ensure(Settings.from_env({**os.environ, "BUILDER_CACHE": str(cache)})))
