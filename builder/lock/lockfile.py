@@ -229,7 +229,7 @@ def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: Comp
         if "--ignore-requires-python" in pins.components[inputs.name].install.pip_args:
             env["LOCK_IGNORE_REQUIRES_PYTHON"] = "1"  # the install will pass it too (pins' pip_args)
         if inputs.scm_version:
-            env[scmversion.pretend_env_name(inputs.distribution)] = inputs.scm_version
+            env.update(scmversion.pretend_env(inputs.distribution, inputs.scm_version))
         with log.step(f"lock: metadata of {inputs.name} (network-none base container)"):
             archives = [("/", basecontainer.tar_bytes(files, (f"{WORK.lstrip('/')}/src",))),
                         (f"{WORK}/src", exported_tar(settings, component).read_bytes())]
@@ -243,7 +243,7 @@ def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: Comp
     if canonicalize_name(data["name"]) != canonicalize_name(inputs.distribution):
         raise BadInput(f"components.{inputs.name}.distribution: pinned {inputs.distribution!r}, the"
                        f" package at {component.commit[:12]} is {data['name']!r}")
-    if inputs.scm_version and data["version"] != inputs.scm_version:
+    if inputs.scm_version and not scmversion.same_version(data["version"], inputs.scm_version):
         raise BuildFailed(f"components.{inputs.name}: built version {data['version']} != VCS version"
                           f" {inputs.scm_version} (SETUPTOOLS_SCM_PRETEND_VERSION_FOR_ not honoured)")
     inputs.version = data["version"]
