@@ -96,9 +96,12 @@ def _parse(req: str, where: str) -> Requirement:
         raise BadInput(f"{where}: expected a PEP 508 requirement, got {req!r} ({exc})") from None
 
 
-def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str], adjust: Adjust | None = None) -> list[str]:
+def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str], adjust: Adjust | None = None,
+               runtime: bool = False) -> list[str]:
     """Requirements whose markers hold on the base (no extras), markers dropped, components left out;
-    a direct URL mapped by the pins' direct_urls, exact torch pins relaxed with base_torch (adjust)."""
+    a direct URL mapped by the pins' direct_urls, exact torch pins relaxed with base_torch (adjust), and
+    with it a runtime pin on a build tool the base has in another version (vLLM's cpu requirements pin
+    setuptools==78.1.1 at runtime: the base's runtime distributions stay as they are)."""
     out = []
     for text in reqs:
         req = _parse(text, where)
@@ -117,7 +120,8 @@ def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str], adju
             req.url, req.specifier = None, SpecifierSet(f"=={version}")
             adjust.notes.append(f"{native.DIRECT_MARK}{where}: {text} -> {req}")
         have = {canonicalize_name(n): v for n, v in base.dists.items()}.get(name)
-        if adjust and adjust.base_torch and name in TORCH_NAMES and have is not None and req.specifier \
+        relaxable = name in TORCH_NAMES or (runtime and name in BUILD_TOOLS)
+        if adjust and adjust.base_torch and relaxable and have is not None and req.specifier \
                 and not req.specifier.contains(have, prereleases=True):
             before = str(req)
             req.specifier = SpecifierSet()
@@ -360,7 +364,8 @@ def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: 
         if missing:
             raise BadInput(f"{where}: build requirements with no wheel for the base: {', '.join(missing)}")
         prepare_metadata(settings, pins, resolved, inputs, [found[n] for n in sorted(found)], pyproject)
-        inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names, adjust)
+        inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names, adjust,
+                                          runtime=True)
         check_against(inputs.requires_dist, base.dists, f"{where}: Requires-Dist", f"the base {pins.base.image}")
         comps.append(inputs)
     provided = {c.distribution: c.version for c in comps}
