@@ -2,7 +2,7 @@
 
     python demo/make_stack.py OUTDIR
 
-Writes OUTDIR/{tinyengine,tinycore,tinyrl}.git and OUTDIR/stack.json. Every commit is
+Writes OUTDIR/{tinyengine,tinycore,tinyrl,tinykernels}.git and OUTDIR/stack.json. Every commit is
 built from the overlay directories under demo/src/<repo>/ (a commit's tree = its
 parent's tree plus the overlay's files) with a fixed author, committer and date, so
 the SHAs are identical on every machine and on every run. Objects are written with

@@ -84,6 +84,13 @@ def test_statements_carry_the_required_fields(records):
     for name, comp in report.sources.components.items():
         assert deps[name]["digest"] == {"gitCommit": comp.commit, "gitTree": comp.tree}
     assert deps["base"]["digest"] == {"sha256": "cd" * 32}
+    from builder.lock import native
+
+    for item in native.parse(pins.lock_path().read_text()).inputs:  # each native build input, a git commit + tree
+        dep = deps[f"native:{item.component}/{item.name}"]
+        assert dep["digest"] == {"gitCommit": item.commit, "gitTree": item.tree}
+        assert dep["annotations"]["git_tag"] == item.ref and dep["uri"].endswith(f"tinykernels.git@{item.ref}")
+    assert "native:vllm/tinykernels" in deps
     from builder.lock.wheels import read_lock
 
     locked = read_lock(pins.lock_path())[1]

@@ -42,8 +42,21 @@ include(cmake/external_projects/flashmla.cmake)
     "cmake/utils.cmake": "function(helper)\n  FetchContent_Declare(never GIT_REPOSITORY x GIT_TAG y)\nendfunction()\n",
     "cmake/cpu_extension.cmake": r'''
 set(ONEDNN_TAG [[v3.13]])
-FetchContent_Declare(oneDNN GIT_REPOSITORY "https://github.com/uxlfoundation/oneDNN.git" GIT_TAG "${ONEDNN_TAG}")
-FetchContent_MakeAvailable(oneDNN)
+if ((AVX512_FOUND AND NOT AVX512_DISABLED) OR (ASIMD_FOUND AND NOT APPLE_SILICON_FOUND) OR POWER9_FOUND)
+  if(ASIMD_FOUND)
+    FetchContent_Populate(arm_compute
+      SOURCE_DIR   "${FETCHCONTENT_BASE_DIR}/arm_compute-src"
+      GIT_REPOSITORY https://github.com/ARM-software/ComputeLibrary.git
+      GIT_TAG        v52.6.0)
+  endif()
+  set(FETCHCONTENT_SOURCE_DIR_ONEDNN "$ENV{FETCHCONTENT_SOURCE_DIR_ONEDNN}" CACHE PATH "Path to a local oneDNN.")
+  if(FETCHCONTENT_SOURCE_DIR_ONEDNN)
+    FetchContent_Declare(oneDNN SOURCE_DIR ${FETCHCONTENT_SOURCE_DIR_ONEDNN})
+  else()
+    FetchContent_Declare(oneDNN GIT_REPOSITORY "https://github.com/uxlfoundation/oneDNN.git" GIT_TAG "${ONEDNN_TAG}")
+  endif()
+  FetchContent_MakeAvailable(oneDNN)
+endif()
 ''',
     "cmake/external_projects/flashmla.cmake": r'''
 if(FLASH_MLA_SRC_DIR)
@@ -62,11 +75,14 @@ def found(files, **known):
 
 def test_cpu_target_reads_the_included_file_and_stops_at_return():
     decls = found(VLLM_LIKE, VLLM_TARGET_DEVICE="cpu")
-    assert list(decls) == ["oneDNN"]
+    assert list(decls) == ["arm_compute", "oneDNN"]  # FetchContent_Populate with details counts too
     one = decls["oneDNN"]
-    assert (one.git_repository, one.git_tag, one.when) == ("https://github.com/uxlfoundation/oneDNN.git", "v3.13", [])
-    assert one.receive == "FETCHCONTENT_SOURCE_DIR_ONEDNN"
-    assert one.file == "cmake/cpu_extension.cmake:3"
+    assert (one.git_repository, one.git_tag) == ("https://github.com/uxlfoundation/oneDNN.git", "v3.13")
+    assert one.when == ["(AVX512_FOUND AND NOT AVX512_DISABLED) OR (ASIMD_FOUND AND NOT APPLE_SILICON_FOUND)"
+                        " OR POWER9_FOUND"]  # CPU features: not known statically, written down
+    assert one.receive == one.src_dir_env == "FETCHCONTENT_SOURCE_DIR_ONEDNN"  # vLLM reads it from $ENV too
+    assert one.file == "cmake/cpu_extension.cmake:14"
+    assert decls["arm_compute"].git_tag == "v52.6.0" and "ASIMD_FOUND" in decls["arm_compute"].when
 
 
 def test_cuda_target_keeps_undecided_conditions_and_the_projects_own_variable():
@@ -144,4 +160,4 @@ def test_read_from_the_git_tree_at_a_commit(tmp_path):
     sig = pygit2.Signature("t", "t@example.invalid", 0, 0)
     commit = repo.create_commit(None, sig, sig, "m", tb.write(), [])
     result = cf.discover_at(repo, str(commit), {"VLLM_TARGET_DEVICE": "cpu"})
-    assert [d.name for d in result.declarations] == ["oneDNN"]
+    assert [d.name for d in result.declarations] == ["arm_compute", "oneDNN"]

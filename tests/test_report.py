@@ -101,7 +101,8 @@ def test_manifest_commit_other_than_pinned_is_not_accepted(report_inputs):
 def test_uncaptured_layers_read_unknown(report_inputs):
     rep = make(report_inputs, acceptance=False, build=False)
     layers = rep.run_manifest
-    assert list(layers) == ["source", "installed_packages", "native_libraries", "jit_caches", "container", "run"]
+    assert list(layers) == ["source", "installed_packages", "native_libraries", "jit_caches", "container", "run",
+                            "native_build"]
     assert layers["jit_caches"] == "unknown"
     assert layers["installed_packages"]["vllm"]["version"] == "unknown"
     assert layers["installed_packages"]["vllm"]["modules"] == {"tinyengine": "unknown"}
@@ -204,3 +205,15 @@ def test_load_refuses_a_non_report(tmp_path):
         report.load(bad)
     with pytest.raises(BadInput, match="cannot read"):
         report.load(tmp_path / "missing.json")
+
+
+def test_native_build_inputs_and_knobs_are_listed(report_inputs):
+    rep = make(report_inputs)
+    native = rep.run_manifest["native_build"]
+    [item] = native["inputs"]
+    assert (item["component"], item["name"], item["ref"], item["receive"]) == \
+        ("vllm", "tinykernels", "v0.1.0", "TINYKERNELS_SRC_DIR")
+    assert native["knobs"]["vllm"]["device"] == "cpu" and native["knobs"]["vllm"]["cmake"] is True
+    md = report.to_markdown(rep)
+    assert "### Native build inputs" in md and f"`{item['commit']}`" in md and "TINYENGINE" not in md.split("###")[0]
+    assert "| vllm | cpu | - |" in md

@@ -177,6 +177,10 @@ class _Progress:
         self._close(time.monotonic())
 
 
+SCRIPT_ERROR = "builder: "  # the one-line error an in-image script prints before failing a step
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, nocache: bool = False,
           echo: bool = True) -> BuildResult:
     """Build a custom context tar; stream each line to stderr and log_path; BuildFailed names the
@@ -206,7 +210,10 @@ def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, 
         _drop_partial_tag(client, tag, before)
         failing = progress.steps[-1] if progress.steps else None
         where = f"step {failing.index}/{failing.total} `{failing.instruction}`" if failing else "before the first step"
-        raise BuildFailed(f"docker build {tag}: failed at {where}: {progress.error[:300] or 'no image produced'};"
+        plain = [ANSI.sub("", ln) for ln in (failing.lines if failing else [])]  # stderr comes coloured
+        said = [ln for ln in plain if ln.startswith(SCRIPT_ERROR)]  # an image script's one line
+        reason = said[-1] if said else progress.error
+        raise BuildFailed(f"docker build {tag}: failed at {where}: {reason[:300] or 'no image produced'};"
                           f" log {log_path}", details=progress.tail)
     return BuildResult(progress.image_id, progress.steps, seconds, str(log_path))
 

@@ -2,6 +2,8 @@
 
 Layout: Dockerfile, constraints.in, delivery/{pins.json,components.json,dockerfile.sha256},
 provenance/<component>.json, image_scripts/, lock/requirements.lock, wheels/, acceptance/ (the suite),
+native/<component>/{toolchain.cmake,<input>/} (a CMake-built component: its toolchain file and each
+native input the lock names, exported once at its locked commit),
 src/<component>/ (the export resolve made of each component at its pinned commit, re-rooted).
 Entries sorted by path, directories left out, mtime fixed, uid/gid 0, modes 0644/0755.
 """
@@ -20,6 +22,7 @@ from builder.core import resources
 from builder.core.constants import BUILDER_VERSION, COMPONENTS, SOURCE_DATE_EPOCH
 from builder.core.options import Settings
 from builder.core.records import ResolvedSources
+from builder.lock import native
 from builder.lock.wheels import split_lock
 from builder.pins.model import Pins
 from builder.sources import resolve as sources_mod
@@ -116,21 +119,30 @@ def _add_export(tar: tarfile.TarFile, exported: tarfile.TarFile, prefix: str) ->
 
 
 def assemble(pins: Pins, sources: ResolvedSources, settings: Settings, dockerfile: str, dockerfile_sha: str,
-             delivery: dict[str, Any], wheels: Path | None) -> tuple[Path, str]:
-    """Write the context tar under <cache>/builds/<sha prefix>/; return (path, sha256)."""
-    files = small_files(pins, dockerfile, dockerfile_sha, delivery, wheels)
-    before = sorted(k for k in files if k < "src/")
-    after = sorted(k for k in files if k >= "src/")
+             delivery: dict[str, Any], wheels: Path | None, native_files: dict[str, str] | None = None,
+             native_inputs: list[native.NativeInput] | None = None) -> tuple[Path, str]:
+    """Write the context tar under <cache>/builds/<sha prefix>/; return (path, sha256).
+    native_files: {component: its CMake toolchain text}; native_inputs: the lock's inputs, exported."""
+    entries: dict[str, Any] = dict(small_files(pins, dockerfile, dockerfile_sha, delivery, wheels))
+    for name, toolchain in (native_files or {}).items():  # native/<component>/toolchain.cmake, native/<c>/<input>/
+        entries[f"native/{name}/toolchain.cmake"] = toolchain.encode()
+    for item in native_inputs or []:
+        entries[f"native/{item.component}/{item.name}/"] = item
+    for name in COMPONENTS:
+        entries[f"src/{name}/"] = sources.components[name]
     fd, tmp = tempfile.mkstemp(prefix="context-", suffix=".tar.part", dir=settings.cache("builds"))
     try:
         with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
-            for key in before:
-                _add_small(tar, key, files[key])
-            for name in sorted(COMPONENTS):
-                with tarfile.open(sources_mod.exported_tar(settings, sources.components[name]), mode="r") as exported:
-                    _add_export(tar, exported, f"src/{name}")
-            for key in after:
-                _add_small(tar, key, files[key])
+            for key in sorted(entries):
+                value = entries[key]
+                if isinstance(value, native.NativeInput):  # its export, made once (sha256 in the lock)
+                    with tarfile.open(native.export_file(settings, pins, value), mode="r") as exported:
+                        _add_export(tar, exported, key.rstrip("/"))
+                elif key.endswith("/"):
+                    with tarfile.open(sources_mod.exported_tar(settings, value), mode="r") as exported:
+                        _add_export(tar, exported, key.rstrip("/"))
+                else:
+                    _add_small(tar, key, value)
         sha = fs.sha256_file(Path(tmp))
         out_dir = settings.cache("builds", sha[:16])
         path = out_dir / "context.tar"

@@ -494,13 +494,13 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
             base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
                                            pins.base.platform)
         target = Target.of(base)
-        adjusts: dict[str, Adjust] = {}
-        comps = gather(settings, pins, sources, base, target, resolver_name, adjusts)
-        locked = native.gather(settings, pins, sources, offline)
+        locked = native.gather(settings, pins, sources, offline)  # first: cheap, and names what changed
         changed = native.changes(native.parse(old, str(path)), locked)
         if changed:
             raise StaleLock(f"{path}: stale: {changed[0]}" + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
                             + f"; run `builder lock {pins_path}`")
+        adjusts: dict[str, Adjust] = {}
+        comps = gather(settings, pins, sources, base, target, resolver_name, adjusts)
         want = inputs_sha256(base, target, comps, compat_requirements(pins, base), locked,
                              [n for name in COMPONENTS for n in adjusts[name].notes])
         have = recorded_inputs(old)

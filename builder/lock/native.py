@@ -130,7 +130,8 @@ def _check(value: str, rx: re.Pattern[str], what: str, where: str) -> str:
     return value
 
 
-def fetch_commit(settings: Settings, url: str, ref: str, where: str, offline: bool = False) -> tuple[pygit2.Repository, pygit2.Commit]:
+def fetch_commit(settings: Settings, url: str, ref: str, where: str,
+                 offline: bool = False) -> tuple[pygit2.Repository, pygit2.Commit]:
     """(mirror, commit) for a GIT_TAG: a full commit SHA as is, else a tag, else a branch of that name."""
     if FULL_SHA.fullmatch(ref):
         repo = mirror.ensure_commit(settings, url, ref, offline)
@@ -163,8 +164,13 @@ def resolve_input(settings: Settings, component: str, component_url: str, decl: 
         repo, commit = fetch_commit(settings, url, decl.git_tag, where, offline)
         subs = sources_mod.submodules(settings, repo, commit, url, offline)
         stats = sources_mod.export_once(settings, repo, commit, subs)
-    return NativeInput(component, decl.name, decl.git_repository, decl.git_tag, str(commit.id), str(commit.tree_id),
+    item = NativeInput(component, decl.name, decl.git_repository, decl.git_tag, str(commit.id), str(commit.tree_id),
                        stats.sha256, decl.receive, decl.file, decl.when)
+    when = f"; only if {' AND '.join(decl.when)}" if decl.when else ""
+    log.info(f"lock: native input {component}/{decl.name}: {decl.git_repository} GIT_TAG {decl.git_tag} -> commit"
+             f" {item.commit} tree {item.tree[:12]}, {stats.files} files, received as {item.receive}"
+             f" (declared at {decl.file}{when})")
+    return item
 
 
 def gather(settings: Settings, pins: Any, sources: Any, offline: bool = False) -> Locked:

@@ -20,8 +20,10 @@ from builder.core.constants import BUILDER_VERSION, TOOL_URI
 from builder.core.errors import PublishError
 from builder.core.records import Report
 from builder.engine.registry import Registry
+from builder.lock import native
 from builder.pins.model import Pins
 from builder.release import dsse, referrers, sbom
+from builder.sources.resolve import absolute_url
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
@@ -76,6 +78,20 @@ def locked_wheels(lock_path: Path) -> list[dict]:
     return out
 
 
+def native_inputs(pins: Pins) -> list[dict[str, Any]]:
+    """One resolved dependency per native build input the lock names (a git commit and tree)."""
+    try:
+        locked = native.parse(pins.lock_path().read_text(), str(pins.lock_path()))
+    except OSError:
+        return []
+    return [{"name": f"native:{i.component}/{i.name}",
+             "uri": f"git+{absolute_url(i.url, pins.component_url(i.component))}@{i.ref}",
+             "digest": {"gitCommit": i.commit, "gitTree": i.tree},
+             "annotations": {"component": i.component, "git_tag": i.ref, "declared": i.declared,
+                             "received_as": i.receive, "export_sha256": i.export_sha256}}
+            for i in locked.inputs]
+
+
 def provenance(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
     """SLSA provenance v1 predicate."""
     deps = [{"name": name, "uri": f"git+{c.url}@refs/pull/{c.pr}/head",
@@ -85,6 +101,7 @@ def provenance(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
             for name, c in report.sources.components.items()]
     base_name, _, base_digest = pins.base.image.partition("@")
     deps.append({"name": "base", "uri": f"oci://{base_name}", "digest": {"sha256": base_digest.partition(":")[2]}})
+    deps += native_inputs(pins)
     deps += locked_wheels(pins.lock_path())
     build = report.build
     return {

@@ -17,10 +17,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from builder.core import files as fs
-from builder.core.constants import CACHE_ENV_VARS, GATES
+from builder.core.constants import CACHE_ENV_VARS, COMPONENTS, GATES
 from builder.core.errors import BadInput
 from builder.core.records import AcceptanceResult, BuiltImage, GateResult, PublishReceipt, Report, ResolvedSources
 from builder.image.render import sha_tag
+from builder.lock import native as native_lock
 from builder.pins.model import Pins
 
 UNKNOWN = "unknown"
@@ -196,7 +197,24 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
         "lock_file": str(pins.lock_path()), "lock_sha256": _lock_sha256(pins),
     }
     return {"source": source, "installed_packages": installed, "native_libraries": native,
-            "jit_caches": _or_unknown(jit), "container": container, "run": run}
+            "jit_caches": _or_unknown(jit), "container": container, "run": run, "native_build": native_build(pins)}
+
+
+def native_build(pins: Pins) -> dict[str, Any]:
+    """From the lock and the pins: each native input (commit, tree, export sha256, how the build received
+    it), each component's build knobs, the torch pins relaxed to the base's torch, the direct URLs mapped."""
+    try:
+        locked = native_lock.parse(pins.lock_path().read_text(), str(pins.lock_path()))
+    except (OSError, BadInput):
+        return {"inputs": UNKNOWN, "knobs": UNKNOWN, "relaxed": UNKNOWN, "direct_urls": UNKNOWN}
+    knobs = {}
+    for name in COMPONENTS:
+        comp = pins.components[name]
+        if comp.native is not None or name in locked.cmake or comp.base_torch:
+            knobs[name] = {**(comp.native.model_dump() if comp.native else {}), "cmake": name in locked.cmake,
+                           "base_torch": comp.base_torch, "env": comp.native.env() if comp.native else {}}
+    return {"inputs": [i.record() for i in locked.inputs], "knobs": knobs, "relaxed": locked.relaxed,
+            "direct_urls": locked.direct, "base_records": locked.base_records}
 
 
 def _lock_sha256(pins: Pins) -> str:
@@ -228,6 +246,32 @@ def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, 
 
 
 # ---------------------------------------------------------------- markdown
+
+
+def _native_markdown(data: dict[str, Any]) -> list[str]:
+    inputs = data.get("inputs")
+    out = ["", "### Native build inputs", ""]
+    if isinstance(inputs, list) and inputs:
+        out += _table(["Component", "Input", "Repository", "GIT_TAG", "Commit", "Tree", "Export sha256", "Received as",
+                       "Declared at"],
+                      [[i["component"], i["name"], i["url"], i["ref"], _code(i["commit"]), _code(i["tree"][:12]),
+                        _code(i["export_sha256"][:16]), i["receive"], i["declared"]] for i in inputs])
+    else:
+        out += ["none" if isinstance(inputs, list) else UNKNOWN]
+    knobs = data.get("knobs")
+    if isinstance(knobs, dict) and knobs:
+        out += ["", "Build knobs:", ""]
+        out += _table(["Component", "Device", "CUDA archs", "MAX_JOBS", "NVCC_THREADS", "Native modules", "CMake",
+                       "Base torch"],
+                      [[n, k.get("device") or "-", " ".join(k.get("cuda_arch") or []) or "-", k.get("max_jobs") or "-",
+                        k.get("nvcc_threads") or "-", ", ".join(k.get("modules") or []) or "-",
+                        "yes" if k.get("cmake") else "no", "yes" if k.get("base_torch") else "no"]
+                       for n, k in knobs.items()])
+    for title, key in (("Torch pins relaxed to the base's torch", "relaxed"), ("Direct URLs locked from the index",
+                                                                              "direct_urls")):
+        if data.get(key):
+            out += ["", f"{title}:", ""] + [f"- `{line}`" for line in data[key]]
+    return out
 
 
 def _cell(value: Any) -> str:
@@ -307,6 +351,7 @@ def to_markdown(report: Report) -> str:
                         f"{b.size / 1e6:.1f} MB", times, "yes" if b.cached else "no"]])
     else:
         out += ["unknown (no build record: acceptance ran on an existing image)"]
+    out += _native_markdown(report.run_manifest.get("native_build") or {})
     out += ["", "### Compatibility pins", ""]
     out += _table(["Package", "Version", "Reason"], [[c["package"], c["version"], c["reason"]]
                                                       for c in report.compat]) if report.compat else ["none"]

@@ -387,7 +387,8 @@ def _compare(a: str, op: str, b: str) -> Truth:
 
 
 def _written(args: list[Arg]) -> str:
-    return " ".join(f'"{a.text}"' if a.quoted else a.text for a in args)
+    text = " ".join(f'"{a.text}"' if a.quoted else a.text for a in args)
+    return text.replace("( ", "(").replace(" )", ")")
 
 
 # --------------------------------------------------------------------------- the walk
@@ -428,10 +429,12 @@ class Walker:
                 ref = re.fullmatch(r"\$\{([A-Za-z0-9_]+)\}", texts[2])
                 if ref:
                     self.overrides[texts[0].lower()] = ref.group(1)
-            elif cmd.name == "set" and len(texts) == 2:
+            elif cmd.name == "set" and (len(texts) == 2 or len(texts) > 2 and texts[2] == "CACHE"):
                 env = re.fullmatch(r"\$ENV\{([A-Za-z0-9_]+)\}", texts[1])
                 if env:
                     self.from_env[texts[0]] = env.group(1)
+                    if env.group(1) not in self.scope.env:  # a plain build: the override is not given
+                        self.scope.vars.setdefault(texts[0], frozenset([UNSET]))
 
     def block(self, commands: list[Command], start: int, path: str, when: list[str], end: int | None = None) -> str:
         """Run commands[start:end]; how it ended: "end", or after a return() that certainly ("yes") or
@@ -544,7 +547,7 @@ class Walker:
                 self.scope.set(name, ";".join([v for v in [old] if v] + values))
         elif cmd.name == "include" and cmd.args:
             self._include(cmd, path, when)
-        elif cmd.name == "fetchcontent_declare" and cmd.args:
+        elif cmd.name in ("fetchcontent_declare", "fetchcontent_populate") and len(cmd.args) > 1:
             self._declare(cmd, path, when)
 
     def _include(self, cmd: Command, path: str, when: list[str]) -> None:
@@ -590,6 +593,8 @@ class Walker:
             decl = Declaration(name, value("GIT_REPOSITORY"), value("GIT_TAG") or "", file=where, when=list(when))
         elif "URL" in fields:
             decl = Declaration(name, "", "", url=value("URL"), file=where, when=list(when))
+        elif cmd.name == "fetchcontent_populate":
+            return  # populates a declared one (by name)
         else:
             raise BadInput(f"{where}: FetchContent_Declare({name}): expected GIT_REPOSITORY or URL")
         self.declarations.append(decl)

@@ -12,6 +12,7 @@ import sys
 from importlib import metadata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import native_check  # noqa: E402
 from common import same_version, site_dirs  # noqa: E402
 
 
@@ -36,7 +37,54 @@ def check(name, spec, sites):
         if version is not None and not same_version(version, dist.version):
             raise SystemExit(f"{name}: {module_name}.__version__ {version} != installed {dist.version}")
         modules[module_name] = {"file": where, "version": version}
-    return {"distribution": spec["distribution"], "version": dist.version, "modules": modules}
+    return {"distribution": spec["distribution"], "version": dist.version, "modules": modules,
+            "native": check_native(name, spec.get("native") or {}, dist, sites)}
+
+
+def extensions(dist):
+    """Absolute paths of the shared objects a distribution's RECORD lists."""
+    out = []
+    for f in dist.files or []:
+        base = os.path.basename(str(f))
+        if base.endswith(".so") or ".so." in base:
+            out.append(os.path.realpath(str(dist.locate_file(f))))
+    return out
+
+
+def check_native(name, native, dist, sites, reader=native_check.archs_of):
+    """Each native module loads from a shared object of the component; for a CUDA target every extension
+    with device code carries every arch of the pins' list."""
+    loaded = {}
+    for module_name in native.get("modules") or []:
+        module = importlib.import_module(module_name)
+        where = os.path.realpath(getattr(module, "__file__", "") or "")
+        if not where.endswith(".so") or not any(where.startswith(os.path.realpath(s) + os.sep) for s in sites):
+            raise SystemExit(f"builder: {name}: native module {module_name} loaded from {where or 'nowhere'},"
+                             f" expected a shared object in {sites}")
+        loaded[module_name] = where
+    arch = {}
+    if native.get("device") == "cuda":
+        problems, arch = native_check.check_archs(extensions(dist), native.get("cuda_arch") or [], reader)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise SystemExit(f"builder: {name}: {problems[0]}{more}")
+    return {"loaded": loaded, "cuda_arch": arch}
+
+
+def check_base_records(records, sites):
+    """The base's torch (torchvision, torchaudio): its RECORD as read at lock time, every file unchanged."""
+    checked = {}
+    for name, rec in sorted((records or {}).items()):
+        info = [os.path.join(s, os.path.dirname(rec["record"])) for s in sites
+                if os.path.isfile(os.path.join(s, rec["record"]))]
+        if not info:
+            raise SystemExit(f"builder: the base's {name} {rec['version']}: {rec['record']} is gone from {sites}")
+        problems = native_check.check_record(info[0], rec["sha256"])
+        if problems:
+            raise SystemExit(f"builder: the base's {name} {rec['version']} changed: {problems[0]}"
+                             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        checked[name] = rec["version"]
+    return checked
 
 
 MARKER = "BUILD-ENV "
@@ -46,6 +94,7 @@ def main(components_json):
     spec = json.load(open(components_json))
     sites = site_dirs()
     result = {name: check(name, comp, sites) for name, comp in sorted(spec["components"].items())}
+    kept = check_base_records(spec.get("base_records"), sites)
     env = {
         "net": sorted(os.listdir("/sys/class/net")),
         "mountinfo": open("/proc/self/mountinfo").read().splitlines(),
@@ -54,6 +103,12 @@ def main(components_json):
     }
     for name, res in result.items():
         print(f"smoke ok: {name} {res['distribution']} {res['version']}")
+        for module_name, where in res["native"]["loaded"].items():
+            print(f"smoke ok: {name} native {module_name} ({where})")
+        for lib, found in res["native"]["cuda_arch"].items():
+            print(f"smoke ok: {name} {lib}: sm_{' sm_'.join(map(str, found['elf']))} ({found['read_with']})")
+    for name, version in kept.items():
+        print(f"smoke ok: the base's {name} {version} unchanged (every RECORD hash)")
     print(MARKER + json.dumps(env, sort_keys=True), flush=True)
 
 

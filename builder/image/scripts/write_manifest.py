@@ -61,6 +61,8 @@ def main(components_json, pins_json, dockerfile_sha_file, out):
                                                      "modules")},
                             "version": dist.version, "version_from_vcs": bool(comp.get("scm_version")),
                             "files": files, "native_libs": native}
+        if comp.get("native"):  # build knobs and the native inputs it was built from (commit, tree, export sha256)
+            components[name]["native_build"] = comp["native"]
     extra = {}
     try:
         suite = metadata.distribution("truepolicy-acceptance")
@@ -79,6 +81,9 @@ def main(components_json, pins_json, dockerfile_sha_file, out):
         "site_packages": site,
         "startup_hooks": startup_hooks(sys.path),
         "tag": spec["tag"],
+        "base_records": spec.get("base_records") or {},
+        "relaxed": spec.get("relaxed") or [],
+        "direct_urls": spec.get("direct_urls") or [],
         **extra,
     }
     with open(out, "w") as fh:
