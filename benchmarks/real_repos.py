@@ -227,11 +227,11 @@ def main() -> int:
         if (real or key not in REAL_ONLY) and not (mirrors / name / "HEAD").exists():
             raise SystemExit(f"--mirrors: expected a bare repository {mirrors / name}")
     env = {**os.environ, "BUILDER_GIT_CONFIG": str(write_git_config(work, mirrors))}
-    if args.cuda_inputs_only:
-        return cuda_inputs(mirrors, env, work, clock)
     base = clock.run("base image", base_ref, args.base, real)
     prs = {"vllm": real_vllm.PR_NUMBER, "megatron": args.megatron_pr, "verl": args.verl_pr}
     pins = write_pins(work, mirrors, prs, base, real)
+    if args.cuda_inputs_only:
+        return cuda_inputs(pins, mirrors, env, clock)
     vllm_pr = f"vllm #{prs['vllm']} ({git_head(mirrors / 'vllm.git', 'refs/tags/' + vllm_tag(mirrors))} + 1), " if real else ""
     say(f"pins        {pins} ({vllm_pr}megatron #{args.megatron_pr}, verl #{args.verl_pr}, base {base})")
 
@@ -265,14 +265,15 @@ def main() -> int:
     say(f"provenance  {gate.get('status', 'not run')} ({t_gate:.1f} s) {gate.get('reason', '')}".rstrip())
 
     modules = ["vllm", "megatron.core", "verl"] if real else ["megatron.core", "verl"]
-    probe = (f"import {', '.join(modules)}; " + ("import vllm._C; print('vllm', vllm.__version__, vllm._C.__file__); " if real else "")
+    vllm_probe = "import vllm._C; print('vllm', vllm.__version__, vllm._C.__file__); " if real else ""
+    probe = (f"import {', '.join(modules)}; " + vllm_probe
              + "print('megatron.core', megatron.core.__version__, 'verl', verl.__version__)")
     python = yaml.safe_load(pins.read_text())["base"].get("python_bin", "python")
     proc = clock.run("imports", docker, "run", "--rm", "--network", "none", image, python, "-c", probe)
     result = proc.stdout.strip().replace("\n", "; ") if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
     say(f"imports     {'ok' if proc.returncode == 0 else 'FAILED'} ({clock.times['imports']:.1f} s): {result}")
     if real:
-        cuda_inputs(mirrors, env, work, clock)
+        cuda_inputs(pins, mirrors, env, clock)
     say(f"summary     lock {lock.stat().st_size} B / {len(entries)} wheels, build {t_build:.1f} s, "
         f"image {size / 1e9:.2f} GB, provenance {gate.get('status', 'not run')}, "
         f"imports {'ok' if proc.returncode == 0 else 'failed'}")
@@ -281,55 +282,73 @@ def main() -> int:
 
 # What reading vLLM 0.33.0's CMake by hand finds for the cuda target (/work/notes/vllm_inputs.md): the
 # listing says which of them the lock's discovery did not find.
+CUDA_ARCH = ["9.0a", "10.0a"]  # Hopper, Blackwell (pins/nemotron-3.5-lightning.yaml)
 CUDA_EXPECTED = ["cutlass", "triton_kernels", "deepgemm", "deepselect", "fmha_sm100", "flashmla", "flashkda",
                  "qutlass", "tml_fa4", "vllm-flash-attn"]
 
 
-def cuda_inputs(mirrors: Path, env: dict, work: Path, clock: Clock) -> int:
-    """The native inputs the lock's discovery finds for vLLM's cuda target (nothing built), each with
-    its commit: a pinned commit as is, a tag or branch through DIR's mirror of its URL."""
+def cuda_inputs(pins: Path, mirrors: Path, env: dict, clock: Clock) -> int:
+    """The native inputs the lock finds for vLLM's cuda target (nothing built): the lock's discovery
+    (builder.lock.native) on the pins with vLLM's target switched to cuda, each input resolved to a
+    commit as the lock does it (through DIR's mirror of its URL); an input DIR has no mirror of is
+    named with its tag and 'not resolved: no mirror'."""
     import pygit2  # lazy: only this listing reads git objects in-process
 
+    from builder.core.errors import BuilderError
+    from builder.core.options import Settings
+    from builder.lock import native
+    from builder.pins import model
     from builder.sources import cmakefetch
 
+    data = yaml.safe_load(pins.read_text())
+    data["components"]["vllm"]["native"] = {**data["components"]["vllm"]["native"], "device": "cuda",
+                                            "cuda_arch": CUDA_ARCH}
+    cuda = pins.with_name("pins-cuda.yaml")
+    cuda.write_text(yaml.safe_dump(data, sort_keys=False))
+    loaded = model.load(cuda)
     repo = pygit2.Repository(str(mirrors / MIRROR_NAMES["vllm"]))
-    commit = git_head(mirrors / MIRROR_NAMES["vllm"], f"refs/pull/{real_vllm.PR_NUMBER}/head")
+    commit = loaded.components["vllm"].commit
     try:
         found = clock.run("cuda inputs: discovery", cmakefetch.discover_at, repo, commit,
-                          {"VLLM_TARGET_DEVICE": "cuda"}, {}).declarations
-    except Exception as exc:  # noqa: BLE001 - a listing: say why, go on
+                          native.known_vars(loaded.components["vllm"]), native.build_env(loaded, "vllm")).declarations
+    except BuilderError as exc:
         say(f"cuda inputs FAILED: {exc}")
         return 1
-    say(f"cuda inputs {len(found)} found at vllm {commit[:12]} (target cuda, not built):")
+    settings = Settings.from_env(env)
+    say(f"cuda inputs {len(found)} found at vllm {commit[:12]} (target cuda, arch {' '.join(CUDA_ARCH)}; not built):")
     for decl in found:
-        say(f"  {decl.name:<16} {decl.git_repository} {decl.git_tag} -> {resolve_input(mirrors, decl.git_repository, decl.git_tag)}"
-            f"  [{decl.receive}; {decl.file}]")
+        say(f"  {decl.name} {decl.git_repository} GIT_TAG {decl.git_tag} -> "
+            f"{resolve_input(settings, mirrors, decl, clock)}  [via {decl.receive}; {decl.file}]")
     missing = [name for name in CUDA_EXPECTED if name not in {d.key for d in found}]
     if missing:
-        say(f"  not found by the lock (in vLLM's CMake): {', '.join(missing)}")
+        say(f"  in vLLM's CMake but not found by the lock: {', '.join(missing)}")
     return 0 if not missing else 1
 
 
-def resolve_input(mirrors: Path, url: str, tag: str) -> str:
-    """commit of a native input: the pinned commit, or the tag/branch through DIR's mirror of url."""
-    name = CUDA_INPUTS.get(url) or next((n for u, n in PUBLIC.items() if u == url and n in MIRROR_NAMES), "")
-    mirror = mirrors / (MIRROR_NAMES.get(name, name) if name else "-")
-    have = (mirror / "HEAD").exists()
-    pinned = re.fullmatch(r"[0-9a-f]{40}", tag) is not None
-    if pinned:
-        if not have:
-            return f"{tag} (pinned commit; not checked: no mirror)"
-        ok = subprocess.run(["git", "--git-dir", str(mirror), "cat-file", "-e", f"{tag}^{{commit}}"],
-                            capture_output=True, check=False).returncode == 0
-        return f"{tag} ({'in the mirror' if ok else 'pinned commit; not in the mirror snapshot'})"
-    if not have:
-        return "not resolved: no mirror"
-    for ref in (f"refs/tags/{tag}", f"refs/heads/{tag}"):
-        proc = subprocess.run(["git", "--git-dir", str(mirror), "rev-parse", "-q", "--verify", f"{ref}^{{commit}}"],
-                              capture_output=True, text=True, check=False)
-        if proc.returncode == 0:
-            return f"{proc.stdout.strip()} ({ref})"
-    return "not resolved: the mirror snapshot has no such tag or branch"
+def resolve_input(settings, mirrors: Path, decl, clock: Clock) -> str:  # type: ignore[no-untyped-def]
+    """commit (and tree) of a native input as the lock resolves it, or why not."""
+    from builder.core.errors import BuilderError
+    from builder.lock import native
+
+    sha = re.fullmatch(r"[0-9a-f]{40}", decl.git_tag) is not None
+    pinned = f"commit {decl.git_tag} as pinned in its CMake, " if sha else ""
+    name = CUDA_INPUTS.get(decl.git_repository)
+    if name is None or not (mirrors / name / "HEAD").exists():
+        return f"{pinned}not resolved: no mirror"
+    ref = decl.git_tag if sha else f"refs/tags/{decl.git_tag}"
+    if subprocess.run(["git", "--git-dir", str(mirrors / name), "cat-file", "-e", f"{ref}^{{commit}}"],
+                      capture_output=True, check=False).returncode != 0:
+        newest = subprocess.run(["git", "--git-dir", str(mirrors / name), "log", "-1", "--all", "--format=%cs"],
+                                capture_output=True, text=True, check=False).stdout.strip()
+        return f"{pinned}not resolved: {'commit' if sha else 'tag'} not in the mirror (its snapshot ends {newest})"
+    try:
+        item = clock.run(f"cuda inputs: {decl.name}", native.resolve_input, settings, "vllm", PUBLIC["vllm"], decl)
+    except BuilderError as exc:
+        why = str(exc).split(": ", 2)[-1]
+        if "corruption" in why or "index-pack" in why:
+            why = f"the mirror snapshot of it or of a submodule misses objects ({why.strip()[:80]})"
+        return f"{pinned}not resolved: {why}"
+    return f"commit {item.commit} tree {item.tree}"
 
 
 def vllm_tag(mirrors: Path) -> str:
