@@ -74,8 +74,10 @@ COMPONENTS = {
 VLLM = {"distribution": "vllm", "modules": ["vllm"],
         # --verbose: the compile steps ([N/M] from ninja) reach the build log, so a long build shows how far it got
         "pip_args": ["--no-build-isolation", "--no-deps", "--verbose"],
+        # ASIMD_FOUND: vLLM's cpu_extension.cmake reads it from the build machine's /proc/cpuinfo
+        # (an aarch64 oneDNN commit when set); an x86_64 build host never has it
         "native": {"device": "cpu", "device_var": "VLLM_TARGET_DEVICE", "max_jobs": os.cpu_count() or 2,
-                   "modules": ["vllm._C"]},
+                   "modules": ["vllm._C"], "cmake_vars": {"ASIMD_FOUND": "OFF"}},
         "base_torch": True}
 
 

@@ -45,3 +45,24 @@ def test_without_base_torch_nothing_is_relaxed_and_the_direct_url_is_an_error():
     assert applicable(["setuptools==78.1.1"], BASE, "w", set(), adjust, runtime=True) == ["setuptools==78.1.1"]
     with pytest.raises(BadInput, match="direct_urls entry mapping triton"):
         applicable(CPU_TXT[3:4], BASE, "w", set(), adjust, runtime=True)
+
+
+def test_cmake_vars_decide_a_declaration_that_depends_on_the_build_host():
+    # vLLM's cpu_extension.cmake: an aarch64 oneDNN commit when ASIMD_FOUND (from /proc/cpuinfo), else v3.13
+    from types import SimpleNamespace
+
+    from builder.lock import native
+    from builder.sources import cmakefetch
+
+    files = {"CMakeLists.txt": 'include(FetchContent)\nif(ASIMD_FOUND AND NOT APPLE_SILICON_FOUND)\n'
+             '  FetchContent_Declare(oneDNN GIT_REPOSITORY https://x/oneDNN.git'
+             ' GIT_TAG 9c5be1cc59e368aebf0909e6cf20f981ea61462a)\n'
+             'else()\n  FetchContent_Declare(oneDNN GIT_REPOSITORY https://x/oneDNN.git GIT_TAG v3.13)\nendif()\n'}
+    with pytest.raises(BadInput, match="a second, different declaration"):
+        cmakefetch.discover(files.get, {}, {})
+    pin = SimpleNamespace(native=SimpleNamespace(cmake_vars={"ASIMD_FOUND": "OFF"}, device="cpu",
+                                                 device_var="VLLM_TARGET_DEVICE"))
+    known = native.known_vars(pin)
+    assert known == {"ASIMD_FOUND": "OFF", "VLLM_TARGET_DEVICE": "cpu"}
+    [decl] = cmakefetch.discover(files.get, known, {}).declarations
+    assert decl.git_tag == "v3.13"
