@@ -6,7 +6,7 @@ usage: python benchmarks/real_repos.py --mirrors DIR [--vllm real|demo] [--megat
 
 DIR holds bare mirrors: megatron.git and verl.git (each with refs/heads/main and
 refs/pull/<N>/head), verl-recipe.git (verl's `recipe` submodule), onednn.git (uxlfoundation/oneDNN
-with the tag vLLM's CMake names) and vllm.git; a missing vllm.git is made from the newest vLLM sdist
+with the tag vLLM's CMake names) and vllm-<version>.git; a missing one is made from that vLLM sdist
 on PyPI (benchmarks/real_vllm.py: tag v<version>, one Python-only commit on top as PR #1). Trim a
 GitHub snapshot to the refs needed with `git init --bare DIR/x.git && git -C DIR/x.git fetch SNAPSHOT
 +refs/heads/main:refs/heads/main +refs/pull/N/head:refs/pull/N/head`. Optional mirrors of vLLM's
@@ -47,7 +47,7 @@ PUBLIC = {"megatron": "https://github.com/NVIDIA/Megatron-LM.git",
           # vLLM's cmake names oneapi-src/oneDNN (renamed uxlfoundation/oneDNN; GitHub redirects)
           "onednn": "https://github.com/oneapi-src/oneDNN.git"}
 MIRROR_NAMES = {"megatron": "megatron.git", "verl": "verl.git", "recipe": "verl-recipe.git",
-                "vllm": "vllm.git", "onednn": "onednn.git"}
+                "vllm": "vllm-<version>.git", "onednn": "onednn.git"}  # vllm: set in main()
 REAL_ONLY = ("vllm", "onednn")
 # vLLM's CUDA native inputs (cmake/external_projects/*.cmake, CMakeLists.txt): public URL as its CMake
 # writes it -> mirror name in DIR; used when present, to resolve tags and check commits.
@@ -197,12 +197,12 @@ class Clock:
             say(f"time        {step}: {self.times[step]:.1f} s")
 
 
-def ensure_vllm_repo(mirrors: Path, work: Path, version: str | None) -> None:
-    """DIR/vllm.git from the newest (or --vllm-version) vLLM sdist on PyPI, unless it is there."""
-    if (mirrors / MIRROR_NAMES["vllm"] / "HEAD").exists():
+def ensure_vllm_repo(mirrors: Path, work: Path, version: str) -> None:
+    """DIR/vllm-<version>.git from that vLLM sdist on PyPI, unless it is there."""
+    if (mirrors / real_vllm.repo_name(version) / "HEAD").exists():
         return
-    cmd = [sys.executable, "benchmarks/real_vllm.py", "--mirrors", str(mirrors), "--work", str(work)]
-    subprocess.run(cmd + (["--version", version] if version else []), cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "benchmarks/real_vllm.py", "--mirrors", str(mirrors), "--work", str(work),
+                    "--version", version], cwd=ROOT, check=True)
 
 
 def main() -> int:
@@ -210,7 +210,8 @@ def main() -> int:
     ap.add_argument("--mirrors", type=Path, required=True)
     ap.add_argument("--vllm", choices=["real", "demo"], default="real",
                     help="real: vLLM from its newest sdist, cpu target (default); demo: tinyengine")
-    ap.add_argument("--vllm-version", help="default: the newest on PyPI (only when DIR/vllm.git is made)")
+    ap.add_argument("--vllm-version", help="default: the newest on PyPI (0.33.0 conflicts with verl #7369 on"
+                    " transformers; 0.31.0 is the newest that does not)")
     ap.add_argument("--megatron-pr", type=int, default=6772)
     ap.add_argument("--verl-pr", type=int, default=7369)
     ap.add_argument("--base")
@@ -224,7 +225,9 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     clock = Clock()
     if real:
-        clock.run("vllm repo from sdist", ensure_vllm_repo, mirrors, work, args.vllm_version)
+        version = args.vllm_version or real_vllm.newest_version()
+        MIRROR_NAMES["vllm"] = real_vllm.repo_name(version)
+        clock.run(f"vllm {version} repo from its sdist", ensure_vllm_repo, mirrors, work, version)
     for key, name in MIRROR_NAMES.items():
         if (real or key not in REAL_ONLY) and not (mirrors / name / "HEAD").exists():
             raise SystemExit(f"--mirrors: expected a bare repository {mirrors / name}")
@@ -234,7 +237,7 @@ def main() -> int:
     pins = write_pins(work, mirrors, prs, base, real)
     if args.cuda_inputs_only:
         return cuda_inputs(pins, mirrors, env, clock)
-    vllm_pr = f"vllm #{prs['vllm']} ({git_head(mirrors / 'vllm.git', 'refs/tags/' + vllm_tag(mirrors))} + 1), " if real else ""
+    vllm_pr = f"vllm {vllm_tag(mirrors)} + PR #{prs['vllm']}, " if real else ""
     say(f"pins        {pins} ({vllm_pr}megatron #{args.megatron_pr}, verl #{args.verl_pr}, base {base})")
 
     rc, t_lock, _ = clock.run("lock", builder, ["lock", str(pins), "--build-sdists"], env, work / "lock.log")
@@ -354,7 +357,7 @@ def resolve_input(settings, mirrors: Path, decl, clock: Clock) -> str:  # type: 
 
 
 def vllm_tag(mirrors: Path) -> str:
-    tags = subprocess.run(["git", "--git-dir", str(mirrors / "vllm.git"), "tag", "--list", "v*"], check=True,
+    tags = subprocess.run(["git", "--git-dir", str(mirrors / MIRROR_NAMES["vllm"]), "tag", "--list", "v*"], check=True,
                           capture_output=True, text=True).stdout.split()
     return tags[-1]
 

@@ -2,11 +2,12 @@
 
 usage: python benchmarks/real_vllm.py --mirrors DIR [--version X.Y.Z] [--work DIR]
 
-Writes DIR/vllm.git: the sdist's files as one commit tagged `v<version>` on refs/heads/main, plus one
+Writes DIR/vllm-<version>.git: the sdist's files as one commit tagged `v<version>` on refs/heads/main, plus one
 Python-only commit on top as the PR (refs/pull/1/head). Fixed author and dates, so the commits are
 the same on every machine for the same sdist. The sdist comes from `pip download --no-deps
---no-binary :all:`; pip prepares metadata on the way, which vLLM's setup.py cannot do without
-setuptools-rust, so the fallback is the sdist URL from PyPI's JSON API, checked against its sha256.
+--no-build-isolation --no-binary :all:`; pip prepares metadata on the way, which vLLM's setup.py
+cannot do without setuptools-rust, so the fallback is the sdist URL from PyPI's JSON API, checked
+against its sha256.
 """
 from __future__ import annotations
 
@@ -48,8 +49,10 @@ def download_sdist(version: str, dest: Path) -> Path:
     found = sorted(dest.glob(f"vllm-{version}.tar.gz"))
     if found:
         return found[0]
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                           f"vllm=={version}", "-d", str(dest)], capture_output=True, text=True, check=False)
+    # --no-build-isolation: pip prepares metadata on the way; isolated, it would first install vLLM's
+    # build requirements (torch == X, GBs of CUDA wheels) just to fail or to read the metadata
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--no-binary",
+                           ":all:", f"vllm=={version}", "-d", str(dest)], capture_output=True, text=True, check=False)
     found = sorted(dest.glob(f"vllm-{version}.tar.gz"))
     if proc.returncode == 0 and found:
         say(f"sdist       pip download: {found[0].name}")
@@ -106,6 +109,10 @@ def make_repo(sdist: Path, version: str, bare: Path) -> tuple[str, str]:
     return make_repo(sdist, version, bare)
 
 
+def repo_name(version: str) -> str:
+    return f"vllm-{version}.git"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mirrors", type=Path, required=True)
@@ -114,7 +121,7 @@ def main() -> int:
     args = ap.parse_args()
     version = args.version or newest_version()
     sdist = download_sdist(version, args.work / "sdist")
-    tag, pr = make_repo(sdist, version, args.mirrors / "vllm.git")
+    tag, pr = make_repo(sdist, version, args.mirrors / repo_name(version))
     say(f"vllm.git    v{version} {tag}, PR #{PR_NUMBER} {pr}")
     return 0
 
