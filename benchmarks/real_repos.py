@@ -308,6 +308,10 @@ def cuda_inputs(pins: Path, mirrors: Path, env: dict, clock: Clock) -> int:
     data = yaml.safe_load(pins.read_text())
     data["components"]["vllm"]["native"] = {**data["components"]["vllm"]["native"], "device": "cuda",
                                             "cuda_arch": CUDA_ARCH}
+    # only discovery reads these pins: the lock they name need not be one (it must exist to load)
+    data["build"]["lock"] = "locks/cuda-listing.lock"
+    (pins.parent / "locks").mkdir(exist_ok=True)
+    (pins.parent / "locks" / "cuda-listing.lock").touch()
     cuda = pins.with_name("pins-cuda.yaml")
     cuda.write_text(yaml.safe_dump(data, sort_keys=False))
     loaded = model.load(cuda)
