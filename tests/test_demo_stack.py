@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from builder import scmversion  # noqa: E402
+from builder.sources import scmversion  # noqa: E402
 from demo.make_stack import make_stack  # noqa: E402
 
 REPOS = ("tinyengine", "tinycore", "tinyrl")

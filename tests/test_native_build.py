@@ -30,9 +30,11 @@ def test_demo_image_carries_its_native_build(demo_image, docker_client):
         ("tinykernels", "v0.1.0", v010, "TINYKERNELS_SRC_DIR")
     assert any("/tinyengine/_kernels." in path for path in vllm["native_libs"])
     assert manifest["base_records"]["torch"]["version"] == "2.13.0+cpu"
-    log = open(built.log_path).read()
-    assert "smoke ok: vllm native tinyengine._kernels" in log
-    assert "smoke ok: the base's torch 2.13.0+cpu unchanged" in log
+    smoke = docker_client.containers.run(built.image_id, ["python", "/opt/delivery/scripts/smoke.py",
+                                                          "/opt/delivery/components.json"],
+                                         network_mode="none", remove=True).decode()  # what the build's last step ran
+    assert "smoke ok: vllm native tinyengine._kernels (/opt/venv/lib/python3.11/site-packages/tinyengine/_kernels." in smoke
+    assert "smoke ok: the base's torch 2.13.0+cpu unchanged (every RECORD hash)" in smoke
     # offline supply: the toolchain file and the exported source travel in the context, nothing is fetched
     assert 'COPY ["native/vllm/", "/builder/native/vllm/"]' in rendered.dockerfile
     assert "CMAKE_TOOLCHAIN_FILE=/builder/native/vllm/toolchain.cmake" in rendered.dockerfile
@@ -66,3 +68,21 @@ def test_lock_check_names_a_changed_git_tag(demo_pins, tmp_path, settings):
     with pytest.raises(lock.StaleLock, match=r"stale: native input vllm/tinykernels: GIT_TAG v0.1.0 -> v0.2.0"):
         lock.lock(pins_path, settings, check=True)
     assert native.parse((tmp_path / "locks" / "demo.lock").read_text()).inputs[0].ref == "v0.1.0"
+
+
+def test_a_component_that_changes_the_bases_torch_fails_the_build(demo_pins, tmp_path, settings):
+    """tinyrl ships a data file over torch/version.py (installed into its prefix, copied over the venv)."""
+    from demo.prepare import add_pr_commit, variant_pins
+    from tests.conftest import _resolve_render_build
+
+    pins_path = variant_pins(tmp_path, "verl", 33, pins_path=demo_pins)
+    repo = tmp_path / "demo-stack" / "tinyrl.git"
+    add_pr_commit(repo, 33, "torch_patch/version.py", "__version__ = '2.14.0'\n", "vendor a torch version file\n")
+    sha = add_pr_commit(repo, 33, "setup.py", "from setuptools import setup\n\nsetup(data_files=[("
+                        "'lib/python3.11/site-packages/torch', ['torch_patch/version.py'])])\n", "install it\n")
+    data = yaml.safe_load(pins_path.read_text())
+    data["components"]["verl"]["commit"] = sha
+    pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(BuildFailed, match=r"builder: the base's torch 2.13.0\+cpu changed: "
+                                          r"/opt/venv/lib/python3.11/site-packages/torch/version.py: differs"):
+        _resolve_render_build(pins_path)

@@ -2,6 +2,7 @@
 GIT_TAG resolved to a commit through the mirror cache (insteadOf applies), lock lines, what --check
 names when a GIT_TAG changes; direct URLs, torch pins relaxed to the base's torch, build tools over the base."""
 import dataclasses
+import re
 import shutil
 
 import pytest
@@ -144,3 +145,37 @@ def test_the_demo_engine_declares_tinykernels_by_tag_for_cpu_and_more_for_cuda(s
     defect = cmakefetch.discover_at(repo, st["repos"]["tinyengine"]["prs"]["14"]["head"],
                                     {"TINYENGINE_TARGET_DEVICE": "cpu"})
     assert [d.name for d in defect.declarations] == ["tinykernels"]  # tinyextra hides in add_subdirectory()
+
+
+# ---------------------------------------------------------------- pins: build knobs
+
+
+@pytest.mark.parametrize(("native", "env", "message"), [
+    ({"device": "cpu", "cuda_arch": ["9.0"], "device_var": "VLLM_TARGET_DEVICE"}, {},
+     "cuda_arch: expected only with device 'cuda'"),
+    ({"device": "cuda", "device_var": "VLLM_TARGET_DEVICE"}, {}, "cuda_arch: expected the arch list"),
+    ({"device": "cpu"}, {}, "device_var: expected device and device_var together"),
+    ({"device": "cuda", "device_var": "VLLM_TARGET_DEVICE", "cuda_arch": ["sm_90"]}, {},
+     "expected a CUDA arch like '9.0', '10.0a' or '8.0+PTX', got 'sm_90'"),
+    ({"max_jobs": 8}, {"MAX_JOBS": "2"}, "install.env: expected MAX_JOBS set once, by native"),
+    ({"max_jobs": 0}, {}, "expected a job count in 1..1024"),
+])
+def test_bad_build_knobs_are_one_line_naming_the_field(native, env, message):
+    from builder.pins import model as pins_mod
+
+    comp = {"url": "/x/repo.git", "target": "main", "pr": 1, "commit": "a" * 40, "distribution": "vllm",
+            "modules": ["vllm"], "install": {"env": env}, "native": native}
+    with pytest.raises(Exception, match=re.escape(message)):
+        pins_mod.Component.model_validate(comp)
+
+
+def test_build_knobs_become_the_build_steps_env():
+    from builder.pins import model as pins_mod
+
+    comp = pins_mod.Component.model_validate({
+        "url": "/x/repo.git", "target": "main", "pr": 1, "commit": "a" * 40, "distribution": "vllm",
+        "modules": ["vllm"], "base_torch": True, "install": {"env": {"VLLM_USE_PRECOMPILED": "0"}},
+        "native": {"device": "cuda", "device_var": "VLLM_TARGET_DEVICE", "cuda_arch": ["9.0", "10.0a"],
+                   "max_jobs": 16, "nvcc_threads": 2, "modules": ["vllm._C"]}})
+    assert comp.build_env() == {"VLLM_USE_PRECOMPILED": "0", "VLLM_TARGET_DEVICE": "cuda",
+                                "TORCH_CUDA_ARCH_LIST": "9.0 10.0a", "MAX_JOBS": "16", "NVCC_THREADS": "2"}

@@ -213,3 +213,12 @@ def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins):
     base = pins.base.model_copy(update={"image": "evil:latest\nRUN curl x"})
     with pytest.raises(BadInput, match="base.image"):
         render.render(pins.model_copy(update={"base": base}), resolved, SETTINGS)
+
+
+def test_a_cmake_component_may_not_set_the_toolchain_itself(rendered):
+    pins = rendered[0]
+    bad = pins.model_copy(deep=True)
+    bad.components.vllm.install.env["CMAKE_TOOLCHAIN_FILE"] = "/tmp/mine.cmake"
+    bad._path = pins._path
+    with pytest.raises(BadInput, match=r"components.vllm.install.env: CMAKE_TOOLCHAIN_FILE is set by the tool"):
+        render.render_dockerfile(bad, None)

@@ -118,7 +118,12 @@ def component_entries(pins: Pins, sources: ResolvedSources | None,
                            f"pinned {comp.commit}")
         prefix = f"/install/{name}"
         scm = sources.components[name].version if sources else ""
-        env_map = {**comp.build_env(), **native_env(name, locked)}
+        tool_env = native_env(name, locked)
+        both = sorted(set(tool_env) & set(comp.build_env()))
+        if both:
+            raise BadInput(f"components.{name}.install.env: {both[0]} is set by the tool for this CMake build"
+                           " (its native inputs from the lock); expected it unset")
+        env_map = {**comp.build_env(), **tool_env}
         if scm:  # the exported tree has no .git: the version computed from the mirror, validated
             env_map.update(scmversion.pretend_env(comp.distribution, scmversion.checked(scm)))
         env = [f"{dockerfile.envkey(k)}={v}" for k, v in dockerfile.items(env_map)]

@@ -93,8 +93,8 @@ MARKER = "BUILD-ENV "
 def main(components_json):
     spec = json.load(open(components_json))
     sites = site_dirs()
+    kept = check_base_records(spec.get("base_records"), sites)  # first: a changed torch may not even import
     result = {name: check(name, comp, sites) for name, comp in sorted(spec["components"].items())}
-    kept = check_base_records(spec.get("base_records"), sites)
     env = {
         "net": sorted(os.listdir("/sys/class/net")),
         "mountinfo": open("/proc/self/mountinfo").read().splitlines(),
