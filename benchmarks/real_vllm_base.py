@@ -11,6 +11,11 @@ repository. The venv is the demo base's (torch 2.13.0+cpu) plus pip 23.0.1, the 
 Python 3.11.0rc1 brings pip 22.2, without `install --dry-run`). Its wheel lock differs from the demo
 base's, so it runs with its own BUILDER_CACHE (the lock file sits at a fixed place in the cache).
 The Ubuntu archive key comes from ubuntu-keyring in the same archive (the host has none).
+
+Known defect (first real run, 2026-12-01): jammy's python3.11 is 3.11.0rc1, which lacks
+sys.get_int_max_str_digits; torch 2.13's torch._dynamo needs it at import, so `import megatron.core`
+and `import vllm` fail in this base (vLLM's CPU build itself completes). It needs a base whose
+Python is 3.11.0 final or later with g++ >= 12.3 (NGC-like); none is reachable from here.
 """
 from __future__ import annotations
 
