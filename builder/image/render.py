@@ -143,7 +143,7 @@ def component_entries(pins: Pins, sources: ResolvedSources | None,
                            " (its native inputs from the lock); expected it unset")
         env_map = {**comp.build_env(), **tool_env}
         if scm:  # the exported tree has no .git: the version computed from the mirror, validated
-            env_map[scmversion.pretend_env_name(comp.distribution)] = scmversion.checked(scm)
+            env_map.update(scmversion.pretend_env(comp.distribution, scmversion.checked(scm)))
         env = [f"{dockerfile.envkey(k)}={v}" for k, v in dockerfile.items(env_map)]
         out.append({"name": name, "prefix": prefix, "commit": comp.commit, "tree": _tree(sources, name), "pr": comp.pr,
                     "url": comp.url, "target": comp.target, "distribution": comp.distribution,

@@ -102,9 +102,12 @@ def _parse(req: str, where: str) -> Requirement:
         raise BadInput(f"{where}: expected a PEP 508 requirement, got {req!r} ({exc})") from None
 
 
-def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str], adjust: Adjust | None = None) -> list[str]:
+def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str], adjust: Adjust | None = None,
+               runtime: bool = False) -> list[str]:
     """Requirements whose markers hold on the base (no extras), markers dropped, components left out;
-    a direct URL mapped by the pins' direct_urls, exact torch pins relaxed with base_torch (adjust)."""
+    a direct URL mapped by the pins' direct_urls, exact torch pins relaxed with base_torch (adjust), and
+    with it a runtime pin on a build tool the base has in another version (vLLM's cpu requirements pin
+    setuptools==78.1.1 at runtime: the base's runtime distributions stay as they are)."""
     out = []
     for text in reqs:
         req = _parse(text, where)
@@ -123,7 +126,8 @@ def applicable(reqs: list[str], base: BaseInfo, where: str, skip: set[str], adju
             req.url, req.specifier = None, SpecifierSet(f"=={version}")
             adjust.notes.append(f"{native.DIRECT_MARK}{where}: {text} -> {req}")
         have = {canonicalize_name(n): v for n, v in base.dists.items()}.get(name)
-        if adjust and adjust.base_torch and name in TORCH_NAMES and have is not None and req.specifier \
+        relaxable = name in TORCH_NAMES or (runtime and name in BUILD_TOOLS)
+        if adjust and adjust.base_torch and relaxable and have is not None and req.specifier \
                 and not req.specifier.contains(have, prereleases=True):
             before = str(req)
             req.specifier = SpecifierSet()
@@ -226,7 +230,7 @@ def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: Comp
     if "--ignore-requires-python" in pins.components[inputs.name].install.pip_args:
         env["LOCK_IGNORE_REQUIRES_PYTHON"] = "1"  # the install will pass it too (pins' pip_args)
     if inputs.scm_version:
-        env[scmversion.pretend_env_name(inputs.distribution)] = inputs.scm_version
+        env.update(scmversion.pretend_env(inputs.distribution, inputs.scm_version))
     with log.step(f"lock: metadata of {inputs.name} (network-none base container)"):
         archives = [("/", basecontainer.tar_bytes(files, (f"{WORK.lstrip('/')}/src",))),
                     (f"{WORK}/src", exported_tar(settings, component).read_bytes())]
@@ -245,7 +249,7 @@ def use_metadata(component: Any, inputs: ComponentInputs, data: dict[str, Any]) 
     if canonicalize_name(data["name"]) != canonicalize_name(inputs.distribution):
         raise BadInput(f"components.{inputs.name}.distribution: pinned {inputs.distribution!r}, the"
                        f" package at {component.commit[:12]} is {data['name']!r}")
-    if inputs.scm_version and data["version"] != inputs.scm_version:
+    if inputs.scm_version and not scmversion.same_version(data["version"], inputs.scm_version):
         raise BuildFailed(f"components.{inputs.name}: built version {data['version']} != VCS version"
                           f" {inputs.scm_version} (SETUPTOOLS_SCM_PRETEND_VERSION_FOR_ not honoured)")
     inputs.version = data["version"]
@@ -374,7 +378,7 @@ def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: 
     for inputs in comps:
         where = f"components.{inputs.name} ({inputs.distribution} at {pins.components[inputs.name].commit[:12]})"
         inputs.requires_dist = applicable(inputs.requires_dist, base, f"{where}: Requires-Dist", names,
-                                          adjusts[inputs.name])
+                                          adjusts[inputs.name], runtime=True)
         check_against(inputs.requires_dist, base.dists, f"{where}: Requires-Dist", f"the base {pins.base.image}")
     provided = {c.distribution: c.version for c in comps}
     for c in comps:

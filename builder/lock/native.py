@@ -103,11 +103,14 @@ def parse(text: str, where: str = "lock") -> Locked:
 
 
 def known_vars(pin: Any) -> dict[str, str]:
-    """CMake variables the build passes that decide which inputs apply: the target device."""
+    """CMake variables that decide which inputs apply: the pins' cmake_vars and the target device."""
     native = pin.native
-    if native is not None and native.device is not None and native.device_var is not None:
-        return {native.device_var: native.device}
-    return {}
+    if native is None:
+        return {}
+    known = dict(native.cmake_vars)
+    if native.device is not None and native.device_var is not None:
+        known[native.device_var] = native.device
+    return known
 
 
 def build_env(pins: Any, name: str) -> dict[str, str]:

@@ -326,6 +326,9 @@ class Native(Strict):
     max_jobs: Annotated[int, _ranged(1, 1024, "a job count"), _range_schema(1, 1024)] | None = None
     nvcc_threads: Annotated[int, _ranged(1, 64, "a thread count"), _range_schema(1, 64)] | None = None
     modules: Annotated[list[Module], AfterValidator(_unique)] = []  # native modules smoke imports
+    # CMake facts of the build host the lock cannot read from the files (vLLM's ASIMD_FOUND comes from
+    # the build machine's /proc/cpuinfo): they decide which FetchContent declarations apply
+    cmake_vars: Env = {}
 
     @model_validator(mode="after")
     def _device(self) -> "Native":

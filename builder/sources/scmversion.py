@@ -62,6 +62,19 @@ def pretend_env_name(distribution: str) -> str:
     return "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_" + re.sub(r"[-.]", "_", canonicalize_name(distribution)).upper()
 
 
+def pretend_env(distribution: str, version: str) -> dict[str, str]:
+    """The build env that hands the version in: the per-distribution name, and the plain
+    SETUPTOOLS_SCM_PRETEND_VERSION for a setup.py that calls setuptools_scm.get_version() without
+    a dist name (vLLM does); each component builds in its own step, so the plain one is its own."""
+    return {pretend_env_name(distribution): version, "SETUPTOOLS_SCM_PRETEND_VERSION": version}
+
+
+def same_version(built: str, scm: str) -> bool:
+    """The built version is the VCS version, or it with a local label a setup.py appends
+    (vLLM: 0.33.1.dev1+g9752642941 -> 0.33.1.dev1+g9752642941.cpu)."""
+    return built == scm or built.startswith(scm + ("." if "+" in scm else "+"))
+
+
 def checked(version: str) -> str:
     """A version for the build env: PEP 440 and nothing a Dockerfile could misread."""
     try:
