@@ -17,7 +17,7 @@ from builder.core import files as fs
 from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted, NotAccepted
 from builder.core.options import Settings
 from builder.core.safetext import fit
-from builder.core.usage import run_app
+from builder.core.usage import interrupted, run_app
 
 if TYPE_CHECKING:
     from builder.pins.model import Pins
@@ -284,8 +284,7 @@ def run(argv: list[str] | None = None) -> int:
     try:
         return run_app(app, argv)
     except KeyboardInterrupt as err:
-        print(fit(f"error: interrupted{f' by {err}' if str(err) else ''}; nothing half-done was kept"),
-              file=sys.stderr)
+        interrupted(err)
         return Interrupted.exit_code
     except BuilderError as err:
         return _report(err)

@@ -136,6 +136,7 @@ def stack(base_image, tmp_path_factory):
             data["base"]["image"] = f"{proxy.host}/faults/base@{digest}"
             data["image"] = {"repository": world.repository, "tags": ["fault"]}
             data["acceptance"]["required_gates"] = ["provenance"]
+            data["acceptance"].pop("performance", None)  # naming it would make it required
 
         world.pins = variant_pins(root / "pins", edit=edit)
         world.key = root / "key.pem"

@@ -13,12 +13,12 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="builder", standalone_mode=False)
-    except typer.Exit as exc:
+    except typer.Exit as exc:  # typer turns SIGINT / SIGTERM (Interrupted, a KeyboardInterrupt) into Exit(130)
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            interrupted(exc.__cause__)
         return exc.exit_code
-    except typer.Abort as exc:  # click turns SIGINT / SIGTERM (Interrupted) into Abort
-        cause = exc.__cause__
-        print(fit(f"error: interrupted{f' by {cause}' if cause and str(cause) else ''}; nothing half-done was kept"),
-              file=sys.stderr)
+    except typer.Abort as exc:
+        interrupted(exc.__cause__)
         return 130
     except typer.TyperException as exc:  # click's UsageError family, vendored by typer
         ctx = getattr(exc, "ctx", None)
@@ -29,4 +29,12 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> int:
         where = ctx.command_path if ctx is not None else "builder"
         print(fit(f"error: {message}; see '{where} --help'"), file=sys.stderr)
         return int(getattr(exc, "exit_code", 2) or 2)
+    if code == 130:  # typer's main returns 130 for a KeyboardInterrupt (Interrupted) it caught
+        interrupted(None)
     return code if isinstance(code, int) else 0
+
+
+def interrupted(cause: BaseException | None) -> None:
+    """The one line of an interrupted run (SIGINT or SIGTERM); the stages' clean-up has run."""
+    by = f" by {cause}" if cause is not None and str(cause) else ""
+    print(fit(f"error: interrupted{by}; nothing half-done was kept"), file=sys.stderr)
