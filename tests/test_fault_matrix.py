@@ -169,7 +169,7 @@ def command(world: Stack, stage: str, out: Path) -> tuple[list[str], bool]:
     if kind == "resolve":
         return ["resolve", pins], False
     if kind == "lock":
-        return ["lock", pins, "--check", "--offline"], False
+        return ["lock", pins, "--check"], False  # local file:// repositories only; native inputs need their mirror
     if kind == "build":
         return ["build", pins, "--quiet"], False
     if kind == "accept":
@@ -193,6 +193,8 @@ def prepare(world: Stack, stage: str) -> None:
         shutil.rmtree(world.cache / "oci" / "records", ignore_errors=True)
     if stage in ("promote", "attest"):
         world.reset_release_tags()
+    if stage == "export-sqsh":  # an export of the same digest would be a cache hit (builder/release/sqsh.py)
+        shutil.rmtree(world.cache / "sqsh" / "exports", ignore_errors=True)
 
 
 def partial_files(*roots: Path) -> list[str]:
