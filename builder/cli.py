@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from builder.core import files as fs
-from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted, NotAccepted
+from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted
 from builder.core.options import Settings
 from builder.core.safetext import fit
 from builder.core.usage import interrupted, run_app
@@ -121,8 +121,7 @@ def accept(pins_path: Path = PinsArg,
 
     done = pipeline.accept(pins, settings(), image=image, gate_names=gate, offline=offline,
                            allow_moved_pr=allow_moved_pr, out=out, timeout=timeout, engine_url=engine)
-    if done.report.verdict != "ACCEPTED":
-        raise NotAccepted(f"{pins_path}: image {done.report.image_id} not accepted; see {done.run_dir / 'report.md'}")
+    done.require_accepted(pins_path)
 
 
 @app.command("lock")

@@ -43,6 +43,11 @@ class Run:
     report: Report
     run_dir: Path
 
+    def require_accepted(self, pins_path: Path) -> None:
+        """NotAccepted (exit 1) naming the report, unless the verdict is ACCEPTED."""
+        if self.report.verdict != "ACCEPTED":
+            raise NotAccepted(f"{pins_path}: image {self.report.image_id} not accepted; see {self.run_dir / 'report.md'}")
+
 
 def setup(settings: Settings) -> dict[str, Any]:
     """Start the Docker engine (network none) and the local registry, if not running."""
@@ -138,8 +143,7 @@ def run(pins: Pins, settings: Settings, publish: bool = False, export: bool = Fa
                   stage=True, nocache=nocache, key=key)
     log.info("timings: " + json.dumps(log.timings))
     report_json = done.run_dir / "report.json"
-    if done.report.verdict != "ACCEPTED":
-        raise NotAccepted(f"{pins.path}: image {done.report.image_id} not accepted; see {done.run_dir / 'report.md'}")
+    done.require_accepted(pins.path)
     if publish:
         receipt = publish_report(report_json, settings, key=key)
         log.info(f"published {receipt.repository}@{receipt.digest}")
@@ -226,8 +230,7 @@ def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: b
     for reason in diff["regression"]["reasons"]:
         log.info(f"regression: {reason}")
     log.info(f"nightly diff: {paths['md']}")
-    if not accepted:
-        raise NotAccepted(f"{pins_path}: image {report.image_id} not accepted; see {run_dir / 'report.md'}")
+    done.require_accepted(pins_path)
     if flag:
         raise Regression(f"{pins_path}: accepted, but a regression flag is up; see {paths['md']}")
     return done

@@ -300,7 +300,6 @@ def to_junit(report: Report) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fs.sweep_parts(path.parent)  # what a killed run left
     with fs.atomic_path(path) as tmp:
         tmp.write_text(text)
         os.chmod(tmp, 0o644)
@@ -312,6 +311,7 @@ def write(report: Report, outdir: str | Path) -> dict[str, Path]:
 
     paths = {"json": outdir / "report.json", "md": outdir / "report.md", "junit": outdir / "junit.xml",
              "ctrf": outdir / "ctrf.json"}
+    fs.sweep_parts(outdir)  # what a killed run left, once for the four files
     _atomic_write(paths["json"], report.model_dump_json(indent=2) + "\n")
     _atomic_write(paths["md"], to_markdown(report))
     _atomic_write(paths["junit"], to_junit(report))
