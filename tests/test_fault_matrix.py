@@ -189,6 +189,8 @@ def prepare(world: Stack, stage: str) -> None:
     if stage == "resolve":
         for part in ("exports", "mirrors"):
             shutil.rmtree(world.cache / part, ignore_errors=True)
+    if stage == "lock":  # the base query is cached per digest: without it the lock may never meet the engine
+        shutil.rmtree(world.cache / "lock" / "base", ignore_errors=True)
     if stage == "normalise":
         shutil.rmtree(world.cache / "oci" / "records", ignore_errors=True)
     if stage in ("promote", "attest"):
