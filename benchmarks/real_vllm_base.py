@@ -6,19 +6,20 @@ vLLM 0.33.0's CPU target cannot build on the demo base (Debian 12): the base has
 and cmake/cpu_extension.cmake stops with "X86 backend requires gcc/g++ >= 12.3" (Debian 12 ships
 12.2, Debian 13 has no Python 3.11 for the base's cp311 CPU torch); it also links libnuma. A vendor
 base (NGC) has all of them. This is demo/baseimage.py with another rootfs: Ubuntu 22.04 (jammy +
-jammy-updates: python3.11, g++-12 12.3.0, libnuma-dev), CC/CXX set to gcc-12/g++-12, and its own
-repository. The venv is the demo base's (torch 2.13.0+cpu) plus pip 23.0.1, the demo base's pip (jammy's
-Python 3.11.0rc1 brings pip 22.2, without `install --dry-run`). Its wheel lock differs from the demo
+jammy-updates: g++-12 12.3.0, libnuma-dev), CC/CXX set to gcc-12/g++-12, and its own
+repository. The venv is the demo base's (torch 2.13.0+cpu) plus pip 23.0.1, the demo base's pip. Its wheel lock differs from the demo
 base's, so it runs with its own BUILDER_CACHE (the lock file sits at a fixed place in the cache).
 The Ubuntu archive key comes from ubuntu-keyring in the same archive (the host has none).
 
-Known defect (first real run, 2026-12-01): jammy's python3.11 is 3.11.0rc1, which lacks
-sys.get_int_max_str_digits; torch 2.13's torch._dynamo needs it at import, so `import megatron.core`
-and `import vllm` fail in this base (vLLM's CPU build itself completes). It needs a base whose
-Python is 3.11.0 final or later with g++ >= 12.3 (NGC-like); none is reachable from here.
+Python: jammy's own python3.11 is 3.11.0rc1, which lacks sys.get_int_max_str_digits; torch 2.13's
+torch._dynamo needs it at import (first real run, 2026-12-01: vLLM compiled, then `import megatron.core`
+and `import vllm` failed). So the rootfs gets CPython 3.11.2, built from Debian bookworm's orig tarball
+(the upstream release tarball; sha256 from bookworm's Sources index) with --prefix=/usr, where jammy's
+python3.11 would have put it: same paths for the headers and the interpreter.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -45,7 +46,15 @@ DEBOOTSTRAP = {
     "include": ["libc6-dev", "libnuma-dev"],
     # then `apt-get install` in the rootfs from jammy + jammy-updates (debootstrap --extra-suites fails here)
     "sources": "deb {mirror} jammy main universe\ndeb {mirror} jammy-updates main universe\n",
-    "apt_install": ["python3.11", "python3.11-venv", "python3.11-dev", "gcc-12", "g++-12"],
+    "apt_install": ["gcc-12", "g++-12", "make", "xz-utils", "libssl-dev", "zlib1g-dev", "libffi-dev", "libbz2-dev",
+                    "liblzma-dev", "libsqlite3-dev", "uuid-dev"],
+    "python_source": {  # CPython 3.11.2 (final) from Debian bookworm's source pool, built in the rootfs
+        "url": "http://deb.debian.org/debian/pool/main/p/python3.11/python3.11_3.11.2.orig.tar.gz",
+        "sha256": "2411c74bda5bbcfcddaf4531f66d1adc73f247f529aee981b029513aefdbf849",
+        "configure": ["--prefix=/usr", "--with-ensurepip=install"],
+        "env": {"CC": "gcc-12", "CXX": "g++-12"},
+        "pip_wheel_to": "/usr/share/python-wheels",  # where the base recipe's venv step finds pip (Debian's place)
+    },
 }
 
 
@@ -57,6 +66,30 @@ def _keyring(work: Path) -> Path:
         subprocess.run(["dpkg-deb", "-x", str(deb), str(work / "keyring")], check=True)
         shutil.copyfile(work / "keyring/usr/share/keyrings/ubuntu-archive-keyring.gpg", out)
     return out
+
+
+def _python_from_source(rootfs: Path, work: Path, logfile: Path) -> None:
+    """Download (sha256 checked), configure, make and `make altinstall` CPython in the rootfs."""
+    src = DEBOOTSTRAP["python_source"]
+    tarball = work / Path(src["url"]).name
+    if not tarball.exists() or hashlib.sha256(tarball.read_bytes()).hexdigest() != src["sha256"]:
+        subprocess.run(["curl", "-sSf", "-o", str(tarball), src["url"]], check=True)
+    got = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    if got != src["sha256"]:
+        raise BuildFailed(f"{src['url']}: sha256 {got}, expected {src['sha256']}")
+    build = rootfs / "tmp/python-src"
+    build.mkdir(parents=True)
+    subprocess.run(["tar", "-xzf", str(tarball), "-C", str(build), "--strip-components=1"], check=True)
+    env = " ".join(f"{k}={v}" for k, v in src["env"].items())
+    script = (f"cd /tmp/python-src && env {env} ./configure {' '.join(src['configure'])} >/dev/null"
+              f" && make -j{os.cpu_count() or 2} >/dev/null && make altinstall >/dev/null"
+              " && /usr/bin/python3.11 -c 'import sys, ssl, sqlite3, lzma, bz2, ctypes; sys.get_int_max_str_digits()'")
+    commands.run_logged(["chroot", str(rootfs), "sh", "-c", script], logfile, "CPython build", BuildFailed)
+    shutil.rmtree(build)
+    wheels = rootfs / src["pip_wheel_to"].lstrip("/")
+    wheels.mkdir(parents=True, exist_ok=True)
+    for wheel in (rootfs / "usr/lib/python3.11/ensurepip/_bundled").glob("pip-*.whl"):
+        shutil.copyfile(wheel, wheels / wheel.name)
 
 
 def rootfs_image(settings: Settings, client: Any, work: Path) -> str:
@@ -83,6 +116,8 @@ def rootfs_image(settings: Settings, client: Any, work: Path) -> str:
         commands.run_logged([*apt, "update"], logfile, "apt-get update", BuildFailed)
         commands.run_logged([*apt, "install", "-y", "--no-install-recommends", *d["apt_install"]], logfile,
                             "apt-get install", BuildFailed)
+    with log.step("base: CPython 3.11.2 from source"):
+        _python_from_source(rootfs, work, logfile)
     tar_path = work / "rootfs.tar"
     with log.step("base: normalise + import rootfs"):
         baseimage._normalise(rootfs)
@@ -103,7 +138,8 @@ def configure() -> None:
     """Point demo.baseimage at this rootfs, Dockerfile and repository (same wheel lock)."""
     baseimage.DEBOOTSTRAP = DEBOOTSTRAP
     baseimage.BASE_REQUIREMENTS = [*baseimage.BASE_REQUIREMENTS, "pip==23.0.1"]
-    baseimage.DOCKERFILE = Path(__file__).with_suffix(".Dockerfile")
+    baseimage.INSTALL = baseimage.INSTALL.replace("python3 -m venv", "python3.11 -m venv")
+    baseimage.CONFIG = [baseimage.CONFIG[0] + ' CC="gcc-12" CXX="g++-12"', *baseimage.CONFIG[1:]]
     baseimage.REPOSITORY = f"{infra.registry_url()}/real/vllm-cpu-base"
     baseimage._rootfs_image = rootfs_image
 
