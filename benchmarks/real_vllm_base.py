@@ -7,8 +7,9 @@ and cmake/cpu_extension.cmake stops with "X86 backend requires gcc/g++ >= 12.3" 
 12.2, Debian 13 has no Python 3.11 for the base's cp311 CPU torch); it also links libnuma. A vendor
 base (NGC) has all of them. This is demo/baseimage.py with another rootfs: Ubuntu 22.04 (jammy +
 jammy-updates: g++-12 12.3.0, libnuma-dev), CC/CXX set to gcc-12/g++-12, and its own
-repository. The venv is the demo base's (torch 2.13.0+cpu) plus pip 23.0.1, the demo base's pip. Its wheel lock differs from the demo
-base's, so it runs with its own BUILDER_CACHE (the lock file sits at a fixed place in the cache).
+repository. The venv is the demo base's (torch 2.13.0+cpu) plus pip 23.0.1, the demo base's pip.
+Its wheel lock differs from the demo base's, so it runs with its own BUILDER_CACHE (the lock file sits
+at a fixed place in the cache).
 The Ubuntu archive key comes from ubuntu-keyring in the same archive (the host has none).
 
 Python: jammy's own python3.11 is 3.11.0rc1, which lacks sys.get_int_max_str_digits; torch 2.13's

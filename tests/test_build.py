@@ -195,3 +195,26 @@ def test_progress_joins_a_line_split_over_stream_chunks(tmp_path):
         progress.finish()
     assert build.build_env(progress.steps) == json.loads(record)
     assert progress.steps[-1].lines[-1] == "tail without newline"
+
+
+@pytest.mark.docker
+def test_a_build_untags_other_runs_local_names_older_than_a_day(demo_image, docker_client):
+    """A nightly must not pin one image per night: the next build removes other runs' stale local tags
+    and keeps fresh ones, its own and hand-named ones."""
+    built = demo_image[3]
+    now = time.time()
+    old_run = time.strftime("%Y%m%d%H%M%S", time.gmtime(now - build.RUN_TAG_MAX_AGE_S - 60)) + "-0ld0ld00"
+    fresh_run = time.strftime("%Y%m%d%H%M%S", time.gmtime(now - 60)) + "-fre5h000"
+    tags = {name: f"{build.LOCAL_REPOSITORY}/{name}:sweep-test" for name in (old_run, fresh_run, "by-hand")}
+    image = docker_client.images.get(built.image_id)
+    for tag in tags.values():
+        repo, _, name = tag.partition(":")
+        image.tag(repo, name)
+    try:
+        removed = build.sweep_run_tags(docker_client, SETTINGS, now=now)
+        assert tags[old_run] in removed and not {tags[fresh_run], tags["by-hand"]} & set(removed)
+        left = set(docker_client.images.get(built.image_id).tags)
+        assert tags[fresh_run] in left and tags["by-hand"] in left and tags[old_run] not in left
+    finally:
+        for tag in tags.values():
+            engine.untag(docker_client, tag)

@@ -116,7 +116,10 @@ def test_sigint_during_a_gate_removes_its_container(demo_pins, tmp_path, docker_
     untag.extend(json.loads(image.stdout)["tags"])
     proc = subprocess.Popen([sys.executable, "-m", "builder.cli", "accept", str(pins_path), "--image", image_id,
                              "--gate", "zero_update", "--out", str(tmp_path / "run")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # SIGINT at its default in the child: a job started in the background (nohup,
+                            # `cmd &` in a script) inherits it ignored, and Python then installs no handler
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     label = {"label": "io.truepolicy.acceptance", "ancestor": image_id}
     deadline = time.monotonic() + 120
     while not docker_client.containers.list(filters=label) and time.monotonic() < deadline:
@@ -125,7 +128,12 @@ def test_sigint_during_a_gate_removes_its_container(demo_pins, tmp_path, docker_
     assert running, "the gate's container never started"
     time.sleep(3)  # the recipe is under way
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the builder's own cleanup removes the container
+        proc.communicate(timeout=120)
+        raise
     assert proc.returncode == 130, err[-2000:]
     assert docker_client.containers.list(all=True, filters=label) == []
     assert not (tmp_path / "run" / "report.json").exists()

@@ -48,8 +48,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BUILDER_CCACHE", "on", "`off`: build native code without the compiler cache (builder/image/ccache.py)"),
     Variable("BUILDER_SQUASH_OPTIONS", f"`{ENROOT_SQUASH_OPTIONS}`", "mksquashfs compression of `export-sqsh` "
              "(enroot's `ENROOT_SQUASH_OPTIONS` default); flags and plain values only"),
-    Variable("BUILDER_RUN_ID", "random per process", "scopes this run's local names (image tags `builder-run/<id>:...`); "
-             "`[a-z0-9-]`, 1..32"),
+    Variable("BUILDER_RUN_ID", "random per process", "scopes this run's local names (image tags `builder-run/<id>:...`;"
+             " a build untags other runs' ones older than a day); `[a-z0-9-]`, 1..32"),
     Variable("DOCKER_HOST", "the local socket", "which Docker engine (`unix://`, `tcp://`, `ssh://`)"),
     Variable("DOCKER_TLS_VERIFY", "unset", "TLS for a `tcp://` engine, as the Docker CLI reads it"),
     Variable("DOCKER_CERT_PATH", "unset", "the client certificate directory for `DOCKER_TLS_VERIFY`"),

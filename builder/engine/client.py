@@ -152,6 +152,18 @@ def remove_image(client: Client, ref: str) -> bool:
         return False
 
 
+def untag(client: Client, tag: str) -> bool:
+    """Remove one tag, leaving the image (and the layer cache under it) to the engine's prune; a tag a
+    container still uses, or one already gone, is left: False."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+
+    try:
+        client.api.remove_image(tag, noprune=True)
+        return True
+    except (docker.errors.ImageNotFound, docker.errors.APIError):
+        return False
+
+
 class _Progress:
     """Follows the classic builder's stream: steps, cache hits, per-step timings, the log file."""
 

@@ -2,6 +2,7 @@
 what the build container saw (only loopback, no host mounts) and record how it went."""
 from __future__ import annotations
 
+import calendar
 import json
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from builder.image.dockerfile import instructions
 MARKER = "BUILD-ENV "  # the line smoke.py prints in the runtime stage's last step
 SYSTEM_MOUNTS = ("/proc", "/dev", "/sys")
 LOCAL_REPOSITORY = "builder-run"  # local tags: builder-run/<run id>:<sha tag>, one repository per run
+RUN_TAG_MAX_AGE_S = 24 * 3600  # another run's local tag older than this is removed by the next build
 ENGINE_FILES = ("/etc/resolv.conf", "/etc/hostname", "/etc/hosts")  # the engine's own per-container files
 
 
@@ -96,6 +98,26 @@ def local_tag(rendered: RenderedBuild, settings: Settings) -> str:
     return f"{LOCAL_REPOSITORY}/{settings.run_id}:{ImageRef(rendered.tag).tag}"
 
 
+def sweep_run_tags(client: engine.Client, settings: Settings, now: float | None = None) -> list[str]:
+    """Untag other runs' local names older than RUN_TAG_MAX_AGE_S (the run ID starts with its UTC start time),
+    so a nightly does not pin one image per night forever; the images become prunable. A run ID without
+    that time (BUILDER_RUN_ID set by hand) is kept. Returns the tags removed."""
+    now = time.time() if now is None else now
+    removed = []
+    for image in client.images.list(name=LOCAL_REPOSITORY + "/*"):
+        for tag in image.tags:
+            run = tag.split(":", 1)[0].removeprefix(LOCAL_REPOSITORY + "/")
+            try:
+                started = calendar.timegm(time.strptime(run[:14], "%Y%m%d%H%M%S"))
+            except ValueError:
+                continue
+            if run != settings.run_id and now - started > RUN_TAG_MAX_AGE_S and engine.untag(client, tag):
+                removed.append(tag)
+    if removed:
+        log.info(f"removed {len(removed)} local tag(s) of runs older than {RUN_TAG_MAX_AGE_S // 3600} h")
+    return removed
+
+
 def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, settings: Settings,
                  source: str = "registry") -> normalize.Normalized:
     """Normalise the engine's image (builder/engine/normalize.py) and load it under this run's local tag: each
@@ -150,6 +172,7 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     fs.write_atomic(steps_file(built), json.dumps(steps, indent=2) + "\n")
     fs.write_atomic(out_dir / "steps.json", json.dumps(steps, indent=2) + "\n")  # the latest build
     fs.write_atomic(out_dir / "built.json", built.model_dump_json(indent=2) + "\n")
+    sweep_run_tags(client, settings)
     log.info(f"built {tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
              f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
     return built
