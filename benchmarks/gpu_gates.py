@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 COMPONENTS = {"vllm": "tinyengine", "megatron": "tinycore", "verl": "tinyrl"}
-BUILD_WHEELS = ("setuptools_scm-", "vcs_versioning-")
+BUILD_WHEELS = ("setuptools_scm-", "vcs_versioning-", "cmake-", "ninja-")  # cmake/ninja: tinyengine's _kernels
 
 
 # ---------------------------------------------------------------- here: prepare
@@ -53,9 +53,11 @@ def prepare(out: Path) -> None:
         _export(repo, commit.tree, dest)
         record[name] = {"distribution": comp.distribution, "commit": comp.commit, "tree": str(commit.tree_id),
                         "version": scmversion.component_version(repo, comp.commit)}
+    native = _export_native(pins, stack, out)
     shutil.rmtree(stack)
     settings = {g: gate_settings(pins, g) for g in ("zero_update", "rl_step", "control", "performance")}
-    (out / "stack.json").write_text(json.dumps({"components": record, "settings": settings}, indent=2) + "\n")
+    (out / "stack.json").write_text(json.dumps({"components": record, "settings": settings, "native": native},
+                                               indent=2) + "\n")
     wheels = out / "wheels"
     wheels.mkdir()
     cache = Path(os.environ.get("BUILDER_CACHE", root / ".cache")) / "wheels"
@@ -67,6 +69,28 @@ def prepare(out: Path) -> None:
     shutil.copytree(root / "acceptance", out / "acceptance", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(Path(__file__), out / "gpu_gates.py")
     print(json.dumps(record, indent=2))
+
+
+def _export_native(pins, stack: Path, out: Path) -> list[dict]:
+    """The lock's native inputs (CMake FetchContent sources) at their locked commits, as the image build
+    supplies them: out/native/<component>/<name>, handed over through the recorded variable."""
+    import pygit2  # lazy: only the prepare step needs it
+
+    from builder.lock import native as native_mod
+
+    found = []
+    for item in native_mod.parse(pins.lock_path().read_text(), str(pins.lock_path())).inputs:
+        if item.when or not item.receive.endswith("_SRC_DIR"):
+            continue  # conditional inputs (the cuda-only kernels) are not part of the cpu-target lock
+        repo = pygit2.Repository(str(stack / Path(item.url).name))
+        commit = repo[item.commit].peel(pygit2.Commit)
+        if str(commit.tree_id) != item.tree:
+            raise SystemExit(f"native input {item.name}: commit {item.commit[:12]} has tree {commit.tree_id},"
+                             f" the lock says {item.tree}")
+        _export(repo, commit.tree, out / "native" / item.component / item.name)
+        found.append({"component": item.component, "name": item.name, "commit": item.commit, "tree": item.tree,
+                      "receive": item.receive})
+    return found
 
 
 def _export(repo, tree, dest: Path) -> None:
@@ -125,10 +149,19 @@ def install(out: Path, work: Path) -> str:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-q", "--no-index", "--no-deps",
            "--prefix", str(venv)]
     sh(*pip, *sorted((out / "wheels").glob("*.whl")))
-    for comp in stack.values():
+    inputs_of: dict[str, list[dict]] = {}
+    for item in json.loads((out / "stack.json").read_text()).get("native", []):
+        inputs_of.setdefault(item["component"], []).append(item)
+    for name, comp in stack.items():
         src = work / "build" / comp["distribution"]
         shutil.copytree(out / "src" / comp["distribution"], src)
-        env = dict(os.environ, PYTHONPATH=str(site))
+        env = dict(os.environ, PYTHONPATH=str(site), PATH=f"{venv / 'bin'}:{os.environ.get('PATH', '')}")
+        for item in inputs_of.get(name, []):
+            src_dir = out / "native" / name / item["name"]
+            if git_tree(src_dir) != item["tree"]:
+                raise SystemExit(f"native input {item['name']}: exported tree is not the locked one")
+            env[item["receive"]] = str(src_dir)
+            print(f"{name}: native input {item['name']} at {item['commit'][:12]} via {item['receive']}")
         if comp["version"]:
             env["SETUPTOOLS_SCM_PRETEND_VERSION_FOR_" + comp["distribution"].upper()] = comp["version"]
         sh(*pip, "--no-build-isolation", src, env=env)
