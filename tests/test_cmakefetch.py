@@ -161,3 +161,48 @@ def test_read_from_the_git_tree_at_a_commit(tmp_path):
     commit = repo.create_commit(None, sig, sig, "m", tb.write(), [])
     result = cf.discover_at(repo, str(commit), {"VLLM_TARGET_DEVICE": "cpu"})
     assert [d.name for d in result.declarations] == ["arm_compute", "oneDNN"]
+
+
+DIRECT = {  # vLLM's deepgemm.cmake pattern: a local tree through its own variable, else a direct Populate
+    "CMakeLists.txt": r'''
+cmake_minimum_required(VERSION 3.26)
+project(p LANGUAGES CXX)
+include(FetchContent)
+if (DEFINED ENV{DEEPGEMM_SRC_DIR})
+  set(DEEPGEMM_SRC_DIR $ENV{DEEPGEMM_SRC_DIR})
+endif()
+if(DEEPGEMM_SRC_DIR)
+  set(_user_src "${DEEPGEMM_SRC_DIR}")
+  set(DEEPGEMM_SRC_DIR "${_user_src}")
+  set(deepgemm_SOURCE_DIR "${DEEPGEMM_SRC_DIR}")
+else()
+  set(_src "${CMAKE_BINARY_DIR}/_deps/deepgemm-src")
+  if(EXISTS "${_src}/setup.py")
+    set(deepgemm_SOURCE_DIR "${_src}")
+  else()
+    FetchContent_Populate(deepgemm SOURCE_DIR "${_src}"
+      GIT_REPOSITORY "https://github.com/vllm-project/DeepGEMM.git" GIT_TAG "0820030756945b2daec208e8e8255268360f337d")
+  endif()
+endif()
+FetchContent_Populate(bare SOURCE_DIR "${CMAKE_BINARY_DIR}/bare" GIT_REPOSITORY https://example.com/bare.git GIT_TAG v1)
+''',
+}
+
+
+def test_a_direct_populate_is_received_through_the_projects_own_source_dir_variable():
+    decls = found(DIRECT)
+    deepgemm = decls["deepgemm"]
+    assert deepgemm.direct and deepgemm.receive == "DEEPGEMM_SRC_DIR"  # not FETCHCONTENT_SOURCE_DIR_*: ignored there
+    assert decls["bare"].direct and decls["bare"].src_dir_env == ""
+
+
+def test_a_direct_populate_without_a_variable_of_its_own_is_refused_by_the_lock():
+    from builder.core.options import Settings
+    from builder.lock import native
+
+    bare = found(DIRECT)["bare"]
+    with pytest.raises(BadInput) as err:
+        native.resolve_input(Settings.from_env({}), "vllm", "https://example.com/vllm.git", bare)
+    message = str(err.value)
+    assert "\n" not in message and "FetchContent_Populate(bare GIT_REPOSITORY" in message
+    assert "ignores FETCHCONTENT_SOURCE_DIR_BARE" in message and "CMakeLists.txt:" in message

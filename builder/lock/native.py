@@ -159,6 +159,10 @@ def resolve_input(settings: Settings, component: str, component_url: str, decl: 
     if decl.url:
         raise BadInput(f"{where}: URL {decl.url[:120]}: archive downloads are not supported; expected GIT_REPOSITORY"
                        " and GIT_TAG")
+    if decl.direct and not decl.src_dir_env:
+        raise BadInput(f"{where}: FetchContent_Populate({decl.name} GIT_REPOSITORY ...) populates directly, which"
+                       f" ignores FETCHCONTENT_SOURCE_DIR_{decl.name.upper()}, and the project reads no variable of its"
+                       " own for a local tree: an offline build cannot supply it")
     _check(decl.name, SAFE_NAME, "name", where)
     _check(decl.git_repository, SAFE_URL, "GIT_REPOSITORY", where)
     _check(decl.git_tag, SAFE_REF, "GIT_TAG", where)

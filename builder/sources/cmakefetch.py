@@ -54,6 +54,7 @@ class Declaration:
     file: str = ""       # where it is declared, e.g. cmake/cpu_extension.cmake:123
     when: list[str] = field(default_factory=list)  # conditions not decided statically, as written
     src_dir_env: str = ""  # the project's own override (env var), if it has one
+    direct: bool = False   # FetchContent_Populate(<name> GIT_REPOSITORY ...): ignores FETCHCONTENT_SOURCE_DIR_<NAME>
 
     @property
     def key(self) -> str:
@@ -400,6 +401,7 @@ class Walker:
         self.scope = Scope(known, env)
         self.declarations: list[Declaration] = []
         self.overrides: dict[str, str] = {}   # declared name (lower) -> VAR of `SOURCE_DIR ${VAR}`
+        self.source_dirs: dict[str, list[str]] = {}  # name (lower) -> VARs of `set(<name>_SOURCE_DIR ${VAR})`
         self.from_env: dict[str, str] = {}    # VAR -> ENV name, from set(VAR $ENV{NAME})
         self.files: list[str] = []
 
@@ -431,6 +433,10 @@ class Walker:
                     self.overrides[texts[0].lower()] = ref.group(1)
             elif cmd.name == "set" and (len(texts) == 2 or len(texts) > 2 and texts[2] == "CACHE"):
                 env = re.fullmatch(r"\$ENV\{([A-Za-z0-9_]+)\}", texts[1])
+                source = re.fullmatch(r"([A-Za-z0-9_]+)_SOURCE_DIR", texts[0])
+                ref = re.fullmatch(r"\$\{([A-Za-z0-9_]+)\}", texts[1])
+                if source and ref:  # `set(<name>_SOURCE_DIR "${VAR}")`: a local tree instead of a direct Populate
+                    self.source_dirs.setdefault(source.group(1).lower(), []).append(ref.group(1))
                 if env:
                     self.from_env[texts[0]] = env.group(1)
                     if env.group(1) not in self.scope.env:  # a plain build: the override is not given
@@ -590,7 +596,8 @@ class Walker:
             return ";".join(words)
 
         if "GIT_REPOSITORY" in fields:
-            decl = Declaration(name, value("GIT_REPOSITORY"), value("GIT_TAG") or "", file=where, when=list(when))
+            decl = Declaration(name, value("GIT_REPOSITORY"), value("GIT_TAG") or "", file=where, when=list(when),
+                               direct=cmd.name == "fetchcontent_populate")
         elif "URL" in fields:
             decl = Declaration(name, "", "", url=value("URL"), file=where, when=list(when))
         elif cmd.name == "fetchcontent_populate":
@@ -616,7 +623,8 @@ class Walker:
                 continue
             seen[decl.key] = decl
         for decl in seen.values():
-            var = self.overrides.get(decl.key)
+            var = self.overrides.get(decl.key) or next(
+                (v for v in self.source_dirs.get(decl.key, []) if v in self.from_env), None)
             if var:
                 decl.src_dir_env = self.from_env.get(var, "")
         return sorted(seen.values(), key=lambda d: d.key)
