@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -398,7 +400,33 @@ def _resolve_all(settings: Settings, reqs_of: dict[str, list[str]], provided: di
                 resolver.resolve(settings, reqs, provided, target, resolver_name, log_name=f"lock-resolve-{what}-{name}")
             except BadInput as alone:
                 raise BadInput(f"components.{name}: {what} requirements conflict with the base: {alone}") from None
+        for a, b in itertools.combinations(reqs_of, 2):  # each resolves alone: which two wanted what
+            try:
+                resolver.resolve(settings, sorted({*reqs_of[a], *reqs_of[b]}), provided, target, resolver_name,
+                                 log_name=f"lock-resolve-{what}-{a}-{b}")
+            except BadInput as pair:
+                wants = who_wants(str(pair), {a: reqs_of[a], b: reqs_of[b]})
+                raise BadInput(f"components.{a} and components.{b}: {what} requirements conflict"
+                               f"{': ' + wants if wants else ''} ({pair})") from None
         raise BadInput(f"{what} requirements of the three components conflict with each other or the base: {exc}") from None
+
+
+def _req_name(text: str) -> str:
+    try:
+        return Requirement(text).name
+    except InvalidRequirement:
+        return ""
+
+
+def who_wants(explanation: str, reqs_of: dict[str, list[str]]) -> str:
+    """'a wants x>=1; b wants x<1': each side's own requirements on the distributions the resolver names."""
+    named = {canonicalize_name(m) for m in re.findall(r"[A-Za-z0-9][A-Za-z0-9._-]*", explanation)}
+    parts = []
+    for name, reqs in reqs_of.items():
+        mine = [r for r in reqs if canonicalize_name(_req_name(r)) in named]
+        if mine:
+            parts.append(f"{name} wants {', '.join(sorted(mine))}")
+    return "; ".join(parts) if len(parts) == len(reqs_of) else ""
 
 
 def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "uv",

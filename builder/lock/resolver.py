@@ -168,9 +168,16 @@ def _pip(settings: Settings, work: Path, target: Target, log_name: str) -> dict[
 
 
 def _explain(output: str) -> str:
+    """The resolver's explanation on one line: from uv's 'No solution found' (or pip's 'conflict is caused by')
+    to the end, its indented lists included (they say who requires what), else the lines that explain."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith("$")]
-    wanted = [ln for ln in lines if re.search(r"because|conflict|no solution|cannot|unsatisf|no matching", ln, re.IGNORECASE)]
-    text = " ".join((wanted or lines)[-4:])
+    start = next((i for i, ln in enumerate(lines) if re.search(r"no solution found|conflict is caused by", ln, re.I)), None)
+    if start is not None:
+        text = " ".join(lines[start:])
+    else:
+        wanted = [ln for ln in lines if re.search(r"because|conflict|cannot|unsatisf|no matching", ln, re.IGNORECASE)]
+        text = " ".join((wanted or lines)[-4:])
+    text = " ".join(re.sub(r"[\u00d7\u2570\u2500\u25b6\u2502]+", " ", text).split())
     return text[:600] or "the resolver found no solution"
 
 
