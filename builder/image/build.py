@@ -98,6 +98,17 @@ def local_tag(rendered: RenderedBuild, settings: Settings) -> str:
     return f"{LOCAL_REPOSITORY}/{settings.run_id}:{ImageRef(rendered.tag).tag}"
 
 
+def drop_chain(client: engine.Client, steps: list[engine.Step]) -> int:
+    """Remove the intermediate images a no-cache build made (newest first). The engine takes the newest
+    match as a cache parent, so this chain would shadow the cached one: the next build would follow it and
+    miss from the first step where the two differ (the compiler-cache seed). What another build still uses
+    is left. Returns how many went."""
+    made = [s.image for s in steps if s.image and not s.cached and not s.instruction.startswith(("FROM ", "ARG "))]
+    removed = sum(engine.remove_unused(client, image) for image in reversed(list(dict.fromkeys(made))))
+    log.info(f"no-cache build: removed {removed} intermediate image(s), so they do not shadow the layer cache")
+    return removed
+
+
 def sweep_run_tags(client: engine.Client, settings: Settings, now: float | None = None) -> list[str]:
     """Untag other runs' local names older than RUN_TAG_MAX_AGE_S (the run ID starts with its UTC start time),
     so a nightly does not pin one image per night forever; the images become prunable. A run ID without
@@ -172,6 +183,8 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     fs.write_atomic(steps_file(built), json.dumps(steps, indent=2) + "\n")
     fs.write_atomic(out_dir / "steps.json", json.dumps(steps, indent=2) + "\n")  # the latest build
     fs.write_atomic(out_dir / "built.json", built.model_dump_json(indent=2) + "\n")
+    if nocache:
+        drop_chain(client, result.steps)
     sweep_run_tags(client, settings)
     log.info(f"built {tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
              f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
