@@ -81,28 +81,37 @@ def test_install_routes_compilers_through_ccache_only_when_seeded(tmp_path):
 # ---- on the real engine
 
 
-def touched_pins(demo_pins, out: Path) -> Path:
+def touched_pins(demo_pins, out: Path, mark: bytes = b"touched by tests/test_ccache.py", pr: int = 91) -> Path:
     """The demo pins with tinyengine at a commit that touches its C source (a new tree of the native
     component, so its install step compiles)."""
     from demo.prepare import variant_pins
 
     pins_path = variant_pins(out, pins_path=demo_pins)
     data = yaml.safe_load(pins_path.read_text())
-    comp = data["components"]["vllm"]
-    repo = pygit2.Repository(str(out / comp["url"]))
-    parent = repo.get(comp["commit"])
-    source = parent.tree / "csrc" / "_C.c"
-    blob = repo.create_blob(repo[source.id].data + b"/* touched by tests/test_ccache.py */\n")
-    csrc = repo.TreeBuilder(repo[(parent.tree / "csrc").id])
-    csrc.insert("_C.c", blob, pygit2.GIT_FILEMODE_BLOB)
-    root = repo.TreeBuilder(parent.tree)
-    root.insert("csrc", csrc.write(), pygit2.GIT_FILEMODE_TREE)
-    sig = pygit2.Signature("demo", "demo@example.invalid", 1735916400, 0)
-    commit = repo.create_commit(None, sig, sig, "csrc: touch", root.write(), [parent.id])
-    repo.references.create("refs/pull/91/head", commit, force=True)
-    comp["commit"], comp["pr"] = str(commit), 91
+    commit_file(out, data["components"]["vllm"], "csrc/_C.c", lambda old: old + b"/* " + mark + b" */\n", pr)
     pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
     return pins_path
+
+
+def commit_file(out: Path, comp: dict, path: str, change, pr: int) -> None:
+    """A commit on the component's pinned one that changes one file (`change(old bytes)`); the pins follow."""
+    repo = pygit2.Repository(str(out / comp["url"]))
+    parent = repo.get(comp["commit"])
+    *dirs, name = path.split("/")
+    trees = [parent.tree]
+    for part in dirs:
+        trees.append(trees[-1] / part)
+    old = repo[(trees[-1] / name).id].data if name in trees[-1] else b""
+    entry = repo.create_blob(change(old))
+    mode = pygit2.GIT_FILEMODE_BLOB
+    for tree, child in zip(reversed(trees), reversed([*dirs, name]), strict=True):
+        builder = repo.TreeBuilder(repo[tree.id])
+        builder.insert(child, entry, mode)
+        entry, mode = builder.write(), pygit2.GIT_FILEMODE_TREE
+    sig = pygit2.Signature("demo", "demo@example.invalid", 1735916400, 0)
+    commit = repo.create_commit(None, sig, sig, f"{path}: change", entry, [parent.id])
+    repo.references.create(f"refs/pull/{pr}/head", commit, force=True)
+    comp["commit"], comp["pr"] = str(commit), pr
 
 
 @pytest.mark.docker
@@ -151,3 +160,28 @@ def test_prune_keeps_the_newest_seed_images_and_the_one_in_use():
 
     ccache.prune(Client(), keep=f"{ccache.REPOSITORY}:0", newest=3)
     assert sorted(removed) == [f"{ccache.REPOSITORY}:{t}" for t in range(1, 7)]  # 9, 8, 7 newest; 0 in use
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_failed_build_keeps_the_compiler_cache_of_a_component_that_compiled(demo_pins, docker_client, tmp_path):
+    """tinyengine compiles (a new tree), then tinycore's install fails (a planted setup.py): the failed
+    build still harvests tinyengine's compiler cache, so the fixed build does not compile from nothing."""
+    from builder.core.errors import BuildFailed
+    from builder.image import build, render
+    from builder.pins import model as pins_mod
+    from builder.sources import resolve as sources
+
+    pins_path = touched_pins(demo_pins, tmp_path, mark=b"a failed build keeps this cache", pr=93)
+    data = yaml.safe_load(pins_path.read_text())
+    commit_file(tmp_path, data["components"]["megatron"], "setup.py",
+                lambda old: b"raise SystemExit('planted: tinycore cannot be built')\n", 94)
+    pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    pins = pins_mod.load(pins_path)
+    rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
+    store = ccache.store(SETTINGS, "vllm", pins.base.digest, ccache.machine_of(docker_client))
+    shutil.rmtree(store)  # a cold cache for the native component
+    with pytest.raises(BuildFailed, match="failed at step"):
+        build.build(rendered, dataclasses.replace(SETTINGS, compiler_cache=True), echo=False)
+    kept = [p for p in (store / "live").rglob("*") if p.is_file()] if (store / "live").is_dir() else []
+    assert any(p.suffix in (".o", ".ccache") or "stats" in p.name for p in kept), sorted(p.name for p in kept)[:10]

@@ -35,3 +35,17 @@ def test_versions_compare_as_pep440():
     assert same_version("1.0", "1.0.0") and same_version("0.2.1.dev2+g0428cfe", "0.2.1.dev2+g0428cfe")
     assert not same_version("0.10.0.dev", "0.10.0")
     assert not same_version("not a version", "0.1") and same_version("custom-x", "custom-x")
+
+
+def test_the_image_and_the_host_agree_on_a_version_built_from_vcs():
+    """smoke.py (in the image) accepts what the host's check accepts: the VCS version, or it with an
+    appended local label (vLLM's CPU build adds `.cpu`), nothing else."""
+    from common import built_from_vcs
+
+    from builder.sources import scmversion
+
+    cases = [("0.31.1.dev1+g9792a6a.cpu", "0.31.1.dev1+g9792a6a", True), ("1.2.3+cpu", "1.2.3", True),
+             ("1.2.3", "1.2.3", True), ("0.33.0", "0.33.1.dev1+g9752642941", False), ("1.2.30", "1.2.3", False),
+             ("1.2.3.post1", "1.2.3", False), ("0.31.1.dev1+g9792a6ab", "0.31.1.dev1+g9792a6a", False)]
+    for built, scm, ok in cases:
+        assert built_from_vcs(built, scm) is ok and scmversion.same_version(built, scm) is ok, (built, scm)

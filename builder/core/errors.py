@@ -6,6 +6,8 @@ the CLI's entry (`builder.cli.main`), like cibuildwheel's errors module.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from builder.core.safetext import fit
 
 
@@ -31,6 +33,7 @@ class NotAccepted(BuilderError):
 
 class BuildFailed(BuilderError):
     exit_code = 1
+    steps: tuple[Any, ...] = ()  # the engine's steps up to the failing one (completed ones keep their images)
 
 
 class PublishError(BuilderError):

@@ -275,8 +275,10 @@ def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, 
         said = [ln for ln in plain if ln.startswith(SCRIPT_ERROR)]  # an image script's one line
         reason = said[-1] if said else progress.error
         reason = re.sub(r"^The command '.*' returned a non-zero code: (\d+)$", r"the step exited \1", reason or "")
-        raise BuildFailed(f"docker build {tag}: failed at {where}; log {log_path}: {reason[:300] or 'no image produced'}",
-                          details=[f"step: {instruction}", *progress.tail] if failing else progress.tail)
+        failed = BuildFailed(f"docker build {tag}: failed at {where}; log {log_path}: {reason[:300] or 'no image produced'}",
+                             details=[f"step: {instruction}", *progress.tail] if failing else progress.tail)
+        failed.steps = tuple(progress.steps)
+        raise failed
     return BuildResult(progress.image_id, progress.steps, seconds, str(log_path))
 
 

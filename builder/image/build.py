@@ -150,8 +150,14 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     seed = ccache.prepare(client, settings, rendered.labels, settings.compiler_cache and not nocache)
     tag = local_tag(rendered, settings)
     with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
-        result = engine.build(client, context, tag, log_path, nocache=nocache, echo=echo,
-                              buildargs={ccache.ARG: seed.tag})
+        try:
+            result = engine.build(client, context, tag, log_path, nocache=nocache, echo=echo,
+                                  buildargs={ccache.ARG: seed.tag})
+        except BuildFailed as failed:  # a component that compiled before the failing step keeps its cache
+            kept = ccache.harvest(client, seed, list(failed.steps))
+            if kept:
+                log.info(f"compiler cache kept from the failed build: {ccache.summary(kept)}")
+            raise
     compiled = ccache.harvest(client, seed, result.steps)
     if compiled:
         log.info(f"compiler cache: {ccache.summary(compiled)}")

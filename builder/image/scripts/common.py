@@ -23,6 +23,12 @@ def same_version(a: object, b: object) -> bool:
         return str(a) == str(b)
 
 
+def built_from_vcs(built: str, scm: str) -> bool:
+    """The installed version is the VCS version, or it with a local label a setup.py appends (vLLM's CPU
+    build: 0.31.1.dev1+g9792a6a -> 0.31.1.dev1+g9792a6a.cpu); the host's rule (builder/sources/scmversion.py)."""
+    return built == scm or built.startswith(scm + ("." if "+" in scm else "+"))
+
+
 def site_dirs(prefix: str | None = None) -> list[str]:
     """purelib and platlib of the running interpreter, or of an install prefix."""
     where = {"base": prefix, "platbase": prefix} if prefix else None

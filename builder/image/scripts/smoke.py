@@ -16,7 +16,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import native_check  # noqa: E402
-from common import same_version, site_dirs  # noqa: E402
+from common import built_from_vcs, same_version, site_dirs  # noqa: E402
 
 
 def check(name: str, spec: dict[str, Any], sites: list[str]) -> dict[str, Any]:
@@ -28,7 +28,7 @@ def check(name: str, spec: dict[str, Any], sites: list[str]) -> dict[str, Any]:
         if stamp.get(key) != spec[key]:
             raise SystemExit(f"{name}: stamped {key} {stamp.get(key)!r} != pinned {spec[key]!r}")
     scm = spec.get("scm_version") or ""
-    if scm and dist.version != scm:
+    if scm and not built_from_vcs(dist.version, scm):
         raise SystemExit(f"{name}: installed version {dist.version} != VCS version {scm} computed from the mirror")
     modules: dict[str, dict[str, Any]] = {}
     for module_name in spec["modules"]:
