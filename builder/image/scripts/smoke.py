@@ -37,7 +37,8 @@ def check(name: str, spec: dict[str, Any], sites: list[str]) -> dict[str, Any]:
         if not any(where.startswith(os.path.realpath(s) + os.sep) for s in sites):
             raise SystemExit(f"{name}: {module_name} imported from {where}, outside {sites}")
         version = getattr(module, "__version__", None)
-        if version is not None and not same_version(version, dist.version):
+        # vLLM's __version__ is the VCS version; its CPU build's distribution version appends `.cpu`
+        if version is not None and not (same_version(version, dist.version) or built_from_vcs(dist.version, str(version))):
             raise SystemExit(f"{name}: {module_name}.__version__ {version} != installed {dist.version}")
         modules[module_name] = {"file": where, "version": version}
     return {"distribution": spec["distribution"], "version": dist.version, "modules": modules,
