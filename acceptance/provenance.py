@@ -109,7 +109,8 @@ class Checker:
             self.fail(f"{name}: {dist_name} metadata at {info}, not in site-packages {site}")
         self._stamp(name, spec, info, out)
         self._files(name, spec, dist, out)  # hashed before the import can write anything
-        for module in spec.get("modules") or []:
+        native = (spec.get("native_build") or {}).get("modules") or []  # e.g. vllm._C: `import vllm` may not load it
+        for module in dict.fromkeys([*(spec.get("modules") or []), *native]):
             out["modules"][module] = self._module(name, module, site, table)
         self._strays(name, spec, out)
         return out

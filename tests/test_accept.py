@@ -37,6 +37,8 @@ def test_clean_demo_stack_passes_every_gate(demo_image, docker_client, run_id):
     assert any(p.endswith(".so") for p in prov["native_libs_loaded"])
     # the CMake-built extension (tinykernels fetched as a native input) is loaded and hash-checked
     assert any("/tinyengine/_kernels." in p for p in prov["native_libs_loaded"]), prov["native_libs_loaded"]
+    # the pins' native modules are imported by the gate itself (real vLLM's `import vllm` does not load vllm._C)
+    assert set(prov["components"]["vllm"]["modules"]) == {"tinyengine", "tinyengine._C", "tinyengine._kernels"}
     assert gates["control"].evidence["diff_max"] > 0  # the batch-invariance switch, read through _kernels
     assert 0 < result.throughput["ratio"]
     runs = gates["performance"].evidence["runs"]  # 3 interleaved runs of each arm, each in its own container
