@@ -154,9 +154,12 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
             result = engine.build(client, context, tag, log_path, nocache=nocache, echo=echo,
                                   buildargs={ccache.ARG: seed.tag})
         except BuildFailed as failed:  # a component that compiled before the failing step keeps its cache
-            kept = ccache.harvest(client, seed, list(failed.steps))
-            if kept:
-                log.info(f"compiler cache kept from the failed build: {ccache.summary(kept)}")
+            try:
+                kept = ccache.harvest(client, seed, list(failed.steps))
+                if kept:
+                    log.info(f"compiler cache kept from the failed build: {ccache.summary(kept)}")
+            except Exception as exc:  # best effort: the build's own failure is the error to report
+                log.info(f"compiler cache not kept from the failed build: {type(exc).__name__}: {str(exc)[:200]}")
             raise
     compiled = ccache.harvest(client, seed, result.steps)
     if compiled:

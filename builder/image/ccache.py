@@ -250,10 +250,13 @@ def harvest(client: engine.Client, seed: Seed, steps: list[engine.Step]) -> dict
             continue  # nothing compiled: the store stays as it is
         with log.step(f"compiler cache: harvest {name}"), fs.locked(st / ".lock"):
             container = client.api.create_container(step.image, command=["true"], network_disabled=True)
+            fresh = Path(tempfile.mkdtemp(prefix="live-", dir=st))
             try:
                 stream, _ = client.api.get_archive(container["Id"], f"{IN_IMAGE}/{name}")
-                fresh = Path(tempfile.mkdtemp(prefix="live-", dir=st))
                 _extract(stream, fresh)
+            except BaseException:
+                shutil.rmtree(fresh, ignore_errors=True)  # nothing half-extracted stays in the store
+                raise
             finally:
                 client.api.remove_container(container["Id"], force=True)
             old = st / "live"
