@@ -88,6 +88,7 @@ def touched_pins(demo_pins, out: Path, mark: bytes = b"touched by tests/test_cca
 
     pins_path = variant_pins(out, pins_path=demo_pins)
     data = yaml.safe_load(pins_path.read_text())
+    mark += f" in run {SETTINGS.run_id}".encode()  # a tree no earlier run built: the step compiles, not a cache hit
     commit_file(out, data["components"]["vllm"], "csrc/_C.c", lambda old: old + b"/* " + mark + b" */\n", pr)
     pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
     return pins_path
