@@ -153,22 +153,14 @@ def remove_image(client: Client, ref: str) -> bool:
 
 
 def remove_unused(client: Client, image: str) -> bool:
-    """Remove an untagged image no container or child image uses; False when it is gone or still used."""
-    import docker  # lazy: docker SDK, slow to import; start-up
-
-    try:
-        attrs = client.api.inspect_image(image)
-        if attrs.get("RepoTags"):
-            return False  # named: not ours to drop
-        client.api.remove_image(image, noprune=True)
-        return True
-    except (docker.errors.ImageNotFound, docker.errors.APIError):
-        return False
+    """Remove an untagged image no container or child image uses; False when it is gone, named or still used."""
+    attrs = inspect_image(client, image)
+    return attrs is not None and not attrs.get("RepoTags") and untag(client, image)
 
 
 def untag(client: Client, tag: str) -> bool:
-    """Remove one tag, leaving the image (and the layer cache under it) to the engine's prune; a tag a
-    container still uses, or one already gone, is left: False."""
+    """Remove one reference (a tag, or an untagged image by ID) without pruning its parents, leaving the
+    layer cache under it to the engine's prune; one a container or child still uses, or gone, is left: False."""
     import docker  # lazy: docker SDK, slow to import; start-up
 
     try:

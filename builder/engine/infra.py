@@ -54,12 +54,8 @@ def _spawn(argv: list[str], logfile: Path) -> int:
 def _alive(pid: int | None) -> bool:
     if not pid:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not fs.alive(pid):
         return False
-    except PermissionError:
-        return True
     # a zombie child of ours counts as dead
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
