@@ -20,13 +20,13 @@ python3.11 would have put it: same paths for the headers and the interpreter.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -93,23 +93,9 @@ def _python_from_source(rootfs: Path, work: Path, logfile: Path) -> None:
         shutil.copyfile(wheel, wheels / wheel.name)
 
 
-def rootfs_image(settings: Settings, client: Any, work: Path) -> str:
-    """demo.baseimage._rootfs_image for the jammy rootfs (extra suite, keyring, mirror)."""
-    rhash = baseimage._hash(baseimage._rootfs_recipe())
-    tag = f"{baseimage.ROOTFS_REPOSITORY}:{rhash[:16]}"
-    if client.images.list(filters={"label": f"{baseimage.ROOTFS_LABEL}={rhash}", "reference": tag}):
-        log.info(f"rootfs: reused {tag}")
-        return tag
-    logfile = settings.cache("logs") / "debootstrap-jammy.log"
-    rootfs = work / "rootfs"
-    if rootfs.exists():
-        shutil.rmtree(rootfs)
+def _jammy_extras(rootfs: Path, logfile: Path) -> None:
+    """After debootstrap: the jammy-updates packages, then CPython from source."""
     d = DEBOOTSTRAP
-    with log.step("base: debootstrap"):
-        commands.run_logged(["debootstrap", f"--variant={d['variant']}", f"--arch={d['arch']}",
-                             f"--keyring={_keyring(work)}",
-                             f"--components={','.join(d['components'])}", f"--include={','.join(d['include'])}",
-                             d["suite"], str(rootfs), UBUNTU], logfile, "debootstrap", BuildFailed)
     with log.step("base: apt-get install (jammy-updates)"):
         (rootfs / "etc/apt/sources.list").write_text(str(d["sources"]).format(mirror=UBUNTU))
         shutil.copyfile("/etc/resolv.conf", rootfs / "etc/resolv.conf")
@@ -118,21 +104,10 @@ def rootfs_image(settings: Settings, client: Any, work: Path) -> str:
         commands.run_logged([*apt, "install", "-y", "--no-install-recommends", *d["apt_install"]], logfile,
                             "apt-get install", BuildFailed)
     with log.step("base: CPython 3.11.2 from source"):
-        _python_from_source(rootfs, work, logfile)
-    tar_path = work / "rootfs.tar"
-    with log.step("base: normalise + import rootfs"):
-        baseimage._normalise(rootfs)
-        commands.run_logged(["tar", "--sort=name", "--numeric-owner", "--mtime=@0", "--clamp-mtime",
-                             "-C", str(rootfs), "-cf", str(tar_path), "."], logfile, "tar rootfs", BuildFailed)
-        shutil.rmtree(rootfs)
-        changes = [f"LABEL {baseimage.ROOTFS_LABEL}={rhash}", "ENV LANG=C.UTF-8",
-                   "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["/bin/bash"]']
-        client.api.import_image_from_file(str(tar_path), repository=baseimage.ROOTFS_REPOSITORY, tag=rhash[:16],
-                                          changes=changes)
-        tar_path.unlink()
-    if not client.images.list(filters={"reference": tag}):
-        raise BuildFailed(f"docker import of the jammy rootfs: no image {tag}; see {logfile}")
-    return tag
+        _python_from_source(rootfs, rootfs.parent, logfile)
+
+
+_DEMO_ROOTFS = baseimage._rootfs_image  # the demo's, before configure() points the recipe at the jammy one
 
 
 def configure() -> None:
@@ -142,7 +117,9 @@ def configure() -> None:
     baseimage.INSTALL = baseimage.INSTALL.replace("python3 -m venv", "python3.11 -m venv")
     baseimage.CONFIG = [baseimage.CONFIG[0] + ' CC="gcc-12" CXX="g++-12"', *baseimage.CONFIG[1:]]
     baseimage.REPOSITORY = f"{infra.registry_url()}/real/vllm-cpu-base"
-    baseimage._rootfs_image = rootfs_image
+    baseimage._rootfs_image = functools.partial(  # the demo's debootstrap + normalise + import, on jammy
+        _DEMO_ROOTFS, mirror=UBUNTU, extra_args=lambda work: [f"--keyring={_keyring(work)}"], after=_jammy_extras,
+        log_name="debootstrap-jammy")
 
 
 def ensure(settings: Settings) -> str:

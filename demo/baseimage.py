@@ -26,6 +26,7 @@ import platform
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +203,12 @@ def _normalise(root: Path) -> None:
     (root / "var/tmp").chmod(0o1777)
 
 
-def _rootfs_image(settings: Settings, client: Any, work: Path) -> str:
-    """Tag of the imported rootfs image for this rootfs recipe (debootstrap once)."""
+def _rootfs_image(settings: Settings, client: Any, work: Path, mirror: str | None = None,
+                  extra_args: Callable[[Path], list[str]] | None = None,
+                  after: Callable[[Path, Path], None] | None = None, log_name: str = "debootstrap") -> str:
+    """Tag of the imported rootfs image for this rootfs recipe (debootstrap once). Another distribution's
+    rootfs (benchmarks/real_vllm_base.py) gives its mirror, extra debootstrap arguments (work -> args) and
+    a step after debootstrap (rootfs, log file)."""
     rhash = _hash(_rootfs_recipe())
     tag = f"{ROOTFS_REPOSITORY}:{rhash[:16]}"
     if client.images.list(filters={"label": f"{ROOTFS_LABEL}={rhash}", "reference": tag}):
@@ -213,15 +218,18 @@ def _rootfs_image(settings: Settings, client: Any, work: Path) -> str:
         raise InfraError("debootstrap: must run as root")
     if not shutil.which("debootstrap"):
         commands.apt_install(settings.cache("logs") / "apt.log", "debootstrap")
-    logfile = settings.cache("logs") / "debootstrap.log"
+    logfile = settings.cache("logs") / f"{log_name}.log"
     rootfs = work / "rootfs"
     if rootfs.exists():
         shutil.rmtree(rootfs)
     d = DEBOOTSTRAP
     with log.step("base: debootstrap"):
         commands.run_logged(["debootstrap", f"--variant={d['variant']}", f"--arch={d['arch']}",
+              *(extra_args(work) if extra_args else []),
               f"--components={','.join(d['components'])}", f"--include={','.join(d['include'])}",
-              d["suite"], str(rootfs), settings.debian_mirror], logfile, "debootstrap", BuildFailed)
+              d["suite"], str(rootfs), mirror or settings.debian_mirror], logfile, "debootstrap", BuildFailed)
+    if after:
+        after(rootfs, logfile)
     tar_path = work / "rootfs.tar"
     with log.step("base: normalise + import rootfs"):
         _normalise(rootfs)
