@@ -180,17 +180,6 @@ def push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None
     return items
 
 
-def remove_forced(client: Client, image: str) -> bool:
-    """Remove an image and every tag on it; False when it is gone already."""
-    import docker  # lazy: docker SDK, slow to import; start-up
-
-    try:
-        client.api.remove_image(image, force=True)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
 def tag(client: Client, image_id: str, ref: str) -> bool:
     """Point the tag `ref` at `image_id`; False when the engine refused."""
     image = ImageRef(ref)
@@ -219,12 +208,12 @@ def read_file(client: Client, image_id: str, path: str) -> bytes | None:
         container.remove(force=True)
 
 
-def remove_image(client: Client, ref: str) -> bool:
-    """Remove a tag (or image); True when something was removed."""
+def remove_image(client: Client, ref: str, force: bool = False) -> bool:
+    """Remove a tag (or image; `force`: an image and every tag on it); True when something was removed."""
     import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
-        client.api.remove_image(ref, noprune=False)
+        client.api.remove_image(ref, noprune=False, force=force)
         return True
     except docker.errors.ImageNotFound:
         return False

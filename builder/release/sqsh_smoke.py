@@ -59,7 +59,7 @@ def provenance_on_rootfs(client: Any, report: Report, pins: pins_mod.Pins, rootf
         runner = DockerRunner(client, pins, image_id, f"sqsh-{tag}")
         result, facts = runner.run("provenance", gate_settings(pins, "provenance"), pins.acceptance.timeout_s)
     finally:
-        engine.remove_forced(client, image_id)
+        engine.remove_image(client, image_id, force=True)
     return {"status": result.status, "reason": result.reason, "seconds": round(time.monotonic() - start, 2),
             "imported_image": image_id, "network": facts.get("network"),
             "failures": (result.evidence.get("failures") or [])[:5]}
