@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -118,6 +119,7 @@ def planted_host(tmp_path: Path) -> dict[str, str]:
             "BUILDER_RUN_ID": "tripups-1"}
 
 
+@pytest.mark.slow  # three pip processes
 def test_the_hosts_pip_configuration_never_reaches_the_locks_pip(tmp_path: Path) -> None:
     host = planted_host(tmp_path)
     env = dict(Settings.from_env(host).resolver_env)
@@ -130,6 +132,11 @@ def test_the_hosts_pip_configuration_never_reaches_the_locks_pip(tmp_path: Path)
     seen = subprocess.run([sys.executable, "-m", "pip", "config", "list"], env=host, capture_output=True, text=True,
                           check=True).stdout
     assert "constraint" in seen and "find-links" in seen  # the plant is what pip would read without isolation
+    wheel = make_wheel(tmp_path, "tinywheel", "1.0")  # ... and it refuses what the lock's pip fetches (next test)
+    leaked = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(tmp_path / "leak"),
+                             "--index-url", local_index(tmp_path / "index", wheel), "tinywheel==1.0"], env=host,
+                            capture_output=True, text=True)
+    assert leaked.returncode != 0 and "tinywheel" in leaked.stdout + leaked.stderr
 
 
 def test_wheel_fetch_uses_the_configured_index_only_and_a_run_unique_log(tmp_path: Path) -> None:
@@ -146,11 +153,6 @@ def test_wheel_fetch_uses_the_configured_index_only_and_a_run_unique_log(tmp_pat
     assert f"--index-url {settings.index_url}" in log.read_text()
     other = dataclasses.replace(settings, run_id="tripups-2")
     assert other.run_log("pip-download-lock") != log  # concurrent runs never share a log
-    # the control: pip with the planted host configuration refuses the same download
-    leaked = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(tmp_path / "leak"),
-                             "--index-url", settings.index_url, "tinywheel==1.0"], env=host, capture_output=True,
-                            text=True)
-    assert leaked.returncode != 0
 
 
 def test_a_wheel_built_from_an_sdist_missing_from_the_wheelhouse_is_bad_input(tmp_path: Path) -> None:
@@ -202,17 +204,21 @@ def test_a_missing_native_commit_names_the_url_and_the_mirror_it_was_fetched_fro
                                                                                    settings: Settings) -> None:
     stack = make_stack(tmp_path / "stack")
     assert stack
-    shutil.copytree(tmp_path / "stack" / "tinykernels.git", tmp_path / "mirror-of-kernels.git")
+    short = Path(tempfile.mkdtemp(prefix="i28-", dir="/tmp"))  # the whole line fits in 300 characters
+    shutil.copytree(tmp_path / "stack" / "tinykernels.git", short / "kernels.git")
     config = tmp_path / "gitconfig"
-    mirror = f"file://{tmp_path}/mirror-of-kernels.git"
+    mirror = f"file://{short}/kernels.git"
     config.write_text(f'[url "{mirror}"]\n\tinsteadOf = https://kernels.example.invalid/tinykernels.git\n')
     rewritten = dataclasses.replace(settings, git_config=config, cache_root=tmp_path / "cache")
     missing = "0123" + "4" * 36
     declared = cmakefetch.Declaration("tinykernels", "https://kernels.example.invalid/tinykernels.git", missing,
                                       file="cmake/kernels.cmake:18")
-    with pytest.raises(BadInput) as err:
-        native.resolve_input(rewritten, "vllm", str(tmp_path / "stack" / "tinyengine.git"), declared)
+    try:
+        with pytest.raises(BadInput) as err:
+            native.resolve_input(rewritten, "vllm", str(tmp_path / "stack" / "tinyengine.git"), declared)
+    finally:
+        shutil.rmtree(short)
     assert str(err.value) == (f"components.vllm: native input tinykernels (cmake/kernels.cmake:18): commit {missing}"
                               " not found in https://kernels.example.invalid/tinykernels.git (fetched from"
-                              f" {mirror}: url.insteadOf of {config})")
+                              f" {mirror}, url.insteadOf in BUILDER_GIT_CONFIG)")
     assert err.value.exit_code == 2

@@ -130,7 +130,7 @@ def release(path: Path) -> None:
 def held(path: Path) -> bool:
     """Whether a live process (this one included) holds `path` (`hold`); a missing file is held by none."""
     try:
-        fh = open(path, "a")
+        fh = open(path)
     except OSError:
         return False
     with fh:

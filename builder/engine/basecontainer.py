@@ -112,10 +112,17 @@ def run(settings: Settings, image: str, python: str, script: str, archives: list
     try:
         for where, archive in archives or []:
             container.put_archive(where, archive)
-        container.start()
-        rc = int(container.wait().get("StatusCode", 1))
-        out = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+        try:
+            container.start()
+        except docker.errors.APIError as exc:  # the interpreter is not there: the container never ran
+            if engine.unreachable(exc):
+                raise
+            why = str(exc.explanation or exc)
+            rc, out, err = 127, "", "error: " + why[why.find("exec: "):] if "exec: " in why else why
+        else:
+            rc = int(container.wait().get("StatusCode", 1))
+            out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            err = container.logs(stdout=False, stderr=True).decode(errors="replace")
         log = settings.run_log(log_name)
         log.write_text(f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}\n")
         data = b""

@@ -1,24 +1,25 @@
 """`builder gc`: free what finished runs left in the cache, the engine and the local registry.
 
 Retention rule (docs/image.md, "What the cache keeps"). A run is live while its process holds
-`<cache>/live/<run id>.lock` (every command holds its own); whatever a live run holds is never touched.
-Of the rest, gc removes:
+`<cache>/live/<run id>.lock` (every command holds its own); whatever a live run holds is never touched, and
+in the engine and the registry gc removes only what a run of this cache made (its hold file is here): an
+engine shared by several caches keeps the others' things. Of the rest, gc removes:
 
     contexts     builds/<sha>/context.tar that no live build holds (a build drops its own when it ends);
                  builds/<sha>/ whole (Dockerfile, context.sha256, logs) once older than the age
     run dirs     runs/<name>-<time>/ older than the age, except the newest `keep_runs` of each pins name and
                  its newest ACCEPTED one (nightly compares with it)
     logs         logs/<run id>/ of runs not live, older than the age
-    seeds        compiler-cache seed images no live build holds, except the newest
-    raw layers   builder-raw/layers manifests in the local registry that no live normalisation holds
-                 (the registry frees the blobs on its own garbage-collect)
-    run tags     builder-run/<run id>:* of runs not live, started before the age; then the image if unused
+    seeds        compiler-cache seed images this cache's runs used and no live one holds, except the newest
+    raw layers   builder-raw/layers manifests in the local registry that this cache's runs pushed and no
+                 live one holds (the registry frees the blobs on its own garbage-collect)
+    run tags     builder-run/<run id>:* of this cache's runs that ended before the age; then the image if unused;
+                 then the run's live/<run id>.lock
 
 `older_than_s` is the age (default a week); 0 frees everything no live run holds.
 """
 from __future__ import annotations
 
-import calendar
 import json
 import shutil
 import time
@@ -65,16 +66,13 @@ def newest_mtime(path: Path) -> float:
     return max(times)
 
 
-def run_started(run_id: str) -> float | None:
-    """A run ID begins with its UTC start time (options.new_run_id); None for one set by hand."""
-    try:
-        return float(calendar.timegm(time.strptime(run_id[:14], "%Y%m%d%H%M%S")))
-    except ValueError:
-        return None
-
-
 def live(settings: Settings, run_id: str) -> bool:
     return fs.held(settings.live_lock(run_id))
+
+
+def ended(path: Path) -> bool:
+    """A hold file of this cache whose holders have all ended (a missing one: not this cache's)."""
+    return path.exists() and not fs.held(path)
 
 
 def _remove(path: Path) -> None:
@@ -138,9 +136,11 @@ def seeds(client: engine.Client, settings: Settings, freed: Freed) -> None:
         for tag in image.get("RepoTags") or []:
             if not tag.startswith(ccache.REPOSITORY + ":"):
                 continue
-            if fs.held(ccache.hold_path(settings, tag)):
+            held = ccache.hold_path(settings, tag)
+            if fs.held(held):
                 freed.live("seeds", tag)
-            elif engine.untag(client, tag):
+            elif ended(held) and engine.untag(client, tag):
+                held.unlink(missing_ok=True)
                 freed.gone("seeds", tag, int(image.get("Size") or 0))
                 engine.remove_unused(client, str(image["Id"]))
 
@@ -148,12 +148,14 @@ def seeds(client: engine.Client, settings: Settings, freed: Freed) -> None:
 def raw_layers(settings: Settings, host: str, freed: Freed) -> None:
     reg = Registry.from_settings(host, settings)
     for tag in sorted(reg.tags(normalize.RAW_REPOSITORY)):
-        if fs.held(normalize.raw_hold_path(settings, tag)):
+        held = normalize.raw_hold_path(settings, tag)
+        if fs.held(held):
             freed.live("raw layers", tag)
             continue
-        digest = reg.tag_digest(normalize.RAW_REPOSITORY, tag)
+        digest = reg.tag_digest(normalize.RAW_REPOSITORY, tag) if ended(held) else None
         if digest and reg.delete_manifest(normalize.RAW_REPOSITORY, digest):
             freed.gone("raw layers", f"{host}/{normalize.RAW_REPOSITORY}:{tag}")
+            held.unlink(missing_ok=True)
 
 
 def run_tags(client: engine.Client, settings: Settings, cutoff: float, freed: Freed) -> None:
@@ -161,17 +163,17 @@ def run_tags(client: engine.Client, settings: Settings, cutoff: float, freed: Fr
         attrs: dict[str, Any] = image.attrs
         for tag in image.tags:
             run_id = tag.split(":", 1)[0].removeprefix(build_stage.LOCAL_REPOSITORY + "/")
-            if live(settings, run_id):
+            held = settings.live_lock(run_id)
+            if fs.held(held):
                 freed.live("run tags", tag)
-                continue
-            started = run_started(run_id)
-            if started is None:
-                created = str(attrs.get("Created", ""))[:19]
-                started = float(calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%S"))) if created else 0.0
-            if started < cutoff and engine.untag(client, tag):
+            elif ended(held) and held.stat().st_mtime < cutoff and engine.untag(client, tag):
                 freed.gone("run tags", tag)
         if engine.remove_unused(client, image.id):
             freed.bytes += int(attrs.get("Size") or 0)
+    for held in settings.cache("live").glob("*.lock"):  # ended runs with nothing left to free
+        if not fs.held(held) and held.stat().st_mtime < cutoff and not client.images.list(
+                name=f"{build_stage.LOCAL_REPOSITORY}/{held.stem}"):
+            held.unlink(missing_ok=True)
 
 
 def gc(settings: Settings, older_than_s: float = WEEK_S, keep_runs: int = KEEP_RUNS,

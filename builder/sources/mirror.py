@@ -136,7 +136,7 @@ def looked_in(settings: Settings, url: str) -> str:
         return url
     if actual == url:
         return url
-    return f"{url} (fetched from {actual}: url.insteadOf of {settings.git_config or 'the git config'})"
+    return f"{url} (fetched from {actual}, url.insteadOf in BUILDER_GIT_CONFIG)"
 
 
 def ensure_commit(settings: Settings, url: str, sha: str, offline: bool = False) -> pygit2.Repository:
