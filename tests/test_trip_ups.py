@@ -49,7 +49,8 @@ def test_base_torch_on_a_base_without_torch_is_bad_input_before_anything_runs() 
 CUT_ARGV = """Traceback (most recent call last):
   File "<string>", line 48, in <module>
   File "<string>", line 24, in build_requirements
-subprocess.CalledProcessError: Command '['/usr/bin/python3', '-m', 'pip', 'install', '-q', '--no-index', '/tmp/lock/wheels/sympy-1.14.0-py3-none-any.whl']' returned non-zero exit status 1.
+subprocess.CalledProcessError: Command '['/usr/bin/python3', '-m', 'pip', 'install', '-q', '--no-index', \
+'/tmp/lock/wheels/sympy-1.14.0-py3-none-any.whl']' returned non-zero exit status 1.
 """
 NO_PIP = "/usr/bin/python3: No module named pip\n" + CUT_ARGV
 SETUP_PY = """  error: subprocess-exited-with-error

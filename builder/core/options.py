@@ -39,6 +39,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PIP_CERT", "unset", "a CA bundle for that index, kept for `builder lock`'s pip and uv runs, as are "
              "`PIP_PROXY`, `PIP_TIMEOUT`, `PIP_RETRIES`, `PIP_CLIENT_CERT`, `PIP_TRUSTED_HOST` and those keys of the "
              "host's pip config files; every other `PIP_*` / `UV_*` setting and pip config key is dropped (lock.md)"),
+    Variable("PIP_CONFIG_FILE", "unset", "a pip config file; like pip's other config files (`XDG_CONFIG_DIRS`, "
+             "`/etc/pip.conf`, `HOME`, `XDG_CONFIG_HOME`) only its transport keys reach the lock"),
+    Variable("HOME", "the user's", "where pip's user config file is looked for (transport keys only)"),
+    Variable("XDG_CONFIG_HOME", "`~/.config`", "where pip's user config file is looked for (transport keys only)"),
+    Variable("XDG_CONFIG_DIRS", "`/etc/xdg`", "where pip's global config files are looked for (transport keys only)"),
     Variable("BUILDER_DEBIAN_MIRROR", "http://deb.debian.org/debian", "debootstrap mirror of the demo base image"),
     Variable("BUILDER_ENGINE_TIMEOUT", "90", "seconds to wait for a started dockerd to answer"),
     Variable("BUILDER_REGISTRY_TIMEOUT", "30", "seconds for a registry to answer (start-up and each HTTP call)"),
@@ -136,6 +141,8 @@ def _pip_transport(env: Mapping[str, str]) -> dict[str, str]:
         name = "PIP_" + key.upper().replace("-", "_")
         if env.get(name):
             found[name] = env[name]
+    if env.get("PIP_CERT"):  # the CA bundle (the one most sites need)
+        found["PIP_CERT"] = env["PIP_CERT"]
     return found
 
 
