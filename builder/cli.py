@@ -45,8 +45,10 @@ def load_pins(path: Path) -> Pins:
 
 
 def settings() -> Settings:
-    """The environment, read once per command."""
-    return Settings.from_env()
+    """The environment, read once per command; this run is live (`builder gc` spares it) until the process ends."""
+    read = Settings.from_env()
+    fs.hold(read.live_lock())
+    return read
 
 
 @app.command()
@@ -213,6 +215,19 @@ def run_command(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "
                         allow_moved_pr=allow_moved_pr, out=out, key=key, engine_url=engine, nocache=nocache)
     if done.report.build is not None:
         typer.echo(f"manifest digest: {done.report.build.manifest_digest}")
+
+
+@app.command()
+def gc(older_than_days: float = typer.Option(7.0, "--older-than-days", min=0.0,
+                                             help="age after which run dirs, builds, logs and run tags go (0: all)"),
+       keep_runs: int = typer.Option(20, "--keep-runs", min=0, help="newest run directories kept per pins name"),
+       ) -> None:
+    """Free the cache, the engine and the local registry by the retention rule (docs/image.md); what a live run
+    holds is never touched. Prints what was removed, and what was kept because a live run holds it."""
+    from builder import pipeline  # lazy: start-up
+
+    freed = pipeline.gc(settings(), older_than_s=older_than_days * 86400, keep_runs=keep_runs)
+    typer.echo(json.dumps({"removed": freed.removed, "kept_live": freed.kept_live, "bytes": freed.bytes}, indent=2))
 
 
 @app.command()

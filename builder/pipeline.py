@@ -24,9 +24,11 @@ from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Repo
 from builder.engine import client as engine
 from builder.engine import infra, staging
 from builder.image import build as build_stage
+from builder.image import context as build_context
 from builder.image import render as render_stage
 from builder.lock import lockfile
 from builder.nightly import follow, rundiff
+from builder.nightly import gc as housekeeping
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
@@ -79,7 +81,10 @@ def render_pins_only(pins: Pins) -> str:
 
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, quiet: bool = False) -> BuiltImage:
     with log.step("build"):
-        return build_stage.build(rendered, settings, nocache=nocache, echo=not quiet)
+        try:
+            return build_stage.build(rendered, settings, nocache=nocache, echo=not quiet)
+        finally:  # a rebuild renders again; the Dockerfile, context.sha256 and the log stay
+            build_context.build_ended(Path(rendered.context_path))
 
 
 def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool = False, resolver: str = "uv",
@@ -183,7 +188,10 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     rendered = render(pins, resolve(pins, settings), settings)
     rendered = rendered.model_copy(update={"tag": rebuild.rebuild_tag(rendered.tag)})
     with log.step("rebuild --nocache"):
-        built = build_stage.build(rendered, settings, nocache=True, echo=False)
+        try:
+            built = build_stage.build(rendered, settings, nocache=True, echo=False)
+        finally:
+            build_context.build_ended(Path(rendered.context_path))
     result = rebuild.record(report, report_json, built, build_stage.local_tag(rendered, settings), settings)
     if result["status"] != "same":
         raise NotAccepted(f"{report_json}: rebuild gives {result['rebuild']['manifest_digest']}, the report has "
@@ -234,6 +242,13 @@ def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: b
     if flag:
         raise Regression(f"{pins_path}: accepted, but a regression flag is up; see {paths['md']}")
     return done
+
+
+def gc(settings: Settings, older_than_s: float = housekeeping.WEEK_S,
+       keep_runs: int = housekeeping.KEEP_RUNS) -> housekeeping.Freed:
+    """Remove finished runs' contexts, builds, run dirs, logs, seeds, raw layers and run tags by the retention
+    rule (builder/nightly/gc.py); what a live run holds stays."""
+    return housekeeping.gc(settings, older_than_s=older_than_s, keep_runs=keep_runs)
 
 
 def image_manifest(settings: Settings, image_id: str) -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-"""File helpers shared by the stages: sha256 of a file, advisory locks, the tail of a log."""
+"""File helpers shared by the stages: sha256 of a file, advisory locks, the tail of a log, what a live run holds."""
 from __future__ import annotations
 
 import fcntl
@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 
 def sha256_file(path: Path) -> str:
@@ -104,3 +105,38 @@ def part_dir(parent: Path, prefix: str = "work") -> Path:
 
 
 PART_RX = re.compile(r"^\..*?\.(\d+)\.[^.]*\.part$")
+
+
+_HELD: dict[str, IO[str]] = {}  # path -> open file whose shared lock this process holds (released at exit)
+
+
+def hold(path: Path) -> None:
+    """Hold a shared advisory lock on `path` (created if missing) until `release` or this process ends:
+    `builder gc` leaves alone what a live process holds (`held`)."""
+    key = str(path)
+    if key not in _HELD:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a")
+        fcntl.flock(fh, fcntl.LOCK_SH)
+        _HELD[key] = fh
+
+
+def release(path: Path) -> None:
+    fh = _HELD.pop(str(path), None)
+    if fh is not None:
+        fh.close()  # closing drops the lock
+
+
+def held(path: Path) -> bool:
+    """Whether a live process (this one included) holds `path` (`hold`); a missing file is held by none."""
+    try:
+        fh = open(path)
+    except OSError:
+        return False
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False

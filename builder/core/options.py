@@ -6,6 +6,7 @@ and a test checks that every variable read here is listed.
 """
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import sys
@@ -35,8 +36,14 @@ VARIABLES: tuple[Variable, ...] = (
              "neither); never written to the image, report or logs"),
     Variable("BUILDER_REGISTRY_PASSWORD", "unset", "the password of `BUILDER_REGISTRY_USERNAME`"),
     Variable("BUILDER_INDEX_URL", "https://pypi.org/simple", "package index `builder lock` resolves and downloads from"),
-    Variable("PIP_CERT", "unset", "a CA bundle for that index, kept for `builder lock`'s pip and uv runs (the host's "
-             "other `PIP_*` / `UV_*` settings are dropped)"),
+    Variable("PIP_CERT", "unset", "a CA bundle for that index, kept for `builder lock`'s pip and uv runs, as are "
+             "`PIP_PROXY`, `PIP_TIMEOUT`, `PIP_RETRIES`, `PIP_CLIENT_CERT`, `PIP_TRUSTED_HOST` and those keys of the "
+             "host's pip config files; every other `PIP_*` / `UV_*` setting and pip config key is dropped (lock.md)"),
+    Variable("PIP_CONFIG_FILE", "unset", "a pip config file; like pip's other config files (`XDG_CONFIG_DIRS`, "
+             "`/etc/pip.conf`, `HOME`, `XDG_CONFIG_HOME`) only its transport keys reach the lock"),
+    Variable("HOME", "the user's", "where pip's user config file is looked for (transport keys only)"),
+    Variable("XDG_CONFIG_HOME", "`~/.config`", "where pip's user config file is looked for (transport keys only)"),
+    Variable("XDG_CONFIG_DIRS", "`/etc/xdg`", "where pip's global config files are looked for (transport keys only)"),
     Variable("BUILDER_DEBIAN_MIRROR", "http://deb.debian.org/debian", "debootstrap mirror of the demo base image"),
     Variable("BUILDER_ENGINE_TIMEOUT", "90", "seconds to wait for a started dockerd to answer"),
     Variable("BUILDER_REGISTRY_TIMEOUT", "30", "seconds for a registry to answer (start-up and each HTTP call)"),
@@ -96,12 +103,63 @@ def _on_off(env: Mapping[str, str], name: str) -> bool:
     return text == "on"
 
 
+# pip settings that only say how to reach the index (kept for the lock's pip and uv runs); every other pip
+# setting may change what is resolved (constraint, extra-index-url, find-links, no-index, ...) and is dropped
+PIP_TRANSPORT = ("cert", "client-cert", "proxy", "timeout", "default-timeout", "retries", "trusted-host")
+UV_TRANSPORT = ("UV_HTTP_TIMEOUT", "UV_NATIVE_TLS", "UV_INSECURE_HOST")
+
+
+def pip_config_files(env: Mapping[str, str]) -> list[Path]:
+    """The pip configuration files pip itself would read, lowest precedence first (pip's global, user and
+    PIP_CONFIG_FILE variants; a PIP_CONFIG_FILE that exists replaces the user files)."""
+    dirs = (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")
+    files = [Path(d) / "pip" / "pip.conf" for d in dirs if d] + [Path("/etc/pip.conf")]
+    named = env.get("PIP_CONFIG_FILE", "")
+    home = Path(env.get("HOME") or Path.home())
+    if not (named and Path(named).exists()):
+        files += [home / ".pip" / "pip.conf", Path(env.get("XDG_CONFIG_HOME") or home / ".config") / "pip" / "pip.conf"]
+    if named and named != os.devnull:
+        files.append(Path(named))
+    return files
+
+
+def _pip_transport(env: Mapping[str, str]) -> dict[str, str]:
+    """{PIP_<KEY>: value} of the transport settings (PIP_TRANSPORT) in the host's pip configuration files
+    ([global], then [download]/[install]) and its PIP_* variables (which win, as pip reads them)."""
+    found: dict[str, str] = {}
+    for path in pip_config_files(env):
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        for section in ("global", "download", "install"):
+            for key in PIP_TRANSPORT:
+                if parser.has_option(section, key):
+                    found["PIP_" + key.upper().replace("-", "_")] = " ".join(parser.get(section, key).split())
+    for key in PIP_TRANSPORT:
+        name = "PIP_" + key.upper().replace("-", "_")
+        if env.get(name):
+            found[name] = env[name]
+    if env.get("PIP_CERT"):  # the CA bundle (the one most sites need)
+        found["PIP_CERT"] = env["PIP_CERT"]
+    return found
+
+
 def _resolver_env(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """No host find-links, constraints or caps leak into a lock; a CA bundle pip was given still applies."""
-    out = {k: v for k, v in env.items() if not k.startswith(("PIP_", "UV_"))}
-    out.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_CONFIG="1")
-    if env.get("PIP_CERT"):
-        out["SSL_CERT_FILE"] = out["PIP_CERT"] = env["PIP_CERT"]
+    """The environment of the lock's pip and uv runs: the host's, minus every pip/uv setting that changes
+    what is resolved (no config file, no PIP_*/UV_* but the transport ones: CA bundle, proxy, timeout)."""
+    out = {k: v for k, v in env.items() if not k.startswith(("PIP_", "UV_")) or k in UV_TRANSPORT}
+    transport = _pip_transport(env)
+    out.update(transport, PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", UV_NO_CONFIG="1")
+    if transport.get("PIP_CERT"):  # uv and the JSON API downloads read the CA bundle from here
+        out["SSL_CERT_FILE"] = transport["PIP_CERT"]
+    if transport.get("PIP_PROXY"):
+        for name in ("HTTPS_PROXY", "HTTP_PROXY"):
+            out.setdefault(name, transport["PIP_PROXY"])
+    timeout = transport.get("PIP_TIMEOUT") or transport.get("PIP_DEFAULT_TIMEOUT")
+    if timeout:
+        out.setdefault("UV_HTTP_TIMEOUT", timeout)
     return tuple(sorted(out.items()))
 SQUASH_WORD = re.compile(r"-[a-zA-Z][a-zA-Z0-9-]*|[a-z0-9][a-z0-9._]*")
 SQUASH_REFUSED = ("-noappend", "-root-becomes", "-pf", "-sort", "-ef", "-cpiostyle", "-tar")
@@ -217,6 +275,14 @@ class Settings:
         path = self.cache_root.joinpath(*parts)
         path.mkdir(parents=True, exist_ok=True)
         return path
+
+    def live_lock(self, run_id: str | None = None) -> Path:
+        """`<cache>/live/<run id>.lock`: held (shared) by every process of a live run; `builder gc` spares its things."""
+        return self.cache("live") / f"{run_id or self.run_id}.lock"
+
+    def run_log(self, name: str) -> Path:
+        """`<cache>/logs/<run id>/<name>.log`: every log a run writes is its own (concurrent runs never share one)."""
+        return self.cache("logs", self.run_id) / f"{name}.log"
 
     def __repr__(self) -> str:  # never show the password
         auth = "set" if self.registry_auth else "unset"

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import platform as host_platform
+import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,13 +49,35 @@ class Result:
     stdout: str
     stderr: str
     archive: bytes = b""
+    log: str = ""  # this run's log of the container (stdout and stderr whole)
 
     def payload(self) -> Any:
         """The JSON printed after the marker line."""
         _, sep, rest = self.stdout.partition(MARKER)
         if not sep:
-            raise BuildFailed(f"base container: no result (exit {self.rc}): {self.stderr.strip()[-400:]}")
+            raise BuildFailed(f"base container: no result (exit {self.rc}): {self.cause()}")
         return json.loads(rest)
+
+    def cause(self) -> str:
+        """The line that says why it failed (not a wrapper's argv), and the log that has the rest."""
+        return f"{cause(self.stderr + chr(10) + self.stdout)}; log {self.log}"
+
+
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b:?|ERROR:|error:|fatal:|(?:\S+: )?No module named)")
+WRAPPERS = ("subprocess.CalledProcessError", "CalledProcessError", "error: subprocess-exited-with-error",
+            "error: metadata-generation-failed", "ERROR: Failed building wheel", "error: legacy-install-failure",
+            "ERROR: Failed to build")
+
+
+def cause(output: str, width: int = 160) -> str:
+    """The first error line of a failed tool's output that is not a wrapper reporting a child's exit
+    (e.g. `AssertionError: CUDA_HOME is not set`, `... No module named pip`), else its last line; clipped."""
+    lines = [" ".join(ln.strip(" \u2502\u2570\u2500>").split()) for ln in output.splitlines() if ln.strip()]
+    found = [ln for ln in lines if ERROR_LINE.match(ln) and not ln.startswith(WRAPPERS)]
+    ends = [i for i, ln in enumerate(lines) if ln == "[end of output]"]  # pip's box around a child's output
+    child = [lines[i - 1] for i in ends if i > 0 and not lines[i - 1].endswith("lines of output]")]
+    line = found[0] if found else child[-1] if child else lines[-1] if lines else "no output"
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def tar_bytes(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
@@ -89,16 +112,24 @@ def run(settings: Settings, image: str, python: str, script: str, archives: list
     try:
         for where, archive in archives or []:
             container.put_archive(where, archive)
-        container.start()
-        rc = int(container.wait().get("StatusCode", 1))
-        out = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        err = container.logs(stdout=False, stderr=True).decode(errors="replace")
-        (settings.cache("logs") / f"{log_name}.log").write_text(f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}\n")
+        try:
+            container.start()
+        except docker.errors.APIError as exc:  # the interpreter is not there: the container never ran
+            if engine.unreachable(exc):
+                raise
+            why = str(exc.explanation or exc)
+            rc, out, err = 127, "", "error: " + why[why.find("exec: "):] if "exec: " in why else why
+        else:
+            rc = int(container.wait().get("StatusCode", 1))
+            out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+            err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+        log = settings.run_log(log_name)
+        log.write_text(f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}\n")
         data = b""
         if fetch and rc == 0:
             stream, _ = container.get_archive(fetch)
             data = b"".join(stream)
-        return Result(rc, out, err, data)
+        return Result(rc, out, err, data, str(log))
     finally:
         container.remove(force=True)
 
@@ -122,7 +153,7 @@ def read_base(settings: Settings, image: str, python_bin: str, pins_python: str,
         result = run(settings, image, python_bin, BASE_QUERY, log_name="lock-base-query")
         if result.rc != 0:
             raise BadInput(f"base.python_bin: {python_bin} does not run in {image} (exit {result.rc}):"
-                           f" {result.stderr.strip()[-300:]}")
+                           f" {result.cause()}")
         data = result.payload()
         cached.write_text(json.dumps(data, sort_keys=True))
     if data["python"] != pins_python:

@@ -161,7 +161,7 @@ def _ensure_engine(settings: Settings) -> Info:
 
     installed = False
     if not shutil.which("dockerd"):
-        commands.apt_install(settings.cache("logs") / "apt.log", "docker.io")
+        commands.apt_install(settings.run_log("apt"), "docker.io")
         installed = True
         if not shutil.which("dockerd"):
             raise InfraError("dockerd: still missing after apt-get install docker.io")
@@ -232,7 +232,7 @@ def _ensure_registry(settings: Settings) -> Info:
 
     installed = False
     if not Path(REGISTRY_BIN).exists():
-        commands.apt_install(settings.cache("logs") / "apt.log", "docker-registry")
+        commands.apt_install(settings.run_log("apt"), "docker-registry")
         installed = True
         if not Path(REGISTRY_BIN).exists():
             raise InfraError(f"{REGISTRY_BIN}: still missing after apt-get install docker-registry")
@@ -259,7 +259,7 @@ def ensure_tools(settings: Settings) -> Info:
         return {"squashfs-tools": "found"}
     with fs.locked(settings.cache("logs") / ".apt.lock"):
         if not (shutil.which("mksquashfs") and shutil.which("unsquashfs")):
-            commands.apt_install(settings.cache("logs") / "apt.log", "squashfs-tools")
+            commands.apt_install(settings.run_log("apt"), "squashfs-tools")
     if not shutil.which("mksquashfs"):
         raise InfraError("mksquashfs: still missing after apt-get install squashfs-tools")
     return {"squashfs-tools": "installed"}

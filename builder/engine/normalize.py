@@ -315,12 +315,18 @@ def normalise_one(src: Path, epoch: int, raw_diff_id: str, settings: Settings, w
     return entry
 
 
+def raw_hold_path(settings: Settings, tag: str) -> Path:
+    """The lock a run holds on its raw image's manifest in the local registry (builder-raw/layers:<tag>)."""
+    return store(settings, "held") / f"raw-{tag[:64]}.lock"
+
+
 def raw_manifest_via_registry(client: Any, raw_image_id: str, host: str, settings: Settings) -> dict[str, Any]:
     """Push the engine's image to `<host>/builder-raw/layers` (the engine uploads only the layers that
     registry lacks: base layers are mounted or present) and return the manifest it pushed."""
     import docker  # lazy: the docker SDK is heavy
 
     repository, name = f"{host}/{RAW_REPOSITORY}", raw_image_id.removeprefix("sha256:")
+    fs.hold(raw_hold_path(settings, name))  # this run reads its layers back: `builder gc` spares the manifest
     auth = settings.registry_auth
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
     tagged = bool(client.api.inspect_image(raw_image_id).get("RepoTags"))

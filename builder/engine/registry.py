@@ -110,6 +110,11 @@ class Registry:
         resp = self._request("HEAD", f"/v2/{name}/manifests/{tag}", headers={"Accept": ", ".join(MANIFEST_TYPES)})
         return resp.headers.get("Docker-Content-Digest") if resp.status_code == 200 else None
 
+    def tags(self, name: str) -> list[str]:
+        """The tags of a repository (GET /v2/<name>/tags/list); none when it does not exist."""
+        resp = self._request("GET", f"/v2/{name}/tags/list")
+        return [str(t) for t in (resp.json().get("tags") or [])] if resp.status_code == 200 else []
+
     def delete_manifest(self, name: str, digest: str) -> bool:
         """DELETE a manifest by digest (every tag on it goes too); True when the registry accepted."""
         return self._request("DELETE", f"/v2/{name}/manifests/{digest}").status_code == 202

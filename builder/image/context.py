@@ -117,6 +117,26 @@ def _add_export(tar: tarfile.TarFile, exported: tarfile.TarFile, prefix: str) ->
             raise ValueError(f"{member.name}: unexpected tar entry type {member.type!r}")
 
 
+def hold_path(out_dir: Path) -> Path:
+    """The lock a run holds on a context from its render to the end of its build (`builder gc` spares it)."""
+    return out_dir / ".context.lock"
+
+
+def drop(path: Path) -> None:
+    """Remove a context tar (what a rebuild needs stays beside it: Dockerfile, context.sha256, build logs)."""
+    path.unlink(missing_ok=True)
+
+
+def build_ended(path: Path) -> bool:
+    """This run's build of the context at `path` ended: drop the tar unless another live run holds it too.
+    True when it was removed."""
+    fs.release(hold_path(path.parent))
+    if fs.held(hold_path(path.parent)):
+        return False
+    drop(path)
+    return True
+
+
 def assemble(pins: Pins, sources: ResolvedSources, settings: Settings, dockerfile: str, dockerfile_sha: str,
              delivery: dict[str, Any], wheels: Path | None, native_files: dict[str, str] | None = None,
              native_inputs: list[native.NativeInput] | None = None) -> tuple[Path, str]:
@@ -146,8 +166,10 @@ def assemble(pins: Pins, sources: ResolvedSources, settings: Settings, dockerfil
         sha = fs.sha256_file(Path(tmp))
         out_dir = settings.cache("builds", sha[:16])
         path = out_dir / "context.tar"
+        fs.hold(hold_path(out_dir))  # before it appears: a build that ends now leaves it to this run
         os.replace(tmp, path)
         fs.write_atomic(out_dir / "Dockerfile", dockerfile)
+        fs.write_atomic(out_dir / "context.sha256", f"{sha}  context.tar\n")
         return path, sha
     finally:
         if os.path.exists(tmp):

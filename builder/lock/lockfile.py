@@ -52,7 +52,7 @@ from builder.sources.resolve import exported_tar
 
 FORMAT = 1
 LEGACY_REQUIRES = ["setuptools>=40.8.0"]  # PEP 517: no [build-system] means setuptools' legacy backend
-BUILT_MARK = "built from sdist"
+BUILT_MARK = wheels.BUILT_MARK  # the note on a wheel built from an sdist (wheels.built_from_sdist reads it)
 TORCH_NAMES = ("torch", "torchvision", "torchaudio")  # what base_torch relaxes (vLLM's tools/use_existing_torch.py)
 # build-only tools a component may need in another version than the base has: they go into the
 # build-tools prefix (importable and on PATH while components build), never into the image
@@ -240,7 +240,7 @@ def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: Comp
                                    log_name=f"lock-metadata-{inputs.name}", args=["metadata"])
     if result.rc != 0:
         raise BuildFailed(f"components.{inputs.name}: preparing metadata failed in the base (exit {result.rc}):"
-                          f" {result.stderr.strip()[-400:]}")
+                          f" {result.cause()}")
     data: dict[str, Any] = result.payload()
     metadata_cache(settings, pins, component, inputs).write_text(json.dumps(data, sort_keys=True))
     return data
@@ -294,8 +294,7 @@ def build_sdist(settings: Settings, pins: Any, base: BaseInfo, target: Target, n
                                    [("/", basecontainer.tar_bytes(files))], {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
                                    fetch=f"{WORK}/out", log_name=f"lock-sdist-{name}", args=["sdist"])
     if result.rc != 0:
-        raise BuildFailed(f"{sdist.name}: building a wheel in the base failed (exit {result.rc}):"
-                          f" {result.stderr.strip()[-300:]}")
+        raise BuildFailed(f"{sdist.name}: building a wheel in the base failed (exit {result.rc}): {result.cause()}")
     with tarfile.open(fileobj=io.BytesIO(result.archive)) as tar:
         for member in tar.getmembers():
             if member.isfile() and member.name.endswith(".whl"):
@@ -334,12 +333,25 @@ def compat_requirements(pins: Any, base: BaseInfo) -> list[str]:
     return [r for r in reqs if canonicalize_name(r.split("==", 1)[0]) not in base_names]
 
 
+def check_base_torch(pins: Any, base: BaseInfo) -> None:
+    """`base_torch: true` keeps the base's torch: a base without one is bad input, said before anything is
+    installed (else the build requirements would bring the index's torch into the metadata container)."""
+    if "torch" in {canonicalize_name(n) for n in base.dists}:
+        return
+    for name in COMPONENTS:
+        if pins.components[name].base_torch:
+            raise BadInput(f"components.{name}.base_torch: true, but the base has no torch ({pins.base.python_bin}"
+                           f" in {pins.base.image} lists no torch distribution); expected a base with torch"
+                           " installed, or base_torch: false")
+
+
 def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: Target,
            resolver_name: str, adjusts: dict[str, Adjust] | None = None) -> list[ComponentInputs]:
     """Per component: build requirements, VCS version, and metadata (static, cached by commit and base
     digest, or prepared in base containers, the three in parallel); `adjusts` collects each component's
     relaxed torch pins and mapped direct URLs."""
     adjusts = {} if adjusts is None else adjusts
+    check_base_torch(pins, base)  # before any container installs anything
     comps, todo = [], []
     names: set[str] = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
     for name in COMPONENTS:
@@ -477,6 +489,7 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
         f"# base: {pins.base.name} (what it provides is read from it; its digest is in the pins)",
         f"# target: python {base.python} {base.abi} {target.uv_platform()} (read from the base)",
         f"# resolver: {resolver.resolver_version(resolver_name)}",
+        f"# index: {resolver.shown_index(settings.index_url)} (only; the host's pip configuration does not apply)",
         f"# base provides {len(base.dists)} distributions (kept as they are, never in this lock)",
     ]
     if compat:

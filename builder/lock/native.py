@@ -140,7 +140,7 @@ def fetch_commit(settings: Settings, url: str, ref: str, where: str,
         repo = mirror.ensure_commit(settings, url, ref, offline)
         obj = repo.get(ref)
         if obj is None:
-            raise BadInput(f"{where}: commit {ref} not found in {url}")
+            raise BadInput(f"{where}: commit {ref} not found in {mirror.looked_in(settings, url)}")
         return repo, obj.peel(pygit2.Commit)
     if re.fullmatch(r"[0-9a-f]{7,39}", ref):
         raise BadInput(f"{where}: GIT_TAG {ref}: an abbreviated commit cannot be fetched; expected the full 40-hex SHA")
@@ -149,7 +149,7 @@ def fetch_commit(settings: Settings, url: str, ref: str, where: str,
     target = found[tag] or found[branch]
     if target is None:
         hint = f" ({mirror.OFFLINE_HINT})" if offline else ""
-        raise BadInput(f"{where}: GIT_TAG {ref}: no tag or branch of that name at {url}{hint}")
+        raise BadInput(f"{where}: GIT_TAG {ref}: no tag or branch of that name at {mirror.looked_in(settings, url)}{hint}")
     return repo, repo[target].peel(pygit2.Commit)
 
 

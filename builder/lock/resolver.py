@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
@@ -95,13 +96,19 @@ def stub_wheels(provided: dict[str, str], directory: Path) -> None:
 
 
 def _run(settings: Settings, argv: list[str], log_name: str) -> tuple[int, str]:
-    logfile = settings.cache("logs") / f"{log_name}.log"
+    logfile = settings.run_log(log_name)
     proc = subprocess.run(argv, check=False, env=dict(settings.resolver_env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, text=True)
     logfile.write_text("$ " + " ".join(argv) + "\n" + proc.stdout)
     if proc.returncode != 0 and faults.disk_message(proc.stdout):  # a full disk is no resolution conflict
         raise InfraError(f"{Path(argv[0]).name}: {faults.disk_message(proc.stdout)} (log {logfile})")
     return proc.returncode, proc.stdout
+
+
+def shown_index(url: str) -> str:
+    """The index URL as the lock states it: without a user name or password."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def uv_bin() -> str:

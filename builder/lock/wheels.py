@@ -19,6 +19,7 @@ from builder.core import files as fs
 from builder.core.errors import BadInput, InfraError
 from builder.core.options import Settings
 from builder.core.safetext import show
+from builder.engine import basecontainer
 
 REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 HASH_RE = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
@@ -128,10 +129,39 @@ def match_files(directory: Path, entries: list[LockEntry]) -> dict[str, Path] | 
     return found
 
 
-def pip_download(args: list[str], dest: Path, target: Target, logfile: Path) -> None:
+def missing_entries(directory: Path, entries: list[LockEntry]) -> list[LockEntry]:
+    """The locked requirements with no file in `directory` whose sha256 they list."""
+    have = {fs.sha256_file(p) for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith(".")}
+    return [e for e in entries if not have.intersection(e.hashes)]
+
+
+def built_from_sdist(text: str) -> dict[str, str]:
+    """{name==version: wheel file name} of the lock's wheels that `builder lock` built from an sdist: no
+    index serves them, only the cache that built them (lock lines `... # <wheel> built from sdist sha256 ...`)."""
+    out = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        entry, _, note = line.partition("#")
+        if BUILT_MARK in note and entry.strip():
+            out[entry.split()[0]] = next((w for w in note.split() if w.endswith(".whl")), "")
+    return out
+
+
+def pip_download(args: list[str], dest: Path, target: Target, logfile: Path, settings: Settings) -> None:
+    """pip download from the configured index only, in the lock's environment: the host's pip configuration
+    (constraints, extra indexes, find-links) never applies; its transport settings do (options._resolver_env)."""
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(dest),
-            *target.pip_args(), *args]
-    commands.run_logged(argv, logfile, "pip download")
+            "--index-url", settings.index_url, *target.pip_args(), *args]
+    try:
+        commands.run_logged(argv, logfile, "pip download", env=dict(settings.resolver_env))
+    except InfraError as exc:
+        raise InfraError(f"pip download: {basecontainer.cause(chr(10).join(exc.details))}; log {logfile}",
+                         details=exc.details) from None
+
+
+def no_match(logfile: Path) -> str:
+    """The requirement pip names in `No matching distribution found for X` (the index has no such file)."""
+    found = re.findall(r"No matching distribution found for (\S+)", "\n".join(fs.tail(logfile, 50)))
+    return found[-1] if found else ""
 
 
 def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
@@ -143,12 +173,34 @@ def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
             log.info(f"wheels for {lock_path}: reused {dest}")
             return dest
         fs.sweep_parts(dest.parent)  # what a killed run left
+        missing = missing_entries(dest, entries)
+        built = built_from_sdist(data.decode())
+        lost = [f"{e.name}=={e.version}" for e in missing if f"{e.name}=={e.version}" in built]
+        if lost:  # no index has it: only a `builder lock` with --build-sdists on this cache made it
+            more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
+            raise BadInput(f"{lock_path}: {lost[0]} ({built[lost[0]] or 'its wheel'}){more} was built from an sdist"
+                           " by `builder lock`, no index serves it, and the wheelhouse lacks it: run `builder lock"
+                           " --build-sdists` on these pins again with this BUILDER_CACHE, or copy the wheel into"
+                           " the wheelhouse", details=[f"wheelhouse: {dest}", *(f"missing: {r} {built[r]}" for r in lost)])
         work = fs.part_dir(dest.parent, "wheels")
+        logfile = settings.run_log("pip-download-lock")
         try:
-            with log.step(f"pip download {lock_path.name} (cp{target.abi[2:]}, {target.machine})"):
-                pip_download(["--no-deps", "--require-hashes", "-r", str(lock_path)], work, target,
-                             settings.cache("logs") / "pip-download-lock.log")
-            for wheel in work.iterdir():  # each whole file renamed into place: no partial wheel in dest
+            (work / "requirements.txt").write_text("".join(
+                f"{e.name}=={e.version} " + " ".join(f"--hash=sha256:{h}" for h in e.hashes) + "\n" for e in missing))
+            with log.step(f"pip download {len(missing)} wheels of {lock_path.name} (cp{target.abi[2:]},"
+                          f" {target.machine}; log {logfile})"):
+                try:
+                    pip_download(["--no-deps", "--require-hashes", "-r", str(work / "requirements.txt")],
+                                 work / "wheels", target, logfile, settings)
+                except InfraError:
+                    req = no_match(logfile)
+                    if req:
+                        raise BadInput(f"{lock_path}: {req} is not in the wheelhouse {dest} and the index"
+                                       f" {settings.index_url} has no wheel of it for cp{target.abi[2:]}"
+                                       f" {target.machine}; run `builder lock` on these pins again (log {logfile})"
+                                       ) from None
+                    raise
+            for wheel in (work / "wheels").iterdir():  # each whole file renamed into place: no partial wheel
                 os.replace(wheel, dest / wheel.name)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -159,6 +211,7 @@ def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
 
 
 BUILD_MARK = "# build: "  # a lock line needed only while building (builder lock writes it)
+BUILT_MARK = "built from sdist"  # a lock line's note on a wheel builder lock built itself (no index has it)
 
 
 def split_lock(text: str) -> tuple[str, str]:

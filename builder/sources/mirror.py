@@ -127,6 +127,18 @@ def sync(settings: Settings, url: str, refs: dict[str, str],
     return repo, found
 
 
+def looked_in(settings: Settings, url: str) -> str:
+    """`url`, and where a fetch of it really went when url.<base>.insteadOf (BUILDER_GIT_CONFIG) rewrites it:
+    a message about a missing commit or ref names both."""
+    try:
+        actual = gitcli.effective_url(settings, url)
+    except InfraError:
+        return url
+    if actual == url:
+        return url
+    return f"{url} (fetched from {actual}, url.insteadOf in BUILDER_GIT_CONFIG)"
+
+
 def ensure_commit(settings: Settings, url: str, sha: str, offline: bool = False) -> pygit2.Repository:
     """The mirror of url holding commit sha (a submodule's gitlink): the commit itself is fetched
     first (servers that allow it), then branches and tags; None of that offline."""

@@ -64,7 +64,8 @@ def resolve_component(settings: Settings, name: str, pin: Component, url: str, o
     commit = _commit(repo, pin.commit)
     if commit is None:
         hint = f" ({mirror.OFFLINE_HINT})" if offline else ""
-        raise BadInput(f"{where}.commit: commit {pin.commit} of {name} not found in the fetched refs of {url}{hint}")
+        raise BadInput(f"{where}.commit: commit {pin.commit} of {name} not found in the fetched refs of"
+                       f" {mirror.looked_in(settings, url)}{hint}")
     pr_head, target_head = found[pr_ref], found[target_ref]
     assert pr_head is not None and target_head is not None
     moved = pr_head != commit.id
