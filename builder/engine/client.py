@@ -125,9 +125,19 @@ def image_id(client: Client, ref: str) -> str | None:
     return str(attrs["Id"]) if attrs else None
 
 
-def image_tags(client: Client, name: str) -> list[tuple[str, list[str]]]:
-    """(ID, tags) of the local images whose repository matches `name` (a glob like `repo/*`)."""
-    return [(str(i["Id"]), list(i.get("RepoTags") or [])) for i in client.api.images(name=name)]
+@dataclass(frozen=True)
+class LocalImage:
+    id: str
+    tags: tuple[str, ...]
+    size: int
+    created: int
+
+
+def local_images(client: Client, name: str) -> list[LocalImage]:
+    """The local images whose repository matches `name` (a glob like `repo/*`), newest first."""
+    found = [LocalImage(str(i["Id"]), tuple(i.get("RepoTags") or ()), int(i.get("Size") or 0), int(i.get("Created") or 0))
+             for i in client.api.images(name=name)]
+    return sorted(found, key=lambda image: image.created, reverse=True)
 
 
 def save_image(client: Client, image: str, out: IO[bytes], chunk_size: int) -> bool:
@@ -164,12 +174,6 @@ def import_file(client: Client, path: Path, repository: str, tag: str) -> str:
     """`docker import` of a root filesystem tar file as `repository:tag`; the new image's ID."""
     with open(path, "rb") as src:
         return import_stream(client, iter(lambda: src.read(1 << 20), b""), repository, tag, [])
-
-
-def images_by_age(client: Client, name: str) -> list[tuple[str, list[str]]]:
-    """(ID, tags) of the local images of repository `name`, newest first."""
-    images = sorted(client.api.images(name=name), key=lambda image: image.get("Created", 0), reverse=True)
-    return [(str(i["Id"]), list(i.get("RepoTags") or [])) for i in images]
 
 
 def push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None) -> Iterator[dict[str, Any]]:

@@ -182,8 +182,8 @@ def hold_path(settings: Settings, tag: str) -> Path:
 
 def prune(client: engine.Client, keep: str, newest: int = KEEP_SEEDS) -> None:
     """Remove all but the newest seed images (never `keep`); one still in use by a build stays."""
-    for _, tags in engine.images_by_age(client, REPOSITORY)[newest:]:
-        for tag in tags:
+    for image in engine.local_images(client, REPOSITORY)[newest:]:
+        for tag in image.tags:
             if tag != keep and tag.startswith(REPOSITORY + ":"):
                 try:
                     engine.remove_image(client, tag)

@@ -25,7 +25,6 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from builder.core import files as fs
 from builder.core import log
@@ -131,9 +130,8 @@ def logs(settings: Settings, cutoff: float, freed: Freed) -> None:
 
 
 def seeds(client: engine.Client, settings: Settings, freed: Freed) -> None:
-    images = sorted(client.api.images(name=ccache.REPOSITORY), key=lambda i: i.get("Created", 0), reverse=True)
-    for image in images[1:]:
-        for tag in image.get("RepoTags") or []:
+    for image in engine.local_images(client, ccache.REPOSITORY)[1:]:
+        for tag in image.tags:
             if not tag.startswith(ccache.REPOSITORY + ":"):
                 continue
             held = ccache.hold_path(settings, tag)
@@ -141,8 +139,8 @@ def seeds(client: engine.Client, settings: Settings, freed: Freed) -> None:
                 freed.live("seeds", tag)
             elif ended(held) and engine.untag(client, tag):
                 held.unlink(missing_ok=True)
-                freed.gone("seeds", tag, int(image.get("Size") or 0))
-                engine.remove_unused(client, str(image["Id"]))
+                freed.gone("seeds", tag, image.size)
+                engine.remove_unused(client, image.id)
 
 
 def raw_layers(settings: Settings, host: str, freed: Freed) -> None:
@@ -159,8 +157,7 @@ def raw_layers(settings: Settings, host: str, freed: Freed) -> None:
 
 
 def run_tags(client: engine.Client, settings: Settings, cutoff: float, freed: Freed) -> None:
-    for image in client.images.list(name=build_stage.LOCAL_REPOSITORY + "/*"):
-        attrs: dict[str, Any] = image.attrs
+    for image in engine.local_images(client, build_stage.LOCAL_REPOSITORY + "/*"):
         for tag in image.tags:
             run_id = tag.split(":", 1)[0].removeprefix(build_stage.LOCAL_REPOSITORY + "/")
             held = settings.live_lock(run_id)
@@ -169,10 +166,10 @@ def run_tags(client: engine.Client, settings: Settings, cutoff: float, freed: Fr
             elif ended(held) and held.stat().st_mtime < cutoff and engine.untag(client, tag):
                 freed.gone("run tags", tag)
         if engine.remove_unused(client, image.id):
-            freed.bytes += int(attrs.get("Size") or 0)
+            freed.bytes += image.size
     for held in settings.cache("live").glob("*.lock"):  # ended runs with nothing left to free
-        if not fs.held(held) and held.stat().st_mtime < cutoff and not client.images.list(
-                name=f"{build_stage.LOCAL_REPOSITORY}/{held.stem}"):
+        if not fs.held(held) and held.stat().st_mtime < cutoff and not engine.local_images(
+                client, f"{build_stage.LOCAL_REPOSITORY}/{held.stem}"):
             held.unlink(missing_ok=True)
 
 
