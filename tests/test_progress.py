@@ -3,7 +3,6 @@ compile, a `--quiet` build) names that log and shows at most one progress line e
 last `[n/m]` step count and output line."""
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -86,8 +85,8 @@ def test_a_quiet_build_stream_shows_the_step_and_ninja_count_once_per_interval(
     others = [line for line in err.splitlines() if not LINE.match(line)]
     assert others == [f"    build builder-run/x:tag: writing {logfile} (progress every 30 s)"]  # no raw lines
     assert len(lines) == 499 * 5 // 30, len(lines)  # 2495 s of compiling: one line per 30 s
-    assert all(", step 2/3, [" in m["rest"] and m["log"] == str(logfile) for m in lines)
-    assert lines[0]["secs"] == "30" and "[6/499]" in lines[0]["rest"]
+    assert all(m["rest"].startswith(", step 2/3: [") and m["log"] == str(logfile) for m in lines)
+    assert lines[0]["secs"] == "30" and "[6/499] Building CXX object csrc/cpu/unit6" in lines[0]["rest"]
     assert "[498/499]" in lines[-1]["rest"] and lines[-1]["secs"] == "2490"
     assert logfile.read_text().count("Building CXX object") == 499
 
@@ -95,13 +94,13 @@ def test_a_quiet_build_stream_shows_the_step_and_ninja_count_once_per_interval(
 @pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("cmake") and shutil.which("ninja")), reason="needs cmake and ninja")
 def test_a_real_cmake_ninja_compile_shows_its_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A small CMake/Ninja project (24 C units, a few seconds) through run_logged: ninja's [n/m] lines reach
+    """A small CMake/Ninja project (16 C units, a few seconds) through run_logged: ninja's [n/m] lines reach
     the console as progress lines, bounded, naming the log."""
     src = tmp_path / "src"
     src.mkdir()
-    units = [f"u{i}.c" for i in range(24)]
+    units = [f"u{i}.c" for i in range(16)]
     for i, name in enumerate(units):
-        body = "\n".join(f"double f{i}_{k}(double x) {{ return x * {k} + {i}; }}" for k in range(400))
+        body = "\n".join(f"double f{i}_{k}(double x) {{ return x * {k} + {i}; }}" for k in range(300))
         (src / name).write_text(body + "\n")
     (src / "CMakeLists.txt").write_text("cmake_minimum_required(VERSION 3.16)\nproject(p C)\n"
                                         f"add_library(p STATIC {' '.join(units)})\n")
@@ -110,7 +109,6 @@ def test_a_real_cmake_ninja_compile_shows_its_progress(tmp_path: Path, capsys: p
     commands.run_logged(["ninja", "-j1", "-C", str(tmp_path / "b")], logfile, "compile", every=0.3)
     err = capsys.readouterr().err
     lines = progress_lines(err)
-    sys.stderr.write(err)
     assert lines and all(m["log"] == str(logfile) for m in lines)
-    assert any(re.search(r"\[\d+/25\]", m["rest"]) for m in lines), err
-    assert "[25/25]" in logfile.read_text()
+    assert any(re.search(r"\[\d+/17\]", m["rest"]) for m in lines), err
+    assert "[17/17]" in logfile.read_text()

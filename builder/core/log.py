@@ -67,6 +67,7 @@ class Progress:
             info(self.line(now))
 
     def line(self, now: float) -> str:
-        head = ", ".join(p for p in (f"{now - self.started:.0f} s", self.stage, self.count) if p)
+        count = self.count if self.count not in self.latest else ""  # ninja's line starts with it
+        head = ", ".join(p for p in (f"{now - self.started:.0f} s", self.stage, count) if p)
         latest = clip(self.latest, 100) if self.latest else "no output yet"
         return f"    {self.what}: {head}: {latest} (log {self.logfile})"
