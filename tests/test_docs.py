@@ -116,7 +116,7 @@ def _schema_fields(node: object) -> set[str]:
     return set()
 
 
-def test_the_pins_page_covers_every_field_of_the_schema():
+def test_the_pins_page_covers_every_field_of_the_schema() -> None:
     """docs/pins.md ("every field") names each pins field as a YAML key or in backticks (issue 28, item 15)."""
     import json
 
@@ -128,7 +128,7 @@ def test_the_pins_page_covers_every_field_of_the_schema():
     assert missing == []
 
 
-def test_the_benchmark_readme_gives_each_script_its_required_options():
+def test_the_benchmark_readme_gives_each_script_its_required_options() -> None:
     """A script's required options (its `usage:` line, outside [...]) appear in its row of benchmarks/README.md."""
     rows = (ROOT / "benchmarks" / "README.md").read_text().splitlines()
     for path in sorted((ROOT / "benchmarks").glob("*.py")):

@@ -3,7 +3,9 @@ component re-stamps only its layers; the engine's layer cache keyed per pins, so
 identical layers on the same base never become this run's cache parent; normalised layers reused by
 raw diff ID."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -214,9 +216,10 @@ class _Api:
     """The two engine calls a normalisation cache hit makes: inspect (the raw image, the stored image) and tag."""
 
     def __init__(self, layers: list[str]) -> None:
-        self.layers, self.tagged = layers, []
+        self.layers: list[str] = layers
+        self.tagged: list[tuple[str, str]] = []
 
-    def inspect_image(self, ref: str) -> dict:
+    def inspect_image(self, ref: str) -> dict[str, Any]:
         return {"Id": ref, "RootFS": {"Layers": self.layers}}
 
     def tag(self, image_id: str, name: str, tag: str, force: bool = False) -> bool:
@@ -224,7 +227,7 @@ class _Api:
         return True
 
 
-def test_a_stored_normalisation_is_reused_with_this_runs_seconds_and_marked_cached(tmp_path):
+def test_a_stored_normalisation_is_reused_with_this_runs_seconds_and_marked_cached(tmp_path: Path) -> None:
     import dataclasses
 
     settings = dataclasses.replace(SETTINGS, cache_root=tmp_path)
@@ -245,7 +248,7 @@ def test_a_stored_normalisation_is_reused_with_this_runs_seconds_and_marked_cach
     assert json.loads(record.read_text())["seconds"] == 0.977  # the record itself is left as it was
 
 
-def test_stage_groups_whose_steps_all_hit_the_cache_are_marked_cached():
+def test_stage_groups_whose_steps_all_hit_the_cache_are_marked_cached() -> None:
     from builder.engine.client import Step
 
     text = ("FROM b AS prepare\n# stage: deps\nRUN a\nRUN b\nFROM b AS runtime\n# stage: vllm\nRUN c\n"
@@ -260,7 +263,7 @@ def test_stage_groups_whose_steps_all_hit_the_cache_are_marked_cached():
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_cached_rebuilds_report_shows_this_runs_times(demo_image):
+def test_a_cached_rebuilds_report_shows_this_runs_times(demo_image: Any) -> None:
     """A rebuild where every step and the normalisation are reused: the report's stage times are this run's,
     and those stages are marked cached (not the first build's 0.977 s normalise)."""
     from builder.report import document

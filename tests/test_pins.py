@@ -4,6 +4,7 @@ import hashlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -558,7 +559,7 @@ def test_every_float_field_refuses_a_quoted_or_non_number(pins_dir: Path, field:
     data = copy.deepcopy(GOOD)
     data["acceptance"] = {"performance": {"min_ratio": 0.5, "reason": "measured"}}
     *parent, last = field.split(".")
-    node = data
+    node: Any = data
     for part in parent:
         node = node.setdefault(part, {})
     node[last] = value

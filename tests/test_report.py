@@ -1,6 +1,7 @@
 """Report: verdict logic, unknown layers, Markdown PR table, JUnit XML, files round trip."""
 import json
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import pytest
 
@@ -150,7 +151,7 @@ def test_tags_are_sha_tag_then_human_tags_and_stable(report_inputs):
     assert rep1.tags[0] == ".".join(f"{n}-{pins.components[n].commit[:12]}" for n in ("vllm", "megatron", "verl"))
 
 
-def test_markdown_has_one_image_block_a_seven_column_pr_table_and_readable_evidence(report_inputs):
+def test_markdown_has_one_image_block_a_seven_column_pr_table_and_readable_evidence(report_inputs: Any) -> None:
     pins, sources, *_ = report_inputs()
     rep = make(report_inputs, statuses={"rl_step": "fail"})
     md = report.to_markdown(rep)
@@ -183,7 +184,7 @@ def test_markdown_has_one_image_block_a_seven_column_pr_table_and_readable_evide
     assert "| tinyengine | 0.2.0 | tinycore works only" in md
 
 
-def test_readable_evidence_keeps_whole_items_and_says_what_is_left_out():
+def test_readable_evidence_keeps_whole_items_and_says_what_is_left_out() -> None:
     evidence = {"components": {f"component{i}": {"version": "1.0", "stamp": {"commit": "ab" * 20}}
                                for i in range(20)}}
     text = report.readable_evidence(evidence, limit=120)
