@@ -112,3 +112,40 @@ def test_a_real_cmake_ninja_compile_shows_its_progress(tmp_path: Path, capsys: p
     assert lines and all(m["log"] == str(logfile) for m in lines)
     assert any(re.search(r"\[\d+/17\]", m["rest"]) for m in lines), err
     assert "[17/17]" in logfile.read_text()
+
+
+@pytest.mark.docker
+def test_a_quiet_engine_build_shows_progress_lines_not_the_stream(base_image: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A real build (network none) of a step that prints ninja-like counts for about 3 s, with echo off:
+    the console gets the log's path and a few progress lines with the step and the count; the log gets it all."""
+    import io
+    import tarfile
+    import time
+
+    from builder.core.options import Settings
+
+    settings = Settings.from_env()
+    client = engine.connect(settings)
+    dockerfile = (f"FROM {base_image}\n"
+                  f"RUN for i in $(seq 1 30); do echo \"[$i/30] Building CXX object unit$i.o ({time.time_ns()})\";"
+                  " sleep 0.1; done\n")
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile.encode())
+        tar.addfile(info, io.BytesIO(dockerfile.encode()))
+    context.seek(0)
+    tag = f"builder-test/progress:{settings.run_id}"
+    logfile = tmp_path / "build.log"
+    try:
+        result = engine.build(client, context, tag, logfile, echo=False, every=0.5)
+    finally:
+        engine.remove_image(client, tag)
+    err = capsys.readouterr().err
+    lines = progress_lines(err)
+    assert result.image_id and 2 <= len(lines) <= 30, err
+    assert all(m["rest"].startswith(", step 2/2") and m["log"] == str(logfile) for m in lines), err
+    assert any(re.search(r"\[\d+/30\] Building CXX object", m["rest"]) for m in lines), err
+    assert "Building CXX object" not in "\n".join(ln for ln in err.splitlines() if not LINE.match(ln))
+    assert logfile.read_text().count("Building CXX object") >= 30
