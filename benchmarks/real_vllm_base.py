@@ -69,7 +69,7 @@ def _keyring(work: Path) -> Path:
     return out
 
 
-def _python_from_source(rootfs: Path, work: Path, logfile: Path) -> None:
+def _python_from_source(rootfs: Path, work: Path, logfile: Path, every: float) -> None:
     """Download (sha256 checked), configure, make and `make altinstall` CPython in the rootfs."""
     src = DEBOOTSTRAP["python_source"]
     tarball = work / Path(src["url"]).name
@@ -82,10 +82,11 @@ def _python_from_source(rootfs: Path, work: Path, logfile: Path) -> None:
     build.mkdir(parents=True)
     subprocess.run(["tar", "-xzf", str(tarball), "-C", str(build), "--strip-components=1"], check=True)
     env = " ".join(f"{k}={v}" for k, v in src["env"].items())
-    script = (f"cd /tmp/python-src && env {env} ./configure {' '.join(src['configure'])} >/dev/null"
-              f" && make -j{os.cpu_count() or 2} >/dev/null && make altinstall >/dev/null"
+    script = (f"cd /tmp/python-src && env {env} ./configure {' '.join(src['configure'])}"
+              f" && make -j{os.cpu_count() or 2} && make altinstall"
               " && /usr/bin/python3.11 -c 'import sys, ssl, sqlite3, lzma, bz2, ctypes; sys.get_int_max_str_digits()'")
-    commands.run_logged(["chroot", str(rootfs), "sh", "-c", script], logfile, "CPython build", BuildFailed)
+    commands.run_logged(["chroot", str(rootfs), "sh", "-c", script], logfile, "CPython build", BuildFailed,
+                        every=every)
     shutil.rmtree(build)
     wheels = rootfs / src["pip_wheel_to"].lstrip("/")
     wheels.mkdir(parents=True, exist_ok=True)
@@ -93,24 +94,25 @@ def _python_from_source(rootfs: Path, work: Path, logfile: Path) -> None:
         shutil.copyfile(wheel, wheels / wheel.name)
 
 
-def _jammy_extras(rootfs: Path, logfile: Path) -> None:
-    """After debootstrap: the jammy-updates packages, then CPython from source."""
+def _jammy_extras(rootfs: Path, logfile: Path, every: float) -> None:
+    """After debootstrap: the jammy-updates packages, then CPython from source (its output in the log, a
+    progress line on the console at most every `every` seconds)."""
     d = DEBOOTSTRAP
     with log.step("base: apt-get install (jammy-updates)"):
         (rootfs / "etc/apt/sources.list").write_text(str(d["sources"]).format(mirror=UBUNTU))
         shutil.copyfile("/etc/resolv.conf", rootfs / "etc/resolv.conf")
         apt = ["chroot", str(rootfs), "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q"]
-        commands.run_logged([*apt, "update"], logfile, "apt-get update", BuildFailed)
+        commands.run_logged([*apt, "update"], logfile, "apt-get update", BuildFailed, every=every)
         commands.run_logged([*apt, "install", "-y", "--no-install-recommends", *d["apt_install"]], logfile,
-                            "apt-get install", BuildFailed)
+                            "apt-get install", BuildFailed, every=every)
     with log.step("base: CPython 3.11.2 from source"):
-        _python_from_source(rootfs, rootfs.parent, logfile)
+        _python_from_source(rootfs, rootfs.parent, logfile, every)
 
 
 _DEMO_ROOTFS = baseimage._rootfs_image  # the demo's, before configure() points the recipe at the jammy one
 
 
-def configure() -> None:
+def configure(every: float = log.EVERY_S) -> None:
     """Point demo.baseimage at this rootfs, Dockerfile and repository (same wheel lock)."""
     baseimage.DEBOOTSTRAP = DEBOOTSTRAP
     baseimage.BASE_REQUIREMENTS = [*baseimage.BASE_REQUIREMENTS, "pip==23.0.1"]
@@ -118,12 +120,12 @@ def configure() -> None:
     baseimage.CONFIG = [baseimage.CONFIG[0] + ' CC="gcc-12" CXX="g++-12"', *baseimage.CONFIG[1:]]
     baseimage.REPOSITORY = f"{infra.registry_url()}/real/vllm-cpu-base"
     baseimage._rootfs_image = functools.partial(  # the demo's debootstrap + normalise + import, on jammy
-        _DEMO_ROOTFS, mirror=UBUNTU, extra_args=lambda work: [f"--keyring={_keyring(work)}"], after=_jammy_extras,
-        log_name="debootstrap-jammy")
+        _DEMO_ROOTFS, mirror=UBUNTU, extra_args=lambda work: [f"--keyring={_keyring(work)}"],
+        after=functools.partial(_jammy_extras, every=every), log_name="debootstrap-jammy")
 
 
 def ensure(settings: Settings) -> str:
-    configure()
+    configure(settings.progress_every_s)
     return baseimage.ensure_base_image(settings)
 
 

@@ -34,6 +34,20 @@ EngineOpt = typer.Option(None, "--engine", help="run the gates on this Docker en
                          "it pulls the image by digest (default: the pins' acceptance.engine, else DOCKER_HOST)")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from builder import __version__  # lazy: start-up
+
+        typer.echo(f"rl-image-builder {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")) -> None:
+    """Resolve, build, accept, report and publish a unified RL-stack image."""
+
+
 def load_pins(path: Path) -> Pins:
     """The pins file, read and validated before the pipeline (and its heavy libraries) is imported, so that
     bad input is refused fast; the use cases take the `Pins` and never read the file again."""
@@ -317,6 +331,8 @@ def main(argv: list[str] | None = None) -> None:
 def _report(err: BuilderError) -> int:
     stream = sys.stdout if err.headline().startswith("FAILED ") else sys.stderr
     print(fit(err.headline()), file=stream)
+    for path in getattr(err, "logs", []):  # whole, on its own line: a path to paste
+        print(f"log: {path}", file=sys.stderr)
     for line in err.details:
         print(f"  | {line}", file=sys.stderr)
     return err.exit_code

@@ -227,7 +227,8 @@ def _rootfs_image(settings: Settings, client: Any, work: Path, mirror: str | Non
         commands.run_logged(["debootstrap", f"--variant={d['variant']}", f"--arch={d['arch']}",
               *(extra_args(work) if extra_args else []),
               f"--components={','.join(d['components'])}", f"--include={','.join(d['include'])}",
-              d["suite"], str(rootfs), mirror or settings.debian_mirror], logfile, "debootstrap", BuildFailed)
+              d["suite"], str(rootfs), mirror or settings.debian_mirror], logfile, "debootstrap", BuildFailed,
+              every=settings.progress_every_s)
     if after:
         after(rootfs, logfile)
     tar_path = work / "rootfs.tar"
@@ -298,10 +299,12 @@ def _venv_image(settings: Settings, client: Any, rootfs: str, lock_text: str, fi
                 archive.unlink()
         container.start()
         output = b""
+        progress = log.Progress("base: venv", logfile, settings.progress_every_s)
         with open(logfile, "ab") as out:
             for chunk in container.logs(stream=True, follow=True):
                 out.write(chunk)
                 output += chunk
+                progress.feed(chunk.decode(errors="replace"))
         rc = int(container.wait().get("StatusCode", 1))
         log.timings.update(_phases(output.decode(errors="replace")))
         if rc != 0:

@@ -83,3 +83,20 @@ def test_nemotron_pins_validate_and_render_from_pins_alone(tmp_path):
     assert '"io.truepolicy.megatron.pr"="7050"' in text and '"io.truepolicy.verl.pr"="7688"' in text
     assert '"TORCH_CUDA_ARCH_LIST=' in text and '"megatron-core"' in text
     assert "git clone" not in text and "http" not in text.split("LABEL")[0]
+
+
+def test_version_prints_the_tool_and_its_version() -> None:
+    from builder import __version__
+
+    out = cli("--version")
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"rl-image-builder {__version__}\n", "")
+
+
+def test_a_report_that_is_not_json_names_the_file_not_an_empty_location(tmp_path: Path) -> None:
+    bad = tmp_path / "report.json"
+    bad.write_text("{not json")
+    out = cli("report", str(bad), "--format", "md")
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert line.startswith(f"error: {bad}: not a report: Invalid JSON") and ": : " not in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]

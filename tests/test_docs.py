@@ -104,3 +104,37 @@ def test_every_benchmark_script_is_listed_and_imports():
         spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
         assert spec and spec.loader
         spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def _schema_fields(node: object) -> set[str]:
+    """Every property name anywhere in the pins JSON Schema."""
+    if isinstance(node, dict):
+        names = set(node.get("properties") or {})
+        return names.union(*(_schema_fields(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_schema_fields(v) for v in node))
+    return set()
+
+
+def test_the_pins_page_covers_every_field_of_the_schema() -> None:
+    """docs/pins.md ("every field") names each pins field as a YAML key or in backticks (issue 28, item 15)."""
+    import json
+
+    schema = json.loads((ROOT / "builder" / "pins" / "schema" / "pins.schema.json").read_text())
+    page = (ROOT / "docs" / "pins.md").read_text()
+    fields = _schema_fields(schema)
+    assert {"native", "base_torch", "direct_urls", "cuda_arch", "device_var", "performance"} <= fields
+    missing = [f for f in sorted(fields) if not re.search(rf"(^|[\s{{,])({re.escape(f)}):|`{re.escape(f)}`", page, re.M)]
+    assert missing == []
+
+
+def test_the_benchmark_readme_gives_each_script_its_required_options() -> None:
+    """A script's required options (its `usage:` line, outside [...]) appear in its row of benchmarks/README.md."""
+    rows = (ROOT / "benchmarks" / "README.md").read_text().splitlines()
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        usage = re.search(r"^usage: (.*)$", path.read_text(), re.M)
+        if not usage:
+            continue
+        required = re.findall(r"(?<![\[\w-])(--[a-z][a-z0-9-]*)", re.sub(r"\[[^\]]*\]", "", usage[1]))
+        named = [r for r in rows if path.name in r]
+        assert named and [(r, f) for r in named for f in required if f not in r] == [], path.name

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from builder import cli
-from builder.core.errors import BadInput, BuilderError
+from builder.core.errors import BadInput, BuilderError, BuildFailed, InfraError
 from builder.core.safetext import MAX_LINE, elide, fit
 from builder.lock import wheels
 from builder.release import trust
@@ -101,3 +101,26 @@ def test_lock_errors_over_a_long_path_and_long_tokens(deep, text, fragment):
         wheels.read_lock(lock)
     message = str(info.value)
     assert len(message) <= MAX_LINE and "/demo.lock:2: " in message and fragment in message, message
+
+
+def test_a_log_path_is_never_elided(deep: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28, item 13: a failed build's log path is the one thing a person pastes; it stays whole, on its
+    own line when the error line has no room for it."""
+    short = "/root/.cache/rl-image-builder/contexts/6dae48c1/build-20260101-000000-123456789.log"
+    line = fit(f"error: docker build x: failed at step 5/9; log {short}: the step exited 1 {'y' * 150}")
+    assert short in line and len(line) <= MAX_LINE
+    logfile = f"{deep}/build-20260101-000000-123456789.log"
+    err = BuildFailed(f"docker build 127.0.0.1:5000/demo/unified:tag: failed at step 5/9 `RUN x`; log {logfile}:"
+                      " the step exited 1", details=["tail line"])
+    assert logfile not in str(err) and err.logs == [logfile] and "..." not in str(err)
+    assert str(err) == ("docker build 127.0.0.1:5000/demo/unified:tag: failed at step 5/9 `RUN x`; log (path below):"
+                        " the step exited 1")
+    assert cli._report(err) == 1
+    assert capsys.readouterr().err.splitlines() == [f"error: {err}", f"log: {logfile}", "  | tail line"]
+
+
+def test_a_log_path_that_fits_stays_in_the_line_and_other_paths_give_way(deep: Path) -> None:
+    other = f"{deep}/context.tar"
+    logfile = "/root/.cache/rl-image-builder/logs/pip-download-lock-20260101-000000.log"
+    err = InfraError(f"pip download into {other}: exit 1; log {logfile}")
+    assert err.logs == [] and str(err).endswith(f"; log {logfile}") and len(str(err)) <= MAX_LINE - 7

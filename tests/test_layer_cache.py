@@ -3,7 +3,9 @@ component re-stamps only its layers; the engine's layer cache keyed per pins, so
 identical layers on the same base never become this run's cache parent; normalised layers reused by
 raw diff ID."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -205,3 +207,72 @@ def test_a_rebuild_after_a_nocache_build_hits_every_step(demo_image):
     assert after.cached, [s for s in json.loads(build.steps_file(after).read_text())
                           if not s["cached"] and not s["instruction"].startswith(("FROM ", "ARG "))][:3]
     assert (cold.manifest_digest, after.manifest_digest) == (built.manifest_digest,) * 2
+
+
+# ---------------------------------------------------------------- issue 28, item 10: this run's stage times
+
+
+class _Api:
+    """The two engine calls a normalisation cache hit makes: inspect (the raw image, the stored image) and tag."""
+
+    def __init__(self, layers: list[str]) -> None:
+        self.layers: list[str] = layers
+        self.tagged: list[tuple[str, str]] = []
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        return {"Id": ref, "RootFS": {"Layers": self.layers}}
+
+    def tag(self, image_id: str, name: str, tag: str, force: bool = False) -> bool:
+        self.tagged.append((image_id, f"{name}:{tag}"))
+        return True
+
+
+def test_a_stored_normalisation_is_reused_with_this_runs_seconds_and_marked_cached(tmp_path: Path) -> None:
+    import dataclasses
+
+    settings = dataclasses.replace(SETTINGS, cache_root=tmp_path)
+    base = ["sha256:" + "b" * 64]
+    raw_id, image_id, manifest = "sha256:" + "1" * 64, "sha256:" + "2" * 64, "sha256:" + "3" * 64
+    key = normalize.hashlib.sha256(json.dumps([100]).encode()).hexdigest()[:16]
+    stored = normalize.Normalized(image_id=image_id, manifest_digest=manifest, raw_image_id=raw_id, source_date_epoch=100,
+                                  base_layers=1, layers=[], diff_ids=[], seconds=0.977, layer_epochs=[100],
+                                  times={"normalise": 0.5})
+    record = normalize.store(settings, "records") / f"{raw_id.removeprefix('sha256:')}-{key}.json"
+    record.write_text(json.dumps(dataclasses.asdict(stored)))
+    normalize.blob_path(settings, manifest).parent.mkdir(parents=True, exist_ok=True)
+    normalize.blob_path(settings, manifest).write_bytes(b"{}")
+    client = SimpleNamespace(api=_Api(base + ["sha256:" + "c" * 64]))
+    got = normalize.normalize(client, raw_id, "builder-run/x:tag", {"rootfs": {"diff_ids": base}}, [{}], [100], settings)
+    assert got.cached and got.image_id == image_id and client.api.tagged == [(image_id, "builder-run/x:tag")]
+    assert got.seconds != 0.977 and got.seconds < 0.5 and got.times == {}  # this run's lookup, not the stored run's
+    assert json.loads(record.read_text())["seconds"] == 0.977  # the record itself is left as it was
+
+
+def test_stage_groups_whose_steps_all_hit_the_cache_are_marked_cached() -> None:
+    from builder.engine.client import Step
+
+    text = ("FROM b AS prepare\n# stage: deps\nRUN a\nRUN b\nFROM b AS runtime\n# stage: vllm\nRUN c\n"
+            "# stage: verl\nRUN d\n")
+    names = [instruction for _, instruction in build.instructions(text)]
+    steps = [Step(i, len(names), instruction, cached=instruction != "RUN d") for i, instruction in enumerate(names, 1)]
+    assert [g for g, _ in build.instructions(text)] == ["prepare", "deps", "deps", "deps", "vllm", "verl"]
+    assert build.cached_stages(text, steps) == ["deps", "vllm"]  # verl's step ran
+    steps[0].cached = steps[3].cached = False  # FROM never says `Using cache`
+    assert build.cached_stages(text, steps) == ["deps", "vllm"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_cached_rebuilds_report_shows_this_runs_times(demo_image: Any) -> None:
+    """A rebuild where every step and the normalisation are reused: the report's stage times are this run's,
+    and those stages are marked cached (not the first build's 0.977 s normalise)."""
+    from builder.report import document
+
+    pins, resolved, _, built = demo_image
+    _, again = build_pins(pins.path)
+    record = next(normalize.store(SETTINGS, "records").glob(again.raw_image_id.removeprefix("sha256:") + "-*"))
+    stored = json.loads(record.read_text())["seconds"]
+    assert again.cached and "normalise" in again.cached_stages
+    assert again.stage_times["normalise"] != stored and again.stage_times["normalise"] < stored
+    md = document.to_markdown(document.make_report(pins, resolved, again, None))
+    assert f"normalise {again.stage_times['normalise']:.1f} s (cached)" in md

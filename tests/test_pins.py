@@ -4,6 +4,7 @@ import hashlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -515,3 +516,87 @@ def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir):
 ])
 def test_bad_checkpoint_settings_are_refused(pins_dir, mode, checkpoint, field, fragment):
     rejected(pins_dir, _weights(mode, checkpoint), field, fragment)
+
+
+# ---- issue 28: CUDA archs the toolchains know, strict numbers, the field that is wrong ----
+
+VLLM_CUDA = {"device": "cuda", "device_var": "VLLM_TARGET_DEVICE", "cuda_arch": ["9.0"]}
+
+
+@pytest.mark.parametrize("arch", ["99.9", "9.9", "8.1", "9.0f", "8.9a", "13.0", "4.0+PTX"])
+def test_an_impossible_cuda_arch_is_refused_naming_the_field(pins_dir: Path, arch: str) -> None:
+    native = {**VLLM_CUDA, "cuda_arch": ["9.0", arch]}
+    message = rejected(pins_dir, with_value("components.vllm.native", native), "components.vllm.native.cuda_arch[1]: ",
+                       f"expected a CUDA arch nvcc 12.x/13.x knows, got '{arch}': 5.0 5.2 ")
+    assert message.endswith(" 12.1; a/f: 10.0 up (a: 9.0 too); +PTX"), message
+
+
+@pytest.mark.parametrize("arch", ["5.0", "7.5", "8.8", "9.0a", "10.0a", "10.0f", "10.3f", "11.0", "12.1f",
+                                  "8.0+PTX", "12.0a+PTX"])
+def test_cuda_archs_the_toolchains_know_are_accepted(pins_dir: Path, arch: str) -> None:
+    p = pins.load(write(pins_dir, with_value("components.vllm.native", {**VLLM_CUDA, "cuda_arch": [arch]})))
+    assert p.components["vllm"].build_env()["TORCH_CUDA_ARCH_LIST"] == arch
+
+
+def test_the_arch_table_holds_what_this_machines_nvcc_lists() -> None:
+    """`nvcc --list-gpu-arch` (compute_XY) of the CUDA toolchain here, when there is one: each is in the table."""
+    import shutil
+
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        pytest.skip("no nvcc on this machine")
+    listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout.split()
+    archs = [f"{int(a[8:]) // 10}.{int(a[8:]) % 10}" for a in listed if a.startswith("compute_") and a[8:].isdigit()]
+    assert archs and [a for a in archs if a not in pins.CUDA_ARCH_KNOWN] == []
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("acceptance.performance.min_ratio", "0.001"), ("acceptance.performance.max_spread", "1.5"),
+    ("nightly.regression_threshold", "0.05"), ("acceptance.performance.min_ratio", True),
+    ("acceptance.performance.max_spread", float("inf")), ("nightly.regression_threshold", float("nan")),
+])
+def test_every_float_field_refuses_a_quoted_or_non_number(pins_dir: Path, field: str, value: object) -> None:
+    data = copy.deepcopy(GOOD)
+    data["acceptance"] = {"performance": {"min_ratio": 0.5, "reason": "measured"}}
+    *parent, last = field.split(".")
+    node: Any = data
+    for part in parent:
+        node = node.setdefault(part, {})
+    node[last] = value
+    message = rejected(pins_dir, data, f"{field}: ", "expected a")
+    assert "expected a number" in message or "expected a finite number" in message, message
+
+
+def test_float_fields_take_integers_and_floats(pins_dir: Path) -> None:
+    data = copy.deepcopy(GOOD)
+    data["acceptance"] = {"performance": {"min_ratio": 1, "max_spread": 2, "reason": "measured"}}
+    data["nightly"] = {"regression_threshold": 0}
+    p = pins.load(write(pins_dir, data))
+    assert p.acceptance.performance is not None and p.acceptance.performance.min_ratio == 1
+    assert p.nightly.regression_threshold == 0
+
+
+@pytest.mark.parametrize(("native", "field", "fragment"), [
+    ({"device_var": "VLLM_TARGET_DEVICE"}, "components.vllm.native.device: ", "required with device_var"),
+    ({"device": "cpu"}, "components.vllm.native.device_var: ", "required with device"),
+    ({**VLLM_CUDA, "cuda_arch": []}, "components.vllm.native.cuda_arch: ", "expected the arch list"),
+    ({"max_jobs": 8, "device": "cpu", "device_var": "X_DEVICE"}, "components.vllm.install.env: ", "MAX_JOBS"),
+])
+def test_a_model_check_names_the_field_by_its_dotted_path(pins_dir: Path, native: dict, field: str,
+                                                          fragment: str) -> None:
+    data = with_value("components.vllm.native", native)
+    if "max_jobs" in native:
+        data["components"]["vllm"]["install"]["env"] = {"MAX_JOBS": "2"}
+    rejected(pins_dir, data, field, fragment)
+
+
+def test_the_cli_refuses_a_missing_device_in_one_line_exit_2(pins_dir: Path) -> None:
+    path = write(pins_dir, with_value("components.vllm.native", {"device_var": "VLLM_TARGET_DEVICE"}))
+    before = sorted(p.name for p in pins_dir.iterdir())
+    run = subprocess.run([sys.executable, "-m", "builder", "render", "--pins-only", str(path)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and run.stdout == ""
+    errors = [line for line in run.stderr.splitlines() if not line.startswith(("==> ", "<== "))]  # step lines
+    assert errors == [f"error: {path}: components.vllm.native.device: required with device_var"
+                      " (VLLM_TARGET_DEVICE carries it): the target device, like 'cpu' or 'cuda'"]
+    assert sorted(p.name for p in pins_dir.iterdir()) == before

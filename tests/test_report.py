@@ -1,6 +1,7 @@
 """Report: verdict logic, unknown layers, Markdown PR table, JUnit XML, files round trip."""
 import json
 import xml.etree.ElementTree as ET
+from typing import Any
 
 import pytest
 
@@ -34,7 +35,7 @@ def test_report_records_the_lock_sha256(report_inputs):
     rep = report.make_report(pins, sources, build, acceptance)
     want = hashlib.sha256(pins.lock_path().read_bytes()).hexdigest()
     assert rep.lock_sha256 == want and rep.run_manifest["run"]["lock_sha256"] == want
-    assert f"lock sha256 `{want}`" in report.to_markdown(rep)
+    assert f"| Lock sha256 | `{want}` |" in report.to_markdown(rep)
 
 
 @pytest.mark.parametrize("status", ["fail", "inconclusive", None])
@@ -150,26 +151,46 @@ def test_tags_are_sha_tag_then_human_tags_and_stable(report_inputs):
     assert rep1.tags[0] == ".".join(f"{n}-{pins.components[n].commit[:12]}" for n in ("vllm", "megatron", "verl"))
 
 
-def test_markdown_has_pr_table_gates_and_no_ansi(report_inputs):
+def test_markdown_has_one_image_block_a_seven_column_pr_table_and_readable_evidence(report_inputs: Any) -> None:
     pins, sources, *_ = report_inputs()
     rep = make(report_inputs, statuses={"rl_step": "fail"})
     md = report.to_markdown(rep)
     assert "\x1b" not in md
     lines = md.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("| Component | Repository | PR |"))
-    assert lines[header + 1].startswith("|---|")
-    rows = lines[header + 2:header + 5]
-    for row, (name, comp) in zip(rows, sources.components.items()):
-        cells = [c.strip() for c in row.strip("|").split(" | ")]
-        assert cells[:4] == [name, comp.url, f"#{comp.pr}", comp.target]
-        assert cells[4:7] == [f"`{comp.merge_base}`", f"`{comp.commit}`", "+2 / -1"]
-        assert cells[7] == f"`{rep.image_id}`" and cells[8] == "not published"
-        assert sha_tag(pins) in cells[9] and cells[10] == "linux/amd64" and cells[11] == "`sha256:" + "cd" * 32 + "`"
     assert "**NOT ACCEPTED**" in lines[0]
-    assert "| rl_step | yes | fail | rl_step fail |" in md
-    assert "steps.2.diff_max=0.0" in md and "steps.1.weights_before=0f1e2d3c4b5a6978" in md
+    image = lines.index("### Image")
+    block = lines[image + 2:lines.index("", image + 2)]
+    cells = dict(tuple(c.strip() for c in row.strip("|").split(" | ")) for row in block[2:])
+    assert cells == {"Repository": f"`{rep.repository}`", "Image ID": f"`{rep.image_id}`",
+                     "Registry digest": "not published", "Tags": f"`{sha_tag(pins)}`, `demo`",
+                     "Platform": "linux/amd64", "Base image": f"`{rep.base_image}`",
+                     "Base digest": "`sha256:" + "cd" * 32 + "`", "Lock sha256": f"`{rep.lock_sha256}`"}
+    assert md.count(rep.image_id) == 1 + sum(rep.image_id in line for line in md.split("<details>")[1].splitlines())
+    header = lines.index("| Component | Repository | PR | Target | Merge-base | Head | Ahead / behind |")
+    assert lines[header + 1] == "|" + "---|" * 7
+    for row, (name, comp) in zip(lines[header + 2:header + 5], sources.components.items(), strict=True):
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert cells == [name, comp.url, f"#{comp.pr}", comp.target, f"`{comp.merge_base}`", f"`{comp.commit}`",
+                         "+2 / -1"]
+    gates = {row.split(" | ")[0].strip("| "): row for row in lines if row.startswith("| ") and " | yes | " in row}
+    assert gates["rl_step"].startswith("| rl_step | yes | fail | rl_step fail |")
+    assert "diff_max max 0.0 over 2 steps; k3_kl max 0.0 over 2 steps; weights changed in 2 of 2 steps;" \
+           " throughput 1234 |" in gates["rl_step"]
+    assert "| zero_update | yes | pass |" in gates["zero_update"] and "1 distinct weight checksum(s)" in gates["zero_update"]
+    assert "vllm 0.2.0 at " in gates["provenance"] and "0 failure(s)" in gates["provenance"]
+    assert "ratio 1.029; min_ratio 0.25; aligned median 1234, spread 1" in gates["performance"]
+    assert "..." not in "".join(gates.values()) and "full evidence is in report.json" in md
     assert "aligned 1234, control 1200, ratio 1.029." in md
     assert "| tinyengine | 0.2.0 | tinycore works only" in md
+
+
+def test_readable_evidence_keeps_whole_items_and_says_what_is_left_out() -> None:
+    evidence = {"components": {f"component{i}": {"version": "1.0", "stamp": {"commit": "ab" * 20}}
+                               for i in range(20)}}
+    text = report.readable_evidence(evidence, limit=120)
+    assert len(text) <= 120 and text.endswith("more in report.json")
+    assert all(part.startswith("component") and part.endswith(" at " + "ab" * 6)
+               for part in text.split("; ")[:-1]), text
 
 
 def test_junit_has_one_case_per_gate_with_right_elements(report_inputs):

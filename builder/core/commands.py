@@ -12,14 +12,41 @@ from builder.core.files import tail
 
 
 def run_logged(argv: list[str], logfile: Path, what: str, error: type[BuilderError] = InfraError,
-               env: dict[str, str] | None = None) -> None:
-    """Run a host command with its output appended to logfile; `error` (one line + the log tail) on failure."""
+               env: dict[str, str] | None = None, every: float | None = None) -> None:
+    """Run a host command with its output appended to logfile; `error` (one line + the log tail) on failure.
+    With `every`, a long command shows its progress on the console (builder/core/log.py `Progress`): at most
+    one line every `every` seconds, read from what it wrote to the log."""
     with open(logfile, "ab") as out:
         out.write(("$ " + " ".join(argv) + "\n").encode())
         out.flush()
-        rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        try:
+            rc = proc.wait() if every is None else _follow(proc, logfile, out.tell(), log.Progress(what, logfile, every))
+        finally:
+            if proc.poll() is None:  # interrupted: the command does not outlive us
+                proc.kill()
+                proc.wait()
     if rc != 0:
         raise error(f"{what}: exit {rc}; log {logfile}", details=tail(logfile, 10))
+
+
+def _follow(proc: subprocess.Popen, logfile: Path, offset: int, progress: log.Progress) -> int:
+    """Wait for `proc`, feeding what it appends to `logfile` (from `offset`, whole lines) to `progress`."""
+    rest = b""
+    with open(logfile, "rb") as read:
+        read.seek(offset)
+        while True:
+            try:
+                rc = proc.wait(timeout=min(1.0, progress.every))
+            except subprocess.TimeoutExpired:
+                rc = None
+            data = rest + read.read()
+            done, _, rest = data.rpartition(b"\n")
+            if len(rest) > 65536:  # a line that never ends (a progress bar): take it as it is
+                done, rest = data, b""
+            progress.feed(done.decode(errors="replace"))
+            if rc is not None:
+                return rc
 
 
 def apt_install(logfile: Path, *packages: str) -> None:
@@ -39,9 +66,9 @@ def apt_install(logfile: Path, *packages: str) -> None:
             policy.write_text("#!/bin/sh\nexit 101\n")
             policy.chmod(0o755)
         with log.step(f"apt-get install {names}"):
-            run_logged(["apt-get", "update"], logfile, "apt-get update", env=env)
+            run_logged(["apt-get", "update"], logfile, "apt-get update", env=env, every=log.EVERY_S)
             run_logged(["apt-get", "install", "-y", "--no-install-recommends", *packages], logfile,
-                       f"apt-get install {names}", env=env)
+                       f"apt-get install {names}", env=env, every=log.EVERY_S)
     finally:
         if added_policy:
             policy.unlink(missing_ok=True)

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.core.safetext import fit
+from builder.core.safetext import MAX_LINE, keep_logs
 
 
 class BuilderError(Exception):
     """Base error. The message is one line naming the file or field and what was expected;
     `details` (e.g. a build log's tail) are printed after it, one per line.  The line is kept within
-    300 characters, long paths elided first (builder/core/safetext.py `fit`)."""
+    300 characters, long paths elided first (builder/core/safetext.py `fit`); a log path is kept whole, in `logs`
+    (printed on its own line) when the line has no room for it."""
 
     exit_code = 1
 
     def __init__(self, message: str, details: list[str] | None = None):
-        super().__init__(fit(" ".join(str(message).splitlines())))
+        line, self.logs = keep_logs(" ".join(str(message).splitlines()), MAX_LINE - len("error: "))
+        super().__init__(line)
         self.details = list(details or [])
 
     def headline(self) -> str:

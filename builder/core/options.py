@@ -48,6 +48,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BUILDER_ENGINE_TIMEOUT", "90", "seconds to wait for a started dockerd to answer"),
     Variable("BUILDER_REGISTRY_TIMEOUT", "30", "seconds for a registry to answer (start-up and each HTTP call)"),
     Variable("BUILDER_BUILD_TIMEOUT", "3600", "HTTP read timeout of a build: a step may print nothing for minutes"),
+    Variable("BUILDER_PROGRESS_EVERY", "30", "seconds between a long phase's progress lines on the console (a `--quiet` "
+             "build's steps and `[n/m]` counts, the demo base's debootstrap, apt and compiles)"),
     Variable("BUILDER_GIT_CONFIG", "unset", "a git config file included in every fetch, e.g. `url.<base>.insteadOf` "
              "mirrors (submodules too); see sources.md"),
     Variable("BUILDER_SIGNING_KEY", "unset", "ed25519 private key (PEM) that signs the acceptance result and the "
@@ -235,6 +237,7 @@ class Settings:
     compiler_cache: bool = True
     # this run's scope for local names: concurrent runs on one engine never share a mutable tag
     run_id: str = PROCESS_RUN_ID
+    progress_every_s: float = 30.0  # a long phase's progress lines: at most one this often
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -262,6 +265,7 @@ class Settings:
                                                 "BUILDER_SQUASH_OPTIONS"),
             compiler_cache=_on_off(env, "BUILDER_CCACHE"),
             run_id=_run_id(env),
+            progress_every_s=_seconds(env, "BUILDER_PROGRESS_EVERY", 30.0),
         )
 
     def docker_environment(self) -> dict[str, str]:

@@ -73,7 +73,7 @@ class BuiltImage(Record):
     builder_version: str
     context_sha256: str
     dockerfile_sha256: str
-    stage_times: dict[str, float]
+    stage_times: dict[str, float]  # seconds measured in this run
     log_path: str
     cached: bool
     isolation: dict[str, Any] = Field(default_factory=dict)  # what the build container saw (build.isolation)
@@ -82,6 +82,7 @@ class BuiltImage(Record):
     manifest_digest: str = ""       # registry manifest digest of the normalised image
     source_date: str = ""           # every added mtime clamped to it; config created
     staged: MaybeRef = None         # <staging repository>@<manifest digest> once pushed
+    cached_stages: list[str] = []   # stages this run reused (engine cache hits, a stored normalisation)
 
 
 class GateResult(Record):

@@ -3,7 +3,8 @@
 `show(value)` is what an error line prints for a value read from an input file: non-printable and
 format characters are escaped (\\x85, \\u2028, \\u202e), long values keep their head and say how long
 they were. `clip(line)` bounds a whole message (MAX_LINE characters); `fit(line)` does too, first
-eliding the middle of long paths (head and file name kept) so that what is cut is least informative.
+eliding the middle of long paths (head and file name kept) so that what is cut is least informative; a log
+file's path is never elided (`keep_logs` puts it on its own line when the line has no room for it).
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ KEEP_PATH = 100  # a path of at most this many characters is never elided (the l
 MIN_PATH = 32  # nor is a longer one elided below this many
 LEAD = 20  # a path starting within this many characters is the line's subject ('error: <file>: ...')
 PATH = re.compile(r"[^\s'\"()\[\]{},;<>]*/[^\s'\"()\[\]{},;<>]*")
+# a log file's path: never elided (a person pastes it); `keep_logs` moves it to its own line when the line is full
+LOG = re.compile(r"[^\s'\"()\[\]{},;<>]*/[^\s'\"()\[\]{},;<>/]*\.log(?=$|[\s'\"()\[\]{},;<>:.])")
+LOG_BELOW = "(path below)"
 
 
 def escape(text: str, backslash: bool = True) -> str:
@@ -72,7 +76,9 @@ def fit(line: str, limit: int = MAX_LINE) -> str:
     text = escape(" ".join(str(line).split("\n")), backslash=False)
     if len(text) <= limit:
         return text
-    found = [m for m in PATH.finditer(text) if len(m.group()) > MIN_PATH]
+    logs = {m.group() for m in LOG.finditer(text)}
+    found = [m for m in PATH.finditer(text) if len(m.group()) > MIN_PATH
+             and not any(m.group().startswith(log) for log in logs)]
     lead = found[0].group() if found and found[0].start() <= LEAD else None
     long = {m.group() for m in found if len(m.group()) > KEEP_PATH}
     for paths in (long, long | {m.group() for m in found if m.group() != lead}):
@@ -96,3 +102,16 @@ def _shrink(text: str, paths: list[str], limit: int) -> str:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if len(shrunk(mid)) <= limit else (low, mid - 1)
     return shrunk(low)
+
+
+def keep_logs(line: str, limit: int = MAX_LINE) -> tuple[str, list[str]]:
+    """`fit(line)` with its log paths whole; where they do not fit in the line, each is replaced by
+    '(path below)' and returned, to be printed whole on a line of its own."""
+    text = escape(" ".join(str(line).split("\n")), backslash=False)
+    logs = list(dict.fromkeys(m.group() for m in LOG.finditer(text)))
+    fitted = fit(text, limit)
+    if all(log in fitted for log in logs):
+        return fitted, []
+    for log in logs:
+        text = text.replace(log, LOG_BELOW)
+    return fit(text, limit), logs

@@ -20,6 +20,7 @@ from typing import IO, Any
 import requests
 
 from builder.core import files as fs
+from builder.core import log
 from builder.core.errors import BuildFailed, InfraError
 from builder.core.imageref import ImageRef
 from builder.core.options import Settings
@@ -244,8 +245,9 @@ def untag(client: Client, tag: str) -> bool:
 class _Progress:
     """Follows the classic builder's stream: steps, cache hits, per-step timings, the log file."""
 
-    def __init__(self, log_file: IO[str], echo: bool):
+    def __init__(self, log_file: IO[str], echo: bool, quiet: log.Progress | None = None):
         self.log_file, self.echo = log_file, echo
+        self.quiet = quiet  # not echoing: a progress line at most every so often (builder/core/log.py)
         self.steps: list[Step] = []
         self.tail: list[str] = []
         self.started = time.monotonic()
@@ -260,12 +262,16 @@ class _Progress:
         if self.echo:
             print(text, file=sys.stderr, flush=True)
         self.tail = (self.tail + [text])[-20:]
+        if self.quiet:
+            self.quiet.feed(text)
         match = STEP_RX.match(text)
         now = time.monotonic()
         if match:
             self._close(now)
             self.steps.append(Step(int(match[1]), int(match[2]), match[3]))
             self.step_started = now
+            if self.quiet:
+                self.quiet.stage, self.quiet.count = f"step {match[1]}/{match[2]}", ""
         elif self.steps:
             self.steps[-1].lines.append(text)
             if text.strip() == "---> Using cache":
@@ -304,13 +310,14 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, nocache: bool = False,
-          echo: bool = True, buildargs: dict[str, str] | None = None) -> BuildResult:
-    """Build a custom context tar; stream each line to stderr and log_path; BuildFailed names the
-    failing step (its instruction) and the log, with the last 20 lines as details. The tag is set only on success."""
+          echo: bool = True, buildargs: dict[str, str] | None = None, every: float = log.EVERY_S) -> BuildResult:
+    """Build a custom context tar; stream each line to stderr (echo) or a progress line at most every `every`
+    seconds, and every line to log_path; BuildFailed names the failing step (its instruction) and the log, with
+    the last 20 lines as details. The tag is set only on success."""
     before = inspect_image(client, tag)
     log_path = Path(log_path)
     with open(log_path, "w") as log_file:
-        progress = _Progress(log_file, echo)
+        progress = _Progress(log_file, echo, None if echo else log.Progress(f"build {tag}", log_path, every))
         try:
             stream = client.api.build(fileobj=context_fileobj, custom_context=True, tag=tag, rm=True,
                                       forcerm=True, pull=False, nocache=nocache, network_mode="none",

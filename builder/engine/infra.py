@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         result = ensure_all(Settings.from_env())
     except BuilderError as exc:
         log.info(fit(f"error: {exc}"))
+        for path in exc.logs:  # whole, on its own line (builder/core/safetext.py keep_logs)
+            log.info(f"log: {path}")
         return exc.exit_code
     print(json.dumps(result, indent=2))
     return 0

@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -76,6 +76,7 @@ class Normalized:
     layer_epochs: list[int] = field(default_factory=list)  # source date of each added layer
     reused: int = 0          # added layers whose normalised blob came from the layer cache
     times: dict[str, float] = field(default_factory=dict)  # push_raw/save, normalise, load
+    cached: bool = False     # this run reused the stored record: `seconds` is this run's lookup and retag
 
 
 def store(settings: Settings, *parts: str) -> Path:
@@ -413,7 +414,7 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_
     if record_path.exists():
         cached = Normalized(**json.loads(record_path.read_text()))
         if blob_path(settings, cached.manifest_digest).exists() and _retag(client, cached.image_id, tag):
-            return cached
+            return replace(cached, seconds=round(time.monotonic() - start, 3), times={}, cached=True)
     times: dict[str, float] = {}
     entries: dict[int, dict[str, Any]] = {}
     for i, diff_id in enumerate(added):

@@ -39,6 +39,19 @@ def stage_times(dockerfile: str, steps: list[engine.Step], total: float) -> dict
     return times
 
 
+def cached_stages(dockerfile: str, steps: list[engine.Step]) -> list[str]:
+    """Stage groups whose every step (FROM and ARG aside) was an engine cache hit: their seconds are this
+    run's cache lookups, not a build."""
+    groups = instructions(dockerfile)
+    seen: dict[str, bool] = {}
+    for step in steps:
+        if step.total != len(groups) or step.instruction.upper().startswith(("FROM ", "ARG ")):
+            continue
+        group = groups[step.index - 1][0]
+        seen[group] = seen.get(group, True) and step.cached
+    return [group for group, cached in seen.items() if cached]
+
+
 def all_cached(steps: list[engine.Step]) -> bool:
     """Every step but FROM and a global ARG reported `Using cache` (those never do)."""
     return bool(steps) and all(s.cached for s in steps if not s.instruction.upper().startswith(("FROM ", "ARG ")))
@@ -152,7 +165,7 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
         try:
             result = engine.build(client, context, tag, log_path, nocache=nocache, echo=echo,
-                                  buildargs={ccache.ARG: seed.tag})
+                                  buildargs={ccache.ARG: seed.tag}, every=settings.progress_every_s)
         except BuildFailed as failed:  # a component that compiled before the failing step keeps its cache
             try:
                 kept = ccache.harvest(client, seed, list(failed.steps))
@@ -178,7 +191,8 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
     norm = reproducible(client, result.image_id, rendered, settings)
     attrs = engine.inspect_image(client, norm.image_id) or attrs
     times = stage_times(rendered.dockerfile, result.steps, result.seconds)
-    times["normalise"] = norm.seconds
+    times["normalise"] = norm.seconds  # this run's: a reused normalisation is its lookup, marked cached
+    reused = cached_stages(rendered.dockerfile, result.steps) + (["normalise"] if norm.cached else [])
     built = BuiltImage(
         image_id=norm.image_id, raw_image_id=result.image_id, manifest_digest=norm.manifest_digest,
         source_date=normalize.iso(norm.source_date_epoch), tags=sorted(attrs.get("RepoTags") or []),
@@ -186,7 +200,8 @@ def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, ec
         created=str(attrs.get("Created", "")), engine_version=engine.engine_version(client),
         builder_version=BUILDER_VERSION, context_sha256=rendered.context_sha256,
         dockerfile_sha256=rendered.dockerfile_sha256,
-        stage_times=times, log_path=result.log_path, cached=all_cached(result.steps), isolation=checked)
+        stage_times=times, cached_stages=reused, log_path=result.log_path, cached=all_cached(result.steps),
+        isolation=checked)
     steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached,
               "image": s.image} for s in result.steps]
     fs.write_atomic(steps_file(built), json.dumps(steps, indent=2) + "\n")

@@ -253,7 +253,7 @@ def use_metadata(component: Any, inputs: ComponentInputs, data: dict[str, Any]) 
                        f" package at {component.commit[:12]} is {data['name']!r}")
     if inputs.scm_version and not scmversion.same_version(data["version"], inputs.scm_version):
         raise BuildFailed(f"components.{inputs.name}: built version {data['version']} != VCS version"
-                          f" {inputs.scm_version} (SETUPTOOLS_SCM_PRETEND_VERSION_FOR_ not honoured)")
+                          f" {inputs.scm_version} ({scmversion.pretend_env_name(inputs.distribution)} not honoured)")
     inputs.version = data["version"]
     inputs.requires_dist = sorted(data["requires_dist"])
 
@@ -495,7 +495,7 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
     if compat:
         header.append(f"# compat (from the pins): {', '.join(compat)}")
     for c in comps:
-        how = " (from VCS: SETUPTOOLS_SCM_PRETEND_VERSION_FOR_)" if c.scm_version else ""
+        how = f" (from VCS: {scmversion.pretend_env_name(c.distribution)})" if c.scm_version else ""
         header.append(f"# {c.name}: {c.distribution} {c.version}{how}; build-system.requires:"
                       f" {', '.join(c.build_requires) or '-'}")
     if tools:

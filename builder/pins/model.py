@@ -16,7 +16,8 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -114,6 +115,15 @@ def _schema(kind: str) -> WithJsonSchema:
 def _no_bool(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError(f"expected a number, got {value!r}")
+    return value
+
+
+def _number(value: Any) -> Any:
+    """A number as written (0.5 or 2, not '0.5', true, .nan or .inf)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {show(value)}")
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {show(value)}")
     return value
 
 
@@ -303,12 +313,23 @@ class Install(Strict):
 
 
 CUDA_ARCH_RX = r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?"
+# the architectures CUDA 12.x and 13.x nvcc know (`nvcc --list-gpu-arch`, compute_XY as X.Y): 12.x has 5.0..9.0,
+# 10.0, 10.1, 10.3 (12.9), 12.0, 12.1; 13.0 drops those below 7.5, adds 8.8 and 11.0 (10.1 renamed); the
+# architecture-specific `a` and family `f` variants exist from 9.0a and 10.0f on (as nvcc -arch=compute_XYa/f takes them)
+CUDA_ARCHS = ("5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.8", "8.9",
+              "9.0", "10.0", "10.1", "10.3", "11.0", "12.0", "12.1")
+CUDA_ARCHS_A = ("9.0a", "10.0a", "10.1a", "10.3a", "11.0a", "12.0a", "12.1a")
+CUDA_ARCHS_F = ("10.0f", "10.1f", "10.3f", "11.0f", "12.0f", "12.1f")
+CUDA_ARCH_KNOWN = frozenset(CUDA_ARCHS + CUDA_ARCHS_A + CUDA_ARCHS_F)
 KNOB_ENV = ("TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "NVCC_THREADS")
 
 
 def _cuda_arch(value: str) -> str:
     if not isinstance(value, str) or not re.fullmatch(CUDA_ARCH_RX, value):
         raise ValueError(f"expected a CUDA arch like '9.0', '10.0a' or '8.0+PTX', got {show(value)}")
+    if value.removesuffix("+PTX") not in CUDA_ARCH_KNOWN:
+        raise ValueError(f"expected a CUDA arch nvcc 12.x/13.x knows, got {show(value)}: 5.0 5.2 5.3 6.0-6.2"
+                         " 7.0 7.2 7.5 8.0 8.6-8.9 9.0 10.0 10.1 10.3 11.0 12.0 12.1; a/f: 10.0 up (a: 9.0 too); +PTX")
     return value
 
 
@@ -332,8 +353,12 @@ class Native(Strict):
 
     @model_validator(mode="after")
     def _device(self) -> "Native":
-        if (self.device is None) != (self.device_var is None):
-            raise ValueError("device_var: expected device and device_var together")
+        if self.device is None and self.device_var is not None:
+            raise ValueError(f"device: required with device_var ({self.device_var} carries it): the target device,"
+                             " like 'cpu' or 'cuda'")
+        if self.device_var is None and self.device is not None:
+            raise ValueError("device_var: required with device: the variable that carries it, like"
+                             " VLLM_TARGET_DEVICE")
         if self.cuda_arch and self.device != "cuda":
             raise ValueError(f"cuda_arch: expected only with device 'cuda', got device {show(self.device)}")
         if self.device == "cuda" and not self.cuda_arch:
@@ -594,9 +619,9 @@ class Performance(Strict):
     least `min_ratio`, and is inconclusive when an arm's spread (max / min over its runs) is over `max_spread`.
     `reason` says where min_ratio comes from."""
     metric: Metric | None = None    # default: acceptance.metrics.throughput
-    min_ratio: Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=100)]
+    min_ratio: Annotated[float, BeforeValidator(_number), Field(gt=0, le=100)]
     repeats: Annotated[int, _ranged(*REPEATS, "runs per arm"), _range_schema(*REPEATS)] = 3
-    max_spread: Annotated[float, BeforeValidator(_no_bool), Field(ge=1, le=100)] = 1.5
+    max_spread: Annotated[float, BeforeValidator(_number), Field(ge=1, le=100)] = 1.5
     # steps of each run (default acceptance.steps); a run's value is the median of its steps' metric
     steps: Annotated[int, _ranged(*STEPS, "a step count"), _range_schema(*STEPS)] | None = None
     reason: Reason
@@ -640,7 +665,7 @@ class Acceptance(Strict):
 
 class Nightly(Strict):
     """`builder nightly`: regression threshold on the throughput ratio and how many nightly-* tags to keep."""
-    regression_threshold: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, lt=1)] = 0.05
+    regression_threshold: Annotated[float, BeforeValidator(_number), Field(ge=0, lt=1)] = 0.05
     retention: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=1)] = 7
 
 
@@ -764,26 +789,44 @@ def _allowed_keys(loc: tuple) -> list[str]:
             continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
             return []
-        model = model.model_fields[part].annotation
-        while get_origin(model) in (list, Annotated):
-            model = get_args(model)[0]
+        model = _inner(model.model_fields[part].annotation)
     if isinstance(model, type) and issubclass(model, BaseModel):
         return list(model.model_fields)
     return []
+
+
+def _inner(model: Any) -> Any:
+    """The model inside list[...], Annotated[...] and X | None."""
+    while get_origin(model) in (list, Annotated, Union, UnionType):
+        args = [a for a in get_args(model) if a is not type(None)]
+        model = args[0] if args else model
+    return model
+
+
+FIELD_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z_][A-Za-z0-9_]*|\[[^\]]*\])*): (.*)", re.S)
+
+
+def _field_in_message(loc: tuple, text: str) -> tuple[str, str]:
+    """A model check's `field: what` names a field of the model at `loc`: the field joins the dotted path."""
+    match = FIELD_PREFIX.fullmatch(text)
+    if match and match[1] in _allowed_keys((*loc, "")):
+        return _where((*loc, match[1])) + match[2], match[3]
+    return _where(loc), text
 
 
 def _one_line(exc: ValidationError) -> str:
     """First error as `<dotted.field>: <what was expected>`, plus a count of the others."""
     errors = exc.errors()
     err = errors[0]
-    msg, kind, value = err["msg"], err["type"], err.get("input")
+    msg, kind, value, loc = err["msg"], err["type"], err.get("input"), tuple(err["loc"])
+    place = _where(loc)
     if kind == "missing":
         text = "required field missing"
     elif kind == "extra_forbidden":
-        allowed = _allowed_keys(err["loc"])
+        allowed = _allowed_keys(loc)
         text = "unknown key" + (f" (expected one of: {', '.join(allowed)})" if allowed else "")
     elif kind == "value_error":
-        text = msg.removeprefix("Value error, ")
+        place, text = _field_in_message(loc, msg.removeprefix("Value error, "))
     else:
         text = msg.replace("Input should be", "expected").replace("a valid integer", "an integer")
         text = text.replace("a valid ", "a ")
@@ -791,7 +834,7 @@ def _one_line(exc: ValidationError) -> str:
             text += " (quote it in YAML)"
         if isinstance(value, (str, int, float, bool)) or value is None:
             text += f", got {show(value)}"
-    where = show(_where(err["loc"]), 80)[1:-1]
+    where = show(place, 80)[1:-1]
     line = f"{where}: {text}" if where else text
     if len(errors) > 1:
         line += f" (and {len(errors) - 1} more)"

@@ -166,36 +166,83 @@ def _num(value: Any) -> Any:
     return f"{value:.4g}" if isinstance(value, float) and value not in (0.0,) else value
 
 
-def key_evidence(evidence: dict, limit: int = 400) -> str:
-    """Numbers and checksums of a gate's evidence as 'key=value' (diffs, k3_kl, checksums, ratios first)."""
-    words = ("diff_max", "k3_kl", "weights", "checksum", "ratio", "throughput", "commit", "version", "exit_code")
-    items = [(k, v) for k, v in _flat(evidence) if v is None or isinstance(v, (str, int, float))]
-    items = [(k, v) for k, v in items if len(str(v)) <= 80]  # paths lists and log text stay in report.json
-    items.sort(key=lambda kv: next((i for i, w in enumerate(words) if w in kv[0].lower()), len(words)))
-    text = ", ".join(f"{k}={_num(v)}" for k, v in items)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _step_facts(steps: dict) -> list[str]:
+    """Per-step metrics as the largest value over the steps; weights: in how many steps they changed."""
+    rows = [s for s in steps.values() if isinstance(s, dict)]
+    out = []
+    for metric in ("diff_max", "k3_kl"):
+        values = [s[metric] for s in rows if _number(s.get(metric))]
+        if values:
+            out.append(f"{metric} max {_num(max(values))} over {len(values)} steps")
+    pairs = [(s["weights_before"], s["weights_after"]) for s in rows if s.get("weights_before") and s.get("weights_after")]
+    if pairs:
+        out.append(f"weights changed in {sum(b != a for b, a in pairs)} of {len(pairs)} steps")
+    return out
+
+
+def readable_evidence(evidence: dict, limit: int = 300) -> str:
+    """A gate's evidence chosen for reading: the numbers its verdict rests on, whole items only (the full
+    record is in report.json)."""
+    parts: list[str] = []
+    if isinstance(evidence.get("steps"), dict):
+        parts += _step_facts(evidence["steps"])
+    parts += [f"{key} {_num(evidence[key])}" for key in ("ratio", "min_ratio", "diff_max", "k3_kl", "throughput")
+              if _number(evidence.get(key))]
+    for arm in ("aligned", "control"):
+        stats = evidence.get(arm)
+        if isinstance(stats, dict) and _number(stats.get("median")):
+            parts.append(f"{arm} median {_num(stats['median'])}, spread {_num(stats.get('spread'))}")
+    if isinstance(evidence.get("weights"), list):
+        parts.append(f"{len(evidence['weights'])} distinct weight checksum(s)")
+    components = evidence.get("components")
+    for name, comp in components.items() if isinstance(components, dict) else ():
+        comp = comp if isinstance(comp, dict) else {}
+        commit = str((comp.get("stamp") or {}).get("commit") or UNKNOWN)
+        parts.append(f"{name} {comp.get('version', UNKNOWN)} at {commit[:12]}")
+    failures = evidence.get("failures")
+    if isinstance(failures, list):
+        first = str(failures[0]) if failures else ""
+        parts.append(f"{len(failures)} failure(s)" + (f": {first}" if first and len(first) <= 120 else ""))
+    if _number(evidence.get("exit_code")) and evidence["exit_code"] != 0:
+        parts.append(f"exit code {evidence['exit_code']}")
+    text = ""
+    for i, part in enumerate(parts):
+        more = f"; +{len(parts) - i} more in report.json"
+        joined = f"{text}; {part}" if text else part
+        if len(joined) + (len(more) if i + 1 < len(parts) else 0) > limit:
+            return (text + more) if text else part[: limit - 3] + "..."
+        text = joined
+    return text or "-"
 
 
 def to_markdown(report: Report) -> str:
     pub = report.publish
     out = [f"## Unified image `{report.name}`: **{report.verdict}**", ""]
     out += [f"- {r}" for r in report.reasons] + ([""] if report.reasons else [])
-    out += ["### Pull requests in this image", ""]
     digest = pub.digest if pub else "not published"
-    tags = ", ".join(f"`{t}`" for t in report.tags) or UNKNOWN
     base_digest = report.run_manifest.get("container", {}).get("base_digest", UNKNOWN)
+    out += ["### Image", ""]
+    out += _table(["Item", "Value"], [
+        ["Repository", _code(report.repository)], ["Image ID", _code(report.image_id)],
+        ["Registry digest", _code(digest) if pub else digest],
+        ["Tags", ", ".join(f"`{t}`" for t in report.tags) or UNKNOWN], ["Platform", report.platform],
+        ["Base image", _code(report.base_image)], ["Base digest", _code(base_digest)],
+        ["Lock sha256", _code(report.lock_sha256)]])
+    out += ["", "### Pull requests in this image", ""]
     rows: list[list[Any]] = [
-        [name, c.url, f"#{c.pr}", c.target, _code(c.merge_base), _code(c.commit), f"+{c.ahead} / -{c.behind}",
-         _code(report.image_id), _code(digest) if pub else digest, tags, report.platform, _code(base_digest)]
+        [name, c.url, f"#{c.pr}", c.target, _code(c.merge_base), _code(c.commit), f"+{c.ahead} / -{c.behind}"]
         for name, c in report.sources.components.items()]
-    out += _table(["Component", "Repository", "PR", "Target", "Merge-base", "Head", "Ahead / behind", "Image ID",
-                   "Registry digest", "Tags", "Platform", "Base digest"], rows)
-    out += ["", f"Repository `{report.repository}`; base image `{report.base_image}`;"
-            f" lock sha256 `{report.lock_sha256}`.", ""]
+    out += _table(["Component", "Repository", "PR", "Target", "Merge-base", "Head", "Ahead / behind"], rows)
+    out += [""]
     out += ["### Gates", ""]
-    out += _table(["Gate", "Required", "Status", "Reason", "Key evidence"],
+    out += _table(["Gate", "Required", "Status", "Reason", "Evidence"],
                   [[g.name, "yes" if g.name in report.required_gates else "no", g.status.replace("_", " "),
-                    g.reason, key_evidence(g.evidence)] for g in report.gates])
+                    g.reason, readable_evidence(g.evidence)] for g in report.gates])
+    out += ["", "Each gate's full evidence is in report.json (`gates[].evidence`)."]
     tp = report.acceptance.throughput if report.acceptance else {}
     if tp:
         show = {k: UNKNOWN if tp.get(k) is None else _num(tp[k]) for k in ("metric", "aligned", "control", "ratio")}
@@ -206,7 +253,8 @@ def to_markdown(report: Report) -> str:
     out += ["", "### Build", ""]
     b = report.build
     if b:
-        times = ", ".join(f"{k} {v:.1f} s" for k, v in b.stage_times.items()) or UNKNOWN
+        times = ", ".join(f"{k} {v:.1f} s{' (cached)' if k in b.cached_stages else ''}"
+                          for k, v in b.stage_times.items()) or UNKNOWN
         out += _table(["Engine", "Builder", "Dockerfile sha256", "Context sha256", "Size", "Stage times", "Cached"],
                       [[b.engine_version, b.builder_version, _code(b.dockerfile_sha256), _code(b.context_sha256),
                         f"{b.size / 1e6:.1f} MB", times, "yes" if b.cached else "no"]])
@@ -330,4 +378,5 @@ def load(path: str | Path) -> Report:
         return Report.model_validate_json(text)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise BadInput(clip(f"{path}: not a report: {'.'.join(map(str, err['loc']))}: {err['msg']}")) from None
+        where = ".".join(map(str, err["loc"]))
+        raise BadInput(clip(f"{path}: not a report: {where + ': ' if where else ''}{err['msg']}")) from None
