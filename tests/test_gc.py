@@ -19,9 +19,10 @@ import pytest
 from builder.core import files as fs
 from builder.core.errors import BadInput
 from builder.core.options import Settings
-from builder.engine import basecontainer
+from builder.engine import basecontainer, infra, normalize
 from builder.engine import client as engine
-from builder.image import context
+from builder.engine.registry import Registry
+from builder.image import ccache, context
 from builder.nightly import gc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,3 +161,78 @@ def test_a_failed_base_container_leaves_nothing_behind(tmp_path: Path, settings:
         assert sorted(p.name for p in (cache.cache_root / "logs").iterdir()) == ["gc-test-failed-lock"]
     finally:
         engine.remove_image(engine.connect(cache), image)
+
+
+# ---------------------------------------------------------------- seeds and raw layers
+
+
+def seed_image(docker_client: Any, settings: Settings, work: Path, name: str) -> str:
+    """A compiler-cache seed image made as ccache.prepare makes one (a harvested store's seed tar, combined and
+    imported as builder-ccache/seed:<sha[:16]>), holding a file only this one has; this run's hold on it."""
+    live = work / name / "live"
+    live.mkdir(parents=True)
+    (live / f"{name}-{os.getpid()}-{time.time_ns()}").write_bytes(os.urandom(16))
+    part, combined = work / name / "seed.tar", work / name / "combined.tar"
+    ccache._write_seed(live, "vllm", part)
+    ccache._combine(combined, None, [part])
+    tag = f"{ccache.REPOSITORY}:{fs.sha256_file(combined)[:16]}"
+    repository, _, short = tag.rpartition(":")
+    docker_client.api.import_image_from_file(str(combined), repository=repository, tag=short)
+    fs.hold(ccache.hold_path(settings, tag))
+    return tag
+
+
+def raw_manifest(docker_client: Any, settings: Settings, host: str, name: str) -> str:
+    """An image's raw-layer manifest pushed as normalisation pushes it (builder-raw/layers:<image ID hex>, held by
+    this run while it reads the layers back); the local image is removed, the tag in the registry stays."""
+    image_id = tiny_image(docker_client, "builder-tests/gc-raw", f"{name}-{os.getpid()}-{time.time_ns()}")
+    normalize.raw_manifest_via_registry(docker_client, image_id, host, settings)
+    engine.remove_image(docker_client, image_id)
+    return image_id.removeprefix("sha256:")
+
+
+@pytest.mark.docker
+def test_gc_removes_ended_seeds_and_raw_manifests_and_keeps_live_ones_and_others(
+        tmp_path: Path, settings: Settings, docker_client: Any, holder: Any) -> None:
+    cache = dataclasses.replace(settings, cache_root=tmp_path / "cache", run_id="gc-test-seeds")
+    other = dataclasses.replace(settings, cache_root=tmp_path / "other-cache", run_id="gc-test-other")
+    host = infra.registry_url()
+    reg = Registry.from_settings(host, cache)
+    seeds = {name: seed_image(docker_client, cache if name != "other" else other, tmp_path / "seeds", name)
+             for name in ("ended", "live", "other")}
+    time.sleep(1.1)  # the engine dates images by the second: the newest is newer than all three
+    seeds["newest"] = seed_image(docker_client, cache, tmp_path / "seeds", "newest")
+    raws = {name: raw_manifest(docker_client, cache if name != "other" else other, host, name)
+            for name in ("ended", "live", "other")}
+    for name, tag in seeds.items():  # this run's builds ended; another live run builds with the "live" seed
+        fs.release(ccache.hold_path(cache if name != "other" else other, tag))
+    for name, tag in raws.items():  # this run read its layers back; another live run is reading "live"'s
+        fs.release(normalize.raw_hold_path(cache if name != "other" else other, tag))
+    holder(ccache.hold_path(cache, seeds["live"]), normalize.raw_hold_path(cache, raws["live"]))
+    ids = {name: str(engine.inspect_image(docker_client, tag)["Id"]) for name, tag in seeds.items()}  # type: ignore[index]
+    digests = {name: reg.tag_digest(normalize.RAW_REPOSITORY, tag) for name, tag in raws.items()}
+    assert all(digests.values()) and len(set(digests.values())) == 3
+    try:
+        freed = gc.gc(cache, older_than_s=86400, registry_host=host)
+        newest = int(docker_client.api.images(name=seeds["newest"])[0]["Created"])
+        elsewhere = [i for i in docker_client.api.images(name=ccache.REPOSITORY)  # a seed another build made since
+                     if i["Id"] not in ids.values() and int(i["Created"]) >= newest]
+        assert freed.removed["seeds"] == [seeds["ended"]] or elsewhere
+        assert engine.inspect_image(docker_client, seeds["ended"]) is None
+        assert engine.inspect_image(docker_client, ids["ended"]) is None  # the image, unused, went too
+        assert not ccache.hold_path(cache, seeds["ended"]).exists()
+        assert freed.kept_live["seeds"] == [seeds["live"]]
+        for name in ("live", "other", "newest"):  # held by a live run; another cache's; the engine's newest
+            assert engine.inspect_image(docker_client, seeds[name]) is not None, name
+        assert freed.removed["raw layers"] == [f"{host}/{normalize.RAW_REPOSITORY}:{raws['ended']}"]
+        assert raws["ended"] not in reg.tags(normalize.RAW_REPOSITORY)
+        assert not normalize.raw_hold_path(cache, raws["ended"]).exists()
+        assert freed.kept_live["raw layers"] == [raws["live"]]
+        assert reg.tag_digest(normalize.RAW_REPOSITORY, raws["live"]) == digests["live"]
+        assert reg.tag_digest(normalize.RAW_REPOSITORY, raws["other"]) == digests["other"]
+    finally:
+        for tag in seeds.values():
+            engine.remove_image(docker_client, tag)
+        for name, digest in digests.items():
+            if digest:
+                reg.delete_manifest(normalize.RAW_REPOSITORY, digest)
