@@ -86,7 +86,8 @@ def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: b
         sys.stdout.write(pipeline.render_pins_only(pins))
         return
     config = settings()
-    rendered = pipeline.render(pins, pipeline.resolve(pins, config, offline, allow_moved_pr), config)
+    resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
+    rendered = pipeline.render(pins, pipeline.checked_lock(pins, resolved, config, offline), resolved, config)
     log.info(f"context {rendered.context_path} sha256:{rendered.context_sha256}")
     sys.stdout.write(rendered.dockerfile)
 
@@ -100,7 +101,8 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
     from builder import pipeline  # lazy: start-up
 
     config = settings()
-    rendered = pipeline.render(pins, pipeline.resolve(pins, config, offline, allow_moved_pr), config)
+    resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
+    rendered = pipeline.render(pins, pipeline.checked_lock(pins, resolved, config, offline), resolved, config)
     built = pipeline.build(rendered, config, nocache=nocache, quiet=quiet)
     typer.echo(built.model_dump_json(indent=2))
 

@@ -1,7 +1,9 @@
 """The backbone: each use case (lock, run, accept, publish, export-sqsh, rebuild, nightly) as one plain
 function over typed records. The CLI parses arguments and calls these; nightly and rebuild call the
-same functions. Each use case reads the pins file once and passes `Pins` down; only
-`release.trust` re-reads it, on purpose (publish believes the file, not the report).
+same functions. Each use case reads the pins file and its lock once and passes `(Pins, Lock)` down;
+render, build and run first check that the lock fits the pins (`checked_lock`). Publish and export read
+both again through `release.trust`, on purpose (publish believes the files, checked against the sha256s
+the report recorded, not the report).
 
     pins.load -> sources.resolve -> image.render -> image.build -> engine.staging.push
       -> accept.gates -> report.document -> release.publish (-> attest) -> release.sqsh
@@ -18,7 +20,7 @@ from builder.accept import gates
 from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
-from builder.core.errors import BadInput, NotAccepted, Regression
+from builder.core.errors import BadInput, NotAccepted, Regression, StaleLock
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Report, ResolvedSources, SqshExport
 from builder.engine import client as engine
@@ -26,6 +28,8 @@ from builder.engine import infra, staging
 from builder.image import build as build_stage
 from builder.image import render as render_stage
 from builder.lock import lockfile
+from builder.lock import record as lock_record
+from builder.lock.record import Lock
 from builder.nightly import follow, rundiff
 from builder.nightly.history import History
 from builder.pins import model as pins_model
@@ -67,14 +71,26 @@ def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_p
     return resolved
 
 
-def render(pins: Pins, resolved: ResolvedSources, settings: Settings) -> RenderedBuild:
+def checked_lock(pins: Pins, resolved: ResolvedSources, settings: Settings, offline: bool = False) -> Lock:
+    """The pins' lock, read once; BadInput (exit 2, the line `lock --check` prints) when it is stale for the
+    pins: nothing is rendered or built from it."""
+    lock = lock_record.of(pins)
+    try:
+        lockfile.check_fresh(settings, pins, resolved, lock, offline)
+    except StaleLock as stale:
+        raise stale.as_bad_input() from None
+    return lock
+
+
+def render(pins: Pins, lock: Lock, resolved: ResolvedSources, settings: Settings) -> RenderedBuild:
     with log.step("render"):
-        return render_stage.render(pins, resolved, settings)
+        return render_stage.render(pins, lock, resolved, settings)
 
 
 def render_pins_only(pins: Pins) -> str:
-    """The Dockerfile from the pins alone: nothing fetched, no context, trees unresolved."""
-    return render_stage.render_dockerfile(pins, None)
+    """The Dockerfile from the pins alone: nothing fetched, no context, trees unresolved (a review render,
+    never built: the lock is read, not checked against the commits)."""
+    return render_stage.render_dockerfile(pins, lock_record.of(pins), None)
 
 
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, quiet: bool = False) -> BuiltImage:
@@ -107,8 +123,9 @@ def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names:
     resolved = resolve(pins, settings, offline, allow_moved_pr)
     engine_url = engine_url or pins.acceptance.engine
     built = None
+    lock = checked_lock(pins, resolved, settings, offline) if image is None else lock_record.of(pins)
     if image is None:
-        built = build(render(pins, resolved, settings), settings, nocache=nocache)
+        built = build(render(pins, lock, resolved, settings), settings, nocache=nocache)
         image = built.image_id
         if stage or engine_url:
             repo = staging.staging_repository(pins.image.repository, pins.image.staging)
@@ -122,7 +139,7 @@ def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names:
         else:
             result = gates.accept(image, pins, settings, gates=gate_names or None, timeout_s=timeout)
     there = replace(settings, docker_host=engine_url) if engine_url else settings
-    report = document.make_report(pins, resolved, built, result, image_manifest=image_manifest(there, result.image_id))
+    report = document.make_report(pins, lock, resolved, built, result, image_manifest=image_manifest(there, result.image_id))
     run_dir = run_directory(out, pins.name, settings)
     paths = document.write(report, run_dir)
     key = key or settings.signing_key
@@ -160,8 +177,9 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
     `attest_once`, none when the key attested this digest before)."""
     with log.step("publish"):
         report = document.load(report_json)
-        pins = trust.check(report, str(report_json))  # the one deliberate re-read of the pins file
-        return publish_stage.publish(report, report_json, pins, settings, image=image, signing_key=key,
+        checked = trust.check(report, str(report_json))  # the deliberate re-read of the pins and the lock
+        pins, lock = checked if checked else (None, None)
+        return publish_stage.publish(report, report_json, pins, lock, settings, image=image, signing_key=key,
                                      attest_once=attest_once)
 
 
@@ -170,7 +188,8 @@ def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
     """The accepted image as an enroot .sqsh, checked file by file and smoked, recorded in the report."""
     with log.step("export .sqsh"):
         report = document.load(report_json)
-        pins = trust.check(report, str(report_json))
+        checked = trust.check(report, str(report_json))
+        pins = checked[0] if checked else None
         return sqsh.export(report, report_json, pins, settings, out=out, squash_options=squash_options)
 
 
@@ -180,7 +199,8 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     report = document.load(report_json)
     rebuild.recorded_digest(report, report_json)
     pins = load_pins(Path(report.sources.pins_path))
-    rendered = render(pins, resolve(pins, settings), settings)
+    resolved = resolve(pins, settings)
+    rendered = render(pins, checked_lock(pins, resolved, settings), resolved, settings)
     rendered = rendered.model_copy(update={"tag": rebuild.rebuild_tag(rendered.tag)})
     with log.step("rebuild --nocache"):
         built = build_stage.build(rendered, settings, nocache=True, echo=False)

@@ -1,7 +1,8 @@
 """One error hierarchy: every exit code of the tool comes from one of these classes, caught once in
 the CLI's entry (`builder.cli.main`), like cibuildwheel's errors module.
 
-    1 NotAccepted, BuildFailed, PublishError, AttestationError   2 BadInput   3 InfraError
+    1 NotAccepted, BuildFailed, PublishError, AttestationError, StaleLock (`lock --check`)   2 BadInput
+    3 InfraError
     4 Regression (nightly: accepted, a regression flag is up)   130 Interrupted (SIGINT / SIGTERM)
 """
 from __future__ import annotations
@@ -34,6 +35,16 @@ class NotAccepted(BuilderError):
 class BuildFailed(BuilderError):
     exit_code = 1
     steps: tuple[Any, ...] = ()  # the engine's steps up to the failing one (completed ones keep their images)
+
+
+class StaleLock(BuilderError):
+    """`builder lock --check`: the lock no longer matches the pins (exit 1). render, build and run refuse
+    the same lock as bad input (`as_bad_input`, exit 2)."""
+
+    exit_code = 1
+
+    def as_bad_input(self) -> BadInput:
+        return BadInput(str(self))
 
 
 class PublishError(BuilderError):

@@ -90,22 +90,6 @@ def parse_lock(text: str, where: str = "lock") -> list[LockEntry]:
     return entries
 
 
-def read_lock(path: Path) -> tuple[bytes, list[LockEntry]]:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BadInput(f"{path}: expected a readable lock file ({exc.strerror})") from None
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        raise BadInput(f"{path}: expected a UTF-8 lock file") from None
-    return data, parse_lock(text, str(path))
-
-
-def has_requirements(path: Path) -> bool:
-    return bool(read_lock(path)[1])
-
-
 def wheel_name_version(filename: str) -> tuple[str, str]:
     if not filename.endswith(".whl"):
         raise InfraError(f"{filename}: not a wheel (only wheels are installed offline)")
@@ -134,27 +118,31 @@ def pip_download(args: list[str], dest: Path, target: Target, logfile: Path) -> 
     commands.run_logged(argv, logfile, "pip download")
 
 
-def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
-    """The wheels of a hashed lock, downloaded once per lock and target, verified against the lock."""
-    data, entries = read_lock(lock_path)
-    dest = wheelhouse(data, target, settings)
+def ensure_wheels(where: Path, text: str, wheel_key: bytes, target: Target, settings: Settings) -> Path:
+    """The wheels of a hashed lock (its text, read once by builder/lock/record.py), downloaded once per lock
+    and target, verified against the lock."""
+    entries = parse_lock(text, str(where))
+    dest = wheelhouse(wheel_key, target, settings)
     with fs.locked(dest.parent / f".{dest.name}.lock"):
         if match_files(dest, entries) is not None:
-            log.info(f"wheels for {lock_path}: reused {dest}")
+            log.info(f"wheels for {where}: reused {dest}")
             return dest
         fs.sweep_parts(dest.parent)  # what a killed run left
         work = fs.part_dir(dest.parent, "wheels")
         try:
-            with log.step(f"pip download {lock_path.name} (cp{target.abi[2:]}, {target.machine})"):
-                pip_download(["--no-deps", "--require-hashes", "-r", str(lock_path)], work, target,
+            requirements = work / "requirements.lock"
+            requirements.write_text(text)
+            with log.step(f"pip download {where.name} (cp{target.abi[2:]}, {target.machine})"):
+                pip_download(["--no-deps", "--require-hashes", "-r", str(requirements)], work, target,
                              settings.cache("logs") / "pip-download-lock.log")
+            requirements.unlink()
             for wheel in work.iterdir():  # each whole file renamed into place: no partial wheel in dest
                 os.replace(wheel, dest / wheel.name)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if match_files(dest, entries) is None:
-            raise InfraError(f"{dest}: downloaded wheels do not match the hashes in {lock_path}")
-        log.info(f"wheels for {lock_path}: {len(entries)} in {dest}")
+            raise InfraError(f"{dest}: downloaded wheels do not match the hashes in {where}")
+        log.info(f"wheels for {where}: {len(entries)} in {dest}")
         return dest
 
 
