@@ -23,7 +23,7 @@ $(TEST_STAMP): $(STAMP)
 
 # Start the Docker engine and the 127.0.0.1:5000 registry if they are not running (idempotent).
 setup: venv
-	$(PYTHON) -m builder.engine.infra
+	$(PYTHON) -m builder setup
 
 # The demo base image (debootstrap + offline venv with CPU torch), cached by recipe hash.
 base: setup

@@ -57,6 +57,20 @@ def setup() -> None:
     typer.echo(json.dumps(pipeline.setup(settings()), indent=2))
 
 
+@app.command("pins")
+def pins_cmd(pins_path: Optional[Path] = typer.Argument(None, help="pins file (YAML) to validate"),
+             schema: bool = typer.Option(False, "--schema", help="print the JSON Schema of pins files instead")) -> None:
+    """Validate a pins file and print it as JSON (stdout); with --schema, print the pins JSON Schema."""
+    if schema:
+        from builder import pipeline  # lazy: start-up
+
+        sys.stdout.write(pipeline.pins_schema())
+        return
+    if pins_path is None:
+        raise BadInput("PINS: expected a pins file (or --schema)")
+    typer.echo(json.dumps(load_pins(pins_path).to_json_dict(), indent=2))
+
+
 @app.command()
 def resolve(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
             json_out: Optional[Path] = typer.Option(None, "--json", help="also write the record here")) -> None:

@@ -64,6 +64,11 @@ def load_pins(path: Path) -> Pins:
         return pins_model.load(path)
 
 
+def pins_schema() -> str:
+    """The JSON Schema of pins files (builder/pins/schema/pins.schema.json is this text)."""
+    return pins_model.schema_json()
+
+
 def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedSources:
     with log.step("resolve sources"):
         resolved = sources.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)

@@ -4,6 +4,8 @@ the CLI's entry (`builder.cli.main`), like cibuildwheel's errors module.
     1 NotAccepted, BuildFailed, PublishError, AttestationError, StaleLock (`lock --check`)   2 BadInput
     3 InfraError
     4 Regression (nightly: accepted, a regression flag is up)   130 Interrupted (SIGINT / SIGTERM)
+
+A usage error is 2 (`USAGE`); a fleet exits with the most severe of its runs' codes (`SEVERITY`, `severest`).
 """
 from __future__ import annotations
 
@@ -86,3 +88,16 @@ class Interrupted(KeyboardInterrupt):
     cleanup in `finally` blocks runs, then the CLI prints one line and exits 130."""
 
     exit_code = 130
+
+
+USAGE = BadInput.exit_code  # a refused command line (unknown option, missing argument) is bad input
+# Exit codes, most severe first: what a fleet of runs (`builder nightly A B ...`) exits with; any other code
+# counts as 1.
+SEVERITY = (Interrupted.exit_code, InfraError.exit_code, BadInput.exit_code, NotAccepted.exit_code,
+            Regression.exit_code, 0)
+
+
+def severest(codes: list[int]) -> int:
+    """The most severe of several exit codes (SEVERITY); 0 for none."""
+    rank = {c: i for i, c in enumerate(SEVERITY)}
+    return min((c if c in rank else NotAccepted.exit_code for c in codes), key=lambda c: rank[c], default=0)

@@ -657,6 +657,9 @@ def start_lock_file(pins_path: Path) -> None:
         return
     if not isinstance(rel, str) or not pins_mod._match("rel_path", rel):
         return
-    path = (pins_path.resolve().parent / rel).resolve()
-    if pins_path.resolve().parent in path.parents and not path.exists() and path.parent.is_dir():
-        path.write_text("# not locked yet: run `builder lock PINS`\n")
+    try:
+        path = (pins_path.resolve().parent / rel).resolve()
+        if pins_path.resolve().parent in path.parents and not path.exists() and path.parent.is_dir():
+            path.write_text("# not locked yet: run `builder lock PINS`\n")
+    except (OSError, RuntimeError):  # a symlink loop, a path too long: pins_mod.load names it in one line
+        return

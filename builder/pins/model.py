@@ -6,14 +6,13 @@ Every string that can reach a Dockerfile or a shell is checked against a whiteli
 Hostile input is bounded before it is walked (builder/pins/yamlguard.py), image references follow the
 distribution grammar (builder/core/imageref.py), pip options and env names pass allow-lists
 (builder/pins/allowlist.py); error lines show values escaped and elided (builder/core/safetext.py).
-Regenerate the JSON Schema with `python -m builder.pins.model --schema > builder/pins/schema/pins.schema.json`.
+Regenerate the JSON Schema with `builder pins --schema > builder/pins/schema/pins.schema.json`.
 """
 import hashlib
 import json
 import math
 import posixpath
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -36,7 +35,7 @@ from pydantic import (
 from builder.core import imageref as reference
 from builder.core.constants import COMPONENTS, DEFAULT_REQUIRED, GATES, METRICS
 from builder.core.errors import BadInput
-from builder.core.safetext import clip, fit, show
+from builder.core.safetext import clip, show
 from builder.pins import allowlist, inputfile, yamlguard
 
 # Whitelists (full match). None of them admits newline, quote, backslash, $, backtick, ; & | < > or space.
@@ -833,17 +832,3 @@ def schema_json() -> str:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Pins file (schema_version 1)"
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--schema"]:
-        sys.stdout.write(schema_json())
-    elif len(sys.argv) == 2:
-        try:
-            print(json.dumps(load(sys.argv[1]).to_json_dict(), indent=2))
-        except BadInput as exc:
-            print(fit(f"error: {exc}"), file=sys.stderr)
-            sys.exit(exc.exit_code)
-    else:
-        print("usage: python -m builder.pins.model --schema | PINS_FILE", file=sys.stderr)
-        sys.exit(2)
