@@ -30,13 +30,15 @@ from builder.image import render as render_stage
 from builder.lock import lockfile
 from builder.lock import record as lock_record
 from builder.lock.record import Lock
-from builder.nightly import follow, rundiff
+from builder.nightly import fleet, follow, rundiff
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
 from builder.release import attest, dsse, rebuild, sqsh, trust
 from builder.release import publish as publish_stage
+from builder.release import verify as verify_stage
 from builder.report import document
+from builder.report.ctrf import to_ctrf
 from builder.sources import resolve as sources
 
 
@@ -259,6 +261,45 @@ def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: b
     if flag:
         raise Regression(f"{pins_path}: accepted, but a regression flag is up; see {paths['md']}")
     return done
+
+
+def nightly_fleet(pins_paths: list[Path], settings: Settings, jobs: int, follow_prs: bool = False,
+                  publish: bool = False, out: Path | None = None, key: Path | None = None) -> int:
+    """Several pins files as a fleet: one `builder nightly` process each, at most `jobs` at once; returns the
+    most severe of their exit codes (core/errors.py SEVERITY)."""
+    flags = [*(["--follow-prs"] if follow_prs else []), *(["--publish"] if publish else []),
+             *(["--key", str(key)] if key else [])]
+    outcomes = fleet.run_fleet(fleet.plan(pins_paths, out, settings), jobs, flags)
+    return fleet.severest([o.code for o in outcomes])
+
+
+REPORT_FORMATS = ("md", "json", "junit", "ctrf")
+
+
+def report_text(report_json: Path, fmt: str) -> str:
+    """A stored report as Markdown, JSON, JUnit XML or CTRF JSON."""
+    if fmt not in REPORT_FORMATS:
+        raise BadInput(f"--format: expected md, json, junit or ctrf, got {fmt[:40]!r}")
+    report = document.load(report_json)
+    if fmt == "json":
+        return report.model_dump_json(indent=2)
+    if fmt == "junit":
+        return document.to_junit(report)
+    if fmt == "ctrf":
+        return json.dumps(to_ctrf(report), indent=2)
+    return document.to_markdown(report)
+
+
+def keygen(private: Path, public: Path | None = None) -> tuple[Path, str]:
+    """An ed25519 key pair (private mode 0600); returns (public key path, key ID)."""
+    public = public or private.with_name(private.name + ".pub")
+    return public, dsse.keygen(private, public)
+
+
+def verify(reference: str, keys: list[Path], settings: Settings, require_all_keys: bool = False) -> verify_stage.Outcome:
+    """What the trusted keys signed for REPOSITORY@sha256:...; AttestationError naming the first failed check."""
+    publics = [dsse.load_public(k) for k in keys]
+    return verify_stage.verify(reference, publics, settings, require_all_keys=require_all_keys)
 
 
 def image_manifest(settings: Settings, image_id: str) -> dict[str, Any] | None:
