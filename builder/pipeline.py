@@ -21,6 +21,7 @@ from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
 from builder.core.errors import BadInput, NotAccepted, Regression, StaleLock
+from builder.core.imageref import by_digest
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Report, ResolvedSources, SqshExport
 from builder.engine import client as engine
@@ -138,8 +139,9 @@ def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names:
             repo = staging.staging_repository(pins.image.repository, pins.image.staging)
             built.staged = image = staging.push(built.manifest_digest, repo, pins.base.name, settings)
     with log.step("acceptance"):
-        if "@sha256:" in image:
-            result = gates.accept_staged(image, pins, built.image_id if built else None, engine_url,
+        staged = by_digest(image)
+        if staged is not None:
+            result = gates.accept_staged(staged, pins, built.image_id if built else None, engine_url,
                                          gate_names or None, timeout, settings)
         elif engine_url:
             raise BadInput("--engine: expected --image REPOSITORY@sha256:<digest> (another engine pulls by digest)")

@@ -9,7 +9,6 @@ exports the sources and native inputs into the cache. The lock is the `Lock` the
 from __future__ import annotations
 
 import hashlib
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from builder.pins.model import Pins
 from builder.sources import scmversion
 
 UNRESOLVED = "unresolved"
-BASE_RX = re.compile(r"[a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64}")  # defence in depth behind pins validation
 
 
 def sha_tag(pins: Pins) -> str:
@@ -156,7 +154,7 @@ def component_entries(pins: Pins, sources: ResolvedSources | None,
 def render_dockerfile(pins: Pins, lock: Lock, sources: ResolvedSources | None) -> str:
     """The Dockerfile text; with sources None the tree and created labels read "unresolved"
     (a review render of pins whose repositories are not reachable; never built)."""
-    if not BASE_RX.fullmatch(pins.base.image):
+    if not dockerfile.pinned_base(str(pins.base.image)):  # defence in depth behind pins validation
         raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image[:80]!r}")
     deps, build_deps = bool(lock.runtime), bool(lock.build)
     comps = component_entries(pins, sources, (["/install/buildtools"] if build_deps else [])

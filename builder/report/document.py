@@ -37,8 +37,7 @@ SEVERITY = {"fail": 3, "inconclusive": 2, "not_run": 1, "pass": 0}
 def image_tags(pins: Pins) -> list[str]:
     """The SHA tag (from the render stage's sha_tag) first, then the human tags of the pins."""
 
-    tag = sha_tag(pins).rsplit("/", 1)[-1]
-    tag = tag.split(":", 1)[1] if ":" in tag else tag  # accept '<repository>:<tag>' too
+    tag = sha_tag(pins)
     return [tag] + [t for t in pins.image.tags if t != tag]
 
 
