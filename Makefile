@@ -23,7 +23,7 @@ $(TEST_STAMP): $(STAMP)
 
 # Start the Docker engine and the 127.0.0.1:5000 registry if they are not running (idempotent).
 setup: venv
-	$(PYTHON) -m builder.engine.infra
+	$(PYTHON) -m builder setup
 
 # The demo base image (debootstrap + offline venv with CPU torch), cached by recipe hash.
 base: setup
@@ -47,7 +47,8 @@ test-fast: venv-test
 	$(PYTHON) -m pytest -q -ra -m "not docker and not slow"
 
 # Not a CI test: lock, build and check an image with real Megatron-LM and verl PR heads from local
-# bare mirrors (MIRRORS=DIR holding megatron.git, verl.git, verl-recipe.git; see the script).
+# bare mirrors (MIRRORS=DIR holding megatron.git, verl.git, verl-recipe.git; see the script); VLLM_VERSION=X.Y.Z
+# picks the vLLM release (default: the newest on pip's configured index).
 real-repos: setup
-	@test -n "$(MIRRORS)" || { echo "usage: make real-repos MIRRORS=DIR"; exit 2; }
-	$(PYTHON) benchmarks/real_repos.py --mirrors $(MIRRORS)
+	@test -n "$(MIRRORS)" || { echo "usage: make real-repos MIRRORS=DIR [VLLM_VERSION=X.Y.Z]"; exit 2; }
+	$(PYTHON) benchmarks/real_repos.py --mirrors $(MIRRORS) $(if $(VLLM_VERSION),--vllm-version $(VLLM_VERSION))

@@ -23,6 +23,7 @@ from builder.core.options import Settings  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.engine import staging  # noqa: E402
 from builder.image import build, render  # noqa: E402
+from builder.lock import record as lock_record
 from builder.pins import model as pins_mod  # noqa: E402
 from builder.sources import resolve as sources  # noqa: E402
 from demo.prepare import LOCAL_PINS, prepare_demo, variant_pins  # noqa: E402
@@ -75,7 +76,7 @@ def end_to_end(pins_path: Path, client) -> tuple[dict[str, float], object]:
     pins = pins_mod.load(pins_path)
     resolved = sources.resolve(pins, SETTINGS)
     start = mark = time.monotonic()
-    rendered = render.render(pins, resolved, SETTINGS)
+    rendered = render.render(pins, lock_record.of(pins), resolved, SETTINGS)
     times["render"] = time.monotonic() - mark
     mark = time.monotonic()
     built = build.build(rendered, SETTINGS, echo=False)

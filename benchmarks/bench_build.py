@@ -27,6 +27,7 @@ from builder.core.options import Settings  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.engine import normalize, staging  # noqa: E402
 from builder.image import build, dockerfile, render  # noqa: E402
+from builder.lock import record as lock_record
 from builder.pins import model as pins_mod  # noqa: E402
 from builder.sources import resolve as sources  # noqa: E402
 from demo.prepare import LOCAL_PINS, prepare_demo, variant_pins  # noqa: E402
@@ -43,7 +44,7 @@ def timed_build(pins_path, nocache=False):
     pins = pins_mod.load(pins_path)
     resolved = sources.resolve(pins, SETTINGS)
     start = time.monotonic()
-    rendered = render.render(pins, resolved, SETTINGS)
+    rendered = render.render(pins, lock_record.of(pins), resolved, SETTINGS)
     built = build.build(rendered, SETTINGS, nocache=nocache, echo=False)
     return time.monotonic() - start, built, rendered
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from builder.core.options import Settings  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.image import build, ccache, render  # noqa: E402
+from builder.lock import record as lock_record
 from builder.pins import model as pins_mod  # noqa: E402
 from builder.sources import resolve as sources  # noqa: E402
 from demo.prepare import prepare_demo, variant_pins  # noqa: E402
@@ -78,7 +79,7 @@ def install_time(log_path: Path) -> dict:
 
 def run(pins_path: Path, settings: Settings) -> dict:
     pins = pins_mod.load(pins_path)
-    rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
+    rendered = render.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     built = build.build(rendered, settings, echo=False)
     steps = json.loads(build.steps_file(built).read_text())
     step = next(s for s in steps if "install.py" in s["instruction"] and "/vllm.json" in s["instruction"])

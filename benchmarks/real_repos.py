@@ -7,7 +7,7 @@ usage: python benchmarks/real_repos.py --mirrors DIR [--vllm real|demo] [--megat
 DIR holds bare mirrors: megatron.git and verl.git (each with refs/heads/main and
 refs/pull/<N>/head), verl-recipe.git (verl's `recipe` submodule), onednn.git (uxlfoundation/oneDNN
 with the tag vLLM's CMake names) and vllm-<version>.git; a missing one is made from that vLLM sdist
-on PyPI (benchmarks/real_vllm.py: tag v<version>, one Python-only commit on top as PR #1). Trim a
+on pip's index (benchmarks/real_vllm.py: tag v<version>, one Python-only commit on top as PR #1). Trim a
 GitHub snapshot to the refs needed with `git init --bare DIR/x.git && git -C DIR/x.git fetch SNAPSHOT
 +refs/heads/main:refs/heads/main +refs/pull/N/head:refs/pull/N/head`. Optional mirrors of vLLM's
 CUDA native inputs (CUDA_INPUTS below) let the CUDA listing resolve their tags.
@@ -88,7 +88,7 @@ COMPAT_TRITON = {"package": "triton", "version": "3.9.0",
 # vLLM's requirements/cpu.txt: `triton @ https://github.com/triton-lang/triton-cpu/releases/...whl`
 # (triton-cpu, GitHub only). The CPU build does not use it; the locked triton (above) takes its place.
 VLLM_DIRECT_URLS = [{"package": "triton", "version": "3.9.0",
-                     "reason": "triton-cpu is a GitHub release asset, not on PyPI. The CPU build does not need it "
+                     "reason": "triton-cpu is a GitHub release asset, not on the package index. The CPU build does not need it "
                                "and megatron.core needs the locked triton 3.9.0 anyway"}]
 
 
@@ -198,7 +198,7 @@ class Clock:
 
 
 def ensure_vllm_repo(mirrors: Path, work: Path, version: str) -> None:
-    """DIR/vllm-<version>.git from that vLLM sdist on PyPI, unless it is there."""
+    """DIR/vllm-<version>.git from that vLLM sdist on pip's configured index, unless it is there."""
     if (mirrors / real_vllm.repo_name(version) / "HEAD").exists():
         return
     subprocess.run([sys.executable, "benchmarks/real_vllm.py", "--mirrors", str(mirrors), "--work", str(work),
@@ -210,7 +210,7 @@ def main() -> int:
     ap.add_argument("--mirrors", type=Path, required=True)
     ap.add_argument("--vllm", choices=["real", "demo"], default="real",
                     help="real: vLLM from its newest sdist, cpu target (default); demo: tinyengine")
-    ap.add_argument("--vllm-version", help="default: the newest on PyPI (0.33.0 conflicts with verl #7369 on"
+    ap.add_argument("--vllm-version", help="default: the newest on pip's configured index (0.33.0 conflicts with verl #7369 on"
                     " transformers; 0.31.0 is the newest that does not)")
     ap.add_argument("--megatron-pr", type=int, default=6772)
     ap.add_argument("--verl-pr", type=int, default=7369)

@@ -1,29 +1,28 @@
-"""Real vLLM for the real-repos check: a git repository made from vLLM's newest release sdist on PyPI.
+"""Real vLLM for the real-repos check: a git repository made from a vLLM release sdist on pip's index.
 
 usage: python benchmarks/real_vllm.py --mirrors DIR [--version X.Y.Z] [--work DIR]
 
 Writes DIR/vllm-<version>.git: the sdist's files as one commit tagged `v<version>` on refs/heads/main, plus one
 Python-only commit on top as the PR (refs/pull/1/head). Fixed author and dates, so the commits are
-the same on every machine for the same sdist. The sdist comes from `pip download --no-deps
---no-build-isolation --no-binary :all:`; pip prepares metadata on the way, which vLLM's setup.py
-cannot do without setuptools-rust, so the fallback is the sdist URL from PyPI's JSON API, checked
-against its sha256.
+the same on every machine for the same sdist. Only pip talks to the index, the one pip is configured with
+(PIP_INDEX_URL, pip.conf; a mirror or an internal index works): `pip index versions vllm` gives the newest
+version, `pip download --no-deps --no-binary :all: vllm==X` the sdist (and its hash check). pip prepares
+metadata on the way; vLLM's setup.py needs setuptools-rust and setuptools-scm for that, and torch (its
+build requirement, GBs) is not wanted: so pip runs without build isolation in a throwaway venv that sees
+this interpreter's packages (torch) and gets the two build tools from the same index; VLLM_TARGET_DEVICE=empty
+keeps setup.py from looking for a toolchain.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
-PYPI_JSON = "https://pypi.org/pypi/vllm/json"
 PR_NUMBER = 1
 # sdist-only files that are not in vLLM's git tree
 SDIST_ONLY = ("PKG-INFO", "vllm.egg-info")
@@ -32,48 +31,53 @@ IDENTITY = {"GIT_AUTHOR_NAME": "real-repos", "GIT_AUTHOR_EMAIL": "real-repos@loc
 # The PR: a Python-only change (a default of the batch-invariance switch's docs), no build file touched.
 PR_FILE = "vllm/envs.py"
 PR_NOTE = "# real-repos PR: Python-only change on top of the release (no build file touched)\n"
+METADATA_TOOLS = ("setuptools-rust", "setuptools-scm>=8")  # what vLLM's setup.py imports to give its metadata
+PIP = ("-m", "pip", "--disable-pip-version-check")
 
 
 def say(message: str) -> None:
     print(message, flush=True)
 
 
+def _pip(python: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, *PIP, *args], capture_output=True, text=True, check=False, env=env)
+
+
+def _why(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return next((line.strip() for line in lines if "rror" in line), lines[-1] if lines else "?")
+
+
 def newest_version() -> str:
-    with urllib.request.urlopen(PYPI_JSON, timeout=60) as resp:
-        return str(json.load(resp)["info"]["version"])
+    """The newest vllm on pip's configured index (`pip index versions`)."""
+    proc = _pip(sys.executable, "index", "versions", "vllm")
+    found = re.search(r"^vllm \(([^)\s]+)\)", proc.stdout, re.M)
+    if proc.returncode != 0 or found is None:
+        raise SystemExit(f"pip index versions vllm: {_why(proc)}; pass --version (make real-repos VLLM_VERSION=...)")
+    return found.group(1)
 
 
 def download_sdist(version: str, dest: Path) -> Path:
-    """The sdist of vllm==version in dest: pip first, else PyPI's JSON API (sha256 checked)."""
+    """The sdist of vllm==version in dest, by `pip download` from pip's configured index."""
     dest.mkdir(parents=True, exist_ok=True)
     found = sorted(dest.glob(f"vllm-{version}.tar.gz"))
     if found:
         return found[0]
-    # --no-build-isolation: pip prepares metadata on the way; isolated, it would first install vLLM's
-    # build requirements (torch == X, GBs of CUDA wheels) just to fail or to read the metadata
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation", "--no-binary",
-                           ":all:", f"vllm=={version}", "-d", str(dest)], capture_output=True, text=True, check=False)
+    with tempfile.TemporaryDirectory(prefix="real-vllm-pip-") as tmp:
+        venv = Path(tmp) / "venv"  # sees this interpreter's packages (torch), gets only the metadata tools
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        python = str(venv / "bin" / "python")
+        tools = _pip(python, "install", "-q", *METADATA_TOOLS)
+        if tools.returncode != 0:
+            raise SystemExit(f"pip install {' '.join(METADATA_TOOLS)}: {_why(tools)}")
+        env = {**os.environ, "VLLM_TARGET_DEVICE": "empty"}
+        proc = _pip(python, "download", "--no-deps", "--no-build-isolation", "--no-binary", ":all:",
+                    f"vllm=={version}", "-d", str(dest), env=env)
     found = sorted(dest.glob(f"vllm-{version}.tar.gz"))
-    if proc.returncode == 0 and found:
-        say(f"sdist       pip download: {found[0].name}")
-        return found[0]
-    why = (proc.stdout + proc.stderr).strip().splitlines()
-    reason = next((line.strip() for line in why if "Error" in line), why[-1] if why else "?")
-    say(f"sdist       pip download failed ({reason}); using PyPI's JSON API")
-    with urllib.request.urlopen(PYPI_JSON, timeout=60) as resp:
-        releases = json.load(resp)["releases"].get(version, [])
-    sdist = next((u for u in releases if u["packagetype"] == "sdist"), None)
-    if sdist is None:
-        raise SystemExit(f"vllm {version}: PyPI lists no sdist")
-    url = urllib.parse.urljoin(PYPI_JSON, sdist["url"])
-    with urllib.request.urlopen(url, timeout=600) as resp:
-        data = resp.read()
-    if hashlib.sha256(data).hexdigest() != sdist["digests"]["sha256"]:
-        raise SystemExit(f"{url}: sha256 does not match PyPI's")
-    path = dest / sdist["filename"]
-    path.write_bytes(data)
-    say(f"sdist       {url} sha256 {sdist['digests']['sha256']}")
-    return path
+    if proc.returncode != 0 or not found:
+        raise SystemExit(f"pip download vllm=={version} (sdist): {_why(proc)}")
+    say(f"sdist       pip download: {found[0].name}")
+    return found[0]
 
 
 def git(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -116,7 +120,7 @@ def repo_name(version: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mirrors", type=Path, required=True)
-    ap.add_argument("--version", help="default: the newest on PyPI")
+    ap.add_argument("--version", help="default: the newest on pip's configured index")
     ap.add_argument("--work", type=Path, default=Path(__file__).resolve().parent.parent / ".cache" / "real-repos")
     args = ap.parse_args()
     version = args.version or newest_version()

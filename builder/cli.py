@@ -1,4 +1,5 @@
-"""Command line: parses arguments and calls the use cases in builder/pipeline.py; nothing else.
+"""Command line: parses arguments and calls the use cases in builder/pipeline.py; nothing else (its only
+other import is the pins loader, so that bad input is refused before the pipeline's libraries load).
 
 Errors are caught once, in `main`: every exit code comes from the error hierarchy (builder/core/errors.py).
 The pipeline (and the stage modules under it) are imported inside each command so that `--help` and a
@@ -73,6 +74,20 @@ def setup() -> None:
     typer.echo(json.dumps(pipeline.setup(settings()), indent=2))
 
 
+@app.command("pins")
+def pins_cmd(pins_path: Optional[Path] = typer.Argument(None, help="pins file (YAML) to validate"),
+             schema: bool = typer.Option(False, "--schema", help="print the JSON Schema of pins files instead")) -> None:
+    """Validate a pins file and print it as JSON (stdout); with --schema, print the pins JSON Schema."""
+    if schema:
+        from builder import pipeline  # lazy: start-up
+
+        sys.stdout.write(pipeline.pins_schema())
+        return
+    if pins_path is None:
+        raise BadInput("PINS: expected a pins file (or --schema)")
+    typer.echo(json.dumps(load_pins(pins_path).to_json_dict(), indent=2))
+
+
 @app.command()
 def resolve(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
             json_out: Optional[Path] = typer.Option(None, "--json", help="also write the record here")) -> None:
@@ -102,7 +117,8 @@ def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: b
         sys.stdout.write(pipeline.render_pins_only(pins))
         return
     config = settings()
-    rendered = pipeline.render(pins, pipeline.resolve(pins, config, offline, allow_moved_pr), config)
+    resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
+    rendered = pipeline.render(pins, pipeline.checked_lock(pins, resolved, config, offline), resolved, config)
     log.info(f"context {rendered.context_path} sha256:{rendered.context_sha256}")
     sys.stdout.write(rendered.dockerfile)
 
@@ -116,7 +132,8 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
     from builder import pipeline  # lazy: start-up
 
     config = settings()
-    rendered = pipeline.render(pins, pipeline.resolve(pins, config, offline, allow_moved_pr), config)
+    resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
+    rendered = pipeline.render(pins, pipeline.checked_lock(pins, resolved, config, offline), resolved, config)
     built = pipeline.build(rendered, config, nocache=nocache, quiet=quiet)
     typer.echo(built.model_dump_json(indent=2))
 
@@ -163,21 +180,10 @@ def lock_cmd(pins_path: Path = PinsArg,
 @app.command("report")
 def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a run"),
                fmt: str = typer.Option("md", "--format", help="md | json | junit | ctrf")) -> None:
-    """Print a stored report as Markdown, JSON or JUnit XML."""
-    from builder.report import document as report_mod  # lazy: start-up
-    from builder.report.ctrf import to_ctrf  # lazy: start-up
+    """Print a stored report as Markdown, JSON, JUnit XML or CTRF JSON."""
+    from builder import pipeline  # lazy: start-up
 
-    report = report_mod.load(report_json)
-    if fmt == "json":
-        typer.echo(report.model_dump_json(indent=2))
-    elif fmt == "junit":
-        typer.echo(report_mod.to_junit(report))
-    elif fmt == "ctrf":
-        typer.echo(json.dumps(to_ctrf(report), indent=2))
-    elif fmt == "md":
-        typer.echo(report_mod.to_markdown(report))
-    else:
-        raise BadInput(f"--format: expected md, json, junit or ctrf, got {fmt[:40]!r}")
+    typer.echo(pipeline.report_text(report_json, fmt))
 
 
 @app.command()
@@ -249,10 +255,9 @@ def keygen(private: Path = typer.Argument(..., help="private key file to write (
            public: Optional[Path] = typer.Option(None, "--public", help="public key file (default: PRIVATE.pub)"),
            ) -> None:
     """Write an ed25519 key pair for signing attestations; prints the public key path and key ID."""
-    from builder.release import dsse  # lazy: start-up
+    from builder import pipeline  # lazy: start-up
 
-    public = public or private.with_name(private.name + ".pub")
-    kid = dsse.keygen(private, public)
+    public, kid = pipeline.keygen(private, public)
     typer.echo(f"public key {public} (key ID {kid})")
 
 
@@ -265,11 +270,9 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
            ) -> None:
     """Check the attestations a trusted key signed for a published image; others are listed as untrusted.
     Exit 0 all pass, 1 naming the first failed check."""
-    from builder.release import dsse  # lazy: start-up
-    from builder.release import verify as verify_mod  # lazy: start-up
+    from builder import pipeline  # lazy: start-up
 
-    publics = [dsse.load_public(k) for k in key]
-    outcome = verify_mod.verify(reference, publics, settings(), require_all_keys=require_all_keys)
+    outcome = pipeline.verify(reference, key, settings(), require_all_keys=require_all_keys)
     for line in outcome.passed:
         typer.echo(f"ok  {line}")
     for line in (outcome.untrusted, outcome.foreign):
@@ -290,12 +293,10 @@ def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML)
     Exit codes as `run`, plus 4 when accepted but a regression flag is up; several pins files run in
     parallel processes (at most --jobs at once) and the most severe exit code is the fleet's."""
     if len(pins_paths) > 1:
-        from builder.nightly import fleet  # lazy: start-up
+        from builder import pipeline  # lazy: start-up
 
-        flags = [*(["--follow-prs"] if follow_prs else []), *(["--publish"] if publish else []),
-                 *(["--key", str(key)] if key else [])]
-        outcomes = fleet.run_fleet(fleet.plan(pins_paths, out, settings()), jobs, flags)
-        raise typer.Exit(fleet.severest([o.code for o in outcomes]))
+        raise typer.Exit(pipeline.nightly_fleet(pins_paths, settings(), jobs, follow_prs=follow_prs,
+                                                publish=publish, out=out, key=key))
     pins = load_pins(pins_paths[0])  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 

@@ -1,7 +1,9 @@
 """The backbone: each use case (lock, run, accept, publish, export-sqsh, rebuild, nightly) as one plain
 function over typed records. The CLI parses arguments and calls these; nightly and rebuild call the
-same functions. Each use case reads the pins file once and passes `Pins` down; only
-`release.trust` re-reads it, on purpose (publish believes the file, not the report).
+same functions. Each use case reads the pins file and its lock once and passes `(Pins, Lock)` down;
+render, build and run first check that the lock fits the pins (`checked_lock`). Publish and export read
+both again through `release.trust`, on purpose (publish believes the files, checked against the sha256s
+the report recorded, not the report).
 
     pins.load -> sources.resolve -> image.render -> image.build -> engine.staging.push
       -> accept.gates -> report.document -> release.publish (-> attest) -> release.sqsh
@@ -18,7 +20,8 @@ from builder.accept import gates
 from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
-from builder.core.errors import BadInput, NotAccepted, Regression
+from builder.core.errors import BadInput, NotAccepted, Regression, StaleLock
+from builder.core.imageref import by_digest
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Report, ResolvedSources, SqshExport
 from builder.engine import client as engine
@@ -27,14 +30,18 @@ from builder.image import build as build_stage
 from builder.image import context as build_context
 from builder.image import render as render_stage
 from builder.lock import lockfile
-from builder.nightly import follow, rundiff
+from builder.lock import record as lock_record
+from builder.lock.record import Lock
+from builder.nightly import fleet, follow, rundiff
 from builder.nightly import gc as housekeeping
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
 from builder.release import attest, dsse, rebuild, sqsh, trust
 from builder.release import publish as publish_stage
+from builder.release import verify as verify_stage
 from builder.report import document
+from builder.report.ctrf import to_ctrf
 from builder.sources import resolve as sources
 
 
@@ -62,6 +69,11 @@ def load_pins(path: Path) -> Pins:
         return pins_model.load(path)
 
 
+def pins_schema() -> str:
+    """The JSON Schema of pins files (builder/pins/schema/pins.schema.json is this text)."""
+    return pins_model.schema_json()
+
+
 def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedSources:
     with log.step("resolve sources"):
         resolved = sources.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
@@ -69,14 +81,26 @@ def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_p
     return resolved
 
 
-def render(pins: Pins, resolved: ResolvedSources, settings: Settings) -> RenderedBuild:
+def checked_lock(pins: Pins, resolved: ResolvedSources, settings: Settings, offline: bool = False) -> Lock:
+    """The pins' lock, read once; BadInput (exit 2, the line `lock --check` prints) when it is stale for the
+    pins: nothing is rendered or built from it."""
+    lock = lock_record.of(pins)
+    try:
+        lockfile.check_fresh(settings, pins, resolved, lock, offline)
+    except StaleLock as stale:
+        raise stale.as_bad_input() from None
+    return lock
+
+
+def render(pins: Pins, lock: Lock, resolved: ResolvedSources, settings: Settings) -> RenderedBuild:
     with log.step("render"):
-        return render_stage.render(pins, resolved, settings)
+        return render_stage.render(pins, lock, resolved, settings)
 
 
 def render_pins_only(pins: Pins) -> str:
-    """The Dockerfile from the pins alone: nothing fetched, no context, trees unresolved."""
-    return render_stage.render_dockerfile(pins, None)
+    """The Dockerfile from the pins alone: nothing fetched, no context, trees unresolved (a review render,
+    never built: the lock is read, not checked against the commits)."""
+    return render_stage.render_dockerfile(pins, lock_record.of(pins), None)
 
 
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, quiet: bool = False) -> BuiltImage:
@@ -112,22 +136,24 @@ def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names:
     resolved = resolve(pins, settings, offline, allow_moved_pr)
     engine_url = engine_url or pins.acceptance.engine
     built = None
+    lock = checked_lock(pins, resolved, settings, offline) if image is None else lock_record.of(pins)
     if image is None:
-        built = build(render(pins, resolved, settings), settings, nocache=nocache)
+        built = build(render(pins, lock, resolved, settings), settings, nocache=nocache)
         image = built.image_id
         if stage or engine_url:
             repo = staging.staging_repository(pins.image.repository, pins.image.staging)
             built.staged = image = staging.push(built.manifest_digest, repo, pins.base.name, settings)
     with log.step("acceptance"):
-        if "@sha256:" in image:
-            result = gates.accept_staged(image, pins, built.image_id if built else None, engine_url,
+        staged = by_digest(image)
+        if staged is not None:
+            result = gates.accept_staged(staged, pins, built.image_id if built else None, engine_url,
                                          gate_names or None, timeout, settings)
         elif engine_url:
             raise BadInput("--engine: expected --image REPOSITORY@sha256:<digest> (another engine pulls by digest)")
         else:
             result = gates.accept(image, pins, settings, gates=gate_names or None, timeout_s=timeout)
     there = replace(settings, docker_host=engine_url) if engine_url else settings
-    report = document.make_report(pins, resolved, built, result, image_manifest=image_manifest(there, result.image_id))
+    report = document.make_report(pins, lock, resolved, built, result, image_manifest=image_manifest(there, result.image_id))
     run_dir = run_directory(out, pins.name, settings)
     paths = document.write(report, run_dir)
     key = key or settings.signing_key
@@ -165,8 +191,9 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
     `attest_once`, none when the key attested this digest before)."""
     with log.step("publish"):
         report = document.load(report_json)
-        pins = trust.check(report, str(report_json))  # the one deliberate re-read of the pins file
-        return publish_stage.publish(report, report_json, pins, settings, image=image, signing_key=key,
+        checked = trust.check(report, str(report_json))  # the deliberate re-read of the pins and the lock
+        pins, lock = checked if checked else (None, None)
+        return publish_stage.publish(report, report_json, pins, lock, settings, image=image, signing_key=key,
                                      attest_once=attest_once)
 
 
@@ -175,7 +202,8 @@ def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
     """The accepted image as an enroot .sqsh, checked file by file and smoked, recorded in the report."""
     with log.step("export .sqsh"):
         report = document.load(report_json)
-        pins = trust.check(report, str(report_json))
+        checked = trust.check(report, str(report_json))
+        pins = checked[0] if checked else None
         return sqsh.export(report, report_json, pins, settings, out=out, squash_options=squash_options)
 
 
@@ -185,7 +213,8 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     report = document.load(report_json)
     rebuild.recorded_digest(report, report_json)
     pins = load_pins(Path(report.sources.pins_path))
-    rendered = render(pins, resolve(pins, settings), settings)
+    resolved = resolve(pins, settings)
+    rendered = render(pins, checked_lock(pins, resolved, settings), resolved, settings)
     rendered = rendered.model_copy(update={"tag": rebuild.rebuild_tag(rendered.tag)})
     with log.step("rebuild --nocache"):
         try:
@@ -249,6 +278,45 @@ def gc(settings: Settings, older_than_s: float = housekeeping.WEEK_S,
     """Remove finished runs' contexts, builds, run dirs, logs, seeds, raw layers and run tags by the retention
     rule (builder/nightly/gc.py); what a live run holds stays."""
     return housekeeping.gc(settings, older_than_s=older_than_s, keep_runs=keep_runs)
+
+
+def nightly_fleet(pins_paths: list[Path], settings: Settings, jobs: int, follow_prs: bool = False,
+                  publish: bool = False, out: Path | None = None, key: Path | None = None) -> int:
+    """Several pins files as a fleet: one `builder nightly` process each, at most `jobs` at once; returns the
+    most severe of their exit codes (core/errors.py SEVERITY)."""
+    flags = [*(["--follow-prs"] if follow_prs else []), *(["--publish"] if publish else []),
+             *(["--key", str(key)] if key else [])]
+    outcomes = fleet.run_fleet(fleet.plan(pins_paths, out, settings), jobs, flags)
+    return fleet.severest([o.code for o in outcomes])
+
+
+REPORT_FORMATS = ("md", "json", "junit", "ctrf")
+
+
+def report_text(report_json: Path, fmt: str) -> str:
+    """A stored report as Markdown, JSON, JUnit XML or CTRF JSON."""
+    if fmt not in REPORT_FORMATS:
+        raise BadInput(f"--format: expected md, json, junit or ctrf, got {fmt[:40]!r}")
+    report = document.load(report_json)
+    if fmt == "json":
+        return report.model_dump_json(indent=2)
+    if fmt == "junit":
+        return document.to_junit(report)
+    if fmt == "ctrf":
+        return json.dumps(to_ctrf(report), indent=2)
+    return document.to_markdown(report)
+
+
+def keygen(private: Path, public: Path | None = None) -> tuple[Path, str]:
+    """An ed25519 key pair (private mode 0600); returns (public key path, key ID)."""
+    public = public or private.with_name(private.name + ".pub")
+    return public, dsse.keygen(private, public)
+
+
+def verify(reference: str, keys: list[Path], settings: Settings, require_all_keys: bool = False) -> verify_stage.Outcome:
+    """What the trusted keys signed for REPOSITORY@sha256:...; AttestationError naming the first failed check."""
+    publics = [dsse.load_public(k) for k in keys]
+    return verify_stage.verify(reference, publics, settings, require_all_keys=require_all_keys)
 
 
 def image_manifest(settings: Settings, image_id: str) -> dict[str, Any] | None:

@@ -171,12 +171,13 @@ def demo_pins(docker_client):
 
 def _resolve_render_build(pins_path):
     from builder.image import build, render
+    from builder.lock import record as lock_record
     from builder.pins import model as pins_mod
     from builder.sources import resolve as sources
 
     pins = pins_mod.load(pins_path)
     resolved = sources.resolve(pins, SETTINGS)
-    rendered = render.render(pins, resolved, SETTINGS)
+    rendered = render.render(pins, lock_record.of(pins), resolved, SETTINGS)
     return pins, resolved, rendered, build.build(rendered, SETTINGS, echo=False)
 
 

@@ -489,6 +489,7 @@ def usage_cases() -> list[Case]:
 def accepted_report(folder: Path) -> tuple[dict, Path]:
     """An ACCEPTED report.json (as builder.report.document writes it) for a pins file in `folder`."""
     from builder.core.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
+    from builder.lock import record as lock_record
     from builder.pins import model as pins_mod
     from builder.report import document as report_mod
 
@@ -513,7 +514,7 @@ def accepted_report(folder: Path) -> tuple[dict, Path]:
     built = BuiltImage(image_id=image, tags=[], size=1, created="", engine_version="", builder_version="",
                        context_sha256="", dockerfile_sha256="", stage_times={}, log_path="", cached=True)
     acceptance = AcceptanceResult(image_id=image, gates=gates)
-    report = report_mod.make_report(pins, sources, built, acceptance)
+    report = report_mod.make_report(pins, lock_record.of(pins), sources, built, acceptance)
     assert report.verdict == "ACCEPTED", report.reasons
     path = folder / "report.json"
     path.write_text(report.model_dump_json(indent=2))

@@ -8,6 +8,7 @@ import pytest
 from builder.accept import gates as accept
 from builder.core.constants import GATES
 from builder.core.options import Settings
+from builder.lock import record as lock_record
 from builder.pins.model import Mount
 
 SETTINGS = Settings.from_env()
@@ -240,4 +241,4 @@ def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image, docker_cl
     gate = _gates(result)["control"]
     assert gate.status == "inconclusive", gate.reason
     assert gate.evidence["diff_max"] == 0.0
-    assert report.make_report(broken, resolved, built, result).verdict == "NOT ACCEPTED"
+    assert report.make_report(broken, lock_record.of(broken), resolved, built, result).verdict == "NOT ACCEPTED"

@@ -9,6 +9,7 @@ import pytest
 from builder.accept import gates as accept
 from builder.core.constants import GATES
 from builder.core.options import Settings
+from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.report import document as report
 
@@ -67,7 +68,7 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
     gates = _gates(result)
     assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in GATES}, \
         {n: g.reason for n, g in gates.items()}
-    assert report.make_report(ckpt, resolved, built, result).verdict == "ACCEPTED"
+    assert report.make_report(ckpt, lock_record.of(ckpt), resolved, built, result).verdict == "ACCEPTED"
     for name in ("zero_update", "rl_step"):
         ev = gates[name].evidence
         assert all(role not in step for step in ev["steps"].values() for role in CHECKSUMS)  # not in the log

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from builder.core.errors import BadInput
+from builder.lock import record as lock_record
 from builder.release import attest, dsse, sbom
 
 DIGEST = "sha256:" + "12" * 32
@@ -34,7 +35,7 @@ def records(report_inputs):
         pins._path = PINS  # as pins.load sets it: the lock is found beside the file
         sources = sources.model_copy(update={"pins_path": str(PINS),
                                              "pins_sha256": hashlib.sha256(PINS.read_bytes()).hexdigest()})
-        return pins, report_mod.make_report(pins, sources, built, result)
+        return pins, report_mod.make_report(pins, lock_record.of(pins), sources, built, result)
 
     return make
 
@@ -72,7 +73,7 @@ def test_dsse_roundtrip_and_tampering(keys):
 
 def test_statements_carry_the_required_fields(records):
     pins, report = records()
-    stmts = attest.statements(report, pins, MANIFEST, "127.0.0.1:5000/demo/unified", DIGEST)
+    stmts = attest.statements(report, pins, lock_record.of(pins), MANIFEST, "127.0.0.1:5000/demo/unified", DIGEST)
     assert [s["predicateType"] for s in stmts] == list(attest.PREDICATE_TYPES)
     for s in stmts:
         assert s["_type"] == "https://in-toto.io/Statement/v1"
@@ -91,9 +92,7 @@ def test_statements_carry_the_required_fields(records):
         assert dep["digest"] == {"gitCommit": item.commit, "gitTree": item.tree}
         assert dep["annotations"]["git_tag"] == item.ref and dep["uri"].endswith(f"tinykernels.git@{item.ref}")
     assert "native:vllm/tinykernels" in deps
-    from builder.lock.wheels import read_lock
-
-    locked = read_lock(pins.lock_path())[1]
+    locked = lock_record.of(pins).entries
     assert locked, "the demo lock pins wheels"
     for entry in locked:  # every locked wheel, build-only ones included, with its sha256
         assert deps[f"{entry.name}=={entry.version}"]["digest"]["sha256"] == entry.hashes[0]
@@ -128,7 +127,7 @@ def test_pins_changed_since_the_run_is_refused(records, tmp_path):
 def test_verify_test_result_names_the_failed_check(records, keys):
     pins, report = records()
     priv, pub = keys["a"]
-    stmt = attest.statements(report, pins, MANIFEST, "r", DIGEST)[2]
+    stmt = attest.statements(report, pins, lock_record.of(pins), MANIFEST, "r", DIGEST)[2]
     assert attest.verify_test_result(dsse.sign(stmt, priv), pub, DIGEST)["result"] == "PASSED"
     cases = {"signature": (dsse.sign(stmt, keys["b"][0]), DIGEST), "subject": (dsse.sign(stmt, priv), OTHER)}
     failed = json.loads(json.dumps(stmt))

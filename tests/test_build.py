@@ -10,6 +10,7 @@ from builder.core.errors import BuildFailed, InfraError
 from builder.core.options import PACKAGE, Settings
 from builder.engine import client as engine
 from builder.image import build, dockerfile, render
+from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.sources import resolve as sources
 from demo.prepare import variant_pins
@@ -74,7 +75,7 @@ def _build_env(demo_image, tmp_path):
     def elsewhere(data):
         data["image"]["repository"] = "127.0.0.1:5000/builder-tests/isolation"
     other = pins_mod.load(variant_pins(tmp_path, edit=elsewhere, pins_path=pins.path))
-    rendered = render.render(other, sources.resolve(other, SETTINGS), SETTINGS)
+    rendered = render.render(other, lock_record.of(other), sources.resolve(other, SETTINGS), SETTINGS)
     other_built = build.build(rendered, SETTINGS, nocache=True, echo=False)
     engine.remove_image(engine.connect(SETTINGS), build.local_tag(rendered, SETTINGS))
     assert other_built.isolation.get("checked"), "the runtime stage printed no BUILD-ENV line"
@@ -102,7 +103,7 @@ def test_build_container_had_no_network_and_no_source_mounts(demo_image, docker_
 @pytest.mark.docker
 def test_rebuild_with_nothing_changed_is_a_full_cache_hit(demo_image):
     pins, resolved, rendered, built = demo_image
-    again = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
+    again = render.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     assert again.context_sha256 == rendered.context_sha256
     start = time.monotonic()
     rebuilt = build.build(again, SETTINGS, echo=False)
@@ -143,7 +144,7 @@ def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins, docker
         data["components"]["verl"]["install"]["pip_args"] = ["--no-deps", "--require-hashes"]
 
     pins = pins_mod.load(variant_pins(tmp_path, "verl", 35, edit=bad_pip_arg, pins_path=demo_pins))
-    rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
+    rendered = render.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     before = engine.inspect_image(docker_client, build.local_tag(rendered, SETTINGS))
     with pytest.raises(BuildFailed) as failed:
         build.build(rendered, SETTINGS, echo=False)

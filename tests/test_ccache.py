@@ -119,11 +119,12 @@ def commit_file(out: Path, comp: dict, path: str, change, pr: int) -> None:
 @pytest.mark.slow
 def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins, docker_client, tmp_path):
     from builder.image import build, render
+    from builder.lock import record as lock_record
     from builder.pins import model as pins_mod
     from builder.sources import resolve as sources
 
     pins = pins_mod.load(touched_pins(demo_pins, tmp_path))
-    rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
+    rendered = render.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     store = ccache.store(SETTINGS, "vllm", pins.base.digest, ccache.machine_of(docker_client))
     shutil.rmtree(store)  # a cold cache for the native component
     out_dir = Path(rendered.context_path).parent
@@ -170,6 +171,7 @@ def test_a_failed_build_keeps_the_compiler_cache_of_a_component_that_compiled(de
     build still harvests tinyengine's compiler cache, so the fixed build does not compile from nothing."""
     from builder.core.errors import BuildFailed
     from builder.image import build, render
+    from builder.lock import record  # lazy: test helper
     from builder.pins import model as pins_mod
     from builder.sources import resolve as sources
 
@@ -179,7 +181,7 @@ def test_a_failed_build_keeps_the_compiler_cache_of_a_component_that_compiled(de
                 lambda old: b"raise SystemExit('planted: tinycore cannot be built')\n", 94)
     pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
     pins = pins_mod.load(pins_path)
-    rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
+    rendered = render.render(pins, record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     store = ccache.store(SETTINGS, "vllm", pins.base.digest, ccache.machine_of(docker_client))
     shutil.rmtree(store)  # a cold cache for the native component
     with pytest.raises(BuildFailed, match="failed at step"):

@@ -9,7 +9,7 @@ import pytest
 from builder import cli
 from builder.core.errors import BadInput, BuilderError, BuildFailed, InfraError
 from builder.core.safetext import MAX_LINE, elide, fit
-from builder.lock import wheels
+from builder.lock import record as lock_record
 from builder.release import trust
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def test_trust_refusal_over_a_long_report_path(deep, report_inputs):
     from builder.report import document as report_mod
 
     pins, sources, built, result = report_inputs(statuses={"rl_step": "fail"})
-    report = report_mod.make_report(pins, sources, built, result)
+    report = report_mod.make_report(pins, lock_record.of(pins), sources, built, result)
     report.verdict = "ACCEPTED"
     with pytest.raises(BadInput) as info:
         trust.check(report, f"{deep}/report.json")
@@ -98,7 +98,7 @@ def test_lock_errors_over_a_long_path_and_long_tokens(deep, text, fragment):
     lock = deep / "demo.lock"
     lock.write_text(f"ok==1.0 --hash=sha256:{hashlib.sha256(b'').hexdigest()}\n" + text)
     with pytest.raises(BadInput) as info:
-        wheels.read_lock(lock)
+        lock_record.load(lock)
     message = str(info.value)
     assert len(message) <= MAX_LINE and "/demo.lock:2: " in message and fragment in message, message
 

@@ -11,6 +11,7 @@ from builder.core import files as fs
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.engine import infra
+from builder.lock import record as lock_record
 from builder.lock import wheels
 from demo import baseimage
 from demo.prepare import write_local_pins
@@ -83,12 +84,13 @@ def test_wheel_target_comes_from_the_pins_base():
 def test_demo_lock_wheels_verified():
     lock = Path(__file__).resolve().parent.parent / "pins" / "locks" / "demo.lock"
     target = wheels.Target.from_base("3.11", "linux/amd64")
-    house = wheels.ensure_wheels(lock, target, SETTINGS)
+    locked = lock_record.load(lock)
+    house = wheels.ensure_wheels(lock, locked.text, locked.wheel_key, target, SETTINGS)
     entries = wheels.parse_lock(lock.read_text())
     hashes = {fs.sha256_file(p) for p in house.iterdir() if p.is_file()}
     for entry in entries:
         assert hashes & set(entry.hashes), entry.name
-    assert wheels.ensure_wheels(lock, target, SETTINGS) == house  # reused
+    assert wheels.ensure_wheels(lock, locked.text, locked.wheel_key, target, SETTINGS) == house  # reused
 
 
 def test_local_demo_pins_carry_the_digest_and_leave_the_example_alone(tmp_path):

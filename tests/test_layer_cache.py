@@ -14,6 +14,7 @@ from builder.core.options import Settings
 from builder.engine import client as engine
 from builder.engine import normalize
 from builder.image import build, render
+from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.sources import resolve as sources
 
@@ -66,7 +67,7 @@ def test_the_cache_key_follows_the_pins_name_and_repository_not_the_commits():
 
 def build_pins(path, nocache=False):
     pins = pins_mod.load(path)
-    rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
+    rendered = render.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     return rendered, build.build(rendered, SETTINGS, nocache=nocache, echo=False)
 
 
@@ -123,7 +124,8 @@ def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(
         from builder.image import ccache
 
         out = variant_pins(tmp_path / where, "verl", 35, edit=lambda d: d.update(name=name), pins_path=pins.path)
-        rendered = render.render(pins_mod.load(out), sources.resolve(pins_mod.load(out), SETTINGS), SETTINGS)
+        other = pins_mod.load(out)
+        rendered = render.render(other, lock_record.of(other), sources.resolve(other, SETTINGS), SETTINGS)
         seed = ccache.prepare(client, SETTINGS, rendered.labels, False)
         with open(rendered.context_path, "rb") as context:
             result = engine.build(client, context, rendered.tag, tmp_path / f"{where}.log", nocache=True,

@@ -176,12 +176,13 @@ def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked):
 def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked, docker_client, settings):
     from builder.engine import client as engine
     from builder.image import build, render
+    from builder.lock import record as lock_record
     from builder.pins import model as pins_mod
     from builder.sources import resolve as sources
 
     pins = pins_mod.load(hatch_locked[0])
     resolved = sources.resolve(pins, settings)
-    rendered = render.render(pins, resolved, settings)
+    rendered = render.render(pins, lock_record.of(pins), resolved, settings)
     assert "/install/buildtools" in rendered.dockerfile and "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TINYENGINE" in rendered.dockerfile
     built = build.build(rendered, settings, echo=False)
     try:

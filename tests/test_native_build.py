@@ -12,6 +12,7 @@ from builder.core.errors import BuildFailed
 from builder.engine import client as engine
 from builder.lock import lockfile as lock
 from builder.lock import native
+from builder.lock import record as lock_record
 from builder.report import manifest as manifest_layers
 
 pytestmark = pytest.mark.docker
@@ -39,7 +40,7 @@ def test_demo_image_carries_its_native_build(demo_image, docker_client):
     # offline supply: the toolchain file and the exported source travel in the context, nothing is fetched
     assert 'COPY ["native/vllm/", "/builder/native/vllm/"]' in rendered.dockerfile
     assert "CMAKE_TOOLCHAIN_FILE=/builder/native/vllm/toolchain.cmake" in rendered.dockerfile
-    report = manifest_layers.native_build(pins)
+    report = manifest_layers.native_build(pins, lock_record.of(pins))
     assert [(i["name"], i["commit"]) for i in report["inputs"]] == [("tinykernels", v010)]
     assert report["knobs"]["vllm"]["device"] == "cpu" and report["knobs"]["vllm"]["cmake"] is True
 

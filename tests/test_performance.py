@@ -7,6 +7,7 @@ from acceptance.defaults import METRICS as DEFAULT_METRICS
 from builder.accept import gates as accept
 from builder.core.errors import BadInput
 from builder.core.records import GateResult
+from builder.lock import record as lock_record
 from builder.nightly import rundiff
 from builder.pins import model as pins_mod
 from builder.report import document
@@ -177,7 +178,7 @@ def perf_report(report_inputs):
         gate = _perf_gate(aligned, control)
         result.gates = [g for g in result.gates if g.name != "performance"] + [gate]
         result.throughput = accept.throughput(result.gates, "perf/rollout_tokens_per_s")
-        return document.make_report(pins, sources, built, result)
+        return document.make_report(pins, lock_record.of(pins), sources, built, result)
 
     return make
 
@@ -194,7 +195,7 @@ def test_report_shows_every_performance_run(perf_report):
 def test_report_requires_a_failing_performance_gate(report_inputs):
     pins, sources, built, result = report_inputs(required=["provenance", "performance"])
     result.gates.append(_perf_gate([100, 110, 105], [2000, 2100, 1900]))
-    rep = document.make_report(pins, sources, built, result)
+    rep = document.make_report(pins, lock_record.of(pins), sources, built, result)
     assert rep.verdict == "NOT ACCEPTED"
     assert any(r.startswith("required gate performance: fail (aligned / control") for r in rep.reasons)
 

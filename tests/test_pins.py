@@ -432,7 +432,7 @@ def test_several_errors_are_counted_on_one_line(pins_dir):
 
 def test_cli_exits_2_on_bad_file(pins_dir):
     path = write(pins_dir, with_value("components.vllm.commit", "abc123"))
-    run = subprocess.run([sys.executable, "-m", "builder.pins.model", str(path)], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "builder", "pins", str(path)], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 2
     assert run.stderr.strip() == f"error: {path}: components.vllm.commit: expected a full 40-hex commit SHA, got 'abc123'"
 
@@ -474,7 +474,7 @@ def test_pins_files_point_at_the_schema(name):
 
 def test_committed_schema_is_up_to_date():
     committed = (ROOT / "builder" / "pins" / "schema" / "pins.schema.json").read_text()
-    assert committed == pins.schema_json(), "run: python -m builder.pins.model --schema > builder/pins/schema/pins.schema.json"
+    assert committed == pins.schema_json(), "run: builder pins --schema > builder/pins/schema/pins.schema.json"
 
 
 def test_schema_refuses_unknown_keys():

@@ -10,6 +10,7 @@ from builder.core.errors import PublishError
 from builder.core.records import EngineFacts
 from builder.engine import staging
 from builder.engine.registry import Registry, split_repository
+from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.report import document as report_mod
 from demo.prepare import variant_pins
@@ -35,7 +36,8 @@ def accepted_by_digest(demo_accepted, docker_client, tmp_path):
 
     release_pins = pins_mod.load(variant_pins(tmp_path / "pins", edit=release, pins_path=pins.path))
     resolved = resolved.model_copy(update={"pins_path": str(release_pins.path), "pins_sha256": release_pins.sha256})
-    report = report_mod.make_report(release_pins, resolved, built.model_copy(update={"staged": ref}), acceptance)
+    report = report_mod.make_report(release_pins, lock_record.of(release_pins), resolved,
+                                    built.model_copy(update={"staged": ref}), acceptance)
     assert report.verdict == "ACCEPTED" and report.repository == RELEASE and tag in report.tags
     yield report_mod.write(report, tmp_path)["json"], ref, tag
     # leave no manifest of this test behind: its staging repository and its release tag

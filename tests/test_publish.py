@@ -20,6 +20,7 @@ from builder import pipeline
 from builder.core.errors import BadInput, InfraError, PublishError
 from builder.core.options import Settings
 from builder.engine.registry import MANIFEST_TYPES, Registry, verify_tag
+from builder.lock import record as lock_record
 from builder.report import document as report
 
 SETTINGS = Settings.from_env()
@@ -200,7 +201,7 @@ def conn_get(upstream, path, headers) -> bytes:
 def report_for(report_inputs, outdir, repository, image_id, client=None, tag_image=None, **kwargs):
     """Write a report for image_id to outdir; tag tag_image (default image_id) with the report's SHA tag."""
     pins, sources, build, acceptance = report_inputs(repository=repository, image_id=image_id, **kwargs)
-    rep = report.make_report(pins, sources, build, acceptance)
+    rep = report.make_report(pins, lock_record.of(pins), sources, build, acceptance)
     paths = report.write(rep, outdir)
     if client is not None:
         client.images.get(tag_image or image_id).tag(repository, rep.tags[0])
@@ -374,7 +375,7 @@ def test_credentials_never_leak(report_inputs, tmp_path, docker_client, tiny_ima
 @pytest.mark.docker
 def test_demo_image_accepted_report_and_publish(demo_accepted, tmp_path, docker_client):
     pins, sources, built, acceptance = demo_accepted
-    rep = report.make_report(pins, sources, built, acceptance)
+    rep = report.make_report(pins, lock_record.of(pins), sources, built, acceptance)
     assert rep.verdict == "ACCEPTED", rep.reasons
     assert rep.run_manifest["source"]["verl"]["commit_in_image"] == pins.components["verl"].commit
     assert rep.run_manifest["installed_packages"]["vllm"]["version"] != "unknown"

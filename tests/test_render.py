@@ -12,6 +12,7 @@ from builder.core.constants import SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.image import dockerfile, render
+from builder.lock import record as lock_record
 from builder.lock import wheels
 from builder.pins import model as pins_mod
 from builder.sources import resolve as sources
@@ -36,7 +37,7 @@ def stack_pins(tmp_path_factory) -> Path:
 def resolve_render(path, settings=SETTINGS):
     pins = pins_mod.load(path)
     resolved = sources.resolve(pins, settings)
-    return pins, resolved, render.render(pins, resolved, settings)
+    return pins, resolved, render.render(pins, lock_record.of(pins), resolved, settings)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
         install = steps[3]  # pip install into its own prefix, then stamp.py
         assert f'"/builder/scripts/install.py", "/builder/provenance/{name}.json", "/install/{name}"' in install
         assert '"--no-index"' in install  # install.py adds -c with the base and earlier pins
-        runtime_deps, build_deps = (bool(part) for part in wheels.split_lock(pins.lock_path().read_text()))
+        runtime_deps, build_deps = (bool(part) for part in wheels.split_lock(lock_record.of(pins).text))
         earlier = (["buildtools"] if build_deps else []) + (["deps"] if runtime_deps else [])
         earlier += ["vllm", "megatron", "verl"][:["vllm", "megatron", "verl"].index(name)]
         assert f'"{pins.components[name].distribution}"' + "".join(f', "/install/{e}"' for e in earlier) + ', "--"' \
@@ -118,7 +119,7 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
         for arg in pins.components[name].install.pip_args:
             assert f'"{arg}"' in install
     copies = re.findall(r'^COPY --from=[a-z]+ \["(/install/[a-z]+)/"', built.dockerfile, re.M)
-    deps = ["/install/deps"] if wheels.split_lock(pins.lock_path().read_text())[0] else []  # never /install/buildtools
+    deps = ["/install/deps"] if wheels.split_lock(lock_record.of(pins).text)[0] else []  # never /install/buildtools
     assert copies == ["/install/acceptance", *deps, "/install/vllm", "/install/megatron", "/install/verl"]
     froms = re.findall(r"^FROM (\S+) AS (\S+)$", built.dockerfile, re.M)
     base = pins.base.image
@@ -213,10 +214,10 @@ def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins):
     for bad in (_bypass(pins, pip_args=[evil]), _bypass(pins, env={"X": "1\nRUN rm -rf /"}),
                 _bypass(pins, env={"X\nRUN true": "1"}), _bypass(pins, pip_args=["--opt=$(id)"])):
         with pytest.raises(BadInput):
-            render.render(bad, resolved, SETTINGS)
+            render.render(bad, lock_record.of(bad), resolved, SETTINGS)
     base = pins.base.model_copy(update={"image": "evil:latest\nRUN curl x"})
     with pytest.raises(BadInput, match="base.image"):
-        render.render(pins.model_copy(update={"base": base}), resolved, SETTINGS)
+        render.render(pins.model_copy(update={"base": base}), lock_record.of(pins), resolved, SETTINGS)
 
 
 def test_a_cmake_component_may_not_set_the_toolchain_itself(rendered):
@@ -225,4 +226,4 @@ def test_a_cmake_component_may_not_set_the_toolchain_itself(rendered):
     bad.components.vllm.install.env["CMAKE_TOOLCHAIN_FILE"] = "/tmp/mine.cmake"
     bad._path = pins._path
     with pytest.raises(BadInput, match=r"components.vllm.install.env: CMAKE_TOOLCHAIN_FILE is set by the tool"):
-        render.render_dockerfile(bad, None)
+        render.render_dockerfile(bad, lock_record.of(pins), None)

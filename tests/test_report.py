@@ -7,12 +7,13 @@ import pytest
 
 from builder.core.errors import BadInput
 from builder.image.render import sha_tag
+from builder.lock import record as lock_record
 from builder.report import document as report
 
 
 def make(report_inputs, manifest=None, **kwargs):
     pins, sources, build, acceptance = report_inputs(**kwargs)
-    return report.make_report(pins, sources, build, acceptance, image_manifest=manifest)
+    return report.make_report(pins, lock_record.of(pins), sources, build, acceptance, image_manifest=manifest)
 
 
 def status_of(rep, name):
@@ -32,7 +33,7 @@ def test_report_records_the_lock_sha256(report_inputs):
 
     pins, sources, build, acceptance = report_inputs()
     pins._path = Path(__file__).resolve().parent.parent / "pins" / "demo.yaml"  # lock relative to it
-    rep = report.make_report(pins, sources, build, acceptance)
+    rep = report.make_report(pins, lock_record.of(pins), sources, build, acceptance)
     want = hashlib.sha256(pins.lock_path().read_bytes()).hexdigest()
     assert rep.lock_sha256 == want and rep.run_manifest["run"]["lock_sha256"] == want
     assert f"| Lock sha256 | `{want}` |" in report.to_markdown(rep)
@@ -70,7 +71,7 @@ def test_empty_required_gates_is_not_accepted(report_inputs):
         report_inputs(required=[])
     pins, sources, build, acceptance = report_inputs()
     pins.acceptance.required_gates = []  # and the report does not trust the pins to have done so
-    rep = report.make_report(pins, sources, build, acceptance)
+    rep = report.make_report(pins, lock_record.of(pins), sources, build, acceptance)
     assert rep.verdict == "NOT ACCEPTED"
     assert any("nothing required" in r for r in rep.reasons)
 
@@ -78,7 +79,7 @@ def test_empty_required_gates_is_not_accepted(report_inputs):
 def test_duplicate_gate_result_keeps_the_worst(report_inputs):
     pins, sources, build, acceptance = report_inputs()
     acceptance.gates.append(acceptance.gates[2].model_copy(update={"status": "fail", "reason": "second run"}))
-    rep = report.make_report(pins, sources, build, acceptance)
+    rep = report.make_report(pins, lock_record.of(pins), sources, build, acceptance)
     assert status_of(rep, "rl_step") == "fail"
     assert rep.verdict == "NOT ACCEPTED"
 
@@ -247,18 +248,18 @@ def test_run_manifest_records_gpus_or_none(report_inputs):
     pins, sources, built, result = report_inputs()
     prov = next(g for g in result.gates if g.name == "provenance")
     prov.evidence["gpu"] = "none"
-    assert report.make_report(pins, sources, built, result).run_manifest["run"]["gpus"] == "none"
+    assert report.make_report(pins, lock_record.of(pins), sources, built, result).run_manifest["run"]["gpus"] == "none"
     facts = {"count": 1, "devices": [{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"}],
              "driver": "580.159.04", "cuda_runtime": "13.0",
              "numerics": {"tf32_matmul": False, "deterministic_algorithms": False,
                           "env": {"CUBLAS_WORKSPACE_CONFIG": "unset"}}}
     prov.evidence["gpu"] = facts
-    rep = report.make_report(pins, sources, built, result)
+    rep = report.make_report(pins, lock_record.of(pins), sources, built, result)
     assert rep.run_manifest["run"]["gpus"] == facts
     md = report.to_markdown(rep)
     assert "| run | gpus.devices[0].name | NVIDIA H200 |" in md and "| run | gpus.driver | 580.159.04 |" in md
     prov.evidence.pop("gpu")
-    assert report.make_report(pins, sources, built, result).run_manifest["run"]["gpus"] == "unknown"
+    assert report.make_report(pins, lock_record.of(pins), sources, built, result).run_manifest["run"]["gpus"] == "unknown"
 
 
 def test_gpu_driver_version_from_the_kernel_module_line():

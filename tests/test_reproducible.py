@@ -13,6 +13,7 @@ from builder import pipeline
 from builder.engine import client as engine
 from builder.engine import normalize, staging
 from builder.engine.registry import Registry, split_repository
+from builder.lock import record as lock_record
 from builder.report import document as report_mod
 from tests.conftest import SETTINGS
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.docker
 
 
 def write_report(pins, resolved, built, out: Path) -> Path:
-    report = report_mod.make_report(pins, resolved, built, None)
+    report = report_mod.make_report(pins, lock_record.of(pins), resolved, built, None)
     return report_mod.write(report, out)["json"]
 
 

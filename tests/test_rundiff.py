@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from builder.lock import record as lock_record
 from builder.nightly import rundiff
 from builder.nightly.history import History
 from builder.report import ctrf
@@ -17,7 +18,7 @@ def reports(report_inputs):
         pins, sources, built, result = report_inputs(statuses=statuses, image_id=image_id)
         if result is not None:
             result.throughput = {**result.throughput, "ratio": ratio}
-        return report_mod.make_report(pins, sources, built, result)
+        return report_mod.make_report(pins, lock_record.of(pins), sources, built, result)
 
     return make
 

@@ -18,6 +18,7 @@ from builder.core import files as fs
 from builder.core import options
 from builder.core.errors import BadInput, NotAccepted
 from builder.core.records import SqshExport
+from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.release import sqsh
 from builder.release import sqsh_rootfs as layers
@@ -31,6 +32,11 @@ EPOCH = 946684800
 
 
 # ---------------------------------------------------------------- a planted image, two layers
+
+
+def with_lock(inputs: tuple) -> tuple:
+    """(pins, lock, sources, build, acceptance) from report_inputs' (pins, sources, build, acceptance)."""
+    return (inputs[0], lock_record.of(inputs[0]), *inputs[1:])
 
 
 def _add(tar, name, data=None, mode=0o644, uid=0, gid=0, kind=tarfile.REGTYPE, link=""):
@@ -247,7 +253,7 @@ def _record(**kw) -> SqshExport:
 
 
 def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs, tmp_path):
-    rep = report.make_report(*report_inputs())
+    rep = report.make_report(*with_lock(report_inputs()))
     rep.sqsh = _record()
     paths = report.write(rep, tmp_path)
     row = next(line for line in paths["md"].read_text().splitlines() if "5" * 64 in line)
@@ -261,7 +267,7 @@ def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs, tmp_p
 
 
 def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, tmp_path):
-    rep = report.make_report(*report_inputs(statuses={"rl_step": "fail"}))
+    rep = report.make_report(*with_lock(report_inputs(statuses={"rl_step": "fail"})))
     path = report.write(rep, tmp_path)["json"]
     with pytest.raises(NotAccepted, match="only an ACCEPTED image is exported"):
         pipeline.export_sqsh(path, settings)
@@ -272,7 +278,7 @@ def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, t
 
 
 def test_export_refuses_a_bad_out_before_any_work(report_inputs, settings, tmp_path):
-    path = report.write(report.make_report(*report_inputs()), tmp_path)["json"]
+    path = report.write(report.make_report(*with_lock(report_inputs())), tmp_path)["json"]
     for bad in (tmp_path / "image.tar", tmp_path / "missing" / "x.sqsh"):
         with pytest.raises(BadInput, match="expected a file name ending in .sqsh in an existing directory"):
             pipeline.export_sqsh(path, settings, out=bad)
@@ -294,7 +300,7 @@ def demo_sqsh(demo_accepted, docker_client, settings, tmp_path_factory):
     """An ACCEPTED report of the demo image and its .sqsh export (fast lzo for CI)."""
     pins, sources, built, acceptance = demo_accepted
     run = tmp_path_factory.mktemp("sqsh-run")
-    path = report.write(report.make_report(pins, sources, built, acceptance), run)["json"]
+    path = report.write(report.make_report(pins, lock_record.of(pins), sources, built, acceptance), run)["json"]
     assert report.load(path).verdict == "ACCEPTED"
     return path, pipeline.export_sqsh(path, settings, squash_options=FAST)
 

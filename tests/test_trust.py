@@ -9,6 +9,7 @@ from hostile_corpus import DEMO, LOCK, accepted_report
 from builder.core import imageref as reference
 from builder.core.errors import BadInput
 from builder.core.records import GateResult
+from builder.lock import record as lock_record
 from builder.pins import allowlist
 from builder.pins import model as pins_mod
 from builder.release import trust
@@ -21,8 +22,9 @@ def _load(path):
 
 def test_unedited_report_passes_and_returns_the_pins(tmp_path):
     _, path = accepted_report(tmp_path)
-    pins = trust.check(_load(path), str(path))
-    assert pins is not None and pins.sha256 == _load(path).sources.pins_sha256
+    checked = trust.check(_load(path), str(path))
+    assert checked is not None and checked[0].sha256 == _load(path).sources.pins_sha256
+    assert checked[1].sha256 == _load(path).lock_sha256
 
 
 def test_not_accepted_report_is_left_to_publish(tmp_path):
@@ -106,7 +108,7 @@ def test_shared_components_need_the_setting_and_the_report_shows_it(tmp_path, re
     assert pins.shared == ["distribution"]
     _, sources, build, acceptance = report_inputs()
     sources = sources.model_copy(update={"pins_path": str(pins.path), "pins_sha256": pins.sha256})
-    rep = report.make_report(pins, sources, build, acceptance)
+    rep = report.make_report(pins, lock_record.of(pins), sources, build, acceptance)
     assert rep.run_manifest["run"]["components_shared"] == ["distribution"]
     assert "components_shared" in report.to_markdown(rep)
 
@@ -158,10 +160,11 @@ def test_mounts_of_the_engines_data_root_are_refused_at_acceptance(tmp_path):
 
 def test_template_lint_stays_a_second_wall(tmp_path):
     from builder.image import render
+    from builder.lock import record as lock_record
 
     pins = pins_mod.load(accepted_report(tmp_path)[0]["sources"]["pins_path"])
     vllm = pins.components.vllm
     bad = vllm.model_copy(update={"install": vllm.install.model_copy(update={"env": {"X": "http://evil/x"}})})
     forged = pins.model_copy(update={"components": pins.components.model_copy(update={"vllm": bad})})
     with pytest.raises(BadInput, match="no network access in the build"):  # what pins validation refuses first
-        render.render_dockerfile(forged, None)
+        render.render_dockerfile(forged, lock_record.of(forged), None)

@@ -17,6 +17,7 @@ import pytest
 
 from builder.core.constants import LABEL_PREFIX
 from builder.engine.registry import Registry, push_blob, put_manifest
+from builder.lock import record as lock_record
 from builder.release import attest, dsse, referrers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +56,7 @@ def report(report_inputs):
     pins._path = PINS
     sources = sources.model_copy(update={"pins_path": str(PINS),
                                          "pins_sha256": hashlib.sha256(PINS.read_bytes()).hexdigest()})
-    return report_mod.make_report(pins, sources, built, result)
+    return report_mod.make_report(pins, lock_record.of(pins), sources, built, result)
 
 
 def delivery_manifest(report) -> dict:
@@ -105,8 +106,9 @@ def image(report, request):
 def publish(report, image, key, once=False):
     """What `builder publish` does after the tags verify: attach the three signed statements."""
     reg, name, digest = image
-    return attest.attach_all(report, report_pins(), f"{HOST}/{name}", digest, delivery_manifest(report), key, reg,
-                             once=once)
+    pins = report_pins()
+    return attest.attach_all(report, pins, lock_record.of(pins), f"{HOST}/{name}", digest, delivery_manifest(report),
+                             key, reg, once=once)
 
 
 def attach(image, envelope, kind: str) -> None:
@@ -231,13 +233,13 @@ def test_stable_statement_ignores_only_the_volatile_fields(report):
     from builder.release import sbom
 
     manifest = delivery_manifest(report)
-    one = attest.statements(report, report_pins(), manifest, f"{HOST}/x", "sha256:" + "1" * 64)
+    one = attest.statements(report, report_pins(), lock_record.of(report_pins()), manifest, f"{HOST}/x", "sha256:" + "1" * 64)
     later = report.model_copy(update={"created": "2027-01-01T00:00:00Z"})
-    two = attest.statements(later, report_pins(), manifest, f"{HOST}/x", "sha256:" + "1" * 64)
+    two = attest.statements(later, report_pins(), lock_record.of(report_pins()), manifest, f"{HOST}/x", "sha256:" + "1" * 64)
     assert [attest.stable(s) for s in one] == [attest.stable(s) for s in two]
     assert one[0] != two[0] and one[1]["predicate"]["serialNumber"] != two[1]["predicate"]["serialNumber"]
-    other = attest.statements(report, report_pins(), {**manifest, "distributions": {"torch": "2.0"}}, f"{HOST}/x",
-                              "sha256:" + "1" * 64)
+    other = attest.statements(report, report_pins(), lock_record.of(report_pins()),
+                              {**manifest, "distributions": {"torch": "2.0"}}, f"{HOST}/x", "sha256:" + "1" * 64)
     assert attest.stable(other[1]) != attest.stable(one[1]) and sbom.PREDICATE_TYPE == other[1]["predicateType"]
 
 

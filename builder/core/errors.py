@@ -1,8 +1,11 @@
 """One error hierarchy: every exit code of the tool comes from one of these classes, caught once in
 the CLI's entry (`builder.cli.main`), like cibuildwheel's errors module.
 
-    1 NotAccepted, BuildFailed, PublishError, AttestationError   2 BadInput   3 InfraError
+    1 NotAccepted, BuildFailed, PublishError, AttestationError, StaleLock (`lock --check`)   2 BadInput
+    3 InfraError
     4 Regression (nightly: accepted, a regression flag is up)   130 Interrupted (SIGINT / SIGTERM)
+
+A usage error is 2 (`USAGE`); a fleet exits with the most severe of its runs' codes (`SEVERITY`, `severest`).
 """
 from __future__ import annotations
 
@@ -36,6 +39,16 @@ class NotAccepted(BuilderError):
 class BuildFailed(BuilderError):
     exit_code = 1
     steps: tuple[Any, ...] = ()  # the engine's steps up to the failing one (completed ones keep their images)
+
+
+class StaleLock(BuilderError):
+    """`builder lock --check`: the lock no longer matches the pins (exit 1). render, build and run refuse
+    the same lock as bad input (`as_bad_input`, exit 2)."""
+
+    exit_code = 1
+
+    def as_bad_input(self) -> BadInput:
+        return BadInput(str(self))
 
 
 class PublishError(BuilderError):
@@ -77,3 +90,16 @@ class Interrupted(KeyboardInterrupt):
     cleanup in `finally` blocks runs, then the CLI prints one line and exits 130."""
 
     exit_code = 130
+
+
+USAGE = BadInput.exit_code  # a refused command line (unknown option, missing argument) is bad input
+# Exit codes, most severe first: what a fleet of runs (`builder nightly A B ...`) exits with; any other code
+# counts as 1.
+SEVERITY = (Interrupted.exit_code, InfraError.exit_code, BadInput.exit_code, NotAccepted.exit_code,
+            Regression.exit_code, 0)
+
+
+def severest(codes: list[int]) -> int:
+    """The most severe of several exit codes (SEVERITY); 0 for none."""
+    rank = {c: i for i, c in enumerate(SEVERITY)}
+    return min((c if c in rank else NotAccepted.exit_code for c in codes), key=lambda c: rank[c], default=0)

@@ -14,9 +14,10 @@ The first component is a domain when it holds "." or ":", is "localhost", or has
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from builder.core.safetext import show
 
@@ -158,6 +159,32 @@ class ImageRef(str):
     @classmethod
     def _validate(cls, value: str) -> ImageRef:
         return value if isinstance(value, ImageRef) else cls(value)
+
+
+class _Hasher(Protocol):
+    def hexdigest(self) -> str: ...
+
+
+def digest_of(data: bytes | _Hasher) -> str:
+    """`sha256:<hex>` of bytes, or of a sha256 hasher fed already (the one place that spells the prefix)."""
+    hasher = hashlib.sha256(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    return f"sha256:{hasher.hexdigest()}"
+
+
+def split_digest(digest: str) -> tuple[str, str]:
+    """(algorithm, hex) of `<algorithm>:<hex>`; ("", text) when there is no algorithm."""
+    algo, sep, hexpart = digest.partition(":")
+    return (algo, hexpart) if sep else ("", digest)
+
+
+def by_digest(text: str) -> ImageRef | None:
+    """The reference when `text` is one that names a digest (REPOSITORY@sha256:...), else None (an image ID,
+    a tag, or not a reference)."""
+    try:
+        ref = ImageRef(text)
+    except ValueError:
+        return None
+    return ref if ref.digest else None
 
 
 def hex_of(digest: str) -> str:

@@ -1,34 +1,70 @@
-"""Progress on stderr with per-step timings (like cibuildwheel's logger), and a long phase's progress lines."""
+"""Progress on stderr with per-step timings (like cibuildwheel's logger), and a long phase's progress lines.
+
+A step's `==> name` line is printed when the step first has something to say (a line of its own or of a
+step inside it), once it has run for SHOW_AFTER_S, or when it ends; so a step that refuses bad input
+(BadInput) at once prints nothing of its own: the refusal stays the one `error:` line on stderr.
+"""
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from builder.core import faults
+from builder.core.errors import BadInput
 from builder.core.safetext import clip
 
 timings: dict[str, float] = {}
+_pending: list[str] = []  # open steps whose `==>` line is not printed yet, outermost first
+_lock = threading.Lock()
+SHOW_AFTER_S = 2.0  # a step still running after this long shows its `==>` line
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _flush() -> None:
+    with _lock:
+        while _pending:
+            _say(f"==> {_pending.pop(0)}")
 
 
 def info(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    with _lock:
+        while _pending:
+            _say(f"==> {_pending.pop(0)}")
+        _say(message)
 
 
 @contextmanager
 def step(name: str) -> Iterator[None]:
-    info(f"==> {name}")
+    with _lock:
+        _pending.append(name)
+        mark = len(_pending)
+    timer = threading.Timer(SHOW_AFTER_S, _flush)
+    timer.daemon = True
+    timer.start()
     faults.point(name)  # a test may hold the run here and inject a fault (builder/core/faults.py)
     start = time.monotonic()
-    ok = False
+    status: str | None = " FAILED"
     try:
         yield
-        ok = True
+        status = ""
+    except BadInput:
+        with _lock:
+            if len(_pending) >= mark:  # nothing printed inside: the refusal is the only line
+                del _pending[mark - 1:]
+                status = None
+        raise
     finally:
+        timer.cancel()
         took = time.monotonic() - start
         timings[name] = round(took, 3)
-        info(f"<== {name} ({took:.2f} s){'' if ok else ' FAILED'}")
+        if status is not None:
+            info(f"<== {name} ({took:.2f} s){status}")
 
 
 COUNT = re.compile(r"\[(\d+)/(\d+)\]")  # ninja's and make-like step counts: [123/499]

@@ -78,11 +78,13 @@ def markdown() -> str:
         "| variable | default | what |", "|---|---|---|", *rows, ""])
 
 
-def _default_cache() -> Path:
-    checkout = PACKAGE.parent
+def _default_cache(package: Path = PACKAGE, home: Path | None = None) -> Path:
+    """`<checkout>/.cache` when the package runs from a checkout (an editable install: builder/ beside
+    pyproject.toml), else `~/.cache/rl-image-builder` (an installed wheel). `package` is builder/core."""
+    checkout = package.parent.parent
     if (checkout / "pyproject.toml").is_file() and (checkout / "builder" / "cli.py").is_file():
         return checkout / ".cache"
-    return Path.home() / ".cache" / "rl-image-builder"
+    return (home or Path.home()) / ".cache" / "rl-image-builder"
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

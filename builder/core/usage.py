@@ -1,10 +1,11 @@
-"""Usage errors of the command line as one line: `error: <what>; see '<command> --help'`, exit 2."""
+"""Usage errors of the command line as one line: `error: <what>; see '<command> --help'`, exit 2 (errors.USAGE)."""
 from __future__ import annotations
 
 import sys
 
 import typer
 
+from builder.core.errors import USAGE, Interrupted
 from builder.core.safetext import fit
 
 
@@ -19,17 +20,17 @@ def run_app(app: typer.Typer, argv: list[str] | None = None) -> int:
         return exc.exit_code
     except typer.Abort as exc:
         interrupted(exc.__cause__)
-        return 130
+        return Interrupted.exit_code
     except typer.TyperException as exc:  # click's UsageError family, vendored by typer
         ctx = getattr(exc, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
             print(ctx.get_help(), file=sys.stderr)
-            return 2
+            return USAGE
         message = (exc.format_message() if hasattr(exc, "format_message") else str(exc)).rstrip(".")
         where = ctx.command_path if ctx is not None else "builder"
         print(fit(f"error: {message}; see '{where} --help'"), file=sys.stderr)
-        return int(getattr(exc, "exit_code", 2) or 2)
-    if code == 130:  # typer's main returns 130 for a KeyboardInterrupt (Interrupted) it caught
+        return int(getattr(exc, "exit_code", USAGE) or USAGE)
+    if code == Interrupted.exit_code:  # typer's main returns 130 for a KeyboardInterrupt (Interrupted) it caught
         interrupted(None)
     return code if isinstance(code, int) else 0
 

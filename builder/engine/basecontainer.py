@@ -19,6 +19,7 @@ from typing import Any
 
 from builder.core import resources
 from builder.core.errors import BadInput, BuildFailed
+from builder.core.imageref import by_digest
 from builder.core.options import Settings
 from builder.engine import client as engine
 
@@ -147,7 +148,7 @@ def read_base(settings: Settings, image: str, python_bin: str, pins_python: str,
     by digest never changes) and check it against the pins' base fields."""
     key = hashlib.sha256(json.dumps([image, python_bin, host_platform.release(), BASE_QUERY]).encode()).hexdigest()
     cached = settings.cache("lock", "base") / f"{key[:32]}.json"
-    if "@sha256:" in image and cached.is_file():
+    if by_digest(image) is not None and cached.is_file():
         data = json.loads(cached.read_text())
     else:
         result = run(settings, image, python_bin, BASE_QUERY, log_name="lock-base-query")

@@ -2,7 +2,7 @@
 
 Both `ensure_*` functions are idempotent: they start something only when nothing answers, and
 return a small dict saying what was found or started and where its log is.  Run as
-`python -m builder.engine.infra` (prints that dict as JSON on stdout).
+`builder setup` (prints that dict as JSON on stdout).
 
 Rules kept here: the engine runs with `--bridge=none --iptables=false --ip-masq=false` (no bridge
 network is ever created), the registry listens on 127.0.0.1 only, and nothing is pulled.
@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +21,8 @@ from typing import Any
 
 from builder.core import commands, log
 from builder.core import files as fs
-from builder.core.errors import BuilderError, InfraError
+from builder.core.errors import InfraError
 from builder.core.options import Settings
-from builder.core.safetext import fit
 from builder.engine import client as engine
 
 Info = dict[str, Any]
@@ -274,19 +272,3 @@ def ensure_all(settings: Settings) -> Info:
     with log.step("setup: host tools"):
         tools = ensure_tools(settings)
     return {"engine": found_engine, "registry": registry, "tools": tools}
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        result = ensure_all(Settings.from_env())
-    except BuilderError as exc:
-        log.info(fit(f"error: {exc}"))
-        for path in exc.logs:  # whole, on its own line (builder/core/safetext.py keep_logs)
-            log.info(f"log: {path}")
-        return exc.exit_code
-    print(json.dumps(result, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -40,7 +40,7 @@ from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import CACHE_KEY_LABEL
 from builder.core.errors import BuildFailed
-from builder.core.imageref import ImageRef
+from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
 from builder.engine.registry import Registry
 
@@ -142,7 +142,7 @@ class _Hashing:
             self.out.flush()
 
     def digest(self) -> str:
-        return "sha256:" + self.sha.hexdigest()
+        return digest_of(self.sha)
 
 
 def save_layers(client: Any, image_id: str, wanted: set[str], work: Path) -> tuple[dict[str, Path], bytes]:
@@ -217,7 +217,7 @@ def normalize_layer(src: Path, out: IO[bytes] | _Hashing, epoch: int) -> tuple[s
 
 
 def _write_blob(settings: Settings, data: bytes) -> Descriptor:
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    digest = digest_of(data)
     path = blob_path(settings, digest)
     if not path.exists():
         fs.write_atomic(path, data)  # a private temporary name: concurrent writers of one blob never mix

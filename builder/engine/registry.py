@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import requests
 
 from builder.core.errors import InfraError, PublishError
-from builder.core.imageref import ImageRef
+from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
 
 MANIFEST_TYPES = (
@@ -100,7 +100,7 @@ class Registry:
         return {
             "head_digest": head.headers.get("Docker-Content-Digest", ""),
             "get_digest": got.headers.get("Docker-Content-Digest", ""),
-            "computed": "sha256:" + hashlib.sha256(got.content).hexdigest(),
+            "computed": digest_of(got.content),
             "content": got.content,
             "media_type": got.headers.get("Content-Type", "").split(";")[0].strip(),
         }
@@ -125,7 +125,7 @@ class Registry:
         resp = self._request("GET", path)
         if resp.status_code != 200:
             raise PublishError(f"registry {self.host}: GET {path} answered {resp.status_code}, expected 200")
-        computed = "sha256:" + hashlib.sha256(resp.content).hexdigest()
+        computed = digest_of(resp.content)
         if computed != digest:
             raise PublishError(f"registry {self.host}: blob {digest} has content {computed}")
         return resp.content
@@ -143,8 +143,8 @@ class Registry:
                 sha.update(data)
                 size += len(data)
                 out.write(data)
-        if "sha256:" + sha.hexdigest() != digest:
-            raise PublishError(f"registry {self.host}: blob {digest} has content sha256:{sha.hexdigest()}")
+        if digest_of(sha) != digest:
+            raise PublishError(f"registry {self.host}: blob {digest} has content {digest_of(sha)}")
         return size
 
     # ---- writing: blobs by digest (HEAD, cross-repository mount, monolithic upload) and manifests
@@ -182,7 +182,7 @@ class Registry:
         if resp.status_code != 201:
             raise PublishError(f"registry {self.host}: PUT /v2/{name}/manifests/{ref} answered {resp.status_code}: "
                                f"{resp.text[:200]}")
-        computed = "sha256:" + hashlib.sha256(body).hexdigest()
+        computed = digest_of(body)
         reported = resp.headers.get("Docker-Content-Digest", "")
         if reported != computed:
             raise PublishError(f"registry {self.host}: {name}:{ref} stored as {reported or '(no digest)'}, "
@@ -236,7 +236,7 @@ def verify_tag(reg: Registry, name: str, tag: str, pushed_digest: str, image_id:
 
 def push_blob(reg: Registry, name: str, data: bytes) -> str:
     """Upload a blob (monolithic POST then PUT) unless the registry has it; returns its digest."""
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    digest = digest_of(data)
     if reg._request("HEAD", f"/v2/{name}/blobs/{digest}").status_code == 200:
         return digest
     start = reg._request("POST", f"/v2/{name}/blobs/uploads/")

@@ -18,7 +18,7 @@ from typing import Any
 from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
-from builder.core.imageref import ImageRef
+from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
 from builder.core.records import Pulled, Report
 from builder.core.safetext import show
@@ -203,7 +203,7 @@ def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] 
 
 
 def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return digest_of(data)
 
 
 def accepted_ref(report: Report, where: str) -> ImageRef | None:

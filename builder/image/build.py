@@ -130,8 +130,8 @@ def sweep_run_tags(client: engine.Client, settings: Settings, now: float | None 
     removed = []
     for image in engine.local_images(client, LOCAL_REPOSITORY + "/*"):
         for tag in image.tags:
-            run = tag.split(":", 1)[0].removeprefix(LOCAL_REPOSITORY + "/")
             try:
+                run = ImageRef(tag).name.removeprefix(LOCAL_REPOSITORY + "/")
                 started = calendar.timegm(time.strptime(run[:14], "%Y%m%d%H%M%S"))
             except ValueError:
                 continue

@@ -22,7 +22,7 @@ from builder.core.constants import BUILDER_VERSION, COMPONENTS, SOURCE_DATE_EPOC
 from builder.core.options import Settings
 from builder.core.records import ResolvedSources
 from builder.lock import native
-from builder.lock.wheels import split_lock
+from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.sources import resolve as sources_mod
 
@@ -68,7 +68,7 @@ def _json(data: Any) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
-def small_files(pins: Pins, dockerfile: str, dockerfile_sha: str, delivery: dict[str, Any],
+def small_files(pins: Pins, lock: Lock, dockerfile: str, dockerfile_sha: str, delivery: dict[str, Any],
                 wheels: Path | None) -> dict[str, bytes | Path]:
     """Every context file except the sources: {path in context: bytes or host file}."""
     files: dict[str, bytes | Path] = {
@@ -77,10 +77,10 @@ def small_files(pins: Pins, dockerfile: str, dockerfile_sha: str, delivery: dict
         "delivery/pins.json": _json(pins.to_json_dict()),
         "delivery/components.json": _json(delivery),
         "delivery/dockerfile.sha256": f"{dockerfile_sha}\n".encode(),
-        "lock/requirements.lock": pins.lock_path().read_bytes(),
+        "lock/requirements.lock": lock.text.encode(),
+        "lock/runtime.lock": lock.runtime.encode(),
+        "lock/build.lock": lock.build.encode(),
     }
-    runtime, build = split_lock(pins.lock_path().read_text())
-    files["lock/runtime.lock"], files["lock/build.lock"] = runtime.encode(), build.encode()
     for name, comp in delivery["components"].items():  # read by stamp.py after each install
         files[f"provenance/{name}.json"] = _json({"component": name, **{k: comp[k] for k in PROVENANCE}})
     files.update(_tree(resources.image_scripts(), "image_scripts/"))
@@ -137,15 +137,15 @@ def build_ended(path: Path) -> bool:
     return True
 
 
-def assemble(pins: Pins, sources: ResolvedSources, settings: Settings, dockerfile: str, dockerfile_sha: str,
-             delivery: dict[str, Any], wheels: Path | None, native_files: dict[str, str] | None = None,
-             native_inputs: list[native.NativeInput] | None = None) -> tuple[Path, str]:
+def assemble(pins: Pins, lock: Lock, sources: ResolvedSources, settings: Settings, dockerfile: str,
+             dockerfile_sha: str, delivery: dict[str, Any], wheels: Path | None,
+             native_files: dict[str, str] | None = None) -> tuple[Path, str]:
     """Write the context tar under <cache>/builds/<sha prefix>/; return (path, sha256).
-    native_files: {component: its CMake toolchain text}; native_inputs: the lock's inputs, exported."""
-    entries: dict[str, Any] = dict(small_files(pins, dockerfile, dockerfile_sha, delivery, wheels))
+    native_files: {component: its CMake toolchain text}; the lock's native inputs go in exported."""
+    entries: dict[str, Any] = dict(small_files(pins, lock, dockerfile, dockerfile_sha, delivery, wheels))
     for name, toolchain in (native_files or {}).items():  # native/<component>/toolchain.cmake, native/<c>/<input>/
         entries[f"native/{name}/toolchain.cmake"] = toolchain.encode()
-    for item in native_inputs or []:
+    for item in lock.native.inputs:
         entries[f"native/{item.component}/{item.name}/"] = item
     for name in COMPONENTS:
         entries[f"src/{name}/"] = sources.components[name]

@@ -11,6 +11,7 @@ import jinja2
 
 from builder.core import resources
 from builder.core.errors import BadInput
+from builder.core.imageref import by_digest, hex_of
 from builder.pins.allowlist import NETWORK_RX
 
 TEMPLATE = "unified.Dockerfile.j2"
@@ -56,8 +57,21 @@ def environment() -> jinja2.Environment:
     return env
 
 
-FROM_RX = re.compile(r"FROM [a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64} AS [a-z]+")
+STAGE_RX = re.compile(r"[a-z]+")
 SEED_FROM = "FROM ${CCACHE_SEED} AS ccache"  # the compiler cache's side image (builder/image/ccache.py)
+
+
+def pinned_base(ref: str) -> bool:
+    """A FROM reference the unified Dockerfile may name: lowercase, by sha256 digest (the reference grammar of
+    builder/core/imageref.py decides, not a regex of its own)."""
+    image = by_digest(ref)
+    if image is None or ref != ref.lower():
+        return False
+    try:
+        hex_of(str(image.digest))
+    except ValueError:
+        return False
+    return True
 
 
 def lint(dockerfile: str) -> list[str]:
@@ -75,8 +89,9 @@ def lint(dockerfile: str) -> list[str]:
             problems.append(f"RUN must be exec form: {text[:80]}")
         if word == "FROM":
             parts = text.split()
-            earlier = len(parts) == 4 and parts[1] in stages and parts[2] == "AS"
-            if not (FROM_RX.fullmatch(text) or text == SEED_FROM or earlier):
+            named = len(parts) == 4 and parts[2] == "AS" and STAGE_RX.fullmatch(parts[3]) is not None
+            earlier = named and parts[1] in stages
+            if not ((named and pinned_base(parts[1])) or text == SEED_FROM or earlier):
                 problems.append(f"FROM must name the base by digest or an earlier stage: {text[:80]}")
             stages.add(parts[-1])
         if word != "LABEL" and NETWORK_RX.search(text):

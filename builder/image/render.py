@@ -1,13 +1,14 @@
 """Render stage: the unified Dockerfile (templates in dockerfiles/, text helpers in builder/image/dockerfile.py)
 and its build context (builder/image/context.py).
 
-`render(pins, sources, settings)` is pure in its inputs: the same pins and the same resolved sources
-give a byte-identical Dockerfile and the same context sha256, whatever the cwd or cache dir.
+`render(pins, lock, sources, settings)` is deterministic in its inputs: the same pins, lock and resolved
+sources give a byte-identical Dockerfile and the same context sha256, whatever the cwd or cache dir. It is
+not pure: it fills the wheelhouse (`pip download` of the locked wheels when the cache lacks them) and
+exports the sources and native inputs into the cache. The lock is the `Lock` the pipeline read once.
 """
 from __future__ import annotations
 
 import hashlib
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,11 @@ from builder.core.options import Settings
 from builder.core.records import RenderedBuild, ResolvedSources
 from builder.image import context, dockerfile
 from builder.lock import native, wheels
+from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.sources import scmversion
 
 UNRESOLVED = "unresolved"
-BASE_RX = re.compile(r"[a-z0-9][a-z0-9.:/_-]*@sha256:[0-9a-f]{64}")  # defence in depth behind pins validation
 
 
 def sha_tag(pins: Pins) -> str:
@@ -92,10 +93,6 @@ NATIVE_DIR = "/builder/native"
 PROVIDER = "/builder/scripts/native_provider.cmake"
 
 
-def locked_native(pins: Pins) -> native.Locked:
-    return native.parse(pins.lock_path().read_text(), str(pins.lock_path()))
-
-
 def native_env(name: str, locked: native.Locked) -> dict[str, str]:
     """A CMake-built component's build env: the toolchain file (disconnected FetchContent, the lock's
     sources) and the project's own *_SRC_DIR variables pointing at the supplied sources."""
@@ -154,15 +151,14 @@ def component_entries(pins: Pins, sources: ResolvedSources | None,
     return out
 
 
-def render_dockerfile(pins: Pins, sources: ResolvedSources | None) -> str:
+def render_dockerfile(pins: Pins, lock: Lock, sources: ResolvedSources | None) -> str:
     """The Dockerfile text; with sources None the tree and created labels read "unresolved"
     (a review render of pins whose repositories are not reachable; never built)."""
-    if not BASE_RX.fullmatch(pins.base.image):
+    if not dockerfile.pinned_base(str(pins.base.image)):  # defence in depth behind pins validation
         raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image[:80]!r}")
-    runtime, build = wheels.split_lock(pins.lock_path().read_text())
-    deps, build_deps = bool(runtime), bool(build)
+    deps, build_deps = bool(lock.runtime), bool(lock.build)
     comps = component_entries(pins, sources, (["/install/buildtools"] if build_deps else [])
-                              + (["/install/deps"] if deps else []), locked_native(pins))
+                              + (["/install/deps"] if deps else []), lock.native)
     prefixes = [("acceptance", "/install/acceptance")]
     prefixes += ([("build", "/install/deps")] if deps else []) + [("build", c["prefix"]) for c in comps]
     data = {
@@ -188,9 +184,9 @@ def native_record(pins: Pins, name: str, locked: native.Locked) -> dict[str, Any
             "inputs": [i.record() for i in locked.of(name)]}
 
 
-def delivery_components(pins: Pins, sources: ResolvedSources, rendered_tag: str) -> dict[str, Any]:
+def delivery_components(pins: Pins, lock: Lock, sources: ResolvedSources, rendered_tag: str) -> dict[str, Any]:
     """What smoke.py and write_manifest.py check and record inside the image."""
-    locked = locked_native(pins)
+    locked = lock.native
     comps = {}
     for c in component_entries(pins, sources, locked=locked):
         comps[c["name"]] = {k: c[k] for k in ("commit", "tree", "pr", "url", "target", "distribution", "modules",
@@ -202,20 +198,19 @@ def delivery_components(pins: Pins, sources: ResolvedSources, rendered_tag: str)
             "builder_version": BUILDER_VERSION, "python": pins.base.python_bin, "tag": rendered_tag}
 
 
-def render(pins: Pins, sources: ResolvedSources, settings: Settings) -> RenderedBuild:
+def render(pins: Pins, lock: Lock, sources: ResolvedSources, settings: Settings) -> RenderedBuild:
     """Render the Dockerfile and assemble the context tar."""
-    text = render_dockerfile(pins, sources)
+    text = render_dockerfile(pins, lock, sources)
     text_sha = hashlib.sha256(text.encode()).hexdigest()
     tag = image_ref(pins)
-    lock = pins.lock_path()
     wheelhouse = None
-    if wheels.has_requirements(lock):
-        wheelhouse = wheels.ensure_wheels(lock, wheels.Target.from_base(pins.base.python, pins.base.platform),
-                                          settings)
-    locked = locked_native(pins)
-    path, context_sha = context.assemble(pins, sources, settings, text, text_sha,
-                                         delivery_components(pins, sources, tag), wheelhouse,
-                                         {name: toolchain(name, locked) for name in locked.cmake}, locked.inputs)
+    if lock.entries:
+        wheelhouse = wheels.ensure_wheels(lock.path, lock.text, lock.wheel_key,
+                                          wheels.Target.from_base(pins.base.python, pins.base.platform), settings)
+    locked = lock.native
+    path, context_sha = context.assemble(pins, lock, sources, settings, text, text_sha,
+                                         delivery_components(pins, lock, sources, tag), wheelhouse,
+                                         {name: toolchain(name, locked) for name in locked.cmake})
     return RenderedBuild(dockerfile=text, dockerfile_sha256=text_sha, context_path=str(path),
                          context_sha256=context_sha, labels=labels(pins, sources), tag=tag,
-                         layer_epochs=layer_epochs(sources, bool(wheels.split_lock(lock.read_text())[0])))
+                         layer_epochs=layer_epochs(sources, bool(lock.runtime)))

@@ -36,13 +36,13 @@ from packaging.utils import canonicalize_name
 
 from builder.core import log, resources
 from builder.core.constants import COMPONENTS, SOURCE_DATE_EPOCH
-from builder.core.errors import BadInput, BuilderError, BuildFailed
+from builder.core.errors import BadInput, BuildFailed, StaleLock
 from builder.core.files import sha256_file
 from builder.core.options import Settings
 from builder.core.records import ResolvedSources
 from builder.engine import basecontainer
 from builder.engine.basecontainer import WORK, BaseInfo
-from builder.lock import download, native, resolver, wheels
+from builder.lock import download, native, record, resolver, wheels
 from builder.lock.resolver import Target
 from builder.lock.wheels import BUILD_MARK
 from builder.pins import model as pins_mod
@@ -57,12 +57,6 @@ TORCH_NAMES = ("torch", "torchvision", "torchaudio")  # what base_torch relaxes 
 # build-only tools a component may need in another version than the base has: they go into the
 # build-tools prefix (importable and on PATH while components build), never into the image
 BUILD_TOOLS = ("setuptools", "cmake", "ninja", "setuptools-scm", "setuptools-rust")
-
-
-class StaleLock(BuilderError):
-    """The lock no longer matches the pins (exit 1)."""
-
-    exit_code = 1
 
 
 @dataclass
@@ -486,6 +480,7 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
         "# Written by `builder lock`; do not edit. Regenerate with `builder lock PINS`, verify with --check.",
         f"# format: {FORMAT}",
         f"# inputs-sha256: {inputs_sha256(base, target, comps, compat, locked, notes)}",
+        record.for_line(pins),
         f"# base: {pins.base.name} (what it provides is read from it; its digest is in the pins)",
         f"# target: python {base.python} {base.abi} {target.uv_platform()} (read from the base)",
         f"# resolver: {resolver.resolver_version(resolver_name)}",
@@ -516,14 +511,13 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
     return "\n".join(header + lines) + "\n", {found[n].name: found[n] for n in pinned}
 
 
-def fill_wheelhouse(settings: Settings, pins: Any, files: dict[str, Path]) -> Path | None:
+def fill_wheelhouse(settings: Settings, pins: Any, lock: record.Lock, files: dict[str, Path]) -> Path | None:
     """Put the lock's wheels where the build looks for them (wheels.wheelhouse), then let
     wheels.ensure_wheels check them against the lock's hashes."""
-    lock_path = pins.lock_path()
-    if not wheels.has_requirements(lock_path):
+    if not lock.entries:
         return None
     target = wheels.Target.from_base(pins.base.python, pins.base.platform)
-    dest = wheels.wheelhouse(lock_path.read_bytes(), target, settings)
+    dest = wheels.wheelhouse(lock.wheel_key, target, settings)
     for name, path in sorted(files.items()):
         if not (dest / name).exists():
             tmp = dest / f".{name}.part"
@@ -532,7 +526,7 @@ def fill_wheelhouse(settings: Settings, pins: Any, files: dict[str, Path]) -> Pa
             except OSError:
                 shutil.copyfile(path, tmp)
             os.replace(tmp, dest / name)
-    return wheels.ensure_wheels(lock_path, target, settings)
+    return wheels.ensure_wheels(lock.path, lock.text, lock.wheel_key, target, settings)
 
 
 def recorded_inputs(text: str) -> str:
@@ -555,7 +549,6 @@ def lock(pins: Pins, sources: ResolvedSources, settings: Settings, check: bool =
     unless `upgrade` (resolve again, taking newer releases). `started`: when the lock began (sources
     resolved before), for the time table it prints at the end."""
     check_resolver(resolver_name)
-    pins_path = pins.path
     resolver.SPENT.clear()
     download.TOTALS.reset()
     if started is None:
@@ -565,25 +558,9 @@ def lock(pins: Pins, sources: ResolvedSources, settings: Settings, check: bool =
     path = pins.lock_path()
     old = path.read_text() if path.is_file() else ""
     if check:
-        with log.step("lock: read the base (network-none container)"):
-            base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
-                                           pins.base.platform)
-        target = Target.of(base)
-        locked = native.gather(settings, pins, sources, offline)  # first: cheap, and names what changed
-        changed = native.changes(native.parse(old, str(path)), locked)
-        if changed:
-            raise StaleLock(f"{path}: stale: {changed[0]}" + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
-                            + f"; run `builder lock {pins_path}`")
-        adjusts: dict[str, Adjust] = {}
-        comps = gather(settings, pins, sources, base, target, resolver_name, adjusts)
-        want = inputs_sha256(base, target, comps, compat_requirements(pins, base), locked,
-                             [n for name in COMPONENTS for n in adjusts[name].notes])
-        have = recorded_inputs(old)
-        if want != have:
-            raise StaleLock(f"{path}: stale: the pins' inputs are sha256 {want[:16]}, the lock was written for"
-                            f" {have[:16] or 'nothing (no inputs-sha256 line)'}; run `builder lock {pins_path}`")
-        return LockResult(path, old, hashlib.sha256(old.encode()).hexdigest(), want,
-                          sum(1 for ln in old.splitlines() if "--hash=" in ln), None)
+        current = record.parse(old, path)
+        want = check_inputs(settings, pins, sources, current, resolver_name, offline)
+        return LockResult(path, old, current.sha256, want, len(current.entries), None)
     kept = None if upgrade else unchanged(settings, pins, sources, old, resolver_name, offline)
     text, files = kept if kept is not None else compute(settings, pins, sources, resolver_name, build_sdists, offline)
     if text != old:
@@ -591,7 +568,7 @@ def lock(pins: Pins, sources: ResolvedSources, settings: Settings, check: bool =
             fh.write(text)
         os.replace(fh.name, path)
     with resolver.spent("wheelhouse (copy, check)"):
-        wheelhouse = fill_wheelhouse(settings, pins, files)
+        wheelhouse = fill_wheelhouse(settings, pins, record.parse(text, path), files)
     count = sum(1 for line in text.splitlines() if "--hash=" in line)
     log.info(f"lock: {path} ({count} wheels, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]})")
     log.info(time_table(time.monotonic() - started))
@@ -616,14 +593,56 @@ def unchanged(settings: Settings, pins: Any, sources: Any, old: str, resolver_na
                              [n for name in COMPONENTS for n in adjusts[name].notes])
     if want != recorded_inputs(old):
         return None
-    entries = wheels.parse_lock(old, str(pins.lock_path()))
-    dest = wheels.wheelhouse(old.encode(), wheels.Target.from_base(pins.base.python, pins.base.platform), settings)
+    current = record.parse(old, pins.lock_path())
+    dest = wheels.wheelhouse(current.wheel_key, wheels.Target.from_base(pins.base.python, pins.base.platform), settings)
     with resolver.spent("sha256 of the wheels"):
-        found = wheels.match_files(dest, entries) if entries else {}
+        found = wheels.match_files(dest, list(current.entries)) if current.entries else {}
     if found is None:  # a new cache: resolve, download and build again (wheels built from sdists are nowhere else)
         return None
     log.info(f"lock: inputs unchanged (sha256 {want[:16]}): kept {pins.lock_path()}; --upgrade resolves again")
-    return old, {}
+    return with_for_line(old, pins), {}
+
+
+def with_for_line(text: str, pins: Any) -> str:
+    """The lock text with its `# for:` line naming these pins' commits and base (the inputs are the same)."""
+    lines = [ln for ln in text.splitlines() if not ln.startswith(record.FOR_MARK)]
+    at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("# inputs-sha256: ")), 0)
+    return "\n".join([*lines[:at], record.for_line(pins), *lines[at:]]) + "\n"
+
+
+def check_inputs(settings: Settings, pins: Pins, sources: ResolvedSources, lock: record.Lock,
+                 resolver_name: str = "uv", offline: bool = False) -> str:
+    """`builder lock --check`: StaleLock naming the first native input that changed, else comparing the
+    inputs-sha256 the pins give now with the lock's; returns it."""
+    with log.step("lock: read the base (network-none container)"):
+        base = basecontainer.read_base(settings, pins.base.image, pins.base.python_bin, pins.base.python,
+                                       pins.base.platform)
+    target = Target.of(base)
+    locked = native.gather(settings, pins, sources, offline)  # first: cheap, and names what changed
+    changed = native.changes(lock.native, locked)
+    if changed:
+        raise StaleLock(record.stale_message(lock.path, changed, pins.path))
+    adjusts: dict[str, Adjust] = {}
+    comps = gather(settings, pins, sources, base, target, resolver_name, adjusts)
+    want = inputs_sha256(base, target, comps, compat_requirements(pins, base), locked,
+                         [n for name in COMPONENTS for n in adjusts[name].notes])
+    if want != lock.inputs_sha256:
+        raise StaleLock(record.stale_message(
+            lock.path, [f"the pins' inputs are sha256 {want[:16]}, the lock was written for"
+                        f" {lock.inputs_sha256[:16] or 'nothing (no inputs-sha256 line)'}"], pins.path))
+    return want
+
+
+def check_fresh(settings: Settings, pins: Pins, sources: ResolvedSources, lock: record.Lock,
+                offline: bool = False) -> None:
+    """Before render, build and run: StaleLock (the line `--check` prints) when the lock does not fit the
+    pins. Fast: the native-input declarations at the pinned commits (git only); only when a commit or the
+    base digest is not the one the lock was written for (its `# for:` line), the inputs check."""
+    changed = native.declared_changes(settings, pins, sources, lock.native)
+    if changed:
+        raise StaleLock(record.stale_message(lock.path, changed, pins.path))
+    if record.moved(lock, pins):
+        check_inputs(settings, pins, sources, lock, offline=offline)
 
 
 def time_table(total: float) -> str:
@@ -651,6 +670,9 @@ def start_lock_file(pins_path: Path) -> None:
         return
     if not isinstance(rel, str) or not pins_mod._match("rel_path", rel):
         return
-    path = (pins_path.resolve().parent / rel).resolve()
-    if pins_path.resolve().parent in path.parents and not path.exists() and path.parent.is_dir():
-        path.write_text("# not locked yet: run `builder lock PINS`\n")
+    try:
+        path = (pins_path.resolve().parent / rel).resolve()
+        if pins_path.resolve().parent in path.parents and not path.exists() and path.parent.is_dir():
+            path.write_text("# not locked yet: run `builder lock PINS`\n")
+    except (OSError, RuntimeError):  # a symlink loop, a path too long: pins_mod.load names it in one line
+        return

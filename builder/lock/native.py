@@ -217,6 +217,22 @@ def changes(old: Locked, new: Locked) -> list[str]:
     return out
 
 
+def declared_changes(settings: Settings, pins: Any, sources: Any, old: Locked) -> list[str]:
+    """`changes` for the declarations alone (name, GIT_REPOSITORY, GIT_TAG, which components use CMake),
+    read at the pinned commits from the mirrors: no fetch, no export (the fast check before a build)."""
+    now = Locked()
+    locked = {(i.component, i.name.lower(), i.url, i.ref): i.commit for i in old.inputs}
+    for name in COMPONENTS:
+        found = discover(settings, pins, name, sources.components[name])
+        if found.cmake:
+            now.cmake.append(name)
+        for decl in found.declarations:
+            commit = locked.get((name, decl.name.lower(), decl.git_repository, decl.git_tag), "")
+            now.inputs.append(NativeInput(name, decl.name, decl.git_repository, decl.git_tag, commit, "", "",
+                                          decl.receive, decl.file, decl.when))
+    return changes(old, now)
+
+
 def export_file(settings: Settings, pins: Any, item: NativeInput) -> Path:
     """The export of a locked input (made again from the mirror if this cache lacks it), checked."""
     path = sources_mod.export_path(settings, item.export_sha256)

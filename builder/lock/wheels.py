@@ -91,22 +91,6 @@ def parse_lock(text: str, where: str = "lock") -> list[LockEntry]:
     return entries
 
 
-def read_lock(path: Path) -> tuple[bytes, list[LockEntry]]:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BadInput(f"{path}: expected a readable lock file ({exc.strerror})") from None
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        raise BadInput(f"{path}: expected a UTF-8 lock file") from None
-    return data, parse_lock(text, str(path))
-
-
-def has_requirements(path: Path) -> bool:
-    return bool(read_lock(path)[1])
-
-
 def wheel_name_version(filename: str) -> tuple[str, str]:
     if not filename.endswith(".whl"):
         raise InfraError(f"{filename}: not a wheel (only wheels are installed offline)")
@@ -164,21 +148,22 @@ def no_match(logfile: Path) -> str:
     return found[-1] if found else ""
 
 
-def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
-    """The wheels of a hashed lock, downloaded once per lock and target, verified against the lock."""
-    data, entries = read_lock(lock_path)
-    dest = wheelhouse(data, target, settings)
+def ensure_wheels(where: Path, text: str, wheel_key: bytes, target: Target, settings: Settings) -> Path:
+    """The wheels of a hashed lock (its text, read once by builder/lock/record.py), downloaded once per lock
+    and target, verified against the lock."""
+    entries = parse_lock(text, str(where))
+    dest = wheelhouse(wheel_key, target, settings)
     with fs.locked(dest.parent / f".{dest.name}.lock"):
         if match_files(dest, entries) is not None:
-            log.info(f"wheels for {lock_path}: reused {dest}")
+            log.info(f"wheels for {where}: reused {dest}")
             return dest
         fs.sweep_parts(dest.parent)  # what a killed run left
         missing = missing_entries(dest, entries)
-        built = built_from_sdist(data.decode())
+        built = built_from_sdist(text)
         lost = [f"{e.name}=={e.version}" for e in missing if f"{e.name}=={e.version}" in built]
         if lost:  # no index has it: only a `builder lock` with --build-sdists on this cache made it
             more = f" (and {len(lost) - 1} more)" if len(lost) > 1 else ""
-            raise BadInput(f"{lock_path}: {lost[0]} ({built[lost[0]] or 'its wheel'}){more} was built from an sdist"
+            raise BadInput(f"{where}: {lost[0]} ({built[lost[0]] or 'its wheel'}){more} was built from an sdist"
                            " by `builder lock`, no index serves it, and the wheelhouse lacks it: run `builder lock"
                            " --build-sdists` on these pins again with this BUILDER_CACHE, or copy the wheel into"
                            " the wheelhouse", details=[f"wheelhouse: {dest}", *(f"missing: {r} {built[r]}" for r in lost)])
@@ -187,7 +172,7 @@ def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
         try:
             (work / "requirements.txt").write_text("".join(
                 f"{e.name}=={e.version} " + " ".join(f"--hash=sha256:{h}" for h in e.hashes) + "\n" for e in missing))
-            with log.step(f"pip download {len(missing)} wheels of {lock_path.name} (cp{target.abi[2:]},"
+            with log.step(f"pip download {len(missing)} wheels of {where.name} (cp{target.abi[2:]},"
                           f" {target.machine}; log {logfile})"):
                 try:
                     pip_download(["--no-deps", "--require-hashes", "-r", str(work / "requirements.txt")],
@@ -195,7 +180,7 @@ def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
                 except InfraError:
                     req = no_match(logfile)
                     if req:
-                        raise BadInput(f"{lock_path}: {req} is not in the wheelhouse {dest} and the index"
+                        raise BadInput(f"{where}: {req} is not in the wheelhouse {dest} and the index"
                                        f" {settings.index_url} has no wheel of it for cp{target.abi[2:]}"
                                        f" {target.machine}; run `builder lock` on these pins again (log {logfile})"
                                        ) from None
@@ -205,8 +190,8 @@ def ensure_wheels(lock_path: Path, target: Target, settings: Settings) -> Path:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         if match_files(dest, entries) is None:
-            raise InfraError(f"{dest}: downloaded wheels do not match the hashes in {lock_path}")
-        log.info(f"wheels for {lock_path}: {len(entries)} in {dest}")
+            raise InfraError(f"{dest}: downloaded wheels do not match the hashes in {where}")
+        log.info(f"wheels for {where}: {len(entries)} in {dest}")
         return dest
 
 

@@ -3,8 +3,8 @@ own `builder nightly` process (its own run ID, so its own local tags; its log in
 engine, the registry, the mirrors, the wheelhouse, the export cache and the history, which are safe under
 concurrent writers (file locks, atomic renames, SQLite in WAL mode).
 
-The fleet's exit code is the most severe of the runs': 130 interrupted, 3 infrastructure, 2 bad input,
-1 not accepted, 4 regression, 0 all accepted.
+The fleet's exit code is the most severe of the runs' (builder/core/errors.py `SEVERITY`): 130 interrupted,
+3 infrastructure, 2 bad input, 1 not accepted, 4 regression, 0 all accepted.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from pathlib import Path
 from builder.core import files as fs
 from builder.core import log, options
 from builder.core.errors import BadInput, Interrupted
+from builder.core.errors import severest as severest  # the fleet's exit code
 from builder.core.options import Settings
 
-SEVERITY = (130, 3, 2, 1, 4, 0)  # most severe first; any other code counts as 1
 MAX_JOBS = 64
 
 
@@ -40,11 +40,6 @@ class Outcome:
     code: int
     seconds: float
     last_line: str
-
-
-def severest(codes: list[int]) -> int:
-    rank = {c: i for i, c in enumerate(SEVERITY)}
-    return min((c if c in rank else 1 for c in codes), key=lambda c: rank[c], default=0)
 
 
 def plan(pins_paths: list[Path], out: Path | None, settings: Settings) -> list[Job]:
@@ -72,14 +67,15 @@ def run_fleet(jobs: list[Job], parallel: int, flags: list[str]) -> list[Outcome]
         env = options.child_environment(BUILDER_RUN_ID=job.run_id)
         with lock:
             if stopping.is_set():
-                return Outcome(job, 130, 0.0, "not started: interrupted")
+                return Outcome(job, Interrupted.exit_code, 0.0, "not started: interrupted")
             with open(job.log, "wb") as out:
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
             children[job] = proc
         log.info(f"nightly {job.pins}: started (run {job.run_id}, log {job.log})")
         code = proc.wait()
         lines = fs.tail(job.log, 1)
-        outcome = Outcome(job, 130 if code < 0 else code, round(time.monotonic() - start, 1), lines[0] if lines else "")
+        outcome = Outcome(job, Interrupted.exit_code if code < 0 else code, round(time.monotonic() - start, 1),
+                          lines[0] if lines else "")
         log.info(f"nightly {job.pins}: exit {outcome.code} in {outcome.seconds} s: {outcome.last_line[:200]}")
         return outcome
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from acceptance import perf as perf_rule
 from builder.core import files as fs
+from builder.core.imageref import split_digest
 from builder.core.records import Report
 
 EVIDENCE_METRICS = ("throughput", "diff_max", "seconds")
@@ -121,7 +122,7 @@ def compare(report: Report, manifest: dict | None, digest: str | None, previous:
 def _short(sha: str | None) -> str:
     if not sha:
         return "-"
-    algo, _, hexpart = sha.rpartition(":")
+    algo, hexpart = split_digest(sha)
     return f"`{algo + ':' if algo else ''}{hexpart[:12]}`"
 
 

@@ -6,14 +6,13 @@ Every string that can reach a Dockerfile or a shell is checked against a whiteli
 Hostile input is bounded before it is walked (builder/pins/yamlguard.py), image references follow the
 distribution grammar (builder/core/imageref.py), pip options and env names pass allow-lists
 (builder/pins/allowlist.py); error lines show values escaped and elided (builder/core/safetext.py).
-Regenerate the JSON Schema with `python -m builder.pins.model --schema > builder/pins/schema/pins.schema.json`.
+Regenerate the JSON Schema with `builder pins --schema > builder/pins/schema/pins.schema.json`.
 """
 import hashlib
 import json
 import math
 import posixpath
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
@@ -26,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     PrivateAttr,
     ValidationError,
     ValidationInfo,
@@ -37,7 +37,8 @@ from pydantic import (
 from builder.core import imageref as reference
 from builder.core.constants import COMPONENTS, DEFAULT_REQUIRED, GATES, METRICS
 from builder.core.errors import BadInput
-from builder.core.safetext import clip, fit, show
+from builder.core.imageref import ImageRef
+from builder.core.safetext import clip, show
 from builder.pins import allowlist, inputfile, yamlguard
 
 # Whitelists (full match). None of them admits newline, quote, backslash, $, backtick, ; & | < > or space.
@@ -230,15 +231,18 @@ def _pip_arg(value: str) -> str:
     return allowlist.check_pip_arg(value)
 
 
-def _base_image(value: str) -> str:
+def _base_image(value: Any) -> ImageRef:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string name[:tag]@sha256:<64 lowercase hex>, got {type(value).__name__}")
     try:
-        ref = reference.parse(value, need_digest=True)
+        ref = ImageRef(value, need_digest=True)
+        reference.hex_of(str(ref.digest))
     except ValueError as exc:
         raise ValueError(f"expected name[:tag]@sha256:<64 lowercase hex>: {exc}") from None
-    if value != value.lower() or ref.domain.startswith("["):  # what FROM takes (render's BASE_RX)
+    if value != value.lower() or ref.registry.startswith("["):  # what FROM takes (render checks it again)
         raise ValueError("expected lowercase, and a registry host name or IPv4 address (the Dockerfile FROM"
                          f" form), got {show(value)}")
-    return value
+    return ref
 
 
 def _inside(directory: Path, relative: str) -> Path:
@@ -278,7 +282,7 @@ class Image(Strict):
 
 
 class Base(Strict):
-    image: Annotated[str, AfterValidator(_base_image),
+    image: Annotated[ImageRef, PlainValidator(_base_image),
                      WithJsonSchema({"type": "string", "pattern": f"^{RX['base_image']}$"})]
     platform: Literal["linux/amd64", "linux/arm64"]
     python: Annotated[str, _schema("python"), AfterValidator(_check("python", "a quoted Python version like \"3.11\""))]
@@ -286,20 +290,16 @@ class Base(Strict):
 
     @property
     def name(self) -> str:
-        """Repository part, without tag or digest."""
-        ref = self.image.split("@", 1)[0]
-        head, _, last = ref.rpartition("/")
-        return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+        """Registry and repository, without tag or digest."""
+        return self.image.name
 
     @property
     def tag(self) -> str | None:
-        ref = self.image.split("@", 1)[0]
-        last = ref.rpartition("/")[2]
-        return last.split(":", 1)[1] if ":" in last else None
+        return self.image.tag
 
     @property
     def digest(self) -> str:
-        return self.image.split("@", 1)[1]
+        return str(self.image.digest)
 
 
 class Install(Strict):
@@ -876,17 +876,3 @@ def schema_json() -> str:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Pins file (schema_version 1)"
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--schema"]:
-        sys.stdout.write(schema_json())
-    elif len(sys.argv) == 2:
-        try:
-            print(json.dumps(load(sys.argv[1]).to_json_dict(), indent=2))
-        except BadInput as exc:
-            print(fit(f"error: {exc}"), file=sys.stderr)
-            sys.exit(exc.exit_code)
-    else:
-        print("usage: python -m builder.pins.model --schema | PINS_FILE", file=sys.stderr)
-        sys.exit(2)

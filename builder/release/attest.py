@@ -22,8 +22,7 @@ from builder.core.errors import AttestationError, PublishError
 from builder.core.imageref import ImageRef, hex_of
 from builder.core.records import Report
 from builder.engine.registry import Registry, split_repository
-from builder.lock import native
-from builder.lock.wheels import read_lock
+from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.release import dsse, referrers, sbom
 from builder.sources.resolve import absolute_url
@@ -59,32 +58,37 @@ def pins_bytes(report: Report) -> bytes:
     return data
 
 
-def locked_wheels(lock_path: Path) -> list[dict]:
+def lock_of_run(report: Report, lock: Lock) -> Lock:
+    """The lock the run used: its sha256 is the one the report recorded, else PublishError."""
+    if lock.sha256 != report.lock_sha256:
+        raise PublishError(f"{lock.path}: changed since the run (sha256 {lock.sha256}, the run used "
+                           f"{report.lock_sha256}); refusing to attest")
+    return lock
+
+
+def locked_wheels(lock: Lock) -> list[dict[str, Any]]:
     """One resolved dependency per locked distribution hash."""
     out = []
-    for entry in read_lock(lock_path)[1]:
+    for entry in lock.entries:
         for digest in entry.hashes:
             out.append({"name": f"{entry.name}=={entry.version}",
                         "uri": f"pkg:pypi/{sbom.canonical(entry.name)}@{entry.version}", "digest": {"sha256": digest}})
     return out
 
 
-def native_inputs(pins: Pins) -> list[dict[str, Any]]:
+def native_inputs(pins: Pins, lock: Lock) -> list[dict[str, Any]]:
     """One resolved dependency per native build input the lock names (a git commit and tree)."""
-    try:
-        locked = native.parse(pins.lock_path().read_text(), str(pins.lock_path()))
-    except OSError:
-        return []
     return [{"name": f"native:{i.component}/{i.name}",
              "uri": f"git+{absolute_url(i.url, pins.component_url(i.component))}@{i.ref}",
              "digest": {"gitCommit": i.commit, "gitTree": i.tree},
              "annotations": {"component": i.component, "git_tag": i.ref, "declared": i.declared,
                              "received_as": i.receive, "export_sha256": i.export_sha256}}
-            for i in locked.inputs]
+            for i in lock.native.inputs]
 
 
-def provenance(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
+def provenance(report: Report, pins: Pins, lock: Lock, pins_data: bytes) -> dict[str, Any]:
     """SLSA provenance v1 predicate."""
+    lock = lock_of_run(report, lock)
     deps = [{"name": name, "uri": f"git+{c.url}@refs/pull/{c.pr}/head",
              "digest": {"gitCommit": c.commit, "gitTree": c.tree},
              "annotations": {"pr": c.pr, "target": c.target, "merge_base": c.merge_base,
@@ -92,15 +96,16 @@ def provenance(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
             for name, c in report.sources.components.items()]
     base = ImageRef(pins.base.image)
     deps.append({"name": "base", "uri": f"oci://{base.name}", "digest": {"sha256": hex_of(str(base.digest))}})
-    deps += native_inputs(pins)
-    deps += locked_wheels(pins.lock_path())
+    deps += native_inputs(pins, lock)
+    deps += locked_wheels(lock)
     build = report.build
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
             "externalParameters": {"pins": {"path": Path(report.sources.pins_path).name,
                                             "sha256": report.sources.pins_sha256,
-                                            "content": pins_data.decode()}},
+                                            "content": pins_data.decode()},
+                                   "lock": {"path": lock.path.name, "sha256": lock.sha256}},
             "internalParameters": {"dockerfile_sha256": build.dockerfile_sha256 if build else "unknown",
                                    "context_sha256": build.context_sha256 if build else "unknown"},
             "resolvedDependencies": deps,
@@ -133,10 +138,10 @@ def test_result(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
     }
 
 
-def statements(report: Report, pins: Pins, image_manifest: dict[str, Any], repository: str,
+def statements(report: Report, pins: Pins, lock: Lock, image_manifest: dict[str, Any], repository: str,
                digest: str) -> list[dict[str, Any]]:
     pins_data = pins_bytes(report)
-    return [statement(repository, digest, PROVENANCE_TYPE, provenance(report, pins, pins_data)),
+    return [statement(repository, digest, PROVENANCE_TYPE, provenance(report, pins, lock, pins_data)),
             statement(repository, digest, SBOM_TYPE, sbom.build(image_manifest, repository, digest)),
             statement(repository, digest, TEST_RESULT_TYPE, test_result(report, pins, pins_data))]
 
@@ -162,7 +167,7 @@ def signer(key_path: Path | None) -> Ed25519PrivateKey | None:
     return dsse.load_private(key_path)
 
 
-def attach_all(report: Report, pins: Pins, repository: str, digest: str, image_manifest: dict[str, Any],
+def attach_all(report: Report, pins: Pins, lock: Lock, repository: str, digest: str, image_manifest: dict[str, Any],
                key: Ed25519PrivateKey, registry: Registry, once: bool = False) -> list[dict[str, Any]]:
     """Sign the three statements and attach them to repository@digest; returns the artifact descriptors.
     Idempotent per key: a statement this key already attached to the digest (equal apart from its timestamps,
@@ -178,7 +183,7 @@ def attach_all(report: Report, pins: Pins, repository: str, digest: str, image_m
     served = registry.manifest(name, digest)
     subject = {"mediaType": served["media_type"], "digest": digest, "size": len(served["content"])}
     todo, kept = [], []
-    for stmt in statements(report, pins, image_manifest, repository, digest):
+    for stmt in statements(report, pins, lock, image_manifest, repository, digest):
         same = existing.get(stable(stmt))
         if same:
             kept.append(same[1])

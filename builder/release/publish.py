@@ -22,6 +22,7 @@ from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
 from builder.engine.registry import Registry, mask, split_repository, verify_tag
+from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.release import attest, trust
 from builder.report import document as report_mod
@@ -74,16 +75,16 @@ def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | Non
     return digest
 
 
-def publish(report: Report, report_path: Path, pins: Pins | None, settings: Settings, image: str | None = None,
-            signing_key: Path | None = None, attest_once: bool = False) -> PublishReceipt:
+def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | None, settings: Settings,
+            image: str | None = None, signing_key: Path | None = None, attest_once: bool = False) -> PublishReceipt:
     """Give the accepted digest of an ACCEPTED report its release tags (promote from staging, or push the
     accepted local image), verify it through the registry API, attach signed attestations (only those the key
     has not attached already; with `attest_once`, none when it attested the digest before), record the receipt.
-    `pins`: what `trust.check` re-read and checked against the report (the caller runs it first)."""
+    `pins`, `lock`: what `trust.check` re-read and checked against the report (the caller runs it first)."""
     where = str(report_path)
     check_accepted(report, where)
-    if pins is None:
-        raise PublishError(f"{where}: no pins checked against the report; refusing")
+    if pins is None or lock is None:
+        raise PublishError(f"{where}: no pins and lock checked against the report; refusing")
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")
     auth = settings.registry_auth
@@ -112,7 +113,8 @@ def publish(report: Report, report_path: Path, pins: Pins | None, settings: Sett
             if len(digests) != 1:
                 raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
             with log.step(f"attest {report.repository}@{digests[0][:19]}"):
-                attestations = attest_published(report, pins, client, registry, digests[0], key, attest_once)
+                attestations = attest_published(report, pins, lock, client, registry, digests[0], key,
+                                                attest_once)
         except BaseException as err:
             if staged and pushed:  # promote finished, a later step did not: the tags go back (when reachable)
                 staging.rollback(registry, report.repository, {t: before[t] for t in pushed},
@@ -152,14 +154,14 @@ def check_signed_acceptance(report: Report, report_path: Path, key: attest.Ed255
                            " result; refusing")
 
 
-def attest_published(report: Report, pins: Pins, client: Client, registry: Registry, digest: str,
+def attest_published(report: Report, pins: Pins, lock: Lock, client: Client, registry: Registry, digest: str,
                      key: attest.Ed25519PrivateKey | None, once: bool = False) -> list[str]:
     """Signed attestations for the pushed digest (builder/release/attest.py); none without a key."""
     if key is None:
         return []
     manifest = json.loads(engine.read_file(client, report.image_id, MANIFEST) or b"{}")
-    return [d["digest"] for d in attest.attach_all(report, pins, report.repository, digest, manifest, key, registry,
-                                                             once=once)]
+    return [d["digest"] for d in attest.attach_all(report, pins, lock, report.repository, digest, manifest, key,
+                                                   registry, once=once)]
 
 
 def _push_local(client: Client, report: Report, image: str | None, where: str, auth: tuple[str, str] | None,

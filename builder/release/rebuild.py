@@ -18,7 +18,7 @@ from typing import Any
 from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import BadInput, BuildFailed
-from builder.core.imageref import ImageRef
+from builder.core.imageref import ImageRef, by_digest
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, Report
 from builder.engine import client as engine
@@ -87,7 +87,8 @@ def expected(report: Report, report_path: Path) -> tuple[str, str, str]:
     pulled = report.acceptance.pulled if report.acceptance else None
     ref = str((report.build.staged if report.build else None) or (pulled.ref if pulled else ""))
     manifest = (report.build.manifest_digest if report.build else "") or (pulled.digest if pulled else "")
-    manifest = manifest or ref.partition("@")[2]
+    by_ref = by_digest(ref)
+    manifest = manifest or (str(by_ref.digest) if by_ref else "")
     image_id = report.image_id if report.image_id.startswith("sha256:") else ""
     if not manifest and not image_id:
         raise BadInput(f"{report_path}: build.manifest_digest, acceptance.pulled.digest or image_id: "

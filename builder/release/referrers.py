@@ -7,12 +7,11 @@ the index itself; otherwise (Debian's docker-registry 2.8) the referrers tag sch
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 
 from builder.core.errors import PublishError
-from builder.core.imageref import hex_of
+from builder.core.imageref import digest_of, hex_of
 from builder.engine.registry import Registry, get_json, push_blob, put_manifest
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -47,7 +46,7 @@ def attach(reg: Registry, name: str, subject: dict, envelope: bytes, predicate_t
     }
     data = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
 
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    digest = digest_of(data)
     resp = put_manifest(reg, name, digest, data, OCI_MANIFEST)
     descriptor = {**_descriptor(OCI_MANIFEST, data, digest), "artifactType": DSSE_TYPE, "annotations": annotations}
     if resp.headers.get("OCI-Subject") != subject["digest"] and not _answers_referrers(reg, name, subject["digest"]):

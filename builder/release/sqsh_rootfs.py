@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from builder.core import files as fs
 from builder.core.errors import BadInput
+from builder.core.imageref import digest_of
 from builder.engine import client as engine
 
 WHITEOUT = ".wh."
@@ -67,7 +68,7 @@ def open_saved(path: Path, image_id: str) -> SavedImage:
         if len(manifest) != 1:
             raise BadInput(f"{path}: expected one image in the saved tar, found {len(manifest)}")
         raw = _read(outer, manifest[0]["Config"])
-        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+        digest = digest_of(raw)
         if digest != image_id:
             raise BadInput(f"{path}: the saved config is {digest}, expected the image {image_id}")
         layers = [outer.getmember(name) for name in manifest[0]["Layers"]]
@@ -176,7 +177,7 @@ def _add_layer(tree: dict[str, Entry], stream: _Hashing) -> str:
             tree[path] = _entry(inner, m, tree)
     while stream.read(CHUNK):  # the end-of-archive blocks count in the diff_id too
         pass
-    return "sha256:" + stream.hash.hexdigest()
+    return digest_of(stream.hash)
 
 
 def _entry(inner: tarfile.TarFile, m: tarfile.TarInfo, tree: dict[str, Entry]) -> Entry:

@@ -5,6 +5,7 @@ the first thing an edited or inconsistent report gets wrong:
 - a gate listed twice (top level or acceptance.gates), or the two copies disagreeing;
 - `reasons` not empty while the verdict says ACCEPTED;
 - the pins file (re-read from sources.pins_path) gone, invalid, or not the sha256 the report recorded;
+- the pins' lock gone, unreadable, or not the sha256 the report recorded (`lock --upgrade` since the run);
 - required_gates not the pins' (cut down after a failure), or name / repository / tags / commits /
   base image that the pins do not give;
 - a required gate whose evidence does not show a pass when re-derived here (`derive`).
@@ -22,6 +23,8 @@ from acceptance import perf as perf_rule
 from builder.core.errors import BadInput
 from builder.core.records import GateResult, Report
 from builder.core.safetext import show
+from builder.lock import record
+from builder.lock.record import Lock
 from builder.pins import model as pins_mod
 from builder.report.document import image_tags
 
@@ -143,6 +146,19 @@ def _pins(report: Report, where: str) -> pins_mod.Pins:
     return pins
 
 
+def _lock(report: Report, pins: pins_mod.Pins, where: str) -> Lock:
+    """The pins' lock, read once here for publish and attest, and the one the run used (its sha256)."""
+    try:
+        lock = record.of(pins)
+    except BadInput as exc:
+        raise _fail(where, "lock_sha256", f"the lock cannot be re-read ({exc})") from None
+    recorded = {report.lock_sha256, (report.run_manifest.get("run") or {}).get("lock_sha256", report.lock_sha256)}
+    if recorded != {lock.sha256}:
+        raise _fail(where, "lock_sha256", f"{show(str(lock.path), 80)} now has sha256 {lock.sha256[:16]}...,"
+                    " not the one the report recorded")
+    return lock
+
+
 def _identity(report: Report, pins: pins_mod.Pins, where: str) -> None:
 
     want = {"name": pins.name, "repository": pins.image.repository, "tags": image_tags(pins),
@@ -161,8 +177,9 @@ def _identity(report: Report, pins: pins_mod.Pins, where: str) -> None:
                         f"{show(got.commit if got else None)} is not the pinned {comp.commit}")
 
 
-def check(report: Report, where: str) -> pins_mod.Pins | None:
-    """Refuse an ACCEPTED report that its own evidence and the pins file do not support; return the pins.
+def check(report: Report, where: str) -> tuple[pins_mod.Pins, Lock] | None:
+    """Refuse an ACCEPTED report that its own evidence, the pins file and its lock do not support; return
+    the pins and the lock (read once, here).
     A report that does not claim ACCEPTED is left to publish's own refusal (exit 1)."""
     if report.verdict != "ACCEPTED":
         return None
@@ -170,6 +187,7 @@ def check(report: Report, where: str) -> pins_mod.Pins | None:
         raise _fail(where, "reasons", f"verdict ACCEPTED with reasons {show(report.reasons[0])}")
     ran = _gates(report, where)
     pins = _pins(report, where)
+    lock = _lock(report, pins, where)
     required = list(pins.acceptance.required_gates)
     if report.required_gates != required:
         cut = [g for g in required if g not in report.required_gates]
@@ -187,7 +205,7 @@ def check(report: Report, where: str) -> pins_mod.Pins | None:
         why = derive(gate, pins.acceptance.steps, pins.acceptance.performance)
         if why:
             raise _fail(where, f"acceptance.gates.{name}.evidence", f"does not support pass: {why}")
-    return pins
+    return pins, lock
 
 
 def check_signature(report: Report, where: str, envelope: dict | None, public_key: Any,

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from builder.core.constants import LABEL_PREFIX, MANIFEST
 from builder.core.errors import AttestationError, BadInput, PublishError
-from builder.core.imageref import ImageRef
+from builder.core.imageref import ImageRef, split_digest
 from builder.core.options import Settings
 from builder.core.safetext import escape, show
 from builder.engine.registry import Registry
@@ -207,7 +207,7 @@ def show_id(kid: str) -> str:
 
 
 def _other_subject(stmt: dict, digest: str) -> str:
-    algo, _, hexpart = digest.partition(":")
+    algo, hexpart = split_digest(digest)
     subjects = [s.get("digest", {}).get(algo) if isinstance(s, dict) else None for s in stmt.get("subject") or []]
     if subjects and all(s == hexpart for s in subjects):
         return ""

@@ -21,6 +21,7 @@ from builder.core.errors import BadInput
 from builder.core.records import AcceptanceResult, BuiltImage, CompatPin, GateResult, PublishReceipt, Report, ResolvedSources
 from builder.core.safetext import clip
 from builder.image.render import sha_tag
+from builder.lock.record import Lock
 from builder.pins.inputfile import read_text
 from builder.pins.model import Pins
 from builder.report import manifest as manifest_layers
@@ -36,8 +37,7 @@ SEVERITY = {"fail": 3, "inconclusive": 2, "not_run": 1, "pass": 0}
 def image_tags(pins: Pins) -> list[str]:
     """The SHA tag (from the render stage's sha_tag) first, then the human tags of the pins."""
 
-    tag = sha_tag(pins).rsplit("/", 1)[-1]
-    tag = tag.split(":", 1)[1] if ":" in tag else tag  # accept '<repository>:<tag>' too
+    tag = sha_tag(pins)
     return [tag] + [t for t in pins.image.tags if t != tag]
 
 
@@ -86,7 +86,7 @@ def verdict_reasons(gates: list[GateResult], required: list[str], sources: Resol
 # ---------------------------------------------------------------- assembling
 
 
-def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
+def make_report(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
                 image_manifest: dict | None = None, publish: PublishReceipt | None = None) -> Report:
     manifest = image_manifest or manifest_layers.find_manifest(acceptance)
     required = list(pins.acceptance.required_gates)
@@ -95,11 +95,11 @@ def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, 
     return Report(
         verdict="NOT ACCEPTED" if reasons else "ACCEPTED", reasons=reasons, name=pins.name,
         sources=sources, build=build, acceptance=acceptance, publish=publish,
-        run_manifest=manifest_layers.run_manifest(pins, sources, build, acceptance, manifest, publish),
+        run_manifest=manifest_layers.run_manifest(pins, lock, sources, build, acceptance, manifest, publish),
         platform=pins.base.platform, base_image=pins.base.image,
         image_id=build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
         repository=pins.image.repository, tags=image_tags(pins), required_gates=required, gates=gates,
-        compat=[CompatPin(**c.model_dump()) for c in pins.compat], lock_sha256=manifest_layers.lock_sha256(pins),
+        compat=[CompatPin(**c.model_dump()) for c in pins.compat], lock_sha256=lock.sha256,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
 

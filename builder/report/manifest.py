@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.core import files as fs
 from builder.core.constants import CACHE_ENV_VARS, COMPONENTS
-from builder.core.errors import BadInput
 from builder.core.imageref import ImageRef
 from builder.core.records import AcceptanceResult, BuiltImage, PublishReceipt, ResolvedSources
-from builder.lock import native as native_lock
+from builder.lock.record import Lock
 from builder.pins.model import Pins
 
 UNKNOWN = "unknown"
@@ -56,13 +54,6 @@ def env_dict(env: Any) -> dict[str, Any]:
     if isinstance(env, list):  # docker inspect form KEY=VALUE
         return dict(item.split("=", 1) for item in env if "=" in item)
     return dict(env) if isinstance(env, dict) else {}
-
-
-def lock_sha256(pins: Pins) -> str:
-    try:
-        return fs.sha256_file(pins.lock_path())
-    except OSError:
-        return UNKNOWN
 
 
 def source_layer(sources: ResolvedSources, commits: dict[str, str]) -> dict[str, Any]:
@@ -135,7 +126,7 @@ def container_layer(pins: Pins, build: BuiltImage | None, acceptance: Acceptance
     }
 
 
-def run_layer(pins: Pins, sources: ResolvedSources, acceptance: AcceptanceResult | None, manifest: dict | None,
+def run_layer(pins: Pins, lock: Lock, sources: ResolvedSources, acceptance: AcceptanceResult | None, manifest: dict | None,
               prov: dict) -> dict[str, Any]:
     """Layer 6: the recipe, its environment, the engines, the interpreter, the pins and lock files."""
     env = env_dict(acceptance.container.get("env") if acceptance else None)
@@ -157,11 +148,11 @@ def run_layer(pins: Pins, sources: ResolvedSources, acceptance: AcceptanceResult
         "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
         "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
         "components_shared": list(pins.shared) or "none (url, commit and distribution all distinct)",
-        "lock_file": str(pins.lock_path()), "lock_sha256": lock_sha256(pins),
+        "lock_file": str(lock.path), "lock_sha256": lock.sha256,
     }
 
 
-def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
+def run_manifest(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
                  manifest: dict | None, publish: PublishReceipt | None) -> dict[str, Any]:
     """The six layers (source, installed packages, native libraries, JIT caches, container, run)."""
     prov, names = provenance(acceptance), list(sources.components)
@@ -170,17 +161,14 @@ def run_manifest(pins: Pins, sources: ResolvedSources, build: BuiltImage | None,
             "native_libraries": native_layer(names, manifest, prov),
             "jit_caches": jit_layer(acceptance, prov),
             "container": container_layer(pins, build, acceptance, publish),
-            "run": run_layer(pins, sources, acceptance, manifest, prov),
-            "native_build": native_build(pins)}
+            "run": run_layer(pins, lock, sources, acceptance, manifest, prov),
+            "native_build": native_build(pins, lock)}
 
 
-def native_build(pins: Pins) -> dict[str, Any]:
+def native_build(pins: Pins, lock: Lock) -> dict[str, Any]:
     """From the lock and the pins: each native input (commit, tree, export sha256, how the build received
     it), each component's build knobs, the torch pins relaxed to the base's torch, the direct URLs mapped."""
-    try:
-        locked = native_lock.parse(pins.lock_path().read_text(), str(pins.lock_path()))
-    except (OSError, BadInput):
-        return {"inputs": UNKNOWN, "knobs": UNKNOWN, "relaxed": UNKNOWN, "direct_urls": UNKNOWN}
+    locked = lock.native
     knobs = {}
     for name in COMPONENTS:
         comp = pins.components[name]
