@@ -60,10 +60,9 @@ def load_pins(path: Path) -> Pins:
 
 
 def settings() -> Settings:
-    """The environment, read once per command; this run is live (`builder gc` spares it) until the process ends."""
-    read = Settings.from_env()
-    fs.hold(read.live_lock())
-    return read
+    """The environment, read once per command; the run is live (`builder gc` spares it) from its first use of
+    the cache until the process ends (Settings.cache)."""
+    return Settings.from_env()
 
 
 @app.command()

@@ -152,9 +152,9 @@ def test_prune_keeps_the_newest_seed_images_and_the_one_in_use():
 
     class Api:
         def images(self, name):
-            return [{"Created": t, "RepoTags": [f"{ccache.REPOSITORY}:{t}"]} for t in range(10)]
+            return [{"Id": f"sha256:{t}", "Created": t, "RepoTags": [f"{ccache.REPOSITORY}:{t}"]} for t in range(10)]
 
-        def remove_image(self, ref, noprune=False):
+        def remove_image(self, ref, noprune=False, force=False):
             removed.append(ref)
 
     class Client:

@@ -154,7 +154,7 @@ def test_pins_without_performance_do_not_run_it(demo_data):
     data["acceptance"]["performance"] = None
     data["acceptance"]["required_gates"] = ["provenance", "zero_update", "rl_step", "control"]
     pins = pins_mod.validate(data, where)
-    result, _ = accept.run_performance(None, pins, "sha256:" + "a" * 64, 60, "x")  # type: ignore[arg-type]
+    result, _ = accept.run_performance(None, pins, 60)  # type: ignore[arg-type]
     assert result.status == "not_run" and "no acceptance.performance" in result.reason
 
 

@@ -147,7 +147,7 @@ def test_wheel_fetch_uses_the_configured_index_only_and_a_run_unique_log(tmp_pat
     lock = tmp_path / "build.lock"
     lock.write_text(f"tinywheel==1.0 --hash=sha256:{fs.sha256_file(wheel)}  # {wheel.name}\n")
     target = wheels.Target.from_base("3.11", "linux/amd64")
-    house = wheels.ensure_wheels(lock, target, settings)  # the planted constraint (==2.0) would refuse it
+    house = wheels.ensure_wheels(lock, lock.read_text(), lock.read_bytes(), target, settings)  # the planted constraint (==2.0) would refuse it
     assert sorted(p.name for p in house.iterdir()) == [wheel.name]
     log = settings.run_log("pip-download-lock")
     assert log == tmp_path / "cache" / "logs" / "tripups-1" / "pip-download-lock.log" and log.is_file()
@@ -166,7 +166,7 @@ def test_a_wheel_built_from_an_sdist_missing_from_the_wheelhouse_is_bad_input(tm
                     f"tinywheel==1.0 --hash=sha256:{fs.sha256_file(wheel)}  # {wheel.name}\n")
     target = wheels.Target.from_base("3.11", "linux/amd64")
     with pytest.raises(BadInput) as err:
-        wheels.ensure_wheels(lock, target, settings)
+        wheels.ensure_wheels(lock, lock.read_text(), lock.read_bytes(), target, settings)
     assert err.value.exit_code == 2 and "\n" not in str(err.value)
     assert str(err.value).startswith(f"{lock}: antlr4-python3-runtime==4.9.3 (antlr4_python3_runtime-4.9.3-py3-none-"
                                      "any.whl) was built from an sdist by `builder lock`, no index serves it")
@@ -185,7 +185,7 @@ def test_a_wheel_the_index_does_not_have_is_bad_input_naming_it(tmp_path: Path) 
     target = wheels.Target.from_base("3.11", "linux/amd64")
     with pytest.raises(BadInput, match=r"nosuchwheel==3.0 is not in the wheelhouse .* and the index file://.* has no"
                                        r" wheel of it for cp311 x86_64; run `builder lock`"):
-        wheels.ensure_wheels(lock, target, settings)
+        wheels.ensure_wheels(lock, lock.read_text(), lock.read_bytes(), target, settings)
     house = wheels.wheelhouse(lock.read_bytes(), target, settings)
     assert list(house.iterdir()) == [] and not [p for p in house.parent.iterdir() if p.name.endswith(fs.PART)]
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.core import files as fs
 from builder.core.errors import BadInput
 
 PACKAGE = Path(__file__).resolve().parent
@@ -277,9 +278,12 @@ class Settings:
         return {k: v for k, v in pairs.items() if v}
 
     def cache(self, *parts: str) -> Path:
-        """A directory under the cache root, created on first use."""
+        """A directory under the cache root, created on first use; the first use makes this run live
+        (`live_lock`, held until the process ends), so a command refused before it touches the cache leaves none."""
         path = self.cache_root.joinpath(*parts)
         path.mkdir(parents=True, exist_ok=True)
+        if parts[:1] != ("live",):
+            fs.hold(self.live_lock())
         return path
 
     def live_lock(self, run_id: str | None = None) -> Path:

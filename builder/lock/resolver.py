@@ -108,7 +108,8 @@ def _run(settings: Settings, argv: list[str], log_name: str) -> tuple[int, str]:
 def shown_index(url: str) -> str:
     """The index URL as the lock states it: without a user name or password."""
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    host = f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or ""
+    return urlunsplit(parts._replace(netloc=host))
 
 
 def uv_bin() -> str:
