@@ -128,6 +128,16 @@ class Recorder:
         self.hashes[key] = value
         return value
 
+    def module(self, name: str, module: object) -> None:
+        if name in self.seen or name.partition(".")[0] not in self.roots:
+            return
+        self.seen.add(name)
+        file = getattr(module, "__file__", None)
+        real = os.path.realpath(file) if isinstance(file, str) else None
+        self.write({"kind": "module", "name": name, "file": file, "realpath": real,
+                    "sha256": self.digest(real) if real else None})
+        self.maps_due = self.maps_due or bool(real and is_shared(real))
+
     def sweep(self, full: bool = False) -> None:
         if os.getpid() != self.pid:
             self.reset(forked=True)
@@ -138,14 +148,10 @@ class Recorder:
         start = 0 if full or len(sys.modules) < self.count else self.count
         self.count = len(sys.modules)
         for name, module in list(itertools.islice(sys.modules.items(), start, None)):
-            if name in self.seen or name.partition(".")[0] not in self.roots:
-                continue
-            self.seen.add(name)
-            file = getattr(module, "__file__", None)
-            real = os.path.realpath(file) if isinstance(file, str) else None
-            self.write({"kind": "module", "name": name, "file": file, "realpath": real,
-                        "sha256": self.digest(real) if real else None})
-            self.maps_due = self.maps_due or bool(real and is_shared(real))
+            self.module(name, module)
+        for alias in ("__main__", "__mp_main__"):  # `python -m tinyrl.main_ppo` runs it as __main__
+            main = sys.modules.get(alias)
+            self.module(getattr(getattr(main, "__spec__", None), "name", None) or alias, main)
         if self.maps_due or full:
             self.maps_due = False
             for path in mapped(_read("/proc/self/maps") or ""):
@@ -154,10 +160,10 @@ class Recorder:
                     clean = path.removesuffix(" (deleted)")
                     self.write({"kind": "lib", "path": path, "sha256": self.digest(clean) if clean == path else None})
         mp = sys.modules.get("multiprocessing")
-        name = getattr(getattr(mp, "current_process", lambda: None)(), "name", None) if mp else None
-        if name and name != self.name:
-            self.name = name
-            self.write({"kind": "name", "name": name})
+        current = getattr(getattr(mp, "current_process", lambda: None)(), "name", None) if mp else None
+        if current and current != self.name:
+            self.name = current
+            self.write({"kind": "name", "name": current})
 
     def guard(self, func: Callable[..., None], *args: object) -> None:
         """Run func unless already inside it (its own file reads raise audit events); a failure becomes an

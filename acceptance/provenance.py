@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from acceptance import gpu, procfs
-from acceptance.hook import numeric_env
 from acceptance.defaults import CACHE_ENV_VARS as CACHE_ENV
+from acceptance.hook import numeric_env
 
 HOME_CACHES = (".cache/torch", ".triton", ".cache/vllm", ".cache/torch_extensions", ".cache/flashinfer",
                ".nv/ComputeCache")

@@ -175,7 +175,8 @@ def run_performance(client: Client, pins: Pins, image_id: str, timeout_s: int,
             result, fact = run_gate(client, pins, image_id, "performance", timeout_s, run_id, settings)
             seconds = round(time.monotonic() - start, 3)
             runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.get(
-                "throughput"), "steps": result.evidence.get("throughput_steps"), "seconds": seconds})
+                "throughput"), "steps": result.evidence.get("throughput_steps"), "seconds": seconds,
+                "processes": result.evidence.get("processes")})
             facts["runs"].append({**fact, "arm": arm, "run": index, "seconds": seconds})
             log.info(f"  performance {arm} run {index}: {result.status}: {result.reason}")
             if result.status != "pass":
