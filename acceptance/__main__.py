@@ -63,6 +63,9 @@ def by_process(settings: dict[str, Any], facts: dict[str, Any], status: str, rea
     does not list fails the gate, whatever the metrics said (the process list goes into the evidence)."""
     from acceptance import processes
 
+    if settings.get("process_records") is False:  # benchmarks/gpu_gates.py: a venv, not an image
+        evidence["processes"] = "off (settings.process_records: false)"
+        return status, reason
     if not facts.get("processes_dir"):
         return status, reason  # the recipe did not start
     failures, evidence["processes"] = processes.check(facts["processes_dir"], settings)

@@ -206,3 +206,28 @@ def test_partial_record_parses_what_was_written() -> None:
     assert rec["sys_paths"] == [["/a"], ["/overlay", "/a"]]
     assert _judge(rec | {"record": "7-1.jsonl"}) == [
         f"process 7 (python): tinyengine imported from /overlay/tinyengine/__init__.py, outside site-packages {SITE}"]
+
+
+def test_recipe_gate_verdict_takes_the_process_evidence(tmp_path: Path) -> None:
+    from acceptance.__main__ import by_process
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps(MANIFEST))
+    records = tmp_path / "rec"
+    records.mkdir()
+    bad = {"kind": "module", "name": "tinyengine", "file": "/tmp/o/tinyengine/__init__.py",
+           "realpath": "/tmp/o/tinyengine/__init__.py", "sha256": "a" * 64}
+    head = {"kind": "process", "pid": 9, "ppid": 1, "argv": ["python", "-c", "w"], "sys_path": [],
+            "mnt_ns": os.readlink("/proc/self/ns/mnt")}
+    (records / "9-1.jsonl").write_text(json.dumps(head) + "\n" + json.dumps(bad) + "\n")
+    settings = {"manifest": str(manifest), "cache_dir": "/cache"}
+    evidence: dict[str, Any] = {}
+    status, reason = by_process(settings, {"processes_dir": str(records)}, "pass", "all zero", evidence)
+    assert status == "fail" and reason == ("per-process provenance: process 9 (python -c w): tinyengine imported from "
+                                           f"/tmp/o/tinyengine/__init__.py, outside site-packages {SITE}")
+    assert evidence["processes"][0]["pid"] == 9 and evidence["processes"][0]["complete"] is False
+    status, reason = by_process(settings, {"processes_dir": str(records)}, "fail", "step 1: diff", {})
+    assert reason.endswith("; the run itself: step 1: diff")
+    off: dict[str, Any] = {}
+    assert by_process({**settings, "process_records": False}, {}, "pass", "ok", off) == ("pass", "ok")
+    assert off["processes"].startswith("off")
