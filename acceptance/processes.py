@@ -102,7 +102,7 @@ def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | 
                 out.append(f"{me}: {native[clean][0]} native library {path} sha256 {digest} differs from the manifest")
         elif owner:
             out.append(f"{me}: {roots[owner]} native library {path} is not in the manifest")
-        elif os.path.basename(clean) in by_base:
+        elif os.path.basename(clean) in by_base and not clean.startswith(site + "/"):  # torch/_C...so is torch's
             out.append(f"{me}: another build of {by_base[os.path.basename(clean)]}'s "
                        f"{os.path.basename(clean)} loaded from {path}, not in the manifest")
         elif _under(clean, jit_dirs):

@@ -172,7 +172,8 @@ def test_native_library_rules() -> None:
     other = "/tmp/tinyrl_ext_1/_C.cpython-311-x86_64-linux-gnu.so"
     rec = _rec(libs={EXT: "0" * 64, other: "1" * 64, f"{SITE}/tinyengine/_extra.so": "2" * 64,
                      "/tmp/libhelper.so": "3" * 64, "/cache/triton/abc/cuda_utils.so": "4" * 64,
-                     "/usr/lib/x86_64-linux-gnu/libcuda.so.1": "5" * 64, "/usr/lib/libgone.so (deleted)": None})
+                     "/usr/lib/x86_64-linux-gnu/libcuda.so.1": "5" * 64, "/usr/lib/libgone.so (deleted)": None,
+                     f"{SITE}/torch/_C.cpython-311-x86_64-linux-gnu.so": "6" * 64})  # another package's _C: fine
     failures = _judge(rec, mounts=["/tmp", "/cache", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"])
     assert failures == [
         f"process 20 (/opt/venv/bin/python -m tinyrl.main_ppo): vllm native library {EXT} sha256 {'0' * 64} differs "
