@@ -54,6 +54,7 @@ def test_worker_with_an_engine_overlay_fails_naming_the_worker(demo_image: Any, 
     assert main["status"] == "pass" and worker["status"] == "fail"  # the trainer process stays clean
     head = f"per-process provenance: process {worker['pid']} RolloutWorker ({' '.join(worker['argv'])[:60]}"
     assert gate.reason.startswith(head), gate.reason
+    print(gate.reason)
     assert "tinyengine imported from /tmp/runtime_env_" in gate.reason and "/tinyengine/__init__.py, outside " \
         f"site-packages {SITE}" in gate.reason, gate.reason
 
@@ -68,5 +69,6 @@ def test_worker_loading_another_native_build_fails_naming_the_worker(demo_image:
     assert main["status"] == "pass" and worker["status"] == "fail"
     assert gate.reason.startswith(f"per-process provenance: process {worker['pid']} RolloutWorker ("), gate.reason
     failures = " | ".join(gate.evidence["process_failures"])
+    print(gate.reason, *gate.evidence["process_failures"], sep="\n")
     assert "another build of vllm's _C.cpython-311-x86_64-linux-gnu.so loaded from /tmp/tinyrl_ext_" in failures
     assert "tinyengine._C imported from /tmp/tinyrl_ext_" in failures, failures
