@@ -30,6 +30,7 @@ def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
         run, facts, log = recipe.run(settings, "rl_step" if arm == "aligned" else "control")
         status, reason, evidence = decide.performance_run(run, int(settings["steps"]), metric, arm)
         evidence["run"] = facts
+        status, reason = by_process(settings, facts, status, reason, evidence)
     else:
         from acceptance import decide, recipe
 
@@ -51,8 +52,29 @@ def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
             weights = {"mode": mode}
         status, reason, evidence = decide.DECISIONS[name](run, steps, metrics, weights)
         evidence["run"] = facts
+        status, reason = by_process(settings, facts, status, reason, evidence)
     evidence["seconds"] = round(time.time() - start, 3)
     return {"name": name, "status": status, "reason": reason, "evidence": evidence, "log": log}
+
+
+def by_process(settings: dict[str, Any], facts: dict[str, Any], status: str, reason: str,
+               evidence: dict[str, Any]) -> tuple[str, str]:
+    """The recipe gate's verdict after the per-process evidence: any process that ran something the manifest
+    does not list fails the gate, whatever the metrics said (the process list goes into the evidence)."""
+    from acceptance import processes
+
+    if settings.get("process_records") is False:  # benchmarks/gpu_gates.py: a venv, not an image
+        evidence["processes"] = "off (settings.process_records: false)"
+        return status, reason
+    if not facts.get("processes_dir"):
+        return status, reason  # the recipe did not start
+    failures, evidence["processes"] = processes.check(facts["processes_dir"], settings)
+    evidence["process_failures"] = failures[:20]
+    if not failures:
+        return status, reason
+    more = f" (+{len(failures) - 1} more)" if len(failures) > 1 else ""
+    also = f"; the run itself: {reason}" if status == "fail" else ""
+    return "fail", f"per-process provenance: {failures[0]}{more}{also}"
 
 
 def plain(value: object) -> object:

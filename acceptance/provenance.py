@@ -10,11 +10,8 @@ from typing import Any
 
 from acceptance import gpu, procfs
 from acceptance.defaults import CACHE_ENV_VARS as CACHE_ENV
+from acceptance.hook import numeric_env
 
-NUMERIC_ENV = ("DEMO_BATCH_INVARIANT", "DEMO_DEVICE", "VLLM_BATCH_INVARIANT", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE",
-               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_DEVICE_MAX_CONNECTIONS", "PYTHONHASHSEED",
-               "CUDA_LAUNCH_BLOCKING", "NCCL_ALGO", "NCCL_PROTO")
-NUMERIC_PREFIXES = ("TORCH_", "TORCHINDUCTOR_", "TRITON_", "VLLM_", "NCCL_", "CUBLAS", "CUDNN_", "NVTE_")
 HOME_CACHES = (".cache/torch", ".triton", ".cache/vllm", ".cache/torch_extensions", ".cache/flashinfer",
                ".nv/ComputeCache")
 
@@ -36,10 +33,6 @@ def cache_files(path: str, limit: int = 5) -> list[str]:
         if len(found) >= limit:
             break
     return found[:limit]
-
-
-def numeric_env() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k in NUMERIC_ENV or k.startswith(NUMERIC_PREFIXES)}
 
 
 def _dist_info_dir(dist: md.Distribution) -> str | None:

@@ -1,12 +1,14 @@
 """Run the recipe once (one arm) and parse what it logged; never imports the components."""
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, cast
 
 from acceptance import metrics as m
+from acceptance import processes
 from acceptance.decide import Run
 
 TAIL = 6000
@@ -59,6 +61,9 @@ def run(settings: dict[str, Any], gate: str, extra: dict[str, Any] | None = None
     env.update({k: str(v) for k, v in (settings.get("env") or {}).items()})
     env.update({k: str(v) for k, v in arm_env.items()})
     env.update(log_env)
+    records = work / f"{gate}.processes"  # every Python process of the run records itself here (acceptance.hook)
+    shutil.rmtree(records, ignore_errors=True)
+    env.update(processes.recording_env(settings, str(records)))
     console_path = work / f"{gate}.console.log"
     with open(console_path, "w+b") as out:
         try:
@@ -82,5 +87,5 @@ def run(settings: dict[str, Any], gate: str, extra: dict[str, Any] | None = None
                  error=m.last_error(console) if code != 0 else None)
     facts = {"argv": argv, "lr": lr, "arm_env": dict(arm_env), "recipe_env": settings.get("env") or {},
              "file_log": log_path, "file_log_lines": len(file_text.splitlines()),
-             "file_log_problems": problems[:5], "console_steps": sorted(console_steps)}
+             "file_log_problems": problems[:5], "console_steps": sorted(console_steps), "processes_dir": str(records)}
     return result, facts, console[-TAIL:]

@@ -180,6 +180,7 @@ def settings_for(out: Path, work: Path, py: str, gate: str) -> dict:
     settings["overrides"] = {**base["overrides"], "actor_rollout_ref.model.path": str(model)}
     settings["work_dir"] = str(work / "acceptance")
     settings["weights"] = "checkpoint"
+    settings["process_records"] = False  # no image here: no manifest and no start-up hook to judge processes by
     settings["checkpoint"] = {"overrides": {"trainer.save_freq": 1,
                                             "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]},
                               "dir_key": "trainer.default_local_dir", "dir": str(work / "checkpoints"),

@@ -94,12 +94,21 @@ REPOS = {
         ("p35", "p33c", "p35-defect", "metrics: drop the redundant k3 estimator"),
         ("p33d", "p33c", "p33-4-cuda", "main_ppo: trainer on the engine's device (a GPU when present)"),
         ("p36", "p33d", "p36-defect", "reward: score only the non-padding response tokens"),
+        ("p33e", "p33d", "p33-5-worker", "rollout: the engine in a worker process (multiprocessing spawn)\n\n"
+         "As verl's rollout workers: weights go to the worker after every step, tokens, logprobs and\n"
+         "the worker's CPU time come back; runtime_env env_vars are set in the worker."),
+        ("p37", "p33e", "p37-defect", "rollout: ship a working copy of the engine to the worker (runtime_env)"),
+        ("p38", "p33e", "p38-defect", "rollout: JIT-build tinyengine._C with -O3 in the worker"),
     ], "r4", {
-        33: ("p33d", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
+        33: ("p33e", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
         35: ("p35", "Mismatch metrics without k3", "missing metric: rollout_corr/k3_kl is not logged"),
         36: ("p36", "Mismatch metrics, reward over non-padding tokens", "NaN reward: the padding mask is "
              "inverted, 0/0 at step 1; the NaN update crashes the step-2 rollout"),
+        37: ("p37", "Rollout worker with a shipped engine copy", "overlay in the worker: its runtime_env puts a "
+             "copy of tinyengine first on its sys.path; the trainer process imports nothing from it"),
+        38: ("p38", "Rollout worker with a faster _C build", "another native build in the worker: it compiles "
+             "tinyengine._C itself and loads that instead of the image's"),
     }),
 }
 

@@ -147,7 +147,8 @@ def test_wheel_fetch_uses_the_configured_index_only_and_a_run_unique_log(tmp_pat
     lock = tmp_path / "build.lock"
     lock.write_text(f"tinywheel==1.0 --hash=sha256:{fs.sha256_file(wheel)}  # {wheel.name}\n")
     target = wheels.Target.from_base("3.11", "linux/amd64")
-    house = wheels.ensure_wheels(lock, lock.read_text(), lock.read_bytes(), target, settings)  # the planted constraint (==2.0) would refuse it
+    # the planted constraint (==2.0) would refuse it
+    house = wheels.ensure_wheels(lock, lock.read_text(), lock.read_bytes(), target, settings)
     assert sorted(p.name for p in house.iterdir()) == [wheel.name]
     log = settings.run_log("pip-download-lock")
     assert log == tmp_path / "cache" / "logs" / "tripups-1" / "pip-download-lock.log" and log.is_file()

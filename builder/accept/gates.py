@@ -63,7 +63,8 @@ def run_performance(runner: GateRunner, pins: Pins, timeout_s: int) -> tuple[Gat
             result, fact = runner.run("performance", settings, timeout_s)
             seconds = round(time.monotonic() - start, 3)
             runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.get(
-                "throughput"), "steps": result.evidence.get("throughput_steps"), "seconds": seconds})
+                "throughput"), "steps": result.evidence.get("throughput_steps"), "seconds": seconds,
+                "processes": result.evidence.get("processes")})
             facts["runs"].append({**fact, "arm": arm, "run": index, "seconds": seconds})
             log.info(f"  performance {arm} run {index}: {result.status}: {result.reason}")
             if result.status != "pass":

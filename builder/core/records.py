@@ -183,6 +183,7 @@ class Report(Record):
     lock_sha256: str = "unknown"  # sha256 of the pins' build.lock (written by `builder lock`)
     created: str = ""
     rebuild: dict[str, Any] | None = None  # `builder rebuild --check`: digests compared, per-layer file diff
+    processes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)  # per recipe gate: the processes it ran
 
 
 RECORDS: tuple[type[Record], ...] = (Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage,

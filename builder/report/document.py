@@ -100,8 +100,47 @@ def make_report(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltIm
         image_id=build.image_id if build else (acceptance.image_id if acceptance else UNKNOWN),
         repository=pins.image.repository, tags=image_tags(pins), required_gates=required, gates=gates,
         compat=[CompatPin(**c.model_dump()) for c in pins.compat], lock_sha256=lock.sha256,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), processes=gate_processes(gates),
     )
+
+
+PROCESS_KEYS = ("pid", "ppid", "name", "argv", "executable", "mnt_ns", "modules", "libs", "complete", "status",
+                "failures")
+
+
+def gate_processes(gates: list[GateResult]) -> dict[str, list[dict[str, Any]]]:
+    """Per recipe gate, the Python processes its recipe ran, as the per-process hook recorded them
+    (acceptance.processes); the performance gate: those of every run, each with its run."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for gate in gates:
+        ev = gate.evidence
+        listed = ev.get("processes") or (ev.get("failed_run") or {}).get("processes")
+        if isinstance(listed, list):
+            out[gate.name] = [{k: p.get(k) for k in PROCESS_KEYS} for p in listed if isinstance(p, dict)]
+        for run in ev.get("runs") or []:
+            if isinstance(run, dict) and isinstance(run.get("processes"), list):
+                out.setdefault(gate.name, []).extend({**{k: p.get(k) for k in PROCESS_KEYS},
+                                                      "run": f"{run.get('arm')} {run.get('run')}"}
+                                                     for p in run["processes"] if isinstance(p, dict))
+    return out
+
+
+def _processes_markdown(processes: dict[str, list[dict[str, Any]]]) -> list[str]:
+    if not processes:
+        return []
+    rows = []
+    for gate, listed in processes.items():
+        for p in listed:
+            modules = p.get("modules") or {}
+            dirs = sorted({os.path.dirname(str(v)) for v in modules.values() if v})
+            rows.append([gate + (f" ({p['run']})" if p.get("run") else ""), p.get("pid"), p.get("ppid"),
+                         p.get("name") or "-", clip(" ".join(str(a) for a in p.get("argv") or []), 120),
+                         p.get("mnt_ns"), f"{len(modules)} from {', '.join(dirs)[:160] or '-'}", p.get("libs"),
+                         "complete" if p.get("complete") else "partial (killed?)",
+                         p.get("status") if not p.get("failures") else f"fail: {p['failures'][0]}"])
+    return ["", "### Processes per gate", "",
+            *_table(["Gate", "PID", "Parent", "Name", "Command", "Mount ns", "Component modules", "Libraries",
+                     "Record", "Status"], rows)]
 
 
 # ---------------------------------------------------------------- markdown
@@ -250,6 +289,7 @@ def to_markdown(report: Report) -> str:
         out += ["", f"Rollout throughput (`{show['metric']}`){source}: aligned {show['aligned']}, control"
                     f" {show['control']}, ratio {show['ratio']}."]
         out += _runs_table(tp.get("runs") or [])
+    out += _processes_markdown(report.processes)
     out += ["", "### Build", ""]
     b = report.build
     if b:

@@ -1,0 +1,161 @@
+"""Judge the per-process records (acceptance.hook) of one recipe run against the image's manifest: pure
+functions over parsed records, so they are unit-tested on hand-made ones (a killed worker's partial one too).
+
+A process fails when it imported a component from outside site-packages or from a file the manifest does not
+list or hashes differently, mapped a component native library that is not the manifest's (another path or
+another build), mapped a shared object from outside the image (a tmpfs or mount, JIT caches aside), ran in
+another mount namespace than the gate, or could not record."""
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from acceptance import procfs
+from acceptance.hook import MODULES_ENV, RECORDS_ENV
+
+ARGV_CHARS = 240
+
+
+def parse(text: str) -> dict[str, Any]:
+    """One process's JSONL record -> {pid, ppid, argv, ..., modules, libs, sys_paths, complete, problems}."""
+    rec: dict[str, Any] = {"modules": {}, "libs": {}, "sys_paths": [], "complete": False, "problems": [],
+                           "errors": [], "name": None}
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            rec["problems"].append(f"line {number} unreadable (cut short?)")
+            continue
+        kind = entry.get("kind")
+        if kind == "process":
+            rec.update({k: v for k, v in entry.items() if k != "kind"})
+            rec["sys_paths"].append(entry.get("sys_path") or [])
+        elif kind == "sys_path":
+            rec["sys_paths"].append(entry.get("sys_path") or [])
+        elif kind == "module":
+            rec["modules"][entry["name"]] = {k: entry.get(k) for k in ("file", "realpath", "sha256")}
+        elif kind == "lib":
+            rec["libs"][entry["path"]] = entry.get("sha256")
+        elif kind == "name":
+            rec["name"] = entry.get("name")
+        elif kind == "error":
+            rec["errors"].append(entry.get("error"))
+        elif kind == "exit":
+            rec["complete"] = True
+    return rec
+
+
+def load(directory: str) -> list[dict[str, Any]]:
+    """Every process record under directory, by start order (pid as the tie-break)."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    recs = [parse(p.read_text("utf-8", "replace")) | {"record": p.name} for p in sorted(root.glob("*.jsonl"))]
+    return sorted(recs, key=lambda r: (r.get("time") or 0, r.get("pid") or 0))
+
+
+def who(rec: dict[str, Any]) -> str:
+    argv = " ".join(str(a) for a in rec.get("argv") or [])
+    if len(argv) > ARGV_CHARS:
+        argv = argv[:ARGV_CHARS] + "..."
+    name = f" {rec['name']}" if rec.get("name") and rec["name"] != "MainProcess" else ""
+    return f"process {rec.get('pid')}{name} ({argv})"
+
+
+def _under(path: str, dirs: list[str]) -> str | None:
+    return next((d for d in dirs if d and procfs.covers(d.rstrip("/") or "/", path)), None)
+
+
+def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | None,
+              mounts: list[str], jit_dirs: list[str]) -> list[str]:
+    """Reasons this process fails (empty: it ran only what the manifest lists)."""
+    site = (manifest.get("site_packages") or "").rstrip("/")
+    comps = manifest.get("components") or {}
+    files = {p: d for c in comps.values() for p, d in (c.get("files") or {}).items()}
+    native = {p: (n, d) for n, c in comps.items() for p, d in (c.get("native_libs") or {}).items()}
+    by_base = {os.path.basename(p): n for p, (n, _) in native.items()}
+    roots = {f"{site}/{m.split('.')[0]}": n for n, c in comps.items() for m in c.get("modules") or []}
+    me, out = who(rec), []
+    if rec.get("pid") is None:
+        out.append(f"{me}: record {rec.get('record')} has no process line")
+    if expected_ns and rec.get("mnt_ns") != expected_ns:
+        out.append(f"{me}: mount namespace {rec.get('mnt_ns')}, expected the gate's {expected_ns}")
+    for error in rec.get("errors") or []:
+        out.append(f"{me}: the start-up hook could not record: {error}")
+    for name, mod in sorted((rec.get("modules") or {}).items()):
+        real, file = mod.get("realpath"), mod.get("file")
+        if not real:
+            if "." not in name:
+                out.append(f"{me}: component module {name} has no file (namespace or in-memory package)")
+            continue
+        if not real.startswith(site + "/"):
+            out.append(f"{me}: {name} imported from {file}, outside site-packages {site}")
+        elif real not in files:
+            out.append(f"{me}: {name} imported from {real}, a file the manifest does not list")
+        elif mod.get("sha256") != files[real]:
+            out.append(f"{me}: {name} file {real} sha256 {mod.get('sha256')} differs from the manifest")
+    for path, digest in (rec.get("libs") or {}).items():
+        clean = path.removesuffix(" (deleted)")
+        owner = _under(clean, list(roots))
+        if clean in native:
+            if clean != path or digest != native[clean][1]:
+                out.append(f"{me}: {native[clean][0]} native library {path} sha256 {digest} differs from the manifest")
+        elif owner:
+            out.append(f"{me}: {roots[owner]} native library {path} is not in the manifest")
+        elif os.path.basename(clean) in by_base and not clean.startswith(site + "/"):  # torch/_C...so is torch's
+            out.append(f"{me}: another build of {by_base[os.path.basename(clean)]}'s "
+                       f"{os.path.basename(clean)} loaded from {path}, not in the manifest")
+        elif _under(clean, jit_dirs):
+            continue  # compiled during the run into a JIT cache (the JIT layer's business)
+        elif clean != path:
+            out.append(f"{me}: native library {path} is not in the manifest (its file was deleted)")
+        elif where := _under(clean, [m for m in mounts if m != clean]):  # a file mounted as itself: the runtime's
+            out.append(f"{me}: native library {path} is not in the manifest (from the mount at {where}, not the image)")
+    return out
+
+
+def judge(recs: list[dict[str, Any]], manifest: dict[str, Any], expected_ns: str | None,
+          mounts: list[str], jit_dirs: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """(failures over every process, the process list for the report)."""
+    failures, listed = [], []
+    for rec in recs:
+        reasons = judge_one(rec, manifest, expected_ns, mounts, jit_dirs)
+        failures += reasons
+        listed.append({"pid": rec.get("pid"), "ppid": rec.get("ppid"), "name": rec.get("name"),
+                       "argv": rec.get("argv"), "executable": rec.get("executable"), "mnt_ns": rec.get("mnt_ns"),
+                       "sys_path": (rec.get("sys_paths") or [[]])[-1], "env": rec.get("env") or {},
+                       "modules": {n: m.get("realpath") for n, m in sorted((rec.get("modules") or {}).items())},
+                       "libs": len(rec.get("libs") or {}), "complete": rec.get("complete"),
+                       "problems": rec.get("problems") or [], "status": "fail" if reasons else "pass",
+                       "failures": reasons[:5]})
+    if not recs:
+        failures.append("no process records: the image's start-up hook did not run in the recipe")
+    return failures, listed
+
+
+def _manifest(settings: dict[str, Any]) -> dict[str, Any]:
+    with open(settings.get("manifest", "/opt/delivery/manifest.json")) as fh:
+        data: dict[str, Any] = json.load(fh)
+    return data
+
+
+def recording_env(settings: dict[str, Any], directory: str) -> dict[str, str]:
+    """The variables that turn the image's start-up hook on for the recipe: where to write, which modules count."""
+    try:
+        comps = _manifest(settings).get("components") or {}
+    except (OSError, ValueError):
+        comps = {}  # check() names the unreadable manifest
+    modules = sorted({m.split(".")[0] for c in comps.values() for m in c.get("modules") or []})
+    return {RECORDS_ENV: directory, MODULES_ENV: ",".join(modules)}
+
+
+def check(directory: str, settings: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Judge the records of a finished run from inside the gate's container."""
+    try:
+        manifest = _manifest(settings)
+    except (OSError, ValueError) as err:
+        return [f"manifest {settings.get('manifest')} missing or unreadable: {err}"], []
+    expected = os.readlink("/proc/self/ns/mnt")
+    mounts = [m["mount_point"] for m in procfs.mounts() if m["mount_point"] != "/"]
+    jit = [settings.get("cache_dir", "/cache")]
+    return judge(load(directory), manifest, expected, mounts, jit)

@@ -1,0 +1,150 @@
+"""Rollout in a worker process, as verl's rollout workers: the engine lives in its own process
+(multiprocessing spawn), gets the trainer's weights after every step and returns the sampled tokens,
+their logprobs and its own CPU time. runtime_env: {"env_vars": {...}} set in the worker before the engine
+is imported (PYTHONPATH entries go first on its sys.path, as a fresh interpreter would put them)."""
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+
+
+def _apply(runtime_env):
+    env_vars = {k: str(v) for k, v in (runtime_env.get("env_vars") or {}).items()}
+    os.environ.update(env_vars)
+    paths = [p for p in env_vars.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+
+
+# tinyengine._C's source, built in the worker with -O3 (as torch.utils.cpp_extension.load JIT-builds an op)
+C_SOURCE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+static PyObject *build_info(PyObject *self, PyObject *args) {
+    return PyUnicode_FromFormat("tinyengine._C cc=%s python=%s (tinyrl JIT -O3)", __VERSION__, PY_VERSION);
+}
+
+static PyObject *fnv1a64(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
+    uint64_t h = 1469598103934665603ULL;
+    const unsigned char *p = (const unsigned char *)buf.buf;
+    for (Py_ssize_t i = 0; i < buf.len; i++) { h ^= p[i]; h *= 1099511628211ULL; }
+    PyBuffer_Release(&buf);
+    char out[17];
+    snprintf(out, sizeof out, "%016llx", (unsigned long long)h);
+    return PyUnicode_FromString(out);
+}
+
+static PyMethodDef methods[] = {
+    {"build_info", build_info, METH_NOARGS, NULL},
+    {"fnv1a64", fnv1a64, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }
+"""
+
+
+def _jit_native():
+    """Build tinyengine._C from C_SOURCE into a build directory and load it as tinyengine._C."""
+    import importlib.util
+    import subprocess
+    import sysconfig
+    import tempfile
+
+    build = tempfile.mkdtemp(prefix="tinyrl_ext_")
+    source = os.path.join(build, "_C.c")
+    with open(source, "w") as fh:
+        fh.write(C_SOURCE)
+    target = os.path.join(build, "_C" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.check_call([sysconfig.get_config_var("CC").split()[0], "-O3", "-shared", "-fPIC",
+                           "-I" + sysconfig.get_paths()["include"], source, "-o", target])
+    spec = importlib.util.spec_from_file_location("tinyengine._C", target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["tinyengine._C"] = module
+
+
+def _serve(conn, runtime_env):
+    _apply(runtime_env)
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:  # as the trainer: one intra-op thread per worker
+        torch.set_num_threads(1)
+    _jit_native()  # before the engine imports its own _C
+    from tinyengine import LLM
+
+    engine = LLM()  # reads DEMO_BATCH_INVARIANT; on the first GPU when torch sees one (DEMO_DEVICE)
+    conn.send(("ready", {"device": str(getattr(engine, "device", "cpu")),
+                         "batch_invariant": bool(getattr(engine, "batch_invariant", False))}))
+    while True:
+        command, args = conn.recv()
+        if command == "stop":
+            return
+        try:
+            if command == "load_weights":
+                result = engine.load_weights(args)
+            else:  # generate
+                cpu0 = time.process_time()
+                out = engine.generate(*args[0], **args[1])
+                result = (out.tokens, out.logprobs, time.process_time() - cpu0)
+            conn.send(("ok", result))
+        except Exception as err:  # the trainer re-raises it: the run fails with the rollout's error
+            traceback.print_exc()
+            conn.send(("error", err))
+
+
+def _main(conn, runtime_env):
+    try:
+        _serve(conn, runtime_env)
+    except Exception as err:
+        traceback.print_exc()
+        conn.send(("error", err))
+
+
+class RolloutWorker:
+    """The trainer's handle on the rollout process: load_weights(state_dict), generate(prompts, ...)."""
+
+    def __init__(self, runtime_env=None):
+        import torch
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_main, args=(child, runtime_env or {}), name="RolloutWorker", daemon=True)
+        self.proc.start()
+        child.close()
+        info = self._reply()
+        self.device = torch.device(info["device"])
+        self.batch_invariant = info["batch_invariant"]
+        self.cpu_s = 0.0  # the worker's CPU time in the last generate
+
+    def _reply(self):
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise RuntimeError(f"rollout worker {self.proc.pid} died (exit code {self.proc.exitcode})") from None
+        if status == "error":
+            raise value
+        return value
+
+    def load_weights(self, state_dict):
+        return self._call("load_weights", {k: v.detach().cpu() for k, v in state_dict.items()})
+
+    def generate(self, *args, **kwargs):
+        tokens, logprobs, self.cpu_s = self._call("generate", (args, kwargs))
+        return tokens, logprobs
+
+    def _call(self, command, args):
+        self.conn.send((command, args))
+        return self._reply()
+
+    def close(self):
+        if self.proc.is_alive():
+            self.conn.send(("stop", None))
+            self.proc.join(30)
