@@ -16,6 +16,13 @@ WEIGHT_GATES = ("zero_update", "rl_step")
 def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     start = time.time()
     log = ""
+    jit_dirs = jit_before = None
+    if name != "provenance":  # a recipe gate: what the JIT compilers add to the caches during the run
+        from acceptance import jitcache
+        from acceptance.provenance import cache_dirs
+
+        jit_dirs = cache_dirs(settings)
+        jit_before = jitcache.listing(jit_dirs)
     if name == "provenance":
         from acceptance import provenance
 
@@ -51,6 +58,8 @@ def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
             weights = {"mode": mode}
         status, reason, evidence = decide.DECISIONS[name](run, steps, metrics, weights)
         evidence["run"] = facts
+    if jit_dirs is not None and jit_before is not None:
+        evidence["jit"] = jitcache.compiled(jit_dirs, jit_before)
     evidence["seconds"] = round(time.time() - start, 3)
     return {"name": name, "status": status, "reason": reason, "evidence": evidence, "log": log}
 

@@ -179,6 +179,10 @@ def settings_for(out: Path, work: Path, py: str, gate: str) -> dict:
     settings["entry"] = [py, "-m", "tinyrl.main_ppo"]
     settings["overrides"] = {**base["overrides"], "actor_rollout_ref.model.path": str(model)}
     settings["work_dir"] = str(work / "acceptance")
+    # a compile cache of its own per gate, empty at start: the gate lists what the run compiled into it
+    cache = work / "cache" / gate
+    settings["cache_dir"] = str(cache)
+    settings["env"] = {**(base.get("env") or {}), "TRITON_CACHE_DIR": str(cache / "triton")}
     settings["weights"] = "checkpoint"
     settings["checkpoint"] = {"overrides": {"trainer.save_freq": 1,
                                             "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]},
@@ -270,6 +274,11 @@ def run(out: Path, repeats: int) -> int:
         results[gate] = summary(result)
         print(f"\n== {gate}: {result['status']}: {result['reason']}")
         print(json.dumps(results[gate], default=str))
+        jit = result["evidence"].get("jit") or {}
+        print(f"jit ({gate}): cache at start {jit.get('at_start')}; {jit.get('count')} entries; kernels {jit.get('kernels')}")
+        for entry in (jit.get("entries") or [])[:8]:
+            print("  ", json.dumps({k: entry.get(k) for k in ("kernel", "cache_key", "compiler_version", "target",
+                                                               "config", "ttir_sha256", "origin", "file")}))
         if result["status"] != "pass":
             print("log tail:", result.get("log", "")[-1500:])
     stack_settings = json.loads((out / "stack.json").read_text())["settings"]["performance"]

@@ -42,8 +42,9 @@ REPOS = {
         ("p12", "p11b", "p12-defect", "engine: always use the batched kernels (faster)"),
         ("p13", "p11b", "p13-defect", "weights: skip the copy when weights are already resident"),
         ("p11c", "p11b", "p11-3-cuda", "engine: run on the first GPU when torch sees one (DEMO_DEVICE overrides)\n\n"
-         "Batched path: plain cuBLAS GEMMs. Batch-invariant path on the GPU: every sum is a chain of\n"
-         "elementwise multiply-adds in a fixed order (no cuBLAS, no library reduction).\n"
+         "Batched path: plain cuBLAS GEMMs. Batch-invariant path on the GPU: Triton kernels with one fixed\n"
+         "configuration each (matmul: a multiply-add chain over k in order; RMS norm, softmax: one fixed tree\n"
+         "per row), so every sum has a fixed reduction order (no cuBLAS, no library reduction).\n"
          "Sampling stays on the CPU with the per-row generators."),
         ("p14", "p11c", "p14-slow", "batch_invariant: recompute the prefix at each decode step (no KV cache)\n\n"
          "Every token goes through the prefill path: batch-invariant by construction."),
@@ -69,7 +70,7 @@ REPOS = {
         ("c4", "c3", "c4-main-later", "docs: weight sync into the engine"),
         ("p23", "p22b", "p23-defect", "optim: simplify decoupled weight decay"),
         ("p24", "p22b", "p24-defect", "optim: do not step a tied output projection twice"),
-        ("p22c", "p22b", "p22-3-cuda", "aligned: the engine's GPU kernels (fixed-order multiply-add chains)"),
+        ("p22c", "p22b", "p22-3-cuda", "aligned: the engine's Triton kernels on the GPU (same kernels, same order)"),
     ], "c4", {
         22: ("p22c", "Aligned forward: training logprobs equal batch-invariant rollout logprobs", None),
         23: ("p23", "Aligned forward, simplified AdamW decay", "weight decay not scaled by lr: "
