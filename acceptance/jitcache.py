@@ -50,7 +50,7 @@ def triton_entry(meta_path: str) -> dict[str, Any] | None:
     if not isinstance(meta, dict) or not {"name", "hash"} <= set(meta) or os.path.basename(meta_path).startswith("__grp__"):
         return None
     folder, stem = os.path.dirname(meta_path), os.path.basename(meta_path)[:-len(".json")]
-    target = meta.get("target") if isinstance(meta.get("target"), dict) else {}
+    target: dict[str, Any] = meta["target"] if isinstance(meta.get("target"), dict) else {}
     version = meta.get("triton_version")
     return {"compiler": "triton", "kernel": meta["name"], "cache_key": meta["hash"], "entry": folder,
             "compiler_version": version or _installed("triton"),

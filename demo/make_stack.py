@@ -93,7 +93,9 @@ REPOS = {
          "HF-style model dir;\nactor_rollout_ref.actor.weight_checksums=false drops the checksum metrics."),
         ("p34", "p33c", "p34-defect", "metrics: mask padding before the max"),
         ("p35", "p33c", "p35-defect", "metrics: drop the redundant k3 estimator"),
-        ("p33d", "p33c", "p33-4-cuda", "main_ppo: trainer on the engine's device (a GPU when present)"),
+        ("p33d", "p33c", "p33-4-cuda", "main_ppo: trainer on the engine's device (a GPU when present); replay capture\n\n"
+         "With REPLAY_CAPTURE_DIR set each step writes its batch, both sides' logprobs and the weights it\n"
+         "changed (tinyrl.capture); python -m tinyrl.replay BUNDLE replays one step's comparison alone."),
         ("p36", "p33d", "p36-defect", "reward: score only the non-padding response tokens"),
     ], "r4", {
         33: ("p33d", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
