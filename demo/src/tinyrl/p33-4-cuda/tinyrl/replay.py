@@ -3,7 +3,8 @@
 The bundle (written by the acceptance gate from a tinyrl capture) holds the batch, the weights digest at that
 step (the weights themselves when they are not the run's initial ones) and which comparison differed:
 - logprobs: the engine's rollout logprobs of the batch against the trainer's logprobs of the same tokens;
-- weights: the weights before against after one optimizer step at the bundle's lr (0 for zero_update).
+- weights: the weights before against after one optimizer step at the bundle's lr (0 for zero_update), on
+  the captured tokens (no rollout); the optimizer starts fresh, as at step 1.
 Prints one JSON line: differs, count, the first differing positions and both sides' values there."""
 import base64
 import io
@@ -14,7 +15,8 @@ import sys
 import torch
 from tinycore import AdamW, TinyCore
 from tinycore.utils import clip_grad_norm, params_checksum
-from tinyengine import LLM
+from tinyengine import LLM, batch_invariant
+from tinyengine import device as device_rule
 
 from tinyrl import capture, checkpoint
 from tinyrl.main_ppo import grpo_advantages, pg_loss
@@ -48,27 +50,32 @@ def replay(bundle) -> dict:
     digest = params_checksum(model.named_parameters())
     if digest != bundle["weights"]["digest"]:
         return {"error": f"weights digest {digest} is not the bundle's {bundle['weights']['digest']}"}
-    engine = LLM()
-    device = getattr(engine, "device", torch.device("cpu"))
-    model.to(device)
-    engine.load_weights(model.state_dict())
     prompts = torch.tensor(batch["prompts"], dtype=torch.long)
-    P, R = prompts.shape[1], len(batch["responses"][0])
-    out = engine.generate(prompts, max_tokens=R, seed=batch["sample_seed"])
-    result = {"kind": bundle["kind"], "step": bundle["step"], "weights": digest,
-              "batch_invariant": bool(getattr(engine, "batch_invariant", False))}
-    if out.tokens.tolist() != batch["responses"]:
-        return {**result, "differs": True, "kind": "responses", "count": int((out.tokens != torch.tensor(
-            batch["responses"])).sum()), "first": [], "note": "the engine sampled other tokens for this batch"}
-    sequences = torch.cat([prompts, out.tokens], 1).to(device)
+    responses = torch.tensor(batch["responses"], dtype=torch.long)
+    P, R = prompts.shape[1], responses.shape[1]
+    result = {"kind": bundle["kind"], "step": bundle["step"], "weights": digest}
+    if bundle["kind"] == "weights":  # the update alone: the batch's tokens are given, no rollout needed
+        result["batch_invariant"] = batch_invariant.enabled()  # the engine's rule, as LLM() reads it
+        device = device_rule.default()
+    else:
+        engine = LLM()
+        result["batch_invariant"] = bool(getattr(engine, "batch_invariant", False))
+        device = getattr(engine, "device", torch.device("cpu"))
+    model.to(device)
+    if bundle["kind"] == "logprobs":
+        engine.load_weights(model.state_dict())
+        out = engine.generate(prompts, max_tokens=R, seed=batch["sample_seed"])
+        if not torch.equal(out.tokens, responses):
+            return {**result, "differs": True, "kind": "responses", "count": int((out.tokens != responses).sum()),
+                    "first": [], "note": "the engine sampled other tokens for this batch"}
+    sequences = torch.cat([prompts, responses], 1).to(device)
     log_prob = model.token_logprobs(sequences, aligned=result["batch_invariant"])[:, P - 1:]
     if bundle["kind"] == "logprobs":
         count, first = _logprob_diffs(log_prob.detach().cpu(), out.logprobs)
         return {**result, "differs": count > 0, "count": count, "first": first}
     optim = AdamW(model.parameters(), lr=bundle["lr"], weight_decay=cfg["actor_rollout_ref.actor.optim.weight_decay"])
-    rewards = compute_reward(prompts, out.tokens)
-    n = cfg["actor_rollout_ref.rollout.n"]
-    advantages = grpo_advantages(rewards, n)[:, None].expand(-1, R).to(device)
+    advantages = grpo_advantages(compute_reward(prompts, responses), cfg["actor_rollout_ref.rollout.n"])
+    advantages = advantages[:, None].expand(-1, R).to(device)
     loss = pg_loss(log_prob, log_prob.detach(), advantages, cfg["actor_rollout_ref.actor.clip_ratio"])
     optim.zero_grad()
     loss.backward()
