@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from acceptance.replay import KINDS
+from builder.accept.gates import TMPFS
 from builder.core.constants import CACHE_ENV, LABEL_PREFIX
 from builder.core.errors import BadInput, InfraError
 from builder.core.records import GateResult
@@ -16,9 +17,8 @@ from builder.engine import oneshot
 from builder.engine.client import Client
 
 BUNDLE_PATH = "/opt/replay/bundle.json"  # outside the tmpfs mounts, so it is there when the container starts
-TMPFS = {"/cache": "rw,exec,nosuid,nodev,size=2g", "/tmp": "rw,exec,nosuid,nodev,size=1g"}
 LABEL = f"{LABEL_PREFIX}.replay"
-TIMEOUT_S = 600
+REPLAY_TIMEOUT_S = 600  # one step on a captured batch
 
 
 def bundle_file(gate: str) -> str:
@@ -76,9 +76,9 @@ def load_bundle(run_dir: Path, gate: str) -> bytes:
 def run(client: Client, image: str, python: str, bundle: bytes) -> dict[str, Any]:
     """`python -m acceptance replay` in a fresh network-none container of `image`; its result and the facts."""
     done = oneshot.run(client, image, [python, "-m", "acceptance", "replay", "--bundle", BUNDLE_PATH],
-                       {BUNDLE_PATH: bundle}, dict(CACHE_ENV), TMPFS, {LABEL: uuid.uuid4().hex[:12]}, TIMEOUT_S)
+                       {BUNDLE_PATH: bundle}, dict(CACHE_ENV), TMPFS, {LABEL: uuid.uuid4().hex[:12]}, REPLAY_TIMEOUT_S)
     if done.timed_out:
-        raise InfraError(f"replay: the container of {image} ran past {TIMEOUT_S} s and was killed")
+        raise InfraError(f"replay: the container of {image} ran past {REPLAY_TIMEOUT_S} s and was killed")
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     try:
         result = json.loads(lines[-1]) if lines else None
