@@ -281,6 +281,18 @@ def run(out: Path, repeats: int) -> int:
                                                                "config", "ttir_sha256", "origin", "file")}))
         if result["status"] != "pass":
             print("log tail:", result.get("log", "")[-1500:])
+        found = result["evidence"].get("replay") or {}
+        print(f"replay ({gate}): " + (f"bundle: step {found.get('step')}, {found.get('kind')} differ at "
+                                      f"{found.get('count')} position(s), first {(found.get('first') or [None])[0]}"
+                                      if found.get("differs") else str(found.get("note"))))
+        if found.get("differs"):  # replay it here, as `builder replay` does in a container
+            bundle = work / f"replay_{gate}.json"
+            bundle.write_text(json.dumps(found))
+            start = time.time()
+            again = subprocess.run([py, "-m", "acceptance", "replay", "--bundle", str(bundle)], capture_output=True,
+                                   text=True, env={**os.environ, "PYTHONPATH": str(out)})
+            print(f"replay ({gate}) rerun: exit {again.returncode} in {time.time() - start:.1f} s: "
+                  f"{again.stdout.strip()[:400]} {again.stderr.strip()[-400:]}")
     stack_settings = json.loads((out / "stack.json").read_text())["settings"]["performance"]
     spec = stack_settings.get("performance") or {}
     min_ratio, max_spread = spec.get("min_ratio", 0.1), spec.get("max_spread", 1.5)
