@@ -3,6 +3,8 @@ stdout line. The recipe's own output goes to stderr."""
 import argparse
 import json
 import math
+import os
+import shutil
 import sys
 import time
 import traceback
@@ -16,6 +18,13 @@ WEIGHT_GATES = ("zero_update", "rl_step")
 def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     start = time.time()
     log = ""
+    jit_dirs = jit_before = None
+    if name != "provenance":  # a recipe gate: what the JIT compilers add to the caches during the run
+        from acceptance import jitcache
+        from acceptance.provenance import cache_dirs
+
+        jit_dirs = cache_dirs(settings)
+        jit_before = jitcache.listing(jit_dirs)
     if name == "provenance":
         from acceptance import provenance
 
@@ -32,8 +41,12 @@ def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
         evidence["run"] = facts
         status, reason = by_process(settings, facts, status, reason, evidence)
     else:
-        from acceptance import decide, recipe
+        from acceptance import decide, recipe, replay
 
+        given = settings
+        capture = os.path.join(settings.get("work_dir", "/tmp/acceptance"), "replay", name)
+        shutil.rmtree(capture, ignore_errors=True)
+        settings = {**settings, "env": {**(settings.get("env") or {}), replay.ENV: capture}}
         metrics = {**METRICS, **(settings.get("metrics") or {})}
         steps = int(settings["steps"])
         mode = settings.get("weights", "metrics") if name in WEIGHT_GATES else None
@@ -53,6 +66,12 @@ def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
         status, reason, evidence = decide.DECISIONS[name](run, steps, metrics, weights)
         evidence["run"] = facts
         status, reason = by_process(settings, facts, status, reason, evidence)
+        arm_env, lr = recipe.arm(given, name)
+        found = replay.bundle(name, capture, given, arm_env, lr)
+        if found is not None:  # a recipe that writes no capture gets no bundle
+            evidence["replay"] = found
+    if jit_dirs is not None and jit_before is not None:
+        evidence["jit"] = jitcache.compiled(jit_dirs, jit_before)
     evidence["seconds"] = round(time.time() - start, 3)
     return {"name": name, "status": status, "reason": reason, "evidence": evidence, "log": log}
 
@@ -94,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     gate = sub.add_parser("gate", help="run one gate")
     gate.add_argument("name", choices=GATES)
     gate.add_argument("--settings", required=True, help="settings as JSON, or @file")
+    again = sub.add_parser("replay", help="replay a gate's bundle (acceptance/replay.py)")
+    again.add_argument("--bundle", required=True, help="the bundle's JSON file")
     args = parser.parse_args(argv)
+    if args.command == "replay":
+        from acceptance import replay
+
+        return replay.main(args.bundle)
     text = args.settings
     if text.startswith("@"):
         with open(text[1:]) as fh:

@@ -179,6 +179,10 @@ def settings_for(out: Path, work: Path, py: str, gate: str) -> dict:
     settings["entry"] = [py, "-m", "tinyrl.main_ppo"]
     settings["overrides"] = {**base["overrides"], "actor_rollout_ref.model.path": str(model)}
     settings["work_dir"] = str(work / "acceptance")
+    # a compile cache of its own per gate, empty at start: the gate lists what the run compiled into it
+    cache = work / "cache" / gate
+    settings["cache_dir"] = str(cache)
+    settings["env"] = {**(base.get("env") or {}), "TRITON_CACHE_DIR": str(cache / "triton")}
     settings["weights"] = "checkpoint"
     settings["process_records"] = False  # no image here: no manifest and no start-up hook to judge processes by
     settings["checkpoint"] = {"overrides": {"trainer.save_freq": 1,
@@ -271,8 +275,25 @@ def run(out: Path, repeats: int) -> int:
         results[gate] = summary(result)
         print(f"\n== {gate}: {result['status']}: {result['reason']}")
         print(json.dumps(results[gate], default=str))
+        jit = result["evidence"].get("jit") or {}
+        print(f"jit ({gate}): cache at start {jit.get('at_start')}; {jit.get('count')} entries; kernels {jit.get('kernels')}")
+        for entry in (jit.get("entries") or [])[:8]:
+            print("  ", json.dumps({k: entry.get(k) for k in ("kernel", "cache_key", "compiler_version", "target",
+                                                               "config", "ttir_sha256", "origin", "file")}))
         if result["status"] != "pass":
             print("log tail:", result.get("log", "")[-1500:])
+        found = result["evidence"].get("replay") or {}
+        print(f"replay ({gate}): " + (f"bundle: step {found.get('step')}, {found.get('kind')} differ at "
+                                      f"{found.get('count')} position(s), first {(found.get('first') or [None])[0]}"
+                                      if found.get("differs") else str(found.get("note"))))
+        if found.get("differs"):  # replay it here, as `builder replay` does in a container
+            bundle = work / f"replay_{gate}.json"
+            bundle.write_text(json.dumps(found))
+            start = time.time()
+            again = subprocess.run([py, "-m", "acceptance", "replay", "--bundle", str(bundle)], capture_output=True,
+                                   text=True, env={**os.environ, "PYTHONPATH": str(out)})
+            print(f"replay ({gate}) rerun: exit {again.returncode} in {time.time() - start:.1f} s: "
+                  f"{again.stdout.strip()[:400]} {again.stderr.strip()[-400:]}")
     stack_settings = json.loads((out / "stack.json").read_text())["settings"]["performance"]
     spec = stack_settings.get("performance") or {}
     min_ratio, max_spread = spec.get("min_ratio", 0.1), spec.get("max_spread", 1.5)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from builder.core import files as fs
-from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted
+from builder.core.errors import BadInput, BuilderError, InfraError, Interrupted, NotAccepted
 from builder.core.options import Settings
 from builder.core.safetext import fit
 from builder.core.usage import interrupted, run_app
@@ -207,6 +207,23 @@ def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an 
 
     record = pipeline.export_sqsh(report_json, settings(), out=out, squash_options=squash_options)
     typer.echo(record.model_dump_json(indent=2))
+
+
+@app.command()
+def replay(report_json: Path = typer.Argument(..., help="report.json of a run whose gate saved a replay bundle"),
+           gate: Optional[str] = typer.Option(None, "--gate", help="zero_update | rl_step | control (default: the "
+                                                                    "first that differed)"),
+           image: Optional[str] = typer.Option(None, "--image", help="replay on this image (default: the report's)")
+           ) -> None:
+    """Replay one gate's difference alone, in a fresh container; exit 1 while the two sides differ, 0 once they
+    agree (or when the gate saw no difference: nothing to replay), 2 when the report has no bundle."""
+    from builder import pipeline  # lazy: start-up
+
+    lines, differs = pipeline.replay(report_json, settings(), gate=gate, image=image)
+    for line in lines:
+        typer.echo(line)
+    if differs:
+        raise NotAccepted(f"replay: {lines[0]}")
 
 
 @app.command()

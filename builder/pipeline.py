@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.accept import gates
+from builder.accept import replay as replay_stage
 from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
@@ -205,6 +206,24 @@ def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
         checked = trust.check(report, str(report_json))
         pins = checked[0] if checked else None
         return sqsh.export(report, report_json, pins, settings, out=out, squash_options=squash_options)
+
+
+def replay(report_json: Path, settings: Settings, gate: str | None = None,
+           image: str | None = None) -> tuple[list[str], bool]:
+    """Run one gate's replay bundle (replay/<gate>.json beside the report) again in a fresh container of the
+    report's image or `image`: (lines to print, whether the sides still differ). A bundle from a gate that saw
+    no difference prints that there is nothing to replay (not differing); no bundle at all is BadInput."""
+    report = document.load(report_json)
+    name, summary = replay_stage.choose(report.gates, gate, str(report_json))
+    if not summary.get("differs"):
+        return [f"{name}: {summary.get('note') or 'nothing to replay: the gate saw no difference'}"], False
+    bundle = replay_stage.load_bundle(report_json.parent, name)
+    target = image or report.image_id
+    with log.step(f"replay {name} on {target}"):
+        result = replay_stage.run(engine.connect(settings), target, str(summary.get("python")), bundle)
+    if result.get("error"):
+        raise BadInput(f"{report_json.parent / replay_stage.bundle_file(name)}: {result['error']}")
+    return replay_stage.lines(name, result), bool(result.get("differs"))
 
 
 def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:

@@ -42,8 +42,9 @@ REPOS = {
         ("p12", "p11b", "p12-defect", "engine: always use the batched kernels (faster)"),
         ("p13", "p11b", "p13-defect", "weights: skip the copy when weights are already resident"),
         ("p11c", "p11b", "p11-3-cuda", "engine: run on the first GPU when torch sees one (DEMO_DEVICE overrides)\n\n"
-         "Batched path: plain cuBLAS GEMMs. Batch-invariant path on the GPU: every sum is a chain of\n"
-         "elementwise multiply-adds in a fixed order (no cuBLAS, no library reduction).\n"
+         "Batched path: plain cuBLAS GEMMs. Batch-invariant path on the GPU: Triton kernels with one fixed\n"
+         "configuration each (matmul: a multiply-add chain over k in order; RMS norm, softmax: one fixed tree\n"
+         "per row), so every sum has a fixed reduction order (no cuBLAS, no library reduction).\n"
          "Sampling stays on the CPU with the per-row generators."),
         ("p14", "p11c", "p14-slow", "batch_invariant: recompute the prefix at each decode step (no KV cache)\n\n"
          "Every token goes through the prefill path: batch-invariant by construction."),
@@ -69,7 +70,7 @@ REPOS = {
         ("c4", "c3", "c4-main-later", "docs: weight sync into the engine"),
         ("p23", "p22b", "p23-defect", "optim: simplify decoupled weight decay"),
         ("p24", "p22b", "p24-defect", "optim: do not step a tied output projection twice"),
-        ("p22c", "p22b", "p22-3-cuda", "aligned: the engine's GPU kernels (fixed-order multiply-add chains)"),
+        ("p22c", "p22b", "p22-3-cuda", "aligned: the engine's Triton kernels on the GPU (same kernels, same order)"),
     ], "c4", {
         22: ("p22c", "Aligned forward: training logprobs equal batch-invariant rollout logprobs", None),
         23: ("p23", "Aligned forward, simplified AdamW decay", "weight decay not scaled by lr: "
@@ -92,7 +93,9 @@ REPOS = {
          "HF-style model dir;\nactor_rollout_ref.actor.weight_checksums=false drops the checksum metrics."),
         ("p34", "p33c", "p34-defect", "metrics: mask padding before the max"),
         ("p35", "p33c", "p35-defect", "metrics: drop the redundant k3 estimator"),
-        ("p33d", "p33c", "p33-4-cuda", "main_ppo: trainer on the engine's device (a GPU when present)"),
+        ("p33d", "p33c", "p33-4-cuda", "main_ppo: trainer on the engine's device (a GPU when present); replay capture\n\n"
+         "With REPLAY_CAPTURE_DIR set each step writes its batch, both sides' logprobs and the weights it\n"
+         "changed (tinyrl.capture); python -m tinyrl.replay BUNDLE replays one step's comparison alone."),
         ("p36", "p33d", "p36-defect", "reward: score only the non-padding response tokens"),
         ("p33e", "p33d", "p33-5-worker", "rollout: the engine in a worker process (multiprocessing spawn)\n\n"
          "As verl's rollout workers: weights go to the worker after every step, tokens, logprobs and\n"

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from builder.accept import replay
 from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
@@ -282,6 +283,7 @@ def to_markdown(report: Report) -> str:
                   [[g.name, "yes" if g.name in report.required_gates else "no", g.status.replace("_", " "),
                     g.reason, readable_evidence(g.evidence)] for g in report.gates])
     out += ["", "Each gate's full evidence is in report.json (`gates[].evidence`)."]
+    out += replay_markdown(report.gates)
     tp = report.acceptance.throughput if report.acceptance else {}
     if tp:
         show = {k: UNKNOWN if tp.get(k) is None else _num(tp[k]) for k in ("metric", "aligned", "control", "ratio")}
@@ -320,6 +322,24 @@ def to_markdown(report: Report) -> str:
     out += _table(["Layer", "Item", "Value"], rows)
     out += ["", "</details>", ""]
     return "\n".join(out)
+
+
+def replay_markdown(gates: list[GateResult]) -> list[str]:
+    """Per recipe gate: its replay bundle (link, step, what differs, first position) or nothing to replay."""
+    out = []
+    for gate in gates:
+        found = gate.evidence.get("replay")
+        if gate.name not in replay.KINDS or not isinstance(found, dict):
+            continue
+        if not found.get("differs"):
+            out.append(f"- {gate.name}: nothing to replay ({found.get('note') or 'no difference'})")
+            continue
+        first = (found.get("first") or [{}])[0]
+        where = f"{first.get('tensor')}[{first.get('index')}]" if "tensor" in first else f"row/token {first.get('position')}"
+        link = found.get("file") or replay.bundle_file(gate.name)
+        out.append(f"- {gate.name}: replay bundle [{link}]({link}): step {found.get('step')}, {found.get('kind')} differ at"
+                   f" {found.get('count')} position(s), first {where}; `builder replay report.json --gate {gate.name}`")
+    return ["", "Replay:", ""] + out if out else []
 
 
 def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
@@ -393,6 +413,17 @@ def _atomic_write(path: Path, text: str) -> None:
         os.chmod(tmp, 0o644)
 
 
+def with_replay_files(report: Report) -> tuple[Report, dict[str, dict[str, Any]]]:
+    """The report pointing at replay/<gate>.json for each bundle of a difference, and those bundles."""
+    gates, bundles = replay.split(report.gates)
+    if not bundles:
+        return report, {}
+    update: dict[str, Any] = {"gates": gates}
+    if report.acceptance is not None:
+        update["acceptance"] = report.acceptance.model_copy(update={"gates": replay.split(report.acceptance.gates)[0]})
+    return report.model_copy(update=update), bundles
+
+
 def write(report: Report, outdir: str | Path) -> dict[str, Path]:
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -400,6 +431,11 @@ def write(report: Report, outdir: str | Path) -> dict[str, Path]:
     paths = {"json": outdir / "report.json", "md": outdir / "report.md", "junit": outdir / "junit.xml",
              "ctrf": outdir / "ctrf.json"}
     fs.sweep_parts(outdir)  # what a killed run left, once for the four files
+    report, bundles = with_replay_files(report)
+    for gate, bundle in bundles.items():
+        paths[f"replay_{gate}"] = outdir / replay.bundle_file(gate)
+        paths[f"replay_{gate}"].parent.mkdir(exist_ok=True)
+        _atomic_write(paths[f"replay_{gate}"], json.dumps(bundle, indent=1) + "\n")
     _atomic_write(paths["json"], report.model_dump_json(indent=2) + "\n")
     _atomic_write(paths["md"], to_markdown(report))
     _atomic_write(paths["junit"], to_junit(report))

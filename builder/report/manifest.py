@@ -100,11 +100,14 @@ def native_layer(names: list[str], manifest: dict | None, prov: dict) -> dict[st
 
 
 def jit_layer(acceptance: AcceptanceResult | None, prov: dict) -> Any:
-    """Layer 4: JIT/compile cache settings and what the caches held at start."""
+    """Layer 4: JIT/compile cache settings, what the caches held at start, and per recipe gate what was
+    compiled during its run (acceptance/jitcache.py: kernel, cache key, compiler version, config, origin)."""
     env = env_dict(acceptance.container.get("env") if acceptance else None)
+    compiled = {g.name: g.evidence["jit"] for g in (acceptance.gates if acceptance else [])
+                if isinstance(g.evidence.get("jit"), dict)}
     jit = {"env": {k: env[k] for k in CACHE_ENV_VARS if k in env},
            "tmpfs": (acceptance.container.get("tmpfs") if acceptance else None),
-           "caches_at_start": prov.get("caches_at_start")}
+           "caches_at_start": prov.get("caches_at_start"), "compiled_during_run": compiled}
     return or_unknown({k: v for k, v in jit.items() if v})
 
 

@@ -7,8 +7,9 @@ their values zero). Each token's logprob is computed in exactly the same order a
 the engine's prefill or decode, so training logprobs equal rollout logprobs bitwise.
 This is a copy of the math, not an import of the engine.
 
-On a GPU, as in the engine, every sum is a chain of elementwise multiply-adds over k = 0, 1, ...
-in order (no cuBLAS, no library reduction), so the order is the engine's whatever the shapes.
+On a GPU the forward calls the engine's own Triton kernels (tinyengine.triton_ops: the same kernels,
+the same fixed reduction order, so the same bits); the backward recomputes each op with plain torch ops
+(gradients need no batch invariance, only the forward values must be the engine's).
 """
 import math
 
@@ -18,41 +19,49 @@ import torch.nn.functional as F
 CHUNK = 2 ** 17  # elements of one product temporary
 
 
-def _dot(a, b):
-    """GPU: sum over the last dim of a * b (broadcast), k = 0, 1, ... in order."""
-    acc = a[..., 0] * b[..., 0]
-    for k in range(1, a.shape[-1]):
-        acc = torch.addcmul(acc, a[..., k], b[..., k])
-    return acc
+class _Exact(torch.autograd.Function):
+    """Forward: the engine's kernel; backward: the gradient of the plain torch formula of the same op."""
+
+    @staticmethod
+    def forward(ctx, fast, ref, *tensors):
+        ctx.ref = ref
+        ctx.save_for_backward(*tensors)
+        return fast(*tensors)
+
+    @staticmethod
+    def backward(ctx, grad):
+        args = [t.detach().requires_grad_(need) for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad[2:])]
+        wanted = [a for a in args if a.requires_grad]
+        with torch.enable_grad():
+            grads = iter(torch.autograd.grad(ctx.ref(*args), wanted, grad) if wanted else ())
+        return (None, None, *[next(grads) if a.requires_grad else None for a in args])
 
 
-def _total(x):
-    """GPU: sum over the last dim, k = 0, 1, ... in order (keepdim)."""
-    acc = x[..., 0]
-    for k in range(1, x.shape[-1]):
-        acc = acc + x[..., k]
-    return acc[..., None]
+def _gpu(name, ref, *tensors, **options):
+    """The engine's Triton kernel `name` on tensors (and options), differentiable through `ref`."""
+    from tinyengine import triton_ops  # imported on first GPU use only
+
+    kernel = getattr(triton_ops, name)
+    return _Exact.apply(lambda *t: kernel(*t, **options), ref, *tensors)
 
 
 def softmax(x):
     if not x.is_cuda:
         return torch.softmax(x, dim=-1)
-    e = (x - x.amax(-1, keepdim=True)).exp()
-    return e / _total(e)
+    return _gpu("softmax", lambda t: torch.softmax(t, -1), x)
 
 
 def log_softmax(x):
     if not x.is_cuda:
         return torch.log_softmax(x, dim=-1)
-    shifted = x - x.amax(-1, keepdim=True)
-    return shifted - _total(shifted.exp()).log()
+    return _gpu("log_softmax", lambda t: torch.log_softmax(t, -1), x)
 
 
 def linear(x, w):
     """[..., din] x [din, dout]: every output is an elementwise product and a sum over din,
     over fixed-size row chunks (bounded temporaries; a row's result never depends on its chunk)."""
     if x.is_cuda:
-        return _dot(x[..., None, :], w.t())
+        return _gpu("linear", torch.matmul, x, w)
     rows = x.reshape(-1, x.shape[-1])
     out = torch.cat([(r.unsqueeze(-1) * w).sum(-2) for r in rows.split(max(1, CHUNK // w.numel()))])
     return out.view(*x.shape[:-1], w.shape[1])
@@ -60,7 +69,7 @@ def linear(x, w):
 
 def rms_norm(x, w, eps):
     if x.is_cuda:
-        return x * torch.rsqrt(_dot(x, x)[..., None] / x.shape[-1] + eps) * w
+        return _gpu("rms_norm", lambda a, b: a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + eps) * b, x, w, eps=eps)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
@@ -68,13 +77,13 @@ def attend(q, k, v, scale):
     """q, k, v: [B, H, T, hd], causal -> [B, H, T, hd]; keys padded to max_seq_len slots like the engine's cache."""
     T, S = q.shape[2], k.shape[2]
     if q.is_cuda:
-        scores = _dot(q.unsqueeze(-2), k.unsqueeze(-3)) * scale
+        scores = _gpu("scores", lambda a, b: a @ b.transpose(-1, -2), q, k) * scale
     else:
         scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * scale  # [B, H, T, S]
     future = torch.arange(S, device=q.device) > torch.arange(T, device=q.device)[:, None]
     probs = softmax(scores.masked_fill(future, float("-inf")))
     if q.is_cuda:
-        return _dot(probs.unsqueeze(-2), v.transpose(-1, -2).unsqueeze(-3))
+        return _gpu("mix", torch.matmul, probs, v)
     return (probs.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)
 
 

@@ -8,9 +8,10 @@ masked to probability 0, their values zero). A token's result therefore does not
 on the batch size, on the row's place in the batch, or on prefill vs decode.
 
 On a GPU no library reduction is trusted (cuBLAS and the reduction kernels pick their blocking
-and split from the shapes): every sum (linear, attention, RMS norm, softmax) is a chain of
-elementwise multiply-adds over k = 0, 1, ... in that order, one kernel per k, so an output's
-reduction order is fixed by construction, whatever the number of rows.
+and split from the shapes): every sum (linear, attention, RMS norm, softmax) runs in the Triton
+kernels of tinyengine.triton_ops, one configuration each, never picked from the shapes: a matmul
+output is a multiply-add chain over k = 0, 1, ... in order, a row's norm or softmax one fixed tree
+over the row. An output's reduction order is fixed by construction, whatever the number of rows.
 """
 import math
 import os
@@ -30,41 +31,30 @@ def enabled(environ=None) -> bool:
     return _kernels.switch_on((os.environ if environ is None else environ).get(ENV, "0"))
 
 
-def _dot(a, b):
-    """GPU: sum over the last dim of a * b (broadcast), k = 0, 1, ... in order."""
-    acc = a[..., 0] * b[..., 0]
-    for k in range(1, a.shape[-1]):
-        acc = torch.addcmul(acc, a[..., k], b[..., k])
-    return acc
+def _gpu():
+    """The Triton kernels, imported on first GPU use only (the CPU path never needs Triton)."""
+    from tinyengine import triton_ops
 
-
-def _total(x):
-    """GPU: sum over the last dim, k = 0, 1, ... in order (keepdim)."""
-    acc = x[..., 0]
-    for k in range(1, x.shape[-1]):
-        acc = acc + x[..., k]
-    return acc[..., None]
+    return triton_ops
 
 
 def softmax(x):
     if not x.is_cuda:
         return torch.softmax(x, dim=-1)
-    e = (x - x.amax(-1, keepdim=True)).exp()  # the max is exact in any order
-    return e / _total(e)
+    return _gpu().softmax(x)
 
 
 def log_softmax(x):
     if not x.is_cuda:
         return torch.log_softmax(x, dim=-1)
-    shifted = x - x.amax(-1, keepdim=True)
-    return shifted - _total(shifted.exp()).log()
+    return _gpu().log_softmax(x)
 
 
 def linear(x, w):
     """[..., din] x [din, dout]: every output is an elementwise product and a sum over din,
     over fixed-size row chunks (bounded temporaries; a row's result never depends on its chunk)."""
     if x.is_cuda:
-        return _dot(x[..., None, :], w.t())
+        return _gpu().linear(x, w)
     rows = x.reshape(-1, x.shape[-1])
     out = torch.cat([(r.unsqueeze(-1) * w).sum(-2) for r in rows.split(max(1, CHUNK // w.numel()))])
     return out.view(*x.shape[:-1], w.shape[1])
@@ -72,7 +62,7 @@ def linear(x, w):
 
 def rms_norm(x, w, eps):
     if x.is_cuda:
-        return x * torch.rsqrt(_dot(x, x)[..., None] / x.shape[-1] + eps) * w
+        return _gpu().rms_norm(x, w, eps)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
@@ -80,13 +70,13 @@ def attend(q, k, v, start, scale):
     """q: [B, H, T, hd] at positions start..start+T-1; k, v: [B, H, max_seq_len, hd] -> [B, H, T, hd]."""
     T, S = q.shape[2], k.shape[2]
     if q.is_cuda:
-        scores = _dot(q.unsqueeze(-2), k.unsqueeze(-3)) * scale
+        scores = _gpu().scores(q, k) * scale
     else:
         scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * scale  # [B, H, T, S]
     future = torch.arange(S, device=q.device) > torch.arange(start, start + T, device=q.device)[:, None]
     probs = softmax(scores.masked_fill(future, float("-inf")))
     if q.is_cuda:
-        return _dot(probs.unsqueeze(-2), v.transpose(-1, -2).unsqueeze(-3))
+        return _gpu().mix(probs, v)
     return (probs.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2)
 
 
