@@ -7,6 +7,7 @@ import pytest
 
 from builder.accept import gates as accept
 from builder.core.options import Settings
+from builder.lock import record as lock_record
 from builder.report import document
 
 SETTINGS = Settings.from_env()
@@ -34,7 +35,7 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     assert worker["modules"]["tinyengine"] == f"{SITE}/tinyengine/__init__.py"
     assert worker["modules"]["tinyengine._C"].startswith(f"{SITE}/tinyengine/_C.")
     assert "tinyengine" not in main["modules"] and main["modules"]["tinyrl.main_ppo"] == f"{SITE}/tinyrl/main_ppo.py"
-    report = document.make_report(pins, resolved, built, result)
+    report = document.make_report(pins, lock_record.of(pins), resolved, built, result)
     listed = report.processes["rl_step"]
     assert {p["pid"] for p in listed} == {p["pid"] for p in gate.evidence["processes"]} and len(listed) >= 2
     markdown = document.to_markdown(report)

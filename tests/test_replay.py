@@ -18,6 +18,7 @@ from builder.accept import replay
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import GateResult
+from builder.lock import record as lock_record
 from builder.report import document
 
 SETTINGS = Settings.from_env()
@@ -103,7 +104,7 @@ def test_lines_name_the_first_position_and_both_values() -> None:
 
 def _report(demo_image: Any, built: Any, result: Any, out: Path) -> Path:
     pins, resolved, _, _ = demo_image
-    document.write(document.make_report(pins, resolved, built, result), out)
+    document.write(document.make_report(pins, lock_record.of(pins), resolved, built, result), out)
     return out / "report.json"
 
 
