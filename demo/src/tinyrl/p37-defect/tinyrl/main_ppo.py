@@ -7,7 +7,7 @@ import torch
 from tinycore import AdamW, TinyCore
 from tinycore.utils import clip_grad_norm, params_checksum
 
-from tinyrl import checkpoint, config
+from tinyrl import capture, checkpoint, config
 from tinyrl.logger import Tracking
 from tinyrl.metrics import rollout_mismatch_metrics
 from tinyrl.reward import compute_reward, make_prompts
@@ -57,12 +57,14 @@ def run(cfg):
     model.to(device)  # trainer and engine on one device; prompts, rewards and logged values on the CPU
     engine.load_weights(model.state_dict())
     batch_invariant = bool(getattr(engine, "batch_invariant", False))
+    replay = capture.Capture.from_env(cfg, model)  # None unless REPLAY_CAPTURE_DIR is set
     tracker = Tracking(cfg["trainer.project_name"], cfg["trainer.experiment_name"], cfg["trainer.logger"])
     for step in range(1, cfg["trainer.total_training_steps"] + 1):
         t_step = time.perf_counter()
         prompts = make_prompts(seed, step, cfg["data.train_batch_size"], P).repeat_interleave(n, 0)
         t0 = time.perf_counter()
-        tokens, rollout_logprobs = engine.generate(prompts, max_tokens=R, seed=seed * 1_000_003 + step * 10_007)
+        sample_seed = seed * 1_000_003 + step * 10_007
+        tokens, rollout_logprobs = engine.generate(prompts, max_tokens=R, seed=sample_seed)
         t_gen, cpu_gen = time.perf_counter() - t0, engine.cpu_s  # the worker's CPU time
         rewards = compute_reward(prompts, tokens)
         advantages = grpo_advantages(rewards, n)[:, None].expand(-1, R).to(device)
@@ -79,10 +81,13 @@ def run(cfg):
         grad_norm = clip_grad_norm(model.parameters(), cfg["actor_rollout_ref.actor.grad_clip"])
         checksums = cfg["actor_rollout_ref.actor.weight_checksums"]
         weights_before = params_checksum(model.named_parameters()) if checksums else None
+        before = capture.snapshot(model) if replay else None
         optim.step()
         weights_after = params_checksum(model.named_parameters()) if checksums else None
         t_update = time.perf_counter() - t0
         engine.load_weights(model.state_dict())  # weight sync: the next rollout sees this update
+        if replay:
+            replay.step(step, prompts, tokens, sample_seed, old_log_prob.cpu(), rollout_logprobs, before, model)
 
         save_freq, last = cfg["trainer.save_freq"], step == cfg["trainer.total_training_steps"]
         if save_freq > 0 and (step % save_freq == 0 or last):  # as verl's trainer: every save_freq and the last
