@@ -44,6 +44,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("engine"))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After xdist's hook: a group it did not append to the node ID would be split across workers silently."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"--dist loadgroup: {lost[0]} lost its xdist group (pytest >= 9.2: xdist #1386)")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Also on the xdist controller, which collects nothing: the kind comes with the report's keywords."""
     _spent.setdefault(report.nodeid, {})[report.when] = report.duration
