@@ -5,6 +5,7 @@ A test is `slow` when marked so or when it uses a fixture that builds, accepts o
 test (setup + call + teardown); `make test` as a whole has SESSION_BUDGET_S. At the end pytest prints
 where the time went: per kind, the shared fixtures' set-ups, the slowest tests and every test over
 its budget (BUILDER_TEST_BUDGET=strict makes those a failure). `pytest -m "not slow"` is the quick loop.
+Under pytest-xdist the controller prints it: the per-kind seconds add up both workers, the session line is wall time.
 """
 import os
 import time
