@@ -262,3 +262,80 @@ def accept_staged(ref: str, pins: Any, expected_id: str | None, engine_url: str 
     result = accept(pulled.image_id, pins, there, gates=gates, timeout_s=timeout_s)
     result.pulled = pulled.model_copy(update={"engine": EngineFacts(**who, url=engine_url or "DOCKER_HOST")})
     return result
+
+
+def performance_with(runner: Any, pins: Pins, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+    """The performance gate through a GateRunner: interleaved arms, each run a fresh container."""
+    perf = pins.acceptance.performance
+    if perf is None:
+        return GateResult(name="performance", status="not_run", reason="no acceptance.performance in the pins"), {}
+    metric = pins.acceptance.performance_metric()
+    runs: list[dict[str, Any]] = []
+    facts: dict[str, Any] = {"runs": []}
+    for index in range(1, perf.repeats + 1):
+        for arm in ("aligned", "control"):
+            settings = {**gate_settings(pins, "performance"), "arm": arm, "steps": perf.steps or pins.acceptance.steps}
+            start = time.monotonic()
+            result, fact = runner.run("performance", settings, timeout_s)
+            seconds = round(time.monotonic() - start, 3)
+            runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.get(
+                "throughput"), "steps": result.evidence.get("throughput_steps"), "seconds": seconds})
+            facts["runs"].append({**fact, "arm": arm, "run": index, "seconds": seconds})
+            log.info(f"  performance {arm} run {index}: {result.status}: {result.reason}")
+            if result.status != "pass":
+                failed = {"metric": metric, "runs": runs, "failed_run": result.evidence}
+                status = "inconclusive" if result.status == "inconclusive" else "fail"
+                return GateResult(name="performance", status=status, reason=f"{arm} run {index}: {result.reason}",
+                                  evidence=failed, log=result.log), facts
+    status, reason, evidence = perf_rule.decide([r for r in runs if r["arm"] == "aligned"],
+                                                [r for r in runs if r["arm"] == "control"],
+                                                perf.min_ratio, perf.max_spread, metric)
+    evidence.update({"runs": runs, "repeats": perf.repeats, "min_ratio_reason": perf.reason})
+    return GateResult(name="performance", status=status, reason=reason, evidence=evidence), facts
+
+
+def gate_runs(pins: Pins, gates: Sequence[str] | None) -> int:
+    """How many containers the selected gates start (performance: 2 x repeats)."""
+    selected = list(gates) if gates else list(GATES)
+    perf = pins.acceptance.performance
+    return sum(2 * perf.repeats if g == "performance" and perf else 1 for g in selected)
+
+
+def accept_with(runner: Any, image_id: str, pins: Pins, gates: Sequence[str] | None = None,
+                timeout_s: int | None = None, run_id: str | None = None) -> AcceptanceResult:
+    """The gate loop over any GateRunner; the runner is closed at the end (also on interrupt)."""
+    selected = list(gates) if gates else list(GATES)
+    unknown = [g for g in selected if g not in GATES]
+    if unknown:
+        raise BadInput(f"--gate: expected one of {', '.join(GATES)}, got {unknown[0]!r}")
+    timeout = timeout_s or pins.acceptance.timeout_s
+    results: list[GateResult] = []
+    facts: dict[str, dict[str, Any]] = {}
+    try:
+        for gate in GATES:
+            if gate not in selected:
+                results.append(GateResult(name=gate, status="not_run", reason="not selected"))
+                continue
+            with log.step(f"gate {gate}"):
+                start = time.monotonic()
+                if gate == "performance":
+                    result, facts[gate] = performance_with(runner, pins, timeout)
+                else:
+                    result, facts[gate] = runner.run(gate, gate_settings(pins, gate), timeout)
+                facts[gate]["seconds"] = round(time.monotonic() - start, 3)
+            log.info(f"  {gate}: {result.status}: {result.reason}")
+            results.append(result)
+    finally:
+        runner.close()
+    described = runner.describe()
+    prov = next((g for g in results if g.name == "provenance" and g.status != "not_run"), None)
+    environment: dict[str, Any] = {"runner": runner.kind, "runtime": described.get("runtime"),
+                                   "runtime_version": described.get("runtime_version")}
+    if prov is not None:
+        environment.update({"interpreter": prov.evidence.get("interpreter"),
+                            "numeric_env": prov.evidence.get("environment"), "gpu": prov.evidence.get("gpu")})
+    container = {"image_id": image_id, "run_id": run_id, "runner": described, "gpus": pins.acceptance.gpus,
+                 "timeout_s": timeout, "gates": facts, "weights": pins.acceptance.weights,
+                 "checkpoint": checkpoint_settings(pins)}
+    return AcceptanceResult(image_id=image_id, container=container, gates=results, environment=environment,
+                            throughput=throughput(results, pins.acceptance.metrics.throughput))
