@@ -218,7 +218,11 @@ def start(root: Path | None = None) -> Cluster:
     configure(c)
     for daemon in DAEMONS:
         start_daemon(c, daemon)
-    _wait("node idle", lambda: (resume_node(c), node_state(c).rstrip("*~#") in ("idle", "mixed", "allocated"))[1], 90)
+    def ready() -> bool:
+        resume_node(c)
+        return node_state(c).rstrip("*~#") in ("idle", "mixed", "allocated")
+
+    _wait("node idle", ready, 90)
     return c
 
 

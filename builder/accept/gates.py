@@ -284,8 +284,9 @@ def performance_with(runner: Any, pins: Pins, timeout_s: int) -> tuple[GateResul
             log.info(f"  performance {arm} run {index}: {result.status}: {result.reason}")
             if result.status != "pass":
                 failed = {"metric": metric, "runs": runs, "failed_run": result.evidence}
-                status = "inconclusive" if result.status == "inconclusive" else "fail"
-                return GateResult(name="performance", status=status, reason=f"{arm} run {index}: {result.reason}",
+                return GateResult(name="performance",
+                                  status="inconclusive" if result.status == "inconclusive" else "fail",
+                                  reason=f"{arm} run {index}: {result.reason}",
                                   evidence=failed, log=result.log), facts
     status, reason, evidence = perf_rule.decide([r for r in runs if r["arm"] == "aligned"],
                                                 [r for r in runs if r["arm"] == "control"],

@@ -20,7 +20,7 @@ from typing import Any
 from builder.accept import runner as gate_runner
 from builder.cluster import runtimes, slurm
 from builder.core import log
-from builder.core.constants import CACHE_ENV, CACHE_DIR
+from builder.core.constants import CACHE_DIR, CACHE_ENV
 from builder.core.errors import BadInput
 from builder.core.records import GateResult
 from builder.pins.model import Pins
@@ -30,7 +30,8 @@ MARGIN_S = 300                 # allocation time beyond the sum of the gates' li
 CHECK = r"""n=$(hostname -s); s=$(date +%s.%N); h=$(sha256sum "$1" | cut -c1-64); e=$(date +%s.%N)
 echo "$n sha256=$h"; echo "$n seconds=$(awk "BEGIN{print $e - $s}")"; echo "$n size=$(stat -c %s "$1")"
 echo "$n version=$(VERSION | head -n1)"
-echo "$n gpus=$( (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none) | tr '\n' ';')"
+q="--query-gpu=name,driver_version,memory.total --format=csv,noheader"
+echo "$n gpus=$( (nvidia-smi $q 2>/dev/null || echo none) | tr '\n' ';')"
 if [ "$h" = "$2" ]; then ENV && echo "$n env=$3/environment-$n"; fi
 """
 
@@ -133,8 +134,8 @@ class SlurmRunner:
         if self.job is None and self.ended is None:
             self._allocate()
         if self.ended is not None:
-            status = "fail" if "sha256" in self.ended else "inconclusive"
-            return GateResult(name=gate, status=status, reason=self.ended), {"job_id": self.job, **self._where()}
+            return GateResult(name=gate, status="fail" if "sha256" in self.ended else "inconclusive",
+                              reason=self.ended), {"job_id": self.job, **self._where()}
         assert self.job is not None
         self.steps += 1
         name = f"{gate}-{self.steps}"
