@@ -31,7 +31,7 @@ CHECK = r"""n=$(hostname -s); s=$(date +%s.%N); h=$(sha256sum "$1" | cut -c1-64)
 echo "$n sha256=$h"; echo "$n seconds=$(awk "BEGIN{print $e - $s}")"; echo "$n size=$(stat -c %s "$1")"
 echo "$n version=$(VERSION | head -n1)"
 q="--query-gpu=name,driver_version,memory.total --format=csv,noheader"
-echo "$n gpus=$( (nvidia-smi $q 2>/dev/null || echo none) | tr '\n' ';')"
+echo "$n gpus=$( (nvidia-smi $q 2>/dev/null || echo none) | tr '\n' ';' | sed 's/;$//')"
 if [ "$h" = "$2" ]; then ENV && echo "$n env=$3/environment-$n"; fi
 """
 
@@ -87,7 +87,7 @@ class SlurmRunner:
     def _allocate(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         self.cluster = slurm.cluster_name()
-        argv = ["-N1", "--no-requeue", f"--job-name=builder-accept-{self.run_id}", f"--time={slurm.minutes(self.alloc_s)}",
+        argv = ["-N1", f"--job-name=builder-accept-{self.run_id}", f"--time={slurm.minutes(self.alloc_s)}",
                 *self.options.allocation_args()]
         with log.step("slurm: allocation"):
             slurm.allocate(argv, self._remember, timeout=float(self.alloc_s))
@@ -180,11 +180,14 @@ class SlurmRunner:
             return GateResult(name=gate, status="fail", reason=f"timed out: over the gate's time limit of {timeout_s} s "
                               f"(step {record.get('JobID')} {'cancelled by the builder' if timed_out else 'TIMEOUT'})",
                               evidence={"timeout_s": timeout_s}, log=(err_text + out_text)[-6000:]), facts
-        if state == "CANCELLED" and name not in self.cancelled_by_us:
-            if job.get("JobState") in ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT") or not job:
-                self.ended = f"allocation {self.job} was cancelled outside the builder ({record.get('State')})"
-            return GateResult(name=gate, status="inconclusive", reason=f"cancelled outside the builder: step "
-                              f"{record.get('JobID')} {record.get('State')} (scancel)", log=(err_text + out_text)[-6000:]), facts
+        if (state == "CANCELLED" or job.get("JobState") == "CANCELLED") and name not in self.cancelled_by_us:
+            whole = job.get("JobState") == "CANCELLED"
+            if whole:
+                self.ended = f"allocation {self.job} was cancelled outside the builder (scancel)"
+            facts["job_state"] = job.get("JobState")
+            return GateResult(name=gate, status="inconclusive", reason=f"cancelled outside the builder (scancel): "
+                              f"{'job ' + self.job if whole else 'step ' + str(record.get('JobID'))} CANCELLED; step "
+                              f"{record.get('JobID')} {record.get('State')}", log=(err_text + out_text)[-6000:]), facts
         code = _exit_code(record.get("ExitCode"), rc)
         return gate_runner.result_from_output(gate, code, out_text, err_text, False, timeout_s), facts
 

@@ -55,10 +55,10 @@ class Charliecloud:
         return "ch-run --version 2>&1"
 
     def env_command(self, sqsh: str, dest: str) -> str | None:
-        return f"ch-run --unset-env='*' {q(sqsh)} -- /bin/cat /etc/environment > {q(dest)}"
+        return f"ch-run --unset-env='*' {q(sqsh)} -- /bin/cat /etc/environment > \"{dest}\""  # dest: $n is the node
 
     def isolation(self) -> dict[str, str]:
-        return {"network": "none: ch-run shares the host's network namespace (no network isolation)",
+        return {"network": "host: ch-run shares the host's network namespace (no network isolation)",
                 "home": "not mounted (no --home)",
                 "host_mounts": f"the gate's output directory at {WORK} (read-write); /etc/passwd, /etc/group, "
                                "/etc/hosts, /etc/resolv.conf from the host (ch-run's defaults); /dev, /proc, /sys",
@@ -89,7 +89,7 @@ class Enroot:
         return None  # enroot applies the image's /etc/environment itself
 
     def isolation(self) -> dict[str, str]:
-        return {"network": "none: enroot shares the host's network namespace (no network isolation)",
+        return {"network": "host: enroot shares the host's network namespace (no network isolation)",
                 "home": "not mounted (--no-container-mount-home)",
                 "host_mounts": f"the gate's output directory at {WORK}; enroot.conf and hooks of the site",
                 "image": "read-only (--container-readonly)", "executed": "no: not executed here (no pyxis/enroot)"}

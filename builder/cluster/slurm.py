@@ -52,7 +52,8 @@ def call(argv: list[str], what: str, timeout: float = 60) -> str:
 def complaint(text: str) -> str:
     """The line that says why (munge or controller first), shortened."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for needle in ("munge", "Munge", "Unable to contact slurm controller", "Unable to allocate", "error"):
+    for needle in ("munge", "Munge", "Unable to contact slurm controller", "Unable to allocate", "error",
+                   "unrecognized", "invalid"):
         for line in lines:
             if needle in line:
                 return line[-240:]
