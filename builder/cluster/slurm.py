@@ -5,6 +5,7 @@ reach slurmctld or munged is InfraError (exit 3)."""
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -19,15 +20,10 @@ FINAL = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "PREEMPTED"
          "DEADLINE")
 
 
-def env() -> dict[str, str]:
-    """The client environment: the caller's, with USER set (ch-run refuses to start without it)."""
-    return {**os.environ, "USER": os.environ.get("USER") or _user()}
-
-
-def _user() -> str:
-    import pwd
-
-    return pwd.getpwuid(os.getuid()).pw_name
+def with_user(argv: list[str]) -> list[str]:
+    """The command under `env USER=<this uid's name>`: the caller's environment (SLURM_CONF, ...) is
+    inherited, and ch-run, which srun starts with it, refuses to start without USER."""
+    return ["env", f"USER={pwd.getpwuid(os.getuid()).pw_name}", *argv]
 
 
 def tool(name: str) -> str:
@@ -40,7 +36,7 @@ def tool(name: str) -> str:
 def call(argv: list[str], what: str, timeout: float = 60) -> str:
     """Run a client command; its one-line complaint as InfraError when it fails."""
     try:
-        proc = subprocess.run([tool(argv[0]), *argv[1:]], env=env(), capture_output=True, text=True,
+        proc = subprocess.run(with_user([tool(argv[0]), *argv[1:]]), capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise InfraError(f"slurm: {what}: no answer within {timeout:.0f} s") from None
@@ -63,7 +59,7 @@ def complaint(text: str) -> str:
 def allocate(argv: list[str], on_job: Any, timeout: float) -> str:
     """`salloc --no-shell ARGV`: the job ID, handed to `on_job` as soon as Slurm names it (pending or
     granted), so an interrupt while it waits in the queue cancels exactly it."""
-    proc = subprocess.Popen([tool("salloc"), "--no-shell", *argv], env=env(), stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(with_user([tool("salloc"), "--no-shell", *argv]), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job, lines = None, []
     assert proc.stdout is not None
@@ -85,7 +81,7 @@ def allocate(argv: list[str], on_job: Any, timeout: float) -> str:
 
 
 def start_step(argv: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([tool("srun"), *argv], env=env(), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+    return subprocess.Popen(with_user([tool("srun"), *argv]), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
 
 
 def records(job: str) -> list[dict[str, str]]:
@@ -106,7 +102,7 @@ def step_record(job: str, name: str, wait_s: float = 10) -> dict[str, str]:
 
 def job_state(job: str) -> dict[str, str]:
     """`scontrol show job -o`: the allocation's live state and reason (or {} once Slurm forgot it)."""
-    proc = subprocess.run([tool("scontrol"), "show", "job", "-o", job], env=env(), capture_output=True, text=True,
+    proc = subprocess.run([tool("scontrol"), "show", "job", "-o", job], capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, check=False, timeout=30)
     if proc.returncode != 0:
         return {}
@@ -115,7 +111,7 @@ def job_state(job: str) -> dict[str, str]:
 
 def cancel(job: str) -> None:
     """`scancel JOB` (exactly this job ID); quiet when it is gone already."""
-    subprocess.run([tool("scancel"), "--quiet", job], env=env(), capture_output=True, stdin=subprocess.DEVNULL,
+    subprocess.run([tool("scancel"), "--quiet", job], capture_output=True, stdin=subprocess.DEVNULL,
                    check=False, timeout=60)
 
 
