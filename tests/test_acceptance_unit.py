@@ -360,24 +360,38 @@ def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path):
 
 
 def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned():
-    from builder.accept import gates as host
+    from builder.accept import docker_runner as host
+    from builder.accept.gates import gate_settings
     from builder.pins import model as pins_mod
 
     pins = pins_mod.load(ROOT / "pins" / "demo.yaml")
-    spec = host._container_spec(pins, "sha256:" + "ab" * 32, "rl_step", host.gate_settings(pins, "rl_step"), "r1")
-    assert spec["image"].startswith("sha256:") and spec["network_mode"] == "none"
-    assert spec["mounts"] == [] and "device_requests" not in spec
-    assert set(spec["tmpfs"]) == {"/cache", "/tmp"} and "exec" in spec["tmpfs"]["/cache"].split(",")
-    assert spec["environment"]["HOME"] == "/cache" and spec["labels"][host.LABEL] == "r1"
-    settings = json.loads(spec["command"][-1])
-    assert spec["command"][:5] == [pins.base.python_bin, "-m", "acceptance", "gate", "rl_step"]
+    spec = host.container_spec(pins, "sha256:" + "ab" * 32, "rl_step", gate_settings(pins, "rl_step"), "r1")
+    kwargs = spec.sdk_kwargs()
+    assert kwargs["image"].startswith("sha256:") and kwargs["network_mode"] == "none"
+    assert kwargs["mounts"] == [] and "device_requests" not in kwargs
+    assert set(kwargs["tmpfs"]) == {"/cache", "/tmp"} and "exec" in kwargs["tmpfs"]["/cache"].split(",")
+    assert kwargs["environment"]["HOME"] == "/cache" and kwargs["labels"][host.LABEL] == "r1"
+    settings = json.loads(spec.command[-1])
+    assert spec.command[:5] == [pins.base.python_bin, "-m", "acceptance", "gate", "rl_step"]
     assert settings["lr"] == pins.rl_lr() and settings["metrics"]["diff_max"] == pins.acceptance.metrics.diff_max
 
     gpu = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={
         "gpus": 2, "mounts": [pins_mod.Mount(source="/data", target="/data")]})})
-    spec = host._container_spec(gpu, "sha256:" + "ab" * 32, "rl_step", {}, "r1")
-    assert spec["device_requests"][0]["Count"] == 2
-    assert spec["mounts"][0]["ReadOnly"] is True and spec["mounts"][0]["Target"] == "/data"
+    kwargs = host.container_spec(gpu, "sha256:" + "ab" * 32, "rl_step", {}, "r1").sdk_kwargs()
+    assert kwargs["device_requests"][0]["Count"] == 2
+    assert kwargs["mounts"][0]["ReadOnly"] is True and kwargs["mounts"][0]["Target"] == "/data"
+
+
+def test_a_gate_result_comes_from_its_last_stdout_line_or_fails_naming_why():
+    from builder.accept.runner import result_from_output
+
+    line = json.dumps({"name": "zero_update", "status": "pass", "reason": "diff 0", "evidence": {"steps": 1}})
+    ok = result_from_output("zero_update", 0, "noise\n" + line + "\n", "err", False, 60)
+    assert ok.status == "pass" and ok.evidence == {"steps": 1} and ok.log == "err"
+    other = result_from_output("zero_update", 0, line.replace("zero_update", "rl_step"), "", False, 60)
+    assert other.status == "fail" and "status 0 without a result line" in other.reason
+    late = result_from_output("rl_step", None, "", "", True, 60, killed_by="job cancelled")
+    assert late.status == "fail" and late.reason == "timed out after 60 s (job cancelled)"
 
 
 def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins():
@@ -393,8 +407,10 @@ def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins():
     argv, _ = recipe.command(settings, 1e-6, "/tmp/x.jsonl", checkpoint.overrides(settings, "rl_step"))
     assert "trainer.default_local_dir=/scratch/acceptance/rl_step" in argv
     assert "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]" in argv
-    spec = host._container_spec(pins, "sha256:" + "ab" * 32, "rl_step", settings, "r1")
-    rw = [m for m in spec["mounts"] if not m["ReadOnly"]]
+    from builder.accept.docker_runner import container_spec
+
+    rw = [m for m in container_spec(pins, "sha256:" + "ab" * 32, "rl_step", settings, "r1").sdk_kwargs()["mounts"]
+          if not m["ReadOnly"]]
     assert [(m["Source"], m["Target"]) for m in rw] == [("/scratch/acceptance", "/scratch/acceptance")]
     demo = pins_mod.load(ROOT / "pins" / "demo.yaml")
     assert host.gate_settings(demo, "rl_step")["checkpoint"] is None

@@ -107,6 +107,38 @@ def test_no_production_module_imports_demo_code():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
+SDK_USE = re.compile(r"\b(?:client|self\.client)\.(?:api|containers|images|info|version|ping)\b")
+
+
+def sdk_offenders(files: dict[str, Path]) -> list[str]:
+    """Where a module outside builder/engine imports the Docker SDK or reaches into an SDK client."""
+    found = []
+    for name, path in files.items():
+        if name.startswith("builder.engine."):
+            continue
+        if any(i == "docker" or i.startswith("docker.") for i in imports(path)):
+            found.append(f"{name}: imports the Docker SDK")
+        found += [f"{name}:{n}: {line.strip()}" for n, line in enumerate(path.read_text().splitlines(), 1)
+                  if SDK_USE.search(line)]
+    return found
+
+
+def test_only_the_engine_package_talks_to_the_docker_sdk():
+    """One door to the engine: containers, images, save/load and inspect go through builder/engine."""
+    assert sdk_offenders(modules()) == []
+
+
+def test_the_engine_door_check_catches_a_planted_sdk_use(tmp_path: Path) -> None:
+    planted = {"builder.accept.x": tmp_path / "x.py", "builder.release.y": tmp_path / "y.py",
+               "builder.engine.z": tmp_path / "z.py"}
+    planted["builder.accept.x"].write_text("def f():\n    import docker  # lazy: x\n")
+    planted["builder.release.y"].write_text("def g(client):\n    return client.images.get('x')\n")
+    planted["builder.engine.z"].write_text("import docker\n")
+    found = sdk_offenders(planted)
+    assert found[0] == "builder.accept.x: imports the Docker SDK" and "client.images.get" in found[1]
+    assert len(found) == 2
+
+
 def test_only_options_reads_the_environment():
     readers = []
     for name, path in modules().items():

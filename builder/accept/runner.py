@@ -1,4 +1,9 @@
-"""Where gates run (provisional copy of the coordinator's interface, RUNNER.md; main's version wins)."""
+"""Where gates run: one small interface, two implementations (the Docker engine here, Slurm with an HPC
+container runtime in builder/cluster). The accept stage drives a GateRunner and never learns which one ran.
+
+Every call runs `<python> -m acceptance gate <gate> --settings <json>` in a fresh container of the candidate
+image (read-only; nothing carries over between calls but the gate's own output directory); the gate's
+GateResult is the last line it prints on stdout."""
 from __future__ import annotations
 
 import json
@@ -7,24 +12,32 @@ from typing import Any, Protocol
 from builder.core.records import GateResult
 from builder.pins.model import Pins
 
-TAIL = 6000
+TAIL = 6000  # characters of a gate's output kept in its result
 
 
 class GateRunner(Protocol):
-    kind: str
+    kind: str  # "docker" | "slurm"
 
-    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]: ...
+    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+        """Run one gate in a fresh container; its result and the facts of where and how it ran."""
+        ...
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> dict[str, Any]:
+        """For the report: the engine or runtime and its version, and the isolation the gates really had."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Remove or cancel whatever of this runner's work is still there (also on interrupt)."""
+        ...
 
 
 def gate_command(pins: Pins, gate: str, settings: dict[str, Any]) -> list[str]:
+    """The in-image command of one gate."""
     return [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", json.dumps(settings)]
 
 
-def _parse(stdout: str, gate: str) -> dict[str, Any] | None:
+def parse_result(stdout: str, gate: str) -> dict[str, Any] | None:
+    """The gate's result: the last non-empty stdout line, a JSON object naming the gate."""
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
         return None
@@ -36,13 +49,16 @@ def _parse(stdout: str, gate: str) -> dict[str, Any] | None:
 
 
 def result_from_output(gate: str, exit_code: int | None, stdout: str, stderr: str, timed_out: bool,
-                       timeout_s: int) -> GateResult:
+                       timeout_s: int, killed_by: str = "container killed") -> GateResult:
+    """A GateResult from what one gate run printed: a timeout fails naming the limit, a run without a
+    result line fails naming its exit status, otherwise the gate's own result (with its log tail)."""
     if timed_out:
-        return GateResult(name=gate, status="fail", reason=f"timed out after {timeout_s} s",
+        return GateResult(name=gate, status="fail", reason=f"timed out after {timeout_s} s ({killed_by})",
                           evidence={"timeout_s": timeout_s}, log=(stderr + stdout)[-TAIL:])
-    data = _parse(stdout, gate)
+    data = parse_result(stdout, gate)
     if data is None:
-        return GateResult(name=gate, status="fail", reason=f"gate exited with status {exit_code} without a result line",
+        return GateResult(name=gate, status="fail",
+                          reason=f"gate exited with status {exit_code} without a result line",
                           evidence={"exit_code": exit_code}, log=(stderr + stdout)[-TAIL:])
     data["log"] = data.get("log") or stderr[-TAIL:]
     return GateResult.model_validate({k: data.get(k) for k in ("name", "status", "reason", "evidence", "log")})

@@ -47,7 +47,10 @@ def accept_on_slurm(pins: Pins, image: str, settings: Settings, opts: SlurmOptio
         pulled = staging.pull(client, image, expected_id, settings)
         image_id = pulled.image_id
     else:
-        image_id = gates._image_id(client, image)
+        found = engine.image_id(client, image)
+        if found is None:
+            raise BadInput(f"image {image}: not found in the Docker engine")
+        image_id = found
     with log.step("export .sqsh (candidate)"):
         record = sqsh.export_candidate(image_id, sqsh_path(opts, pins, image_id), settings, client)
     runner = SlurmRunner(pins, Path(record.path), record.sha256, opts, gates.gate_runs(pins, gate_names))

@@ -208,7 +208,8 @@ class SlurmRunner:
     # ---- the report and the end --------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "runtime": self.runtime.name, "runtime_version": self.node.get("runtime_version"),
+        return {"runner": self.kind, "engine": f"Slurm cluster {self.cluster}, {self.runtime.name} "
+                f"{self.node.get('runtime_version')}", "runtime": self.runtime.name, "runtime_version": self.node.get("runtime_version"),
                 "isolation": self.runtime.isolation(), "cluster": self.cluster, "job_id": self.job,
                 "partition": self.options.partition or _partition(self.job), "node": self.node.get("name"),
                 "node_gpus": self.node.get("gpus"), "sqsh": str(self.sqsh), "sqsh_sha256": self.sha256,

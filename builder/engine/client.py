@@ -12,6 +12,7 @@ import socket
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -118,9 +119,75 @@ def inspect_image(client: Client, ref: str) -> dict[str, Any] | None:
         return None
 
 
-def tag_image(client: Client, image_id: str, ref: str) -> None:
+def image_id(client: Client, ref: str) -> str | None:
+    """The full ID (`sha256:<config digest>`) of a local image or tag; None when the engine has none."""
+    attrs = inspect_image(client, ref)
+    return str(attrs["Id"]) if attrs else None
+
+
+def image_tags(client: Client, name: str) -> list[tuple[str, list[str]]]:
+    """(ID, tags) of the local images whose repository matches `name` (a glob like `repo/*`)."""
+    return [(str(i["Id"]), list(i.get("RepoTags") or [])) for i in client.api.images(name=name)]
+
+
+def save_image(client: Client, image: str, out: IO[bytes], chunk_size: int) -> bool:
+    """Stream `docker save <image>` into `out`; False when the engine has no such image."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+
+    try:
+        for chunk in client.api.get_image(image, chunk_size=chunk_size):
+            out.write(chunk)
+    except docker.errors.ImageNotFound:
+        return False
+    except docker.errors.APIError as exc:
+        if exc.response is not None and exc.response.status_code == 404:
+            return False
+        raise InfraError(f"docker engine: docker save {image}: {exc}") from None
+    return True
+
+
+def import_stream(client: Client, chunks: Iterator[bytes], repository: str, tag: str, changes: list[str]) -> str:
+    """`docker import` of a root filesystem tar stream as `repository:tag`; the new image's ID."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+
+    try:
+        client.api.import_image(src=chunks, repository=repository, tag=tag, changes=changes)
+    except docker.errors.APIError as exc:
+        raise InfraError(f"docker engine: import as {repository}:{tag}: {exc}") from None
+    found = image_id(client, f"{repository}:{tag}")
+    if found is None:
+        raise InfraError(f"docker engine: import as {repository}:{tag} made no image")
+    return found
+
+
+def import_file(client: Client, path: Path, repository: str, tag: str) -> str:
+    """`docker import` of a root filesystem tar file as `repository:tag`; the new image's ID."""
+    with open(path, "rb") as src:
+        return import_stream(client, iter(lambda: src.read(1 << 20), b""), repository, tag, [])
+
+
+def images_by_age(client: Client, name: str) -> list[tuple[str, list[str]]]:
+    """(ID, tags) of the local images of repository `name`, newest first."""
+    images = sorted(client.api.images(name=name), key=lambda image: image.get("Created", 0), reverse=True)
+    return [(str(i["Id"]), list(i.get("RepoTags") or [])) for i in images]
+
+
+def push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None) -> Iterator[dict[str, Any]]:
+    """The engine's push stream of `repository:tag` (decoded items; errors arrive as `error` items)."""
+    auth_config = {"username": auth[0], "password": auth[1]} if auth else None
+    items: Iterator[dict[str, Any]] = client.api.push(repository, tag=tag, stream=True, decode=True,
+                                                     auth_config=auth_config)
+    return items
+
+
+def tag(client: Client, image_id: str, ref: str) -> bool:
+    """Point the tag `ref` at `image_id`; False when the engine refused."""
     image = ImageRef(ref)
-    if not client.api.tag(image_id, image.name, image.tag, force=True):
+    return bool(client.api.tag(image_id, image.name, image.tag, force=True))
+
+
+def tag_image(client: Client, image_id: str, ref: str) -> None:
+    if not tag(client, image_id, ref):
         raise BuildFailed(f"{ref}: the engine refused to tag {image_id}")
 
 
@@ -141,12 +208,12 @@ def read_file(client: Client, image_id: str, path: str) -> bytes | None:
         container.remove(force=True)
 
 
-def remove_image(client: Client, ref: str) -> bool:
-    """Remove a tag (or image); True when something was removed."""
+def remove_image(client: Client, ref: str, force: bool = False) -> bool:
+    """Remove a tag (or image; `force`: an image and every tag on it); True when something was removed."""
     import docker  # lazy: docker SDK, slow to import; start-up
 
     try:
-        client.api.remove_image(ref, noprune=False)
+        client.api.remove_image(ref, noprune=False, force=force)
         return True
     except docker.errors.ImageNotFound:
         return False

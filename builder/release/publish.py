@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from builder.core import files as fs
 from builder.core import log
@@ -44,33 +43,29 @@ def check_accepted(report: Report, where: str) -> None:
                            f"the report is for {report.image_id}; refusing")
 
 
-def local_image(client: Client, report: Report, image: str | None, where: str) -> Any:
-    """The local image the report accepted, by its ID (a tag may have been moved by a concurrent run), or
-    `image`; it must be the one the report accepted."""
+def local_image(client: Client, report: Report, image: str | None, where: str) -> str:
+    """The ID of the local image the report accepted, by its ID (a tag may have been moved by a concurrent
+    run), or `image`; it must be the one the report accepted."""
     ref = image or report.image_id
-    import docker  # lazy: docker SDK, slow to import; start-up
-
-    try:
-        found = client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        raise PublishError(f"{where}: no local image {ref}; build it or pass the image ID") from None
-    if found.id != report.image_id:
-        raise PublishError(f"{where}: local image {ref} is {found.id}, the report accepted {report.image_id}; refusing")
+    found = engine.image_id(client, ref)
+    if found is None:
+        raise PublishError(f"{where}: no local image {ref}; build it or pass the image ID")
+    if found != report.image_id:
+        raise PublishError(f"{where}: local image {ref} is {found}, the report accepted {report.image_id}; refusing")
     return found
 
 
 def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None, secrets: list[str]) -> str:
     """Push one tag; return the digest the engine reported.  Any error -> PublishError."""
-    auth_config = {"username": auth[0], "password": auth[1]} if auth else None
     digest, errors = "", []  # type: str, list[str]
     try:
-        for item in client.api.push(repository, tag=tag, stream=True, decode=True, auth_config=auth_config):
+        for item in engine.push(client, repository, tag, auth):
             if "error" in item or "errorDetail" in item:
                 errors.append(item.get("error") or (item.get("errorDetail") or {}).get("message", "error"))
             aux = item.get("aux") or {}
             if aux.get("Tag") == tag and aux.get("Digest"):
                 digest = aux["Digest"]
-    except Exception as exc:  # docker.errors.APIError, requests errors while streaming
+    except Exception as exc:  # the engine's refusal or a lost connection while streaming
         raise PublishError(mask(f"push {repository}:{tag}: {type(exc).__name__}: {exc}", secrets)) from None
     if errors:
         raise PublishError(mask(f"push {repository}:{tag}: {errors[-1]}", secrets))
@@ -171,8 +166,8 @@ def _push_local(client: Client, report: Report, image: str | None, where: str, a
                 secrets: list[str], registry: Registry, pushed: dict[str, str]) -> None:
     found = local_image(client, report, image, where)
     for tag in report.tags:
-        if not found.tag(report.repository, tag):
-            raise PublishError(f"{where}: could not tag {found.id} as {report.repository}:{tag}")
+        if not engine.tag(client, found, f"{report.repository}:{tag}"):
+            raise PublishError(f"{where}: could not tag {found} as {report.repository}:{tag}")
         with log.step(f"push {report.repository}:{tag}"):
             try:
                 pushed[tag] = _push(client, report.repository, tag, auth, secrets)

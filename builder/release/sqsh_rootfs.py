@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from builder.core import files as fs
-from builder.core.errors import BadInput, InfraError
+from builder.core.errors import BadInput
+from builder.engine import client as engine
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -53,15 +54,10 @@ class SavedImage:
 
 def save(client: Any, image_id: str, dest: Path) -> SavedImage:
     """Stream `docker save <image_id>` into dest and check that its config hashes to the image ID."""
-    import docker  # lazy: docker SDK, slow to import; start-up
-
-    try:
-        with open(dest, "wb") as out:
-            out.writelines(client.images.get(image_id).save(chunk_size=CHUNK))
-    except docker.errors.ImageNotFound:
-        raise BadInput(f"image {image_id}: not in the Docker engine (build or pull it first)") from None
-    except docker.errors.APIError as exc:
-        raise InfraError(f"docker engine: docker save {image_id}: {exc}") from None
+    with open(dest, "wb") as out:
+        found = engine.save_image(client, image_id, out, CHUNK)  # InfraError (exit 3) when the engine fails
+    if not found:
+        raise BadInput(f"image {image_id}: not in the Docker engine (build or pull it first)")
     return open_saved(dest, image_id)
 
 

@@ -11,9 +11,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from builder.accept import gates as accept
+from builder.accept.docker_runner import DockerRunner
+from builder.accept.gates import gate_settings
 from builder.core.errors import InfraError
 from builder.core.records import Report
+from builder.engine import client as engine
 from builder.pins import model as pins_mod
 from builder.release.sqsh_rootfs import CHUNK
 
@@ -33,23 +35,19 @@ def environment(rootfs: Path) -> list[str]:
 
 def import_rootfs(client: Any, rootfs: Path, tag: str) -> str:
     """`tar -C rootfs -c . | docker import` with the environment of /etc/environment; the image ID."""
-    import docker  # lazy: docker SDK, slow to import; start-up
-
     tar = subprocess.Popen(["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", "-", "."],
                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     stdout = tar.stdout
     assert stdout is not None
     try:
-        client.api.import_image(src=iter(lambda: stdout.read(CHUNK), b""), repository=REPOSITORY, tag=tag,
-                                changes=environment(rootfs))
-    except docker.errors.APIError as exc:
-        raise InfraError(f"docker engine: import of {rootfs}: {exc}") from None
+        image_id = engine.import_stream(client, iter(lambda: stdout.read(CHUNK), b""), REPOSITORY, tag,
+                                        environment(rootfs))
     finally:
         stdout.close()
         rc = tar.wait()
     if rc != 0:
         raise InfraError(f"tar -C {rootfs}: exit {rc}")
-    return str(client.images.get(f"{REPOSITORY}:{tag}").id)
+    return image_id
 
 
 def provenance_on_rootfs(client: Any, report: Report, pins: pins_mod.Pins, rootfs: Path) -> dict[str, Any]:
@@ -58,19 +56,10 @@ def provenance_on_rootfs(client: Any, report: Report, pins: pins_mod.Pins, rootf
     start = time.monotonic()
     image_id = import_rootfs(client, rootfs, tag)
     try:
-        result, facts = accept.run_gate(client, pins, image_id, "provenance", pins.acceptance.timeout_s,
-                                        f"sqsh-{tag}")
+        runner = DockerRunner(client, pins, image_id, f"sqsh-{tag}")
+        result, facts = runner.run("provenance", gate_settings(pins, "provenance"), pins.acceptance.timeout_s)
     finally:
-        _remove(client, image_id)
+        engine.remove_image(client, image_id, force=True)
     return {"status": result.status, "reason": result.reason, "seconds": round(time.monotonic() - start, 2),
             "imported_image": image_id, "network": facts.get("network"),
             "failures": (result.evidence.get("failures") or [])[:5]}
-
-
-def _remove(client: Any, image_id: str) -> None:
-    import docker  # lazy: docker SDK, slow to import; start-up
-
-    try:
-        client.images.remove(image_id, force=True)
-    except docker.errors.ImageNotFound:
-        pass

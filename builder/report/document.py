@@ -257,8 +257,8 @@ def _rebuild_section(result: dict[str, Any]) -> list[str]:
 def cluster_markdown(report: Report) -> list[str]:
     """Where each gate ran on the cluster (--slurm): Slurm's record of every step, the node-side sha256."""
     container = report.acceptance.container if report.acceptance else {}
-    runner = container.get("runner") or {}
-    if runner.get("kind") != "slurm":
+    runner = container
+    if runner.get("runner") != "slurm":
         return []
     check = runner.get("sqsh_check") or {}
     iso = runner.get("isolation") or {}

@@ -1,0 +1,60 @@
+"""The Docker engine as a GateRunner: one fresh container per gate from the image ID, with no network, no
+host sources, empty tmpfs caches and read-only mounts only where the pins ask; killed at the timeout and
+always removed. Everything Docker goes through builder/engine."""
+from __future__ import annotations
+
+from typing import Any
+
+from builder.accept.runner import gate_command, result_from_output
+from builder.core.constants import CACHE_DIR as CACHE
+from builder.core.constants import CACHE_ENV, LABEL_PREFIX
+from builder.core.records import GateResult
+from builder.engine import client as engine
+from builder.engine import containers
+from builder.engine.client import Client
+from builder.engine.containers import Bind, ContainerSpec
+from builder.pins.model import Pins
+
+LABEL = f"{LABEL_PREFIX}.acceptance"          # value: the run id; on every acceptance container
+TMPFS = {CACHE: "rw,exec,nosuid,nodev,size=2g", "/tmp": "rw,exec,nosuid,nodev,size=1g"}
+
+
+def container_spec(pins: Pins, image_id: str, gate: str, settings: dict[str, Any], run_id: str) -> ContainerSpec:
+    """The gate's container: network none, tmpfs caches, the pins' read-only mounts, the checkpoint scratch."""
+    binds = [Bind(m.source, m.target) for m in pins.acceptance.mounts]
+    ckpt = pins.acceptance.checkpoint
+    if pins.acceptance.weights == "checkpoint" and ckpt is not None and ckpt.scratch:
+        # the only writable mount: where the recipe saves its checkpoints (pins: acceptance.checkpoint.scratch)
+        binds.append(Bind(ckpt.scratch, ckpt.dir, read_only=False))
+    return ContainerSpec(image=image_id, command=gate_command(pins, gate, settings), environment=dict(CACHE_ENV),
+                         tmpfs=dict(TMPFS), binds=binds, working_dir="/tmp", gpus=pins.acceptance.gpus,
+                         labels={LABEL: run_id, f"{LABEL}.gate": gate, f"{LABEL}.image": image_id})
+
+
+class DockerRunner:
+    """Gates in fresh containers of one image on one engine."""
+
+    kind = "docker"
+
+    def __init__(self, client: Client, pins: Pins, image_id: str, run_id: str):
+        self.client, self.pins, self.image_id, self.run_id = client, pins, image_id, run_id
+
+    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+        spec = container_spec(self.pins, self.image_id, gate, settings, self.run_id)
+        out = containers.run(self.client, spec, timeout_s, gate)
+        result = result_from_output(gate, out.exit_code, out.stdout, out.stderr, out.timed_out, timeout_s)
+        return result, out.facts
+
+    def describe(self) -> dict[str, Any]:
+        return {"runner": "docker", "engine": engine.engine_version(self.client), "network": "none",
+                "home": "tmpfs (HOME is the empty cache tmpfs)", "label": f"{LABEL}={self.run_id}",
+                "tmpfs": TMPFS, "env": CACHE_ENV}
+
+    def close(self) -> None:
+        for container_id in containers.labelled(self.client, f"{LABEL}={self.run_id}"):
+            containers.remove(self.client, container_id)
+
+
+def leftover_containers(client: Client, run_id: str | None = None) -> list[str]:
+    """Acceptance containers still present (all runs, or one run)."""
+    return containers.labelled(client, f"{LABEL}={run_id}" if run_id else LABEL)

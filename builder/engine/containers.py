@@ -1,0 +1,143 @@
+"""Containers through the engine door: a spec of plain values in, an outcome of plain values out.
+
+Only builder/engine/ talks to the Docker SDK; this module owns a container's whole life (create, start,
+wait with a timeout, kill, logs, facts, remove) and maps the SDK's and HTTP errors to the one hierarchy:
+a refusal or a lost engine is InfraError (exit 3). The container is always removed, also on Ctrl-C.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from builder.core.errors import InfraError
+from builder.engine.client import Client, owner_labels
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """One container: always network none; `tmpfs` maps a path to its mount options."""
+
+    image: str
+    command: list[str]
+    environment: dict[str, str] = field(default_factory=dict)
+    tmpfs: dict[str, str] = field(default_factory=dict)
+    binds: list[Bind] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    working_dir: str = "/tmp"
+    gpus: int = 0
+
+    def sdk_kwargs(self) -> dict[str, Any]:
+        """The SDK's `containers.create` arguments for this spec."""
+        import docker  # lazy: docker SDK, slow to import; start-up
+
+        kwargs: dict[str, Any] = {
+            "image": self.image, "command": list(self.command), "environment": dict(self.environment),
+            "network_mode": "none", "tmpfs": dict(self.tmpfs), "working_dir": self.working_dir, "detach": True,
+            "mounts": [docker.types.Mount(target=b.target, source=b.source, type="bind", read_only=b.read_only)
+                       for b in self.binds],
+            "labels": {**self.labels, **owner_labels()}}
+        if self.gpus > 0:
+            kwargs["device_requests"] = [docker.types.DeviceRequest(count=self.gpus, capabilities=[["gpu"]])]
+        return kwargs
+
+
+@dataclass
+class Outcome:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    facts: dict[str, Any]
+
+
+def facts(attrs: dict[str, Any]) -> dict[str, Any]:
+    """What the engine says the container was: its isolation (network, mounts, tmpfs, devices) and its end."""
+    state, host = attrs.get("State", {}), attrs.get("HostConfig", {})
+    return {"id": attrs.get("Id"), "name": attrs.get("Name", "").lstrip("/"), "image": attrs.get("Image"),
+            "network": host.get("NetworkMode"),
+            "networks": sorted((attrs.get("NetworkSettings", {}).get("Networks") or {}).keys()),
+            "mounts": [{"source": m.get("Source"), "target": m.get("Destination"), "rw": m.get("RW")}
+                       for m in attrs.get("Mounts") or []],
+            "tmpfs": host.get("Tmpfs") or {}, "env": attrs.get("Config", {}).get("Env") or [],
+            "device_requests": host.get("DeviceRequests") or [],
+            "started": state.get("StartedAt"), "finished": state.get("FinishedAt"),
+            "exit_code": state.get("ExitCode"), "oom_killed": state.get("OOMKilled")}
+
+
+def run(client: Client, spec: ContainerSpec, timeout_s: int, what: str) -> Outcome:
+    """Run one fresh container to its end (killed at `timeout_s`), return its output and facts, remove it."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+    import requests  # lazy: slow to import; start-up
+
+    container = None
+    try:
+        try:
+            container = client.containers.create(**spec.sdk_kwargs())
+            container.start()
+        except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
+            raise InfraError(f"docker engine: cannot start the {what} container: {err}") from None
+        timed_out = False
+        try:
+            container.wait(timeout=timeout_s)
+        except (requests.exceptions.RequestException, ConnectionError):
+            timed_out = True
+            try:
+                container.kill()
+                container.wait(timeout=60)
+            except docker.errors.APIError:
+                pass  # it stopped on its own meanwhile
+        try:
+            container.reload()
+            stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+            stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+        except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
+            raise InfraError(f"docker engine: lost the {what} container: {err}") from None
+        seen = facts(container.attrs)
+        if timed_out:
+            seen["timed_out"] = True
+        return Outcome(seen.get("exit_code"), stdout, stderr, timed_out, seen)
+    finally:
+        if container is not None:
+            remove(client, container.id)
+
+
+def remove(client: Client, container_id: str) -> None:
+    """Force-remove a container; one already gone (or an engine gone) is left to the orphan sweep."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+    import requests  # lazy: slow to import; start-up
+
+    try:
+        client.api.remove_container(container_id, force=True)
+    except (docker.errors.NotFound, docker.errors.APIError, requests.exceptions.RequestException, ConnectionError):
+        pass
+
+
+def labelled(client: Client, label: str) -> list[str]:
+    """IDs of the containers (running or not) that carry `label` (`key` or `key=value`)."""
+    return [str(c["Id"]) for c in client.api.containers(all=True, filters={"label": label})]
+
+
+def create_stopped(client: Client, image: str) -> str:
+    """A created, never started, network-none container of `image` (to read files from); its ID."""
+    created = client.api.create_container(image, command=["true"], network_disabled=True, labels=owner_labels())
+    return str(created["Id"])
+
+
+def archive(client: Client, container_id: str, path: str) -> Iterator[bytes] | None:
+    """The tar stream of `path` in a container, or None when the path is absent."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+
+    try:
+        stream, _ = client.api.get_archive(container_id, path)
+    except docker.errors.NotFound:
+        return None
+    chunks: Iterator[bytes] = stream
+    return chunks
