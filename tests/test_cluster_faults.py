@@ -220,7 +220,8 @@ except KeyboardInterrupt:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_cancels_exactly_its_own_job_and_exits_130(slurm_cluster: cluster.Cluster, images: dict[str, Path],
                                                           tmp_path: Path, sig: signal.Signals) -> None:
-    other = slurm.call(["sbatch", "--parsable", "--job-name=someone-else", "--wrap=sleep 120"], "sbatch").strip()
+    other = slurm.call(["sbatch", "--parsable", "--job-name=someone-else", "--output=/dev/null",
+                        "--wrap=sleep 120"], "sbatch").strip()
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPT, str(ROOT / "pins" / "demo.yaml"), str(images["slow"]),
                              str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
