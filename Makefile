@@ -48,8 +48,11 @@ lint: venv-test
 	$(PYTHON) -m ruff check builder acceptance demo tests benchmarks
 	$(PYTHON) -m mypy
 
+# Two pytest-xdist workers: the tests on the shared engine on one, those on parts of their own (the fault matrix)
+# and the fast ones on the other (groups in tests/budget.py). TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
 test: setup venv-test
-	$(PYTHON) -m pytest -q -ra
+	$(PYTHON) -m pytest -q -ra $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 # The unit lane: no Docker engine, no pip/torch/subprocess builds (markers in pyproject.toml); under 2 minutes.
 test-fast: venv-test

@@ -13,6 +13,11 @@ import pytest
 
 SLOW_FIXTURES = {"base_image", "demo_image", "build_variant", "demo_accepted", "second_engine", "staged_demo",
                  "stamped_pins", "hatch_locked", "demo_pins"}
+# `make test` runs two pytest-xdist workers with --dist loadgroup. Each group runs on one worker, so a session
+# fixture is built once: "engine" holds every slow or Docker test on the shared engine and registry; "apart" the
+# slow tests on parts of their own (the fault matrix: its own dockerd, registry and disk) or on the host alone
+# (torch). The other worker meanwhile takes "apart", then the fast tests.
+APART = ("tests/test_fault_matrix.py", "tests/test_demo_stack.py", "tests/test_weights.py")
 BUDGET_S = {"slow": 240.0, "docker": 60.0, "fast": 5.0}
 SESSION_BUDGET_S = 15 * 60
 
@@ -27,15 +32,22 @@ def kind_of(item: pytest.Item) -> str:
     return "docker" if item.get_closest_marker("docker") else "fast"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which appends the group to the node ID
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-        _kind[item.nodeid] = kind_of(item)
+        kind = kind_of(item)
+        if item.nodeid.startswith(APART):
+            item.add_marker(pytest.mark.xdist_group("apart"))
+        elif kind != "fast":
+            item.add_marker(pytest.mark.xdist_group("engine"))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Also on the xdist controller, which collects nothing: the kind comes with the report's keywords."""
     _spent.setdefault(report.nodeid, {})[report.when] = report.duration
+    _kind[report.nodeid] = "slow" if "slow" in report.keywords else "docker" if "docker" in report.keywords else "fast"
 
 
 def over_budget() -> list[tuple[str, float, float]]:
@@ -49,7 +61,7 @@ def over_budget() -> list[tuple[str, float, float]]:
 
 def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
     write = terminalreporter.write_line  # type: ignore[attr-defined]
-    if not _spent:
+    if not _spent or hasattr(config, "workerinput"):  # an xdist worker: the controller prints the table
         return
     total = time.monotonic() - _started
     write("== test phase timings ==")
@@ -66,7 +78,9 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: p
     late = over_budget()
     for nodeid, took, budget in late:
         write(f"  OVER BUDGET {took:.1f} s > {budget:.0f} s: {nodeid}")
-    write(f"  session  {total:8.1f} s  (budget {SESSION_BUDGET_S} s{'' if total <= SESSION_BUDGET_S else ', MISSED'})")
+    workers = getattr(config.option, "numprocesses", None)
+    write(f"  session  {total:8.1f} s  (budget {SESSION_BUDGET_S} s{'' if total <= SESSION_BUDGET_S else ', MISSED'})"
+          + (f"  on {workers} xdist workers" if workers else ""))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -22,6 +22,7 @@ from builder.pins import model as pins_mod
 from builder.release import sqsh
 from builder.release import sqsh_rootfs as layers
 from builder.release import sqsh_smoke as smoke
+from builder.release import sqsh_trees as trees
 from builder.release.sqsh_rootfs import Entry
 from builder.report import document as report
 
@@ -76,9 +77,14 @@ def _upper(tar):
     _add(tar, "var/.wh.gone-dir", b"")
 
 
-def _saved_tar(tag: str) -> tuple[bytes, str]:
+def _linked_upper(tar):
+    _upper(tar)
+    _add(tar, "etc/keep-again", kind=tarfile.LNKTYPE, link="etc/keep")  # a hard link to a lower layer's file
+
+
+def _saved_tar(tag: str, upper=_upper) -> tuple[bytes, str]:
     """A `docker save`-shaped tar of the two layers; (bytes, image ID)."""
-    blobs = [_layer(_lower), _layer(_upper)]
+    blobs = [_layer(_lower), _layer(upper)]
     config = {"architecture": "amd64", "os": "linux",
               "config": {"Env": ["PATH=/usr/bin:/bin", "I13=a b"], "WorkingDir": "/opt/work",
                          "Cmd": ["/bin/tool", "it's"], "Labels": {"x": "y"}, "Volumes": {"/data": {}}},
@@ -196,6 +202,98 @@ def test_a_layer_that_does_not_match_its_diff_id_is_refused(planted, docker_clie
         fh.write(b"K")
     with pytest.raises(BadInput, match="layer 0 .* hashes to sha256:.*the config says"):
         layers.expected_tree(layers.open_saved(saved.path, planted))
+
+
+# ---------------------------------------------------------------- the base tree kept between exports
+
+
+@pytest.mark.docker
+def test_a_kept_base_tree_gives_the_same_sqsh_and_stays_unchanged(planted, planted_sqsh, docker_client, tmp_path):
+    """The lower layer plays the base: the first export keeps its tree, the second starts from it, applies only
+    the upper layer, and writes the same bytes; the kept tree is untouched by the upper layer's deletions."""
+    cold_out, cold = planted_sqsh
+    kept = tmp_path / "trees"
+    kept.mkdir()
+    base = layers.open_saved(*_planted_file(tmp_path)).config["rootfs"]["diff_ids"][:1]
+    first = sqsh.make_sqsh(docker_client, planted, tmp_path / "a.sqsh", FAST, _fresh(tmp_path / "w1"), kept, base)
+    assert first.reused == 0 and first.kept is not None
+    trees.keep(kept, first.kept)
+    second = sqsh.make_sqsh(docker_client, planted, tmp_path / "b.sqsh", FAST, _fresh(tmp_path / "w2"), kept, base)
+    assert second.reused == 1 and second.kept is None and second.expected == cold.expected
+    assert fs.sha256_file(tmp_path / "b.sqsh") == fs.sha256_file(tmp_path / "a.sqsh") == fs.sha256_file(cold_out)
+    tree = trees.find(kept, base)
+    assert tree is not None and tree.count == 1
+    assert (tree.rootfs / "etc/gone").read_text() == "deleted by the top layer\n"  # deleted above, kept here
+    assert (tree.rootfs / "bin/tool").read_text() == "v1\n" and sorted(os.listdir(tree.rootfs / "opt/d")) == ["x", "y"]
+    assert oct(os.lstat(tree.rootfs / "bin/tool").st_mode & 0o7777) == "0o4755"
+    assert layers.tree_of(tree.rootfs) == {p: e for p, e in tree.entries.items()}
+
+
+def _planted_file(tmp_path: Path, upper=_upper) -> tuple[Path, str]:
+    data, image_id = _saved_tar("builder-tests/i13-whiteout:test", upper)
+    path = tmp_path / f"saved-{image_id[7:19]}.tar"
+    path.write_bytes(data)
+    return path, image_id
+
+
+def test_a_hard_link_across_layers_never_touches_the_kept_tree(tmp_path, monkeypatch):
+    """A layer that hard-links a lower layer's file would change an inode the kept tree shares: that export
+    applies every layer instead, and gives the bytes of an export without any kept tree."""
+    path, image_id = _planted_file(tmp_path, _linked_upper)
+    saved = layers.open_saved(path, image_id)
+    with pytest.raises(layers.SharedInode, match="etc/keep-again hard-links etc/keep"):
+        layers.apply_layers(saved, _fresh(tmp_path / "r"), private_from=1)
+
+    def save(client, image, dest):
+        dest.write_bytes(path.read_bytes())
+        return layers.open_saved(dest, image)
+
+    monkeypatch.setattr(layers, "save", save)
+    kept, base = tmp_path / "trees", saved.config["rootfs"]["diff_ids"][:1]
+    kept.mkdir()
+    cold = sqsh.make_sqsh(None, image_id, tmp_path / "cold.sqsh", FAST, _fresh(tmp_path / "w0"))
+    first = sqsh.make_sqsh(None, image_id, tmp_path / "a.sqsh", FAST, _fresh(tmp_path / "w1"), kept, base)
+    assert first.kept is None and first.expected == cold.expected  # the snapshot was dropped, not kept
+    assert not list(kept.iterdir())
+    _add_kept(kept, tmp_path / "lower", saved)  # a tree kept by another image on the same base
+    inode = os.lstat(kept / trees.key(base) / "rootfs/etc/keep")
+    second = sqsh.make_sqsh(None, image_id, tmp_path / "b.sqsh", FAST, _fresh(tmp_path / "w2"), kept, base)
+    assert second.reused == 0 and second.expected == cold.expected
+    assert fs.sha256_file(tmp_path / "b.sqsh") == fs.sha256_file(tmp_path / "a.sqsh") == fs.sha256_file(tmp_path / "cold.sqsh")
+    after = os.lstat(kept / trees.key(base) / "rootfs/etc/keep")
+    assert (after.st_ino, after.st_mode, after.st_nlink) == (inode.st_ino, inode.st_mode, inode.st_nlink)
+
+
+def _fresh(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _add_kept(kept: Path, rootfs: Path, saved: layers.SavedImage) -> None:
+    rootfs.mkdir()
+    one = layers.SavedImage(path=saved.path, image_id=saved.image_id, config=saved.config, layers=saved.layers[:1])
+    xattrs = layers.apply_layers(one, rootfs)
+    entries = layers.expected_tree(layers.SavedImage(path=saved.path, image_id=saved.image_id,
+                                                     config={"rootfs": {"diff_ids": saved.config["rootfs"]["diff_ids"][:1]}},
+                                                     layers=saved.layers[:1]))
+    trees.keep(kept, trees.snapshot(kept, rootfs, saved.config["rootfs"]["diff_ids"][:1], entries, xattrs))
+
+
+def test_kept_trees_are_found_by_the_longest_prefix_and_the_least_recently_used_go(tmp_path):
+    kept, rootfs = tmp_path / "trees", tmp_path / "rootfs"
+    kept.mkdir()
+    (rootfs / "d").mkdir(parents=True)
+    (rootfs / "d/f").write_text("f\n")
+    entries = layers.tree_of(rootfs)
+    ids = [f"sha256:{c * 64}" for c in "abcd"]
+    for n in (1, 2, 3):
+        trees.keep(kept, trees.snapshot(kept, rootfs, ids[:n], entries, False))
+        os.utime(kept / trees.key(ids[:n]), (n, n))  # kept in this order
+    assert sorted(p.name for p in kept.iterdir()) == sorted(trees.key(ids[:n]) for n in (2, 3))  # KEEP = 2
+    found = trees.find(kept, ids)
+    assert found is not None and found.count == 3 and found.entries == entries and not found.xattrs
+    assert trees.find(kept, ids[:1]) is None and trees.find(kept, ["sha256:" + "e" * 64]) is None
+    assert (found.rootfs / "d/f").read_text() == "f\n"
 
 
 # ---------------------------------------------------------------- no Docker

@@ -30,12 +30,14 @@ from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput, InfraError, NotAccepted
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings, check_squash_options
 from builder.core.records import Report, SqshExport
 from builder.engine import client as engine
 from builder.pins.model import Pins
 from builder.release import publish, sqsh_smoke
 from builder.release import sqsh_rootfs as layers
+from builder.release import sqsh_trees as kept
 from builder.release.sqsh_rootfs import Entry
 from builder.report import document as report_mod
 
@@ -169,30 +171,73 @@ class Made:
     xattrs: bool
     times: dict[str, float]
     readback: Path
+    reused: int = 0                 # layers whose tree came from an earlier export
+    kept: Path | None = None        # the base tree to keep once the export passed (a part directory)
 
 
-def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: Path) -> Made:
+def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: Path, trees: Path | None = None,
+              base: list[str] | None = None) -> Made:
     """Write the .sqsh of an image (by ID) to out and check it equals the layers' tree; the unpacked
-    copy stays in work/readback for the smoke. Raises NotAccepted listing the first differences."""
+    copy stays in work/readback for the smoke. Raises NotAccepted listing the first differences.
+    `trees`: where base trees are kept (builder/release/sqsh_trees.py); the tree of the first layers, when kept,
+    is reused, and that of `base` (the diff IDs of the base image) is kept once the export passed."""
     times: dict[str, float] = {}
     with _timed(times, "docker save"):
         saved = layers.save(client, image_id, work / "image.tar")
+    diff_ids = list(saved.config["rootfs"]["diff_ids"])
+    reuse = kept.find(trees, diff_ids) if trees else None
+    start = reuse.count if reuse else 0
+    base = base or []
+    keep_at = len(base) if trees and start < len(base) and diff_ids[:len(base)] == base else 0
+    at_base: dict[str, dict[str, Entry]] = {}
+    snap: list[Path] = []
     with _timed(times, "tree from the layers"):
-        expected = layers.expected_tree(saved)
-    with _timed(times, "apply layers"):
-        rootfs = work / "rootfs"
-        rootfs.mkdir(mode=0o755)
-        xattrs = layers.apply_layers(saved, rootfs)
-        (work / "image.tar").unlink()
-        workdir = (saved.config.get("config") or {}).get("WorkingDir") or "/"
-        expected.update(write_enroot_files(rootfs, enroot_files(saved.config), workdir))
-    with _timed(times, "mksquashfs"):
-        argv = mksquashfs(rootfs, out, squash_options, xattrs)
-        shutil.rmtree(rootfs)
-    with _timed(times, "read back and compare"):
-        unsquash(out, work / "readback")
-        check_equal(expected, layers.tree_of(work / "readback"), str(out))
-    return Made(expected=expected, argv=argv, xattrs=xattrs, times=times, readback=work / "readback")
+        expected = layers.expected_tree(saved, start, reuse.entries if reuse else None,
+                                        lambda i, tree: at_base.update(tree=dict(tree)) if i == keep_at - 1 else None)
+    rootfs = work / "rootfs"
+
+    def take(index: int, xattrs: bool) -> None:
+        if index == keep_at - 1 and trees:
+            snap.append(kept.snapshot(trees, rootfs, diff_ids[:keep_at], at_base["tree"], xattrs))
+
+    try:
+        with _timed(times, "apply layers"):
+            try:
+                if reuse:
+                    kept.link_copy(reuse.rootfs, rootfs)
+                else:
+                    rootfs.mkdir(mode=0o755)
+                xattrs = layers.apply_layers(saved, rootfs, start, bool(reuse and reuse.xattrs), take,
+                                             start if reuse else keep_at or None)
+            except layers.SharedInode as why:  # the kept tree's inodes must not change: build this one cold
+                log.info(f"sqsh: {why}; applying every layer")
+                _drop(snap, rootfs)
+                rootfs.mkdir(mode=0o755)
+                start, xattrs = 0, layers.apply_layers(saved, rootfs)
+            (work / "image.tar").unlink()
+            workdir = (saved.config.get("config") or {}).get("WorkingDir") or "/"
+            expected.update(write_enroot_files(rootfs, enroot_files(saved.config), workdir))
+        with _timed(times, "mksquashfs"):
+            argv = mksquashfs(rootfs, out, squash_options, xattrs)
+            shutil.rmtree(rootfs)
+        with _timed(times, "read back and compare"):
+            unsquash(out, work / "readback")
+            check_equal(expected, layers.tree_of(work / "readback"), str(out))
+    except BaseException:
+        _drop(snap, None)
+        raise
+    if start:
+        log.info(f"sqsh: the tree of the first {start} of {len(diff_ids)} layers was kept from an earlier export")
+    return Made(expected=expected, argv=argv, xattrs=xattrs, times=times, readback=work / "readback",
+                reused=start, kept=snap[0] if snap else None)
+
+
+def _drop(snap: list[Path], rootfs: Path | None) -> None:
+    for part in snap:
+        shutil.rmtree(part, ignore_errors=True)
+    snap.clear()
+    if rootfs is not None:
+        shutil.rmtree(rootfs, ignore_errors=True)
 
 
 def export(report: Report, report_path: Path, pins: Pins | None, settings: Settings, out: Path | None = None,
@@ -219,10 +264,14 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     client = client or engine.connect(settings)
     fs.sweep_parts(settings.cache("sqsh"))  # what a killed run left
     fs.sweep_parts(out.parent)
+    trees = settings.cache("sqsh", "trees")
+    fs.sweep_parts(trees)
     work = fs.part_dir(settings.cache("sqsh"), "sqsh")
     partial = fs.part_path(out)
+    made: Made | None = None
     try:
-        made = make_sqsh(client, report.image_id, partial, squash_options, work)
+        made = make_sqsh(client, report.image_id, partial, squash_options, work, trees,
+                         base_layers(client, report.base_image))
         result: dict[str, Any] = {"status": "not_run", "reason": "not asked"}
         if smoke:
             if pins is None:
@@ -234,9 +283,13 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
                                   f"{result['reason']}")
         digest = fs.sha256_file(partial)
         partial.replace(out)
+        if made.kept:
+            kept.keep(trees, made.kept)
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
+        if made and made.kept:
+            shutil.rmtree(made.kept, ignore_errors=True)
     fs.write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")
     expected = made.expected
     record = SqshExport(
@@ -253,6 +306,16 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB, {squash_options}); "
              f"registry {record.registry_digest}; tag {record.tag}")
     return record
+
+
+def base_layers(client: Any, base_image: str) -> list[str]:
+    """The diff IDs of the report's base image when the engine has it (its tree is kept for the next export)."""
+    try:
+        ref = ImageRef(base_image, need_digest=True)
+    except ValueError:  # a report from before base_image was recorded says "unknown"
+        return []
+    attrs = engine.inspect_image(client, ref) or {}
+    return list((attrs.get("RootFS") or {}).get("Layers") or [])
 
 
 def _cache_entry(settings: Settings, image_id: str, squash_options: str, version: str, smoke: bool) -> Path:

@@ -14,7 +14,7 @@ import os
 import shutil
 import stat
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -138,13 +138,15 @@ def _layer_stream(outer: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes]:
 # ---------------------------------------------------------------- in memory
 
 
-def expected_tree(saved: SavedImage) -> dict[str, Entry]:
+def expected_tree(saved: SavedImage, start: int = 0, tree: dict[str, Entry] | None = None,
+                  on_layer: Callable[[int, dict[str, Entry]], None] | None = None) -> dict[str, Entry]:
     """The final tree of the image, computed from the layers without writing a file; each layer's
-    sha256 must equal its diff_id in the config."""
-    tree: dict[str, Entry] = {}
+    sha256 must equal its diff_id in the config. `tree`: that of the first `start` layers (not read
+    again); `on_layer(index, tree)` sees the tree after each layer."""
+    tree = dict(tree or {})
     diff_ids = saved.config["rootfs"]["diff_ids"]
     with tarfile.open(saved.path) as outer:
-        for index, layer in enumerate(saved.layers):
+        for index, layer in enumerate(saved.layers[start:], start):
             with tarfile.open(fileobj=_layer_stream(outer, layer)) as inner:
                 opaque, deleted = _whiteouts(inner.getmembers())
             for directory in opaque:
@@ -155,6 +157,8 @@ def expected_tree(saved: SavedImage) -> dict[str, Entry]:
             if digest != diff_ids[index]:
                 raise BadInput(f"{saved.path}: layer {index} ({layer.name}) hashes to {digest}, "
                                f"the config says {diff_ids[index]}")
+            if on_layer:
+                on_layer(index, tree)
     return tree
 
 
@@ -202,14 +206,22 @@ def _entry(inner: tarfile.TarFile, m: tarfile.TarInfo, tree: dict[str, Entry]) -
 # ---------------------------------------------------------------- on disk
 
 
-def apply_layers(saved: SavedImage, rootfs: Path) -> bool:
-    """Write the image's root filesystem into the empty directory rootfs (owners, modes, xattrs kept);
-    True when any file carries xattrs."""
-    any_xattrs = False
+class SharedInode(Exception):
+    """A layer hard-links a file of a lower layer, whose inode the tree may share (builder/release/sqsh_trees.py)."""
+
+
+def apply_layers(saved: SavedImage, rootfs: Path, start: int = 0, any_xattrs: bool = False,
+                 on_layer: Callable[[int, bool], None] | None = None, private_from: int | None = None) -> bool:
+    """Write the image's root filesystem into rootfs, empty or holding the tree of the first `start` layers
+    (owners, modes, xattrs kept); True when any file carries xattrs. `on_layer(index, any_xattrs)` runs after
+    each layer. A layer from `private_from` on that hard-links a file of a lower layer raises SharedInode
+    before anything of that link is written."""
     with tarfile.open(saved.path) as outer:
-        for layer in saved.layers:
+        for index, layer in enumerate(saved.layers[start:], start):
             with tarfile.open(fileobj=_layer_stream(outer, layer)) as inner:
                 members = inner.getmembers()
+                if private_from is not None and index >= private_from:
+                    _own_links_only(members, index)
                 opaque, deleted = _whiteouts(members)
                 for directory in opaque:
                     for child in _inside(rootfs, directory).iterdir() if _is_dir(rootfs, directory) else ():
@@ -218,7 +230,18 @@ def apply_layers(saved: SavedImage, rootfs: Path) -> bool:
                     _remove(_inside(rootfs, path))
                 for m in members:
                     any_xattrs |= _extract(inner, m, rootfs)
+            if on_layer:
+                on_layer(index, any_xattrs)
     return any_xattrs
+
+
+def _own_links_only(members: list[tarfile.TarInfo], index: int) -> None:
+    """Refuse (SharedInode) a hard link to a path this layer did not write before it."""
+    written: set[str] = set()
+    for m in members:
+        if m.islnk() and _norm(m.linkname) not in written:
+            raise SharedInode(f"layer {index}: {m.name} hard-links {m.linkname} of a lower layer")
+        written.add(_norm(m.name))
 
 
 def _is_dir(rootfs: Path, path: str) -> bool:
