@@ -7,7 +7,7 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup venv venv-test base demo test test-fast lint real-repos
+.PHONY: setup venv venv-test base demo demo-cluster cluster-stop test test-fast lint real-repos
 
 # The tool's own dependencies (what `make demo` needs); the test extras (torch, linters) only for tests.
 venv: $(STAMP)
@@ -34,6 +34,15 @@ base: setup
 demo:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
 	$(PYTHON) -m demo run --setup-seconds $$(( $$(date +%s) - start ))
+
+# The whole cluster flow after `make demo`'s set-up: a one-node Slurm cluster (demo/cluster.py), the candidate
+# exported to .sqsh, every gate as a Slurm step through Charliecloud, publish.
+demo-cluster:
+	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
+	$(PYTHON) -m demo run --slurm --setup-seconds $$(( $$(date +%s) - start ))
+
+cluster-stop:
+	$(PYTHON) -m demo.cluster stop
 
 lint: venv-test
 	$(PYTHON) -m ruff check builder acceptance demo tests benchmarks

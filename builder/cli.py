@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
@@ -33,6 +33,28 @@ SigningKey = typer.Option(None, "--key", help="ed25519 private key (PEM) that si
                           "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
 EngineOpt = typer.Option(None, "--engine", help="run the gates on this Docker engine (unix://, tcp://, ssh://); "
                          "it pulls the image by digest (default: the pins' acceptance.engine, else DOCKER_HOST)")
+
+SlurmOpt = typer.Option(False, "--slurm", help="run the gates on the Slurm cluster (SLURM_CONF) from the candidate's "
+                        ".sqsh on shared storage (pins: acceptance.slurm)")
+PartitionOpt = typer.Option(None, "--slurm-partition", help="Slurm partition (default: acceptance.slurm)")
+AccountOpt = typer.Option(None, "--slurm-account", help="Slurm account (default: acceptance.slurm)")
+QosOpt = typer.Option(None, "--slurm-qos", help="Slurm QoS (default: acceptance.slurm)")
+TimeLimitOpt = typer.Option(None, "--slurm-time-limit", help="seconds per gate step (default: acceptance.slurm)")
+SharedOpt = typer.Option(None, "--slurm-shared-dir", help="directory the nodes share, for the .sqsh")
+RuntimeOpt = typer.Option(None, "--slurm-runtime", help="charliecloud (default) or enroot (pyxis)")
+
+
+def slurm_flags(on: bool, partition: str | None, account: str | None, qos: str | None, time_limit: int | None,
+                shared_dir: Path | None, runtime: str | None) -> dict[str, Any] | None:
+    """The --slurm flags as the pipeline takes them (None: gates on the Docker engine)."""
+    flags = {"partition": partition, "account": account, "qos": qos, "time_limit_s": time_limit,
+             "shared_dir": str(shared_dir.absolute()) if shared_dir else None, "runtime": runtime}
+    if not on:
+        given = [k for k, v in flags.items() if v is not None]
+        if given:
+            raise BadInput(f"--slurm-{given[0].replace('_s', '').replace('_', '-')}: expected --slurm too")
+        return None
+    return flags
 
 
 def _version(value: bool) -> None:
@@ -146,13 +168,19 @@ def accept(pins_path: Path = PinsArg,
            timeout: Optional[int] = typer.Option(None, "--timeout", min=1, max=86_400,
                                                  help="seconds per gate, 1..86400 (default: the pins')"),
            offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
-           out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report")) -> None:
+           out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
+           slurm: bool = SlurmOpt, slurm_partition: Optional[str] = PartitionOpt,
+           slurm_account: Optional[str] = AccountOpt, slurm_qos: Optional[str] = QosOpt,
+           slurm_time_limit: Optional[int] = TimeLimitOpt, slurm_shared_dir: Optional[Path] = SharedOpt,
+           slurm_runtime: Optional[str] = RuntimeOpt) -> None:
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
+    flags = slurm_flags(slurm, slurm_partition, slurm_account, slurm_qos, slurm_time_limit, slurm_shared_dir,
+                        slurm_runtime)
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
     done = pipeline.accept(pins, settings(), image=image, gate_names=gate, offline=offline,
-                           allow_moved_pr=allow_moved_pr, out=out, timeout=timeout, engine_url=engine)
+                           allow_moved_pr=allow_moved_pr, out=out, timeout=timeout, engine_url=engine, slurm=flags)
     done.require_accepted(pins_path)
 
 
@@ -241,14 +269,21 @@ def run_command(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "
         offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
         out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
         key: Optional[Path] = SigningKey, engine: Optional[str] = EngineOpt,
-        nocache: bool = typer.Option(False, "--nocache", help="build every layer again")) -> None:
+        nocache: bool = typer.Option(False, "--nocache", help="build every layer again"),
+        slurm: bool = SlurmOpt, slurm_partition: Optional[str] = PartitionOpt,
+        slurm_account: Optional[str] = AccountOpt, slurm_qos: Optional[str] = QosOpt,
+        slurm_time_limit: Optional[int] = TimeLimitOpt, slurm_shared_dir: Optional[Path] = SharedOpt,
+        slurm_runtime: Optional[str] = RuntimeOpt) -> None:
     """Resolve, build, stage by digest, accept the pulled digest, report, and promote it when asked.
     Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
+    flags = slurm_flags(slurm, slurm_partition, slurm_account, slurm_qos, slurm_time_limit, slurm_shared_dir,
+                        slurm_runtime)
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
     done = pipeline.run(pins, settings(), publish=publish, export=sqsh, offline=offline,
-                        allow_moved_pr=allow_moved_pr, out=out, key=key, engine_url=engine, nocache=nocache)
+                        allow_moved_pr=allow_moved_pr, out=out, key=key, engine_url=engine, nocache=nocache,
+                        slurm=flags)
     if done.report.build is not None:
         typer.echo(f"manifest digest: {done.report.build.manifest_digest}")
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from builder.accept import gates
 from builder.accept import replay as replay_stage
+from builder.cluster import accept as cluster
 from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
@@ -130,10 +131,13 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
 def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names: list[str] | None = None,
            offline: bool = False, allow_moved_pr: bool = False, out: Path | None = None, timeout: int | None = None,
            engine_url: str | None = None, stage: bool = False, nocache: bool = False,
-           key: Path | None = None) -> Run:
+           key: Path | None = None, slurm: dict[str, Any] | None = None) -> Run:
     """Resolve, build unless an image is given, accept, write the report. With `stage` (or an engine URL)
-    the build is pushed by digest to the staging repository and acceptance pulls that digest. The run
-    directory is made only once there is a report to put in it."""
+    the build is pushed by digest to the staging repository and acceptance pulls that digest. With `slurm`
+    (the --slurm flags) the candidate goes to .sqsh on shared storage and its gates run as Slurm steps. The
+    run directory is made only once there is a report to put in it."""
+    if slurm is not None and (engine_url or pins.acceptance.engine):
+        raise BadInput("--slurm: expected no --engine / acceptance.engine (the gates run on the cluster)")
     resolved = resolve(pins, settings, offline, allow_moved_pr)
     engine_url = engine_url or pins.acceptance.engine
     built = None
@@ -146,7 +150,10 @@ def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names:
             built.staged = image = staging.push(built.manifest_digest, repo, pins.base.name, settings)
     with log.step("acceptance"):
         staged = by_digest(image)
-        if staged is not None:
+        if slurm is not None:
+            result = cluster.accept_on_slurm(pins, image, settings, cluster.options(pins, settings, slurm),
+                                             gate_names or None, timeout, built.image_id if built else None)
+        elif staged is not None:
             result = gates.accept_staged(staged, pins, built.image_id if built else None, engine_url,
                                          gate_names or None, timeout, settings)
         elif engine_url:
@@ -166,13 +173,13 @@ def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names:
 
 def run(pins: Pins, settings: Settings, publish: bool = False, export: bool = False, offline: bool = False,
         allow_moved_pr: bool = False, out: Path | None = None, key: Path | None = None,
-        engine_url: str | None = None, nocache: bool = False) -> Run:
+        engine_url: str | None = None, nocache: bool = False, slurm: dict[str, Any] | None = None) -> Run:
     """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when asked.
     NotAccepted (exit 1) unless ACCEPTED."""
     if export and not publish:
         raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
     done = accept(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr, out=out, engine_url=engine_url,
-                  stage=True, nocache=nocache, key=key)
+                  stage=True, nocache=nocache, key=key, slurm=slurm)
     log.info("timings: " + json.dumps(log.timings))
     report_json = done.run_dir / "report.json"
     done.require_accepted(pins.path)

@@ -2,7 +2,8 @@
 
 - prepare: engine + registry, base image, demo repositories, pins/demo.local.yaml; prints its path
 - base:    only the demo base image; prints its digest reference
-- run:     prepare, then `builder run pins/demo.local.yaml --publish` (the default)
+- run:     prepare, then `builder run pins/demo.local.yaml --publish` (the default); `run --slurm`: the gates
+           on the one-node Slurm cluster of demo/cluster.py (started here if not running), from the .sqsh
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ def main(argv: list[str]) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    slurm = "--slurm" in argv
+    argv = [a for a in argv if a != "--slurm"]
     command = argv[0] if argv else "run"
     if command not in ("run", "prepare", "base"):
         print(f"error: expected run, prepare or base, got {command[:40]!r}; see `python -m demo --help`"
@@ -63,7 +66,15 @@ def _main(argv: list[str]) -> int:
     if command == "prepare":
         print(pins)
         return 0
-    return cli.run(["run", str(pins), "--publish", "--key", str(prepare.signing_key(settings))])
+    if slurm:
+        import os
+
+        from demo import cluster
+
+        with log.step("demo: slurm cluster"):
+            os.environ["SLURM_CONF"] = str(cluster.start().conf)  # the clients of this process and its children
+    return cli.run(["run", str(pins), "--publish", "--key", str(prepare.signing_key(settings)),
+                    *(["--slurm"] if slurm else [])])
 
 
 if __name__ == "__main__":

@@ -48,6 +48,30 @@ def docker_client():
         _docker_unavailable(str(exc))
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A one-node Slurm cluster on this host (demo/cluster.py) for the whole session, reached through
+    SLURM_CONF; stopped at the end of the session, also on failure."""
+    import shutil
+
+    from demo import cluster
+
+    missing = [t for t in ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "ch-run") if not shutil.which(t)]
+    if missing or os.geteuid() != 0:
+        reason = f"a local Slurm cluster needs root and {', '.join(missing) or 'the packages'}"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set, so cluster tests must run, but {reason}", pytrace=False)
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("cluster")
+    try:
+        found = cluster.start(root)
+        os.environ["SLURM_CONF"] = str(found.conf)
+        yield found
+    finally:
+        cluster.stop(root)
+        os.environ.pop("SLURM_CONF", None)
+
+
 @pytest.fixture(autouse=True)
 def _docker_marker(request):
     """Tests marked `docker` get the engine check (and its skip/fail) without asking for it."""

@@ -69,8 +69,9 @@ def run_performance(runner: GateRunner, pins: Pins, timeout_s: int) -> tuple[Gat
             log.info(f"  performance {arm} run {index}: {result.status}: {result.reason}")
             if result.status != "pass":
                 failed = {"metric": metric, "runs": runs, "failed_run": result.evidence}
-                return GateResult(name="performance", status="fail", reason=f"{arm} run {index}: {result.reason}",
-                                  evidence=failed, log=result.log), facts
+                return GateResult(name="performance",  # a node failure stays inconclusive, never a fail
+                                  status="inconclusive" if result.status == "inconclusive" else "fail",
+                                  reason=f"{arm} run {index}: {result.reason}", evidence=failed, log=result.log), facts
     status, reason, evidence = perf_rule.decide([r for r in runs if r["arm"] == "aligned"],
                                                 [r for r in runs if r["arm"] == "control"],
                                                 perf.min_ratio, perf.max_spread, metric)
@@ -171,3 +172,11 @@ def accept_staged(ref: str, pins: Any, expected_id: str | None, engine_url: str 
     result = accept(pulled.image_id, pins, there, gates=gates, timeout_s=timeout_s)
     result.pulled = pulled.model_copy(update={"engine": EngineFacts(**who, url=engine_url or "DOCKER_HOST")})
     return result
+
+
+def gate_runs(pins: Pins, gates: Sequence[str] | None) -> int:
+    """How many containers the selected gates start (performance: 2 x repeats)."""
+    selected = list(gates) if gates else list(GATES)
+    perf = pins.acceptance.performance
+    return sum(2 * perf.repeats if g == "performance" and perf else 1 for g in selected)
+

@@ -70,6 +70,9 @@ RX = {
     "layout": r"([A-Za-z0-9_.+@-]|\{step\})+(/([A-Za-z0-9_.+@-]|\{step\})+)*",
     "tensor_pattern": r"[A-Za-z0-9_.*?\[\]-]{1,200}",
     "device": r"[a-z][a-z0-9_]{0,31}",
+    "slurm_name": r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}",
+    # an extra srun flag: --name or --name=value (values from SAFE); the flags the tool sets itself are refused
+    "srun_arg": r"--[a-z][a-z0-9-]*(=[A-Za-z0-9_.,:/=+@%-]+)?",
     "engine": r"(unix://(/[A-Za-z0-9_.+@-]+)+|(tcp|ssh)://([A-Za-z0-9_.-]+@)?[A-Za-z0-9_.-]+(:[0-9]{1,5})?)",
 }
 URL_RX = [
@@ -627,6 +630,36 @@ class Performance(Strict):
     reason: Reason
 
 
+SRUN_OWN = ("--jobid", "--job-name", "--time", "--container-", "--export", "--output", "--error", "--input",
+            "--chdir", "--nodes", "--ntasks", "--kill-on-bad-exit", "--uid", "--gid", "--pty", "--overlap")
+SlurmName = Annotated[str, _schema("slurm_name"), AfterValidator(_check(
+    "slurm_name", "a Slurm partition/account/QoS name (letters, digits, _ . -)"))]
+
+
+def _srun_arg(value: str) -> str:
+    if not _match("srun_arg", value):
+        raise ValueError(f"expected an srun flag like --constraint=a100 (--name or --name=value), got {show(value)}")
+    if value.split("=")[0].startswith(SRUN_OWN):
+        raise ValueError(f"expected an srun flag the builder does not set itself, got {show(value)}")
+    return value
+
+
+SrunArg = Annotated[str, _schema("srun_arg"), AfterValidator(_srun_arg)]
+
+
+class Slurm(Strict):
+    """Cluster acceptance (`--slurm`): where the gates' steps run and where the .sqsh is shared."""
+    partition: SlurmName | None = None
+    account: SlurmName | None = None
+    qos: SlurmName | None = None
+    # per gate; default acceptance.timeout_s
+    time_limit_s: Annotated[int, _ranged(*TIMEOUT_S, "seconds per gate"), _range_schema(*TIMEOUT_S)] | None = None
+    srun_args: list[SrunArg] = []
+    # a directory the submit host and the compute nodes share; default <cache>/cluster-images
+    shared_dir: Annotated[str, _schema("abs_path"), AfterValidator(_check("abs_path", "an absolute path"))] | None = None
+    runtime: Literal["charliecloud", "enroot"] = "charliecloud"
+
+
 class Acceptance(Strict):
     steps: Annotated[int, _ranged(*STEPS, "a step count"), _range_schema(*STEPS)] = 2
     steps_key: OverrideKey = "trainer.total_training_steps"
@@ -640,6 +673,7 @@ class Acceptance(Strict):
     weights: Literal["metrics", "checkpoint", "none"] = "metrics"   # where weight evidence comes from
     checkpoint: Checkpoint | None = None
     engine: Engine | None = None  # run the gates on this engine, pulled by digest; default: DOCKER_HOST
+    slurm: Slurm = Slurm()        # with --slurm: the Slurm options of the gates
 
     @field_validator("mounts")
     @classmethod

@@ -364,3 +364,47 @@ def _timed(times: dict[str, float], name: str) -> Iterator[None]:
     with log.step(f"sqsh: {name}"):
         yield
     times[name] = round(time.monotonic() - start, 2)
+
+
+def export_candidate(image_id: str, out: Path, settings: Settings, client: Any = None) -> SqshExport:
+    """A candidate's .sqsh before acceptance (the cluster gates accept it), checked file by file against
+    its layers, no smoke (the gates that follow run on it). The same image ID exported to the same file
+    before, with its `.json` record beside it, is reused when size and modification time still match;
+    the node-side sha256 check catches any later change."""
+    if os.geteuid() != 0:
+        raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
+    out = out.absolute()
+    record_path = out.with_name(out.name + ".json")
+    if out.is_file() and record_path.is_file():
+        record = SqshExport.model_validate_json(record_path.read_text())
+        stat = out.stat()
+        if record.image_id == image_id and record.size == stat.st_size and \
+                record.seconds.get("mtime") == stat.st_mtime:
+            log.info(f".sqsh {out}: exported before (sha256:{record.sha256[:16]}...)")
+            return record
+    squash_options = settings.squash_options
+    version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
+    client = client or engine.connect(settings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fs.sweep_parts(out.parent)
+    work = fs.part_dir(settings.cache("sqsh"), "sqsh")
+    partial = fs.part_path(out)
+    try:
+        made = make_sqsh(client, image_id, partial, squash_options, work)
+        digest = fs.sha256_file(partial)
+        partial.replace(out)
+    finally:
+        partial.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+    fs.write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")
+    expected = made.expected
+    record = SqshExport(
+        path=str(out), sha256=digest, size=out.stat().st_size, compression=squash_options, mksquashfs=version,
+        mksquashfs_args=made.argv[3:], image_id=image_id, tag="candidate", registry_digest="not published",
+        entries=len(expected), files=sum(e.kind == "f" for e in expected.values()), xattrs=made.xattrs,
+        enroot_files={k: v.sha256 for k, v in expected.items() if k in ENROOT_FILES}, equivalence="pass",
+        smoke={"status": "not_run", "reason": "the cluster gates run on it"},
+        seconds={**made.times, "mtime": out.stat().st_mtime}, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    fs.write_atomic(record_path, record.model_dump_json(indent=2) + "\n")
+    log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB) exported for the cluster gates")
+    return record

@@ -314,6 +314,7 @@ def to_markdown(report: Report) -> str:
     if report.rebuild:
         out += _rebuild_section(report.rebuild)
     out += sqsh_markdown(report)
+    out += cluster_markdown(report)
     out += ["", "<details><summary>Run manifest (six layers; unknown = not captured)</summary>", ""]
     rows = []
     for layer, content in report.run_manifest.items():
@@ -361,6 +362,31 @@ def _rebuild_section(result: dict[str, Any]) -> list[str]:
         out += ["", f"- layer {layer['index']}: {layer['files']} paths differ"]
         out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]
     return out
+def cluster_markdown(report: Report) -> list[str]:
+    """Where each gate ran on the cluster (--slurm): Slurm's record of every step, the node-side sha256."""
+    container = report.acceptance.container if report.acceptance else {}
+    runner = container
+    if runner.get("runner") != "slurm":
+        return []
+    check = runner.get("sqsh_check") or {}
+    iso = runner.get("isolation") or {}
+    out = ["", "### Cluster acceptance (Slurm)", "",
+           f"Cluster `{runner.get('cluster')}`, partition `{runner.get('partition')}`, job {runner.get('job_id')} on "
+           f"node `{runner.get('node')}` (GPUs: {runner.get('node_gpus') or 'none'}); runtime {runner.get('runtime')} "
+           f"{runner.get('runtime_version')}. `.sqsh` `{runner.get('sqsh')}`: recorded sha256 "
+           f"`{runner.get('sqsh_sha256')}`, on the node `{runner.get('sqsh_sha256_node')}` (checked once, "
+           f"{check.get('seconds')} s, {check.get('mb_per_s')} MB/s, step {check.get('step')}).",
+           "", "Isolation actually had: " + "; ".join(f"{k}: {v}" for k, v in iso.items()) + ".", ""]
+    rows = []
+    for gate, facts in (container.get("gates") or {}).items():
+        for f in facts.get("runs") or [facts]:
+            if f.get("step") or f.get("job_id"):
+                rows.append([gate + (f" {f['arm']} {f['run']}" if f.get("arm") else ""), f.get("job_id"),
+                             _code(f.get("step") or "-"), f.get("node"), f.get("state"), f.get("exit_code"),
+                             f.get("seconds"), _code((f.get("sqsh_sha256_node") or "")[:16])])
+    return out + _table(["Gate", "Job", "Step", "Node", "Slurm state", "Exit code", "Seconds", "Node sha256"], rows)
+
+
 def sqsh_markdown(report: Report) -> list[str]:
     """The enroot .sqsh next to the registry digest, under the SHA tag (builder/release/sqsh.py)."""
     s = report.sqsh

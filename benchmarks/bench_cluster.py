@@ -1,0 +1,89 @@
+"""Per-gate overhead of Slurm + ch-run over the same gate in Docker, and the one-time node-side sha256 check.
+
+    python benchmarks/bench_cluster.py PINS IMAGE_ID [--gate provenance] [--repeats 5] [--flow]
+
+PINS: the demo's local pins (pins/demo.local.yaml after `make demo`); IMAGE_ID: a built candidate. The .sqsh is
+exported (or reused) into <cache>/cluster-images; the one-node cluster of demo/cluster.py is started if needed.
+Runs the gate `repeats` times in each place, alternating Docker and Slurm, and prints JSON: each side's median
+seconds per gate, the overhead (goal: at most 2 s median, the sha256 check apart), and the check's seconds and
+MB/s. `--flow` also times `python -m demo run` against `python -m demo run --slurm` (minutes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from builder.accept import gates  # noqa: E402
+from builder.accept.docker_runner import DockerRunner  # noqa: E402
+from builder.cluster import accept as cluster_accept  # noqa: E402
+from builder.cluster.runner import SlurmRunner  # noqa: E402
+from builder.core.options import Settings  # noqa: E402
+from builder.engine import client as engine  # noqa: E402
+from builder.pins import model  # noqa: E402
+from builder.release import sqsh  # noqa: E402
+from demo import cluster  # noqa: E402
+
+
+def timed_flow(argv: list[str]) -> float:
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "demo", *argv], check=False, stdout=subprocess.DEVNULL)
+    return round(time.monotonic() - start, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("pins", type=Path)
+    parser.add_argument("image_id")
+    parser.add_argument("--gate", default="provenance")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--flow", action="store_true")
+    args = parser.parse_args()
+    settings = Settings.from_env()
+    os.environ["SLURM_CONF"] = str(cluster.start().conf)
+    pins = model.load(args.pins)
+    client = engine.connect(settings)
+    image_id = engine.image_id(client, args.image_id) or args.image_id
+    opts = cluster_accept.options(pins, settings)
+    start = time.monotonic()
+    record = sqsh.export_candidate(image_id, cluster_accept.sqsh_path(opts, pins, image_id), settings, client)
+    export_s = round(time.monotonic() - start, 1)
+    slurm = SlurmRunner(pins, Path(record.path), record.sha256, opts, args.repeats)
+    docker = DockerRunner(client, pins, image_id, uuid.uuid4().hex[:12])
+    settings_json = gates.gate_settings(pins, args.gate)
+    times: dict[str, list[float]] = {"docker": [], "slurm": []}
+    try:
+        start = time.monotonic()
+        slurm._allocate()  # the allocation and the one-time sha256 check, timed apart
+        check_s = round(time.monotonic() - start, 2)
+        for _ in range(args.repeats):
+            for name, runner in (("docker", docker), ("slurm", slurm)):
+                start = time.monotonic()
+                result, _ = runner.run(args.gate, settings_json, pins.acceptance.timeout_s)
+                times[name].append(round(time.monotonic() - start, 2))
+                assert result.status == "pass", (name, result.reason)
+    finally:
+        slurm.close()
+        docker.close()
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    out = {"gate": args.gate, "repeats": args.repeats, "seconds": times, "median": medians,
+           "overhead_median_s": round(medians["slurm"] - medians["docker"], 2),
+           "overheads_s": [round(s - d, 2) for s, d in zip(times["slurm"], times["docker"])],
+           "allocation_and_sha256_check_s": check_s, "sha256_check": slurm.node.get("check"),
+           "export_s": export_s, "sqsh_bytes": record.size}
+    if args.flow:
+        out["flow_s"] = {"make demo (python -m demo run)": timed_flow(["run"]),
+                         "make demo-cluster (python -m demo run --slurm)": timed_flow(["run", "--slurm"])}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The Slurm client commands, as a user runs them: `salloc --no-shell` for one allocation per acceptance,
+`srun --jobid` for each step, `sacct` for Slurm's own record of every step, `scancel` by job ID. No SSH,
+no REST. The site's `SLURM_CONF` (or /etc/slurm/slurm.conf) says which cluster; a client that cannot
+reach slurmctld or munged is InfraError (exit 3)."""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from builder.core.errors import InfraError
+
+FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Partition", "Cluster", "Elapsed")
+FINAL = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE")
+
+
+def with_user(argv: list[str]) -> list[str]:
+    """The command under `env USER=<this uid's name>`: the caller's environment (SLURM_CONF, ...) is
+    inherited, and ch-run, which srun starts with it, refuses to start without USER."""
+    return ["env", f"USER={pwd.getpwuid(os.getuid()).pw_name}", *argv]
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if not path:
+        raise InfraError(f"{name}: not found; --slurm needs the Slurm client commands (apt-get install slurm-client)")
+    return path
+
+
+def call(argv: list[str], what: str, timeout: float = 60) -> str:
+    """Run a client command; its one-line complaint as InfraError when it fails."""
+    try:
+        proc = subprocess.run(with_user([tool(argv[0]), *argv[1:]]), capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise InfraError(f"slurm: {what}: no answer within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise InfraError(f"slurm: {what}: {complaint(proc.stderr or proc.stdout)}")
+    return proc.stdout
+
+
+def complaint(text: str) -> str:
+    """The line that says why (munge or controller first), shortened."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for needle in ("munge", "Munge", "Unable to contact slurm controller", "Unable to allocate", "error",
+                   "unrecognized", "invalid"):
+        for line in lines:
+            if needle in line:
+                return line[-240:]
+    return (lines[-1] if lines else "no output")[-240:]
+
+
+def allocate(argv: list[str], on_job: Any, timeout: float) -> str:
+    """`salloc --no-shell ARGV`: the job ID, handed to `on_job` as soon as Slurm names it (pending or
+    granted), so an interrupt while it waits in the queue cancels exactly it."""
+    proc = subprocess.Popen(with_user([tool("salloc"), "--no-shell", *argv]), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job, lines = None, []
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            found = re.search(r"(?:Pending|Granted) job allocation (\d+)", line)
+            if found and job is None:
+                job = found.group(1)
+                on_job(job)
+        rc = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if rc != 0 or job is None:
+        raise InfraError(f"slurm: salloc: {complaint(''.join(lines))}")
+    return job
+
+
+def start_step(argv: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(with_user([tool("srun"), *argv]), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+
+
+def records(job: str) -> list[dict[str, str]]:
+    """Slurm's accounting record of the job and its steps (sacct)."""
+    out = call(["sacct", "-j", job, "-n", "-P", "--noconvert", "-o", ",".join(FIELDS)], f"sacct -j {job}")
+    return [dict(zip(FIELDS, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+
+def step_record(job: str, name: str, wait_s: float = 10) -> dict[str, str]:
+    """The step named `name` once its state is final (accounting lags the step by a moment)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        rows = [r for r in records(job) if r["JobName"] == name and "." in r["JobID"]]
+        if rows and rows[-1]["State"].split()[0] in FINAL or time.monotonic() > deadline:
+            return rows[-1] if rows else {}
+        time.sleep(0.2)
+
+
+def job_state(job: str) -> dict[str, str]:
+    """`scontrol show job -o`: the allocation's live state and reason (or {} once Slurm forgot it)."""
+    proc = subprocess.run([tool("scontrol"), "show", "job", "-o", job], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False, timeout=30)
+    if proc.returncode != 0:
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+
+
+def cancel(job: str) -> None:
+    """`scancel JOB` (exactly this job ID); quiet when it is gone already."""
+    subprocess.run([tool("scancel"), "--quiet", job], capture_output=True, stdin=subprocess.DEVNULL,
+                   check=False, timeout=60)
+
+
+def cluster_name() -> str:
+    out = call(["scontrol", "show", "config"], "scontrol show config")
+    found = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.M)
+    return found.group(1) if found else "unknown"
+
+
+def minutes(seconds: int) -> str:
+    """A time limit for --time: whole minutes, at least one (Slurm's granularity)."""
+    return str(max(1, -(-seconds // 60)))
+
+
+def tail(path: Path, size: int) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(max(0, path.stat().st_size - size))
+        return handle.read().decode("utf-8", "replace")
