@@ -32,6 +32,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
         _kind[item.nodeid] = kind_of(item)
+    misplaced = [item.nodeid for item in items if item.nodeid.startswith("tests/unit/") and _kind[item.nodeid] != "fast"]
+    if misplaced:  # tests/unit is the unit lane: no Docker, no subprocess builds (those go to tests/integration)
+        raise pytest.UsageError(f"docker/slow tests under tests/unit (move them to tests/integration): {misplaced}")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -1,4 +1,4 @@
-"""The parts the fault matrix (tests/test_fault_matrix.py) breaks on purpose, all of its own: never the shared
+"""The parts the fault matrix (tests/integration/test_fault_matrix.py) breaks on purpose, all of its own: never the shared
 engine or registry.
 
 - `Engine`: a second dockerd (own --data-root, --exec-root, pidfile, unix socket; --bridge=none --iptables=false

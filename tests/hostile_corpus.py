@@ -1,4 +1,4 @@
-"""A generated corpus of hostile and broken inputs (issue 15), shared by tests/test_hostile_corpus.py
+"""A generated corpus of hostile and broken inputs (issue 15), shared by tests/unit/test_hostile_corpus.py
 and benchmarks/bench_corpus.py.
 
 Each Case writes its files into an empty folder and names the command line to run on them. Refusals

@@ -15,7 +15,7 @@ from builder.engine import client as engine
 from builder.image import build
 from tests.conftest import SETTINGS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
 
 

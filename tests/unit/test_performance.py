@@ -10,7 +10,7 @@ from builder.core.records import GateResult
 from builder.nightly import rundiff
 from builder.pins import model as pins_mod
 from builder.report import document
-from tests.test_acceptance_unit import DATA, load
+from tests.unit.test_acceptance_unit import DATA, load
 
 METRICS = {**DEFAULT_METRICS, "throughput": "perf/rollout_tokens_per_s"}
 REASON = "measured: aligned 0.44 of control, a slow path 0.14"
@@ -114,7 +114,7 @@ def test_crash_without_metrics_keeps_the_exit_status_and_error():
 
 @pytest.fixture
 def demo_data():
-    pins = pins_mod.load(pins_mod.Path(__file__).resolve().parent.parent / "pins" / "demo.yaml")
+    pins = pins_mod.load(pins_mod.Path(__file__).resolve().parents[2] / "pins" / "demo.yaml")
     return pins.to_json_dict(), pins.directory
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-WORKFLOW = Path(__file__).resolve().parent.parent / "docs" / "ci" / "nightly.yml"
+WORKFLOW = Path(__file__).resolve().parents[2] / "docs" / "ci" / "nightly.yml"
 
 
 def lint(path: Path) -> subprocess.CompletedProcess:

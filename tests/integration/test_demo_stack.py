@@ -12,7 +12,7 @@ from pathlib import Path
 import pygit2
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from builder.sources import scmversion  # noqa: E402
 from demo.make_stack import make_stack  # noqa: E402

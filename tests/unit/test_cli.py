@@ -9,7 +9,7 @@ import pytest
 
 from demo.make_stack import make_stack
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from builder.engine.registry import Registry, put_manifest, split_repository
 from builder.release import attest, dsse, referrers
 from demo.prepare import add_pr_commit, variant_pins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
 
 

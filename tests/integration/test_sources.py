@@ -216,7 +216,7 @@ def test_two_processes_share_a_cold_cache(upstream, cache):
             "c = sources.resolve_component(Settings.from_env(), 'vllm', N(target='main', pr=7, commit=sys.argv[2]),"
             " sys.argv[1]);"
             "print(c.export_sha256)")
-    env = {**os.environ, "BUILDER_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "BUILDER_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     procs = [subprocess.Popen([sys.executable, "-c", code, upstream.url, upstream.p2], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=60) for p in procs]

@@ -4,7 +4,7 @@ from pathlib import Path
 from builder.pins import model as pins_mod
 from demo.make_stack import make_stack
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_pins_match_generated_pr_heads(tmp_path):

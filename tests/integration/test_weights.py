@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from acceptance import checkpoint, decide, weights
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # torch
 
 

@@ -11,7 +11,7 @@ from test_architecture import ORDER
 from builder import cli
 from builder.core import options
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "DESIGN.md", ROOT / "benchmarks" / "README.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -91,7 +91,7 @@ def test_design_module_map_names_every_module_once_in_package_order():
     assert sorted(set(on_disk) - set(rows)) == [], "modules missing from DESIGN.md's map"
     assert sorted(set(rows) - set(on_disk)) == [], "DESIGN.md's map names modules that do not exist"
     ranks = [ORDER.index(_package(r)) for r in rows]
-    assert ranks == sorted(ranks), "DESIGN.md's map is not grouped in tests/test_architecture.py's ORDER"
+    assert ranks == sorted(ranks), "DESIGN.md's map is not grouped in tests/unit/test_architecture.py's ORDER"
 
 
 def test_every_benchmark_script_is_listed_and_imports():

@@ -25,7 +25,7 @@ from builder.release import sqsh_smoke as smoke
 from builder.release.sqsh_rootfs import Entry
 from builder.report import document as report
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FAST = "-comp lzo -Xalgorithm lzo1x_1 -noD"  # enroot's compressor, its fast algorithm: tests only
 EPOCH = 946684800
 

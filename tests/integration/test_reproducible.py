@@ -16,7 +16,7 @@ from builder.engine.registry import Registry, split_repository
 from builder.report import document as report_mod
 from tests.conftest import SETTINGS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
 
 

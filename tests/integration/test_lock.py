@@ -15,7 +15,7 @@ from builder.lock import wheels
 from builder.sources import scmversion
 
 SIG = pygit2.Signature("Test", "test@example.invalid", 1735725600, 0)
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 
 PYPROJECT = """[build-system]
 requires = ["hatchling>=1.20"]

@@ -21,7 +21,7 @@ from demo.prepare import variant_pins, write_local_pins
 SETTINGS = Settings.from_env()
 
 FAKE_BASE = "127.0.0.1:5000/demo/base@sha256:" + "ab" * 32
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

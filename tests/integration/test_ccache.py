@@ -81,7 +81,7 @@ def test_install_routes_compilers_through_ccache_only_when_seeded(tmp_path):
 # ---- on the real engine
 
 
-def touched_pins(demo_pins, out: Path, mark: bytes = b"touched by tests/test_ccache.py", pr: int = 91) -> Path:
+def touched_pins(demo_pins, out: Path, mark: bytes = b"touched by tests/integration/test_ccache.py", pr: int = 91) -> Path:
     """The demo pins with tinyengine at a commit that touches its C source (a new tree of the native
     component, so its install step compiles)."""
     from demo.prepare import variant_pins

@@ -81,7 +81,7 @@ def test_wheel_target_comes_from_the_pins_base():
 
 
 def test_demo_lock_wheels_verified():
-    lock = Path(__file__).resolve().parent.parent / "pins" / "locks" / "demo.lock"
+    lock = Path(__file__).resolve().parents[2] / "pins" / "locks" / "demo.lock"
     target = wheels.Target.from_base("3.11", "linux/amd64")
     house = wheels.ensure_wheels(lock, target, SETTINGS)
     entries = wheels.parse_lock(lock.read_text())

@@ -14,7 +14,7 @@ from builder.engine.registry import Registry, split_repository
 from builder.image.render import sha_tag
 from demo.prepare import variant_pins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
 
 

@@ -13,7 +13,7 @@ from builder.release import attest, dsse, sbom
 
 DIGEST = "sha256:" + "12" * 32
 OTHER = "sha256:" + "34" * 32
-PINS = Path(__file__).resolve().parent.parent / "pins" / "demo.yaml"
+PINS = Path(__file__).resolve().parents[2] / "pins" / "demo.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from builder.core.constants import LABEL_PREFIX
 from builder.engine.registry import Registry, push_blob, put_manifest
 from builder.release import attest, dsse, referrers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PINS = ROOT / "pins" / "demo.yaml"
 HOST = "127.0.0.1:5000"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"

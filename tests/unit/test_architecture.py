@@ -8,7 +8,7 @@ import pytest
 
 from builder.core import records
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "builder"
 IN_IMAGE = BUILDER / "image" / "scripts"  # stdlib scripts copied into the image, not imported by the tool
 # stdlib scripts the tool runs with the base's interpreter in a base container (as text), never imports

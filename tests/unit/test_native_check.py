@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "builder" / "image" / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "builder" / "image" / "scripts"))
 import native_check  # noqa: E402
 import smoke  # noqa: E402
 from common import record_hash  # noqa: E402

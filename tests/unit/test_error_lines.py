@@ -12,7 +12,7 @@ from builder.core.safetext import MAX_LINE, elide, fit
 from builder.lock import wheels
 from builder.release import trust
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "builder" / "image" / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "builder" / "image" / "scripts"))
 import install  # noqa: E402
 from common import same_version, site_dirs  # noqa: E402
 

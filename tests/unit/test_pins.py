@@ -11,7 +11,7 @@ import yaml
 from builder.core.errors import BadInput
 from builder.pins import model as pins
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHA = "a" * 40
 DIGEST = "sha256:" + "b" * 64
 

@@ -32,7 +32,7 @@ from tests import faultstack
 from tests.conftest import SETTINGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOLD_TIMEOUT_S = 420      # to reach the fail point
 RUN_TIMEOUT_S = 300       # from the fault to the exit
 RERUN_TIMEOUT_S = 900

@@ -23,7 +23,7 @@ from builder.nightly import fleet
 from builder.nightly.history import History
 from tests.conftest import SETTINGS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _add_rows(args: tuple[str, int]) -> int:
