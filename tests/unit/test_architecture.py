@@ -37,17 +37,50 @@ def package(module: str) -> str:
     return module.split(".")[1]
 
 
-def imports(path: Path) -> set[str]:
-    """Every module a file imports, at top level or inside functions."""
+DYNAMIC = ("import_module", "__import__")  # importlib.import_module(...), __import__(...)
+LAZY = re.compile(r"#\s*lazy:\s*\w{3,}")  # `# lazy: <reason>`; a bare `# lazy:` says nothing
+
+
+def resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module a `from ... import` names: `from .. import pipeline` in builder.core.x is builder."""
+    if node.level == 0:
+        return node.module or ""
+    parts = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def dynamic_name(node: ast.AST) -> ast.expr | None:
+    """The argument of `importlib.import_module(x)` / `import_module(x)` / `__import__(x)`, else None."""
+    if isinstance(node, ast.Call) and node.args:
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name in DYNAMIC:
+            return node.args[0]
+    return None
+
+
+def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module a source imports, at top level or inside functions, relative and dynamic imports included
+    (a dynamic import whose name is not a literal is reported as `<dynamic>`)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            base = node.module if node.level == 0 else f"builder.{node.module}"
-            found.add(base)
-            found |= {f"{base}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = resolve(module, is_package, node)
+            if base:
+                found.add(base)
+            found |= {f"{base}.{a.name}" if base else a.name for a in node.names}
+        elif (arg := dynamic_name(node)) is not None:
+            found.add(arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else "<dynamic>")
     return found
+
+
+def imports(path: Path) -> set[str]:
+    rel = path.relative_to(ROOT).with_suffix("")
+    is_package = rel.name == "__init__"
+    module = ".".join(rel.parts[:-1] if is_package else rel.parts)
+    return imports_in(path.read_text(), module, is_package)
 
 
 def graph() -> dict[str, set[str]]:
@@ -55,16 +88,15 @@ def graph() -> dict[str, set[str]]:
     return {name: {i for i in imports(path) if i in mods and i != name} for name, path in mods.items()}
 
 
-def test_builder_import_graph_has_no_circles():
-    edges = graph()
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     state: dict[str, int] = {}
-    cycles = []
+    found: list[list[str]] = []
 
-    def visit(node, stack):
+    def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                found.append(stack[stack.index(nxt):] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2
@@ -72,7 +104,32 @@ def test_builder_import_graph_has_no_circles():
     for node in sorted(edges):
         if node not in state:
             visit(node, [node])
-    assert cycles == []
+    return found
+
+
+def climbs(edges: dict[str, set[str]]) -> list[str]:
+    """Arrows that climb: a module imports a package listed after its own in ORDER."""
+    rank = {name: i for i, name in enumerate(ORDER)}
+    return sorted(f"{src} -> {dst}" for src, dsts in edges.items() for dst in dsts
+                  if rank[package(dst)] > rank[package(src)])
+
+
+def hidden_imports(source: str) -> list[int]:
+    """Lines of imports (statements or dynamic calls) inside functions without a `# lazy: <reason>`."""
+    lines = source.splitlines()
+    hidden = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, (ast.Import, ast.ImportFrom)) or \
+                        isinstance(inner, ast.Call) and dynamic_name(inner) is not None:
+                    if not LAZY.search(lines[inner.lineno - 1]):
+                        hidden.add(inner.lineno)
+    return sorted(hidden)
+
+
+def test_builder_import_graph_has_no_circles():
+    assert cycles(graph()) == []
 
 
 def test_every_module_lives_in_a_listed_package():
@@ -82,23 +139,66 @@ def test_every_module_lives_in_a_listed_package():
 
 def test_packages_import_only_downwards():
     """No arrow climbs: a module imports its own package or a package listed before it in ORDER."""
-    rank = {name: i for i, name in enumerate(ORDER)}
-    climbs = sorted(f"{src} -> {dst}" for src, dsts in graph().items() for dst in dsts
-                    if rank[package(dst)] > rank[package(src)])
-    assert climbs == []
+    assert climbs(graph()) == []
 
 
 def test_imports_sit_at_module_top_unless_marked_lazy():
     """An import inside a function hides an edge; the few kept lazy (heavy libraries, start-up time) say why."""
-    hidden = []
-    for name, path in modules().items():
-        lines = path.read_text().splitlines()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for inner in ast.walk(node):
-                    if isinstance(inner, (ast.Import, ast.ImportFrom)) and "lazy:" not in lines[inner.lineno - 1]:
-                        hidden.append(f"{name}:{inner.lineno}")
+    hidden = [f"{name}:{line}" for name, path in modules().items() for line in hidden_imports(path.read_text())]
     assert hidden == []
+
+
+def test_dynamic_imports_name_a_literal_module():
+    """`importlib.import_module(name)` with a computed name would hide its edge from every check above."""
+    assert sorted(name for name, path in modules().items() if "<dynamic>" in imports(path)) == []
+
+
+# Planted defects: each hole the checks above once had, in a module placed in builder.core (the lowest package).
+PLANTED = "builder.core.planted"
+CLIMBING = {
+    "relative import naming no module": "from .. import pipeline\n",
+    "relative import of a sibling package": "from ..release import publish\n",
+    "importlib.import_module": "import importlib\nimportlib.import_module('builder.pipeline')\n",
+    "bare import_module": "from importlib import import_module\nimport_module('builder.nightly.fleet')\n",
+    "__import__": "__import__('builder.cli')\n",
+}
+
+
+@pytest.mark.parametrize("source", CLIMBING.values(), ids=CLIMBING.keys())
+def test_planted_upward_import_is_caught(source: str) -> None:
+    mods = set(modules()) | {PLANTED}
+    edges = {PLANTED: {i for i in imports_in(source, PLANTED) if i in mods and i != PLANTED}}
+    assert climbs(edges), f"not caught: {source!r}"
+    assert climbs({PLANTED: {i for i in imports_in("from . import errors\n", PLANTED) if i in mods}}) == []
+
+
+def test_planted_cycle_through_a_relative_import_is_caught() -> None:
+    edges = {"builder.core.a": imports_in("from .b import x\n", "builder.core.a") & {"builder.core.b"},
+             "builder.core.b": imports_in("from . import a\n", "builder.core.b") & {"builder.core.a"}}
+    assert cycles(edges) == [["builder.core.a", "builder.core.b", "builder.core.a"]]
+
+
+def test_planted_computed_dynamic_import_is_caught() -> None:
+    assert "<dynamic>" in imports_in("import importlib\nname = 'builder.cli'\nimportlib.import_module(name)\n", PLANTED)
+    assert "<dynamic>" not in imports_in("import importlib\nimportlib.import_module('json')\n", PLANTED)
+
+
+HIDDEN = {
+    "no comment": "def f() -> None:\n    import yaml\n",
+    "lazy with no reason": "def f() -> None:\n    import yaml  # lazy:\n",
+    "lazy with a blank reason": "def f() -> None:\n    import yaml  # lazy:   \n",
+    "import_module in a function": "import importlib\n\n\ndef f() -> None:\n    importlib.import_module('yaml')\n",
+}
+
+
+@pytest.mark.parametrize("source", HIDDEN.values(), ids=HIDDEN.keys())
+def test_planted_hidden_import_is_caught(source: str) -> None:
+    assert hidden_imports(source), f"not caught: {source!r}"
+
+
+def test_lazy_import_with_a_reason_passes() -> None:
+    assert hidden_imports("def f() -> None:\n    import yaml  # lazy: start-up\n") == []
+    assert hidden_imports("import yaml\n") == []
 
 
 def test_no_production_module_imports_demo_code():
