@@ -5,16 +5,19 @@ the reason, except when `CI` is set, where they fail (CI must run them). Slow te
 budgets: tests/budget.py.
 """
 import os
+from pathlib import Path
 
 import pytest
 
 from builder.core.options import Settings
+from builder.engine.infra import Info
 from tests.budget import (  # noqa: F401  (hooks: slow marks, budgets, the timing table)
     pytest_collection_modifyitems,
     pytest_runtest_logreport,
     pytest_sessionfinish,
     pytest_terminal_summary,
 )
+from tests.fixture_types import DemoImage, DockerClient
 
 # The tests build many variants of the demo on one engine. A build seeded with another compiler-cache state
 # (builder/image/ccache.py) than the last one re-runs the steps after the seed copy, so tests that count cache
@@ -48,14 +51,14 @@ def docker_client():
 
 
 @pytest.fixture(autouse=True)
-def _docker_marker(request):
+def _docker_marker(request: pytest.FixtureRequest):
     """Tests marked `docker` get the engine check (and its skip/fail) without asking for it."""
     if request.node.get_closest_marker("docker"):
         request.getfixturevalue("docker_client")
 
 
 @pytest.fixture(scope="session")
-def infra_setup(docker_client):
+def infra_setup(docker_client: DockerClient):
     """Engine + registry running (idempotent `builder setup`); the dict of what was found/started."""
     from builder.engine import infra
 
@@ -63,7 +66,7 @@ def infra_setup(docker_client):
 
 
 @pytest.fixture(scope="session")
-def base_image(infra_setup):
+def base_image(infra_setup: Info):
     """`127.0.0.1:5000/demo/base@sha256:...`, built once per recipe (cached across sessions)."""
     from demo import baseimage
 
@@ -74,7 +77,7 @@ def base_image(infra_setup):
 
 
 @pytest.fixture(scope="session")
-def report_inputs(tmp_path_factory):
+def report_inputs(tmp_path_factory: pytest.TempPathFactory):
     """Factory: (pins, sources, build, acceptance) records shaped like real ones, from pins/demo.yaml
     with fixed commits.  `statuses` overrides gate statuses; a gate set to None is left out."""
     import copy
@@ -162,7 +165,7 @@ def report_inputs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_pins(docker_client):
+def demo_pins(docker_client: DockerClient):
     """pins/demo.local.yaml ready to build: engine, registry, base image, demo stack (demo.prepare)."""
     from demo.prepare import prepare_demo
 
@@ -181,13 +184,13 @@ def _resolve_render_build(pins_path):
 
 
 @pytest.fixture(scope="session")
-def demo_image(demo_pins):
+def demo_image(demo_pins: Path):
     """(pins, sources, rendered, built) of pins/demo.yaml, built once per session."""
     return _resolve_render_build(demo_pins)
 
 
 @pytest.fixture(scope="session")
-def build_variant(demo_pins, tmp_path_factory):
+def build_variant(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
     """Factory: build(component, pr) -> BuiltImage of the demo stack with that component pinned to
     the head of demo PR `pr` (e.g. ('vllm', 13)); one build per key per session."""
     from demo.prepare import variant_pins
@@ -215,7 +218,7 @@ def build_variant(demo_pins, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_accepted(demo_image):
+def demo_accepted(demo_image: DemoImage):
     """(pins, sources, built, AcceptanceResult) of all four gates run on the demo image."""
     from builder.accept import gates as accept
 
@@ -227,7 +230,7 @@ def demo_accepted(demo_image):
 
 
 @pytest.fixture(scope="session")
-def second_engine(docker_client):
+def second_engine(docker_client: DockerClient):
     """URL of a second dockerd (own data root, exec root, pidfile, socket; no bridge) started for this
     session; stopped, its containers removed and its directories deleted at the end, also on failure."""
     import shutil
@@ -241,7 +244,7 @@ def second_engine(docker_client):
 
 
 @pytest.fixture(scope="session")
-def staged_demo(demo_image):
+def staged_demo(demo_image: DemoImage):
     """The demo image pushed by digest to its staging repository: `<staging>@<manifest digest>`."""
     from builder.engine import staging
 
@@ -251,7 +254,7 @@ def staged_demo(demo_image):
 
 
 @pytest.fixture(scope="session")
-def stamped_pins(demo_pins, tmp_path_factory):
+def stamped_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
     """A demo variant whose verl-role build step stamps the wall-clock time into tinyrl/BUILD_TIME
     (a setup.py on top of the pinned commit, as PR #90): a build input that varies."""
     import pygit2
@@ -280,7 +283,7 @@ def stamped_pins(demo_pins, tmp_path_factory):
 
 
 @pytest.fixture
-def run_id(docker_client):
+def run_id(docker_client: DockerClient):
     """The label value of one test's acceptance containers; all of them are gone afterwards."""
     import uuid
 

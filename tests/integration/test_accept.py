@@ -2,6 +2,7 @@
 each planted defect is caught by the right gate. Only the gates a test needs are run."""
 import io
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +10,7 @@ from builder.accept import gates as accept
 from builder.core.constants import GATES
 from builder.core.options import Settings
 from builder.pins.model import Mount
+from tests.fixture_types import BuildVariant, DemoImage, DockerClient
 
 SETTINGS = Settings.from_env()
 
@@ -25,7 +27,7 @@ def _with(model, **changes):
     return model.model_copy(update=changes)
 
 
-def test_clean_demo_stack_passes_every_gate(demo_image, docker_client, run_id):
+def test_clean_demo_stack_passes_every_gate(demo_image: DemoImage, docker_client: DockerClient, run_id: str) -> None:
     pins, _, _, built = demo_image
     result = accept.accept(built.image_id, pins, SETTINGS, run_id=run_id)
     gates = _gates(result)
@@ -54,7 +56,8 @@ def test_clean_demo_stack_passes_every_gate(demo_image, docker_client, run_id):
         assert facts["image"] == built.image_id and facts["exit_code"] == 0
 
 
-def test_batch_invariance_off_fails_zero_update(demo_image, build_variant, docker_client, run_id):
+def test_batch_invariance_off_fails_zero_update(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient,
+                                                run_id: str) -> None:
     pins = demo_image[0]
     result = accept.accept(build_variant("vllm", 12).image_id, pins, SETTINGS, gates=["zero_update"],
                            run_id=run_id)
@@ -64,7 +67,8 @@ def test_batch_invariance_off_fails_zero_update(demo_image, build_variant, docke
     assert {gates[n].status for n in ("provenance", "rl_step", "control")} == {"not_run"}
 
 
-def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image, build_variant, docker_client, run_id):
+def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image: DemoImage, build_variant: BuildVariant,
+                                                                docker_client: DockerClient, run_id: str) -> None:
     pins = demo_image[0]
     result = accept.accept(build_variant("vllm", 13).image_id, pins, SETTINGS, gates=["zero_update", "rl_step"],
                            run_id=run_id)
@@ -74,7 +78,8 @@ def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image, buil
     assert gates["rl_step"].reason.startswith("step 2:")
 
 
-def test_weight_decay_at_lr_zero_fails_zero_update(demo_image, build_variant, docker_client, run_id):
+def test_weight_decay_at_lr_zero_fails_zero_update(demo_image: DemoImage, build_variant: BuildVariant,
+                                                   docker_client: DockerClient, run_id: str) -> None:
     pins = demo_image[0]
     result = accept.accept(build_variant("megatron", 23).image_id, pins, SETTINGS, gates=["zero_update"],
                            run_id=run_id)
@@ -84,7 +89,8 @@ def test_weight_decay_at_lr_zero_fails_zero_update(demo_image, build_variant, do
 
 
 @pytest.mark.parametrize("pr, words", [(34, "not a number"), (35, "rollout_corr/k3_kl missing")])
-def test_bad_metrics_fail_zero_update(demo_image, build_variant, docker_client, pr, words, run_id):
+def test_bad_metrics_fail_zero_update(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient, pr, words,
+                                      run_id: str) -> None:
     pins = demo_image[0]
     result = accept.accept(build_variant("verl", pr).image_id, pins, SETTINGS, gates=["zero_update"],
                            run_id=run_id)
@@ -93,7 +99,8 @@ def test_bad_metrics_fail_zero_update(demo_image, build_variant, docker_client, 
     assert words in gate.reason
 
 
-def test_slow_batch_invariant_path_fails_performance(demo_image, build_variant, docker_client, run_id):
+def test_slow_batch_invariant_path_fails_performance(demo_image: DemoImage, build_variant: BuildVariant,
+                                                     docker_client: DockerClient, run_id: str) -> None:
     """PR 14 recomputes the prefix at every decode step: still exact (the correctness gates pass), but the
     aligned arm's median throughput falls under the pins' min_ratio."""
     pins = demo_image[0]
@@ -106,7 +113,8 @@ def test_slow_batch_invariant_path_fails_performance(demo_image, build_variant, 
     assert "< min_ratio 0.2 " in gate.reason and len(gate.evidence["runs"]) == 6
 
 
-def test_nan_reward_crash_names_the_cause(demo_image, build_variant, docker_client, run_id):
+def test_nan_reward_crash_names_the_cause(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient,
+                                          run_id: str) -> None:
     pins = demo_image[0]
     result = accept.accept(build_variant("verl", 36).image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
     gate = _gates(result)["rl_step"]
@@ -117,7 +125,7 @@ def test_nan_reward_crash_names_the_cause(demo_image, build_variant, docker_clie
                                 "element < 0")
 
 
-def _derived(docker_client, image_id: str, run: str) -> str:
+def _derived(docker_client: DockerClient, image_id: str, run: str) -> str:
     """The image plus one RUN layer (network none), as a tampered delivery would be."""
     dockerfile = f"FROM {image_id}\nRUN {run}\n".encode()
     image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile), network_mode="none", rm=True,
@@ -126,7 +134,7 @@ def _derived(docker_client, image_id: str, run: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def edited_image(demo_image, docker_client):
+def edited_image(demo_image: DemoImage, docker_client: DockerClient):
     """The demo image plus one layer that appends to an installed tinyengine file."""
     image = _derived(docker_client, demo_image[3].image_id,
                      f"echo '# edited after install' >> {SITE}/tinyengine/engine.py")
@@ -134,7 +142,7 @@ def edited_image(demo_image, docker_client):
     docker_client.images.remove(image, force=True, noprune=True)
 
 
-def test_startup_hook_added_after_build_fails_provenance(demo_image, docker_client, run_id):
+def test_startup_hook_added_after_build_fails_provenance(demo_image: DemoImage, docker_client: DockerClient, run_id: str) -> None:
     """A .pth line runs code at interpreter start-up: it can patch a component without touching its files."""
     hook = f"{SITE}/zz_patch.pth"
     image = _derived(docker_client, demo_image[3].image_id, f"echo 'import os' > {hook}")
@@ -147,7 +155,8 @@ def test_startup_hook_added_after_build_fails_provenance(demo_image, docker_clie
     assert f"start-up hook {hook} is not in the manifest" in gate.reason
 
 
-def test_file_changed_after_install_fails_provenance(demo_image, edited_image, docker_client, run_id):
+def test_file_changed_after_install_fails_provenance(demo_image: DemoImage, edited_image, docker_client: DockerClient,
+                                                     run_id: str) -> None:
     pins = demo_image[0]
     result = accept.accept(edited_image, pins, SETTINGS, gates=["provenance"], run_id=run_id)
     gate = _gates(result)["provenance"]
@@ -167,7 +176,8 @@ def _copy_out(client, image_id: str, path: str, dest, run_id: str):
         container.remove(force=True)
 
 
-def test_host_directory_mounted_over_package_fails_provenance(demo_image, docker_client, tmp_path, run_id):
+def test_host_directory_mounted_over_package_fails_provenance(demo_image: DemoImage, docker_client: DockerClient, tmp_path: Path,
+                                                              run_id: str) -> None:
     pins, _, _, built = demo_image
     # identical files: only the mount differs from the image
     _copy_out(docker_client, built.image_id, f"{SITE}/tinyengine", tmp_path, run_id)
@@ -181,7 +191,7 @@ def test_host_directory_mounted_over_package_fails_provenance(demo_image, docker
     assert facts["mounts"] == [{"source": str(tmp_path / "tinyengine"), "target": f"{SITE}/tinyengine", "rw": False}]
 
 
-def test_hanging_gate_is_killed_at_timeout(demo_image, docker_client, run_id):
+def test_hanging_gate_is_killed_at_timeout(demo_image: DemoImage, docker_client: DockerClient, run_id: str) -> None:
     pins, _, _, built = demo_image
     hang = _with(pins, recipe=_with(pins.recipe, entry=["python", "-c", "import time; time.sleep(600)"]))
     result = accept.accept(built.image_id, hang, SETTINGS, gates=["zero_update"], timeout_s=5,
@@ -194,7 +204,7 @@ def test_hanging_gate_is_killed_at_timeout(demo_image, docker_client, run_id):
     assert accept.leftover_containers(docker_client, run_id) == []
 
 
-def test_gate_that_dies_without_result_fails(demo_image, docker_client, run_id):
+def test_gate_that_dies_without_result_fails(demo_image: DemoImage, docker_client: DockerClient, run_id: str) -> None:
     pins, _, _, built = demo_image
     broken = _with(pins, base=_with(pins.base, python_bin="/bin/false"))
     result = accept.accept(built.image_id, broken, SETTINGS, gates=["provenance"], run_id=run_id)
@@ -203,7 +213,8 @@ def test_gate_that_dies_without_result_fails(demo_image, docker_client, run_id):
     assert "without a result line" in gate.reason
 
 
-def test_ctrl_c_removes_the_container(demo_image, docker_client, monkeypatch, run_id):
+def test_ctrl_c_removes_the_container(demo_image: DemoImage, docker_client: DockerClient, monkeypatch: pytest.MonkeyPatch,
+                                      run_id: str) -> None:
     import docker
 
     pins, _, _, built = demo_image
@@ -221,7 +232,7 @@ def test_ctrl_c_removes_the_container(demo_image, docker_client, monkeypatch, ru
         docker_client.containers.get(seen[0])
 
 
-def test_unknown_gate_is_bad_input(demo_image, docker_client, run_id):
+def test_unknown_gate_is_bad_input(demo_image: DemoImage, docker_client: DockerClient, run_id: str) -> None:
     from builder.core.errors import BadInput
 
     pins, _, _, built = demo_image
@@ -229,7 +240,8 @@ def test_unknown_gate_is_bad_input(demo_image, docker_client, run_id):
         accept.accept(built.image_id, pins, SETTINGS, gates=["nope"], run_id=run_id)
 
 
-def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image, docker_client, run_id):
+def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image: DemoImage, docker_client: DockerClient,
+                                                           run_id: str) -> None:
     """A planted defect in the recipe: the control env still selects batch invariance ("on" is
     non-zero), so the control run also shows diff 0 and the suite cannot tell the arms apart."""
     from builder.report import document as report

@@ -2,6 +2,7 @@
 with verl's options, the checksum metrics are switched off in the demo loop, and the gates decide on
 per-tensor digests of the initial weights and each step's save."""
 import json
+from pathlib import Path
 
 import docker
 import pytest
@@ -11,6 +12,7 @@ from builder.core.constants import GATES
 from builder.core.options import Settings
 from builder.pins import model as pins_mod
 from builder.report import document as report
+from tests.fixture_types import BuildVariant, DemoImage, DockerClient
 
 pytestmark = pytest.mark.docker
 
@@ -20,7 +22,7 @@ CHECKSUMS = ("weights_before", "weights_after")
 
 
 @pytest.fixture(scope="session")
-def model_dir(demo_image, docker_client, tmp_path_factory):
+def model_dir(demo_image: DemoImage, docker_client: DockerClient, tmp_path_factory: pytest.TempPathFactory):
     """The HF-style initial model the recipe loads, written by the demo image itself (network none)."""
     out = tmp_path_factory.mktemp("tinyrl-model")
     built = demo_image[3]
@@ -59,8 +61,9 @@ def _show(*gates):
                       for g in gates}, indent=1))
 
 
-def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_image, model_dir, docker_client,
-                                                                          run_id):
+def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_image: DemoImage, model_dir,
+                                                                         docker_client: DockerClient,
+                                                                          run_id: str) -> None:
     pins, resolved, _, built = demo_image
     ckpt = checkpoint_pins(pins, model_dir)
     result = accept.accept(built.image_id, ckpt, SETTINGS, run_id=run_id)
@@ -83,8 +86,9 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
     _show(gates["zero_update"], gates["rl_step"])
 
 
-def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_image, build_variant, model_dir,
-                                                                         docker_client, run_id):
+def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_image: DemoImage, build_variant: BuildVariant,
+                                                                        model_dir,
+                                                                         docker_client: DockerClient, run_id: str) -> None:
     ckpt = checkpoint_pins(demo_image[0], model_dir)
     result = accept.accept(build_variant("megatron", 23).image_id, ckpt, SETTINGS, gates=["zero_update"],
                            run_id=run_id)
@@ -97,8 +101,9 @@ def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_ima
     _show(gate)
 
 
-def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image, build_variant, model_dir, docker_client,
-                                                            run_id, tmp_path):
+def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image: DemoImage, build_variant: BuildVariant, model_dir,
+                                                           docker_client: DockerClient,
+                                                            run_id: str, tmp_path: Path) -> None:
     """#24 also runs with the checkpoints on a scratch mount the pins name (read-write, only there)."""
     ckpt = checkpoint_pins(demo_image[0], model_dir, scratch=tmp_path)
     result = accept.accept(build_variant("megatron", 24).image_id, ckpt, SETTINGS, gates=["zero_update", "rl_step"],

@@ -1,6 +1,8 @@
 """build(): the demo image through the Docker engine (network none), its labels, manifest and cache."""
+import gc
 import json
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from builder.pins import model as pins_mod
 from builder.sources import resolve as sources
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS  # the session's settings: one run ID, so the fixtures' local tags
+from tests.fixture_types import BuildVariant, DemoImage, DockerClient
 
 
 def run_in(client, image: str, argv: list[str]) -> tuple[int, str]:
@@ -34,7 +37,7 @@ def read_json(client, image: str, path: str) -> dict:
 
 
 @pytest.mark.docker
-def test_labels_and_manifest(demo_image, docker_client):
+def test_labels_and_manifest(demo_image: DemoImage, docker_client: DockerClient) -> None:
     pins, resolved, rendered, built = demo_image
     attrs = docker_client.api.inspect_image(built.image_id)
     assert build.local_tag(rendered, SETTINGS) in attrs["RepoTags"] and built.tags == sorted(attrs["RepoTags"])
@@ -63,7 +66,7 @@ def test_labels_and_manifest(demo_image, docker_client):
         assert rc == 0 and out.split()[0] == so_sha
 
 
-def _build_env(demo_image, tmp_path):
+def _build_env(demo_image: DemoImage, tmp_path: Path):
     """What the build container reported: from the demo build, or (when that step came from the cache)
     from a no-cache build of a copy of the demo pins under another repository."""
     pins, _, _, built = demo_image
@@ -82,7 +85,8 @@ def _build_env(demo_image, tmp_path):
 
 
 @pytest.mark.docker
-def test_build_container_had_no_network_and_no_source_mounts(demo_image, docker_client, tmp_path):
+def test_build_container_had_no_network_and_no_source_mounts(demo_image: DemoImage, docker_client: DockerClient,
+                                                             tmp_path: Path) -> None:
     pins, env = _build_env(demo_image, tmp_path)
     built = demo_image[3]
     host_paths = [str(PACKAGE.parent), str(SETTINGS.cache_root), str(pins.directory)]
@@ -100,7 +104,7 @@ def test_build_container_had_no_network_and_no_source_mounts(demo_image, docker_
 
 
 @pytest.mark.docker
-def test_rebuild_with_nothing_changed_is_a_full_cache_hit(demo_image):
+def test_rebuild_with_nothing_changed_is_a_full_cache_hit(demo_image: DemoImage) -> None:
     pins, resolved, rendered, built = demo_image
     again = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
     assert again.context_sha256 == rendered.context_sha256
@@ -126,7 +130,7 @@ def layers_by_group(built, text: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.docker
-def test_verl_change_reuses_the_vllm_and_megatron_layers(demo_image, build_variant):
+def test_verl_change_reuses_the_vllm_and_megatron_layers(demo_image: DemoImage, build_variant: BuildVariant) -> None:
     _, _, rendered, built = demo_image
     variant = build_variant("verl", 34)
     assert variant.image_id != built.image_id
@@ -138,7 +142,8 @@ def test_verl_change_reuses_the_vllm_and_megatron_layers(demo_image, build_varia
 
 
 @pytest.mark.docker
-def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins, docker_client, tmp_path):
+def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins: Path, docker_client: DockerClient,
+                                                               tmp_path: Path) -> None:
     def bad_pip_arg(data):  # allowed by the pins, but pip cannot check hashes of a source directory
         data["components"]["verl"]["install"]["pip_args"] = ["--no-deps", "--require-hashes"]
 
@@ -156,7 +161,7 @@ def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins, docker
 
 
 @pytest.mark.docker
-def test_smoke_and_manifest_scripts_fail_on_planted_defects(demo_image, docker_client):
+def test_smoke_and_manifest_scripts_fail_on_planted_defects(demo_image: DemoImage, docker_client: DockerClient) -> None:
     pins, resolved, _, built = demo_image
     spec = read_json(docker_client, built.image_id, "/opt/delivery/components.json")
     smoke = ["/opt/venv/bin/python", "-B", "/opt/delivery/scripts/smoke.py"]
@@ -177,14 +182,19 @@ def test_smoke_and_manifest_scripts_fail_on_planted_defects(demo_image, docker_c
     assert rc != 0 and "does not match its RECORD hash" in out
 
 
-def test_unreachable_engine_is_an_infra_error(monkeypatch):
+def test_unreachable_engine_is_an_infra_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     with pytest.raises(InfraError) as err:
         engine.connect(Settings.from_env(), timeout=5)
     assert err.value.exit_code == 3 and "docker engine" in str(err.value)
+    # the docker SDK never closes the socket of the client it failed to make (warnings are errors): it goes here
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del err
+        gc.collect()
 
 
-def test_progress_joins_a_line_split_over_stream_chunks(tmp_path):
+def test_progress_joins_a_line_split_over_stream_chunks(tmp_path: Path) -> None:
     """The engine may cut one long output line (the BUILD-ENV record) across chunks: it is read whole."""
     record = '{"net": ["lo"], "mountinfo": ["' + "x" * 5000 + '"]}'
     with open(tmp_path / "log", "w") as log_file:
@@ -198,7 +208,7 @@ def test_progress_joins_a_line_split_over_stream_chunks(tmp_path):
 
 
 @pytest.mark.docker
-def test_a_build_untags_other_runs_local_names_older_than_a_day(demo_image, docker_client):
+def test_a_build_untags_other_runs_local_names_older_than_a_day(demo_image: DemoImage, docker_client: DockerClient) -> None:
     """A nightly must not pin one image per night: the next build removes other runs' stale local tags
     and keeps fresh ones, its own and hand-named ones."""
     built = demo_image[3]

@@ -17,6 +17,7 @@ from builder.core.options import Settings
 from builder.engine import client as engine
 from builder.image import ccache
 from tests.conftest import SETTINGS
+from tests.fixture_types import DockerClient
 
 sys.path.insert(0, str(Path(ccache.__file__).parent / "scripts"))
 import install  # noqa: E402  (the in-image script)
@@ -27,7 +28,7 @@ def names(tar_path: Path) -> list[str]:
         return tar.getnames()
 
 
-def test_a_tree_built_before_gets_the_same_seed_a_new_tree_the_newest_harvest(tmp_path):
+def test_a_tree_built_before_gets_the_same_seed_a_new_tree_the_newest_harvest(tmp_path: Path) -> None:
     store = tmp_path / "store"
     store.mkdir()
     first = ccache._component_seed(store, "vllm", "tree-a")
@@ -41,7 +42,7 @@ def test_a_tree_built_before_gets_the_same_seed_a_new_tree_the_newest_harvest(tm
     assert json.loads((store / "seed.json").read_text())["tree"] == "tree-b"
 
 
-def test_harvest_extracts_only_files_and_directories_inside_the_store(tmp_path):
+def test_harvest_extracts_only_files_and_directories_inside_the_store(tmp_path: Path) -> None:
     src = tmp_path / "archive.tar"
     with tarfile.open(src, "w") as tar:
         for name, data in (("vllm/ok/x", b"1"), ("vllm/../../escape", b"2")):
@@ -58,14 +59,14 @@ def test_harvest_extracts_only_files_and_directories_inside_the_store(tmp_path):
     assert not (tmp_path / "escape").exists()
 
 
-def test_builder_ccache_setting_is_on_or_off():
+def test_builder_ccache_setting_is_on_or_off() -> None:
     assert Settings.from_env({}).compiler_cache is True
     assert Settings.from_env({"BUILDER_CCACHE": "off"}).compiler_cache is False
     with pytest.raises(BadInput, match="BUILDER_CCACHE: expected on or off"):
         Settings.from_env({"BUILDER_CCACHE": "maybe"})
 
 
-def test_install_routes_compilers_through_ccache_only_when_seeded(tmp_path):
+def test_install_routes_compilers_through_ccache_only_when_seeded(tmp_path: Path) -> None:
     fake = tmp_path / "ccache"
     env = {"PATH": "/usr/bin", "CCACHE_DIR": str(tmp_path / "dir")}
     assert install.compiler_cache(dict(env), ccache=str(fake), masquerade=str(tmp_path / "m")) is False  # no binary
@@ -81,7 +82,7 @@ def test_install_routes_compilers_through_ccache_only_when_seeded(tmp_path):
 # ---- on the real engine
 
 
-def touched_pins(demo_pins, out: Path, mark: bytes = b"touched by tests/integration/test_ccache.py", pr: int = 91) -> Path:
+def touched_pins(demo_pins: Path, out: Path, mark: bytes = b"touched by tests/integration/test_ccache.py", pr: int = 91) -> Path:
     """The demo pins with tinyengine at a commit that touches its C source (a new tree of the native
     component, so its install step compiles)."""
     from demo.prepare import variant_pins
@@ -117,7 +118,8 @@ def commit_file(out: Path, comp: dict, path: str, change, pr: int) -> None:
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins, docker_client, tmp_path):
+def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins: Path, docker_client: DockerClient,
+                                                              tmp_path: Path) -> None:
     from builder.image import build, render
     from builder.pins import model as pins_mod
     from builder.sources import resolve as sources
@@ -146,7 +148,7 @@ def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins, docker_
         engine.remove_image(docker_client, rendered.tag)
 
 
-def test_prune_keeps_the_newest_seed_images_and_the_one_in_use():
+def test_prune_keeps_the_newest_seed_images_and_the_one_in_use() -> None:
     removed = []
 
     class Api:
@@ -165,7 +167,8 @@ def test_prune_keeps_the_newest_seed_images_and_the_one_in_use():
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_failed_build_keeps_the_compiler_cache_of_a_component_that_compiled(demo_pins, docker_client, tmp_path):
+def test_a_failed_build_keeps_the_compiler_cache_of_a_component_that_compiled(demo_pins: Path, docker_client: DockerClient,
+                                                                              tmp_path: Path) -> None:
     """tinyengine compiles (a new tree), then tinycore's install fails (a planted setup.py): the failed
     build still harvests tinyengine's compiler cache, so the fixed build does not compile from nothing."""
     from builder.core.errors import BuildFailed

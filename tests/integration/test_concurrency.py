@@ -22,6 +22,7 @@ from builder.engine.registry import Registry, split_repository
 from builder.nightly import fleet
 from builder.nightly.history import History
 from tests.conftest import SETTINGS
+from tests.fixture_types import DockerClient
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +36,7 @@ def _add_rows(args: tuple[str, int]) -> int:
     return worker
 
 
-def test_history_takes_concurrent_writers(tmp_path):
+def test_history_takes_concurrent_writers(tmp_path: Path) -> None:
     path = tmp_path / "runs.sqlite"
     History(path)
     with multiprocessing.get_context("fork").Pool(8) as pool:
@@ -55,14 +56,14 @@ def _write_same(args: tuple[str, int]) -> bool:
     return True
 
 
-def test_atomic_writes_never_show_a_mix(tmp_path):
+def test_atomic_writes_never_show_a_mix(tmp_path: Path) -> None:
     dest = tmp_path / "blob"
     with multiprocessing.get_context("fork").Pool(4) as pool:
         assert all(pool.map(_write_same, [(str(dest), w) for w in range(4)]))
     assert [p.name for p in tmp_path.iterdir()] == ["blob"]
 
 
-def test_sweep_removes_only_dead_writers_temporaries(tmp_path):
+def test_sweep_removes_only_dead_writers_temporaries(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
     stale = tmp_path / f".blob.{pid}.0123abcd.part"
@@ -75,7 +76,7 @@ def test_sweep_removes_only_dead_writers_temporaries(tmp_path):
     assert live.exists() and not stale.exists()
 
 
-def test_fleet_plans_one_run_id_and_directory_per_pins(tmp_path):
+def test_fleet_plans_one_run_id_and_directory_per_pins(tmp_path: Path) -> None:
     settings = Settings.from_env({"BUILDER_CACHE": str(tmp_path / "cache"), "BUILDER_RUN_ID": "night1"})
     paths = [tmp_path / "a.yaml", tmp_path / "b" / "a.yaml", tmp_path / "c.yaml"]
     jobs = fleet.plan(paths, tmp_path / "out", settings)
@@ -87,7 +88,7 @@ def test_fleet_plans_one_run_id_and_directory_per_pins(tmp_path):
     assert fleet.severest([]) == 0 and fleet.severest([0, 0]) == 0
 
 
-def test_run_ids_are_checked():
+def test_run_ids_are_checked() -> None:
     assert Settings.from_env({"BUILDER_RUN_ID": "a-1"}).run_id == "a-1"
     assert Settings.from_env({}).run_id == Settings.from_env({}).run_id  # one run per process
     other = subprocess.run([sys.executable, "-c", "from builder.core.options import Settings as S; print(S.from_env({}).run_id)"],
@@ -100,7 +101,7 @@ def test_run_ids_are_checked():
 
 @pytest.mark.slow
 @pytest.mark.docker
-def test_four_nightly_runs_at_once(demo_pins, docker_client, tmp_path):
+def test_four_nightly_runs_at_once(demo_pins: Path, docker_client: DockerClient, tmp_path: Path) -> None:
     from demo.prepare import variant_pins
 
     space = f"127.0.0.1:5000/conc-{uuid.uuid4().hex[:8]}"

@@ -78,17 +78,17 @@ class Installer:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory: pytest.TempPathFactory):
     outdir = tmp_path_factory.mktemp("demo-stack")
     return outdir, make_stack(outdir)
 
 
 @pytest.fixture(scope="session")
-def installer(stack, tmp_path_factory):
+def installer(stack, tmp_path_factory: pytest.TempPathFactory):
     return Installer(tmp_path_factory.mktemp("installs"), *stack)
 
 
-def run_ppo(installer, tmp_path, bi: int, lr: float, prs=None, extra=(), expect_rc=0):
+def run_ppo(installer, tmp_path: Path, bi: int, lr: float, prs=None, extra=(), expect_rc=0):
     log = tmp_path / f"metrics-{bi}-{lr}.jsonl"
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": installer.pythonpath(**(prs or {})),
            "DEMO_BATCH_INVARIANT": str(bi), "VERL_FILE_LOGGER_PATH": str(log), "HOME": str(tmp_path)}
@@ -115,7 +115,7 @@ def run_ppo(installer, tmp_path, bi: int, lr: float, prs=None, extra=(), expect_
 
 # ---- repositories ---------------------------------------------------------------------------
 
-def test_generation_is_deterministic_and_idempotent(stack, tmp_path):
+def test_generation_is_deterministic_and_idempotent(stack, tmp_path: Path) -> None:
     _, first = stack
     again = make_stack(tmp_path / "b")
     assert again == first
@@ -123,7 +123,7 @@ def test_generation_is_deterministic_and_idempotent(stack, tmp_path):
     assert json.loads((tmp_path / "b" / "stack.json").read_text()) == first
 
 
-def test_refs_history_and_packaging(stack):
+def test_refs_history_and_packaging(stack) -> None:
     outdir, st = stack
     for name in REPOS:
         info, path = st["repos"][name], outdir / f"{name}.git"
@@ -177,7 +177,7 @@ print(json.dumps({"bi": llm.batch_invariant, "native": "tinyengine/_C" in maps,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bi", [0, 1])
-def test_engine_batch_invariance(installer, bi):
+def test_engine_batch_invariance(installer, bi) -> None:
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": installer.pythonpath(), "DEMO_BATCH_INVARIANT": str(bi)}
     out = subprocess.run([sys.executable, "-c", ENGINE_CHECK], env=env, capture_output=True, text=True, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -191,7 +191,7 @@ def test_engine_batch_invariance(installer, bi):
 # ---- tinyrl.main_ppo on the good PR heads ------------------------------------------------------
 
 @pytest.mark.slow
-def test_control_batch_invariance_off_shows_mismatch(installer, tmp_path):
+def test_control_batch_invariance_off_shows_mismatch(installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3)
     for m in steps:
         assert set(REQUIRED) <= set(m)
@@ -200,7 +200,7 @@ def test_control_batch_invariance_off_shows_mismatch(installer, tmp_path):
 
 
 @pytest.mark.slow
-def test_aligned_exact_zero_and_real_update(installer, tmp_path):
+def test_aligned_exact_zero_and_real_update(installer, tmp_path: Path) -> None:
     steps, elapsed = run_ppo(installer, tmp_path, bi=1, lr=1e-3)
     print(f"2-step aligned run: {elapsed:.1f} s")
     for m in steps:
@@ -213,7 +213,7 @@ def test_aligned_exact_zero_and_real_update(installer, tmp_path):
 
 
 @pytest.mark.slow
-def test_zero_update_at_lr_zero(installer, tmp_path):
+def test_zero_update_at_lr_zero(installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=0.0)
     for m in steps:
         assert m[DIFF_MAX] == 0.0 and m[K3] == 0.0
@@ -221,7 +221,7 @@ def test_zero_update_at_lr_zero(installer, tmp_path):
 
 
 @pytest.mark.slow
-def test_unknown_override_exits_2(installer, tmp_path):
+def test_unknown_override_exits_2(installer, tmp_path: Path) -> None:
     proc, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, extra=["trainer.no_such_key=1"], expect_rc=2)
     assert "unknown key" in proc.stderr
 
@@ -229,47 +229,47 @@ def test_unknown_override_exits_2(installer, tmp_path):
 # ---- planted defects --------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_defect_12_batch_invariance_broken(installer, tmp_path):
+def test_defect_12_batch_invariance_broken(installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 12})
     assert all(m["rollout/batch_invariant"] == 1 for m in steps)  # claims invariance ...
     assert all(m[DIFF_MAX] > 0 for m in steps)  # ... but is not
 
 
 @pytest.mark.slow
-def test_defect_13_skips_weight_reload(installer, tmp_path):
+def test_defect_13_skips_weight_reload(installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 13})
     assert steps[0][DIFF_MAX] == 0.0 and steps[0][K3] == 0.0  # zero-update check still passes
     assert steps[1][DIFF_MAX] > 0 and steps[1][K3] > 0  # the update never reached the engine
 
 
 @pytest.mark.slow
-def test_defect_23_weight_decay_at_lr_zero(installer, tmp_path):
+def test_defect_23_weight_decay_at_lr_zero(installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=0.0, prs={"tinycore": 23})
     assert all(m[W_BEFORE] != m[W_AFTER] for m in steps)
 
 
 @pytest.mark.slow
-def test_defect_34_nan_metric(installer, tmp_path):
+def test_defect_34_nan_metric(installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, prs={"tinyrl": 34})
     assert all(math.isnan(m[DIFF_MAX]) for m in steps)
     assert all(math.isfinite(m[DIFF_MEAN]) for m in steps)
 
 
 @pytest.mark.slow
-def test_defect_35_missing_metric(installer, tmp_path):
+def test_defect_35_missing_metric(installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, prs={"tinyrl": 35})
     assert all(K3 not in m and DIFF_MAX in m for m in steps)
 
 
 @pytest.mark.slow
-def test_defect_14_slow_path_is_still_exact(installer, tmp_path):
+def test_defect_14_slow_path_is_still_exact(installer, tmp_path: Path) -> None:
     """No KV cache: every decode step recomputes the prefix. The correctness gates cannot see it (exact 0)."""
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 14})
     assert all(m[DIFF_MAX] == 0.0 and m[K3] == 0.0 and m["perf/rollout_tokens_per_s"] > 0 for m in steps)
 
 
 @pytest.mark.slow
-def test_defect_36_nan_reward_crash_names_its_cause(installer, tmp_path):
+def test_defect_36_nan_reward_crash_names_its_cause(installer, tmp_path: Path) -> None:
     """The suite's own recipe runner and decision on the NaN-reward PR: the reason names the first
     non-finite metrics (step 1, the reward among them) and the recipe's last error line."""
     from acceptance import decide, recipe
@@ -293,14 +293,14 @@ def test_defect_36_nan_reward_crash_names_its_cause(installer, tmp_path):
 CKPT = ["trainer.save_freq=1", "trainer.default_local_dir=ckpt", "actor_rollout_ref.actor.weight_checksums=false"]
 
 
-def _init_model(installer, tmp_path, prs=None):
+def _init_model(installer, tmp_path: Path, prs=None):
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": installer.pythonpath(**(prs or {}))}
     subprocess.run([sys.executable, "-m", "tinyrl.init_model", str(tmp_path / "model"), "1"], env=env, check=True)
     return tmp_path / "model"
 
 
 @pytest.mark.slow
-def test_checkpoints_in_verl_layout_without_checksum_metrics(installer, tmp_path):
+def test_checkpoints_in_verl_layout_without_checksum_metrics(installer, tmp_path: Path) -> None:
     from acceptance import weights
 
     model = _init_model(installer, tmp_path)
@@ -320,7 +320,7 @@ def test_checkpoints_in_verl_layout_without_checksum_metrics(installer, tmp_path
 
 
 @pytest.mark.slow
-def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer, tmp_path):
+def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer, tmp_path: Path) -> None:
     from acceptance import weights
 
     run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinycore": 24},
@@ -330,7 +330,7 @@ def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer, tmp_path):
 
 
 @pytest.mark.slow
-def test_defect_23_moves_weights_at_lr_zero_in_the_checkpoints(installer, tmp_path):
+def test_defect_23_moves_weights_at_lr_zero_in_the_checkpoints(installer, tmp_path: Path) -> None:
     from acceptance import weights
 
     model = _init_model(installer, tmp_path)

@@ -105,7 +105,7 @@ def builder(*args: str, env: dict[str, str], timeout: float = RERUN_TIMEOUT_S) -
 
 
 @pytest.fixture(scope="module")
-def stack(base_image, tmp_path_factory):
+def stack(base_image: str, tmp_path_factory: pytest.TempPathFactory):
     """Engine, registry + proxy, loop disk; the demo base copied into the registry; pins that build on it;
     one accepted, signed report to publish and export."""
     from demo.prepare import variant_pins
@@ -317,7 +317,7 @@ def test_fault_cell(stack: Stack, stage: str, fault: str, tmp_path: Path) -> Non
         assert len(served) == 1 and None not in served, served
 
 
-def write_table(tmp_path_factory) -> None:
+def write_table(tmp_path_factory: pytest.TempPathFactory) -> None:
     if not RESULTS:
         return
     path = Path(os.environ.get("BUILDER_FAULT_TABLE") or tmp_path_factory.getbasetemp() / "fault-matrix.md")

@@ -11,9 +11,11 @@ from builder.core import files as fs
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.engine import infra
+from builder.engine.infra import Info
 from builder.lock import wheels
 from demo import baseimage
 from demo.prepare import write_local_pins
+from tests.fixture_types import DockerClient
 
 SETTINGS = Settings.from_env()
 
@@ -21,7 +23,7 @@ DIGEST_REF = re.compile(r"^127\.0\.0\.1:5000/demo/base@sha256:[0-9a-f]{64}$")
 
 
 @pytest.mark.docker
-def test_setup_is_idempotent(infra_setup):
+def test_setup_is_idempotent(infra_setup: Info) -> None:
     again = infra.ensure_all(SETTINGS)
     assert again["engine"]["engine"] == "found"
     assert again["registry"]["registry"] == "found"
@@ -29,7 +31,7 @@ def test_setup_is_idempotent(infra_setup):
 
 
 @pytest.mark.docker
-def test_registry_answers_on_loopback_only(infra_setup):
+def test_registry_answers_on_loopback_only(infra_setup: Info) -> None:
     assert infra.registry_url() == "127.0.0.1:5000"
     assert infra.registry_answers()
     listeners = infra.tcp_listeners(5000)
@@ -57,13 +59,13 @@ def _non_loopback_ipv4():
     return sorted(a for a in addrs if not a.startswith("127."))
 
 
-def test_recipe_hash_is_stable():
+def test_recipe_hash_is_stable() -> None:
     first, second = baseimage.recipe_hash(SETTINGS), baseimage.recipe_hash(SETTINGS)
     assert first == second
     assert re.fullmatch(r"[0-9a-f]{64}", first)
 
 
-def test_lock_parser_requires_hashes(tmp_path):
+def test_lock_parser_requires_hashes(tmp_path: Path) -> None:
     assert wheels.parse_lock("a==1 --hash=sha256:" + "0" * 64 + "  # c\n") == [wheels.LockEntry("a", "1", ("0" * 64,))]
     with pytest.raises(BadInput):
         wheels.parse_lock("a==1\n")
@@ -71,7 +73,7 @@ def test_lock_parser_requires_hashes(tmp_path):
         wheels.parse_lock("a>=1 --hash=sha256:" + "0" * 64 + "\n")
 
 
-def test_wheel_target_comes_from_the_pins_base():
+def test_wheel_target_comes_from_the_pins_base() -> None:
     target = wheels.Target.from_base("3.12", "linux/arm64")
     args = target.pip_args()
     assert args[args.index("--python-version") + 1] == "3.12" and "cp312" in args
@@ -80,7 +82,7 @@ def test_wheel_target_comes_from_the_pins_base():
         wheels.Target.from_base("3.12", "windows/amd64")
 
 
-def test_demo_lock_wheels_verified():
+def test_demo_lock_wheels_verified() -> None:
     lock = Path(__file__).resolve().parents[2] / "pins" / "locks" / "demo.lock"
     target = wheels.Target.from_base("3.11", "linux/amd64")
     house = wheels.ensure_wheels(lock, target, SETTINGS)
@@ -91,7 +93,7 @@ def test_demo_lock_wheels_verified():
     assert wheels.ensure_wheels(lock, target, SETTINGS) == house  # reused
 
 
-def test_local_demo_pins_carry_the_digest_and_leave_the_example_alone(tmp_path):
+def test_local_demo_pins_carry_the_digest_and_leave_the_example_alone(tmp_path: Path) -> None:
     from builder.pins import model as pins_mod
     from demo.prepare import PINS
 
@@ -107,7 +109,7 @@ def test_local_demo_pins_carry_the_digest_and_leave_the_example_alone(tmp_path):
 
 
 @pytest.mark.docker
-def test_base_image_is_a_digest_with_torch(docker_client, base_image):
+def test_base_image_is_a_digest_with_torch(docker_client: DockerClient, base_image: str) -> None:
     assert DIGEST_REF.match(base_image), base_image
     image = docker_client.images.get(base_image)  # resolves locally, no pull
     assert image.labels[baseimage.RECIPE_LABEL] == baseimage.recipe_hash(SETTINGS)
@@ -120,12 +122,12 @@ def test_base_image_is_a_digest_with_torch(docker_client, base_image):
 
 
 @pytest.mark.docker
-def test_base_image_is_cached(base_image):
+def test_base_image_is_cached(base_image: str) -> None:
     assert baseimage.ensure_base_image(SETTINGS) == base_image
 
 
 @pytest.mark.docker
-def test_from_digest_builds_without_network(docker_client, base_image):
+def test_from_digest_builds_without_network(docker_client: DockerClient, base_image: str) -> None:
     dockerfile = f"FROM {base_image}\nRUN [\"/opt/venv/bin/python\", \"-c\", \"import setuptools, wheel\"]\n".encode()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

@@ -3,6 +3,7 @@ component re-stamps only its layers; the engine's layer cache keyed per pins, so
 identical layers on the same base never become this run's cache parent; normalised layers reused by
 raw diff ID."""
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +15,7 @@ from builder.engine import normalize
 from builder.image import build, render
 from builder.pins import model as pins_mod
 from builder.sources import resolve as sources
+from tests.fixture_types import DemoImage
 
 SETTINGS = Settings.from_env()
 
@@ -22,7 +24,7 @@ def times(**commit_times):
     return SimpleNamespace(components={n: SimpleNamespace(commit_time=commit_times[n]) for n in COMPONENTS})
 
 
-def test_each_layer_gets_the_date_of_what_it_installs():
+def test_each_layer_gets_the_date_of_what_it_installs() -> None:
     old = render.layer_epochs(times(vllm=100, megatron=200, verl=300), deps=True)
     assert old == [SOURCE_DATE_EPOCH] * 3 + [100, 200, 300] + [300, 300]
     newer_verl = render.layer_epochs(times(vllm=100, megatron=200, verl=900), deps=True)
@@ -31,7 +33,7 @@ def test_each_layer_gets_the_date_of_what_it_installs():
     assert render.layer_epochs(times(vllm=100, megatron=200, verl=300), deps=False) == old[1:]
 
 
-def test_config_dates_each_history_entry_by_its_layer_and_drops_the_cache_key():
+def test_config_dates_each_history_entry_by_its_layer_and_drops_the_cache_key() -> None:
     raw = {"created": "2026-01-01T00:00:00Z", "config": {"Labels": {normalize.CACHE_KEY_LABEL: "k", "a": "b"}},
            "rootfs": {"type": "layers", "diff_ids": []},
            "history": [{"created": "2024-01-01T00:00:00Z", "created_by": "base"},
@@ -48,7 +50,7 @@ def test_config_dates_each_history_entry_by_its_layer_and_drops_the_cache_key():
     assert config["created"] == normalize.iso(200)
 
 
-def test_the_cache_key_follows_the_pins_name_and_repository_not_the_commits():
+def test_the_cache_key_follows_the_pins_name_and_repository_not_the_commits() -> None:
     def pins(name, repository, verl):
         return SimpleNamespace(name=name, image=SimpleNamespace(repository=repository),
                                components={"verl": SimpleNamespace(commit=verl)})
@@ -76,7 +78,7 @@ def added_layers(built):
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_newer_verl_commit_changes_only_verls_layers(demo_image, tmp_path):
+def test_a_newer_verl_commit_changes_only_verls_layers(demo_image: DemoImage, tmp_path: Path) -> None:
     import yaml
 
     from demo.prepare import add_pr_commit, variant_pins
@@ -108,7 +110,7 @@ def test_a_newer_verl_commit_changes_only_verls_layers(demo_image, tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(demo_image, tmp_path):
+def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(demo_image: DemoImage, tmp_path: Path) -> None:
     """Pins B (another name, another verl) built with no cache after A: its ENV/COPY layers are identical
     to A's and newer, which the engine prefers as cache parent. With the per-pins cache key A still hits
     every step and gets the same digest; with B under A's name (planted: one key) A's verl step misses."""
@@ -147,7 +149,7 @@ def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(
             build.drop_chain(client, steps)
 
 
-def test_layer_dates_must_match_the_layers_the_build_added():
+def test_layer_dates_must_match_the_layers_the_build_added() -> None:
     from builder.core.errors import BuildFailed
 
     assert normalize._epochs(7, 3, "t") == [7, 7, 7]
@@ -156,7 +158,7 @@ def test_layer_dates_must_match_the_layers_the_build_added():
         normalize._epochs([1, 2, 3], 4, "t")
 
 
-def test_a_layer_normalised_once_is_found_by_its_raw_diff_id_until_its_blob_goes(tmp_path):
+def test_a_layer_normalised_once_is_found_by_its_raw_diff_id_until_its_blob_goes(tmp_path: Path) -> None:
     import dataclasses
     import io
     import tarfile
@@ -176,7 +178,7 @@ def test_a_layer_normalised_once_is_found_by_its_raw_diff_id_until_its_blob_goes
     assert normalize.cached_layer(settings, raw_id, 100) is None
 
 
-def test_each_stage_on_the_base_starts_with_its_own_cache_key():
+def test_each_stage_on_the_base_starts_with_its_own_cache_key() -> None:
     """The same first instruction in two stages shares one image: after a nocache build the newest one
     (the engine's pick) would be the runtime stage's, which has no build-stage children."""
     from builder.image import dockerfile
@@ -191,7 +193,7 @@ def test_each_stage_on_the_base_starts_with_its_own_cache_key():
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_rebuild_after_a_nocache_build_hits_every_step(demo_image):
+def test_a_rebuild_after_a_nocache_build_hits_every_step(demo_image: DemoImage) -> None:
     """A --nocache build (rebuild --check) seeds no compiler cache and would leave a newer chain of layers
     that the engine prefers as cache parent, so it removes its intermediate images: the build right after it
     hits every step, with the same digest."""

@@ -10,9 +10,11 @@ import pytest
 
 from builder import pipeline
 from builder.core.errors import BadInput
+from builder.core.options import Settings
 from builder.lock import lockfile as lock
 from builder.lock import wheels
 from builder.sources import scmversion
+from tests.fixture_types import DockerClient
 
 SIG = pygit2.Signature("Test", "test@example.invalid", 1735725600, 0)
 PROJECT = Path(__file__).resolve().parents[2]
@@ -70,7 +72,7 @@ def make_repo(path: Path) -> dict[int, str]:
 
 
 @pytest.fixture(scope="session")
-def hatch_pins(demo_pins, tmp_path_factory):
+def hatch_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
     """Factory: pr -> pins path of the demo stack with the verl role replaced by hatchpkg at that PR."""
     from demo.prepare import variant_pins
 
@@ -95,7 +97,7 @@ def hatch_pins(demo_pins, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def hatch_locked(hatch_pins, settings):
+def hatch_locked(hatch_pins, settings: Settings):
     """(pins path, lock text of the first run, lock text of the second run) for PR 1."""
     path = hatch_pins(1)
     first = pipeline.lock(path, settings).text
@@ -120,18 +122,18 @@ def tagged_repo(path: Path, tag: str | None, commits: int):
     return repo, [str(o) for o in oids]
 
 
-def test_vcs_version_is_nearest_tag_distance_and_commit(tmp_path):
+def test_vcs_version_is_nearest_tag_distance_and_commit(tmp_path: Path) -> None:
     repo, oids = tagged_repo(tmp_path / "r.git", "v1.4.0", 3)
     assert scmversion.component_version(repo, oids[0]) == "1.4.0"
     assert scmversion.component_version(repo, oids[2]) == f"1.4.1.dev2+g{oids[2][:7]}"
 
 
-def test_vcs_version_without_a_tag_counts_commits(tmp_path):
+def test_vcs_version_without_a_tag_counts_commits(tmp_path: Path) -> None:
     repo, oids = tagged_repo(tmp_path / "r.git", None, 2)
     assert scmversion.component_version(repo, oids[1]) == f"0.1.dev2+g{oids[1][:7]}"
 
 
-def test_static_version_and_env_name():
+def test_static_version_and_env_name() -> None:
     assert scmversion.scm_settings({"build-system": {"requires": ["hatchling"]}, "project": {"version": "1"}}) is None
     assert scmversion.scm_settings({"tool": {"hatch": {"version": {"source": "vcs"}}}}) == {}
     assert scmversion.pretend_env_name("Tiny_Engine.x") == "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_TINY_ENGINE_X"
@@ -139,7 +141,7 @@ def test_static_version_and_env_name():
         scmversion.checked("1.0; rm -rf /")
 
 
-def test_demo_engine_version_comes_from_its_tag(tmp_path):
+def test_demo_engine_version_comes_from_its_tag(tmp_path: Path) -> None:
     from demo.make_stack import make_stack
 
     stack = make_stack(tmp_path)["repos"]["tinyengine"]
@@ -149,7 +151,7 @@ def test_demo_engine_version_comes_from_its_tag(tmp_path):
     assert scmversion.component_version(repo, head) == f"0.2.1.dev3+g{head[:7]}"
 
 
-def test_split_lock_and_base_conflict_messages():
+def test_split_lock_and_base_conflict_messages() -> None:
     runtime, build = wheels.split_lock("# h\na==1 --hash=sha256:" + "0" * 64 + "  # a.whl\n"
                                      "b==2 --hash=sha256:" + "1" * 64 + "  # build: b.whl\n")
     assert runtime.startswith("a==1") and build.startswith("b==2")
@@ -161,7 +163,7 @@ def test_split_lock_and_base_conflict_messages():
 
 
 @pytest.mark.docker
-def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked):
+def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked) -> None:
     _, first, second = hatch_locked
     assert first == second
     entries = {line.split("==")[0]: line for line in first.splitlines() if "--hash=sha256:" in line}
@@ -173,7 +175,8 @@ def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked):
 
 
 @pytest.mark.docker
-def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked, docker_client, settings):
+def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked, docker_client: DockerClient,
+                                                                        settings: Settings) -> None:
     from builder.engine import client as engine
     from builder.image import build, render
     from builder.pins import model as pins_mod
@@ -199,7 +202,8 @@ def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_lo
 
 
 @pytest.mark.docker
-def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_locked, hatch_pins, settings, capsys):
+def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_locked, hatch_pins, settings: Settings,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     from builder import cli
 
     path = hatch_locked[0]
@@ -212,13 +216,13 @@ def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_l
 
 
 @pytest.mark.docker
-def test_requirement_the_base_cannot_meet_is_bad_input(hatch_pins, hatch_locked, settings):
+def test_requirement_the_base_cannot_meet_is_bad_input(hatch_pins, hatch_locked, settings: Settings) -> None:
     with pytest.raises(BadInput, match=r"components.verl .*requires 'torch>=99' but the base .* provides torch 2.13.0"):
         pipeline.lock(hatch_pins(2), settings)
 
 
 @pytest.mark.docker
-def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins, hatch_locked, settings):
+def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins, hatch_locked, settings: Settings) -> None:
     path = hatch_pins(3)
     with pytest.raises(BadInput, match=r"only an sdist for the base \(docopt==0.6.2\); pass --build-sdists"):
         pipeline.lock(path, settings)
@@ -227,7 +231,7 @@ def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins, 
     assert "built from sdist sha256 " in line and "py3-none-any.whl" in line
 
 
-def test_static_project_metadata_needs_no_build_but_dynamic_does():
+def test_static_project_metadata_needs_no_build_but_dynamic_does() -> None:
     static = {"project": {"name": "a", "version": "1.0", "dependencies": ["pyyaml>=6"]}}
     assert lock.static_metadata(static) == {"name": "a", "version": "1.0", "requires_dist": ["pyyaml>=6"]}
     for dynamic in (["version"], ["dependencies"]):
@@ -236,7 +240,7 @@ def test_static_project_metadata_needs_no_build_but_dynamic_does():
 
 
 @pytest.mark.docker
-def test_target_is_read_from_the_base_and_checked_against_the_pins(base_image, settings):
+def test_target_is_read_from_the_base_and_checked_against_the_pins(base_image: str, settings: Settings) -> None:
     from builder.engine import basecontainer
 
     base = basecontainer.read_base(settings, base_image, "/opt/venv/bin/python", "3.11", "linux/amd64")

@@ -2,6 +2,7 @@
 and recorded in the manifest and report; an undeclared input fails the disconnected build naming it;
 `builder lock --check` names a changed GIT_TAG."""
 import json
+from pathlib import Path
 
 import pygit2
 import pytest
@@ -9,15 +10,17 @@ import yaml
 
 from builder import pipeline
 from builder.core.errors import BuildFailed
+from builder.core.options import Settings
 from builder.engine import client as engine
 from builder.lock import lockfile as lock
 from builder.lock import native
 from builder.report import manifest as manifest_layers
+from tests.fixture_types import DemoImage, DockerClient
 
 pytestmark = pytest.mark.docker
 
 
-def test_demo_image_carries_its_native_build(demo_image, docker_client):
+def test_demo_image_carries_its_native_build(demo_image: DemoImage, docker_client: DockerClient) -> None:
     pins, resolved, rendered, built = demo_image
     stack = json.loads((pins.directory / "demo-stack" / "stack.json").read_text())
     v010 = stack["native"]["tinykernels"]["tags"]["v0.1.0"]
@@ -44,7 +47,7 @@ def test_demo_image_carries_its_native_build(demo_image, docker_client):
     assert report["knobs"]["vllm"]["device"] == "cpu" and report["knobs"]["vllm"]["cmake"] is True
 
 
-def test_undeclared_native_input_fails_the_offline_build_naming_it(demo_pins, tmp_path, settings):
+def test_undeclared_native_input_fails_the_offline_build_naming_it(demo_pins: Path, tmp_path: Path, settings: Settings) -> None:
     from demo.prepare import variant_pins
     from tests.conftest import _resolve_render_build
 
@@ -53,7 +56,7 @@ def test_undeclared_native_input_fails_the_offline_build_naming_it(demo_pins, tm
         _resolve_render_build(pins)
 
 
-def test_lock_check_names_a_changed_git_tag(demo_pins, tmp_path, settings):
+def test_lock_check_names_a_changed_git_tag(demo_pins: Path, tmp_path: Path, settings: Settings) -> None:
     from demo.prepare import add_pr_commit, variant_pins
 
     pins_path = variant_pins(tmp_path, "vllm", 11, pins_path=demo_pins)
@@ -71,7 +74,7 @@ def test_lock_check_names_a_changed_git_tag(demo_pins, tmp_path, settings):
     assert native.parse((tmp_path / "locks" / "demo.lock").read_text()).inputs[0].ref == "v0.1.0"
 
 
-def test_a_component_that_changes_the_bases_torch_fails_the_build(demo_pins, tmp_path, settings):
+def test_a_component_that_changes_the_bases_torch_fails_the_build(demo_pins: Path, tmp_path: Path, settings: Settings) -> None:
     """tinyrl ships a data file over torch/version.py (installed into its prefix, copied over the venv)."""
     from demo.prepare import add_pr_commit, variant_pins
     from tests.conftest import _resolve_render_build

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.core.options import Settings
 from builder.engine.registry import Registry, put_manifest, split_repository
 from builder.release import attest, dsse, referrers
 from demo.prepare import add_pr_commit, variant_pins
@@ -26,7 +27,7 @@ def cli(*args):
 
 
 @pytest.fixture(scope="module")
-def world(demo_pins, settings, tmp_path_factory):
+def world(demo_pins: Path, settings: Settings, tmp_path_factory: pytest.TempPathFactory):
     """A copy of the demo stack with its own pins name and repository, a key pair, and a first nightly
     run (published, attested)."""
     uid = secrets.token_hex(4)
@@ -55,7 +56,7 @@ def world(demo_pins, settings, tmp_path_factory):
             engine.remove_image(client, tag)
 
 
-def test_verify_passes_on_the_published_image(world):
+def test_verify_passes_on_the_published_image(world) -> None:
     done = cli("verify", f"{world['repository']}@{world['digest']}", "--key", str(world["out"] / "key.pub"))
     assert done.returncode == 0, done.stdout + done.stderr
     for check in ("signature", "subject", "test result: PASSED", "provenance", "sbom: covers all"):
@@ -64,7 +65,7 @@ def test_verify_passes_on_the_published_image(world):
     assert len(world["report"]["publish"]["attestations"]) == 3
 
 
-def test_image_stays_clean_and_referrers_point_at_it(world):
+def test_image_stays_clean_and_referrers_point_at_it(world) -> None:
     reg, name, digest = world["reg"], world["name"], world["digest"]
     served = reg.manifest(name, world["report"]["tags"][0])
     assert served["computed"] == digest and "config" in json.loads(served["content"])  # a manifest, not an index
@@ -121,7 +122,7 @@ def planted(world, case: str) -> list[tuple[str, bytes]]:
 @pytest.mark.parametrize("case,check", [("tampered predicate", "predicates"), ("another key", "predicates"),
                                         ("another digest", "predicates"), ("FAILED test result", "test result"),
                                         ("no attestations", "attestations")])
-def test_planted_tamper_fails_naming_the_check(world, case, check):
+def test_planted_tamper_fails_naming_the_check(world, case, check) -> None:
     reg, digest = world["reg"], world["digest"]
     envelopes = [] if case == "no attestations" else planted(world, case)
     new = copy_image(world, re.sub(r"[^a-z]+", "-", case.lower()))
@@ -135,7 +136,7 @@ def test_planted_tamper_fails_naming_the_check(world, case, check):
     assert done.stdout.startswith(f"FAILED {check}:"), done.stdout
 
 
-def test_nightly_follows_a_new_pr_commit_then_says_no_change(world):
+def test_nightly_follows_a_new_pr_commit_then_says_no_change(world) -> None:
     out, pins, reg, name = world["out"], world["pins"], world["reg"], world["name"]
     # planted: the last accepted run had a far better throughput ratio -> regression flag, exit 4
     first = out / "run1" / "report.json"

@@ -6,7 +6,7 @@ from acceptance import procfs
 
 
 @pytest.mark.slow  # imports torch
-def test_mapped_libraries_of_this_process():
+def test_mapped_libraries_of_this_process() -> None:
     import torch  # noqa: F401  (maps its native libraries)
 
     libs = procfs.mapped_libraries()

@@ -2,6 +2,7 @@
 A report edited to name another digest, or a staging manifest replaced after acceptance, gets no tag."""
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,13 +15,14 @@ from builder.pins import model as pins_mod
 from builder.report import document as report_mod
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS
+from tests.fixture_types import DemoAccepted, DemoImage, DockerClient
 
 pytestmark = pytest.mark.docker
 RELEASE = "127.0.0.1:5000/tests-promote/unified"
 
 
 @pytest.fixture
-def accepted_by_digest(demo_accepted, docker_client, tmp_path):
+def accepted_by_digest(demo_accepted: DemoAccepted, docker_client: DockerClient, tmp_path: Path):
     """An ACCEPTED report whose acceptance pulled the demo image by digest from a staging repository of
     this test alone; yields (report.json path, staged ref, release tag)."""
     pins, resolved, built, result = demo_accepted
@@ -59,7 +61,7 @@ def edit(path, change):
     path.write_text(json.dumps(data))
 
 
-def base_manifest_into(stage_ref, base_image):
+def base_manifest_into(stage_ref, base_image: str):
     """Put the base image's manifest (a digest that never passed acceptance) into the staging repo."""
     reg, name = registry_for(stage_ref)
     base_host_name, _, base_digest = base_image.partition("@")
@@ -71,7 +73,7 @@ def base_manifest_into(stage_ref, base_image):
     return reg.put_manifest(name, base_digest, body, doc["mediaType"]), reg.put_manifest(name, "run", body, doc["mediaType"])
 
 
-def test_promote_tags_exactly_the_accepted_digest(accepted_by_digest, demo_accepted):
+def test_promote_tags_exactly_the_accepted_digest(accepted_by_digest, demo_accepted: DemoAccepted) -> None:
     report_json, ref, tag = accepted_by_digest
     receipt = pipeline.publish_report(report_json, SETTINGS)
     digest = ref.partition("@")[2]
@@ -83,7 +85,7 @@ def test_promote_tags_exactly_the_accepted_digest(accepted_by_digest, demo_accep
 
 
 @pytest.mark.parametrize("fields", ["pulled_only", "everything"])
-def test_report_edited_to_name_another_digest_gets_no_tag(accepted_by_digest, demo_image, fields):
+def test_report_edited_to_name_another_digest_gets_no_tag(accepted_by_digest, demo_image: DemoImage, fields) -> None:
     report_json, ref, tag = accepted_by_digest
     other, _ = base_manifest_into(ref, demo_image[0].base.image)
     other_ref = ref.partition("@")[0] + "@" + other
@@ -100,7 +102,7 @@ def test_report_edited_to_name_another_digest_gets_no_tag(accepted_by_digest, de
     assert reg.tag_digest(name, tag) is None
 
 
-def test_staging_manifest_replaced_after_acceptance_gets_no_tag(accepted_by_digest, demo_image):
+def test_staging_manifest_replaced_after_acceptance_gets_no_tag(accepted_by_digest, demo_image: DemoImage) -> None:
     report_json, ref, tag = accepted_by_digest
     reg, name = registry_for(ref)
     assert reg.delete_manifest(name, ref.partition("@")[2])

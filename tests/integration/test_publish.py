@@ -12,6 +12,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import requests
@@ -19,8 +20,10 @@ import requests
 from builder import pipeline
 from builder.core.errors import BadInput, InfraError, PublishError
 from builder.core.options import Settings
+from builder.engine.infra import Info
 from builder.engine.registry import MANIFEST_TYPES, Registry, verify_tag
 from builder.report import document as report
+from tests.fixture_types import DemoAccepted, DockerClient, MakeReportInputs
 
 SETTINGS = Settings.from_env()
 
@@ -53,7 +56,7 @@ def tiny_tar(text: str) -> bytes:
 
 
 @pytest.fixture(scope="session")
-def tiny_images(docker_client):
+def tiny_images(docker_client: DockerClient):
     """Two tiny imported images (a, b): {name: image ID}; removed at the end of the session."""
     ids = {}
     for name in ("a", "b"):
@@ -80,7 +83,7 @@ def wait_answers(url, timeout=20):
 
 
 @pytest.fixture
-def start_registry(tmp_path):
+def start_registry(tmp_path: Path):
     """Factory: a docker-registry on 127.0.0.1:<free port >= 5001>; returns (host:port, process)."""
     procs = []
 
@@ -197,7 +200,7 @@ def conn_get(upstream, path, headers) -> bytes:
     return data
 
 
-def report_for(report_inputs, outdir, repository, image_id, client=None, tag_image=None, **kwargs):
+def report_for(report_inputs: MakeReportInputs, outdir, repository, image_id, client=None, tag_image=None, **kwargs):
     """Write a report for image_id to outdir; tag tag_image (default image_id) with the report's SHA tag."""
     pins, sources, build, acceptance = report_inputs(repository=repository, image_id=image_id, **kwargs)
     rep = report.make_report(pins, sources, build, acceptance)
@@ -224,7 +227,7 @@ def served_digest(repository: str, tag: str, auth=None) -> tuple[str, str]:
 # ---------------------------------------------------------------- refusals (before any push)
 
 
-def test_refuses_not_accepted_report(report_inputs, tmp_path):
+def test_refuses_not_accepted_report(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
     _, paths = report_for(report_inputs, tmp_path, "127.0.0.1:5000/tests/refused", "sha256:" + "ab" * 32,
                           statuses={"rl_step": "fail"})
     before = snapshot(paths)
@@ -233,7 +236,7 @@ def test_refuses_not_accepted_report(report_inputs, tmp_path):
     assert snapshot(paths) == before
 
 
-def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs, tmp_path):
+def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
     rep, paths = report_for(report_inputs, tmp_path, "127.0.0.1:5000/tests/refused", "sha256:" + "ab" * 32,
                             statuses={"control": None})
     forged = rep.model_copy(update={"verdict": "ACCEPTED", "reasons": []})
@@ -243,7 +246,8 @@ def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs, tmp_pa
 
 
 @pytest.mark.docker
-def test_refuses_report_for_another_image(report_inputs, tmp_path, docker_client, tiny_images, infra_setup):
+def test_refuses_report_for_another_image(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient,
+                                          tiny_images, infra_setup: Info) -> None:
     repo = f"127.0.0.1:5000/tests/other-image-{uuid.uuid4().hex[:8]}"
     _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client, tag_image=tiny_images["b"])
     before = snapshot(paths)
@@ -259,8 +263,9 @@ def test_refuses_report_for_another_image(report_inputs, tmp_path, docker_client
 
 
 @pytest.mark.docker
-def test_push_to_read_only_registry_fails_without_receipt(report_inputs, tmp_path, docker_client, tiny_images,
-                                                          start_registry):
+def test_push_to_read_only_registry_fails_without_receipt(report_inputs: MakeReportInputs, tmp_path: Path,
+                                                          docker_client: DockerClient, tiny_images,
+                                                          start_registry) -> None:
     host, _ = start_registry(readonly=True)
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/readonly", tiny_images["a"], docker_client)
     before = snapshot(paths)
@@ -271,7 +276,8 @@ def test_push_to_read_only_registry_fails_without_receipt(report_inputs, tmp_pat
 
 
 @pytest.mark.docker
-def test_stopped_registry_is_infra_error(report_inputs, tmp_path, docker_client, tiny_images, start_registry):
+def test_stopped_registry_is_infra_error(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient,
+                                         tiny_images, start_registry) -> None:
     host, proc = start_registry()
     proc.terminate()
     proc.wait(timeout=10)
@@ -289,8 +295,9 @@ def test_stopped_registry_is_infra_error(report_inputs, tmp_path, docker_client,
     ("body", "HEAD Docker-Content-Digest sha256:(?!0{64})[0-9a-f]{64} does not match the sha256 of the manifest"),
     ("consistent", "registry serves sha256:.*, the push reported sha256:"),
 ])
-def test_digest_mismatch_is_refused(report_inputs, tmp_path, docker_client, tiny_images, start_registry,
-                                    tamper_proxy, mode, message):
+def test_digest_mismatch_is_refused(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient, tiny_images,
+                                    start_registry,
+                                    tamper_proxy, mode, message) -> None:
     upstream, _ = start_registry()
     host = tamper_proxy(upstream, mode)
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/tampered", tiny_images["a"], docker_client)
@@ -311,8 +318,9 @@ def report_for_tags(paths) -> list[str]:
 
 
 @pytest.mark.docker
-def test_publish_pushes_verifies_and_records_receipt(report_inputs, tmp_path, docker_client, tiny_images,
-                                                     infra_setup):
+def test_publish_pushes_verifies_and_records_receipt(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient,
+                                                     tiny_images,
+                                                     infra_setup: Info) -> None:
     repo = "127.0.0.1:5000/tests/published"
     rep, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client)
     receipt = pipeline.publish_report(paths["json"], SETTINGS)
@@ -335,8 +343,9 @@ def test_publish_pushes_verifies_and_records_receipt(report_inputs, tmp_path, do
 
 
 @pytest.mark.docker
-def test_platform_other_than_reported_gets_no_receipt(report_inputs, tmp_path, docker_client, tiny_images,
-                                                      infra_setup):
+def test_platform_other_than_reported_gets_no_receipt(report_inputs: MakeReportInputs, tmp_path: Path,
+                                                      docker_client: DockerClient, tiny_images,
+                                                      infra_setup: Info) -> None:
     repo = "127.0.0.1:5000/tests/platform"
     _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client, platform="linux/arm64")
     before = snapshot(paths)
@@ -346,8 +355,9 @@ def test_platform_other_than_reported_gets_no_receipt(report_inputs, tmp_path, d
 
 
 @pytest.mark.docker
-def test_credentials_never_leak(report_inputs, tmp_path, docker_client, tiny_images, start_registry, monkeypatch,
-                                capfd):
+def test_credentials_never_leak(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient, tiny_images,
+                                start_registry, monkeypatch: pytest.MonkeyPatch,
+                                capfd: pytest.CaptureFixture[str]) -> None:
     password = "planted-Secret-4711"
     host, _ = start_registry(htpasswd=("builder", password))
     monkeypatch.setenv("BUILDER_REGISTRY_USERNAME", "builder")
@@ -372,7 +382,7 @@ def test_credentials_never_leak(report_inputs, tmp_path, docker_client, tiny_ima
 
 
 @pytest.mark.docker
-def test_demo_image_accepted_report_and_publish(demo_accepted, tmp_path, docker_client):
+def test_demo_image_accepted_report_and_publish(demo_accepted: DemoAccepted, tmp_path: Path, docker_client: DockerClient) -> None:
     pins, sources, built, acceptance = demo_accepted
     rep = report.make_report(pins, sources, built, acceptance)
     assert rep.verdict == "ACCEPTED", rep.reasons

@@ -15,6 +15,7 @@ from builder.engine import normalize, staging
 from builder.engine.registry import Registry, split_repository
 from builder.report import document as report_mod
 from tests.conftest import SETTINGS
+from tests.fixture_types import DemoImage, DockerClient
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
@@ -33,8 +34,9 @@ def reload(client, built, tag):
     normalize.load(client, config, [p if p.exists() else None for p in files], tag, SETTINGS.cache("oci", "tmp"))
 
 
-def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_image, staged_demo, docker_client,
-                                                                     tmp_path):
+def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_image: DemoImage, staged_demo: str,
+                                                                      docker_client: DockerClient,
+                                                                     tmp_path: Path) -> None:
     pins, resolved, rendered, built = demo_image
     config_digest = json.loads(normalize.blob_path(SETTINGS, built.manifest_digest).read_bytes())["config"]["digest"]
     assert built.image_id == config_digest  # the local image ID is the config digest
@@ -57,7 +59,7 @@ def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_image
     assert report_mod.load(report_json).rebuild["status"] == "same"
 
 
-def test_rebuild_check_catches_a_build_step_that_stamps_the_time(stamped_pins, tmp_path):
+def test_rebuild_check_catches_a_build_step_that_stamps_the_time(stamped_pins: Path, tmp_path: Path) -> None:
     from tests.conftest import _resolve_render_build
 
     pins, resolved, rendered, built = _resolve_render_build(stamped_pins)

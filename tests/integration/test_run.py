@@ -13,6 +13,7 @@ from builder.core.options import Settings
 from builder.engine.registry import Registry, split_repository
 from builder.image.render import sha_tag
 from demo.prepare import variant_pins
+from tests.fixture_types import DockerClient
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
@@ -49,7 +50,7 @@ def served(repository: str, tag: str) -> int:
                          headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}).status_code
 
 
-def test_run_accepts_publishes_and_reruns(demo_pins, tmp_path):
+def test_run_accepts_publishes_and_reruns(demo_pins: Path, tmp_path: Path) -> None:
     first = run_cli("run", str(demo_pins), "--publish", "--out", str(tmp_path / "a"))
     assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads((tmp_path / "a" / "report.json").read_text())
@@ -70,7 +71,7 @@ def test_run_accepts_publishes_and_reruns(demo_pins, tmp_path):
     assert again["publish"] is None  # not asked this time
 
 
-def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins, tmp_path, untag):
+def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins: Path, tmp_path: Path, untag) -> None:
     pins_path = variant_pins(tmp_path / "pins", "vllm", 12, pins_path=demo_pins)  # batch invariance broken
     out = run_cli("run", str(pins_path), "--publish", "--out", str(tmp_path / "run"))
     assert out.returncode == 1, out.stderr[-3000:]
@@ -84,7 +85,7 @@ def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins, tmp_path, unt
     assert served(pins.image.repository, sha_tag(pins)) == 404
 
 
-def test_run_bad_input_exits_2(tmp_path):
+def test_run_bad_input_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "pins.yaml"
     bad.write_text("- a list\n- not a mapping\n")
     out = run_cli("run", str(bad), "--out", str(tmp_path / "run"))
@@ -92,7 +93,7 @@ def test_run_bad_input_exits_2(tmp_path):
     assert not (tmp_path / "run").exists()  # nothing half-made
 
 
-def test_run_engine_unreachable_exits_3(demo_pins, tmp_path):
+def test_run_engine_unreachable_exits_3(demo_pins: Path, tmp_path: Path) -> None:
     out = run_cli("run", str(demo_pins), "--out", str(tmp_path / "run"),
                   env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert out.returncode == 3, out.stderr[-2000:]
@@ -100,7 +101,7 @@ def test_run_engine_unreachable_exits_3(demo_pins, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_sigint_during_a_gate_removes_its_container(demo_pins, tmp_path, docker_client, untag):
+def test_sigint_during_a_gate_removes_its_container(demo_pins: Path, tmp_path: Path, docker_client: DockerClient, untag) -> None:
     """A real Ctrl-C (SIGINT) to `builder accept` while a gate runs: exit 130, no container left."""
     import signal
     import time

@@ -14,6 +14,8 @@ import pytest
 from builder.engine import client as engine
 from builder.image import build
 from tests.conftest import SETTINGS
+from tests.engines import Engine
+from tests.fixture_types import DemoImage, DockerClient
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
@@ -24,7 +26,8 @@ def run_cli(*args):
                           timeout=1500, env=dict(os.environ))
 
 
-def test_demo_gates_run_on_the_second_engine(demo_image, staged_demo, second_engine, docker_client, tmp_path):
+def test_demo_gates_run_on_the_second_engine(demo_image: DemoImage, staged_demo: str, second_engine: Engine,
+                                             docker_client: DockerClient, tmp_path: Path) -> None:
     pins_path = Path(demo_image[1].pins_path)
     built = demo_image[3]
     other = docker.DockerClient(base_url=second_engine.url, timeout=600)
@@ -45,7 +48,7 @@ def test_demo_gates_run_on_the_second_engine(demo_image, staged_demo, second_eng
     assert other.containers.list(all=True) == []  # every gate container removed
 
 
-def test_unreachable_engine_exits_3_and_missing_digest_exits_1(demo_image, staged_demo, tmp_path):
+def test_unreachable_engine_exits_3_and_missing_digest_exits_1(demo_image: DemoImage, staged_demo: str, tmp_path: Path) -> None:
     pins_path = demo_image[1].pins_path
     gone = run_cli("accept", pins_path, "--engine", f"unix://{tmp_path}/none.sock", "--image", staged_demo)
     assert gone.returncode == 3, gone.stderr[-2000:]
@@ -56,7 +59,7 @@ def test_unreachable_engine_exits_3_and_missing_digest_exits_1(demo_image, stage
     assert f"{missing}: not in the registry" in absent.stderr
 
 
-def test_second_engine_builds_the_same_pins_to_the_same_digests(demo_image, second_engine):
+def test_second_engine_builds_the_same_pins_to_the_same_digests(demo_image: DemoImage, second_engine: Engine) -> None:
     _, _, rendered, built = demo_image
     there = replace(SETTINGS, docker_host=second_engine.url)
     other = build.build(rendered, there, nocache=True, echo=False)  # pulls the base from 127.0.0.1:5000

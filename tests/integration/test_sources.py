@@ -36,25 +36,25 @@ def commit(work, name, text="x") -> str:
     return git(work, "rev-parse", "HEAD")
 
 
-def use_cache(monkeypatch, path) -> None:
+def use_cache(monkeypatch: pytest.MonkeyPatch, path) -> None:
     """Point BUILDER_CACHE somewhere else and re-read the settings, as a new command would."""
     monkeypatch.setenv("BUILDER_CACHE", str(path))
     monkeypatch.setattr(sys.modules[__name__], "SETTINGS", Settings.from_env())
 
 
-def reread_settings(monkeypatch) -> None:
+def reread_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """Read the settings again after changing the environment, as a new command would."""
     monkeypatch.setattr(sys.modules[__name__], "SETTINGS", Settings.from_env())
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     use_cache(monkeypatch, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
 @pytest.fixture
-def upstream(tmp_path):
+def upstream(tmp_path: Path):
     """main: A-B-C; PR #7 branches at B: P1-P2 (head P2); extra P3 on top of P2 (not pushed yet);
     X on an unrelated branch from A."""
     work, bare = tmp_path / "work", tmp_path / "upstream.git"
@@ -78,14 +78,14 @@ def pin(commit, pr=7, target="main"):
     return SimpleNamespace(url="", target=target, pr=pr, commit=commit)
 
 
-def pins_for(url, commit, tmp_path, pr=7):
+def pins_for(url, commit, tmp_path: Path, pr=7):
     """Stand-in with the attributes resolve() reads from builder.pins.model.Pins."""
     comps = {n: pin(commit, pr) for n in COMPONENTS}
     return SimpleNamespace(components=comps, component_url=lambda name: url, path=tmp_path / "pins.yaml",
                            sha256="0" * 64)
 
 
-def test_happy_path_records_merge_base_and_counts(upstream, tmp_path):
+def test_happy_path_records_merge_base_and_counts(upstream, tmp_path: Path) -> None:
     resolved = sources.resolve(pins_for(upstream.url, upstream.p2, tmp_path), SETTINGS)
     comp = resolved.components["verl"]
     assert list(resolved.components) == ["vllm", "megatron", "verl"]
@@ -103,27 +103,27 @@ def test_happy_path_records_merge_base_and_counts(upstream, tmp_path):
     assert "merge-base" in table and upstream.b[:12] in table and "+2/-1" in table
 
 
-def test_file_url_works(upstream):
+def test_file_url_works(upstream) -> None:
     comp = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), f"file://{upstream.bare}")
     assert comp.merge_base == upstream.b
 
 
-def test_missing_commit_fails(upstream):
+def test_missing_commit_fails(upstream) -> None:
     with pytest.raises(BadInput, match=r"components.vllm.commit: commit 1{40} of vllm not found"):
         sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), upstream.url)
 
 
-def test_missing_pr_ref_fails(upstream):
+def test_missing_pr_ref_fails(upstream) -> None:
     with pytest.raises(BadInput, match=r"PR #99 \(refs/pull/99/head\) not found"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, pr=99), upstream.url)
 
 
-def test_missing_target_branch_fails(upstream):
+def test_missing_target_branch_fails(upstream) -> None:
     with pytest.raises(BadInput, match="branch 'develop' not found"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, target="develop"), upstream.url)
 
 
-def test_moved_pr_head_fails_unless_allowed(upstream):
+def test_moved_pr_head_fails_unless_allowed(upstream) -> None:
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
     with pytest.raises(BadInput, match=f"PR #7 head moved past {upstream.p2} to {upstream.p3}"):
         sources.resolve_component(SETTINGS, "megatron", pin(upstream.p2), upstream.url)
@@ -131,13 +131,13 @@ def test_moved_pr_head_fails_unless_allowed(upstream):
     assert comp.pr_moved is True and comp.pr_head == upstream.p3 and comp.commit == upstream.p2
 
 
-def test_allow_moved_pr_accepts_an_older_commit_of_the_pr(upstream):
+def test_allow_moved_pr_accepts_an_older_commit_of_the_pr(upstream) -> None:
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
     comp = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p1), upstream.url, allow_moved_pr=True)
     assert comp.commit == upstream.p1 and comp.pr_moved and comp.merge_base == upstream.b
 
 
-def test_allow_moved_pr_refuses_the_merge_base_and_the_root(upstream):
+def test_allow_moved_pr_refuses_the_merge_base_and_the_root(upstream) -> None:
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
     for sha in (upstream.b, upstream.a):  # ancestors of the PR head, but on main: not commits of the PR
         with pytest.raises(BadInput, match=f"commit {sha} is on main.*not a commit of PR #7.*"
@@ -146,21 +146,21 @@ def test_allow_moved_pr_refuses_the_merge_base_and_the_root(upstream):
         assert err.value.exit_code == 2
 
 
-def test_commit_not_on_pr_fails_even_when_allowed(upstream):
+def test_commit_not_on_pr_fails_even_when_allowed(upstream) -> None:
     with pytest.raises(BadInput, match=f"commit {upstream.c} is not on PR #7"):  # on main, not under the head
         sources.resolve_component(SETTINGS, "verl", pin(upstream.c), upstream.url, allow_moved_pr=True)
     with pytest.raises(BadInput, match=f"commit {upstream.x} of verl not found in the fetched refs"):
         sources.resolve_component(SETTINGS, "verl", pin(upstream.x), upstream.url, allow_moved_pr=True)  # another branch
 
 
-def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream):
+def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream) -> None:
     sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     git(upstream.bare, "update-ref", "-d", "refs/pull/7/head")
     with pytest.raises(BadInput, match="PR #7"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
 
 
-def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path, cache):
+def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path: Path, cache) -> None:
     warm = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     upstream.bare.rename(tmp_path / "gone.git")  # any fetch would now fail
     with pytest.raises(BadInput, match=f"{upstream.url}: no such local repository"):
@@ -169,32 +169,32 @@ def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path, cache):
     assert offline == warm
 
 
-def test_offline_cold_cache_fails_clearly(upstream, monkeypatch, tmp_path):
+def test_offline_cold_cache_fails_clearly(upstream, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     use_cache(monkeypatch, str(tmp_path / "cold"))
     with pytest.raises(BadInput, match="not in the mirror cache; run without --offline"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url, offline=True)
 
 
-def test_offline_missing_pr_in_warm_cache_fails_clearly(upstream):
+def test_offline_missing_pr_in_warm_cache_fails_clearly(upstream) -> None:
     sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     with pytest.raises(BadInput, match="refs/pull/8/head .* not in the mirror cache; run without --offline"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, pr=8), upstream.url, offline=True)
 
 
 @pytest.mark.parametrize("url", ["/no/such/repo.git", "file:///no/such/repo.git"])
-def test_missing_local_path_is_bad_input(url):
+def test_missing_local_path_is_bad_input(url) -> None:
     with pytest.raises(BadInput, match=f"{url}: no such local repository /no/such/repo.git") as err:
         sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), url)
     assert err.value.exit_code == 2
 
 
-def test_local_path_that_is_not_a_repository_is_bad_input(tmp_path):
+def test_local_path_that_is_not_a_repository_is_bad_input(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
     with pytest.raises(BadInput, match="plain is not a git repository"):
         sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), str(tmp_path / "plain"))
 
 
-def test_unreachable_remote_is_infra_error(monkeypatch):
+def test_unreachable_remote_is_infra_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_SSH_COMMAND", "false")  # the transport fails, as an unreachable host would
     reread_settings(monkeypatch)
     with pytest.raises(InfraError, match="ssh://git@example.invalid/x.git: fetch failed") as err:
@@ -202,7 +202,7 @@ def test_unreachable_remote_is_infra_error(monkeypatch):
     assert err.value.exit_code == 3
 
 
-def test_only_the_target_and_pr_refs_are_fetched(upstream):
+def test_only_the_target_and_pr_refs_are_fetched(upstream) -> None:
     sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     refs = git(mirror.mirror_path(SETTINGS, upstream.url), "for-each-ref", "--format=%(refname)").split()
     assert refs == ["refs/remotes/origin/main", "refs/remotes/origin/pr/7"]
@@ -210,7 +210,7 @@ def test_only_the_target_and_pr_refs_are_fetched(upstream):
 
 
 @pytest.mark.slow  # two interpreters resolving at once
-def test_two_processes_share_a_cold_cache(upstream, cache):
+def test_two_processes_share_a_cold_cache(upstream, cache) -> None:
     code = ("import sys; from types import SimpleNamespace as N; from builder.sources import resolve as sources;"
             "from builder.core.options import Settings;"
             "c = sources.resolve_component(Settings.from_env(), 'vllm', N(target='main', pr=7, commit=sys.argv[2]),"
@@ -224,7 +224,7 @@ def test_two_processes_share_a_cold_cache(upstream, cache):
     assert outs[0][0] == outs[1][0] and len(outs[0][0].strip()) == 64
 
 
-def test_fetch_waits_for_the_mirror_lock(upstream):
+def test_fetch_waits_for_the_mirror_lock(upstream) -> None:
     path = mirror.mirror_path(SETTINGS, upstream.url)
     path.parent.mkdir(parents=True, exist_ok=True)  # mirror_path creates nothing (offline lookups)
     done = threading.Event()
@@ -239,14 +239,14 @@ def test_fetch_waits_for_the_mirror_lock(upstream):
     assert done.is_set()
 
 
-def test_mirror_dir_name_is_readable_and_unique(cache):
+def test_mirror_dir_name_is_readable_and_unique(cache) -> None:
     one, two = mirror.mirror_path(SETTINGS, "https://github.com/a/b.git"), mirror.mirror_path(SETTINGS, "https://github.com/a/b")
     assert one.parent == cache / "mirrors" and one.name.startswith("https_github.com_a_b.git-")
     assert one != two
 
 
 @pytest.fixture
-def with_submodules(tmp_path, upstream):
+def with_submodules(tmp_path: Path, upstream):
     """PR head P4 on top of P2 adds libs/sub (relative URL ../sub.git) which itself has deep/ (absolute URL)."""
     def bare_repo(name, files):
         work = tmp_path / f"{name}-work"
@@ -270,7 +270,7 @@ def with_submodules(tmp_path, upstream):
                            sub_url=str(tmp_path / "sub.git"), deep_url=str(tmp_path / "deep.git"))
 
 
-def test_submodules_recorded_recursively(upstream, with_submodules):
+def test_submodules_recorded_recursively(upstream, with_submodules) -> None:
     s = with_submodules
     comp = sources.resolve_component(SETTINGS, "verl", pin(s.p4), upstream.url)
     got = [(m.path, m.url, m.commit) for m in comp.submodules]
@@ -281,7 +281,7 @@ def test_submodules_recorded_recursively(upstream, with_submodules):
     assert again.export_sha256 == comp.export_sha256
 
 
-def test_submodule_commit_missing_fails(upstream, with_submodules, tmp_path):
+def test_submodule_commit_missing_fails(upstream, with_submodules, tmp_path: Path) -> None:
     work = upstream.work
     git(work, "update-index", "--cacheinfo", f"160000,{'2' * 40},libs/sub")
     git(work, "commit", "-qm", "bad gitlink")
@@ -291,13 +291,13 @@ def test_submodule_commit_missing_fails(upstream, with_submodules, tmp_path):
         sources.resolve_component(SETTINGS, "verl", pin(bad), upstream.url)
 
 
-def test_absolute_url():
+def test_absolute_url() -> None:
     assert sources.absolute_url("../c.git", "https://h/a/b.git") == "https://h/a/c.git"
     assert sources.absolute_url("./c", "/srv/a/b") == "/srv/a/b/c"
     assert sources.absolute_url("git@h:x/y.git", "/srv/a") == "git@h:x/y.git"
 
 
-def test_unrelated_history_fails(upstream):
+def test_unrelated_history_fails(upstream) -> None:
     git(upstream.work, "checkout", "-q", "--orphan", "lonely")
     orphan = commit(upstream.work, "lonely")
     git(upstream.work, "push", "-q", str(upstream.bare), f"{orphan}:refs/pull/9/head")
@@ -305,7 +305,7 @@ def test_unrelated_history_fails(upstream):
         sources.resolve_component(SETTINGS, "vllm", pin(orphan, pr=9), upstream.url)
 
 
-def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules):
+def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules) -> None:
     work = upstream.work
     git(work, "update-index", "--add", "--cacheinfo", f"160000,{with_submodules.sub},stray")
     git(work, "commit", "-qm", "stray gitlink")
@@ -315,14 +315,14 @@ def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules):
         sources.resolve_component(SETTINGS, "verl", pin(bad), upstream.url)
 
 
-def test_submodule_nesting_limit(upstream, with_submodules, monkeypatch):
+def test_submodule_nesting_limit(upstream, with_submodules, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sources, "MAX_DEPTH", 1)  # the fixture nests two levels
     with pytest.raises(BadInput, match="submodules nested deeper than 1"):
         sources.resolve_component(SETTINGS, "verl", pin(with_submodules.p4), upstream.url)
 
 
 @pytest.fixture
-def redirected(tmp_path, upstream, monkeypatch):
+def redirected(tmp_path: Path, upstream, monkeypatch: pytest.MonkeyPatch):
     """PR head P5 adds a submodule `recipe` whose URL is on a public host; BUILDER_GIT_CONFIG
     rewrites that host (url.<base>.insteadOf) to a local directory holding both repositories."""
     recipe = tmp_path / "recipe-work"
@@ -345,7 +345,7 @@ def redirected(tmp_path, upstream, monkeypatch):
     return SimpleNamespace(p5=p5, recipe=sha, config=config, url="https://git.example.invalid/org/upstream.git")
 
 
-def test_insteadof_rewrites_the_repository_and_its_submodules(upstream, redirected):
+def test_insteadof_rewrites_the_repository_and_its_submodules(upstream, redirected) -> None:
     comp = sources.resolve_component(SETTINGS, "verl", pin(redirected.p5), redirected.url)
     assert comp.url == redirected.url and comp.commit == redirected.p5
     assert [(s.path, s.url, s.commit) for s in comp.submodules] == [
@@ -355,7 +355,7 @@ def test_insteadof_rewrites_the_repository_and_its_submodules(upstream, redirect
     assert again.export_sha256 == comp.export_sha256
 
 
-def test_insteadof_to_a_missing_directory_is_bad_input(upstream, redirected, tmp_path):
+def test_insteadof_to_a_missing_directory_is_bad_input(upstream, redirected, tmp_path: Path) -> None:
     redirected.config.write_text(f'[url "{tmp_path}/nowhere/"]\n\tinsteadOf = https://git.example.invalid/org/\n')
     with pytest.raises(BadInput, match=f"{redirected.url} \\(rewritten to {tmp_path}/nowhere/upstream.git\\):"
                                        " no such local repository") as err:
@@ -363,7 +363,7 @@ def test_insteadof_to_a_missing_directory_is_bad_input(upstream, redirected, tmp
     assert err.value.exit_code == 2
 
 
-def test_git_config_setting_must_name_a_file(tmp_path):
+def test_git_config_setting_must_name_a_file(tmp_path: Path) -> None:
     env = {"BUILDER_GIT_CONFIG": str(tmp_path / "missing.gitconfig")}
     with pytest.raises(BadInput, match="BUILDER_GIT_CONFIG: expected an existing git config file"):
         Settings.from_env(env)
@@ -373,7 +373,7 @@ def test_git_config_setting_must_name_a_file(tmp_path):
         tmp_path / "mirrors.gitconfig"
 
 
-def test_a_path_and_its_file_url_share_one_mirror(upstream, cache):
+def test_a_path_and_its_file_url_share_one_mirror(upstream, cache) -> None:
     """`/abs` and `file:///abs` (and `/abs/./`) are one repository: one mirror, one cold fetch."""
     path = upstream.url
     spellings = [path, "file://" + path, path + "/./", "file://localhost" + path + "/"]
@@ -383,7 +383,7 @@ def test_a_path_and_its_file_url_share_one_mirror(upstream, cache):
     assert len(list((cache / "mirrors").glob("*.git"))) == 1
 
 
-def test_distinct_repositories_keep_distinct_mirrors():
+def test_distinct_repositories_keep_distinct_mirrors() -> None:
     assert mirror.normalised_url("https://Example.org/a/b/") == "https://example.org/a/b"
     keys = {mirror.mirror_path(SETTINGS, url) for url in ("/a/b", "/a/c", "https://example.org/a/b", "/a/b.git")}
     assert len(keys) == 4

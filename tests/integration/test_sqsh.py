@@ -17,6 +17,7 @@ from builder import pipeline
 from builder.core import files as fs
 from builder.core import options
 from builder.core.errors import BadInput, NotAccepted
+from builder.core.options import Settings
 from builder.core.records import SqshExport
 from builder.pins import model as pins_mod
 from builder.release import sqsh
@@ -24,6 +25,7 @@ from builder.release import sqsh_rootfs as layers
 from builder.release import sqsh_smoke as smoke
 from builder.release.sqsh_rootfs import Entry
 from builder.report import document as report
+from tests.fixture_types import DemoAccepted, DockerClient, MakeReportInputs
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = "-comp lzo -Xalgorithm lzo1x_1 -noD"  # enroot's compressor, its fast algorithm: tests only
@@ -96,7 +98,7 @@ def _saved_tar(tag: str) -> tuple[bytes, str]:
 
 
 @pytest.fixture(scope="module")
-def planted(docker_client):
+def planted(docker_client: DockerClient):
     """The planted image loaded into the engine (`docker load`); its ID. Removed afterwards."""
     data, image_id = _saved_tar("builder-tests/i13-whiteout:test")
     docker_client.images.load(data)
@@ -106,7 +108,7 @@ def planted(docker_client):
 
 
 @pytest.fixture(scope="module")
-def planted_sqsh(planted, docker_client, tmp_path_factory):
+def planted_sqsh(planted, docker_client: DockerClient, tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("planted")
     made = sqsh.make_sqsh(docker_client, planted, work / "p.sqsh", FAST, work)
     return work / "p.sqsh", made
@@ -116,7 +118,7 @@ def planted_sqsh(planted, docker_client, tmp_path_factory):
 
 
 @pytest.mark.docker
-def test_top_layer_deletions_are_absent(planted_sqsh, tmp_path):
+def test_top_layer_deletions_are_absent(planted_sqsh, tmp_path: Path) -> None:
     out, made = planted_sqsh
     root = tmp_path / "r"
     sqsh.unsquash(out, root)  # read back from the .sqsh itself
@@ -140,7 +142,7 @@ def test_top_layer_deletions_are_absent(planted_sqsh, tmp_path):
 
 
 @pytest.mark.docker
-def test_engine_agrees_on_the_final_files(planted, planted_sqsh, docker_client, tmp_path):
+def test_engine_agrees_on_the_final_files(planted, planted_sqsh, docker_client: DockerClient, tmp_path: Path) -> None:
     """The engine's own flattening (docker create + export) has the same regular files and contents."""
     _, made = planted_sqsh
     container = docker_client.containers.create(planted, command=["x"], network_mode="none")
@@ -162,7 +164,7 @@ def test_engine_agrees_on_the_final_files(planted, planted_sqsh, docker_client, 
 
 
 @pytest.mark.docker
-def test_same_image_same_sha256(planted, planted_sqsh, docker_client, tmp_path):
+def test_same_image_same_sha256(planted, planted_sqsh, docker_client: DockerClient, tmp_path: Path) -> None:
     out, _ = planted_sqsh
     again = tmp_path / "again.sqsh"
     sqsh.make_sqsh(docker_client, planted, again, FAST, tmp_path)
@@ -170,7 +172,7 @@ def test_same_image_same_sha256(planted, planted_sqsh, docker_client, tmp_path):
 
 
 @pytest.mark.docker
-def test_a_difference_from_the_layers_is_listed(planted_sqsh, tmp_path):
+def test_a_difference_from_the_layers_is_listed(planted_sqsh, tmp_path: Path) -> None:
     out, made = planted_sqsh
     root = tmp_path / "r"
     sqsh.unsquash(out, root)
@@ -186,7 +188,7 @@ def test_a_difference_from_the_layers_is_listed(planted_sqsh, tmp_path):
 
 
 @pytest.mark.docker
-def test_a_layer_that_does_not_match_its_diff_id_is_refused(planted, docker_client, tmp_path):
+def test_a_layer_that_does_not_match_its_diff_id_is_refused(planted, docker_client: DockerClient, tmp_path: Path) -> None:
     saved = layers.save(docker_client, planted, tmp_path / "image.tar")
     with tarfile.open(saved.path) as outer:
         inner = tarfile.open(fileobj=outer.extractfile(saved.layers[0]))
@@ -201,7 +203,7 @@ def test_a_layer_that_does_not_match_its_diff_id_is_refused(planted, docker_clie
 # ---------------------------------------------------------------- no Docker
 
 
-def test_a_member_through_a_symlink_is_refused(tmp_path):
+def test_a_member_through_a_symlink_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "usr/lib").mkdir(parents=True)
     (root / "lib").symlink_to("/etc")
@@ -210,7 +212,7 @@ def test_a_member_through_a_symlink_is_refused(tmp_path):
         layers._inside(root, "lib/passwd")
 
 
-def test_squash_options_default_is_enroots():
+def test_squash_options_default_is_enroots() -> None:
     assert options.Settings.from_env({}).squash_options == "-comp lzo -noD"
     assert options.Settings.from_env({"BUILDER_SQUASH_OPTIONS": FAST}).squash_options == FAST
     for bad in ("-comp lzo; rm -rf /", "-ef /etc/passwd", "-comp $(x)"):
@@ -218,7 +220,7 @@ def test_squash_options_default_is_enroots():
             options.Settings.from_env({"BUILDER_SQUASH_OPTIONS": bad})
 
 
-def test_enroot_files_follow_the_config():
+def test_enroot_files_follow_the_config() -> None:
     files = sqsh.enroot_files({"config": {"Env": ["A=1"], "Entrypoint": ["/e"], "Cmd": ["c"]}})
     assert files["etc/environment"] == b"A=1\n" and files["etc/fstab"] == b""
     rc = files["etc/rc"].decode()
@@ -226,7 +228,7 @@ def test_enroot_files_follow_the_config():
     assert b"exec  '/bin/sh'" in sqsh.enroot_files({})["etc/rc"]
 
 
-def test_compare_checks_kind_owner_target_and_xattrs():
+def test_compare_checks_kind_owner_target_and_xattrs() -> None:
     f = Entry(kind="f", mode=0o644, uid=0, gid=0, sha256="a" * 64)
     link = Entry(kind="l", mode=0o777, uid=0, gid=0, target="x")
     got = {"a": Entry(kind="d", mode=0o644, uid=0, gid=0), "b": Entry(kind="f", mode=0o644, uid=1, gid=0, sha256="a" * 64),
@@ -246,7 +248,7 @@ def _record(**kw) -> SqshExport:
     return SqshExport(**fields)
 
 
-def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs, tmp_path):
+def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
     rep = report.make_report(*report_inputs())
     rep.sqsh = _record()
     paths = report.write(rep, tmp_path)
@@ -260,7 +262,8 @@ def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs, tmp_p
     assert [c.get("name") for c in suite.iter("testcase")][-1] == "sqsh_smoke" and suite.get("tests") == "6"
 
 
-def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, tmp_path):
+def test_export_refuses_a_report_that_is_not_accepted(report_inputs: MakeReportInputs, settings: Settings,
+                                                      tmp_path: Path) -> None:
     rep = report.make_report(*report_inputs(statuses={"rl_step": "fail"}))
     path = report.write(rep, tmp_path)["json"]
     with pytest.raises(NotAccepted, match="only an ACCEPTED image is exported"):
@@ -271,7 +274,7 @@ def test_export_refuses_a_report_that_is_not_accepted(report_inputs, settings, t
     assert not list(tmp_path.glob("*.sqsh*"))
 
 
-def test_export_refuses_a_bad_out_before_any_work(report_inputs, settings, tmp_path):
+def test_export_refuses_a_bad_out_before_any_work(report_inputs: MakeReportInputs, settings: Settings, tmp_path: Path) -> None:
     path = report.write(report.make_report(*report_inputs()), tmp_path)["json"]
     for bad in (tmp_path / "image.tar", tmp_path / "missing" / "x.sqsh"):
         with pytest.raises(BadInput, match="expected a file name ending in .sqsh in an existing directory"):
@@ -280,7 +283,7 @@ def test_export_refuses_a_bad_out_before_any_work(report_inputs, settings, tmp_p
         pipeline.export_sqsh(path, settings, squash_options="-comp lzo -ef /etc/x")
 
 
-def test_run_sqsh_without_publish_is_bad_input():
+def test_run_sqsh_without_publish_is_bad_input() -> None:
     out = subprocess.run([sys.executable, "-m", "builder.cli", "run", "pins/demo.yaml", "--sqsh"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--sqsh: expected --publish" in out.stderr
@@ -290,7 +293,8 @@ def test_run_sqsh_without_publish_is_bad_input():
 
 
 @pytest.fixture(scope="module")
-def demo_sqsh(demo_accepted, docker_client, settings, tmp_path_factory):
+def demo_sqsh(demo_accepted: DemoAccepted, docker_client: DockerClient, settings: Settings,
+              tmp_path_factory: pytest.TempPathFactory):
     """An ACCEPTED report of the demo image and its .sqsh export (fast lzo for CI)."""
     pins, sources, built, acceptance = demo_accepted
     run = tmp_path_factory.mktemp("sqsh-run")
@@ -300,7 +304,7 @@ def demo_sqsh(demo_accepted, docker_client, settings, tmp_path_factory):
 
 
 @pytest.mark.docker
-def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh):
+def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh) -> None:
     path, record = demo_sqsh
     rep = report.load(path)
     assert rep.sqsh == record and record.image_id == rep.image_id and record.tag == rep.tags[0]
@@ -315,7 +319,7 @@ def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh):
 
 
 @pytest.mark.docker
-def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client, tmp_path):
+def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client: DockerClient, tmp_path: Path) -> None:
     path, record = demo_sqsh
     root = tmp_path / "r"
     sqsh.unsquash(Path(record.path), root)
@@ -330,7 +334,7 @@ def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client, tmp_pat
 
 
 @pytest.mark.docker
-def test_exporting_an_exported_digest_again_is_a_checked_cache_hit(demo_sqsh, settings, tmp_path):
+def test_exporting_an_exported_digest_again_is_a_checked_cache_hit(demo_sqsh, settings: Settings, tmp_path: Path) -> None:
     path, record = demo_sqsh
     again = pipeline.export_sqsh(path, settings, squash_options=FAST, out=tmp_path / "again.sqsh")
     assert "cache hit" in again.seconds and again.sha256 == record.sha256 and again.image_id == record.image_id

@@ -18,6 +18,7 @@ import pytest
 from builder.core.constants import LABEL_PREFIX
 from builder.engine.registry import Registry, push_blob, put_manifest
 from builder.release import attest, dsse, referrers
+from tests.fixture_types import MakeReportInputs
 
 ROOT = Path(__file__).resolve().parents[2]
 PINS = ROOT / "pins" / "demo.yaml"
@@ -32,7 +33,7 @@ def cli(*args):
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
+def keys(tmp_path_factory: pytest.TempPathFactory):
     """Publishers a, b, c and an attacker x: {name: (private, public, public key path)}."""
     d = tmp_path_factory.mktemp("trust-keys")
     out = {}
@@ -47,7 +48,7 @@ def kid(keys, k: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def report(report_inputs):
+def report(report_inputs: MakeReportInputs):
     """An ACCEPTED report of pins/demo.yaml whose recorded sha256 is the file's (as a real run records it)."""
     from builder.report import document as report_mod
 
@@ -76,7 +77,7 @@ def layer_tar(files: dict[str, bytes]) -> bytes:
 
 
 @pytest.fixture
-def image(report, request):
+def image(report, request: pytest.FixtureRequest):
     """A small image pushed by hand to a repository of its own: labels and /opt/delivery/manifest.json as a
     build writes them.  (registry, repository name, digest)."""
     reg = Registry(HOST)
@@ -135,7 +136,7 @@ def verify(image, keys, *names, all_keys=False):
     return cli(*args, *(["--require-all-keys"] if all_keys else []))
 
 
-def test_third_party_attestations_are_listed_not_fatal(report, image, keys):
+def test_third_party_attestations_are_listed_not_fatal(report, image, keys) -> None:
     publish(report, image, keys["a"][0])
     publish(report, image, keys["x"][0])  # someone else's key signs the same digest
     done = verify(image, keys, "a")
@@ -145,7 +146,7 @@ def test_third_party_attestations_are_listed_not_fatal(report, image, keys):
     assert done.stdout.strip().endswith("VERIFIED " + f"{HOST}/{image[1]}@{image[2]}")
 
 
-def test_only_untrusted_envelopes_fail_naming_them(report, image, keys):
+def test_only_untrusted_envelopes_fail_naming_them(report, image, keys) -> None:
     publish(report, image, keys["x"][0])
     done = verify(image, keys, "a")
     assert done.returncode == 1
@@ -153,7 +154,7 @@ def test_only_untrusted_envelopes_fail_naming_them(report, image, keys):
                                   f" this digest; untrusted: 3 envelopes (key IDs {kid(keys, 'x')})"), done.stdout
 
 
-def test_tampered_copy_and_replay_are_set_aside(report, image, keys, tmp_path):
+def test_tampered_copy_and_replay_are_set_aside(report, image, keys, tmp_path: Path) -> None:
     publish(report, image, keys["a"][0])
     prov = next(e for e in envelopes(image) if statement_of(e)["predicateType"] == attest.PROVENANCE_TYPE)
     stmt = statement_of(prov)  # the attacker's copy: an edited commit under a's key ID and signature
@@ -170,7 +171,7 @@ def test_tampered_copy_and_replay_are_set_aside(report, image, keys, tmp_path):
     assert "ignored: 1 envelopes signed by a trusted key for another subject (sha256:000000000000)" in done.stdout
 
 
-def test_a_trusted_envelope_still_gets_every_check(report, image, keys):
+def test_a_trusted_envelope_still_gets_every_check(report, image, keys) -> None:
     publish(report, image, keys["a"][0])
     result = next(e for e in envelopes(image) if statement_of(e)["predicateType"] == attest.TEST_RESULT_TYPE)
     stmt = statement_of(result)
@@ -180,7 +181,7 @@ def test_a_trusted_envelope_still_gets_every_check(report, image, keys):
     assert done.returncode == 1 and done.stdout.startswith("FAILED test result: result is 'FAILED'"), done.stdout
 
 
-def test_two_legitimate_keys(report, image, keys):
+def test_two_legitimate_keys(report, image, keys) -> None:
     publish(report, image, keys["a"][0])
     done = verify(image, keys, "a", "b")  # any of them trusted
     assert done.returncode == 0, done.stdout + done.stderr
@@ -196,7 +197,7 @@ def test_two_legitimate_keys(report, image, keys):
         in done.stdout and "untrusted" not in done.stdout
 
 
-def test_republish_by_the_same_key_attaches_nothing_new(report, image, keys):
+def test_republish_by_the_same_key_attaches_nothing_new(report, image, keys) -> None:
     reg, name, digest = image
     first = publish(report, image, keys["a"][0])
     later = report.model_copy(update={"created": "2027-01-01T00:00:00Z"})  # a later run: new times, new SBOM serial
@@ -215,7 +216,7 @@ def test_republish_by_the_same_key_attaches_nothing_new(report, image, keys):
     assert len(referrers.discover(reg, name, digest)) == 7
 
 
-def test_three_publishers_each_verify_and_name_the_other_two(report, image, keys):
+def test_three_publishers_each_verify_and_name_the_other_two(report, image, keys) -> None:
     for k in "abc":
         publish(report, image, keys[k][0])
     for k in "abc":
@@ -227,7 +228,7 @@ def test_three_publishers_each_verify_and_name_the_other_two(report, image, keys
         assert f"verify with key {kid(keys, k)}" in done.stdout
 
 
-def test_stable_statement_ignores_only_the_volatile_fields(report):
+def test_stable_statement_ignores_only_the_volatile_fields(report) -> None:
     from builder.release import sbom
 
     manifest = delivery_manifest(report)

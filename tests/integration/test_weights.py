@@ -43,7 +43,7 @@ def _write(directory, state: dict, fmt: str, shards: int = 1):
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "torch"])
-def test_one_changed_tensor_is_named_with_its_max_abs_diff(tmp_path, fmt):
+def test_one_changed_tensor_is_named_with_its_max_abs_diff(tmp_path: Path, fmt) -> None:
     a = weights.snapshot(_write(tmp_path / "a", _state(), fmt))
     b = weights.snapshot(_write(tmp_path / "b", _changed(_state(), "model.layers.0.mlp.weight"), fmt, shards=2))
     diff = weights.compare(a, b)
@@ -57,7 +57,7 @@ def test_one_changed_tensor_is_named_with_its_max_abs_diff(tmp_path, fmt):
     assert entry["sha256"] == hashlib.sha256(b"".join(v.to_bytes(2, "little", signed=True) for v in raw)).hexdigest()
 
 
-def test_digest_ignores_file_layout_and_format(tmp_path):
+def test_digest_ignores_file_layout_and_format(tmp_path: Path) -> None:
     """Same tensors -> same digest whatever the shard split, format or file metadata."""
     one = weights.snapshot(_write(tmp_path / "st1", _state(), "safetensors"))
     three = weights.snapshot(_write(tmp_path / "st3", _state(), "safetensors", shards=3))
@@ -65,7 +65,7 @@ def test_digest_ignores_file_layout_and_format(tmp_path):
     assert one["digest"] == three["digest"] == torch_one["digest"]
 
 
-def test_unreadable_and_missing_checkpoints_fail(tmp_path):
+def test_unreadable_and_missing_checkpoints_fail(tmp_path: Path) -> None:
     good = {"label": "initial", "snapshot": weights.snapshot(_write(tmp_path / "a", _state(), "safetensors")),
             "error": None}
     (tmp_path / "bad").mkdir()
@@ -88,14 +88,14 @@ def test_unreadable_and_missing_checkpoints_fail(tmp_path):
     assert status == "fail" and "step 2" in reason and "no such directory" in reason
 
 
-def _shots(tmp_path, states: list[dict], fmt="safetensors"):
+def _shots(tmp_path: Path, states: list[dict], fmt="safetensors"):
     labels = ["initial"] + [f"step {i}" for i in range(1, len(states))]
     return [{"label": label, "error": None,
              "snapshot": weights.snapshot(_write(tmp_path / label.replace(" ", ""), s, fmt))}
             for label, s in zip(labels, states)]
 
 
-def test_zero_update_passes_only_when_all_snapshots_are_identical(tmp_path):
+def test_zero_update_passes_only_when_all_snapshots_are_identical(tmp_path: Path) -> None:
     same = _shots(tmp_path / "same", [_state(), _state(), _state()])
     status, reason, evidence = checkpoint.zero_update(same)
     assert status == "pass", reason
@@ -109,7 +109,7 @@ def test_zero_update_passes_only_when_all_snapshots_are_identical(tmp_path):
     assert checkpoint.zero_update(no_initial)[0] == "inconclusive"
 
 
-def test_rl_step_needs_a_change_at_every_step_and_every_tensor_to_move(tmp_path):
+def test_rl_step_needs_a_change_at_every_step_and_every_tensor_to_move(tmp_path: Path) -> None:
     def step(state, k):
         return {n: (t + 0.01 * k if t.dtype != torch.int64 else t + k) for n, t in state.items()}
 
@@ -129,7 +129,7 @@ def test_rl_step_needs_a_change_at_every_step_and_every_tensor_to_move(tmp_path)
     assert status == "fail" and reason == "weights did not change from step 1 to step 2 with lr > 0"
 
 
-def test_decide_uses_checkpoint_evidence_and_none_is_inconclusive(tmp_path):
+def test_decide_uses_checkpoint_evidence_and_none_is_inconclusive(tmp_path: Path) -> None:
     run = decide.Run(exit_code=0, steps={s: {"training/rollout_probs_diff_max": 0.0, "rollout_corr/k3_kl": 0.0,
                                              "critic/rewards/mean": 0.5, "actor/pg_loss": 0.1} for s in (1, 2)})
     from acceptance.defaults import METRICS as DEFAULT_METRICS
@@ -141,7 +141,7 @@ def test_decide_uses_checkpoint_evidence_and_none_is_inconclusive(tmp_path):
     assert decide.rl_step(run, 2, DEFAULT_METRICS, {"mode": "none"})[0] == "inconclusive"
 
 
-def test_suite_imports_no_torch_at_import_time():
+def test_suite_imports_no_torch_at_import_time() -> None:
     code = ("import sys, acceptance.__main__, acceptance.checkpoint, acceptance.weights, acceptance.decide; "
             "print('torch' in sys.modules, 'safetensors' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

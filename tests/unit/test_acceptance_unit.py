@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from acceptance import checkpoint, decide, metrics, procfs, recipe
 from acceptance.__main__ import plain
 from acceptance.defaults import METRICS as DEFAULT_METRICS
@@ -44,7 +42,7 @@ def load(name: str, exit_code: int | None = None, drop=(), last_step: int | None
 # ---- parsing
 
 
-def test_jsonl_and_console_agree_on_a_real_run():
+def test_jsonl_and_console_agree_on_a_real_run() -> None:
     file_steps, problems = metrics.parse_jsonl((DATA / "clean_rl.jsonl").read_text())
     console_steps = metrics.parse_console((DATA / "clean_rl.console").read_text())
     assert problems == []
@@ -54,20 +52,20 @@ def test_jsonl_and_console_agree_on_a_real_run():
             assert console_steps[step][key] == value, (step, key)
 
 
-def test_nan_is_parsed_as_nan_from_both_logs():
+def test_nan_is_parsed_as_nan_from_both_logs() -> None:
     file_steps, _ = metrics.parse_jsonl((DATA / "nan_zero.jsonl").read_text())
     console_steps = metrics.parse_console((DATA / "nan_zero.console").read_text())
     for steps in (file_steps, console_steps):
         assert math.isnan(metrics.number(steps[1][METRICS["diff_max"]]))
 
 
-def test_console_lines_with_a_worker_prefix():
+def test_console_lines_with_a_worker_prefix() -> None:
     line = "(TaskRunner pid=42) step:3 - training/rollout_probs_diff_max:0.0 - actor/weights_checksum_after:00ff"
     assert metrics.parse_console(line + "\nnot a step line\n") == {
         3: {"training/rollout_probs_diff_max": 0.0, "actor/weights_checksum_after": "00ff"}}
 
 
-def test_bad_jsonl_lines_are_reported_not_used():
+def test_bad_jsonl_lines_are_reported_not_used() -> None:
     steps, problems = metrics.parse_jsonl('{"step": 1, "data": {"a": 0.0}}\nnot json\n{"data": {}}\n')
     assert steps == {1: {"a": 0.0}}
     assert len(problems) == 2
@@ -76,69 +74,69 @@ def test_bad_jsonl_lines_are_reported_not_used():
 # ---- zero_update
 
 
-def test_zero_update_passes_on_exact_zero():
+def test_zero_update_passes_on_exact_zero() -> None:
     status, reason, evidence = decide.zero_update(load("clean_zero"), 2, METRICS)
     assert status == "pass", reason
     assert len(evidence["weights"]) == 1
 
 
-def test_zero_update_fails_on_nan():
+def test_zero_update_fails_on_nan() -> None:
     status, reason, _ = decide.zero_update(load("nan_zero"), 2, METRICS)
     assert status == "fail"
     assert "not a number" in reason and METRICS["diff_max"] in reason
 
 
-def test_zero_update_fails_on_missing_metric():
+def test_zero_update_fails_on_missing_metric() -> None:
     status, reason, _ = decide.zero_update(load("nok3_zero"), 2, METRICS)
     assert status == "fail"
     assert METRICS["k3_kl"] in reason and "missing" in reason
 
 
-def test_zero_update_fails_on_missing_step():
+def test_zero_update_fails_on_missing_step() -> None:
     status, reason, _ = decide.zero_update(load("clean_zero", last_step=1), 2, METRICS)
     assert status == "fail"
     assert "[2] missing" in reason
 
 
-def test_zero_update_fails_on_nonzero_exit():
+def test_zero_update_fails_on_nonzero_exit() -> None:
     status, reason, _ = decide.zero_update(load("clean_zero", exit_code=1), 2, METRICS)
     assert status == "fail"
     assert "status 1" in reason
 
 
-def test_zero_update_without_checksums_is_inconclusive():
+def test_zero_update_without_checksums_is_inconclusive() -> None:
     status, reason, _ = decide.zero_update(load("clean_zero", drop=CHECKSUMS), 2, METRICS)
     assert status == "inconclusive"
     assert "not logged" in reason
 
 
-def test_zero_update_fails_when_only_some_checksums_are_logged():
+def test_zero_update_fails_when_only_some_checksums_are_logged() -> None:
     status, reason, _ = decide.zero_update(load("clean_zero", drop=CHECKSUMS[1:]), 2, METRICS)
     assert status == "fail"
     assert "checksum missing" in reason
 
 
-def test_zero_update_fails_without_batch_invariance():
+def test_zero_update_fails_without_batch_invariance() -> None:
     status, reason, _ = decide.zero_update(load("bi_broken_zero"), 2, METRICS)
     assert status == "fail"
     assert "expected exactly 0.0" in reason
 
 
-def test_zero_update_fails_when_weights_move_at_lr_zero():
+def test_zero_update_fails_when_weights_move_at_lr_zero() -> None:
     status, reason, evidence = decide.zero_update(load("decay_zero"), 2, METRICS)
     assert status == "fail"
     assert "weights changed with lr 0" in reason
     assert len(evidence["weights"]) > 1
 
 
-def test_zero_update_falls_back_to_console_lines():
+def test_zero_update_falls_back_to_console_lines() -> None:
     run = load("clean_zero", jsonl=False)
     assert run.source == "console"
     status, reason, _ = decide.zero_update(run, 2, METRICS)
     assert status == "pass", reason
 
 
-def test_zero_update_fails_when_console_contradicts_file():
+def test_zero_update_fails_when_console_contradicts_file() -> None:
     run = load("clean_zero")
     run.console[2][METRICS["diff_max"]] = 0.25
     status, reason, _ = decide.zero_update(run, 2, METRICS)
@@ -146,7 +144,7 @@ def test_zero_update_fails_when_console_contradicts_file():
     assert "disagree" in reason
 
 
-def test_zero_update_fails_on_empty_log():
+def test_zero_update_fails_on_empty_log() -> None:
     status, reason, _ = decide.zero_update(decide.Run(exit_code=0, steps={}, source="none"), 2, METRICS)
     assert status == "fail"
     assert "no step metrics" in reason
@@ -155,26 +153,26 @@ def test_zero_update_fails_on_empty_log():
 # ---- rl_step
 
 
-def test_rl_step_passes_after_update_and_reload():
+def test_rl_step_passes_after_update_and_reload() -> None:
     status, reason, evidence = decide.rl_step(load("clean_rl"), 2, METRICS)
     assert status == "pass", reason
     assert evidence["throughput"] > 0
 
 
-def test_rl_step_fails_when_engine_skips_weight_reload():
+def test_rl_step_fails_when_engine_skips_weight_reload() -> None:
     assert decide.zero_update(load("noreload_zero"), 2, METRICS)[0] == "pass"
     status, reason, _ = decide.rl_step(load("noreload_rl"), 2, METRICS)
     assert status == "fail"
     assert reason.startswith("step 2:")
 
 
-def test_rl_step_fails_when_weights_do_not_change():
+def test_rl_step_fails_when_weights_do_not_change() -> None:
     status, reason, _ = decide.rl_step(load("clean_zero"), 2, METRICS)
     assert status == "fail"
     assert "did not change" in reason
 
 
-def test_rl_step_fails_on_nonfinite_loss():
+def test_rl_step_fails_on_nonfinite_loss() -> None:
     run = load("clean_rl")
     run.steps[2][METRICS["loss"]] = float("inf")
     status, reason, _ = decide.rl_step(run, 2, METRICS)
@@ -182,7 +180,7 @@ def test_rl_step_fails_on_nonfinite_loss():
     assert METRICS["loss"] in reason
 
 
-def test_rl_step_without_checksums_is_inconclusive():
+def test_rl_step_without_checksums_is_inconclusive() -> None:
     status, _, _ = decide.rl_step(load("clean_rl", drop=CHECKSUMS), 2, METRICS)
     assert status == "inconclusive"
 
@@ -190,19 +188,19 @@ def test_rl_step_without_checksums_is_inconclusive():
 # ---- control
 
 
-def test_control_passes_on_a_real_mismatch():
+def test_control_passes_on_a_real_mismatch() -> None:
     status, reason, evidence = decide.control(load("clean_control"), 2, METRICS)
     assert status == "pass", reason
     assert evidence["diff_max"] > 0
 
 
-def test_control_all_zero_is_inconclusive():
+def test_control_all_zero_is_inconclusive() -> None:
     status, reason, _ = decide.control(load("clean_rl"), 2, METRICS)
     assert status == "inconclusive"
     assert "cannot tell" in reason
 
 
-def test_control_fails_on_nan_and_missing_metric_and_crash():
+def test_control_fails_on_nan_and_missing_metric_and_crash() -> None:
     assert decide.control(load("nan_zero"), 2, METRICS)[0] == "fail"
     assert decide.control(load("nok3_zero"), 2, METRICS)[0] == "fail"
     assert decide.control(load("clean_control", exit_code=1), 2, METRICS)[0] == "fail"
@@ -211,7 +209,7 @@ def test_control_fails_on_nan_and_missing_metric_and_crash():
 # ---- recipe command
 
 
-def test_command_sets_steps_lr_and_logger():
+def test_command_sets_steps_lr_and_logger() -> None:
     settings = {"entry": ["python3", "-m", "verl.trainer.main_ppo"], "steps": 2,
                 "steps_key": "trainer.total_training_steps", "lr_key": "actor_rollout_ref.actor.optim.lr",
                 "overrides": {"actor_rollout_ref.actor.optim.lr": 1e-6, "actor_rollout_ref.rollout.name": "vllm",
@@ -225,7 +223,7 @@ def test_command_sets_steps_lr_and_logger():
     assert recipe.arm({"aligned_env": {"A": "1"}, "control_env": {"A": "0"}, "lr": 0.5}, "control") == ({"A": "0"}, 0.5)
 
 
-def test_result_line_is_strict_json():
+def test_result_line_is_strict_json() -> None:
     line = json.dumps(plain({"evidence": {"x": float("nan"), "y": [float("inf"), 1.0]}}), allow_nan=False)
     assert json.loads(line) == {"evidence": {"x": "nan", "y": ["inf", 1.0]}}
 
@@ -233,7 +231,7 @@ def test_result_line_is_strict_json():
 # ---- procfs
 
 
-def test_mountinfo_parsing_and_cover():
+def test_mountinfo_parsing_and_cover() -> None:
     text = ("36 35 98:0 /mnt1 /opt/venv/lib/python3.11/site-packages/tinyengine ro,relatime master:1 - ext4 /dev/x rw\n"
             "37 35 0:50 / /with\\040space rw - tmpfs tmpfs rw\n")
     table = procfs.mounts(text)
@@ -291,7 +289,7 @@ def _provenance(tmp_path: Path, site: Path, manifest_path: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_provenance_passes_on_a_matching_install(tmp_path):
+def test_provenance_passes_on_a_matching_install(tmp_path: Path) -> None:
     site, _, manifest_path = _fake_install(tmp_path)
     result = _provenance(tmp_path, site, manifest_path)
     assert result["status"] == "pass", result["reason"]
@@ -299,7 +297,7 @@ def test_provenance_passes_on_a_matching_install(tmp_path):
     assert mod["file"] == str(site / "accdemo" / "__init__.py")
 
 
-def test_provenance_fails_on_a_pth_added_after_the_build(tmp_path):
+def test_provenance_fails_on_a_pth_added_after_the_build(tmp_path: Path) -> None:
     site, _, manifest_path = _fake_install(tmp_path)
     (site / "zz_patch.pth").write_text("import os\n")
     result = _provenance(tmp_path, site, manifest_path)
@@ -307,7 +305,7 @@ def test_provenance_fails_on_a_pth_added_after_the_build(tmp_path):
     assert f"start-up hook {site / 'zz_patch.pth'} is not in the manifest" in result["reason"]
 
 
-def test_provenance_fails_without_recorded_startup_hooks(tmp_path):
+def test_provenance_fails_without_recorded_startup_hooks(tmp_path: Path) -> None:
     site, manifest, manifest_path = _fake_install(tmp_path)
     del manifest["startup_hooks"]
     manifest_path.write_text(json.dumps(manifest))
@@ -315,7 +313,7 @@ def test_provenance_fails_without_recorded_startup_hooks(tmp_path):
     assert result["status"] == "fail" and "records no startup_hooks" in result["reason"]
 
 
-def test_provenance_fails_on_an_edited_file(tmp_path):
+def test_provenance_fails_on_an_edited_file(tmp_path: Path) -> None:
     site, _, manifest_path = _fake_install(tmp_path)
     with open(site / "accdemo" / "__init__.py", "a") as fh:
         fh.write("EDITED = True\n")
@@ -324,7 +322,7 @@ def test_provenance_fails_on_an_edited_file(tmp_path):
     assert "__init__.py sha256" in result["reason"]
 
 
-def test_provenance_fails_on_an_unlisted_file_and_wrong_commit(tmp_path):
+def test_provenance_fails_on_an_unlisted_file_and_wrong_commit(tmp_path: Path) -> None:
     site, manifest, manifest_path = _fake_install(tmp_path)
     (site / "accdemo" / "extra.py").write_text("x = 1\n")
     manifest["components"]["verl"]["commit"] = "b" * 40
@@ -336,7 +334,7 @@ def test_provenance_fails_on_an_unlisted_file_and_wrong_commit(tmp_path):
     assert "stamped commit" in text
 
 
-def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path):
+def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path: Path) -> None:
     site, _, manifest_path = _fake_install(tmp_path)
     (tmp_path / "cache" / "inductor").mkdir(parents=True)
     (tmp_path / "cache" / "inductor" / "kernel.so").write_bytes(b"x")
@@ -350,7 +348,7 @@ def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path):
 # ---- host side: the container spec (no engine needed)
 
 
-def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned():
+def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned() -> None:
     from builder.accept import gates as host
     from builder.pins import model as pins_mod
 
@@ -371,7 +369,7 @@ def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned():
     assert spec["mounts"][0]["ReadOnly"] is True and spec["mounts"][0]["Target"] == "/data"
 
 
-def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins():
+def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins() -> None:
     from builder.accept import gates as host
     from builder.pins import model as pins_mod
 

@@ -128,27 +128,27 @@ def hidden_imports(source: str) -> list[int]:
     return sorted(hidden)
 
 
-def test_builder_import_graph_has_no_circles():
+def test_builder_import_graph_has_no_circles() -> None:
     assert cycles(graph()) == []
 
 
-def test_every_module_lives_in_a_listed_package():
+def test_every_module_lives_in_a_listed_package() -> None:
     assert sorted({package(m) for m in modules()} - set(ORDER)) == []
     assert sorted(p.name for p in BUILDER.glob("*.py")) == ["__init__.py", "__main__.py", "cli.py", "pipeline.py"]
 
 
-def test_packages_import_only_downwards():
+def test_packages_import_only_downwards() -> None:
     """No arrow climbs: a module imports its own package or a package listed before it in ORDER."""
     assert climbs(graph()) == []
 
 
-def test_imports_sit_at_module_top_unless_marked_lazy():
+def test_imports_sit_at_module_top_unless_marked_lazy() -> None:
     """An import inside a function hides an edge; the few kept lazy (heavy libraries, start-up time) say why."""
     hidden = [f"{name}:{line}" for name, path in modules().items() for line in hidden_imports(path.read_text())]
     assert hidden == []
 
 
-def test_dynamic_imports_name_a_literal_module():
+def test_dynamic_imports_name_a_literal_module() -> None:
     """`importlib.import_module(name)` with a computed name would hide its edge from every check above."""
     assert sorted(name for name, path in modules().items() if "<dynamic>" in imports(path)) == []
 
@@ -201,13 +201,13 @@ def test_lazy_import_with_a_reason_passes() -> None:
     assert hidden_imports("import yaml\n") == []
 
 
-def test_no_production_module_imports_demo_code():
+def test_no_production_module_imports_demo_code() -> None:
     offenders = {name: sorted(i for i in imports(path) if i == "demo" or i.startswith("demo."))
                  for name, path in modules().items()}
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def test_only_options_reads_the_environment():
+def test_only_options_reads_the_environment() -> None:
     readers = []
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -219,7 +219,7 @@ def test_only_options_reads_the_environment():
     assert "os.environ.get" not in commands and "os.getenv" not in commands
 
 
-def test_package_data_only_through_resources():
+def test_package_data_only_through_resources() -> None:
     offenders = [name for name, path in modules().items()
                  if "__file__" in path.read_text() and name not in ("builder.core.options", "builder.core.resources")]
     assert offenders == []
@@ -229,7 +229,7 @@ SHARED = ("COMPONENTS", "GATES", "CACHE_ENV", "CACHE_ENV_VARS", "SOURCE_DATE_EPO
           "MANIFEST", "DEFAULT_METRICS", "TIMEOUT_S", "BUILD_TIMEOUT_S")
 
 
-def test_each_shared_constant_is_defined_once():
+def test_each_shared_constant_is_defined_once() -> None:
     where: dict[str, list[str]] = {}
     files = list(modules().values()) + list((ROOT / "acceptance").glob("*.py"))
     for path in files:
@@ -242,7 +242,7 @@ def test_each_shared_constant_is_defined_once():
     assert {k: v for k, v in where.items() if len(v) > 1} == {}
 
 
-def test_design_md_record_tables_match_the_records():
+def test_design_md_record_tables_match_the_records() -> None:
     text = (ROOT / "DESIGN.md").read_text()
     match = re.search(r"<!-- records:begin -->\n(.*?)<!-- records:end -->", text, re.S)
     assert match, "DESIGN.md lacks the generated records section"
@@ -250,7 +250,7 @@ def test_design_md_record_tables_match_the_records():
         "DESIGN.md is stale: regenerate with `python -m builder.core.records`"
 
 
-def test_design_md_names_only_functions_that_exist():
+def test_design_md_names_only_functions_that_exist() -> None:
     """Every `module.function(` DESIGN.md names in its stage table exists with that name."""
     import importlib
 
@@ -271,7 +271,7 @@ def test_design_md_names_only_functions_that_exist():
 
 
 @pytest.mark.parametrize("name", sorted(modules()))
-def test_stage_functions_are_fully_annotated(name):
+def test_stage_functions_are_fully_annotated(name) -> None:
     """Every public function of builder/ has annotations for all parameters and its return (mypy checks them)."""
     bad = []
     for node in ast.walk(ast.parse(modules()[name].read_text())):

@@ -10,6 +10,7 @@ import pytest
 
 from builder.core.errors import BadInput
 from builder.release import attest, dsse, sbom
+from tests.fixture_types import MakeReportInputs
 
 DIGEST = "sha256:" + "12" * 32
 OTHER = "sha256:" + "34" * 32
@@ -17,7 +18,7 @@ PINS = Path(__file__).resolve().parents[2] / "pins" / "demo.yaml"
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
+def keys(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("keys")
     dsse.keygen(d / "a.pem", d / "a.pub")
     dsse.keygen(d / "b.pem", d / "b.pub")
@@ -25,7 +26,7 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture
-def records(report_inputs):
+def records(report_inputs: MakeReportInputs):
     """A report of pins/demo.yaml whose recorded sha256 is the file's (as a real run records it)."""
     from builder.report import document as report_mod
 
@@ -44,7 +45,7 @@ MANIFEST = {"components": {"vllm": {"distribution": "tinyengine", "version": "0.
             "distributions": {"tinyengine": "0.2.0", "torch": "2.13.0+cpu", "packaging": "24.2"}}
 
 
-def test_keygen_private_key_mode_0600_and_no_overwrite(tmp_path, capsys):
+def test_keygen_private_key_mode_0600_and_no_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     kid = dsse.keygen(tmp_path / "k.pem", tmp_path / "k.pub")
     assert stat.S_IMODE(os.stat(tmp_path / "k.pem").st_mode) == 0o600
     assert len(kid) == 64
@@ -56,7 +57,7 @@ def test_keygen_private_key_mode_0600_and_no_overwrite(tmp_path, capsys):
     assert secret.splitlines()[1] not in out.out + out.err
 
 
-def test_dsse_roundtrip_and_tampering(keys):
+def test_dsse_roundtrip_and_tampering(keys) -> None:
     priv, pub = keys["a"]
     env = dsse.sign({"x": 1}, priv)
     assert dsse.open_envelope(env, pub) == {"x": 1}
@@ -70,7 +71,7 @@ def test_dsse_roundtrip_and_tampering(keys):
     assert dsse.pae("ab", b"xyz") == b"DSSEv1 2 ab 3 xyz"
 
 
-def test_statements_carry_the_required_fields(records):
+def test_statements_carry_the_required_fields(records) -> None:
     pins, report = records()
     stmts = attest.statements(report, pins, MANIFEST, "127.0.0.1:5000/demo/unified", DIGEST)
     assert [s["predicateType"] for s in stmts] == list(attest.PREDICATE_TYPES)
@@ -106,7 +107,7 @@ def test_statements_carry_the_required_fields(records):
     assert [c["name"] for c in result["configuration"]] == ["demo.yaml", "recipe"]
 
 
-def test_test_result_failed_unless_accepted_and_warned_gates(records):
+def test_test_result_failed_unless_accepted_and_warned_gates(records) -> None:
     pins, report = records(statuses={"control": "inconclusive", "rl_step": None})
     assert report.verdict == "NOT ACCEPTED"
     pred = attest.test_result(report, pins, PINS.read_bytes())
@@ -114,7 +115,7 @@ def test_test_result_failed_unless_accepted_and_warned_gates(records):
     assert sorted(pred["warnedTests"]) == ["control", "rl_step"] and pred["failedTests"] == []
 
 
-def test_pins_changed_since_the_run_is_refused(records, tmp_path):
+def test_pins_changed_since_the_run_is_refused(records, tmp_path: Path) -> None:
     from builder.core.errors import PublishError
 
     pins, report = records()
@@ -125,7 +126,7 @@ def test_pins_changed_since_the_run_is_refused(records, tmp_path):
         attest.pins_bytes(report)
 
 
-def test_verify_test_result_names_the_failed_check(records, keys):
+def test_verify_test_result_names_the_failed_check(records, keys) -> None:
     pins, report = records()
     priv, pub = keys["a"]
     stmt = attest.statements(report, pins, MANIFEST, "r", DIGEST)[2]
@@ -140,7 +141,7 @@ def test_verify_test_result_names_the_failed_check(records, keys):
         assert err.value.check == check
 
 
-def test_sbom_is_valid_cyclonedx_1_6_and_carries_commits():
+def test_sbom_is_valid_cyclonedx_1_6_and_carries_commits() -> None:
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
 
@@ -152,7 +153,7 @@ def test_sbom_is_valid_cyclonedx_1_6_and_carries_commits():
     assert got["tinyengine"]["commit"] == "a" * 40 and got["torch"]["commit"] is None
 
 
-def test_no_key_means_not_attested(capsys):
+def test_no_key_means_not_attested(capsys: pytest.CaptureFixture[str]) -> None:
     assert attest.signer(None) is None
     assert "not attested" in capsys.readouterr().err
 
@@ -160,7 +161,7 @@ def test_no_key_means_not_attested(capsys):
 # ---------------------------------------------------------------- the signed acceptance result publish requires
 
 
-def signed_run(records, keys, tmp_path, signer="a", **kwargs):
+def signed_run(records, keys, tmp_path: Path, signer="a", **kwargs):
     from builder.report import document as report_mod
 
     pins, report = records(**kwargs)
@@ -169,7 +170,7 @@ def signed_run(records, keys, tmp_path, signer="a", **kwargs):
     return report, paths["json"]
 
 
-def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path):
+def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path: Path) -> None:
     from builder.release import publish
 
     report, path = signed_run(records, keys, tmp_path)
@@ -179,7 +180,7 @@ def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path):
 
 
 @pytest.mark.parametrize("tamper", ["another key", "missing", "another image", "edited report", "not accepted"])
-def test_publish_refuses_without_a_valid_signed_acceptance(records, keys, tmp_path, tamper):
+def test_publish_refuses_without_a_valid_signed_acceptance(records, keys, tmp_path: Path, tamper) -> None:
     from builder.core.errors import PublishError
     from builder.release import publish
 

@@ -20,12 +20,12 @@ def lint(path: Path) -> subprocess.CompletedProcess:
                            str(path)], capture_output=True, text=True, timeout=120)
 
 
-def test_workflow_validates():
+def test_workflow_validates() -> None:
     done = lint(WORKFLOW)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_workflow_runs_nightly_on_self_hosted_and_uploads_reports():
+def test_workflow_runs_nightly_on_self_hosted_and_uploads_reports() -> None:
     wf = yaml.safe_load(WORKFLOW.read_text())
     job = wf["jobs"]["nightly"]
     assert "self-hosted" in job["runs-on"]
@@ -38,7 +38,7 @@ def test_workflow_runs_nightly_on_self_hosted_and_uploads_reports():
 
 @pytest.mark.parametrize("old,new", [("    runs-on: [self-hosted, linux, x64, docker]\n", ""),
                                      ("    steps:\n", "    stepz:\n")], ids=["no runs-on", "unknown key"])
-def test_broken_workflow_fails_the_check(tmp_path, old, new):
+def test_broken_workflow_fails_the_check(tmp_path: Path, old, new) -> None:
     text = WORKFLOW.read_text()
     assert text.count(old) == 1
     broken = tmp_path / "nightly.yml"

@@ -22,7 +22,7 @@ def cli(*args, cwd=ROOT):
                           capture_output=True, text=True, timeout=600)
 
 
-def test_resolve_demo_prints_record(demo_stack_ready):
+def test_resolve_demo_prints_record(demo_stack_ready) -> None:
     out = cli("resolve", "pins/demo.yaml")
     assert out.returncode == 0, out.stderr
     record = json.loads(out.stdout)
@@ -32,7 +32,7 @@ def test_resolve_demo_prints_record(demo_stack_ready):
     assert "merge-base" in out.stderr  # the readable table
 
 
-def test_bad_pins_is_one_line_and_exit_2(tmp_path):
+def test_bad_pins_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     text = (ROOT / "pins" / "demo.yaml").read_text().replace("pr: 11", "pr: eleven")
     bad.write_text(text)
@@ -43,7 +43,7 @@ def test_bad_pins_is_one_line_and_exit_2(tmp_path):
     assert out.stdout == ""
 
 
-def test_missing_local_repository_exits_2_and_absolute_path_urls_work(demo_stack_ready, tmp_path):
+def test_missing_local_repository_exits_2_and_absolute_path_urls_work(demo_stack_ready, tmp_path: Path) -> None:
     stack = ROOT / "pins" / "demo-stack"
     text = (ROOT / "pins" / "demo.yaml").read_text()
     shutil.copytree(ROOT / "pins" / "locks", tmp_path / "locks")
@@ -60,18 +60,18 @@ def test_missing_local_repository_exits_2_and_absolute_path_urls_work(demo_stack
         assert f"{url}: no such local repository {tmp_path}/gone.git" in out.stderr
 
 
-def test_missing_pins_file_exit_2(tmp_path):
+def test_missing_pins_file_exit_2(tmp_path: Path) -> None:
     out = cli("build", str(tmp_path / "nope.yaml"))
     assert out.returncode == 2
     assert "nope.yaml" in out.stderr
 
 
-def test_bad_report_format_exit_2(tmp_path):
+def test_bad_report_format_exit_2(tmp_path: Path) -> None:
     out = cli("report", str(tmp_path / "report.json"), "--format", "pdf")
     assert out.returncode == 2
 
 
-def test_nemotron_pins_validate_and_render_from_pins_alone(tmp_path):
+def test_nemotron_pins_validate_and_render_from_pins_alone(tmp_path: Path) -> None:
     first = cli("render", "--pins-only", "pins/nemotron-3.5-lightning.yaml")
     assert first.returncode == 0, first.stderr
     again = cli("render", "--pins-only", str(ROOT / "pins" / "nemotron-3.5-lightning.yaml"), cwd=tmp_path)

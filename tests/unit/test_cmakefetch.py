@@ -1,4 +1,6 @@
 """Native build inputs found in a component's CMake files (builder/sources/cmakefetch.py)."""
+from pathlib import Path
+
 import pygit2
 import pytest
 
@@ -73,7 +75,7 @@ def found(files, **known):
     return {d.name: d for d in cf.discover(files.get, known).declarations}
 
 
-def test_cpu_target_reads_the_included_file_and_stops_at_return():
+def test_cpu_target_reads_the_included_file_and_stops_at_return() -> None:
     decls = found(VLLM_LIKE, VLLM_TARGET_DEVICE="cpu")
     assert list(decls) == ["arm_compute", "oneDNN"]  # FetchContent_Populate with details counts too
     one = decls["oneDNN"]
@@ -85,7 +87,7 @@ def test_cpu_target_reads_the_included_file_and_stops_at_return():
     assert decls["arm_compute"].git_tag == "v52.6.0" and "ASIMD_FOUND" in decls["arm_compute"].when
 
 
-def test_cuda_target_keeps_undecided_conditions_and_the_projects_own_variable():
+def test_cuda_target_keeps_undecided_conditions_and_the_projects_own_variable() -> None:
     decls = found(VLLM_LIKE, VLLM_TARGET_DEVICE="cuda")
     assert sorted(decls) == ["cutlass", "flashmla"]
     cutlass = decls["cutlass"]
@@ -96,7 +98,7 @@ def test_cuda_target_keeps_undecided_conditions_and_the_projects_own_variable():
     assert decls["flashmla"].receive == "FETCHCONTENT_SOURCE_DIR_FLASHMLA"  # no $ENV for FLASH_MLA_SRC_DIR
 
 
-def test_no_cmakelists_means_no_native_build():
+def test_no_cmakelists_means_no_native_build() -> None:
     result = cf.discover({"setup.py": ""}.get)
     assert (result.cmake, result.declarations) == (False, [])
 
@@ -109,13 +111,13 @@ def test_no_cmakelists_means_no_native_build():
     ('X MATCHES "^a$"', True), ("a IN_LIST L", True), ("z IN_LIST L", False), ("EXISTS /x", None),
     ("OFF", False), ("1", True), ("UNKNOWN", None), ("UNKNOWN-NOTFOUND", False),
 ])
-def test_conditions(condition, truth):
+def test_conditions(condition, truth) -> None:
     scope = cf.Scope({"X": "a", "V": "3.12", "N": "2", "L": "a;b"}, {"HOME_X": "1"})
     args = cf.parse(f"if({condition})\n", "t")[0].args
     assert cf.Condition(scope, args).evaluate() is truth
 
 
-def test_variables_set_in_branches_that_may_run_are_not_known_after_them():
+def test_variables_set_in_branches_that_may_run_are_not_known_after_them() -> None:
     files = {"CMakeLists.txt": "if(MAYBE)\n set(T v2)\nelse()\n set(T v1)\nendif()\n"
                                "FetchContent_Declare(k GIT_REPOSITORY u GIT_TAG ${T})\n"}
     with pytest.raises(BadInput, match=r"CMakeLists.txt:6: FetchContent_Declare\(k GIT_TAG \$\{T\}\): not known"):
@@ -124,7 +126,7 @@ def test_variables_set_in_branches_that_may_run_are_not_known_after_them():
     assert cf.discover(files.get).declarations[0].git_tag == "v1"
 
 
-def test_module_include_through_cmake_module_path_and_add_subdirectory_not_followed():
+def test_module_include_through_cmake_module_path_and_add_subdirectory_not_followed() -> None:
     files = {
         "CMakeLists.txt": "list(APPEND CMAKE_MODULE_PATH ${CMAKE_CURRENT_LIST_DIR}/cmake)\ninclude(deps)\n"
                           "add_subdirectory(extra)\n",
@@ -136,20 +138,20 @@ def test_module_include_through_cmake_module_path_and_add_subdirectory_not_follo
     assert result.files == ["CMakeLists.txt", "cmake/deps.cmake"]
 
 
-def test_a_return_that_may_run_makes_the_rest_conditional():
+def test_a_return_that_may_run_makes_the_rest_conditional() -> None:
     files = {"CMakeLists.txt": "if(SOMETHING)\n return()\nendif()\n"
                                "FetchContent_Declare(late GIT_REPOSITORY u GIT_TAG v)\n"}
     assert cf.discover(files.get).declarations[0].when == ["after a return() that may run"]
 
 
-def test_bad_cmake_text_is_one_line_naming_the_file():
+def test_bad_cmake_text_is_one_line_naming_the_file() -> None:
     with pytest.raises(BadInput, match=r"^CMakeLists.txt:2: unterminated if\("):
         cf.discover({"CMakeLists.txt": "project(x)\nif(A\n"}.get)
     with pytest.raises(BadInput, match=r"^CMakeLists.txt:1: if\(\) without endif\(\)"):
         cf.discover({"CMakeLists.txt": "if(A)\n"}.get)
 
 
-def test_read_from_the_git_tree_at_a_commit(tmp_path):
+def test_read_from_the_git_tree_at_a_commit(tmp_path: Path) -> None:
     repo = pygit2.init_repository(str(tmp_path / "r.git"), bare=True)
     tb = repo.TreeBuilder()
     tb.insert("CMakeLists.txt", repo.create_blob(VLLM_LIKE["CMakeLists.txt"].encode()), pygit2.GIT_FILEMODE_BLOB)
@@ -189,14 +191,14 @@ FetchContent_Populate(bare SOURCE_DIR "${CMAKE_BINARY_DIR}/bare" GIT_REPOSITORY 
 }
 
 
-def test_a_direct_populate_is_received_through_the_projects_own_source_dir_variable():
+def test_a_direct_populate_is_received_through_the_projects_own_source_dir_variable() -> None:
     decls = found(DIRECT)
     deepgemm = decls["deepgemm"]
     assert deepgemm.direct and deepgemm.receive == "DEEPGEMM_SRC_DIR"  # not FETCHCONTENT_SOURCE_DIR_*: ignored there
     assert decls["bare"].direct and decls["bare"].src_dir_env == ""
 
 
-def test_a_direct_populate_without_a_variable_of_its_own_is_refused_by_the_lock():
+def test_a_direct_populate_without_a_variable_of_its_own_is_refused_by_the_lock() -> None:
     from builder.core.options import Settings
     from builder.lock import native
 

@@ -7,7 +7,7 @@ from demo.make_stack import make_stack
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_demo_pins_match_generated_pr_heads(tmp_path):
+def test_demo_pins_match_generated_pr_heads(tmp_path: Path) -> None:
     stack = make_stack(tmp_path)["repos"]
     pins = pins_mod.load(ROOT / "pins" / "demo.yaml")
     for name, comp in pins.components.items():

@@ -17,18 +17,18 @@ PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "DESIGN.md", ROOT / "ben
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def test_readme_is_a_landing_page():
+def test_readme_is_a_landing_page() -> None:
     lines = README.read_text().splitlines()
     assert len(lines) <= 120
     assert [n for n, line in enumerate(lines, 1) if len(line) > 120] == []
 
 
-def test_every_doc_page_is_linked_from_the_readme():
+def test_every_doc_page_is_linked_from_the_readme() -> None:
     linked = {(ROOT / target.split("#")[0]).resolve() for target in LINK.findall(README.read_text())}
     assert [p.relative_to(ROOT).as_posix() for p in PAGES if p.resolve() not in linked] == []
 
 
-def test_relative_links_resolve():
+def test_relative_links_resolve() -> None:
     broken = []
     for page in [README, *PAGES]:
         for target in LINK.findall(page.read_text()):
@@ -38,13 +38,13 @@ def test_relative_links_resolve():
     assert broken == []
 
 
-def test_readme_has_one_line_per_command():
+def test_readme_has_one_line_per_command() -> None:
     commands = set(typer.main.get_command(cli.app).commands)
     listed = re.findall(r"^\| `builder ([a-z-]+)[ `]", README.read_text(), re.M)
     assert sorted(listed) == sorted(commands)
 
 
-def test_settings_page_is_generated_from_options():
+def test_settings_page_is_generated_from_options() -> None:
     assert (ROOT / "docs" / "settings.md").read_text() == options.markdown(), \
         "docs/settings.md is stale: regenerate with `python -m builder.core.options > docs/settings.md`"
 
@@ -67,7 +67,7 @@ def _variables_read() -> set[str]:
     return found
 
 
-def test_every_variable_read_is_listed_and_every_listed_one_is_read():
+def test_every_variable_read_is_listed_and_every_listed_one_is_read() -> None:
     read = _variables_read()
     assert len(read) >= 10
     assert read == {v.name for v in options.VARIABLES}
@@ -80,7 +80,7 @@ def _package(path: str) -> str:
     return "pipeline" if parts[0] == "pipeline.py" else "cli"
 
 
-def test_design_module_map_names_every_module_once_in_package_order():
+def test_design_module_map_names_every_module_once_in_package_order() -> None:
     text = (ROOT / "DESIGN.md").read_text()
     match = re.search(r"<!-- modules:begin -->\n(.*?)<!-- modules:end -->", text, re.S)
     assert match, "DESIGN.md lacks the module map section"
@@ -94,7 +94,7 @@ def test_design_module_map_names_every_module_once_in_package_order():
     assert ranks == sorted(ranks), "DESIGN.md's map is not grouped in tests/unit/test_architecture.py's ORDER"
 
 
-def test_every_benchmark_script_is_listed_and_imports():
+def test_every_benchmark_script_is_listed_and_imports() -> None:
     """benchmarks/README.md names every script, and each still imports (they run rarely, so a stale import
     would otherwise go unnoticed)."""
     listed = (ROOT / "benchmarks" / "README.md").read_text()

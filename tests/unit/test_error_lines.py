@@ -11,24 +11,25 @@ from builder.core.errors import BadInput, BuilderError
 from builder.core.safetext import MAX_LINE, elide, fit
 from builder.lock import wheels
 from builder.release import trust
+from tests.fixture_types import MakeReportInputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def deep(tmp_path) -> Path:
+def deep(tmp_path: Path) -> Path:
     """A folder about 1,000 characters deep."""
     path = tmp_path.joinpath(*["d" * 120] * 8)
     path.mkdir(parents=True)
     return path
 
 
-def test_fit_leaves_a_short_line_alone():
+def test_fit_leaves_a_short_line_alone() -> None:
     line = "error: /tmp/x/pins.yaml: base.python: expected 3.11"
     assert fit(line) == line
 
 
-def test_fit_elides_the_longest_paths_and_keeps_the_file_names(deep):
+def test_fit_elides_the_longest_paths_and_keeps_the_file_names(deep) -> None:
     pins, url = f"{deep}/pins.yaml", f"{deep}/demo-stack/tinyengine.git"
     line = fit(f"error: {pins}: components.vllm.url: {url} is not in the mirror cache; run without --offline once")
     assert len(line) <= MAX_LINE, line
@@ -36,7 +37,7 @@ def test_fit_elides_the_longest_paths_and_keeps_the_file_names(deep):
     assert line.endswith("run without --offline once") and line.startswith(f"error: {str(deep)[:15]}")
 
 
-def test_fit_cuts_what_has_no_path_and_elide_keeps_the_tail():
+def test_fit_cuts_what_has_no_path_and_elide_keeps_the_tail() -> None:
     assert len(fit("x" * 5000)) == MAX_LINE
     short = "/tmp/pytest-of-runner/pytest-0/test_case_reference_repository0/case/p.yaml"  # named in full
     assert fit(f"{short}: {'y' * 400}").startswith(f"{short}: yyy") and len(fit(f"{short}: {'y' * 400}")) == MAX_LINE
@@ -44,7 +45,7 @@ def test_fit_cuts_what_has_no_path_and_elide_keeps_the_tail():
     assert len(elide("/a/" + "b" * 200 + "/file.json", 60)) <= 60
 
 
-def test_fit_elides_shorter_paths_after_the_leading_one_before_cutting():
+def test_fit_elides_shorter_paths_after_the_leading_one_before_cutting() -> None:
     report = "/tmp/pytest-of-root/pytest-127/test_refuses_report_for_anothe0/report.json"
     ref = "127.0.0.1:5000/tests/other-image:vllm-87185e8f7f83.megatron-341823c62b4f.verl-326d9d4a55ad"
     one, two = "sha256:" + "1" * 64, "sha256:" + "2" * 64
@@ -53,12 +54,12 @@ def test_fit_elides_shorter_paths_after_the_leading_one_before_cutting():
     assert line.endswith(f"verl-326d9d4a55ad is {one}, the report accepted {two}"), line
 
 
-def test_every_builder_error_is_one_bounded_line(deep):
+def test_every_builder_error_is_one_bounded_line(deep) -> None:
     err = BadInput(f"{deep}/report.json:\nacceptance: {deep}/evidence.json is missing")
     assert len(str(err)) <= MAX_LINE and "\n" not in str(err) and "/report.json: acceptance: " in str(err)
 
 
-def test_the_cli_bounds_the_line_whatever_the_producer(deep, capsys):
+def test_the_cli_bounds_the_line_whatever_the_producer(deep, capsys: pytest.CaptureFixture[str]) -> None:
     err = BuilderError("short")
     err.args = (f"{deep}/x.json: " + "y" * 2000,)  # a producer that bypassed the constructor
     assert cli._report(err) == 1
@@ -66,7 +67,7 @@ def test_the_cli_bounds_the_line_whatever_the_producer(deep, capsys):
     assert line.startswith("error: ") and len(line) <= MAX_LINE and "/x.json: yyy" in line
 
 
-def test_trust_refusal_over_a_long_report_path(deep, report_inputs):
+def test_trust_refusal_over_a_long_report_path(deep, report_inputs: MakeReportInputs) -> None:
     from builder.report import document as report_mod
 
     pins, sources, built, result = report_inputs(statuses={"rl_step": "fail"})
@@ -78,7 +79,8 @@ def test_trust_refusal_over_a_long_report_path(deep, report_inputs):
     assert len(message) <= MAX_LINE and "/report.json: " in message and message.endswith("refusing to publish")
 
 
-def test_resolve_error_over_a_long_pins_path(deep, tmp_path, monkeypatch, capsys):
+def test_resolve_error_over_a_long_pins_path(deep, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     (deep / "locks").mkdir()
     shutil.copy(ROOT / "pins" / "demo.yaml", deep / "p.yaml")
     shutil.copy(ROOT / "pins" / "locks" / "demo.lock", deep / "locks" / "demo.lock")
@@ -94,7 +96,7 @@ def test_resolve_error_over_a_long_pins_path(deep, tmp_path, monkeypatch, capsys
     ("torch==" + "1" * 3000 + "\n", "has no --hash=sha256:"),
     ("torch==1.0 --hash=sha256:" + "z" * 3000 + "\n", "expected --hash=sha256:<64 hex>"),
 ])
-def test_lock_errors_over_a_long_path_and_long_tokens(deep, text, fragment):
+def test_lock_errors_over_a_long_path_and_long_tokens(deep, text, fragment) -> None:
     lock = deep / "demo.lock"
     lock.write_text(f"ok==1.0 --hash=sha256:{hashlib.sha256(b'').hexdigest()}\n" + text)
     with pytest.raises(BadInput) as info:

@@ -34,7 +34,7 @@ def write(root: Path, rel: str, text: str, executable=False) -> None:
 
 
 @pytest.fixture
-def repo(tmp_path):
+def repo(tmp_path: Path):
     """A work repo with exec files, symlinks, a long path, unicode, and a submodule at vendor/lib."""
     lib = tmp_path / "lib"
     git(tmp_path, "init", "-q", str(lib))
@@ -90,7 +90,7 @@ def export_bytes(repo, commit, **kw) -> bytes:
     return buf.getvalue()
 
 
-def test_export_matches_a_git_worktree_checkout(repo, tmp_path):
+def test_export_matches_a_git_worktree_checkout(repo, tmp_path: Path) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     checkout = tmp_path / "checkout"
@@ -108,7 +108,7 @@ def test_export_matches_a_git_worktree_checkout(repo, tmp_path):
     assert LONG in ours and "données/é.txt" in ours
 
 
-def test_tar_metadata_is_normalised(repo):
+def test_tar_metadata_is_normalised(repo) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     with tarfile.open(fileobj=io.BytesIO(export_bytes(str(work), head, modules=modules_from(lib)))) as tar:
@@ -124,7 +124,7 @@ def test_tar_metadata_is_normalised(repo):
     assert [m.name for m in members if m.issym()] == ["link-to-dir", "link-to-file", "pkg/up-one"]
 
 
-def test_export_is_byte_identical_across_runs_and_clones(repo, tmp_path):
+def test_export_is_byte_identical_across_runs_and_clones(repo, tmp_path: Path) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     first = export_bytes(str(work), head, modules=modules_from(lib))
@@ -138,7 +138,7 @@ def test_export_is_byte_identical_across_runs_and_clones(repo, tmp_path):
     assert len(first) % tarfile.RECORDSIZE == 0
 
 
-def test_prefix_puts_everything_below_it(repo):
+def test_prefix_puts_everything_below_it(repo) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     with tarfile.open(fileobj=io.BytesIO(export_bytes(str(work), head, prefix="src/verl",
@@ -147,7 +147,7 @@ def test_prefix_puts_everything_below_it(repo):
     assert names[:2] == ["src", "src/verl"] and all(n.startswith("src/verl/") for n in names[2:])
 
 
-def test_manifest_matches_checkout_and_file_count(repo):
+def test_manifest_matches_checkout_and_file_count(repo) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     manifest = export.file_manifest(str(work), head, modules=modules_from(lib))
@@ -158,14 +158,14 @@ def test_manifest_matches_checkout_and_file_count(repo):
     assert stats.files == len(manifest) == 13
 
 
-def test_submodule_without_its_repository_fails(repo):
+def test_submodule_without_its_repository_fails(repo) -> None:
     work, _ = repo
     with pytest.raises(BadInput, match="vendor/lib: submodule at .* needs its mirror"):
         export.export_tar(str(work), git(work, "rev-parse", "HEAD"), None)
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "../outside", "pkg/../../outside", "a/../../../x"])
-def test_escaping_symlink_rejected(tmp_path, target):
+def test_escaping_symlink_rejected(tmp_path: Path, target) -> None:
     work = tmp_path / "w"
     git(tmp_path, "init", "-q", str(work))
     write(work, "ok.txt", "ok")
@@ -178,18 +178,18 @@ def test_escaping_symlink_rejected(tmp_path, target):
         export.file_manifest(str(work), git(work, "rev-parse", "HEAD"))
 
 
-def test_inside_symlinks_accepted():
+def test_inside_symlinks_accepted() -> None:
     for path, target in [(b"a/b/link", b"../c"), (b"a/link", b"./../x"), (b"link", b"a/b/../c")]:
         export._check_link(path, target)
 
 
-def test_unknown_commit_is_bad_input(repo):
+def test_unknown_commit_is_bad_input(repo) -> None:
     work, _ = repo
     with pytest.raises(BadInput, match=f"commit {'3' * 40} not found"):
         export.export_tar(str(work), "3" * 40, None)
 
 
-def test_header_block_reads_back_with_tarfile():
+def test_header_block_reads_back_with_tarfile() -> None:
     long_name = b"x/" * 80 + b"name"
     raw = export._header(long_name, export.FILE, 0o755, 1700000000, 3) + export._pad(b"abc") + b"\0" * 1024
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
@@ -198,7 +198,7 @@ def test_header_block_reads_back_with_tarfile():
         assert tar.extractfile(member).read() == b"abc"
 
 
-def test_symlink_escaping_through_another_symlink_rejected(tmp_path):
+def test_symlink_escaping_through_another_symlink_rejected(tmp_path: Path) -> None:
     work = tmp_path / "w"
     git(tmp_path, "init", "-q", str(work))
     (work / "a").mkdir()
@@ -210,14 +210,14 @@ def test_symlink_escaping_through_another_symlink_rejected(tmp_path):
         export.export_tar(str(work), git(work, "rev-parse", "HEAD"), io.BytesIO())
 
 
-def test_stays_inside_follows_links():
+def test_stays_inside_follows_links() -> None:
     links = {b"a/l1": b"../b", b"loop": b"loop", b"d": b"a"}
     assert export._stays_inside(links, b"x", b"d/l1/sub")  # a/l1 -> b, b/sub: inside
     assert not export._stays_inside(links, b"c", b"a/l1/../..")
     assert not export._stays_inside(links, b"loop", b"loop")
 
 
-def test_export_file_writes_whole_tar_or_nothing(repo, tmp_path):
+def test_export_file_writes_whole_tar_or_nothing(repo, tmp_path: Path) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     out = tmp_path / "out.tar"

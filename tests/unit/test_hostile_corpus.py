@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hostile_corpus import ROOT, Case, all_cases, run_in_process, snapshot
@@ -22,7 +23,7 @@ SAMPLE = [next(c for c in CASES if c.klass == k) for k in dict.fromkeys(c.klass 
                                     "NEL-in-quoted-value", "control-twice-in-gates")]
 
 
-def test_corpus_size_and_classes():
+def test_corpus_size_and_classes() -> None:
     count = Counter(c.klass for c in CASES)
     assert len(CASES) >= 300, count
     assert set(count) == {"parser", "reference", "pip", "env", "unicode", "files", "bounds", "usage", "report"}
@@ -70,7 +71,7 @@ def check(case: Case, argv: list[str], code: int, stdout: str, stderr: str) -> N
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_case(case, tmp_path, monkeypatch):
+def test_case(case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder, cache = tmp_path / "case", tmp_path / "cache"
     folder.mkdir()
     monkeypatch.setenv("BUILDER_CACHE", str(cache))
@@ -86,7 +87,7 @@ def test_case(case, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("case", SAMPLE, ids=[c.id for c in SAMPLE])
-def test_sample_through_the_real_cli(case, tmp_path):
+def test_sample_through_the_real_cli(case, tmp_path: Path) -> None:
     folder, cache = tmp_path / "case", tmp_path / "cache"
     folder.mkdir()
     argv = case.setup(folder)

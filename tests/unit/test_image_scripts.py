@@ -14,7 +14,7 @@ def fake_install(prefix: Path, name: str, version: str) -> None:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
-def test_constraints_pin_base_and_earlier_components(tmp_path):
+def test_constraints_pin_base_and_earlier_components(tmp_path: Path) -> None:
     (tmp_path / "names").write_text("torch\nvllm\nnot-installed\n")
     (tmp_path / "base").write_text("torch==2.13.0\n")
     fake_install(tmp_path / "vllm", "vllm", "0.11.1")
@@ -23,21 +23,21 @@ def test_constraints_pin_base_and_earlier_components(tmp_path):
     assert Path(out).read_text().splitlines() == ["torch==2.13.0", "vllm==0.11.1"]
 
 
-def test_constraints_without_earlier_components_keep_only_base(tmp_path):
+def test_constraints_without_earlier_components_keep_only_base(tmp_path: Path) -> None:
     (tmp_path / "names").write_text("torch\nvllm\n")
     (tmp_path / "base").write_text("torch==2.13.0\n")
     out = install.constraints([], tmp_path / "c.txt", tmp_path / "names", tmp_path / "base")
     assert Path(out).read_text().splitlines() == ["torch==2.13.0"]
 
 
-def test_versions_compare_as_pep440():
+def test_versions_compare_as_pep440() -> None:
     assert same_version("0.10.0.dev", "0.10.0.dev0")  # verl's __version__ against its metadata
     assert same_version("1.0", "1.0.0") and same_version("0.2.1.dev2+g0428cfe", "0.2.1.dev2+g0428cfe")
     assert not same_version("0.10.0.dev", "0.10.0")
     assert not same_version("not a version", "0.1") and same_version("custom-x", "custom-x")
 
 
-def test_the_image_and_the_host_agree_on_a_version_built_from_vcs():
+def test_the_image_and_the_host_agree_on_a_version_built_from_vcs() -> None:
     """smoke.py (in the image) accepts what the host's check accepts: the VCS version, or it with an
     appended local label (vLLM's CPU build adds `.cpu`), nothing else."""
     from common import built_from_vcs

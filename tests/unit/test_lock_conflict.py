@@ -2,6 +2,7 @@
 import pytest
 
 from builder.core.errors import BadInput
+from builder.core.options import Settings
 from builder.lock import lockfile as lock
 from builder.lock import resolver
 
@@ -15,15 +16,15 @@ REQS = {"vllm": ["transformers>=5.16.1,<5.21.0", "numpy"], "megatron": ["numpy",
         "verl": ["transformers>=5.5.3,!=5.6.0,<5.11", "hydra-core"]}
 
 
-def test_the_explanation_keeps_the_resolvers_lists():
+def test_the_explanation_keeps_the_resolvers_lists() -> None:
     text = resolver._explain(UV_NO_SOLUTION)
     assert "\n" not in text and "transformers>=5.5.3,<5.6.0 transformers>5.6.0,<5.11 and transformers>=5.16.1" in text
 
 
-def test_components_that_conflict_only_together_are_named_with_what_each_wants(monkeypatch):
+def test_components_that_conflict_only_together_are_named_with_what_each_wants(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    def fake_resolve(settings, reqs, provided, target, resolver_name, log_name=""):
+    def fake_resolve(settings: Settings, reqs, provided, target, resolver_name, log_name=""):
         calls.append(log_name)
         wanted = {r for r in reqs if r.startswith("transformers")}
         if len(wanted) > 1:

@@ -17,7 +17,7 @@ def f(name: str, requires: str | None = None) -> dict:
     return {"filename": name, "hashes": {"sha256": "0" * 64}, "requires-python": requires, "url": name}
 
 
-def test_pick_takes_the_best_wheel_for_the_target():
+def test_pick_takes_the_best_wheel_for_the_target() -> None:
     files = [f("x-1.0.tar.gz"), f("x-1.0-py3-none-any.whl"), f("x-1.0-cp311-abi3-manylinux_2_17_x86_64.whl"),
              f("x-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"), f("x-1.0-cp311-cp311-macosx_11_0_arm64.whl"),
              f("x-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"), f("x-2.0-cp311-cp311-manylinux_2_28_x86_64.whl")]
@@ -26,7 +26,7 @@ def test_pick_takes_the_best_wheel_for_the_target():
     assert download.pick(files[:2], "1.0", RANKED, "3.11")["filename"] == "x-1.0-py3-none-any.whl"
 
 
-def test_pick_refuses_other_platforms_newer_glibc_and_requires_python():
+def test_pick_refuses_other_platforms_newer_glibc_and_requires_python() -> None:
     assert download.pick([f("x-1.0-cp311-cp311-manylinux_2_39_x86_64.whl")], "1.0", RANKED, "3.11") is None
     assert download.pick([f("x-1.0-cp311-cp311-manylinux_2_28_aarch64.whl")], "1.0", RANKED, "3.11") is None
     assert download.pick([f("x-1.0-py3-none-any.whl", ">=3.12")], "1.0", RANKED, "3.11") is None
@@ -34,7 +34,7 @@ def test_pick_refuses_other_platforms_newer_glibc_and_requires_python():
     assert download.pick([{"filename": "x-1.0-py3-none-any.whl", "hashes": {}}], "1.0", RANKED, "3.11") is None
 
 
-def test_has_sdist_only_for_that_version():
+def test_has_sdist_only_for_that_version() -> None:
     assert download.has_sdist([f("antlr4-python3-runtime-4.9.3.tar.gz")], "4.9.3")
     assert not download.has_sdist([f("antlr4-python3-runtime-4.9.2.tar.gz")], "4.9.3")
 
@@ -72,7 +72,7 @@ class FakeSession:
 
 
 @pytest.mark.parametrize("honest", [True, False])
-def test_a_download_enters_the_pool_only_with_the_sha256_the_index_lists(tmp_path, honest):
+def test_a_download_enters_the_pool_only_with_the_sha256_the_index_lists(tmp_path: Path, honest) -> None:
     body = b"wheel bytes"
     listed = hashlib.sha256(body if honest else b"something else").hexdigest()
     settings = Settings.from_env({"BUILDER_CACHE": str(tmp_path)})
@@ -84,7 +84,7 @@ def test_a_download_enters_the_pool_only_with_the_sha256_the_index_lists(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == (["x-1.0-py3-none-any.whl"] if honest else [])
 
 
-def test_metadata_cache_key_follows_commit_base_and_build_requirements():
+def test_metadata_cache_key_follows_commit_base_and_build_requirements() -> None:
     class Pin:
         class install:
             pip_args: list = []
@@ -104,7 +104,7 @@ def test_metadata_cache_key_follows_commit_base_and_build_requirements():
     assert lockfile.metadata_cache(settings, Pins, Comp, a) != lockfile.metadata_cache(settings, Pins, Comp, b)
 
 
-def test_time_table_puts_downloads_apart(monkeypatch):
+def test_time_table_puts_downloads_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(resolver, "SPENT", {"resolve (uv)": 3.0, "wheels: pool and downloads": 12.0})
     monkeypatch.setattr(download, "TOTALS", download.Totals(seconds=10.0, bytes=500_000_000, files=100))
     rows = {" ".join(line.split()[:-2]): line.split()[-2] for line in lockfile.time_table(20.0).splitlines()[1:]
@@ -114,7 +114,7 @@ def test_time_table_puts_downloads_apart(monkeypatch):
     assert re.search(r"^  downloads +10\.00 s  100 wheels, 500\.0 MB", lockfile.time_table(20.0), re.M)
 
 
-def test_older_manylinux_counts_as_pip_reads_manylinux2014():
+def test_older_manylinux_counts_as_pip_reads_manylinux2014() -> None:
     old = f("py_spy-0.4.3-py2.py3-none-manylinux_2_5_x86_64.manylinux1_x86_64.whl")
     assert download.pick([old], "0.4.3", RANKED, "3.11") is old
     assert download.expand(["manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64"])[-3:] == \

@@ -23,7 +23,7 @@ def fatbin(entries):
     return native_check.HEADER.pack(native_check.FATBIN_MAGIC, 1, 16, len(body)) + body
 
 
-def extension(tmp_path, entries, name="_C.so"):
+def extension(tmp_path: Path, entries, name="_C.so"):
     """A fake extension: some host bytes, the .nv_fatbin blob, more bytes."""
     path = tmp_path / name
     path.write_bytes(b"\x7fELF" + bytes(100) + fatbin(entries) + b"\xba\x55" + bytes(50))
@@ -34,37 +34,37 @@ def by_headers(path):
     return native_check.fatbin_archs(Path(path).read_bytes()), "fatbin headers"
 
 
-def test_fatbin_headers_give_the_archs_of_a_synthetic_blob():
+def test_fatbin_headers_give_the_archs_of_a_synthetic_blob() -> None:
     found = native_check.fatbin_archs(b"junk" + fatbin([(2, 90), (2, 100), (1, 100)]) + b"tail")
     assert found == {"elf": {90, 100}, "ptx": {100}}
     assert native_check.fatbin_archs(b"\x50\xed\x55\xba" + bytes(10)) == {"elf": set(), "ptx": set()}  # truncated
 
 
-def test_every_listed_arch_present_passes(tmp_path):
+def test_every_listed_arch_present_passes(tmp_path: Path) -> None:
     lib = extension(tmp_path, [(2, 90), (2, 100)])
     problems, seen = native_check.check_archs([lib], ["9.0", "10.0a"], by_headers)
     assert problems == [] and seen[lib]["elf"] == [90, 100]
 
 
-def test_a_planted_wrong_arch_list_fails(tmp_path):
+def test_a_planted_wrong_arch_list_fails(tmp_path: Path) -> None:
     lib = extension(tmp_path, [(2, 80)])  # built for Ampere, the pins say Hopper
     problems, _ = native_check.check_archs([lib], ["9.0"], by_headers)
     assert problems == [f"{lib}: no code for CUDA arch 9.0 (sm_90); it carries sm_80 (fatbin headers)"]
 
 
-def test_ptx_counts_only_for_plus_ptx(tmp_path):
+def test_ptx_counts_only_for_plus_ptx(tmp_path: Path) -> None:
     lib = extension(tmp_path, [(2, 90), (1, 120)])
     assert native_check.check_archs([lib], ["9.0", "12.0+PTX"], by_headers)[0] == []
     assert native_check.check_archs([lib], ["12.0"], by_headers)[0]
 
 
-def test_no_device_code_at_all_fails_a_cuda_target(tmp_path):
+def test_no_device_code_at_all_fails_a_cuda_target(tmp_path: Path) -> None:
     host = tmp_path / "host.so"
     host.write_bytes(b"\x7fELF" + bytes(200))
     assert native_check.check_archs([str(host)], ["9.0"], by_headers)[0] == ["no extension carries CUDA device code (1 checked)"]
 
 
-def test_cuobjdump_output_is_parsed(tmp_path):
+def test_cuobjdump_output_is_parsed(tmp_path: Path) -> None:
     tool = tmp_path / "cuobjdump"
     tool.write_text("#!/bin/sh\n[ \"$1\" = --list-elf ] && echo 'ELF file    1: x.1.sm_90a.cubin' && "
                     "echo 'ELF file    2: x.2.sm_100.cubin'\nexit 0\n")
@@ -80,7 +80,7 @@ class Dist:
         return f
 
 
-def test_smoke_fails_a_cuda_component_built_for_the_wrong_archs(tmp_path):
+def test_smoke_fails_a_cuda_component_built_for_the_wrong_archs(tmp_path: Path) -> None:
     lib = extension(tmp_path, [(2, 80)])
     with pytest.raises(SystemExit, match=r"builder: vllm: .*no code for CUDA arch 9.0 \(sm_90\)"):
         smoke.check_native("vllm", {"device": "cuda", "cuda_arch": ["9.0"]}, Dist([lib]), [str(tmp_path)], by_headers)
@@ -88,7 +88,7 @@ def test_smoke_fails_a_cuda_component_built_for_the_wrong_archs(tmp_path):
     assert ok["cuda_arch"][lib]["elf"] == [80]
 
 
-def test_smoke_native_module_must_be_a_shared_object_in_the_sites(tmp_path, monkeypatch):
+def test_smoke_native_module_must_be_a_shared_object_in_the_sites(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "purepy.py").write_text("x = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(SystemExit, match=r"native module purepy loaded from .*purepy.py, expected a shared object"):
@@ -110,19 +110,19 @@ def fake_torch(site: Path):
                       "sha256": hashlib.sha256((info / "RECORD").read_bytes()).hexdigest()}}
 
 
-def test_the_bases_torch_unchanged_passes(tmp_path):
+def test_the_bases_torch_unchanged_passes(tmp_path: Path) -> None:
     records = fake_torch(tmp_path)
     assert smoke.check_base_records(records, [str(tmp_path)]) == {"torch": "2.13.0"}
 
 
-def test_a_changed_torch_file_fails_the_build(tmp_path):
+def test_a_changed_torch_file_fails_the_build(tmp_path: Path) -> None:
     records = fake_torch(tmp_path)
     (tmp_path / "torch" / "version.py").write_text("__version__ = '2.14.0'\n")  # a component overwrote it
     with pytest.raises(SystemExit, match=r"builder: the base's torch 2.13.0 changed: .*torch/version.py: differs"):
         smoke.check_base_records(records, [str(tmp_path)])
 
 
-def test_a_replaced_torch_record_fails_the_build(tmp_path):
+def test_a_replaced_torch_record_fails_the_build(tmp_path: Path) -> None:
     records = fake_torch(tmp_path)
     (tmp_path / "torch" / "version.py").write_text("new\n")
     info = tmp_path / "torch-2.13.0.dist-info" / "RECORD"  # a same-version reinstall rewrote RECORD to match

@@ -4,10 +4,12 @@ names when a GIT_TAG changes; direct URLs, torch pins relaxed to the base's torc
 import dataclasses
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
 from builder.core.errors import BadInput
+from builder.core.options import Settings
 from builder.engine.basecontainer import BaseInfo
 from builder.lock import lockfile as lock
 from builder.lock import native
@@ -22,14 +24,14 @@ BASE = BaseInfo(image="base", python="3.11", abi="cp311", machine="x86_64", glib
 # ---------------------------------------------------------------- requirement adjustments (no Docker)
 
 
-def test_direct_url_requirement_is_an_error_naming_it():
+def test_direct_url_requirement_is_an_error_naming_it() -> None:
     with pytest.raises(BadInput, match=r"components.vllm: 'triton @ https://example.invalid/triton-3.8.0.whl': a direct"
                                        r" URL requirement cannot be locked by hash.*direct_urls entry mapping triton"):
         lock.applicable(["triton @ https://example.invalid/triton-3.8.0.whl"], BASE, "components.vllm", set(),
                         lock.Adjust())
 
 
-def test_direct_url_mapped_by_the_pins_is_locked_from_the_index():
+def test_direct_url_mapped_by_the_pins_is_locked_from_the_index() -> None:
     adjust = lock.Adjust(direct={"triton": "3.6.0"})
     out = lock.applicable(["triton @ https://example.invalid/triton-3.8.0.whl ; sys_platform == 'linux'"], BASE,
                           "components.vllm", set(), adjust)
@@ -38,7 +40,7 @@ def test_direct_url_mapped_by_the_pins_is_locked_from_the_index():
                             " sys_platform == 'linux' -> triton==3.6.0"]
 
 
-def test_exact_torch_pins_are_relaxed_to_the_bases_torch_only_with_base_torch():
+def test_exact_torch_pins_are_relaxed_to_the_bases_torch_only_with_base_torch() -> None:
     reqs = ["torch==2.14.0", "torchvision==0.29.0", "numpy>=1.26"]
     adjust = lock.Adjust(base_torch=True)
     assert lock.applicable(reqs, BASE, "components.vllm: build-system", set(), adjust) == \
@@ -50,7 +52,7 @@ def test_exact_torch_pins_are_relaxed_to_the_bases_torch_only_with_base_torch():
         lock.check_against(kept, BASE.dists, "components.vllm", "the base")
 
 
-def test_build_tools_over_the_base_go_to_the_build_prefix_but_torch_never():
+def test_build_tools_over_the_base_go_to_the_build_prefix_but_torch_never() -> None:
     assert lock.tools_over_base(["setuptools<81.0.0,>=77.0.3", "cmake>=3.26", "torch==2.14.0"], BASE.dists) == \
         ["setuptools"]
     assert lock.without(BASE.dists, ["setuptools"]) == {"torch": "2.13.0+cpu", "numpy": "2.1.0"}
@@ -65,7 +67,7 @@ def an_input(**changes):
     return dataclasses.replace(item, **changes)
 
 
-def test_lock_lines_read_back():
+def test_lock_lines_read_back() -> None:
     locked = native.Locked(cmake=["vllm"], inputs=[an_input(when=['X STREQUAL "cuda"', "NOT (Y)"])])
     text = "\n".join(native.lock_lines(locked)) + "\n# base-record: torch 2.13.0+cpu torch-2.13.0+cpu.dist-info/RECORD" \
         " sha256=" + "d" * 64 + "\n"
@@ -76,7 +78,7 @@ def test_lock_lines_read_back():
         native.parse("# native: vllm tinykernels x ref=v1\n")
 
 
-def test_check_names_a_changed_git_tag():
+def test_check_names_a_changed_git_tag() -> None:
     old = native.Locked(cmake=["vllm"], inputs=[an_input()])
     new = native.Locked(cmake=["vllm"], inputs=[an_input(ref="v0.2.0", commit="e" * 40)])
     assert native.changes(old, new) == ["native input vllm/tinykernels: GIT_TAG v0.1.0 -> v0.2.0 (../tinykernels.git)"]
@@ -88,7 +90,7 @@ def test_check_names_a_changed_git_tag():
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("stack")
     return out, make_stack(out)
 
@@ -97,7 +99,7 @@ def decl(url: str, tag: str) -> cmakefetch.Declaration:
     return cmakefetch.Declaration("tinykernels", url, tag, file="cmake/kernels.cmake:18")
 
 
-def test_tag_resolves_to_its_commit_relative_to_the_component(stack, settings):
+def test_tag_resolves_to_its_commit_relative_to_the_component(stack, settings: Settings) -> None:
     out, st = stack
     item = native.resolve_input(settings, "vllm", str(out / "tinyengine.git"), decl("../tinykernels.git", "v0.1.0"))
     tags = st["native"]["tinykernels"]["tags"]
@@ -108,7 +110,7 @@ def test_tag_resolves_to_its_commit_relative_to_the_component(stack, settings):
     assert branch.commit == st["native"]["tinykernels"]["main"]
 
 
-def test_unknown_tag_and_url_archives_are_errors_naming_the_input(stack, settings):
+def test_unknown_tag_and_url_archives_are_errors_naming_the_input(stack, settings: Settings) -> None:
     out, _ = stack
     with pytest.raises(BadInput, match=r"native input tinykernels \(cmake/kernels.cmake:18\): GIT_TAG v9: no tag or"
                                        r" branch of that name"):
@@ -118,7 +120,7 @@ def test_unknown_tag_and_url_archives_are_errors_naming_the_input(stack, setting
         native.resolve_input(settings, "vllm", str(out / "tinyengine.git"), archive)
 
 
-def test_git_insteadof_applies(stack, settings, tmp_path):
+def test_git_insteadof_applies(stack, settings: Settings, tmp_path: Path) -> None:
     out, st = stack
     shutil.copytree(out / "tinykernels.git", tmp_path / "mirror-of-kernels.git")
     config = tmp_path / "gitconfig"
@@ -131,7 +133,7 @@ def test_git_insteadof_applies(stack, settings, tmp_path):
     assert item.url == "https://kernels.example.invalid/tinykernels.git"  # recorded as the build declares it
 
 
-def test_the_demo_engine_declares_tinykernels_by_tag_for_cpu_and_more_for_cuda(stack):
+def test_the_demo_engine_declares_tinykernels_by_tag_for_cpu_and_more_for_cuda(stack) -> None:
     import pygit2
 
     out, st = stack
@@ -160,7 +162,7 @@ def test_the_demo_engine_declares_tinykernels_by_tag_for_cpu_and_more_for_cuda(s
     ({"max_jobs": 8}, {"MAX_JOBS": "2"}, "install.env: expected MAX_JOBS set once, by native"),
     ({"max_jobs": 0}, {}, "expected a job count in 1..1024"),
 ])
-def test_bad_build_knobs_are_one_line_naming_the_field(native, env, message):
+def test_bad_build_knobs_are_one_line_naming_the_field(native, env, message) -> None:
     from builder.pins import model as pins_mod
 
     comp = {"url": "/x/repo.git", "target": "main", "pr": 1, "commit": "a" * 40, "distribution": "vllm",
@@ -169,7 +171,7 @@ def test_bad_build_knobs_are_one_line_naming_the_field(native, env, message):
         pins_mod.Component.model_validate(comp)
 
 
-def test_build_knobs_become_the_build_steps_env():
+def test_build_knobs_become_the_build_steps_env() -> None:
     from builder.pins import model as pins_mod
 
     comp = pins_mod.Component.model_validate({

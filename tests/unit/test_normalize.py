@@ -5,6 +5,7 @@ import hashlib
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -42,7 +43,7 @@ ENTRIES = [("opt", "dir", b""), ("opt/a", "dir", b""), ("opt/a/x.py", "file", b"
            ("opt/a/y.txt", "file", b"y"), ("opt/b", "link:opt/a/y.txt", b"")]
 
 
-def test_same_content_different_times_order_owner_gives_same_bytes(tmp_path):
+def test_same_content_different_times_order_owner_gives_same_bytes(tmp_path: Path) -> None:
     first = layer(tmp_path / "1.tar", ENTRIES, mtime=2_000_000_000)
     # another build: later mtimes, another owner name, the hard link's data on the other name
     second = layer(tmp_path / "2.tar", [ENTRIES[0], ("opt/b", "file", b"y"), ENTRIES[1], ENTRIES[2],
@@ -60,7 +61,7 @@ def test_same_content_different_times_order_owner_gives_same_bytes(tmp_path):
     assert a[0] == "sha256:" + hashlib.sha256(gzip.decompress(a[1])).hexdigest()
 
 
-def test_older_mtimes_are_kept_and_content_change_shows(tmp_path):
+def test_older_mtimes_are_kept_and_content_change_shows(tmp_path: Path) -> None:
     old = layer(tmp_path / "old.tar", ENTRIES, mtime=946684800)
     with tarfile.open(fileobj=gzip.GzipFile(fileobj=io.BytesIO(normalised(old)[1]))) as tar:
         assert {m.mtime for m in tar.getmembers()} == {946684800}
@@ -69,7 +70,7 @@ def test_older_mtimes_are_kept_and_content_change_shows(tmp_path):
     assert normalised(changed)[0] != normalised(layer(tmp_path / "s.tar", ENTRIES, mtime=2_000_000_000))[0]
 
 
-def test_config_loses_everything_per_build():
+def test_config_loses_everything_per_build() -> None:
     raw = {"architecture": "amd64", "os": "linux", "created": "2026-11-29T22:44:37.6Z", "docker_version": "20.10",
            "container": "70e4fa1b", "container_config": {"Hostname": "70e4fa1b"},
            "config": {"Image": "sha256:d35c", "Hostname": "", "Labels": {"a": "b"}},
@@ -83,7 +84,7 @@ def test_config_loses_everything_per_build():
     assert config["rootfs"]["diff_ids"] == ["sha256:1", "sha256:2"] and config["config"]["Labels"] == {"a": "b"}
 
 
-def test_rebuild_diff_names_the_stamped_file(tmp_path):
+def test_rebuild_diff_names_the_stamped_file(tmp_path: Path) -> None:
     a = normalised(layer(tmp_path / "a.tar", ENTRIES + [("opt/a/BUILD_TIME", "file", b"1764456000")], 2_000_000_000))
     b = normalised(layer(tmp_path / "b.tar", ENTRIES + [("opt/a/BUILD_TIME", "file", b"1764456123")], 2_000_000_000))
     entries = rebuild.diff_listings(rebuild.listing(a[1]), rebuild.listing(b[1]))
@@ -94,7 +95,7 @@ def test_rebuild_diff_names_the_stamped_file(tmp_path):
     assert gone[0]["path"] == "/opt/a/BUILD_TIME" and gone[0]["change"] == "removed"
 
 
-def test_rebuild_check_takes_the_digest_from_any_report_that_names_it(tmp_path):
+def test_rebuild_check_takes_the_digest_from_any_report_that_names_it(tmp_path: Path) -> None:
     from builder.core.errors import BadInput
     from builder.core.imageref import ImageRef
     from builder.core.records import AcceptanceResult, BuiltImage, Pulled, Report

@@ -10,6 +10,7 @@ from builder.core.records import GateResult
 from builder.nightly import rundiff
 from builder.pins import model as pins_mod
 from builder.report import document
+from tests.fixture_types import MakeReportInputs
 from tests.unit.test_acceptance_unit import DATA, load
 
 METRICS = {**DEFAULT_METRICS, "throughput": "perf/rollout_tokens_per_s"}
@@ -19,37 +20,37 @@ REASON = "measured: aligned 0.44 of control, a slow path 0.14"
 # ---- the rule
 
 
-def test_medians_at_or_above_min_ratio_pass():
+def test_medians_at_or_above_min_ratio_pass() -> None:
     status, reason, ev = perf.decide([900, 1000, 1100], [2000, 2100, 1900], 0.4, 1.5)
     assert status == "pass", reason
     assert ev["ratio"] == pytest.approx(1000 / 2000) and ev["aligned"]["median"] == 1000
     assert ev["aligned"]["spread"] == pytest.approx(1100 / 900)
 
 
-def test_planted_slow_aligned_arm_fails_on_the_medians():
+def test_planted_slow_aligned_arm_fails_on_the_medians() -> None:
     status, reason, ev = perf.decide([150, 160, 155], [2000, 2100, 1900], 0.25, 1.5, "tokens/s")
     assert status == "fail"
     assert reason.startswith("aligned / control tokens/s 0.0775 < min_ratio 0.25") and "150, 160, 155" in reason
 
 
-def test_one_outlier_run_does_not_move_the_median():
+def test_one_outlier_run_does_not_move_the_median() -> None:
     status, _, ev = perf.decide([1000, 1000, 100], [2000, 2000, 2000], 0.4, 100)
     assert status == "pass" and ev["ratio"] == 0.5
 
 
-def test_noisy_arm_is_inconclusive_with_its_runs_listed():
+def test_noisy_arm_is_inconclusive_with_its_runs_listed() -> None:
     status, reason, _ = perf.decide([1000, 1000, 1000], [1000, 4000, 2000], 0.1, 3.0)
     assert status == "inconclusive"
     assert "control runs too noisy: spread 4 > 3" in reason and "1000, 4000, 2000" in reason
 
 
 @pytest.mark.parametrize("aligned", [[1000, None, 1000], [1000, float("nan"), 1000], [1000, 0.0, 1000], []])
-def test_missing_run_value_fails(aligned):
+def test_missing_run_value_fails(aligned) -> None:
     status, reason, _ = perf.decide(aligned, [1000, 1000, 1000], 0.1, 3.0)
     assert status == "fail" and "aligned" in reason
 
 
-def test_runs_as_records_are_read():
+def test_runs_as_records_are_read() -> None:
     runs = [{"arm": "aligned", "throughput": 10.0}, {"arm": "aligned", "throughput": 12.0}]
     assert perf.arm(runs) == {"runs": [10.0, 12.0], "median": 11.0, "spread": 1.2}
 
@@ -57,20 +58,20 @@ def test_runs_as_records_are_read():
 # ---- one run in the image
 
 
-def test_performance_run_of_a_clean_run_reports_the_median_of_its_steps():
+def test_performance_run_of_a_clean_run_reports_the_median_of_its_steps() -> None:
     status, reason, ev = decide.performance_run(load("clean_rl"), 2, METRICS["throughput"], "aligned")
     assert status == "pass", reason
     assert ev["throughput"] == pytest.approx(sum(ev["throughput_steps"]) / 2) and ev["arm"] == "aligned"
     assert "(median of steps 1..2)" in reason
 
 
-def test_one_stalled_step_does_not_move_a_runs_value():
+def test_one_stalled_step_does_not_move_a_runs_value() -> None:
     name = METRICS["throughput"]
     run = decide.Run(exit_code=0, steps={s: {name: v} for s, v in enumerate([300.0, 1000, 90, 1010, 990], 1)})
     assert decide.performance_run(run, 5, name, "control")[2]["throughput"] == 990
 
 
-def test_performance_run_of_a_crashed_run_fails_with_the_cause():
+def test_performance_run_of_a_crashed_run_fails_with_the_cause() -> None:
     status, reason, _ = decide.performance_run(load("nan_reward_rl"), 2, METRICS["throughput"], "aligned")
     assert status == "fail" and "critic/rewards/mean" in reason
 
@@ -78,7 +79,7 @@ def test_performance_run_of_a_crashed_run_fails_with_the_cause():
 # ---- causes in the reasons (the demo's NaN reward, PR 36)
 
 
-def test_nan_reward_crash_names_the_first_nonfinite_metric_and_the_last_error():
+def test_nan_reward_crash_names_the_first_nonfinite_metric_and_the_last_error() -> None:
     run = load("nan_reward_rl")
     run.error = metrics.last_error((DATA / "nan_reward_rl.console").read_text())  # as recipe.run does
     status, reason, _ = decide.rl_step(run, 2, METRICS)
@@ -88,14 +89,14 @@ def test_nan_reward_crash_names_the_first_nonfinite_metric_and_the_last_error():
     assert reason.endswith("last error: RuntimeError: probability tensor contains either `inf`, `nan` or element < 0")
 
 
-def test_last_error_line_is_read_from_the_recorded_console():
+def test_last_error_line_is_read_from_the_recorded_console() -> None:
     text = (DATA / "nan_reward_rl.console").read_text()
     assert metrics.last_error(text) == "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"
     assert metrics.last_error("step:1 - a:1\n") is None
     assert metrics.last_error("Traceback (most recent call last):\n  File x\nkilled\n") == "killed"
 
 
-def test_first_nonfinite_reads_steps_in_order():
+def test_first_nonfinite_reads_steps_in_order() -> None:
     from acceptance.metrics import first_nonfinite
 
     assert first_nonfinite({2: {"a": float("inf")}, 1: {"b": 1.0, "c": "nan"}}) == "step 1: c = nan"
@@ -104,7 +105,7 @@ def test_first_nonfinite_reads_steps_in_order():
     assert first_nonfinite({1: {"b": 1.0, "tag": "x"}}) is None
 
 
-def test_crash_without_metrics_keeps_the_exit_status_and_error():
+def test_crash_without_metrics_keeps_the_exit_status_and_error() -> None:
     run = decide.Run(exit_code=137, steps={}, source="none", error=None)
     assert decide.rl_step(run, 2, METRICS)[1] == "recipe exited with status 137"
 
@@ -118,7 +119,7 @@ def demo_data():
     return pins.to_json_dict(), pins.directory
 
 
-def test_demo_pins_name_the_performance_gate_with_a_reason(demo_data):
+def test_demo_pins_name_the_performance_gate_with_a_reason(demo_data) -> None:
     data, where = demo_data
     pins = pins_mod.validate(data, where)
     perf_pins = pins.acceptance.performance
@@ -127,7 +128,7 @@ def test_demo_pins_name_the_performance_gate_with_a_reason(demo_data):
     assert pins.acceptance.performance_metric() == "perf/rollout_tokens_per_cpu_s" and perf_pins.steps == 4
 
 
-def test_performance_in_the_pins_makes_the_gate_required(demo_data):
+def test_performance_in_the_pins_makes_the_gate_required(demo_data) -> None:
     data, where = demo_data
     data["acceptance"]["required_gates"] = ["provenance"]
     assert pins_mod.validate(data, where).acceptance.required_gates == ["provenance", "performance"]
@@ -140,7 +141,7 @@ def test_performance_in_the_pins_makes_the_gate_required(demo_data):
     ({"performance": {"min_ratio": 0.5, "reason": REASON, "repeats": 0}}, "runs per arm in 1..50"),
     ({"performance": {"min_ratio": 0.5}}, "reason"),
 ])
-def test_bad_performance_pins_are_one_line_errors(demo_data, change, words):
+def test_bad_performance_pins_are_one_line_errors(demo_data, change, words) -> None:
     data, where = demo_data
     data["acceptance"].update(change)
     with pytest.raises(BadInput) as err:
@@ -148,7 +149,7 @@ def test_bad_performance_pins_are_one_line_errors(demo_data, change, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_pins_without_performance_do_not_run_it(demo_data):
+def test_pins_without_performance_do_not_run_it(demo_data) -> None:
     data, where = demo_data
     data["acceptance"]["performance"] = None
     data["acceptance"]["required_gates"] = ["provenance", "zero_update", "rl_step", "control"]
@@ -171,7 +172,7 @@ def _perf_gate(aligned, control, min_ratio=0.25, max_spread=3.0):
 
 
 @pytest.fixture
-def perf_report(report_inputs):
+def perf_report(report_inputs: MakeReportInputs):
     def make(aligned, control, statuses=None):
         pins, sources, built, result = report_inputs(statuses=statuses)
         gate = _perf_gate(aligned, control)
@@ -182,7 +183,7 @@ def perf_report(report_inputs):
     return make
 
 
-def test_report_shows_every_performance_run(perf_report):
+def test_report_shows_every_performance_run(perf_report) -> None:
     rep = perf_report([800, 900, 1000], [2000, 2100, 1900])
     md = document.to_markdown(rep)
     assert "(performance gate: medians): aligned 900, control 2000, ratio 0.45." in md
@@ -191,7 +192,7 @@ def test_report_shows_every_performance_run(perf_report):
     assert rep.acceptance.throughput["runs"][1]["arm"] == "control"
 
 
-def test_report_requires_a_failing_performance_gate(report_inputs):
+def test_report_requires_a_failing_performance_gate(report_inputs: MakeReportInputs) -> None:
     pins, sources, built, result = report_inputs(required=["provenance", "performance"])
     result.gates.append(_perf_gate([100, 110, 105], [2000, 2100, 1900]))
     rep = document.make_report(pins, sources, built, result)
@@ -199,14 +200,14 @@ def test_report_requires_a_failing_performance_gate(report_inputs):
     assert any(r.startswith("required gate performance: fail (aligned / control") for r in rep.reasons)
 
 
-def test_nightly_flags_a_drop_beyond_the_noise(perf_report):
+def test_nightly_flags_a_drop_beyond_the_noise(perf_report) -> None:
     old, new = perf_report([900, 1000, 1100], [2000, 2000, 2000]), perf_report([500, 520, 510], [2000, 2000, 2000])
     diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
     assert diff["regression"]["flag"] and diff["performance"]["status"] == "fail"
     assert diff["regression"]["reasons"][0].startswith("throughput ratio 0.5 -> 0.255, floor 0.475")
 
 
-def test_nightly_does_not_flag_a_drop_inside_the_noise_bound(perf_report):
+def test_nightly_does_not_flag_a_drop_inside_the_noise_bound(perf_report) -> None:
     old = perf_report([1000, 1000, 1000], [2000, 2000, 2000])
     new = perf_report([450, 1600, 1000], [2000, 2000, 2000])  # spread 3.6 > 3: not judged
     diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
@@ -216,7 +217,7 @@ def test_nightly_does_not_flag_a_drop_inside_the_noise_bound(perf_report):
     assert "throughput not judged (too noisy)" in rundiff.to_markdown(diff)
 
 
-def test_nightly_passes_a_ratio_within_the_threshold(perf_report):
+def test_nightly_passes_a_ratio_within_the_threshold(perf_report) -> None:
     old, new = perf_report([1000, 1000, 1000], [2000, 2000, 2000]), perf_report([960, 980, 990], [2000, 2000, 2000])
     diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
     assert not diff["regression"]["flag"] and diff["performance"]["status"] == "pass"

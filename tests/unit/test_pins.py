@@ -85,7 +85,7 @@ def rejected(directory: Path, data, field: str, fragment: str = "") -> str:
 
 # ---- accepted input ----
 
-def test_good_file_loads_with_path_hash_and_helpers(pins_dir):
+def test_good_file_loads_with_path_hash_and_helpers(pins_dir) -> None:
     path = write(pins_dir, GOOD)
     p = pins.load(path)
     assert p.path == path.resolve() and p.directory == pins_dir.resolve()
@@ -100,7 +100,7 @@ def test_good_file_loads_with_path_hash_and_helpers(pins_dir):
     assert dumped["acceptance"]["required_gates"] == ["provenance", "zero_update", "rl_step", "control"]
 
 
-def test_tag_with_digest_is_accepted_and_recorded(pins_dir):
+def test_tag_with_digest_is_accepted_and_recorded(pins_dir) -> None:
     image = f"nvcr.io/nvidia/pytorch:26.07-py3@{DIGEST}"
     p = pins.load(write(pins_dir, with_value("base.image", image)))
     assert (p.base.name, p.base.tag, p.base.digest) == ("nvcr.io/nvidia/pytorch", "26.07-py3", DIGEST)
@@ -110,19 +110,19 @@ def test_tag_with_digest_is_accepted_and_recorded(pins_dir):
     assert (p.base.name, p.base.tag) == ("127.0.0.1:5000/demo/base", None)
 
 
-def test_remote_urls_are_kept_and_file_urls_allowed(pins_dir):
+def test_remote_urls_are_kept_and_file_urls_allowed(pins_dir) -> None:
     for url in ["https://github.com/vllm-project/vllm.git", "ssh://git@github.com/NVIDIA/Megatron-LM.git",
                 "git@github.com:verl-project/verl.git", "file:///srv/mirrors/vllm.git", "/srv/mirrors/vllm.git"]:
         p = pins.load(write(pins_dir, with_value("components.vllm.url", url)))
         assert p.component_url("vllm") == url
 
 
-def test_yaml_exponent_without_dot_is_a_float(pins_dir):
+def test_yaml_exponent_without_dot_is_a_float(pins_dir) -> None:
     text = yaml.safe_dump(GOOD, sort_keys=False).replace("optim.lr: 0.001", "optim.lr: 1e-6")
     assert pins.load(write(pins_dir, text)).rl_lr() == 1e-6
 
 
-def test_recipe_command_formats_hydra_overrides(pins_dir):
+def test_recipe_command_formats_hydra_overrides(pins_dir) -> None:
     """The argv the suite runs in the image (acceptance.recipe.command) from the pins' gate settings."""
     from acceptance import recipe
     from builder.accept.gates import gate_settings
@@ -136,7 +136,7 @@ def test_recipe_command_formats_hydra_overrides(pins_dir):
     assert env == {"VERL_FILE_LOGGER_PATH": "/tmp/m.jsonl"}
 
 
-def test_symlinked_lock_inside_the_directory_is_accepted(pins_dir):
+def test_symlinked_lock_inside_the_directory_is_accepted(pins_dir) -> None:
     (pins_dir / "locks" / "link.lock").symlink_to(pins_dir / "locks" / "demo.lock")
     p = pins.load(write(pins_dir, with_value("build.lock", "locks/link.lock")))
     assert p.lock_path() == (pins_dir / "locks" / "demo.lock").resolve()
@@ -146,11 +146,11 @@ def test_symlinked_lock_inside_the_directory_is_accepted(pins_dir):
 
 @pytest.mark.parametrize("dotted", ["extra", "image.digest", "components.vllm.install.script",
                                     "acceptance.metrics.other", "build.cache"])
-def test_unknown_keys(pins_dir, dotted):
+def test_unknown_keys(pins_dir, dotted) -> None:
     rejected(pins_dir, with_value(dotted, "x"), dotted, "unknown key")
 
 
-def test_unknown_key_in_a_mount(pins_dir):
+def test_unknown_key_in_a_mount(pins_dir) -> None:
     data = with_value("acceptance.mounts", [{"source": "/a", "target": "/b", "mode": "rw"}])
     rejected(pins_dir, data, "acceptance.mounts[0].mode", "unknown key (expected one of: source, target)")
 
@@ -159,32 +159,32 @@ def test_unknown_key_in_a_mount(pins_dir):
     ("name: a\nname: b\n", "name"),
     ("image:\n  repository: x\n  tags: []\n  repository: y\n", "image.repository"),
 ])
-def test_duplicate_keys(pins_dir, text, field):
+def test_duplicate_keys(pins_dir, text, field) -> None:
     rejected(pins_dir, text, field, "duplicate key")
 
 
-def test_missing_component(pins_dir):
+def test_missing_component(pins_dir) -> None:
     rejected(pins_dir, with_value("components.verl", None, delete=True), "components.verl", "required")
 
 
-def test_extra_component(pins_dir):
+def test_extra_component(pins_dir) -> None:
     rejected(pins_dir, with_value("components.sglang", component("x", 1)), "components.sglang",
              "unknown key (expected one of: vllm, megatron, verl)")
 
 
 @pytest.mark.parametrize("field", ["target", "pr", "commit", "distribution", "modules", "url"])
-def test_missing_component_fields(pins_dir, field):
+def test_missing_component_fields(pins_dir, field) -> None:
     rejected(pins_dir, with_value(f"components.vllm.{field}", None, delete=True),
              f"components.vllm.{field}", "required")
 
 
 @pytest.mark.parametrize("section", ["base", "build", "recipe", "image", "components"])
-def test_missing_sections(pins_dir, section):
+def test_missing_sections(pins_dir, section) -> None:
     rejected(pins_dir, with_value(section, None, delete=True), section, "required")
 
 
 @pytest.mark.parametrize("value", [2, True, "1"])
-def test_schema_version_must_be_1(pins_dir, value):
+def test_schema_version_must_be_1(pins_dir, value) -> None:
     rejected(pins_dir, with_value("schema_version", value), "schema_version")
 
 
@@ -195,28 +195,28 @@ def test_schema_version_must_be_1(pins_dir, value):
     "127.0.0.1:5000/demo/base@sha256:" + "b" * 63, "127.0.0.1:5000/demo/base@sha256:" + "B" * 64,
     "127.0.0.1:5000/demo/base@sha512:" + "b" * 64,
 ])
-def test_base_image_needs_a_digest(pins_dir, image):
+def test_base_image_needs_a_digest(pins_dir, image) -> None:
     rejected(pins_dir, with_value("base.image", image), "base.image", "sha256:<64 lowercase hex>")
 
 
-def test_short_commit_message_is_exact(pins_dir):
+def test_short_commit_message_is_exact(pins_dir) -> None:
     message = rejected(pins_dir, with_value("components.vllm.commit", "abc123"), "components.vllm.commit")
     assert message.endswith("components.vllm.commit: expected a full 40-hex commit SHA, got 'abc123'")
 
 
 @pytest.mark.parametrize("commit", ["g" * 40, "A" * 40, "a" * 41, "a" * 39, 1234567])
-def test_bad_commits(pins_dir, commit):
+def test_bad_commits(pins_dir, commit) -> None:
     rejected(pins_dir, with_value("components.megatron.commit", commit), "components.megatron.commit",
              "40-hex commit SHA")
 
 
 @pytest.mark.parametrize("pr", [0, -3, "11", True, 1.5])
-def test_bad_pr_numbers(pins_dir, pr):
+def test_bad_pr_numbers(pins_dir, pr) -> None:
     rejected(pins_dir, with_value("components.verl.pr", pr), "components.verl.pr")
 
 
 @pytest.mark.parametrize("target", ["", "-main", "a..b", "main/", "x.lock", "main branch", "ma$in"])
-def test_bad_targets(pins_dir, target):
+def test_bad_targets(pins_dir, target) -> None:
     rejected(pins_dir, with_value("components.vllm.target", target), "components.vllm.target")
 
 
@@ -230,14 +230,14 @@ def test_bad_targets(pins_dir, target):
     ("acceptance.mounts", [{"source": "/a", "target": "/m"}, {"source": "/b", "target": "/m"}]),
     ("compat.0.reason", ""), ("compat.0.version", 0.6),
 ])
-def test_bad_scalar_fields(pins_dir, field, value):
+def test_bad_scalar_fields(pins_dir, field, value) -> None:
     path = ".".join(f"[{p}]" if p.isdigit() else p for p in field.split(".")).replace(".[", "[")
     rejected(pins_dir, with_value(field, value), path)
 
 
 @pytest.mark.parametrize("value", ["/..", "/", "/opt/venv/bin/", "/opt/./python", "//opt/python",
                                    "/opt/venv/../bin/python", "/opt/venv/bin/.", "/opt//python"])
-def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir, value):
+def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir, value) -> None:
     message = rejected(pins_dir, with_value("base.python_bin", value), "base.python_bin",
                        "expected an absolute normalised path to a file")
     assert len(message) <= 300 and repr(value) in message
@@ -245,11 +245,11 @@ def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir, value):
 
 @pytest.mark.parametrize("value", ["/usr/bin/python3", "/opt/venv/bin/python3.11", "/opt/.venv/bin/python",
                                    "/x/...", "/opt/venv/bin/..python"])
-def test_python_bin_file_paths_accepted(pins_dir, value):
+def test_python_bin_file_paths_accepted(pins_dir, value) -> None:
     assert pins.load(write(pins_dir, with_value("base.python_bin", value))).base.python_bin == value
 
 
-def test_compat_reason_is_required(pins_dir):
+def test_compat_reason_is_required(pins_dir) -> None:
     rejected(pins_dir, with_value("compat.0.reason", None, delete=True), "compat[0].reason", "required")
 
 
@@ -278,7 +278,7 @@ TARGETS = [
 
 @pytest.mark.parametrize("value", INJECTIONS)
 @pytest.mark.parametrize("dotted,field", TARGETS)
-def test_injection_is_refused(pins_dir, dotted, field, value):
+def test_injection_is_refused(pins_dir, dotted, field, value) -> None:
     list_field = field.endswith("[0]")
     rejected(pins_dir, with_value(dotted, [value] if list_field else value), field, "expected")
 
@@ -288,34 +288,34 @@ def test_injection_is_refused(pins_dir, dotted, field, value):
     ("components.vllm.modules", "components.vllm.modules[0]"),
     ("build.env.MAX_JOBS", "build.env.MAX_JOBS"), ("recipe.entry", "recipe.entry"),
 ])
-def test_leading_dash_is_refused_outside_options(pins_dir, dotted, field):
+def test_leading_dash_is_refused_outside_options(pins_dir, dotted, field) -> None:
     list_field = field.endswith("[0]") or field == "recipe.entry"
     rejected(pins_dir, with_value(dotted, ["-rf"] if list_field else "-rf"), field)
 
 
 @pytest.mark.parametrize("value", [" 9.0", "9.0 ", "9.0  10.0"])
-def test_env_value_spaces_only_single_and_inner(pins_dir, value):
+def test_env_value_spaces_only_single_and_inner(pins_dir, value) -> None:
     rejected(pins_dir, with_value("build.env.TORCH_CUDA_ARCH_LIST", value), "build.env.TORCH_CUDA_ARCH_LIST")
 
 
-def test_env_value_with_inner_space_is_accepted(pins_dir):
+def test_env_value_with_inner_space_is_accepted(pins_dir) -> None:
     p = pins.load(write(pins_dir, with_value("build.env.TORCH_CUDA_ARCH_LIST", "9.0 10.0+PTX")))
     assert p.build.env["TORCH_CUDA_ARCH_LIST"] == "9.0 10.0+PTX"
 
 
 @pytest.mark.parametrize("key", ["max_jobs", "1X", "A-B", "A B", "A$"])
-def test_env_names(pins_dir, key):
+def test_env_names(pins_dir, key) -> None:
     rejected(pins_dir, with_value(f"build.env.{key}", "1"), f"build.env.{key}", "env var name")
 
 
 @pytest.mark.parametrize("arg", ["--index-url=https://evil/simple", "--extra-index-url=x", "-e", "--target=/x",
                                  "--no deps", "no-deps", "--opt=a;b", "--OPT"])
-def test_pip_args(pins_dir, arg):
+def test_pip_args(pins_dir, arg) -> None:
     rejected(pins_dir, with_value("components.megatron.install.pip_args", [arg]),
              "components.megatron.install.pip_args[0]", "pip option")
 
 
-def test_ignore_requires_python_is_allowed(pins_dir):
+def test_ignore_requires_python_is_allowed(pins_dir) -> None:
     args = ["--no-build-isolation", "--no-deps", "--ignore-requires-python"]  # megatron-core on a 3.11 base
     p = pins.load(write(pins_dir, with_value("components.megatron.install.pip_args", args)))
     assert p.components["megatron"].install.pip_args == args
@@ -323,23 +323,23 @@ def test_ignore_requires_python_is_allowed(pins_dir):
 
 @pytest.mark.parametrize("url", ["ssh://-oProxyCommand=id/x", "ext::sh -c id", "-u/x", "git@-x:y",
                                  "ftp://host/x.git", "file://relative", "https://host/a b"])
-def test_bad_urls(pins_dir, url):
+def test_bad_urls(pins_dir, url) -> None:
     rejected(pins_dir, with_value("components.vllm.url", url), "components.vllm.url")
 
 
-def test_relative_url_must_stay_inside(pins_dir):
+def test_relative_url_must_stay_inside(pins_dir) -> None:
     rejected(pins_dir, with_value("components.vllm.url", "../other/repo.git"), "components.vllm.url",
              "inside")
 
 
 @pytest.mark.parametrize("key", ["a b", "a..b", "1a", "a;b", "++a", "a.", "-a"])
-def test_override_keys(pins_dir, key):
+def test_override_keys(pins_dir, key) -> None:
     rejected(pins_dir, with_value("recipe.overrides", {**GOOD["recipe"]["overrides"], key: 1}),
              "recipe.overrides", "override key")
 
 
 @pytest.mark.parametrize("value", [{"a": 1}, [[1]], None, ["ok", "a b"]])
-def test_override_values(pins_dir, value):
+def test_override_values(pins_dir, value) -> None:
     rejected(pins_dir, with_value("recipe.overrides.seed", value), "recipe.overrides.seed", "scalar")
 
 
@@ -349,12 +349,12 @@ def test_override_values(pins_dir, value):
     ("../x.lock", "inside"), ("locks/../../x.lock", "inside"), ("/etc/passwd", "relative"),
     ("locks/missing.lock", "existing lock file"), ("locks", "existing lock file"),
 ])
-def test_lock_path(pins_dir, lock, fragment):
+def test_lock_path(pins_dir, lock, fragment) -> None:
     (pins_dir.parent / "x.lock").write_text("")
     rejected(pins_dir, with_value("build.lock", lock), "build.lock", fragment)
 
 
-def test_lock_symlink_to_outside(pins_dir, tmp_path_factory):
+def test_lock_symlink_to_outside(pins_dir, tmp_path_factory: pytest.TempPathFactory) -> None:
     outside = tmp_path_factory.mktemp("outside") / "evil.lock"
     outside.write_text("")
     (pins_dir / "locks" / "evil.lock").symlink_to(outside)
@@ -364,30 +364,30 @@ def test_lock_symlink_to_outside(pins_dir, tmp_path_factory):
 # ---- cross-field checks ----
 
 @pytest.mark.parametrize("lr", [0, -0.1, "0.001", True])
-def test_learning_rate_must_be_positive_number(pins_dir, lr):
+def test_learning_rate_must_be_positive_number(pins_dir, lr) -> None:
     data = copy.deepcopy(GOOD)
     data["recipe"]["overrides"]["actor_rollout_ref.actor.optim.lr"] = lr
     rejected(pins_dir, data,
              "recipe.overrides[actor_rollout_ref.actor.optim.lr]", "learning rate")
 
 
-def test_learning_rate_must_be_present(pins_dir):
+def test_learning_rate_must_be_present(pins_dir) -> None:
     data = copy.deepcopy(GOOD)
     del data["recipe"]["overrides"]["actor_rollout_ref.actor.optim.lr"]
     rejected(pins_dir, data, "recipe.overrides[actor_rollout_ref.actor.optim.lr]", "got None")
 
 
-def test_steps_override_must_match_acceptance_steps(pins_dir):
+def test_steps_override_must_match_acceptance_steps(pins_dir) -> None:
     data = with_value("acceptance.steps", 3)
     rejected(pins_dir, data, "recipe.overrides[trainer.total_training_steps]", "expected 3")
 
 
 @pytest.mark.parametrize("control", [{"DEMO_BATCH_INVARIANT": "1"}, {"OTHER": "0"}, {}])
-def test_control_env_must_differ_from_aligned(pins_dir, control):
+def test_control_env_must_differ_from_aligned(pins_dir, control) -> None:
     rejected(pins_dir, with_value("recipe.control_env", control), "recipe.control_env")
 
 
-def test_common_env_must_not_shadow_the_switch(pins_dir):
+def test_common_env_must_not_shadow_the_switch(pins_dir) -> None:
     rejected(pins_dir, with_value("recipe.env", {"DEMO_BATCH_INVARIANT": "1"}), "recipe.env", "aligned_env")
 
 
@@ -395,41 +395,41 @@ def test_common_env_must_not_shadow_the_switch(pins_dir):
 
 @pytest.mark.parametrize("text,kind", [("- a\n- b\n", "list"), ("just a string\n", "str"), ("", "NoneType"),
                                        ("42\n", "int")])
-def test_yaml_must_be_a_mapping(pins_dir, text, kind):
+def test_yaml_must_be_a_mapping(pins_dir, text, kind) -> None:
     path = write(pins_dir, text)
     with pytest.raises(BadInput, match=f"^{path}: expected a YAML mapping at the top level, got {kind}$"):
         pins.load(path)
 
 
-def test_missing_file(tmp_path):
+def test_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "nope.yaml"
     with pytest.raises(BadInput, match=f"^{path}: cannot read the pins file") as info:
         pins.load(path)
     assert info.value.exit_code == 2
 
 
-def test_bad_yaml_syntax(pins_dir):
+def test_bad_yaml_syntax(pins_dir) -> None:
     path = write(pins_dir, "name: [a, b\nimage: {\n")
     with pytest.raises(BadInput, match=f"^{path}: line [0-9]+: invalid YAML") as info:
         pins.load(path)
     assert "\n" not in str(info.value)
 
 
-def test_file_not_utf8(pins_dir):
+def test_file_not_utf8(pins_dir) -> None:
     path = pins_dir / "p.yaml"
     path.write_bytes(b"name: \xff\xfe\n")
     with pytest.raises(BadInput, match=f"^{path}: cannot read the pins file"):
         pins.load(path)
 
 
-def test_several_errors_are_counted_on_one_line(pins_dir):
+def test_several_errors_are_counted_on_one_line(pins_dir) -> None:
     data = with_value("name", "Bad")
     data["base"]["platform"] = "x"
     message = rejected(pins_dir, data, "name")
     assert message.endswith("(and 1 more)")
 
 
-def test_cli_exits_2_on_bad_file(pins_dir):
+def test_cli_exits_2_on_bad_file(pins_dir) -> None:
     path = write(pins_dir, with_value("components.vllm.commit", "abc123"))
     run = subprocess.run([sys.executable, "-m", "builder.pins.model", str(path)], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 2
@@ -438,7 +438,7 @@ def test_cli_exits_2_on_bad_file(pins_dir):
 
 # ---- shipped files ----
 
-def test_nemotron_pins_validate():
+def test_nemotron_pins_validate() -> None:
     p = pins.load(ROOT / "pins" / "nemotron-3.5-lightning.yaml")
     assert (p.components.vllm.pr, p.components.megatron.pr, p.components.verl.pr) == (54955, 7050, 7688)
     assert p.components.vllm.commit == "4b5c627c23e6690b8987100d1cbf78e34ac14bf9"
@@ -449,14 +449,14 @@ def test_nemotron_pins_validate():
     assert p.recipe.aligned_env == {"VLLM_BATCH_INVARIANT": "1"}
 
 
-def test_nemotron_lock_has_hashes_for_every_requirement():
+def test_nemotron_lock_has_hashes_for_every_requirement() -> None:
     lines = (ROOT / "pins" / "locks" / "nemotron.lock").read_text().replace("\\\n", " ").splitlines()
     reqs = [line for line in lines if line.strip() and not line.startswith("#")]
     assert reqs and all("==" in r and "--hash=sha256:" in r for r in reqs)
     assert any(r.startswith("megatron-bridge==0.6.2 ") for r in reqs)
 
 
-def test_demo_pins_validate_in_place():
+def test_demo_pins_validate_in_place() -> None:
     p = pins.load(ROOT / "pins" / "demo.yaml")
     assert p.build.lock == "locks/demo.lock"
     assert p.image.repository == "127.0.0.1:5000/demo/unified" and p.base.python_bin == "/opt/venv/bin/python"
@@ -466,17 +466,17 @@ def test_demo_pins_validate_in_place():
 
 
 @pytest.mark.parametrize("name", ["demo.yaml", "nemotron-3.5-lightning.yaml"])
-def test_pins_files_point_at_the_schema(name):
+def test_pins_files_point_at_the_schema(name) -> None:
     first = (ROOT / "pins" / name).read_text().splitlines()[0]
     assert first == "# yaml-language-server: $schema=../builder/pins/schema/pins.schema.json"
 
 
-def test_committed_schema_is_up_to_date():
+def test_committed_schema_is_up_to_date() -> None:
     committed = (ROOT / "builder" / "pins" / "schema" / "pins.schema.json").read_text()
     assert committed == pins.schema_json(), "run: python -m builder.pins.model --schema > builder/pins/schema/pins.schema.json"
 
 
-def test_schema_refuses_unknown_keys():
+def test_schema_refuses_unknown_keys() -> None:
     schema = yaml.safe_load(pins.schema_json())
     assert schema["additionalProperties"] is False
     assert schema["$defs"]["Component"]["additionalProperties"] is False
@@ -495,7 +495,7 @@ def _weights(mode, checkpoint=None) -> dict:
     return data
 
 
-def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir):
+def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir) -> None:
     loaded = pins.load(write(pins_dir, _weights("checkpoint", CKPT)))
     ckpt = loaded.acceptance.checkpoint
     assert loaded.acceptance.weights == "checkpoint" and ckpt.dir_key == "trainer.default_local_dir"
@@ -513,5 +513,5 @@ def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir):
     ("checkpoint", {"overrides": {}}, "acceptance.checkpoint.overrides", ""),
     ("checkpoint", {**CKPT, "may_stay": ["a b"]}, "acceptance.checkpoint.may_stay[0]", "glob"),
 ])
-def test_bad_checkpoint_settings_are_refused(pins_dir, mode, checkpoint, field, fragment):
+def test_bad_checkpoint_settings_are_refused(pins_dir, mode, checkpoint, field, fragment) -> None:
     rejected(pins_dir, _weights(mode, checkpoint), field, fragment)

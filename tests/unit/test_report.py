@@ -1,15 +1,17 @@
 """Report: verdict logic, unknown layers, Markdown PR table, JUnit XML, files round trip."""
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
 from builder.core.errors import BadInput
 from builder.image.render import sha_tag
 from builder.report import document as report
+from tests.fixture_types import MakeReportInputs
 
 
-def make(report_inputs, manifest=None, **kwargs):
+def make(report_inputs: MakeReportInputs, manifest=None, **kwargs):
     pins, sources, build, acceptance = report_inputs(**kwargs)
     return report.make_report(pins, sources, build, acceptance, image_manifest=manifest)
 
@@ -18,14 +20,14 @@ def status_of(rep, name):
     return {g.name: g.status for g in rep.gates}[name]
 
 
-def test_all_required_gates_pass_is_accepted(report_inputs):
+def test_all_required_gates_pass_is_accepted(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs)
     assert rep.verdict == "ACCEPTED"
     assert rep.reasons == []
     assert [g.status for g in rep.gates] == ["pass"] * 5
 
 
-def test_report_records_the_lock_sha256(report_inputs):
+def test_report_records_the_lock_sha256(report_inputs: MakeReportInputs) -> None:
     import hashlib
     from pathlib import Path
 
@@ -39,7 +41,7 @@ def test_report_records_the_lock_sha256(report_inputs):
 
 @pytest.mark.parametrize("status", ["fail", "inconclusive", None])
 @pytest.mark.parametrize("gate", ["provenance", "zero_update", "rl_step", "control"])
-def test_one_required_gate_not_passing_is_not_accepted(report_inputs, gate, status):
+def test_one_required_gate_not_passing_is_not_accepted(report_inputs: MakeReportInputs, gate, status) -> None:
     rep = make(report_inputs, statuses={gate: status})
     assert rep.verdict == "NOT ACCEPTED"
     expected = status or "not_run"
@@ -47,7 +49,7 @@ def test_one_required_gate_not_passing_is_not_accepted(report_inputs, gate, stat
     assert any(r.startswith(f"required gate {gate}: {expected.replace('_', ' ')}") for r in rep.reasons)
 
 
-def test_no_acceptance_means_every_gate_not_run(report_inputs):
+def test_no_acceptance_means_every_gate_not_run(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs, acceptance=False)
     assert rep.verdict == "NOT ACCEPTED"
     assert {g.name: g.status for g in rep.gates} == dict.fromkeys(
@@ -55,14 +57,14 @@ def test_no_acceptance_means_every_gate_not_run(report_inputs):
     assert "no acceptance result" in rep.reasons
 
 
-def test_gate_not_required_does_not_block_but_shows(report_inputs):
+def test_gate_not_required_does_not_block_but_shows(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs, required=["provenance", "zero_update", "rl_step"], statuses={"control": "fail"})
     assert rep.verdict == "ACCEPTED"
     assert status_of(rep, "control") == "fail"
     assert "| control | no | fail |" in report.to_markdown(rep)
 
 
-def test_empty_required_gates_is_not_accepted(report_inputs):
+def test_empty_required_gates_is_not_accepted(report_inputs: MakeReportInputs) -> None:
     from builder.core.errors import BadInput
 
     with pytest.raises(BadInput, match="acceptance.required_gates"):  # the pins refuse it first
@@ -74,7 +76,7 @@ def test_empty_required_gates_is_not_accepted(report_inputs):
     assert any("nothing required" in r for r in rep.reasons)
 
 
-def test_duplicate_gate_result_keeps_the_worst(report_inputs):
+def test_duplicate_gate_result_keeps_the_worst(report_inputs: MakeReportInputs) -> None:
     pins, sources, build, acceptance = report_inputs()
     acceptance.gates.append(acceptance.gates[2].model_copy(update={"status": "fail", "reason": "second run"}))
     rep = report.make_report(pins, sources, build, acceptance)
@@ -82,13 +84,13 @@ def test_duplicate_gate_result_keeps_the_worst(report_inputs):
     assert rep.verdict == "NOT ACCEPTED"
 
 
-def test_acceptance_of_another_image_is_not_accepted(report_inputs):
+def test_acceptance_of_another_image_is_not_accepted(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs, accepted_image="sha256:" + "99" * 32)
     assert rep.verdict == "NOT ACCEPTED"
     assert any("acceptance ran on sha256:9999" in r for r in rep.reasons)
 
 
-def test_manifest_commit_other_than_pinned_is_not_accepted(report_inputs):
+def test_manifest_commit_other_than_pinned_is_not_accepted(report_inputs: MakeReportInputs) -> None:
     pins, *_ = report_inputs()
     manifest = {"components": {"verl": {"commit": "1" * 40, "version": "0.1.0"}}}
     rep = make(report_inputs, manifest=manifest)
@@ -98,7 +100,7 @@ def test_manifest_commit_other_than_pinned_is_not_accepted(report_inputs):
     assert make(report_inputs, manifest=good).verdict == "ACCEPTED"
 
 
-def test_uncaptured_layers_read_unknown(report_inputs):
+def test_uncaptured_layers_read_unknown(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs, acceptance=False, build=False)
     layers = rep.run_manifest
     assert list(layers) == ["source", "installed_packages", "native_libraries", "jit_caches", "container", "run",
@@ -116,7 +118,7 @@ def test_uncaptured_layers_read_unknown(report_inputs):
     assert "unknown (no build record" in report.to_markdown(rep)
 
 
-def test_captured_layers_come_from_manifest_and_evidence(report_inputs):
+def test_captured_layers_come_from_manifest_and_evidence(report_inputs: MakeReportInputs) -> None:
     pins, *_ = report_inputs()
     manifest = {"python": "/opt/venv/bin/python", "site_packages": "/opt/venv/lib/python3.11/site-packages",
                 "components": {"megatron": {"commit": pins.components["megatron"].commit, "version": "0.3.0",
@@ -136,21 +138,21 @@ def test_captured_layers_come_from_manifest_and_evidence(report_inputs):
     assert layers["source"]["verl"]["commit_in_image"] == "unknown"
 
 
-def test_provenance_not_run_leaves_its_items_unknown(report_inputs):
+def test_provenance_not_run_leaves_its_items_unknown(report_inputs: MakeReportInputs) -> None:
     layers = make(report_inputs, statuses={"provenance": None}).run_manifest
     assert layers["installed_packages"]["vllm"]["version"] == "unknown"
     assert layers["native_libraries"]["vllm"]["loaded"] == "unknown"
     assert layers["run"]["python_version"] == "unknown"
 
 
-def test_tags_are_sha_tag_then_human_tags_and_stable(report_inputs):
+def test_tags_are_sha_tag_then_human_tags_and_stable(report_inputs: MakeReportInputs) -> None:
     pins, *_ = report_inputs()
     rep1, rep2 = make(report_inputs), make(report_inputs)
     assert rep1.tags == rep2.tags == [sha_tag(pins), "demo"]
     assert rep1.tags[0] == ".".join(f"{n}-{pins.components[n].commit[:12]}" for n in ("vllm", "megatron", "verl"))
 
 
-def test_markdown_has_pr_table_gates_and_no_ansi(report_inputs):
+def test_markdown_has_pr_table_gates_and_no_ansi(report_inputs: MakeReportInputs) -> None:
     pins, sources, *_ = report_inputs()
     rep = make(report_inputs, statuses={"rl_step": "fail"})
     md = report.to_markdown(rep)
@@ -172,7 +174,7 @@ def test_markdown_has_pr_table_gates_and_no_ansi(report_inputs):
     assert "| tinyengine | 0.2.0 | tinycore works only" in md
 
 
-def test_junit_has_one_case_per_gate_with_right_elements(report_inputs):
+def test_junit_has_one_case_per_gate_with_right_elements(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs, statuses={"zero_update": "fail", "rl_step": "inconclusive", "control": None})
     root = ET.fromstring(report.to_junit(rep))
     assert root.tag == "testsuite" and root.get("name") == "acceptance"
@@ -187,7 +189,7 @@ def test_junit_has_one_case_per_gate_with_right_elements(report_inputs):
     assert props["verdict"] == "NOT ACCEPTED"
 
 
-def test_write_and_load_round_trip(report_inputs, tmp_path):
+def test_write_and_load_round_trip(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
     rep = make(report_inputs)
     paths = report.write(rep, tmp_path / "run")
     assert {p.name for p in paths.values()} == {"report.json", "report.md", "junit.xml", "ctrf.json"}
@@ -198,7 +200,7 @@ def test_write_and_load_round_trip(report_inputs, tmp_path):
     assert json.loads(paths["json"].read_text())["verdict"] == "ACCEPTED"
 
 
-def test_load_refuses_a_non_report(tmp_path):
+def test_load_refuses_a_non_report(tmp_path: Path) -> None:
     bad = tmp_path / "report.json"
     bad.write_text(json.dumps({"verdict": "ACCEPTED"}))
     with pytest.raises(BadInput, match="report.json: not a report"):
@@ -207,7 +209,7 @@ def test_load_refuses_a_non_report(tmp_path):
         report.load(tmp_path / "missing.json")
 
 
-def test_native_build_inputs_and_knobs_are_listed(report_inputs):
+def test_native_build_inputs_and_knobs_are_listed(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs)
     native = rep.run_manifest["native_build"]
     [item] = native["inputs"]
@@ -219,7 +221,7 @@ def test_native_build_inputs_and_knobs_are_listed(report_inputs):
     assert "| vllm | cpu | - |" in md
 
 
-def test_run_manifest_records_gpus_or_none(report_inputs):
+def test_run_manifest_records_gpus_or_none(report_inputs: MakeReportInputs) -> None:
     from acceptance import gpu
 
     assert gpu.facts() == "none"  # this host's torch sees no GPU
@@ -240,7 +242,7 @@ def test_run_manifest_records_gpus_or_none(report_inputs):
     assert report.make_report(pins, sources, built, result).run_manifest["run"]["gpus"] == "unknown"
 
 
-def test_gpu_driver_version_from_the_kernel_module_line():
+def test_gpu_driver_version_from_the_kernel_module_line() -> None:
     from acceptance.gpu import VERSION
 
     line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)"

@@ -1,16 +1,18 @@
 """Nightly comparison, history and CTRF without Docker: regression flag (planted ratio drop, gate
 pass -> other), file and commit changes, no change, last accepted run, CTRF status mapping."""
 import json
+from pathlib import Path
 
 import pytest
 
 from builder.nightly import rundiff
 from builder.nightly.history import History
 from builder.report import ctrf
+from tests.fixture_types import MakeReportInputs
 
 
 @pytest.fixture
-def reports(report_inputs):
+def reports(report_inputs: MakeReportInputs):
     from builder.report import document as report_mod
 
     def make(ratio=1.0, statuses=None, image_id="sha256:" + "ab" * 32):
@@ -26,7 +28,7 @@ def manifest(files):
     return {"components": {"verl": {"files": files}}, "distributions": {"tinyrl": "0.4.0"}}
 
 
-def test_same_inputs_say_no_change(reports):
+def test_same_inputs_say_no_change(reports) -> None:
     old, new = reports(), reports()
     m = manifest({"/a.py": "1"})
     diff = rundiff.compare(new, m, "sha256:" + "9" * 64, old, m, "sha256:" + "9" * 64, 0.05, {})
@@ -34,7 +36,7 @@ def test_same_inputs_say_no_change(reports):
     assert "no change" in rundiff.to_markdown(diff)
 
 
-def test_files_and_metrics_differences(reports):
+def test_files_and_metrics_differences(reports) -> None:
     old, new = reports(ratio=1.0), reports(ratio=0.97, image_id="sha256:" + "cd" * 32)
     diff = rundiff.compare(new, manifest({"/a.py": "2", "/c.py": "3"}), None, old,
                            manifest({"/a.py": "1", "/b.py": "1"}), None, 0.05, {})
@@ -44,26 +46,26 @@ def test_files_and_metrics_differences(reports):
     assert not diff["regression"]["flag"] and not diff["no_change"]  # -3% is within the 5% threshold
 
 
-def test_planted_throughput_ratio_drop_raises_the_flag(reports):
+def test_planted_throughput_ratio_drop_raises_the_flag(reports) -> None:
     diff = rundiff.compare(reports(ratio=0.9), None, None, reports(ratio=1.0), None, None, 0.05, {})
     assert diff["regression"]["flag"]
     assert "throughput ratio" in diff["regression"]["reasons"][0]
 
 
-def test_planted_gate_pass_to_inconclusive_raises_the_flag(reports):
+def test_planted_gate_pass_to_inconclusive_raises_the_flag(reports) -> None:
     diff = rundiff.compare(reports(statuses={"control": "inconclusive"}), None, None, reports(), None, None, 0.05, {})
     assert diff["gates"] == [{"gate": "control", "old": "pass", "new": "inconclusive"}]
     assert diff["regression"]["reasons"] == ["gate control: pass -> inconclusive"]
 
 
-def test_first_run_has_nothing_to_compare(reports, tmp_path):
+def test_first_run_has_nothing_to_compare(reports, tmp_path: Path) -> None:
     diff = rundiff.compare(reports(), None, None, None, None, None, 0.05, {})
     paths = rundiff.write(diff, tmp_path)
     assert json.loads(paths["json"].read_text())["previous"] is None
     assert "nothing to compare" in paths["md"].read_text()
 
 
-def test_history_last_accepted_skips_not_accepted_and_missing_reports(tmp_path):
+def test_history_last_accepted_skips_not_accepted_and_missing_reports(tmp_path: Path) -> None:
     h = History(tmp_path / "h.sqlite")
     report = tmp_path / "r1.json"
     report.write_text("{}")
@@ -77,7 +79,7 @@ def test_history_last_accepted_skips_not_accepted_and_missing_reports(tmp_path):
     assert h.last_accepted("none") is None
 
 
-def test_ctrf_maps_gate_statuses(reports):
+def test_ctrf_maps_gate_statuses(reports) -> None:
     doc = ctrf.to_ctrf(reports(statuses={"control": "inconclusive", "rl_step": "fail", "zero_update": None}))
     assert doc["reportFormat"] == "CTRF"
     status = {t["name"]: t["status"] for t in doc["results"]["tests"]}

@@ -1,6 +1,7 @@
 """builder/release/trust.py (publish believes evidence), reference grammar and pip reading: the rules one by one.
 The generated corpus (test_hostile_corpus.py) runs the same rules end to end through the CLI."""
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -13,19 +14,20 @@ from builder.pins import allowlist
 from builder.pins import model as pins_mod
 from builder.release import trust
 from builder.report import document as report
+from tests.fixture_types import MakeReportInputs
 
 
 def _load(path):
     return report.load(path)
 
 
-def test_unedited_report_passes_and_returns_the_pins(tmp_path):
+def test_unedited_report_passes_and_returns_the_pins(tmp_path: Path) -> None:
     _, path = accepted_report(tmp_path)
     pins = trust.check(_load(path), str(path))
     assert pins is not None and pins.sha256 == _load(path).sources.pins_sha256
 
 
-def test_not_accepted_report_is_left_to_publish(tmp_path):
+def test_not_accepted_report_is_left_to_publish(tmp_path: Path) -> None:
     data, path = accepted_report(tmp_path)
     data["verdict"] = "NOT ACCEPTED"
     path.write_text(json.dumps(data))
@@ -46,7 +48,7 @@ def test_not_accepted_report_is_left_to_publish(tmp_path):
     ("control", {"exit_code": 0, "diff_max": float("inf")}, "diff_max"),
     ("unknown_gate", {"exit_code": 0}, "no rule"),
 ])
-def test_derive_from_evidence(gate, evidence, why):
+def test_derive_from_evidence(gate, evidence, why) -> None:
     got = trust.derive(GateResult(name=gate, status="pass", reason="", evidence=evidence), steps=1)
     assert (got is None) if why is None else (why in got), got
 
@@ -63,14 +65,14 @@ def _perf_runs(aligned, control, status="pass"):
     (_perf_runs([450, 460], [1000, 1000]), "expected 3 passing runs"),
     (_perf_runs([450, 460, 440], [1000, 1000, 1000], status="fail"), "expected 3 passing runs"),
 ])
-def test_derive_performance_with_the_pins_bounds(evidence, why):
+def test_derive_performance_with_the_pins_bounds(evidence, why) -> None:
     spec = pins_mod.Performance(min_ratio=0.25, repeats=3, max_spread=3.0, reason="measured")
     got = trust.derive(GateResult(name="performance", status="pass", reason="", evidence=evidence), 2, spec)
     assert (got is None) if why is None else (why in got), got
     assert "no acceptance.performance" in trust.derive(GateResult(name="performance", status="pass", reason=""), 2)
 
 
-def test_signature_hook_requires_a_valid_passed_result(tmp_path):
+def test_signature_hook_requires_a_valid_passed_result(tmp_path: Path) -> None:
     _, path = accepted_report(tmp_path)
     rep, where = _load(path), str(path)
     trust.check_signature(rep, where, None, None, None)  # signing not set up for this run
@@ -101,7 +103,7 @@ def _shared_pins(folder):
     return folder / "p.yaml"
 
 
-def test_shared_components_need_the_setting_and_the_report_shows_it(tmp_path, report_inputs):
+def test_shared_components_need_the_setting_and_the_report_shows_it(tmp_path: Path, report_inputs: MakeReportInputs) -> None:
     pins = pins_mod.load(_shared_pins(tmp_path))
     assert pins.shared == ["distribution"]
     _, sources, build, acceptance = report_inputs()
@@ -115,12 +117,12 @@ def test_shared_components_need_the_setting_and_the_report_shows_it(tmp_path, re
     ("r.io/x..y", "path component 'x..y'"), ("r-.io/x", "label 'r-'"), ("r.io:99999/x", "port '99999'"),
     ("r.io/" + "a" * 251, "256 characters"), ("r.io/x:-t", "tag '-t'"), ("r.io/x@sha256:ab", "digest"),
 ])
-def test_reference_names_the_broken_part(ref, part):
+def test_reference_names_the_broken_part(ref, part) -> None:
     with pytest.raises(ValueError, match=part.replace("(", r"\(").replace(".", r"\.")):
         reference.parse(ref)
 
 
-def test_reference_parts():
+def test_reference_parts() -> None:
     ref = reference.parse("[::1]:5000/a/b__c:v1@sha256:" + "0" * 64)
     assert (ref.domain, ref.path, ref.tag) == ("[::1]:5000", "a/b__c", "v1")
     assert reference.parse("debian").name == "debian" and reference.parse("localhost/x").domain == "localhost"
@@ -130,19 +132,19 @@ def test_reference_parts():
     ("--find=x", "--find-links"), ("--prefi=/p", "--prefix"), ("--constr=c", "--constraint"),
     ("--trusted=h", "--trusted-host"), ("-cfoo", "-c foo"), ("-ihttp", "-i http"), ("-qrfoo", "-r foo"),
 ])
-def test_pip_words_are_read_as_pip_reads_them(word, read_as):
+def test_pip_words_are_read_as_pip_reads_them(word, read_as) -> None:
     with pytest.raises(ValueError, match=f"pip reads it as '{read_as}'"):
         allowlist.check_pip_arg(word)
 
 
-def test_pip_allowed_words_pass_in_full_only():
+def test_pip_allowed_words_pass_in_full_only() -> None:
     for word in ("--no-deps", "-qq", "--only-binary=:all:", "--progress-bar=off"):
         assert allowlist.check_pip_arg(word) == word
     with pytest.raises(ValueError, match="abbreviates --no-build-isolation"):
         allowlist.check_pip_arg("--no-build-i")
 
 
-def test_mounts_of_the_engines_data_root_are_refused_at_acceptance(tmp_path):
+def test_mounts_of_the_engines_data_root_are_refused_at_acceptance(tmp_path: Path) -> None:
     data = dict(DEMO)
     data["acceptance"] = dict(DEMO["acceptance"], mounts=[{"source": "/srv/engine/volumes/x", "target": "/data"}])
     (tmp_path / "locks").mkdir()
@@ -156,7 +158,7 @@ def test_mounts_of_the_engines_data_root_are_refused_at_acceptance(tmp_path):
             pins_mod.check_mounts(pins, root)
 
 
-def test_template_lint_stays_a_second_wall(tmp_path):
+def test_template_lint_stays_a_second_wall(tmp_path: Path) -> None:
     from builder.image import render
 
     pins = pins_mod.load(accepted_report(tmp_path)[0]["sources"]["pins_path"])

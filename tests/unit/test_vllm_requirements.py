@@ -22,7 +22,7 @@ CPU_TXT = [
 ]
 
 
-def test_cpu_requirements_with_base_torch_and_a_mapped_direct_url():
+def test_cpu_requirements_with_base_torch_and_a_mapped_direct_url() -> None:
     adjust = Adjust(base_torch=True, direct={"triton": "3.9.0"})
     out = applicable(CPU_TXT, BASE, "vllm: Requires-Dist", set(), adjust, runtime=True)
     assert out == ["numba==0.65.0", "setuptools", "torch", "triton==3.9.0"]
@@ -32,7 +32,7 @@ def test_cpu_requirements_with_base_torch_and_a_mapped_direct_url():
     assert "direct-url: " in notes and "-> triton==3.9.0" in notes
 
 
-def test_a_build_requirement_on_a_build_tool_is_not_relaxed():
+def test_a_build_requirement_on_a_build_tool_is_not_relaxed() -> None:
     # [build-system].requires setuptools<81 goes into the build-tools prefix instead (tools_over_base)
     adjust = Adjust(base_torch=True)
     assert applicable(["setuptools>=77.0.3,<81.0.0"], BASE, "vllm: build-system", set(), adjust) == \
@@ -40,14 +40,14 @@ def test_a_build_requirement_on_a_build_tool_is_not_relaxed():
     assert adjust.notes == []
 
 
-def test_without_base_torch_nothing_is_relaxed_and_the_direct_url_is_an_error():
+def test_without_base_torch_nothing_is_relaxed_and_the_direct_url_is_an_error() -> None:
     adjust = Adjust()
     assert applicable(["setuptools==78.1.1"], BASE, "w", set(), adjust, runtime=True) == ["setuptools==78.1.1"]
     with pytest.raises(BadInput, match="direct_urls entry mapping triton"):
         applicable(CPU_TXT[3:4], BASE, "w", set(), adjust, runtime=True)
 
 
-def test_cmake_vars_decide_a_declaration_that_depends_on_the_build_host():
+def test_cmake_vars_decide_a_declaration_that_depends_on_the_build_host() -> None:
     # vLLM's cpu_extension.cmake: an aarch64 oneDNN commit when ASIMD_FOUND (from /proc/cpuinfo), else v3.13
     from types import SimpleNamespace
 

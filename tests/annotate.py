@@ -1,0 +1,152 @@
+"""Add the obvious annotations to test files (a mechanical pass; mypy --strict finds the rest).
+
+    python tests/annotate.py tests/unit/test_x.py ...     (no arguments: every tests/**/test_*.py and conftest.py)
+
+- `test_*` functions with no return annotation and no `return <value>`/`yield` get `-> None`;
+- a parameter named in TYPES with no annotation gets that type (fixtures and common helper names);
+- the imports those types need are added after the module docstring / `from __future__` line.
+Idempotent: run it again on newly merged tests, then `ruff check --fix` (import order) and mypy.
+"""
+from __future__ import annotations
+
+import ast
+import io
+import sys
+import tokenize
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+LIMIT = 130  # ruff's line-length
+
+# parameter name -> (annotation, the import it needs or "")
+TYPES: dict[str, tuple[str, str]] = {
+    "tmp_path": ("Path", "from pathlib import Path"),
+    "tmp_path_factory": ("pytest.TempPathFactory", "import pytest"),
+    "monkeypatch": ("pytest.MonkeyPatch", "import pytest"),
+    "capsys": ("pytest.CaptureFixture[str]", "import pytest"),
+    "capfd": ("pytest.CaptureFixture[str]", "import pytest"),
+    "caplog": ("pytest.LogCaptureFixture", "import pytest"),
+    "request": ("pytest.FixtureRequest", "import pytest"),
+    "settings": ("Settings", "from builder.core.options import Settings"),
+    "docker_client": ("DockerClient", "from tests.fixture_types import DockerClient"),
+    "infra_setup": ("Info", "from builder.engine.infra import Info"),
+    "base_image": ("str", ""),
+    "demo_pins": ("Path", "from pathlib import Path"),
+    "stamped_pins": ("Path", "from pathlib import Path"),
+    "demo_image": ("DemoImage", "from tests.fixture_types import DemoImage"),
+    "demo_accepted": ("DemoAccepted", "from tests.fixture_types import DemoAccepted"),
+    "build_variant": ("BuildVariant", "from tests.fixture_types import BuildVariant"),
+    "report_inputs": ("MakeReportInputs", "from tests.fixture_types import MakeReportInputs"),
+    "second_engine": ("Engine", "from tests.engines import Engine"),
+    "staged_demo": ("str", ""),
+    "run_id": ("str", ""),
+}
+
+
+def header_colon(tokens: list[tokenize.TokenInfo], line: int) -> tuple[int, int]:
+    """(row, col) of the `:` that ends the `def` header starting on `line`."""
+    depth, seen_def = 0, False
+    for tok in tokens:
+        if tok.start[0] < line:
+            continue
+        if tok.type == tokenize.NAME and tok.string == "def":
+            seen_def = True
+        elif seen_def and tok.type == tokenize.OP:
+            if tok.string in "([{":
+                depth += 1
+            elif tok.string in ")]}":
+                depth -= 1
+            elif tok.string == ":" and depth == 0:
+                return tok.start
+    raise ValueError(f"no header colon after line {line}")
+
+
+def wrap(line: str, limit: int = LIMIT) -> str:
+    """A header line over the limit, cut after its last top-level `, ` that fits, continued under the `(`."""
+    body = line.rstrip("\n")
+    if len(body) <= limit:
+        return line
+    stripped = body.lstrip()
+    is_def = stripped.startswith(("def ", "async def "))
+    align = body.index("(") + 1 if is_def else len(body) - len(stripped)
+    depth, cut = 0, -1
+    for i, ch in enumerate(body):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and body[i + 1:i + 2] == " " and depth == (1 if is_def else 0) and i < limit:
+            cut = i
+    if cut < 0 or cut + 2 <= align:
+        return line
+    rest = " " * align + body[cut + 2:]
+    return body[:cut + 1] + "\n" + wrap(rest + "\n", limit)
+
+
+def returns_value(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    def walk(node: ast.AST) -> bool:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            if isinstance(child, (ast.Yield, ast.YieldFrom)) or isinstance(child, ast.Return) and child.value is not None:
+                return True
+            if walk(child):
+                return True
+        return False
+    return walk(func)
+
+
+def annotate(source: str) -> str:
+    tree = ast.parse(source)
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    edits: list[tuple[int, int, str]] = []  # (row, col, text to insert)
+    needed: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+        for arg in args:
+            if arg.annotation is None and arg.arg in TYPES:
+                kind, imp = TYPES[arg.arg]
+                edits.append((arg.lineno, arg.end_col_offset or 0, f": {kind}"))
+                if imp:
+                    needed.add(imp)
+        if node.returns is None and node.name.startswith("test_") and not returns_value(node):
+            row, col = header_colon(tokens, node.lineno)
+            edits.append((row, col, " -> None"))
+    if not edits:
+        return source
+    lines = source.splitlines(keepends=True)
+    for row, col, text in sorted(edits, reverse=True):
+        line = lines[row - 1]
+        lines[row - 1] = line[:col] + text + line[col:]
+    for row in sorted({r for r, _, _ in edits}, reverse=True):
+        lines[row - 1] = wrap(lines[row - 1])
+    bound = {a.asname or a.name for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    missing = sorted(imp for imp in needed if imp.split()[-1] not in bound)
+    if missing:
+        at = 0  # after the docstring and `from __future__` imports
+        for n in tree.body:
+            is_doc = isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+            if is_doc or isinstance(n, ast.ImportFrom) and n.module == "__future__":
+                at = n.end_lineno or at
+            else:
+                break
+        lines[at:at] = [m + "\n" for m in missing]
+    return "".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    paths = [Path(a) for a in argv] or sorted(p for p in TESTS.rglob("*.py") if p.name.startswith("test_")
+                                              or p.name == "conftest.py")
+    for path in paths:
+        text = path.read_text()
+        new = annotate(text)
+        if new != text:
+            path.write_text(new)
+            print(f"annotated {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
