@@ -16,6 +16,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -60,7 +61,7 @@ def synthetic_base(client, demo_base: str, gigabytes: int) -> tuple[str, str]:
 
 def pins_on(base_ref: str, gigabytes: int, out: Path, pins_path: Path, component: str | None = None,
             pr: int | None = None) -> Path:
-    def edit(data: dict) -> None:
+    def edit(data: dict[str, Any]) -> None:
         data["base"]["image"] = base_ref
         data["name"] = f"i20a-bench-{gigabytes}g"
         data["image"]["repository"] = f"{PREFIX}/unified-{gigabytes}g"

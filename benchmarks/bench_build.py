@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -48,7 +49,7 @@ def timed_build(pins_path, nocache=False):
     return time.monotonic() - start, built, rendered
 
 
-def reused(built) -> dict:
+def reused(built) -> dict[str, Any]:
     steps = json.loads(build.steps_file(built).read_text())
     groups = dockerfile.instructions((Path(built.log_path).parent / "Dockerfile").read_text())
     out = {}
@@ -59,7 +60,7 @@ def reused(built) -> dict:
     return {g: f"{hits}/{total} cached" for g, (hits, total) in out.items()}
 
 
-def normalise_ways(built, rendered) -> list[tuple[str, float, str, dict]]:
+def normalise_ways(built, rendered) -> list[tuple[str, float, str, dict[str, Any]]]:
     """The cold build's raw image normalised again into an empty store, by each source."""
     client = engine.connect(SETTINGS)
     base_config, base_layers = staging.base_of(rendered.labels, SETTINGS)

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -37,7 +38,7 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def interleaved(runs: int, fns: dict) -> dict:
+def interleaved(runs: int, fns: dict[str, Any]) -> dict[str, Any]:
     """Run the functions in turn, runs times (so load from other processes hits both alike);
     return {name: (best wall s, best cpu s)}."""
     walls = {k: [] for k in fns}
@@ -51,7 +52,7 @@ def interleaved(runs: int, fns: dict) -> dict:
     return {k: (min(walls[k]), min(cpus[k])) for k in fns}
 
 
-def members(path: Path) -> dict:
+def members(path: Path) -> dict[str, Any]:
     """{name: (kind, mode, sha256 of content or link target)} of files, links and dirs."""
     out = {}
     with tarfile.open(path) as tar:
@@ -65,7 +66,7 @@ def members(path: Path) -> dict:
     return out
 
 
-def seed(path: Path, source: str, refs: dict) -> None:
+def seed(path: Path, source: str, refs: dict[str, Any]) -> None:
     import pygit2
 
     repo = pygit2.init_repository(str(path), bare=True)

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -23,7 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import real_repos  # noqa: E402
 
 
-def run(pins: Path, env: dict, log: Path, *extra: str) -> tuple[float, str]:
+def run(pins: Path, env: dict[str, Any], log: Path, *extra: str) -> tuple[float, str]:
     start = time.monotonic()
     with open(log, "w") as err:
         rc = subprocess.call([sys.executable, "-m", "builder.cli", "lock", str(pins), "--build-sdists", *extra],

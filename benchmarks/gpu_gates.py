@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 COMPONENTS = {"vllm": "tinyengine", "megatron": "tinycore", "verl": "tinyrl"}
@@ -71,7 +72,7 @@ def prepare(out: Path) -> None:
     print(json.dumps(record, indent=2))
 
 
-def _export_native(pins, stack: Path, out: Path) -> list[dict]:
+def _export_native(pins, stack: Path, out: Path) -> list[dict[str, Any]]:
     """The lock's native inputs (CMake FetchContent sources) at their locked commits, as the image build
     supplies them: out/native/<component>/<name>, handed over through the recorded variable."""
     import pygit2  # lazy: only the prepare step needs it
@@ -149,7 +150,7 @@ def install(out: Path, work: Path) -> str:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-q", "--no-index", "--no-deps",
            "--prefix", str(venv)]
     sh(*pip, *sorted((out / "wheels").glob("*.whl")))
-    inputs_of: dict[str, list[dict]] = {}
+    inputs_of: dict[str, list[dict[str, Any]]] = {}
     for item in json.loads((out / "stack.json").read_text()).get("native", []):
         inputs_of.setdefault(item["component"], []).append(item)
     for name, comp in stack.items():
@@ -172,7 +173,7 @@ def install(out: Path, work: Path) -> str:
     return str(py)
 
 
-def settings_for(out: Path, work: Path, py: str, gate: str) -> dict:
+def settings_for(out: Path, work: Path, py: str, gate: str) -> dict[str, Any]:
     base = json.loads((out / "stack.json").read_text())["settings"][gate]
     model = work / "model"
     settings = dict(base)
@@ -188,7 +189,7 @@ def settings_for(out: Path, work: Path, py: str, gate: str) -> dict:
     return settings
 
 
-def summary(result: dict) -> dict:
+def summary(result: dict[str, Any]) -> dict[str, Any]:
     ev = result["evidence"]
     steps = ev.get("steps") or {}
     weights = ev.get("weights") or {}
@@ -277,7 +278,7 @@ def run(out: Path, repeats: int) -> int:
     min_ratio, max_spread = spec.get("min_ratio", 0.1), spec.get("max_spread", 1.5)
     steps = spec.get("steps") or stack_settings["steps"]
     metrics = [spec.get("metric") or "perf/rollout_tokens_per_s", "perf/rollout_tokens_per_s"]
-    runs: dict = {m: {"aligned": [], "control": []} for m in metrics}
+    runs: dict[str, Any] = {m: {"aligned": [], "control": []} for m in metrics}
     for index in range(1, repeats + 1):
         for arm in ("aligned", "control"):
             settings = {**settings_for(out, work, py, "performance"), "arm": arm, "steps": steps}

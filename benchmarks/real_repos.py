@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -160,7 +161,7 @@ def write_git_config(work: Path, mirrors: Path) -> Path:
     return path
 
 
-def builder(args: list[str], env: dict, log: Path) -> tuple[int, float, str]:
+def builder(args: list[str], env: dict[str, Any], log: Path) -> tuple[int, float, str]:
     """Run `python -m builder.cli ARGS`; stdout returned, stderr to log (tail shown on failure)."""
     start = time.perf_counter()
     with open(log, "w") as err:
@@ -292,7 +293,7 @@ CUDA_EXPECTED = ["cutlass", "triton_kernels", "deepgemm", "deepselect", "fmha_sm
                  "qutlass", "tml_fa4", "vllm-flash-attn"]
 
 
-def cuda_inputs(pins: Path, mirrors: Path, env: dict, clock: Clock) -> int:
+def cuda_inputs(pins: Path, mirrors: Path, env: dict[str, Any], clock: Clock) -> int:
     """The native inputs the lock finds for vLLM's cuda target (nothing built): the lock's discovery
     (builder.lock.native) on the pins with vLLM's target switched to cuda, each input resolved to a
     commit as the lock does it (through DIR's mirror of its URL); an input DIR has no mirror of is
@@ -373,7 +374,7 @@ def lock_notes(lock: Path) -> list[str]:
             if line.startswith("#") and any(k in line.lower() for k in keep)]
 
 
-def compare_resolvers(pins: Path, env: dict, work: Path, runs: int = 2) -> None:
+def compare_resolvers(pins: Path, env: dict[str, Any], work: Path, runs: int = 2) -> None:
     """pip's resolver against uv on this closure: `builder lock --resolver R` on a copy of the pins
     (same inputs, caches of the first lock warm), each run `runs` times; the resolve steps' own times
     from the log, and whether both give the same pinned closure."""

@@ -132,7 +132,7 @@ def base_lock(settings: Settings) -> tuple[str, dict[str, Path]]:
 # --------------------------------------------------------------------------- recipe
 
 
-def _rootfs_recipe() -> dict:
+def _rootfs_recipe() -> dict[str, Any]:
     return {"debootstrap": DEBOOTSTRAP, "normalise": NORMALISE}
 
 
@@ -247,7 +247,7 @@ def _rootfs_image(settings: Settings, client: Any, work: Path, mirror: str | Non
     return tag
 
 
-def _stream(chunks, logfile: Path, what: str, error_type) -> list[dict]:
+def _stream(chunks, logfile: Path, what: str, error_type) -> list[dict[str, Any]]:
     seen = []
     with open(logfile, "a") as out:
         for chunk in chunks:

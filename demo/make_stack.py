@@ -12,6 +12,7 @@ OUTDIR resets the refs to the same commits.
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pygit2
 
@@ -113,7 +114,7 @@ NATIVE = {
 }
 
 
-def _overlay(path: Path) -> dict:
+def _overlay(path: Path) -> dict[str, Any]:
     files = {}
     for f in sorted(path.rglob("*")):
         rel = f.relative_to(path).as_posix()
@@ -122,7 +123,7 @@ def _overlay(path: Path) -> dict:
     return files
 
 
-def _tree(repo, files: dict):
+def _tree(repo, files: dict[str, Any]):
     """Write a nested tree for {posix path: bytes}; returns its oid."""
     blobs, dirs = {}, {}
     for path, data in files.items():
@@ -139,7 +140,7 @@ def _tree(repo, files: dict):
     return tb.write()
 
 
-def _make_repo(path: Path, index: int, spec) -> dict:
+def _make_repo(path: Path, index: int, spec) -> dict[str, Any]:
     role, commits, main, prs = spec
     repo = pygit2.Repository(str(path)) if path.exists() else pygit2.init_repository(str(path), bare=True)
     files_at, sha = {}, {}
@@ -185,7 +186,7 @@ def _make_repo(path: Path, index: int, spec) -> dict:
     }
 
 
-def make_stack(outdir) -> dict:
+def make_stack(outdir) -> dict[str, Any]:
     """Create or refresh the three repositories under outdir; returns (and writes to stack.json) all SHAs."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,16 @@
 - a parameter named in TYPES with no annotation gets that type (fixtures and common helper names);
 - the imports those types need are added after the module docstring / `from __future__` line.
 Idempotent: run it again on newly merged tests, then `ruff check --fix` (import order) and mypy.
+
+    mypy > out.txt; python tests/annotate.py --type-args out.txt
+
+fills the bare `dict`/`list`/`tuple` mypy reports ([type-arg]) with `dict[str, Any]`, `list[Any]`, `tuple[Any, ...]`.
 """
 from __future__ import annotations
 
 import ast
 import io
+import re
 import sys
 import tokenize
 from pathlib import Path
@@ -96,18 +101,31 @@ def returns_value(func: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return walk(func)
 
 
+def local_fixtures(source: str, tree: ast.Module) -> dict[str, tuple[str, str]]:
+    """The file's own annotated fixtures: name -> (the value's type, no import: the file has it)."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.returns is not None and \
+                any("fixture" in ast.unparse(d) for d in node.decorator_list):
+            kind = ast.get_source_segment(source, node.returns) or ""
+            match = re.fullmatch(r"(?:Iterator|Generator|Iterable)\[(.*?)(?:, None, None)?\]", kind)
+            found[node.name] = (match.group(1) if match else kind, "")
+    return found
+
+
 def annotate(source: str) -> str:
     tree = ast.parse(source)
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     edits: list[tuple[int, int, str]] = []  # (row, col, text to insert)
     needed: set[str] = set()
+    types = {**TYPES, **local_fixtures(source, tree)}
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
         for arg in args:
-            if arg.annotation is None and arg.arg in TYPES:
-                kind, imp = TYPES[arg.arg]
+            if arg.annotation is None and arg.arg in types:
+                kind, imp = types[arg.arg]
                 edits.append((arg.lineno, arg.end_col_offset or 0, f": {kind}"))
                 if imp:
                     needed.add(imp)
@@ -136,7 +154,44 @@ def annotate(source: str) -> str:
     return "".join(lines)
 
 
+BARE = re.compile(r'Missing type arguments for generic type "(dict|list|tuple|set|frozenset|type)"')
+FILL = {"dict": "dict[str, Any]", "list": "list[Any]", "tuple": "tuple[Any, ...]", "set": "set[Any]",
+        "frozenset": "frozenset[Any]", "type": "type[Any]"}
+
+
+def type_args(mypy_output: Path) -> None:
+    """Fill the bare generics mypy --strict reports ([type-arg]) with Any: `dict` -> `dict[str, Any]` (JSON objects)."""
+    todo: dict[Path, set[tuple[int, str]]] = {}
+    for line in mypy_output.read_text().splitlines():
+        match = BARE.search(line)
+        if match and line.count(":") >= 2:
+            where, row = line.split(":")[:2]
+            todo.setdefault(Path(where), set()).add((int(row), match.group(1)))
+    for file, rows in todo.items():
+        lines = file.read_text().splitlines(keepends=True)
+        for number, name in rows:  # only in annotation positions: after `:`, `->`, `[`, `,` or `|`, not before `(` or `[`
+            lines[number - 1] = re.sub(rf"((?::|->|\[|,|\|)\s*){name}\b(?![\[(.])", rf"\g<1>{FILL[name]}", lines[number - 1])
+        text = "".join(lines)
+        if not re.search(r"^from typing import .*\bAny\b|^import typing", text, re.M):
+            tree = ast.parse(text)
+            at = 0
+            for n in tree.body:
+                is_doc = isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                if is_doc or isinstance(n, ast.ImportFrom) and n.module == "__future__":
+                    at = n.end_lineno or at
+                else:
+                    break
+            lines = text.splitlines(keepends=True)
+            lines[at:at] = ["from typing import Any\n"]
+            text = "".join(lines)
+        file.write_text(text)
+        print(f"type args {file}")
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--type-args"]:  # python tests/annotate.py --type-args mypy-output.txt
+        type_args(Path(argv[1]))
+        return 0
     paths = [Path(a) for a in argv] or sorted(p for p in TESTS.rglob("*.py") if p.name.startswith("test_")
                                               or p.name == "conftest.py")
     for path in paths:

@@ -5,11 +5,14 @@ the reason, except when `CI` is set, where they fail (CI must run them). Slow te
 budgets: tests/budget.py.
 """
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 
 from builder.core.options import Settings
+from builder.core.records import BuiltImage, GateStatus
 from builder.engine.infra import Info
 from tests.budget import (  # noqa: F401  (hooks: slow marks, budgets, the timing table)
     pytest_collection_modifyitems,
@@ -17,7 +20,8 @@ from tests.budget import (  # noqa: F401  (hooks: slow marks, budgets, the timin
     pytest_sessionfinish,
     pytest_terminal_summary,
 )
-from tests.fixture_types import DemoImage, DockerClient
+from tests.engines import Engine
+from tests.fixture_types import BuildVariant, DemoAccepted, DemoImage, DockerClient, MakeReportInputs, ReportInputs
 
 # The tests build many variants of the demo on one engine. A build seeded with another compiler-cache state
 # (builder/image/ccache.py) than the last one re-runs the steps after the seed copy, so tests that count cache
@@ -27,19 +31,19 @@ SETTINGS = Settings.from_env()
 
 
 @pytest.fixture(scope="session")
-def settings():
+def settings() -> Settings:
     """The environment settings, read once for the session (as the CLI does per command)."""
     return SETTINGS
 
 
-def _docker_unavailable(reason: str):
+def _docker_unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"CI is set, so Docker tests must run, but {reason}", pytrace=False)
     pytest.skip(f"needs a Docker engine: {reason}")
 
 
 @pytest.fixture(scope="session")
-def docker_client():
+def docker_client() -> DockerClient:
     """A docker SDK client that answered ping (skip/fail as above otherwise)."""
     from builder.core.errors import InfraError
     from builder.engine import client as engine
@@ -51,14 +55,14 @@ def docker_client():
 
 
 @pytest.fixture(autouse=True)
-def _docker_marker(request: pytest.FixtureRequest):
+def _docker_marker(request: pytest.FixtureRequest) -> None:
     """Tests marked `docker` get the engine check (and its skip/fail) without asking for it."""
     if request.node.get_closest_marker("docker"):
         request.getfixturevalue("docker_client")
 
 
 @pytest.fixture(scope="session")
-def infra_setup(docker_client: DockerClient):
+def infra_setup(docker_client: DockerClient) -> Info:
     """Engine + registry running (idempotent `builder setup`); the dict of what was found/started."""
     from builder.engine import infra
 
@@ -66,7 +70,7 @@ def infra_setup(docker_client: DockerClient):
 
 
 @pytest.fixture(scope="session")
-def base_image(infra_setup: Info):
+def base_image(infra_setup: Info) -> str:
     """`127.0.0.1:5000/demo/base@sha256:...`, built once per recipe (cached across sessions)."""
     from demo import baseimage
 
@@ -77,7 +81,7 @@ def base_image(infra_setup: Info):
 
 
 @pytest.fixture(scope="session")
-def report_inputs(tmp_path_factory: pytest.TempPathFactory):
+def report_inputs(tmp_path_factory: pytest.TempPathFactory) -> MakeReportInputs:
     """Factory: (pins, sources, build, acceptance) records shaped like real ones, from pins/demo.yaml
     with fixed commits.  `statuses` overrides gate statuses; a gate set to None is left out."""
     import copy
@@ -92,7 +96,7 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory):
     pins_dir = Path(__file__).resolve().parent.parent / "pins"
     data = yaml.safe_load((pins_dir / "demo.yaml").read_text())
 
-    def sha1(text):
+    def sha1(text: str) -> str:
         return hashlib.sha1(text.encode()).hexdigest()
 
     site = "/opt/venv/lib/python3.11/site-packages"
@@ -100,7 +104,7 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory):
                    "weights_before": "0f1e2d3c4b5a6978", "weights_after": "8877665544332211"},
              "2": {"diff_max": 0.0, "k3_kl": 0.0, "reward": 0.6, "loss": -0.2,
                    "weights_before": "8877665544332211", "weights_after": "1122334455667788"}}
-    evidence = {  # shapes as acceptance/provenance.py and acceptance/decide.py write them
+    evidence: dict[str, dict[str, Any]] = {  # shapes as acceptance/provenance.py and acceptance/decide.py write them
         "provenance": {"manifest": {"path": "/opt/delivery/manifest.json", "sha256": "56" * 32, "site_packages": site},
                        "interpreter": {"executable": "/opt/venv/bin/python", "version": "3.11.9"},
                        "components": {"vllm": {"version": "0.2.0", "stamp": {"commit": sha1("vllm")},
@@ -118,8 +122,10 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory):
                                  for i in (1, 2, 3) for arm, value in (("aligned", 1234.5), ("control", 1200.0))]},
     }
 
-    def make(repository="127.0.0.1:5000/demo/unified", image_id="sha256:" + "ab" * 32, statuses=None,
-             acceptance=True, build=True, accepted_image=None, required=None, tags=("demo",), platform=None):
+    def make(repository: str = "127.0.0.1:5000/demo/unified", image_id: str = "sha256:" + "ab" * 32,
+             statuses: dict[str, GateStatus | None] | None = None, acceptance: bool = True, build: bool = True,
+             accepted_image: str | None = None, required: list[str] | None = None, tags: tuple[str, ...] = ("demo",),
+             platform: str | None = None) -> ReportInputs:
         d = copy.deepcopy(data)
         if platform:
             d["base"]["platform"] = platform
@@ -146,7 +152,7 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory):
                            engine_version="20.10.24", builder_version="0.1.0", context_sha256="12" * 32,
                            dockerfile_sha256="34" * 32, stage_times={"sources": 1.5, "install": 20.25},
                            log_path="/tmp/build.log", cached=False) if build else None
-        status = {g: "pass" for g in evidence}
+        status: dict[str, GateStatus | None] = {g: "pass" for g in evidence}
         status.update(statuses or {})
         gates = [GateResult(name=g, status=s, reason=f"{g} {s}", evidence=evidence[g], log="tail")
                  for g, s in status.items() if s is not None]
@@ -165,14 +171,14 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def demo_pins(docker_client: DockerClient):
+def demo_pins(docker_client: DockerClient) -> Path:
     """pins/demo.local.yaml ready to build: engine, registry, base image, demo stack (demo.prepare)."""
     from demo.prepare import prepare_demo
 
     return prepare_demo(SETTINGS)
 
 
-def _resolve_render_build(pins_path):
+def _resolve_render_build(pins_path: Path) -> DemoImage:
     from builder.image import build, render
     from builder.pins import model as pins_mod
     from builder.sources import resolve as sources
@@ -184,20 +190,20 @@ def _resolve_render_build(pins_path):
 
 
 @pytest.fixture(scope="session")
-def demo_image(demo_pins: Path):
+def demo_image(demo_pins: Path) -> DemoImage:
     """(pins, sources, rendered, built) of pins/demo.yaml, built once per session."""
     return _resolve_render_build(demo_pins)
 
 
 @pytest.fixture(scope="session")
-def build_variant(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
+def build_variant(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuildVariant]:
     """Factory: build(component, pr) -> BuiltImage of the demo stack with that component pinned to
     the head of demo PR `pr` (e.g. ('vllm', 13)); one build per key per session."""
     from demo.prepare import variant_pins
 
-    built = {}
+    built: dict[tuple[str, int], BuiltImage] = {}
 
-    def build(component: str, pr: int):
+    def build(component: str, pr: int) -> BuiltImage:
         key = (component, int(pr))
         if key not in built:
             out = tmp_path_factory.mktemp(f"variant-{component}-{pr}")
@@ -218,7 +224,7 @@ def build_variant(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def demo_accepted(demo_image: DemoImage):
+def demo_accepted(demo_image: DemoImage) -> DemoAccepted:
     """(pins, sources, built, AcceptanceResult) of all four gates run on the demo image."""
     from builder.accept import gates as accept
 
@@ -230,7 +236,7 @@ def demo_accepted(demo_image: DemoImage):
 
 
 @pytest.fixture(scope="session")
-def second_engine(docker_client: DockerClient):
+def second_engine(docker_client: DockerClient) -> Iterator[Engine]:
     """URL of a second dockerd (own data root, exec root, pidfile, socket; no bridge) started for this
     session; stopped, its containers removed and its directories deleted at the end, also on failure."""
     import shutil
@@ -244,7 +250,7 @@ def second_engine(docker_client: DockerClient):
 
 
 @pytest.fixture(scope="session")
-def staged_demo(demo_image: DemoImage):
+def staged_demo(demo_image: DemoImage) -> str:
     """The demo image pushed by digest to its staging repository: `<staging>@<manifest digest>`."""
     from builder.engine import staging
 
@@ -254,7 +260,7 @@ def staged_demo(demo_image: DemoImage):
 
 
 @pytest.fixture(scope="session")
-def stamped_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
+def stamped_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A demo variant whose verl-role build step stamps the wall-clock time into tinyrl/BUILD_TIME
     (a setup.py on top of the pinned commit, as PR #90): a build input that varies."""
     import pygit2
@@ -283,7 +289,7 @@ def stamped_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def run_id(docker_client: DockerClient):
+def run_id(docker_client: DockerClient) -> Iterator[str]:
     """The label value of one test's acceptance containers; all of them are gone afterwards."""
     import uuid
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from builder.core.records import AcceptanceResult, BuiltImage, RenderedBuild, ResolvedSources
+from builder.core.records import AcceptanceResult, BuiltImage, GateStatus, RenderedBuild, ResolvedSources
 from builder.pins.model import Pins
 
 DockerClient = Any  # docker.DockerClient (the SDK ships no type hints); builder.engine.client.Client
@@ -17,7 +17,7 @@ ReportInputs = tuple[Pins, ResolvedSources, BuiltImage | None, AcceptanceResult 
 class MakeReportInputs(Protocol):
     """conftest.report_inputs: records shaped like real ones (keyword overrides as in the fixture)."""
 
-    def __call__(self, repository: str = ..., image_id: str = ..., statuses: dict[str, str | None] | None = ...,
+    def __call__(self, repository: str = ..., image_id: str = ..., statuses: dict[str, GateStatus | None] | None = ...,
                  acceptance: bool = ..., build: bool = ..., accepted_image: str | None = ...,
                  required: list[str] | None = ..., tags: tuple[str, ...] = ..., platform: str | None = ...
                  ) -> ReportInputs: ...

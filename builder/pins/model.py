@@ -250,7 +250,7 @@ def _directory(info: ValidationInfo) -> Path:
     return Path(context.get("directory") or ".")
 
 
-def _unique(values: list) -> list:
+def _unique(values: list[Any]) -> list[Any]:
     seen = [v for i, v in enumerate(values) if v in values[:i]]
     if seen:
         raise ValueError(f"expected unique entries, got {show(seen[0])} twice")
@@ -727,7 +727,7 @@ class Pins(Strict):
     def rl_lr(self) -> float:
         return float(self.recipe.overrides[self.acceptance.lr_key])
 
-    def to_json_dict(self) -> dict:
+    def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
@@ -742,7 +742,7 @@ def read_yaml(text: str) -> Any:
     return yamlguard.load_text(text)
 
 
-def _where(loc: tuple) -> str:
+def _where(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         if part == "[key]":
@@ -756,7 +756,7 @@ def _where(loc: tuple) -> str:
     return out
 
 
-def _allowed_keys(loc: tuple) -> list[str]:
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     """Field names of the model that holds the unknown key at `loc` (empty if not found)."""
     model: Any = Pins
     for part in loc[:-1]:

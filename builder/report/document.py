@@ -61,7 +61,7 @@ def gate_table(acceptance: AcceptanceResult | None, required: list[str]) -> list
 
 def verdict_reasons(gates: list[GateResult], required: list[str], sources: ResolvedSources,
                     build: BuiltImage | None, acceptance: AcceptanceResult | None,
-                    manifest: dict | None) -> list[str]:
+                    manifest: dict[str, Any] | None) -> list[str]:
     """Everything that keeps the verdict from ACCEPTED; empty list = ACCEPTED."""
     reasons = []
     if acceptance is None:
@@ -87,7 +87,7 @@ def verdict_reasons(gates: list[GateResult], required: list[str], sources: Resol
 
 
 def make_report(pins: Pins, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
-                image_manifest: dict | None = None, publish: PublishReceipt | None = None) -> Report:
+                image_manifest: dict[str, Any] | None = None, publish: PublishReceipt | None = None) -> Report:
     manifest = image_manifest or manifest_layers.find_manifest(acceptance)
     required = list(pins.acceptance.required_gates)
     gates = gate_table(acceptance, required)
@@ -166,7 +166,7 @@ def _num(value: Any) -> Any:
     return f"{value:.4g}" if isinstance(value, float) and value not in (0.0,) else value
 
 
-def key_evidence(evidence: dict, limit: int = 400) -> str:
+def key_evidence(evidence: dict[str, Any], limit: int = 400) -> str:
     """Numbers and checksums of a gate's evidence as 'key=value' (diffs, k3_kl, checksums, ratios first)."""
     words = ("diff_max", "k3_kl", "weights", "checksum", "ratio", "throughput", "commit", "version", "exit_code")
     items = [(k, v) for k, v in _flat(evidence) if v is None or isinstance(v, (str, int, float))]

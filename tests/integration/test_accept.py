@@ -3,6 +3,7 @@ each planted defect is caught by the right gate. Only the gates a test needs are
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.docker
 SITE = "/opt/venv/lib/python3.11/site-packages"
 
 
-def _gates(result) -> dict:
+def _gates(result) -> dict[str, Any]:
     return {g.name: g for g in result.gates}
 
 

@@ -3,6 +3,7 @@ with verl's options, the checksum metrics are switched off in the demo loop, and
 per-tensor digests of the initial weights and each step's save."""
 import json
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -51,7 +52,7 @@ def checkpoint_pins(pins, model_dir, scratch=None):
     return pins_mod.validate(data, pins.directory)
 
 
-def _gates(result) -> dict:
+def _gates(result) -> dict[str, Any]:
     return {g.name: g for g in result.gates}
 
 

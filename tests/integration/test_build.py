@@ -4,6 +4,7 @@ import json
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ def run_in(client, image: str, argv: list[str]) -> tuple[int, str]:
         container.remove(force=True)
 
 
-def read_json(client, image: str, path: str) -> dict:
+def read_json(client, image: str, path: str) -> dict[str, Any]:
     rc, out = run_in(client, image, ["cat", path])
     assert rc == 0, out
     return json.loads(out)

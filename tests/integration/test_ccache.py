@@ -7,6 +7,7 @@ import shutil
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pygit2
 import pytest
@@ -95,7 +96,7 @@ def touched_pins(demo_pins: Path, out: Path, mark: bytes = b"touched by tests/in
     return pins_path
 
 
-def commit_file(out: Path, comp: dict, path: str, change, pr: int) -> None:
+def commit_file(out: Path, comp: dict[str, Any], path: str, change, pr: int) -> None:
     """A commit on the component's pinned one that changes one file (`change(old bytes)`); the pins follow."""
     repo = pygit2.Repository(str(out / comp["url"]))
     parent = repo.get(comp["commit"])

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pygit2
 import pytest
@@ -50,7 +51,7 @@ class Installer:
     """pip-installs a repository at a commit into its own --target dir (cached per commit). Tests that use it
     are marked slow: pip, tinyengine's C extension and torch."""
 
-    def __init__(self, root: Path, outdir: Path, stack: dict):
+    def __init__(self, root: Path, outdir: Path, stack: dict[str, Any]):
         self.root, self.outdir, self.stack, self.sites = root, outdir, stack, {}
 
     def site(self, repo: str, pr: int) -> Path:

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,7 +59,7 @@ STAGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 FAILPOINT_FOR = {("export-sqsh", "disk full"): "sqsh: mksquashfs"}
 CELLS = [(stage, fault) for stage, (_, _, faults) in STAGES.items() for fault in faults]
 PARTIAL = re.compile(r"(\.part|\.partial|\.tmp)$|^tmp_pack_|^incoming-")
-RESULTS: list[dict] = []
+RESULTS: list[dict[str, Any]] = []
 
 
 @dataclass

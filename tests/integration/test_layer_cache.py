@@ -5,6 +5,7 @@ raw diff ID."""
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -131,7 +132,7 @@ def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(
         chains.append(result.steps)
         return rendered.tag
 
-    chains: list = []
+    chains: list[Any] = []
 
     tags = [other("another-pins-on-this-engine", "b")]
     try:

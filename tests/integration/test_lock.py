@@ -4,6 +4,7 @@ and each error path: base conflict, sdist-only dependency, stale lock under --ch
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pygit2
 import pytest
@@ -44,7 +45,7 @@ PRS = {1: ['"packaging>=23"', '"pyyaml>=6"'],
        4: ['"packaging>=23"', '"pyyaml>=6"', '"six>=1.16"']}  # requirements changed: lock stale
 
 
-def commit(repo, files: dict[str, str], parents: list, message: str, when: int = 0):
+def commit(repo, files: dict[str, str], parents: list[Any], message: str, when: int = 0):
     tb = repo.TreeBuilder()
     sub = repo.TreeBuilder()
     for name, text in files.items():

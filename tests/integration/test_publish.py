@@ -13,6 +13,7 @@ import uuid
 import xml.etree.ElementTree as ET
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -210,7 +211,7 @@ def report_for(report_inputs: MakeReportInputs, outdir, repository, image_id, cl
     return rep, paths
 
 
-def snapshot(paths) -> dict:
+def snapshot(paths) -> dict[str, Any]:
     return {name: path.read_bytes() for name, path in paths.items()}
 
 

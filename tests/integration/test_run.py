@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -36,7 +37,7 @@ def untag():
         engine.remove_image(client, ref)
 
 
-def container_ids(report: dict) -> set[str]:
+def container_ids(report: dict[str, Any]) -> set[str]:
     """Every gate's container ID (the performance gate: one container per run)."""
     ids = set()
     for gate in report["acceptance"]["container"]["gates"].values():

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +60,7 @@ def report(report_inputs: MakeReportInputs):
     return report_mod.make_report(pins, sources, built, result)
 
 
-def delivery_manifest(report) -> dict:
+def delivery_manifest(report) -> dict[str, Any]:
     comps = {name: {"distribution": f"dist-{name}", "version": "1.0", "commit": c.commit, "tree": c.tree,
                     "url": c.url} for name, c in report.sources.components.items()}
     dists = {f"dist-{name}": "1.0" for name in comps} | {"torch": "2.13.0+cpu"}
@@ -119,12 +120,12 @@ def attach(image, envelope, kind: str) -> None:
     referrers.attach(reg, name, subject, data, kind)
 
 
-def envelopes(image) -> list[dict]:
+def envelopes(image) -> list[dict[str, Any]]:
     reg, name, digest = image
     return [referrers.fetch_envelope(reg, name, d)[1] for d in referrers.discover(reg, name, digest)]
 
 
-def statement_of(envelope: dict) -> dict:
+def statement_of(envelope: dict[str, Any]) -> dict[str, Any]:
     return json.loads(base64.b64decode(envelope["payload"]))
 
 

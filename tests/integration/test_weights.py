@@ -4,6 +4,7 @@ import hashlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # torch
 
 
-def _state(seed: int = 0) -> dict:
+def _state(seed: int = 0) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     return {"model.embed.weight": torch.randn(32, 16, generator=g),
             "model.layers.0.mlp.weight": torch.randn(16, 64, generator=g).to(torch.bfloat16),
@@ -24,13 +25,13 @@ def _state(seed: int = 0) -> dict:
             "step_count": torch.tensor([3], dtype=torch.int64)}
 
 
-def _changed(state: dict, name: str, delta: float = 0.25) -> dict:
+def _changed(state: dict[str, Any], name: str, delta: float = 0.25) -> dict[str, Any]:
     out = {k: v.clone() for k, v in state.items()}
     out[name][1, 2] += delta
     return out
 
 
-def _write(directory, state: dict, fmt: str, shards: int = 1):
+def _write(directory, state: dict[str, Any], fmt: str, shards: int = 1):
     directory.mkdir(parents=True)
     names = sorted(state)
     for i in range(shards):
@@ -88,7 +89,7 @@ def test_unreadable_and_missing_checkpoints_fail(tmp_path: Path) -> None:
     assert status == "fail" and "step 2" in reason and "no such directory" in reason
 
 
-def _shots(tmp_path: Path, states: list[dict], fmt="safetensors"):
+def _shots(tmp_path: Path, states: list[dict[str, Any]], fmt="safetensors"):
     labels = ["initial"] + [f"step {i}" for i in range(1, len(states))]
     return [{"label": label, "error": None,
              "snapshot": weights.snapshot(_write(tmp_path / label.replace(" ", ""), s, fmt))}

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from acceptance import checkpoint, decide, metrics, procfs, recipe
 from acceptance.__main__ import plain
@@ -246,7 +247,7 @@ def test_mountinfo_parsing_and_cover() -> None:
 # ---- provenance on the host, against a manifest of a package installed in a temp site-packages
 
 
-def _fake_install(tmp_path: Path) -> tuple[Path, dict, Path]:
+def _fake_install(tmp_path: Path) -> tuple[Path, dict[str, Any], Path]:
     site = tmp_path / "site"
     pkg, info = site / "accdemo", site / "accdemo-1.0.dist-info"
     pkg.mkdir(parents=True)
@@ -267,7 +268,7 @@ def _fake_install(tmp_path: Path) -> tuple[Path, dict, Path]:
     return site, json.loads(path.read_text()), path
 
 
-def _gate_env(tmp_path: Path, site: Path) -> dict:
+def _gate_env(tmp_path: Path, site: Path) -> dict[str, Any]:
     return {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "PYTHONPATH": f"{ROOT}:{site}"}
 
 
@@ -281,7 +282,7 @@ def _record_startup_hooks(tmp_path: Path, site: Path, manifest_path: Path) -> No
     manifest_path.write_text(json.dumps(manifest))
 
 
-def _provenance(tmp_path: Path, site: Path, manifest_path: Path) -> dict:
+def _provenance(tmp_path: Path, site: Path, manifest_path: Path) -> dict[str, Any]:
     (tmp_path / "cache").mkdir(exist_ok=True)
     settings = {"manifest": str(manifest_path), "cache_dir": str(tmp_path / "cache"), "entry": [sys.executable]}
     out = subprocess.run([sys.executable, "-m", "acceptance", "gate", "provenance", "--settings", json.dumps(settings)],

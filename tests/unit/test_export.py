@@ -6,6 +6,7 @@ import stat
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pygit2
 import pytest
@@ -67,7 +68,7 @@ def modules_from(lib: Path):
     return lookup
 
 
-def tree_of(root: Path) -> dict:
+def tree_of(root: Path) -> dict[str, Any]:
     """{path: (kind, exec bit, content or link target)} of a directory, .git files left out."""
     out = {}
     for dirpath, dirs, files in os.walk(root):

@@ -3,6 +3,7 @@ target, sha256 checked against the index, sdist-only releases told apart; and th
 import hashlib
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ TARGET = resolver.Target("3.11", "cp311", "x86_64", (2, 36))
 RANKED = download.tags(TARGET.python, TARGET.abi, TARGET.platforms())
 
 
-def f(name: str, requires: str | None = None) -> dict:
+def f(name: str, requires: str | None = None) -> dict[str, Any]:
     return {"filename": name, "hashes": {"sha256": "0" * 64}, "requires-python": requires, "url": name}
 
 
@@ -87,7 +88,7 @@ def test_a_download_enters_the_pool_only_with_the_sha256_the_index_lists(tmp_pat
 def test_metadata_cache_key_follows_commit_base_and_build_requirements() -> None:
     class Pin:
         class install:
-            pip_args: list = []
+            pip_args: list[Any] = []
 
     class Pins:
         class base:

@@ -4,6 +4,7 @@ import hashlib
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ SHA = "a" * 40
 DIGEST = "sha256:" + "b" * 64
 
 
-def component(name: str, pr: int) -> dict:
+def component(name: str, pr: int) -> dict[str, Any]:
     return {"url": f"demo-stack/{name}.git", "target": "main", "pr": pr,
             "commit": hashlib.sha1(name.encode()).hexdigest(),
             "distribution": name, "modules": [name],
@@ -55,7 +56,7 @@ def write(directory: Path, data, name: str = "p.yaml") -> Path:
     return path
 
 
-def with_value(dotted: str, value, delete: bool = False) -> dict:
+def with_value(dotted: str, value, delete: bool = False) -> dict[str, Any]:
     """GOOD with one field (dotted path, list indices as numbers) set or deleted."""
     data = copy.deepcopy(GOOD)
     *parents, last = dotted.split(".")
@@ -488,7 +489,7 @@ def test_schema_refuses_unknown_keys() -> None:
 CKPT = {"overrides": {"trainer.save_freq": 1, "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]}}
 
 
-def _weights(mode, checkpoint=None) -> dict:
+def _weights(mode, checkpoint=None) -> dict[str, Any]:
     data = with_value("acceptance.weights", mode)
     if checkpoint is not None:
         data["acceptance"]["checkpoint"] = checkpoint
