@@ -25,7 +25,7 @@ from builder.pins.inputfile import read_text
 from builder.pins.model import Pins
 from builder.report import manifest as manifest_layers
 from builder.report.ctrf import to_ctrf
-from builder.report.manifest import UNKNOWN
+from builder.report.manifest import UNKNOWN as UNKNOWN  # re-exported: report_mod.UNKNOWN
 
 SEVERITY = {"fail": 3, "inconclusive": 2, "not_run": 1, "pass": 0}
 

