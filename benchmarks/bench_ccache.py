@@ -44,7 +44,7 @@ def unit(k: int, functions: int, salt: int = 0) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def commit(repo, parent, files: dict[str, bytes], message: str, when: int, pr: int) -> pygit2.Commit:
+def commit(repo: Any, parent: Any, files: dict[str, bytes], message: str, when: int, pr: int) -> pygit2.Commit:
     """A commit on `parent` with `files` (path -> bytes) written into its tree, the head of PR `pr`."""
     index = pygit2.Index()
     index.read_tree(parent.tree)

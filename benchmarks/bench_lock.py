@@ -49,11 +49,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-lock-") as tmp:
         work = Path(tmp)
         cache = (args.cache or work / "cache").resolve()
-        base = real_repos.base_ref(None)
-        pins = real_repos.write_pins(work, args.mirrors.resolve(), {"megatron": 6772, "verl": 7369}, base)
+        base = real_repos.base_ref(None, real_vllm=False)  # the demo base (mypy found the missing argument)
+        pins = real_repos.write_pins(work, args.mirrors.resolve(), {"megatron": 6772, "verl": 7369}, base, real_vllm=False)
         env = {**os.environ, "BUILDER_CACHE": str(cache),
                "BUILDER_GIT_CONFIG": str(real_repos.write_git_config(work, args.mirrors.resolve()))}
-        rows = []
+        rows: list[tuple[str, float, str]] = []
         for name, extra in (("cold (empty cache)", ()), ("re-lock, nothing changed", ()), ("re-lock --upgrade", ("--upgrade",))):
             took, table = run(pins, env, work / f"{len(rows)}.log", *extra)
             rows.append((name, took, table))

@@ -20,7 +20,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from builder.pins.model import Pins
 
 HERE = Path(__file__).resolve().parent
 COMPONENTS = {"vllm": "tinyengine", "megatron": "tinycore", "verl": "tinyrl"}
@@ -72,7 +75,7 @@ def prepare(out: Path) -> None:
     print(json.dumps(record, indent=2))
 
 
-def _export_native(pins, stack: Path, out: Path) -> list[dict[str, Any]]:
+def _export_native(pins: Pins, stack: Path, out: Path) -> list[dict[str, Any]]:
     """The lock's native inputs (CMake FetchContent sources) at their locked commits, as the image build
     supplies them: out/native/<component>/<name>, handed over through the recorded variable."""
     import pygit2  # lazy: only the prepare step needs it
@@ -94,7 +97,7 @@ def _export_native(pins, stack: Path, out: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _export(repo, tree, dest: Path) -> None:
+def _export(repo: Any, tree: Any, dest: Path) -> None:  # pygit2 objects (untyped)
     dest.mkdir(parents=True, exist_ok=True)
     for entry in tree:
         obj = repo[entry.id]
@@ -121,7 +124,7 @@ def git_tree(path: Path) -> str:
     return hashlib.sha1(b"tree %d\0" % len(body) + body).hexdigest()
 
 
-def sh(*argv, env=None) -> str:
+def sh(*argv: object, env: dict[str, str] | None = None) -> str:
     done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         print(f"FAILED {' '.join(map(str, argv))[:200]}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-3000:]}",
@@ -267,7 +270,7 @@ def run(out: Path, repeats: int) -> int:
     sh(py, "-m", "tinyrl.init_model", work / "model", "1")
     results = {}
     for gate in ("zero_update", "rl_step", "control"):
-        result = plain(run_gate(gate, settings_for(out, work, py, gate)))
+        result = cast("dict[str, Any]", plain(run_gate(gate, settings_for(out, work, py, gate))))
         results[gate] = summary(result)
         print(f"\n== {gate}: {result['status']}: {result['reason']}")
         print(json.dumps(results[gate], default=str))

@@ -110,7 +110,8 @@ def base_ref(explicit: str | None, real_vllm: bool) -> str:
     script = ["benchmarks/real_vllm_base.py"] if real_vllm else ["-m", "demo", "base"]
     out = subprocess.run([sys.executable, *script], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
-    return re.findall(r"\S+@sha256:[0-9a-f]{64}", out)[-1]
+    found: list[str] = re.findall(r"\S+@sha256:[0-9a-f]{64}", out)
+    return found[-1]
 
 
 def write_pins(work: Path, mirrors: Path, prs: dict[str, int], base: str, real_vllm: bool) -> Path:
@@ -179,7 +180,7 @@ def lock_entries(lock: Path) -> list[str]:
     return [m.group(1) for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", lock.read_text(), re.MULTILINE)]
 
 
-def docker(*args: str) -> subprocess.CompletedProcess:
+def docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], check=False, capture_output=True, text=True)
 
 
@@ -267,7 +268,7 @@ def main() -> int:
                                                            "provenance", "--out", str(work / "run")],
                               env, work / "accept.log")
     report = json.loads((work / "run" / "report.json").read_text()) if (work / "run" / "report.json").exists() else {}
-    gate = next((g for g in report.get("gates", []) if g["name"] == "provenance"), {})
+    gate: dict[str, Any] = next((g for g in report.get("gates", []) if g["name"] == "provenance"), {})
     say(f"provenance  {gate.get('status', 'not run')} ({t_gate:.1f} s) {gate.get('reason', '')}".rstrip())
 
     modules = ["vllm", "megatron.core", "verl"] if real else ["megatron.core", "verl"]

@@ -70,7 +70,7 @@ def download_sdist(version: str, dest: Path) -> Path:
         data = resp.read()
     if hashlib.sha256(data).hexdigest() != sdist["digests"]["sha256"]:
         raise SystemExit(f"{url}: sha256 does not match PyPI's")
-    path = dest / sdist["filename"]
+    path: Path = dest / sdist["filename"]
     path.write_bytes(data)
     say(f"sdist       {url} sha256 {sdist['digests']['sha256']}")
     return path
