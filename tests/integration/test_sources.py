@@ -7,12 +7,14 @@ import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from builder.core.constants import COMPONENTS
 from builder.core.errors import BadInput, InfraError
 from builder.core.options import Settings
+from builder.pins.model import Component, Pins
 from builder.sources import mirror
 from builder.sources import resolve as sources
 
@@ -22,21 +24,21 @@ ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITT
        "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"}
 
 
-def git(cwd, *args, date="2024-01-01T00:00:00Z") -> str:
+def git(cwd: str | Path, *args: str, date: str = "2024-01-01T00:00:00Z") -> str:
     env = {**os.environ, **ENV, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
     out = subprocess.run(["git", "-c", "protocol.file.allow=always", "-c", "init.defaultBranch=main", *args],
                          cwd=cwd, env=env, check=True, capture_output=True, text=True)
     return out.stdout.strip()
 
 
-def commit(work, name, text="x") -> str:
+def commit(work: str | Path, name: str, text: str = "x") -> str:
     (Path(work) / name).write_text(text)
     git(work, "add", name)
     git(work, "commit", "-qm", name)
     return git(work, "rev-parse", "HEAD")
 
 
-def use_cache(monkeypatch: pytest.MonkeyPatch, path) -> None:
+def use_cache(monkeypatch: pytest.MonkeyPatch, path: str | Path) -> None:
     """Point BUILDER_CACHE somewhere else and re-read the settings, as a new command would."""
     monkeypatch.setenv("BUILDER_CACHE", str(path))
     monkeypatch.setattr(sys.modules[__name__], "SETTINGS", Settings.from_env())
@@ -48,13 +50,13 @@ def reread_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     use_cache(monkeypatch, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
 @pytest.fixture
-def upstream(tmp_path: Path):
+def upstream(tmp_path: Path) -> SimpleNamespace:
     """main: A-B-C; PR #7 branches at B: P1-P2 (head P2); extra P3 on top of P2 (not pushed yet);
     X on an unrelated branch from A."""
     work, bare = tmp_path / "work", tmp_path / "upstream.git"
@@ -74,18 +76,19 @@ def upstream(tmp_path: Path):
     return SimpleNamespace(work=work, bare=bare, url=str(bare), a=a, b=b, c=c, p1=p1, p2=p2, p3=p3, x=x)
 
 
-def pin(commit, pr=7, target="main"):
-    return SimpleNamespace(url="", target=target, pr=pr, commit=commit)
+def pin(commit: str, pr: int = 7, target: str = "main") -> Component:
+    """Stand-in with the attributes resolve_component() reads from a pinned component."""
+    return cast(Component, SimpleNamespace(url="", target=target, pr=pr, commit=commit))
 
 
-def pins_for(url, commit, tmp_path: Path, pr=7):
+def pins_for(url: str, commit: str, tmp_path: Path, pr: int = 7) -> Pins:
     """Stand-in with the attributes resolve() reads from builder.pins.model.Pins."""
     comps = {n: pin(commit, pr) for n in COMPONENTS}
-    return SimpleNamespace(components=comps, component_url=lambda name: url, path=tmp_path / "pins.yaml",
-                           sha256="0" * 64)
+    return cast(Pins, SimpleNamespace(components=comps, component_url=lambda name: url, path=tmp_path / "pins.yaml",
+                                      sha256="0" * 64))
 
 
-def test_happy_path_records_merge_base_and_counts(upstream, tmp_path: Path) -> None:
+def test_happy_path_records_merge_base_and_counts(upstream: SimpleNamespace, tmp_path: Path) -> None:
     resolved = sources.resolve(pins_for(upstream.url, upstream.p2, tmp_path), SETTINGS)
     comp = resolved.components["verl"]
     assert list(resolved.components) == ["vllm", "megatron", "verl"]
@@ -103,27 +106,27 @@ def test_happy_path_records_merge_base_and_counts(upstream, tmp_path: Path) -> N
     assert "merge-base" in table and upstream.b[:12] in table and "+2/-1" in table
 
 
-def test_file_url_works(upstream) -> None:
+def test_file_url_works(upstream: SimpleNamespace) -> None:
     comp = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), f"file://{upstream.bare}")
     assert comp.merge_base == upstream.b
 
 
-def test_missing_commit_fails(upstream) -> None:
+def test_missing_commit_fails(upstream: SimpleNamespace) -> None:
     with pytest.raises(BadInput, match=r"components.vllm.commit: commit 1{40} of vllm not found"):
         sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), upstream.url)
 
 
-def test_missing_pr_ref_fails(upstream) -> None:
+def test_missing_pr_ref_fails(upstream: SimpleNamespace) -> None:
     with pytest.raises(BadInput, match=r"PR #99 \(refs/pull/99/head\) not found"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, pr=99), upstream.url)
 
 
-def test_missing_target_branch_fails(upstream) -> None:
+def test_missing_target_branch_fails(upstream: SimpleNamespace) -> None:
     with pytest.raises(BadInput, match="branch 'develop' not found"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, target="develop"), upstream.url)
 
 
-def test_moved_pr_head_fails_unless_allowed(upstream) -> None:
+def test_moved_pr_head_fails_unless_allowed(upstream: SimpleNamespace) -> None:
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
     with pytest.raises(BadInput, match=f"PR #7 head moved past {upstream.p2} to {upstream.p3}"):
         sources.resolve_component(SETTINGS, "megatron", pin(upstream.p2), upstream.url)
@@ -131,13 +134,13 @@ def test_moved_pr_head_fails_unless_allowed(upstream) -> None:
     assert comp.pr_moved is True and comp.pr_head == upstream.p3 and comp.commit == upstream.p2
 
 
-def test_allow_moved_pr_accepts_an_older_commit_of_the_pr(upstream) -> None:
+def test_allow_moved_pr_accepts_an_older_commit_of_the_pr(upstream: SimpleNamespace) -> None:
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
     comp = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p1), upstream.url, allow_moved_pr=True)
     assert comp.commit == upstream.p1 and comp.pr_moved and comp.merge_base == upstream.b
 
 
-def test_allow_moved_pr_refuses_the_merge_base_and_the_root(upstream) -> None:
+def test_allow_moved_pr_refuses_the_merge_base_and_the_root(upstream: SimpleNamespace) -> None:
     git(upstream.work, "push", "-qf", str(upstream.bare), f"{upstream.p3}:refs/pull/7/head")
     for sha in (upstream.b, upstream.a):  # ancestors of the PR head, but on main: not commits of the PR
         with pytest.raises(BadInput, match=f"commit {sha} is on main.*not a commit of PR #7.*"
@@ -146,21 +149,21 @@ def test_allow_moved_pr_refuses_the_merge_base_and_the_root(upstream) -> None:
         assert err.value.exit_code == 2
 
 
-def test_commit_not_on_pr_fails_even_when_allowed(upstream) -> None:
+def test_commit_not_on_pr_fails_even_when_allowed(upstream: SimpleNamespace) -> None:
     with pytest.raises(BadInput, match=f"commit {upstream.c} is not on PR #7"):  # on main, not under the head
         sources.resolve_component(SETTINGS, "verl", pin(upstream.c), upstream.url, allow_moved_pr=True)
     with pytest.raises(BadInput, match=f"commit {upstream.x} of verl not found in the fetched refs"):
         sources.resolve_component(SETTINGS, "verl", pin(upstream.x), upstream.url, allow_moved_pr=True)  # another branch
 
 
-def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream) -> None:
+def test_deleted_pr_ref_is_not_served_from_a_stale_mirror(upstream: SimpleNamespace) -> None:
     sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     git(upstream.bare, "update-ref", "-d", "refs/pull/7/head")
     with pytest.raises(BadInput, match="PR #7"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
 
 
-def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path: Path, cache) -> None:
+def test_offline_uses_warm_cache_and_fetches_nothing(upstream: SimpleNamespace, tmp_path: Path, cache: Path) -> None:
     warm = sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     upstream.bare.rename(tmp_path / "gone.git")  # any fetch would now fail
     with pytest.raises(BadInput, match=f"{upstream.url}: no such local repository"):
@@ -169,20 +172,20 @@ def test_offline_uses_warm_cache_and_fetches_nothing(upstream, tmp_path: Path, c
     assert offline == warm
 
 
-def test_offline_cold_cache_fails_clearly(upstream, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_offline_cold_cache_fails_clearly(upstream: SimpleNamespace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     use_cache(monkeypatch, str(tmp_path / "cold"))
     with pytest.raises(BadInput, match="not in the mirror cache; run without --offline"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url, offline=True)
 
 
-def test_offline_missing_pr_in_warm_cache_fails_clearly(upstream) -> None:
+def test_offline_missing_pr_in_warm_cache_fails_clearly(upstream: SimpleNamespace) -> None:
     sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     with pytest.raises(BadInput, match="refs/pull/8/head .* not in the mirror cache; run without --offline"):
         sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2, pr=8), upstream.url, offline=True)
 
 
 @pytest.mark.parametrize("url", ["/no/such/repo.git", "file:///no/such/repo.git"])
-def test_missing_local_path_is_bad_input(url) -> None:
+def test_missing_local_path_is_bad_input(url: str) -> None:
     with pytest.raises(BadInput, match=f"{url}: no such local repository /no/such/repo.git") as err:
         sources.resolve_component(SETTINGS, "vllm", pin("1" * 40), url)
     assert err.value.exit_code == 2
@@ -202,7 +205,7 @@ def test_unreachable_remote_is_infra_error(monkeypatch: pytest.MonkeyPatch) -> N
     assert err.value.exit_code == 3
 
 
-def test_only_the_target_and_pr_refs_are_fetched(upstream) -> None:
+def test_only_the_target_and_pr_refs_are_fetched(upstream: SimpleNamespace) -> None:
     sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
     refs = git(mirror.mirror_path(SETTINGS, upstream.url), "for-each-ref", "--format=%(refname)").split()
     assert refs == ["refs/remotes/origin/main", "refs/remotes/origin/pr/7"]
@@ -210,7 +213,7 @@ def test_only_the_target_and_pr_refs_are_fetched(upstream) -> None:
 
 
 @pytest.mark.slow  # two interpreters resolving at once
-def test_two_processes_share_a_cold_cache(upstream, cache) -> None:
+def test_two_processes_share_a_cold_cache(upstream: SimpleNamespace, cache: Path) -> None:
     code = ("import sys; from types import SimpleNamespace as N; from builder.sources import resolve as sources;"
             "from builder.core.options import Settings;"
             "c = sources.resolve_component(Settings.from_env(), 'vllm', N(target='main', pr=7, commit=sys.argv[2]),"
@@ -224,14 +227,17 @@ def test_two_processes_share_a_cold_cache(upstream, cache) -> None:
     assert outs[0][0] == outs[1][0] and len(outs[0][0].strip()) == 64
 
 
-def test_fetch_waits_for_the_mirror_lock(upstream) -> None:
+def test_fetch_waits_for_the_mirror_lock(upstream: SimpleNamespace) -> None:
     path = mirror.mirror_path(SETTINGS, upstream.url)
     path.parent.mkdir(parents=True, exist_ok=True)  # mirror_path creates nothing (offline lookups)
     done = threading.Event()
     with open(path.with_name(path.name + ".lock"), "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        worker = threading.Thread(target=lambda: (sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url),
-                                                  done.set()))
+        def resolve() -> None:
+            sources.resolve_component(SETTINGS, "vllm", pin(upstream.p2), upstream.url)
+            done.set()
+
+        worker = threading.Thread(target=resolve)
         worker.start()
         assert not done.wait(0.5)  # blocked while another run holds the lock
         fcntl.flock(fh, fcntl.LOCK_UN)
@@ -239,16 +245,16 @@ def test_fetch_waits_for_the_mirror_lock(upstream) -> None:
     assert done.is_set()
 
 
-def test_mirror_dir_name_is_readable_and_unique(cache) -> None:
+def test_mirror_dir_name_is_readable_and_unique(cache: Path) -> None:
     one, two = mirror.mirror_path(SETTINGS, "https://github.com/a/b.git"), mirror.mirror_path(SETTINGS, "https://github.com/a/b")
     assert one.parent == cache / "mirrors" and one.name.startswith("https_github.com_a_b.git-")
     assert one != two
 
 
 @pytest.fixture
-def with_submodules(tmp_path: Path, upstream):
+def with_submodules(tmp_path: Path, upstream: SimpleNamespace) -> SimpleNamespace:
     """PR head P4 on top of P2 adds libs/sub (relative URL ../sub.git) which itself has deep/ (absolute URL)."""
-    def bare_repo(name, files):
+    def bare_repo(name: str, files: list[str]) -> Path:
         work = tmp_path / f"{name}-work"
         git(tmp_path, "init", "-q", str(work))
         for f in files:
@@ -270,7 +276,7 @@ def with_submodules(tmp_path: Path, upstream):
                            sub_url=str(tmp_path / "sub.git"), deep_url=str(tmp_path / "deep.git"))
 
 
-def test_submodules_recorded_recursively(upstream, with_submodules) -> None:
+def test_submodules_recorded_recursively(upstream: SimpleNamespace, with_submodules: SimpleNamespace) -> None:
     s = with_submodules
     comp = sources.resolve_component(SETTINGS, "verl", pin(s.p4), upstream.url)
     got = [(m.path, m.url, m.commit) for m in comp.submodules]
@@ -281,7 +287,7 @@ def test_submodules_recorded_recursively(upstream, with_submodules) -> None:
     assert again.export_sha256 == comp.export_sha256
 
 
-def test_submodule_commit_missing_fails(upstream, with_submodules, tmp_path: Path) -> None:
+def test_submodule_commit_missing_fails(upstream: SimpleNamespace, with_submodules: SimpleNamespace, tmp_path: Path) -> None:
     work = upstream.work
     git(work, "update-index", "--cacheinfo", f"160000,{'2' * 40},libs/sub")
     git(work, "commit", "-qm", "bad gitlink")
@@ -297,7 +303,7 @@ def test_absolute_url() -> None:
     assert sources.absolute_url("git@h:x/y.git", "/srv/a") == "git@h:x/y.git"
 
 
-def test_unrelated_history_fails(upstream) -> None:
+def test_unrelated_history_fails(upstream: SimpleNamespace) -> None:
     git(upstream.work, "checkout", "-q", "--orphan", "lonely")
     orphan = commit(upstream.work, "lonely")
     git(upstream.work, "push", "-q", str(upstream.bare), f"{orphan}:refs/pull/9/head")
@@ -305,7 +311,7 @@ def test_unrelated_history_fails(upstream) -> None:
         sources.resolve_component(SETTINGS, "vllm", pin(orphan, pr=9), upstream.url)
 
 
-def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules) -> None:
+def test_gitlink_without_gitmodules_entry_fails(upstream: SimpleNamespace, with_submodules: SimpleNamespace) -> None:
     work = upstream.work
     git(work, "update-index", "--add", "--cacheinfo", f"160000,{with_submodules.sub},stray")
     git(work, "commit", "-qm", "stray gitlink")
@@ -315,14 +321,15 @@ def test_gitlink_without_gitmodules_entry_fails(upstream, with_submodules) -> No
         sources.resolve_component(SETTINGS, "verl", pin(bad), upstream.url)
 
 
-def test_submodule_nesting_limit(upstream, with_submodules, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_submodule_nesting_limit(upstream: SimpleNamespace, with_submodules: SimpleNamespace,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sources, "MAX_DEPTH", 1)  # the fixture nests two levels
     with pytest.raises(BadInput, match="submodules nested deeper than 1"):
         sources.resolve_component(SETTINGS, "verl", pin(with_submodules.p4), upstream.url)
 
 
 @pytest.fixture
-def redirected(tmp_path: Path, upstream, monkeypatch: pytest.MonkeyPatch):
+def redirected(tmp_path: Path, upstream: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     """PR head P5 adds a submodule `recipe` whose URL is on a public host; BUILDER_GIT_CONFIG
     rewrites that host (url.<base>.insteadOf) to a local directory holding both repositories."""
     recipe = tmp_path / "recipe-work"
@@ -345,7 +352,7 @@ def redirected(tmp_path: Path, upstream, monkeypatch: pytest.MonkeyPatch):
     return SimpleNamespace(p5=p5, recipe=sha, config=config, url="https://git.example.invalid/org/upstream.git")
 
 
-def test_insteadof_rewrites_the_repository_and_its_submodules(upstream, redirected) -> None:
+def test_insteadof_rewrites_the_repository_and_its_submodules(upstream: SimpleNamespace, redirected: SimpleNamespace) -> None:
     comp = sources.resolve_component(SETTINGS, "verl", pin(redirected.p5), redirected.url)
     assert comp.url == redirected.url and comp.commit == redirected.p5
     assert [(s.path, s.url, s.commit) for s in comp.submodules] == [
@@ -355,7 +362,8 @@ def test_insteadof_rewrites_the_repository_and_its_submodules(upstream, redirect
     assert again.export_sha256 == comp.export_sha256
 
 
-def test_insteadof_to_a_missing_directory_is_bad_input(upstream, redirected, tmp_path: Path) -> None:
+def test_insteadof_to_a_missing_directory_is_bad_input(upstream: SimpleNamespace, redirected: SimpleNamespace,
+                                                       tmp_path: Path) -> None:
     redirected.config.write_text(f'[url "{tmp_path}/nowhere/"]\n\tinsteadOf = https://git.example.invalid/org/\n')
     with pytest.raises(BadInput, match=f"{redirected.url} \\(rewritten to {tmp_path}/nowhere/upstream.git\\):"
                                        " no such local repository") as err:
@@ -373,7 +381,7 @@ def test_git_config_setting_must_name_a_file(tmp_path: Path) -> None:
         tmp_path / "mirrors.gitconfig"
 
 
-def test_a_path_and_its_file_url_share_one_mirror(upstream, cache) -> None:
+def test_a_path_and_its_file_url_share_one_mirror(upstream: SimpleNamespace, cache: Path) -> None:
     """`/abs` and `file:///abs` (and `/abs/./`) are one repository: one mirror, one cold fetch."""
     path = upstream.url
     spellings = [path, "file://" + path, path + "/./", "file://localhost" + path + "/"]

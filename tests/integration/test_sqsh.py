@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tarfile
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,21 +37,22 @@ EPOCH = 946684800
 # ---------------------------------------------------------------- a planted image, two layers
 
 
-def _add(tar, name, data=None, mode=0o644, uid=0, gid=0, kind=tarfile.REGTYPE, link=""):
+def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, mode: int = 0o644, uid: int = 0, gid: int = 0,
+         kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
     info = tarfile.TarInfo(name)
     info.type, info.mode, info.uid, info.gid, info.mtime, info.linkname = kind, mode, uid, gid, EPOCH, link
     info.size = len(data) if data is not None else 0
     tar.addfile(info, io.BytesIO(data) if data is not None else None)
 
 
-def _layer(build) -> bytes:
+def _layer(build: Callable[[tarfile.TarFile], None]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         build(tar)
     return buf.getvalue()
 
 
-def _lower(tar):
+def _lower(tar: tarfile.TarFile) -> None:
     D = tarfile.DIRTYPE
     for d in ("bin", "etc", "opt", "opt/d", "usr", "usr/lib", "var", "var/gone-dir", "dev"):
         _add(tar, d, kind=D, mode=0o755)
@@ -66,7 +69,7 @@ def _lower(tar):
     _add(tar, "dev/stray", b"enroot leaves dev/* out\n")
 
 
-def _upper(tar):
+def _upper(tar: tarfile.TarFile) -> None:
     _add(tar, "etc", kind=tarfile.DIRTYPE, mode=0o755)
     _add(tar, "etc/.wh.gone", b"")
     _add(tar, "opt/d", kind=tarfile.DIRTYPE, mode=0o750)
@@ -98,7 +101,7 @@ def _saved_tar(tag: str) -> tuple[bytes, str]:
 
 
 @pytest.fixture(scope="module")
-def planted(docker_client: DockerClient):
+def planted(docker_client: DockerClient) -> Iterator[str]:
     """The planted image loaded into the engine (`docker load`); its ID. Removed afterwards."""
     data, image_id = _saved_tar("builder-tests/i13-whiteout:test")
     docker_client.images.load(data)
@@ -108,7 +111,8 @@ def planted(docker_client: DockerClient):
 
 
 @pytest.fixture(scope="module")
-def planted_sqsh(planted, docker_client: DockerClient, tmp_path_factory: pytest.TempPathFactory):
+def planted_sqsh(planted: str, docker_client: DockerClient, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[Path, sqsh.Made]:
     work = tmp_path_factory.mktemp("planted")
     made = sqsh.make_sqsh(docker_client, planted, work / "p.sqsh", FAST, work)
     return work / "p.sqsh", made
@@ -118,7 +122,7 @@ def planted_sqsh(planted, docker_client: DockerClient, tmp_path_factory: pytest.
 
 
 @pytest.mark.docker
-def test_top_layer_deletions_are_absent(planted_sqsh, tmp_path: Path) -> None:
+def test_top_layer_deletions_are_absent(planted_sqsh: tuple[Path, sqsh.Made], tmp_path: Path) -> None:
     out, made = planted_sqsh
     root = tmp_path / "r"
     sqsh.unsquash(out, root)  # read back from the .sqsh itself
@@ -142,7 +146,8 @@ def test_top_layer_deletions_are_absent(planted_sqsh, tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_engine_agrees_on_the_final_files(planted, planted_sqsh, docker_client: DockerClient, tmp_path: Path) -> None:
+def test_engine_agrees_on_the_final_files(planted: str, planted_sqsh: tuple[Path, sqsh.Made], docker_client: DockerClient,
+                                          tmp_path: Path) -> None:
     """The engine's own flattening (docker create + export) has the same regular files and contents."""
     _, made = planted_sqsh
     container = docker_client.containers.create(planted, command=["x"], network_mode="none")
@@ -156,7 +161,9 @@ def test_engine_agrees_on_the_final_files(planted, planted_sqsh, docker_client: 
             path = layers._norm(m.name)
             if m.isreg() and not path.startswith("dev/") and path not in (".dockerenv", "etc/hostname", "etc/hosts",
                                                                              "etc/resolv.conf"):
-                engine_files[path] = hashlib.sha256(tar.extractfile(m).read()).hexdigest()
+                member = tar.extractfile(m)
+                assert member is not None  # a regular file
+                engine_files[path] = hashlib.sha256(member.read()).hexdigest()
             elif m.islnk():
                 engine_files[path] = engine_files[layers._norm(m.linkname)]
     ours = {p: e.sha256 for p, e in made.expected.items() if e.kind == "f" and p not in sqsh.ENROOT_FILES}
@@ -164,7 +171,8 @@ def test_engine_agrees_on_the_final_files(planted, planted_sqsh, docker_client: 
 
 
 @pytest.mark.docker
-def test_same_image_same_sha256(planted, planted_sqsh, docker_client: DockerClient, tmp_path: Path) -> None:
+def test_same_image_same_sha256(planted: str, planted_sqsh: tuple[Path, sqsh.Made], docker_client: DockerClient,
+                                tmp_path: Path) -> None:
     out, _ = planted_sqsh
     again = tmp_path / "again.sqsh"
     sqsh.make_sqsh(docker_client, planted, again, FAST, tmp_path)
@@ -172,7 +180,7 @@ def test_same_image_same_sha256(planted, planted_sqsh, docker_client: DockerClie
 
 
 @pytest.mark.docker
-def test_a_difference_from_the_layers_is_listed(planted_sqsh, tmp_path: Path) -> None:
+def test_a_difference_from_the_layers_is_listed(planted_sqsh: tuple[Path, sqsh.Made], tmp_path: Path) -> None:
     out, made = planted_sqsh
     root = tmp_path / "r"
     sqsh.unsquash(out, root)
@@ -188,7 +196,7 @@ def test_a_difference_from_the_layers_is_listed(planted_sqsh, tmp_path: Path) ->
 
 
 @pytest.mark.docker
-def test_a_layer_that_does_not_match_its_diff_id_is_refused(planted, docker_client: DockerClient, tmp_path: Path) -> None:
+def test_a_layer_that_does_not_match_its_diff_id_is_refused(planted: str, docker_client: DockerClient, tmp_path: Path) -> None:
     saved = layers.save(docker_client, planted, tmp_path / "image.tar")
     with tarfile.open(saved.path) as outer:
         inner = tarfile.open(fileobj=outer.extractfile(saved.layers[0]))
@@ -238,8 +246,8 @@ def test_compare_checks_kind_owner_target_and_xattrs() -> None:
     assert [d.split(": ", 1)[1].split()[0] for d in diffs] == ["kind", "owner", "symlink", "xattrs"]
 
 
-def _record(**kw) -> SqshExport:
-    fields = dict(path="/x/demo+unified+TAG.sqsh", sha256="5" * 64, size=1026101248, compression="-comp lzo -noD",
+def _record(**kw: Any) -> SqshExport:
+    fields: dict[str, Any] = dict(path="/x/demo+unified+TAG.sqsh", sha256="5" * 64, size=1026101248, compression="-comp lzo -noD",
                   mksquashfs="mksquashfs version 4.5.1", mksquashfs_args=[], image_id="sha256:" + "ab" * 32,
                   tag="TAG", registry_digest="sha256:" + "9" * 64, entries=10, files=8, xattrs=False,
                   enroot_files={}, equivalence="pass", smoke={"status": "pass", "reason": "ok"}, seconds={},
@@ -294,7 +302,7 @@ def test_run_sqsh_without_publish_is_bad_input() -> None:
 
 @pytest.fixture(scope="module")
 def demo_sqsh(demo_accepted: DemoAccepted, docker_client: DockerClient, settings: Settings,
-              tmp_path_factory: pytest.TempPathFactory):
+              tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SqshExport]:
     """An ACCEPTED report of the demo image and its .sqsh export (fast lzo for CI)."""
     pins, sources, built, acceptance = demo_accepted
     run = tmp_path_factory.mktemp("sqsh-run")
@@ -304,7 +312,7 @@ def demo_sqsh(demo_accepted: DemoAccepted, docker_client: DockerClient, settings
 
 
 @pytest.mark.docker
-def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh) -> None:
+def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh: tuple[Path, SqshExport]) -> None:
     path, record = demo_sqsh
     rep = report.load(path)
     assert rep.sqsh == record and record.image_id == rep.image_id and record.tag == rep.tags[0]
@@ -319,7 +327,8 @@ def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh) -> None:
 
 
 @pytest.mark.docker
-def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client: DockerClient, tmp_path: Path) -> None:
+def test_smoke_fails_on_a_planted_modification(demo_sqsh: tuple[Path, SqshExport], docker_client: DockerClient,
+                                               tmp_path: Path) -> None:
     path, record = demo_sqsh
     root = tmp_path / "r"
     sqsh.unsquash(Path(record.path), root)
@@ -334,7 +343,8 @@ def test_smoke_fails_on_a_planted_modification(demo_sqsh, docker_client: DockerC
 
 
 @pytest.mark.docker
-def test_exporting_an_exported_digest_again_is_a_checked_cache_hit(demo_sqsh, settings: Settings, tmp_path: Path) -> None:
+def test_exporting_an_exported_digest_again_is_a_checked_cache_hit(demo_sqsh: tuple[Path, SqshExport], settings: Settings,
+                                                                   tmp_path: Path) -> None:
     path, record = demo_sqsh
     again = pipeline.export_sqsh(path, settings, squash_options=FAST, out=tmp_path / "again.sqsh")
     assert "cache hit" in again.seconds and again.sha256 == record.sha256 and again.image_id == record.image_id

@@ -11,13 +11,17 @@ import secrets
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from builder.core.constants import LABEL_PREFIX
+from builder.core.records import Report
 from builder.engine.registry import Registry, push_blob, put_manifest
+from builder.pins.model import Pins
 from builder.release import attest, dsse, referrers
 from tests.fixture_types import MakeReportInputs
 
@@ -26,30 +30,32 @@ PINS = ROOT / "pins" / "demo.yaml"
 HOST = "127.0.0.1:5000"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 pytestmark = pytest.mark.docker
+Keys = dict[str, tuple[Ed25519PrivateKey, Ed25519PublicKey, Path]]  # name -> (private, public, public key path)
+Image = tuple[Registry, str, str]  # (registry, repository name, digest)
 
 
-def cli(*args):
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={k: v for k, v in os.environ.items() if k != "BUILDER_SIGNING_KEY"})
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory):
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     """Publishers a, b, c and an attacker x: {name: (private, public, public key path)}."""
     d = tmp_path_factory.mktemp("trust-keys")
-    out = {}
+    out: Keys = {}
     for k in "abcx":
         dsse.keygen(d / f"{k}.pem", d / f"{k}.pub")
         out[k] = (dsse.load_private(d / f"{k}.pem"), dsse.load_public(d / f"{k}.pub"), d / f"{k}.pub")
     return out
 
 
-def kid(keys, k: str) -> str:
+def kid(keys: Keys, k: str) -> str:
     return dsse.key_id(keys[k][1])[:16]
 
 
 @pytest.fixture(scope="module")
-def report(report_inputs: MakeReportInputs):
+def report(report_inputs: MakeReportInputs) -> Report:
     """An ACCEPTED report of pins/demo.yaml whose recorded sha256 is the file's (as a real run records it)."""
     from builder.report import document as report_mod
 
@@ -60,7 +66,7 @@ def report(report_inputs: MakeReportInputs):
     return report_mod.make_report(pins, sources, built, result)
 
 
-def delivery_manifest(report) -> dict[str, Any]:
+def delivery_manifest(report: Report) -> dict[str, Any]:
     comps = {name: {"distribution": f"dist-{name}", "version": "1.0", "commit": c.commit, "tree": c.tree,
                     "url": c.url} for name, c in report.sources.components.items()}
     dists = {f"dist-{name}": "1.0" for name in comps} | {"torch": "2.13.0+cpu"}
@@ -78,7 +84,7 @@ def layer_tar(files: dict[str, bytes]) -> bytes:
 
 
 @pytest.fixture
-def image(report, request: pytest.FixtureRequest):
+def image(report: Report, request: pytest.FixtureRequest) -> Iterator[Image]:
     """A small image pushed by hand to a repository of its own: labels and /opt/delivery/manifest.json as a
     build writes them.  (registry, repository name, digest)."""
     reg = Registry(HOST)
@@ -88,7 +94,7 @@ def image(report, request: pytest.FixtureRequest):
     config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": labels},
                          "rootfs": {"type": "layers", "diff_ids": []}}).encode()
     layer = layer_tar({"opt/delivery/manifest.json": json.dumps(manifest).encode()})
-    body = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    body: dict[str, Any] = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                        "digest": push_blob(reg, name, config), "size": len(config)},
             "layers": [{"mediaType": OCI_LAYER, "digest": push_blob(reg, name, layer), "size": len(layer)}]}
@@ -104,14 +110,14 @@ def image(report, request: pytest.FixtureRequest):
     reg.delete_manifest(name, digest)
 
 
-def publish(report, image, key, once=False):
+def publish(report: Report, image: Image, key: Ed25519PrivateKey, once: bool = False) -> list[dict[str, Any]]:
     """What `builder publish` does after the tags verify: attach the three signed statements."""
     reg, name, digest = image
     return attest.attach_all(report, report_pins(), f"{HOST}/{name}", digest, delivery_manifest(report), key, reg,
                              once=once)
 
 
-def attach(image, envelope, kind: str) -> None:
+def attach(image: Image, envelope: str | bytes | dict[str, Any], kind: str) -> None:
     """Attach an envelope as anyone with push rights can."""
     reg, name, digest = image
     served = reg.manifest(name, digest)
@@ -120,16 +126,17 @@ def attach(image, envelope, kind: str) -> None:
     referrers.attach(reg, name, subject, data, kind)
 
 
-def envelopes(image) -> list[dict[str, Any]]:
+def envelopes(image: Image) -> list[dict[str, Any]]:
     reg, name, digest = image
     return [referrers.fetch_envelope(reg, name, d)[1] for d in referrers.discover(reg, name, digest)]
 
 
 def statement_of(envelope: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(base64.b64decode(envelope["payload"]))
+    statement: dict[str, Any] = json.loads(base64.b64decode(envelope["payload"]))
+    return statement
 
 
-def verify(image, keys, *names, all_keys=False):
+def verify(image: Image, keys: Keys, *names: str, all_keys: bool = False) -> subprocess.CompletedProcess[str]:
     reg, name, digest = image
     args = ["verify", f"{HOST}/{name}@{digest}"]
     for k in names:
@@ -137,7 +144,7 @@ def verify(image, keys, *names, all_keys=False):
     return cli(*args, *(["--require-all-keys"] if all_keys else []))
 
 
-def test_third_party_attestations_are_listed_not_fatal(report, image, keys) -> None:
+def test_third_party_attestations_are_listed_not_fatal(report: Report, image: Image, keys: Keys) -> None:
     publish(report, image, keys["a"][0])
     publish(report, image, keys["x"][0])  # someone else's key signs the same digest
     done = verify(image, keys, "a")
@@ -147,7 +154,7 @@ def test_third_party_attestations_are_listed_not_fatal(report, image, keys) -> N
     assert done.stdout.strip().endswith("VERIFIED " + f"{HOST}/{image[1]}@{image[2]}")
 
 
-def test_only_untrusted_envelopes_fail_naming_them(report, image, keys) -> None:
+def test_only_untrusted_envelopes_fail_naming_them(report: Report, image: Image, keys: Keys) -> None:
     publish(report, image, keys["x"][0])
     done = verify(image, keys, "a")
     assert done.returncode == 1
@@ -155,7 +162,7 @@ def test_only_untrusted_envelopes_fail_naming_them(report, image, keys) -> None:
                                   f" this digest; untrusted: 3 envelopes (key IDs {kid(keys, 'x')})"), done.stdout
 
 
-def test_tampered_copy_and_replay_are_set_aside(report, image, keys, tmp_path: Path) -> None:
+def test_tampered_copy_and_replay_are_set_aside(report: Report, image: Image, keys: Keys, tmp_path: Path) -> None:
     publish(report, image, keys["a"][0])
     prov = next(e for e in envelopes(image) if statement_of(e)["predicateType"] == attest.PROVENANCE_TYPE)
     stmt = statement_of(prov)  # the attacker's copy: an edited commit under a's key ID and signature
@@ -172,7 +179,7 @@ def test_tampered_copy_and_replay_are_set_aside(report, image, keys, tmp_path: P
     assert "ignored: 1 envelopes signed by a trusted key for another subject (sha256:000000000000)" in done.stdout
 
 
-def test_a_trusted_envelope_still_gets_every_check(report, image, keys) -> None:
+def test_a_trusted_envelope_still_gets_every_check(report: Report, image: Image, keys: Keys) -> None:
     publish(report, image, keys["a"][0])
     result = next(e for e in envelopes(image) if statement_of(e)["predicateType"] == attest.TEST_RESULT_TYPE)
     stmt = statement_of(result)
@@ -182,7 +189,7 @@ def test_a_trusted_envelope_still_gets_every_check(report, image, keys) -> None:
     assert done.returncode == 1 and done.stdout.startswith("FAILED test result: result is 'FAILED'"), done.stdout
 
 
-def test_two_legitimate_keys(report, image, keys) -> None:
+def test_two_legitimate_keys(report: Report, image: Image, keys: Keys) -> None:
     publish(report, image, keys["a"][0])
     done = verify(image, keys, "a", "b")  # any of them trusted
     assert done.returncode == 0, done.stdout + done.stderr
@@ -198,7 +205,7 @@ def test_two_legitimate_keys(report, image, keys) -> None:
         in done.stdout and "untrusted" not in done.stdout
 
 
-def test_republish_by_the_same_key_attaches_nothing_new(report, image, keys) -> None:
+def test_republish_by_the_same_key_attaches_nothing_new(report: Report, image: Image, keys: Keys) -> None:
     reg, name, digest = image
     first = publish(report, image, keys["a"][0])
     later = report.model_copy(update={"created": "2027-01-01T00:00:00Z"})  # a later run: new times, new SBOM serial
@@ -217,7 +224,7 @@ def test_republish_by_the_same_key_attaches_nothing_new(report, image, keys) -> 
     assert len(referrers.discover(reg, name, digest)) == 7
 
 
-def test_three_publishers_each_verify_and_name_the_other_two(report, image, keys) -> None:
+def test_three_publishers_each_verify_and_name_the_other_two(report: Report, image: Image, keys: Keys) -> None:
     for k in "abc":
         publish(report, image, keys[k][0])
     for k in "abc":
@@ -229,7 +236,7 @@ def test_three_publishers_each_verify_and_name_the_other_two(report, image, keys
         assert f"verify with key {kid(keys, k)}" in done.stdout
 
 
-def test_stable_statement_ignores_only_the_volatile_fields(report) -> None:
+def test_stable_statement_ignores_only_the_volatile_fields(report: Report) -> None:
     from builder.release import sbom
 
     manifest = delivery_manifest(report)
@@ -243,7 +250,7 @@ def test_stable_statement_ignores_only_the_volatile_fields(report) -> None:
     assert attest.stable(other[1]) != attest.stable(one[1]) and sbom.PREDICATE_TYPE == other[1]["predicateType"]
 
 
-def report_pins():
+def report_pins() -> Pins:
     from builder.pins import model as pins_mod
 
     return pins_mod.load(PINS)
