@@ -3,7 +3,9 @@
     python tests/annotate.py tests/unit/test_x.py ...     (no arguments: every tests/**/test_*.py and conftest.py)
 
 - `test_*` functions with no return annotation and no `return <value>`/`yield` get `-> None`;
-- a parameter named in TYPES with no annotation gets that type (fixtures and common helper names);
+- a parameter named in TYPES with no annotation gets that type (fixtures and common helper names), one that
+  names a fixture of the same file with a return annotation gets that type, and one that a
+  `@pytest.mark.parametrize` fills from a list of plain literals gets their type (`str`, `int | None`, ...);
 - the imports those types need are added after the module docstring / `from __future__` line.
 Idempotent: run it again on newly merged tests, then `ruff check --fix` (import order) and mypy.
 
@@ -113,6 +115,64 @@ def local_fixtures(source: str, tree: ast.Module) -> dict[str, tuple[str, str]]:
     return found
 
 
+def literal_type(node: ast.expr) -> str | None:
+    """The type of a literal in a parametrize list (`"a"` -> str, `[1]` -> list[int]); None if not a plain literal."""
+    if isinstance(node, ast.Constant):
+        return "None" if node.value is None else type(node.value).__name__
+    if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
+        return type(node.operand.value).__name__
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        inner = {literal_type(e) for e in node.elts}
+        if None in inner:
+            return None
+        outer = {ast.List: "list", ast.Tuple: "tuple", ast.Set: "set"}[type(node)]
+        args = " | ".join(sorted(t for t in inner if t)) or "Any"
+        return f"{outer}[{args}, ...]" if outer == "tuple" else f"{outer}[{args}]"
+    if isinstance(node, ast.Dict):
+        return "dict[str, Any]"
+    if isinstance(node, ast.BinOp):  # "a" * 40, "x" + "y", 2 ** 31
+        sides = {literal_type(node.left), literal_type(node.right)}
+        for kind in ("str", "bytes", "float", "int"):
+            if kind in sides and None not in sides:
+                return kind
+    return None
+
+
+def parametrized(func: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, str]:
+    """name -> type for the arguments of `@pytest.mark.parametrize(names, [literal rows])`."""
+    found: dict[str, str] = {}
+    for deco in func.decorator_list:
+        if not (isinstance(deco, ast.Call) and ast.unparse(deco.func).endswith("parametrize") and len(deco.args) >= 2):
+            continue
+        names_node, rows_node = deco.args[0], deco.args[1]
+        if isinstance(names_node, ast.Constant) and isinstance(names_node.value, str):
+            names = [n.strip() for n in names_node.value.split(",") if n.strip()]
+        elif isinstance(names_node, (ast.List, ast.Tuple)):
+            names = [e.value for e in names_node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        else:
+            continue
+        if not isinstance(rows_node, (ast.List, ast.Tuple)):
+            continue
+        kinds: list[set[str | None]] = [set() for _ in names]
+        for row in rows_node.elts:
+            if isinstance(row, ast.Call) and ast.unparse(row.func).endswith("param"):
+                values = list(row.args)
+            elif len(names) > 1 and isinstance(row, (ast.Tuple, ast.List)):
+                values = list(row.elts)
+            else:
+                values = [row]
+            if len(values) != len(names):
+                kinds = [{None} for _ in names]
+                break
+            for i, value in enumerate(values):
+                kinds[i].add(literal_type(value))
+        for name, kind in zip(names, kinds):
+            if kind and None not in kind:
+                parts = sorted(k for k in kind if k and k != "None") + (["None"] if "None" in kind else [])
+                found[name] = " | ".join(parts)
+    return found
+
+
 def annotate(source: str) -> str:
     tree = ast.parse(source)
     tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
@@ -123,9 +183,12 @@ def annotate(source: str) -> str:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+        params = {name: (kind, "") for name, kind in parametrized(node).items()}
         for arg in args:
-            if arg.annotation is None and arg.arg in types:
-                kind, imp = types[arg.arg]
+            if arg.annotation is None and (arg.arg in params or arg.arg in types):
+                kind, imp = params.get(arg.arg) or types[arg.arg]
+                if "Any" in kind:
+                    needed.add("from typing import Any")
                 edits.append((arg.lineno, arg.end_col_offset or 0, f": {kind}"))
                 if imp:
                     needed.add(imp)

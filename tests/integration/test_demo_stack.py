@@ -26,16 +26,16 @@ REQUIRED = [DIFF_MAX, DIFF_MEAN, K3, W_BEFORE, W_AFTER, "actor/lr", "actor/grad_
             "critic/rewards/mean", "perf/rollout_tokens_per_s", "perf/rollout_tokens_per_cpu_s", "rollout/batch_invariant"]
 
 
-def _git(*args, cwd=None):
+def _git(*args: str, cwd: str | Path | None = None) -> str:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
            "GIT_CONFIG_GLOBAL": "/dev/null", "LC_ALL": "C"}
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
-def _export(repo_path: Path, commit: str, dest: Path):
+def _export(repo_path: Path, commit: str, dest: Path) -> None:
     repo = pygit2.Repository(str(repo_path))
 
-    def walk(tree, base: Path):
+    def walk(tree: Any, base: Path) -> None:  # a pygit2 tree (untyped)
         for entry in tree:
             obj = repo[entry.id]
             if entry.type_str == "tree":
@@ -51,8 +51,9 @@ class Installer:
     """pip-installs a repository at a commit into its own --target dir (cached per commit). Tests that use it
     are marked slow: pip, tinyengine's C extension and torch."""
 
-    def __init__(self, root: Path, outdir: Path, stack: dict[str, Any]):
-        self.root, self.outdir, self.stack, self.sites = root, outdir, stack, {}
+    def __init__(self, root: Path, outdir: Path, stack: dict[str, Any]) -> None:
+        self.root, self.outdir, self.stack = root, outdir, stack
+        self.sites: dict[str, Path] = {}
 
     def site(self, repo: str, pr: int) -> Path:
         commit = self.stack["repos"][repo]["prs"][str(pr)]["head"]
@@ -74,22 +75,24 @@ class Installer:
             self.sites[commit] = target
         return self.sites[commit]
 
-    def pythonpath(self, **prs) -> str:
+    def pythonpath(self, **prs: int) -> str:
         return os.pathsep.join(str(self.site(r, prs.get(r, GOOD[r]))) for r in REPOS)
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory):
+def stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     outdir = tmp_path_factory.mktemp("demo-stack")
     return outdir, make_stack(outdir)
 
 
 @pytest.fixture(scope="session")
-def installer(stack, tmp_path_factory: pytest.TempPathFactory):
+def installer(stack: tuple[Path, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Installer:
     return Installer(tmp_path_factory.mktemp("installs"), *stack)
 
 
-def run_ppo(installer, tmp_path: Path, bi: int, lr: float, prs=None, extra=(), expect_rc=0):
+def run_ppo(installer: Installer, tmp_path: Path, bi: int, lr: float, prs: dict[str, int] | None = None,
+            extra: tuple[str, ...] | list[str] = (), expect_rc: int = 0) -> tuple[Any, float | None]:
+    """(each step's metrics, seconds); (the finished process, None) when a non-zero exit is expected."""
     log = tmp_path / f"metrics-{bi}-{lr}.jsonl"
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": installer.pythonpath(**(prs or {})),
            "DEMO_BATCH_INVARIANT": str(bi), "VERL_FILE_LOGGER_PATH": str(log), "HOME": str(tmp_path)}
@@ -116,7 +119,7 @@ def run_ppo(installer, tmp_path: Path, bi: int, lr: float, prs=None, extra=(), e
 
 # ---- repositories ---------------------------------------------------------------------------
 
-def test_generation_is_deterministic_and_idempotent(stack, tmp_path: Path) -> None:
+def test_generation_is_deterministic_and_idempotent(stack: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     _, first = stack
     again = make_stack(tmp_path / "b")
     assert again == first
@@ -124,12 +127,12 @@ def test_generation_is_deterministic_and_idempotent(stack, tmp_path: Path) -> No
     assert json.loads((tmp_path / "b" / "stack.json").read_text()) == first
 
 
-def test_refs_history_and_packaging(stack) -> None:
+def test_refs_history_and_packaging(stack: tuple[Path, dict[str, Any]]) -> None:
     outdir, st = stack
     for name in REPOS:
         info, path = st["repos"][name], outdir / f"{name}.git"
-        refs = dict(reversed(line.split(" ")) for line in _git("for-each-ref", "--format=%(objectname) %(refname)",
-                                                                cwd=path).splitlines())
+        listed = _git("for-each-ref", "--format=%(refname) %(objectname)", cwd=path).splitlines()
+        refs = dict(line.split(" ", 1) for line in listed)
         assert refs == info["refs"]
         assert _git("symbolic-ref", "HEAD", cwd=path).strip() == "refs/heads/main"
         assert int(_git("rev-list", "--count", info["main"], cwd=path)) >= 4
@@ -178,7 +181,7 @@ print(json.dumps({"bi": llm.batch_invariant, "native": "tinyengine/_C" in maps,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bi", [0, 1])
-def test_engine_batch_invariance(installer, bi) -> None:
+def test_engine_batch_invariance(installer: Installer, bi: int) -> None:
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": installer.pythonpath(), "DEMO_BATCH_INVARIANT": str(bi)}
     out = subprocess.run([sys.executable, "-c", ENGINE_CHECK], env=env, capture_output=True, text=True, check=True)
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -192,7 +195,7 @@ def test_engine_batch_invariance(installer, bi) -> None:
 # ---- tinyrl.main_ppo on the good PR heads ------------------------------------------------------
 
 @pytest.mark.slow
-def test_control_batch_invariance_off_shows_mismatch(installer, tmp_path: Path) -> None:
+def test_control_batch_invariance_off_shows_mismatch(installer: Installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3)
     for m in steps:
         assert set(REQUIRED) <= set(m)
@@ -201,7 +204,7 @@ def test_control_batch_invariance_off_shows_mismatch(installer, tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_aligned_exact_zero_and_real_update(installer, tmp_path: Path) -> None:
+def test_aligned_exact_zero_and_real_update(installer: Installer, tmp_path: Path) -> None:
     steps, elapsed = run_ppo(installer, tmp_path, bi=1, lr=1e-3)
     print(f"2-step aligned run: {elapsed:.1f} s")
     for m in steps:
@@ -214,7 +217,7 @@ def test_aligned_exact_zero_and_real_update(installer, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_zero_update_at_lr_zero(installer, tmp_path: Path) -> None:
+def test_zero_update_at_lr_zero(installer: Installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=0.0)
     for m in steps:
         assert m[DIFF_MAX] == 0.0 and m[K3] == 0.0
@@ -222,7 +225,7 @@ def test_zero_update_at_lr_zero(installer, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_unknown_override_exits_2(installer, tmp_path: Path) -> None:
+def test_unknown_override_exits_2(installer: Installer, tmp_path: Path) -> None:
     proc, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, extra=["trainer.no_such_key=1"], expect_rc=2)
     assert "unknown key" in proc.stderr
 
@@ -230,47 +233,47 @@ def test_unknown_override_exits_2(installer, tmp_path: Path) -> None:
 # ---- planted defects --------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_defect_12_batch_invariance_broken(installer, tmp_path: Path) -> None:
+def test_defect_12_batch_invariance_broken(installer: Installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 12})
     assert all(m["rollout/batch_invariant"] == 1 for m in steps)  # claims invariance ...
     assert all(m[DIFF_MAX] > 0 for m in steps)  # ... but is not
 
 
 @pytest.mark.slow
-def test_defect_13_skips_weight_reload(installer, tmp_path: Path) -> None:
+def test_defect_13_skips_weight_reload(installer: Installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 13})
     assert steps[0][DIFF_MAX] == 0.0 and steps[0][K3] == 0.0  # zero-update check still passes
     assert steps[1][DIFF_MAX] > 0 and steps[1][K3] > 0  # the update never reached the engine
 
 
 @pytest.mark.slow
-def test_defect_23_weight_decay_at_lr_zero(installer, tmp_path: Path) -> None:
+def test_defect_23_weight_decay_at_lr_zero(installer: Installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=0.0, prs={"tinycore": 23})
     assert all(m[W_BEFORE] != m[W_AFTER] for m in steps)
 
 
 @pytest.mark.slow
-def test_defect_34_nan_metric(installer, tmp_path: Path) -> None:
+def test_defect_34_nan_metric(installer: Installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, prs={"tinyrl": 34})
     assert all(math.isnan(m[DIFF_MAX]) for m in steps)
     assert all(math.isfinite(m[DIFF_MEAN]) for m in steps)
 
 
 @pytest.mark.slow
-def test_defect_35_missing_metric(installer, tmp_path: Path) -> None:
+def test_defect_35_missing_metric(installer: Installer, tmp_path: Path) -> None:
     steps, _ = run_ppo(installer, tmp_path, bi=0, lr=1e-3, prs={"tinyrl": 35})
     assert all(K3 not in m and DIFF_MAX in m for m in steps)
 
 
 @pytest.mark.slow
-def test_defect_14_slow_path_is_still_exact(installer, tmp_path: Path) -> None:
+def test_defect_14_slow_path_is_still_exact(installer: Installer, tmp_path: Path) -> None:
     """No KV cache: every decode step recomputes the prefix. The correctness gates cannot see it (exact 0)."""
     steps, _ = run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinyengine": 14})
     assert all(m[DIFF_MAX] == 0.0 and m[K3] == 0.0 and m["perf/rollout_tokens_per_s"] > 0 for m in steps)
 
 
 @pytest.mark.slow
-def test_defect_36_nan_reward_crash_names_its_cause(installer, tmp_path: Path) -> None:
+def test_defect_36_nan_reward_crash_names_its_cause(installer: Installer, tmp_path: Path) -> None:
     """The suite's own recipe runner and decision on the NaN-reward PR: the reason names the first
     non-finite metrics (step 1, the reward among them) and the recipe's last error line."""
     from acceptance import decide, recipe
@@ -294,14 +297,14 @@ def test_defect_36_nan_reward_crash_names_its_cause(installer, tmp_path: Path) -
 CKPT = ["trainer.save_freq=1", "trainer.default_local_dir=ckpt", "actor_rollout_ref.actor.weight_checksums=false"]
 
 
-def _init_model(installer, tmp_path: Path, prs=None):
+def _init_model(installer: Installer, tmp_path: Path, prs: dict[str, int] | None = None) -> Path:
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": installer.pythonpath(**(prs or {}))}
     subprocess.run([sys.executable, "-m", "tinyrl.init_model", str(tmp_path / "model"), "1"], env=env, check=True)
     return tmp_path / "model"
 
 
 @pytest.mark.slow
-def test_checkpoints_in_verl_layout_without_checksum_metrics(installer, tmp_path: Path) -> None:
+def test_checkpoints_in_verl_layout_without_checksum_metrics(installer: Installer, tmp_path: Path) -> None:
     from acceptance import weights
 
     model = _init_model(installer, tmp_path)
@@ -321,7 +324,7 @@ def test_checkpoints_in_verl_layout_without_checksum_metrics(installer, tmp_path
 
 
 @pytest.mark.slow
-def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer, tmp_path: Path) -> None:
+def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer: Installer, tmp_path: Path) -> None:
     from acceptance import weights
 
     run_ppo(installer, tmp_path, bi=1, lr=1e-3, prs={"tinycore": 24},
@@ -331,7 +334,7 @@ def test_defect_24_skips_one_tensor_in_the_optimizer_step(installer, tmp_path: P
 
 
 @pytest.mark.slow
-def test_defect_23_moves_weights_at_lr_zero_in_the_checkpoints(installer, tmp_path: Path) -> None:
+def test_defect_23_moves_weights_at_lr_zero_in_the_checkpoints(installer: Installer, tmp_path: Path) -> None:
     from acceptance import weights
 
     model = _init_model(installer, tmp_path)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from builder.core.constants import COMPONENTS
 from builder.core.errors import BadInput
 from builder.pins import model as pins
 
@@ -24,7 +25,7 @@ def component(name: str, pr: int) -> dict[str, Any]:
             "install": {"pip_args": ["--no-deps", "--no-build-isolation"], "env": {}}}
 
 
-GOOD = {
+GOOD: dict[str, Any] = {
     "schema_version": 1,
     "name": "demo-true-on-policy",
     "image": {"repository": "127.0.0.1:5000/demo/unified", "tags": ["demo"]},
@@ -49,18 +50,18 @@ def pins_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def write(directory: Path, data, name: str = "p.yaml") -> Path:
+def write(directory: Path, data: str | dict[str, Any], name: str = "p.yaml") -> Path:
     path = directory / name
     text = data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False)
     path.write_text(text)
     return path
 
 
-def with_value(dotted: str, value, delete: bool = False) -> dict[str, Any]:
+def with_value(dotted: str, value: object, delete: bool = False) -> dict[str, Any]:
     """GOOD with one field (dotted path, list indices as numbers) set or deleted."""
     data = copy.deepcopy(GOOD)
     *parents, last = dotted.split(".")
-    node = data
+    node: Any = data
     for part in parents:
         node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
     if delete:
@@ -72,7 +73,7 @@ def with_value(dotted: str, value, delete: bool = False) -> dict[str, Any]:
     return data
 
 
-def rejected(directory: Path, data, field: str, fragment: str = "") -> str:
+def rejected(directory: Path, data: str | dict[str, Any], field: str, fragment: str = "") -> str:
     path = write(directory, data)
     with pytest.raises(BadInput) as info:
         pins.load(path)
@@ -147,7 +148,7 @@ def test_symlinked_lock_inside_the_directory_is_accepted(pins_dir: Path) -> None
 
 @pytest.mark.parametrize("dotted", ["extra", "image.digest", "components.vllm.install.script",
                                     "acceptance.metrics.other", "build.cache"])
-def test_unknown_keys(pins_dir: Path, dotted) -> None:
+def test_unknown_keys(pins_dir: Path, dotted: str) -> None:
     rejected(pins_dir, with_value(dotted, "x"), dotted, "unknown key")
 
 
@@ -160,7 +161,7 @@ def test_unknown_key_in_a_mount(pins_dir: Path) -> None:
     ("name: a\nname: b\n", "name"),
     ("image:\n  repository: x\n  tags: []\n  repository: y\n", "image.repository"),
 ])
-def test_duplicate_keys(pins_dir: Path, text, field) -> None:
+def test_duplicate_keys(pins_dir: Path, text: str, field: str) -> None:
     rejected(pins_dir, text, field, "duplicate key")
 
 
@@ -174,18 +175,18 @@ def test_extra_component(pins_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("field", ["target", "pr", "commit", "distribution", "modules", "url"])
-def test_missing_component_fields(pins_dir: Path, field) -> None:
+def test_missing_component_fields(pins_dir: Path, field: str) -> None:
     rejected(pins_dir, with_value(f"components.vllm.{field}", None, delete=True),
              f"components.vllm.{field}", "required")
 
 
 @pytest.mark.parametrize("section", ["base", "build", "recipe", "image", "components"])
-def test_missing_sections(pins_dir: Path, section) -> None:
+def test_missing_sections(pins_dir: Path, section: str) -> None:
     rejected(pins_dir, with_value(section, None, delete=True), section, "required")
 
 
 @pytest.mark.parametrize("value", [2, True, "1"])
-def test_schema_version_must_be_1(pins_dir: Path, value) -> None:
+def test_schema_version_must_be_1(pins_dir: Path, value: bool | int | str) -> None:
     rejected(pins_dir, with_value("schema_version", value), "schema_version")
 
 
@@ -196,7 +197,7 @@ def test_schema_version_must_be_1(pins_dir: Path, value) -> None:
     "127.0.0.1:5000/demo/base@sha256:" + "b" * 63, "127.0.0.1:5000/demo/base@sha256:" + "B" * 64,
     "127.0.0.1:5000/demo/base@sha512:" + "b" * 64,
 ])
-def test_base_image_needs_a_digest(pins_dir: Path, image) -> None:
+def test_base_image_needs_a_digest(pins_dir: Path, image: str) -> None:
     rejected(pins_dir, with_value("base.image", image), "base.image", "sha256:<64 lowercase hex>")
 
 
@@ -206,18 +207,18 @@ def test_short_commit_message_is_exact(pins_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("commit", ["g" * 40, "A" * 40, "a" * 41, "a" * 39, 1234567])
-def test_bad_commits(pins_dir: Path, commit) -> None:
+def test_bad_commits(pins_dir: Path, commit: int | str) -> None:
     rejected(pins_dir, with_value("components.megatron.commit", commit), "components.megatron.commit",
              "40-hex commit SHA")
 
 
 @pytest.mark.parametrize("pr", [0, -3, "11", True, 1.5])
-def test_bad_pr_numbers(pins_dir: Path, pr) -> None:
+def test_bad_pr_numbers(pins_dir: Path, pr: bool | float | int | str) -> None:
     rejected(pins_dir, with_value("components.verl.pr", pr), "components.verl.pr")
 
 
 @pytest.mark.parametrize("target", ["", "-main", "a..b", "main/", "x.lock", "main branch", "ma$in"])
-def test_bad_targets(pins_dir: Path, target) -> None:
+def test_bad_targets(pins_dir: Path, target: str) -> None:
     rejected(pins_dir, with_value("components.vllm.target", target), "components.vllm.target")
 
 
@@ -231,14 +232,15 @@ def test_bad_targets(pins_dir: Path, target) -> None:
     ("acceptance.mounts", [{"source": "/a", "target": "/m"}, {"source": "/b", "target": "/m"}]),
     ("compat.0.reason", ""), ("compat.0.version", 0.6),
 ])
-def test_bad_scalar_fields(pins_dir: Path, field, value) -> None:
+def test_bad_scalar_fields(pins_dir: Path, field: str,
+                           value: float | int | list[Any] | list[dict[str, Any]] | list[str] | str) -> None:
     path = ".".join(f"[{p}]" if p.isdigit() else p for p in field.split(".")).replace(".[", "[")
     rejected(pins_dir, with_value(field, value), path)
 
 
 @pytest.mark.parametrize("value", ["/..", "/", "/opt/venv/bin/", "/opt/./python", "//opt/python",
                                    "/opt/venv/../bin/python", "/opt/venv/bin/.", "/opt//python"])
-def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir: Path, value) -> None:
+def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir: Path, value: str) -> None:
     message = rejected(pins_dir, with_value("base.python_bin", value), "base.python_bin",
                        "expected an absolute normalised path to a file")
     assert len(message) <= 300 and repr(value) in message
@@ -246,7 +248,7 @@ def test_python_bin_must_be_a_normalised_absolute_file_path(pins_dir: Path, valu
 
 @pytest.mark.parametrize("value", ["/usr/bin/python3", "/opt/venv/bin/python3.11", "/opt/.venv/bin/python",
                                    "/x/...", "/opt/venv/bin/..python"])
-def test_python_bin_file_paths_accepted(pins_dir: Path, value) -> None:
+def test_python_bin_file_paths_accepted(pins_dir: Path, value: str) -> None:
     assert pins.load(write(pins_dir, with_value("base.python_bin", value))).base.python_bin == value
 
 
@@ -279,7 +281,7 @@ TARGETS = [
 
 @pytest.mark.parametrize("value", INJECTIONS)
 @pytest.mark.parametrize("dotted,field", TARGETS)
-def test_injection_is_refused(pins_dir: Path, dotted, field, value) -> None:
+def test_injection_is_refused(pins_dir: Path, dotted: str, field: str, value: str) -> None:
     list_field = field.endswith("[0]")
     rejected(pins_dir, with_value(dotted, [value] if list_field else value), field, "expected")
 
@@ -289,13 +291,13 @@ def test_injection_is_refused(pins_dir: Path, dotted, field, value) -> None:
     ("components.vllm.modules", "components.vllm.modules[0]"),
     ("build.env.MAX_JOBS", "build.env.MAX_JOBS"), ("recipe.entry", "recipe.entry"),
 ])
-def test_leading_dash_is_refused_outside_options(pins_dir: Path, dotted, field) -> None:
+def test_leading_dash_is_refused_outside_options(pins_dir: Path, dotted: str, field: str) -> None:
     list_field = field.endswith("[0]") or field == "recipe.entry"
     rejected(pins_dir, with_value(dotted, ["-rf"] if list_field else "-rf"), field)
 
 
 @pytest.mark.parametrize("value", [" 9.0", "9.0 ", "9.0  10.0"])
-def test_env_value_spaces_only_single_and_inner(pins_dir: Path, value) -> None:
+def test_env_value_spaces_only_single_and_inner(pins_dir: Path, value: str) -> None:
     rejected(pins_dir, with_value("build.env.TORCH_CUDA_ARCH_LIST", value), "build.env.TORCH_CUDA_ARCH_LIST")
 
 
@@ -305,13 +307,13 @@ def test_env_value_with_inner_space_is_accepted(pins_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("key", ["max_jobs", "1X", "A-B", "A B", "A$"])
-def test_env_names(pins_dir: Path, key) -> None:
+def test_env_names(pins_dir: Path, key: str) -> None:
     rejected(pins_dir, with_value(f"build.env.{key}", "1"), f"build.env.{key}", "env var name")
 
 
 @pytest.mark.parametrize("arg", ["--index-url=https://evil/simple", "--extra-index-url=x", "-e", "--target=/x",
                                  "--no deps", "no-deps", "--opt=a;b", "--OPT"])
-def test_pip_args(pins_dir: Path, arg) -> None:
+def test_pip_args(pins_dir: Path, arg: str) -> None:
     rejected(pins_dir, with_value("components.megatron.install.pip_args", [arg]),
              "components.megatron.install.pip_args[0]", "pip option")
 
@@ -324,7 +326,7 @@ def test_ignore_requires_python_is_allowed(pins_dir: Path) -> None:
 
 @pytest.mark.parametrize("url", ["ssh://-oProxyCommand=id/x", "ext::sh -c id", "-u/x", "git@-x:y",
                                  "ftp://host/x.git", "file://relative", "https://host/a b"])
-def test_bad_urls(pins_dir: Path, url) -> None:
+def test_bad_urls(pins_dir: Path, url: str) -> None:
     rejected(pins_dir, with_value("components.vllm.url", url), "components.vllm.url")
 
 
@@ -334,13 +336,13 @@ def test_relative_url_must_stay_inside(pins_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("key", ["a b", "a..b", "1a", "a;b", "++a", "a.", "-a"])
-def test_override_keys(pins_dir: Path, key) -> None:
+def test_override_keys(pins_dir: Path, key: str) -> None:
     rejected(pins_dir, with_value("recipe.overrides", {**GOOD["recipe"]["overrides"], key: 1}),
              "recipe.overrides", "override key")
 
 
 @pytest.mark.parametrize("value", [{"a": 1}, [[1]], None, ["ok", "a b"]])
-def test_override_values(pins_dir: Path, value) -> None:
+def test_override_values(pins_dir: Path, value: dict[str, Any] | list[list[int]] | list[str] | None) -> None:
     rejected(pins_dir, with_value("recipe.overrides.seed", value), "recipe.overrides.seed", "scalar")
 
 
@@ -350,7 +352,7 @@ def test_override_values(pins_dir: Path, value) -> None:
     ("../x.lock", "inside"), ("locks/../../x.lock", "inside"), ("/etc/passwd", "relative"),
     ("locks/missing.lock", "existing lock file"), ("locks", "existing lock file"),
 ])
-def test_lock_path(pins_dir: Path, lock, fragment) -> None:
+def test_lock_path(pins_dir: Path, lock: str, fragment: str) -> None:
     (pins_dir.parent / "x.lock").write_text("")
     rejected(pins_dir, with_value("build.lock", lock), "build.lock", fragment)
 
@@ -365,7 +367,7 @@ def test_lock_symlink_to_outside(pins_dir: Path, tmp_path_factory: pytest.TempPa
 # ---- cross-field checks ----
 
 @pytest.mark.parametrize("lr", [0, -0.1, "0.001", True])
-def test_learning_rate_must_be_positive_number(pins_dir: Path, lr) -> None:
+def test_learning_rate_must_be_positive_number(pins_dir: Path, lr: bool | float | int | str) -> None:
     data = copy.deepcopy(GOOD)
     data["recipe"]["overrides"]["actor_rollout_ref.actor.optim.lr"] = lr
     rejected(pins_dir, data,
@@ -384,7 +386,7 @@ def test_steps_override_must_match_acceptance_steps(pins_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("control", [{"DEMO_BATCH_INVARIANT": "1"}, {"OTHER": "0"}, {}])
-def test_control_env_must_differ_from_aligned(pins_dir: Path, control) -> None:
+def test_control_env_must_differ_from_aligned(pins_dir: Path, control: dict[str, Any]) -> None:
     rejected(pins_dir, with_value("recipe.control_env", control), "recipe.control_env")
 
 
@@ -396,7 +398,7 @@ def test_common_env_must_not_shadow_the_switch(pins_dir: Path) -> None:
 
 @pytest.mark.parametrize("text,kind", [("- a\n- b\n", "list"), ("just a string\n", "str"), ("", "NoneType"),
                                        ("42\n", "int")])
-def test_yaml_must_be_a_mapping(pins_dir: Path, text, kind) -> None:
+def test_yaml_must_be_a_mapping(pins_dir: Path, text: str, kind: str) -> None:
     path = write(pins_dir, text)
     with pytest.raises(BadInput, match=f"^{path}: expected a YAML mapping at the top level, got {kind}$"):
         pins.load(path)
@@ -461,13 +463,13 @@ def test_demo_pins_validate_in_place() -> None:
     p = pins.load(ROOT / "pins" / "demo.yaml")
     assert p.build.lock == "locks/demo.lock"
     assert p.image.repository == "127.0.0.1:5000/demo/unified" and p.base.python_bin == "/opt/venv/bin/python"
-    assert [p.components[n].distribution for n in pins.COMPONENTS] == ["tinyengine", "tinycore", "tinyrl"]
+    assert [p.components[n].distribution for n in COMPONENTS] == ["tinyengine", "tinycore", "tinyrl"]
     assert p.rl_lr() == 0.001 and p.acceptance.timeout_s == 600
     assert p.acceptance.metrics.throughput == "perf/rollout_tokens_per_s"
 
 
 @pytest.mark.parametrize("name", ["demo.yaml", "nemotron-3.5-lightning.yaml"])
-def test_pins_files_point_at_the_schema(name) -> None:
+def test_pins_files_point_at_the_schema(name: str) -> None:
     first = (ROOT / "pins" / name).read_text().splitlines()[0]
     assert first == "# yaml-language-server: $schema=../builder/pins/schema/pins.schema.json"
 
@@ -489,7 +491,7 @@ def test_schema_refuses_unknown_keys() -> None:
 CKPT = {"overrides": {"trainer.save_freq": 1, "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]}}
 
 
-def _weights(mode, checkpoint=None) -> dict[str, Any]:
+def _weights(mode: str, checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     data = with_value("acceptance.weights", mode)
     if checkpoint is not None:
         data["acceptance"]["checkpoint"] = checkpoint
@@ -499,6 +501,7 @@ def _weights(mode, checkpoint=None) -> dict[str, Any]:
 def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir: Path) -> None:
     loaded = pins.load(write(pins_dir, _weights("checkpoint", CKPT)))
     ckpt = loaded.acceptance.checkpoint
+    assert ckpt is not None
     assert loaded.acceptance.weights == "checkpoint" and ckpt.dir_key == "trainer.default_local_dir"
     assert ckpt.dir.startswith("/tmp/") and ckpt.scratch is None and "{step}" in ckpt.layout
     assert pins.load(write(pins_dir, GOOD)).acceptance.weights == "metrics"
@@ -514,5 +517,6 @@ def test_checkpoint_mode_defaults_to_verl_names_and_the_tmpfs(pins_dir: Path) ->
     ("checkpoint", {"overrides": {}}, "acceptance.checkpoint.overrides", ""),
     ("checkpoint", {**CKPT, "may_stay": ["a b"]}, "acceptance.checkpoint.may_stay[0]", "glob"),
 ])
-def test_bad_checkpoint_settings_are_refused(pins_dir: Path, mode, checkpoint, field, fragment) -> None:
+def test_bad_checkpoint_settings_are_refused(pins_dir: Path, mode: str, checkpoint: dict[str, Any] | None, field: str,
+                                             fragment: str) -> None:
     rejected(pins_dir, _weights(mode, checkpoint), field, fragment)
