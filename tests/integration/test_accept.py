@@ -90,7 +90,8 @@ def test_weight_decay_at_lr_zero_fails_zero_update(demo_image: DemoImage, build_
 
 
 @pytest.mark.parametrize("pr, words", [(34, "not a number"), (35, "rollout_corr/k3_kl missing")])
-def test_bad_metrics_fail_zero_update(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient, pr, words,
+def test_bad_metrics_fail_zero_update(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient, pr: int,
+                                      words: str,
                                       run_id: str) -> None:
     pins = demo_image[0]
     result = accept.accept(build_variant("verl", pr).image_id, pins, SETTINGS, gates=["zero_update"],

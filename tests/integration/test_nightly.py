@@ -122,7 +122,7 @@ def planted(world, case: str) -> list[tuple[str, bytes]]:
 @pytest.mark.parametrize("case,check", [("tampered predicate", "predicates"), ("another key", "predicates"),
                                         ("another digest", "predicates"), ("FAILED test result", "test result"),
                                         ("no attestations", "attestations")])
-def test_planted_tamper_fails_naming_the_check(world, case, check) -> None:
+def test_planted_tamper_fails_naming_the_check(world, case: str, check: str) -> None:
     reg, digest = world["reg"], world["digest"]
     envelopes = [] if case == "no attestations" else planted(world, case)
     new = copy_image(world, re.sub(r"[^a-z]+", "-", case.lower()))

@@ -85,7 +85,7 @@ def test_promote_tags_exactly_the_accepted_digest(accepted_by_digest, demo_accep
 
 
 @pytest.mark.parametrize("fields", ["pulled_only", "everything"])
-def test_report_edited_to_name_another_digest_gets_no_tag(accepted_by_digest, demo_image: DemoImage, fields) -> None:
+def test_report_edited_to_name_another_digest_gets_no_tag(accepted_by_digest, demo_image: DemoImage, fields: str) -> None:
     report_json, ref, tag = accepted_by_digest
     other, _ = base_manifest_into(ref, demo_image[0].base.image)
     other_ref = ref.partition("@")[0] + "@" + other

@@ -298,7 +298,7 @@ def test_stopped_registry_is_infra_error(report_inputs: MakeReportInputs, tmp_pa
 ])
 def test_digest_mismatch_is_refused(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient, tiny_images,
                                     start_registry,
-                                    tamper_proxy, mode, message) -> None:
+                                    tamper_proxy, mode: str, message: str) -> None:
     upstream, _ = start_registry()
     host = tamper_proxy(upstream, mode)
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/tampered", tiny_images["a"], docker_client)

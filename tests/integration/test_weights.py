@@ -44,7 +44,7 @@ def _write(directory, state: dict[str, Any], fmt: str, shards: int = 1):
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "torch"])
-def test_one_changed_tensor_is_named_with_its_max_abs_diff(tmp_path: Path, fmt) -> None:
+def test_one_changed_tensor_is_named_with_its_max_abs_diff(tmp_path: Path, fmt: str) -> None:
     a = weights.snapshot(_write(tmp_path / "a", _state(), fmt))
     b = weights.snapshot(_write(tmp_path / "b", _changed(_state(), "model.layers.0.mlp.weight"), fmt, shards=2))
     diff = weights.compare(a, b)

@@ -180,7 +180,7 @@ def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path: Pa
 
 
 @pytest.mark.parametrize("tamper", ["another key", "missing", "another image", "edited report", "not accepted"])
-def test_publish_refuses_without_a_valid_signed_acceptance(records, keys, tmp_path: Path, tamper) -> None:
+def test_publish_refuses_without_a_valid_signed_acceptance(records, keys, tmp_path: Path, tamper: str) -> None:
     from builder.core.errors import PublishError
     from builder.release import publish
 

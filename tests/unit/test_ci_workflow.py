@@ -38,7 +38,7 @@ def test_workflow_runs_nightly_on_self_hosted_and_uploads_reports() -> None:
 
 @pytest.mark.parametrize("old,new", [("    runs-on: [self-hosted, linux, x64, docker]\n", ""),
                                      ("    steps:\n", "    stepz:\n")], ids=["no runs-on", "unknown key"])
-def test_broken_workflow_fails_the_check(tmp_path: Path, old, new) -> None:
+def test_broken_workflow_fails_the_check(tmp_path: Path, old: str, new: str) -> None:
     text = WORKFLOW.read_text()
     assert text.count(old) == 1
     broken = tmp_path / "nightly.yml"

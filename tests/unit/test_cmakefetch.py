@@ -111,7 +111,7 @@ def test_no_cmakelists_means_no_native_build() -> None:
     ('X MATCHES "^a$"', True), ("a IN_LIST L", True), ("z IN_LIST L", False), ("EXISTS /x", None),
     ("OFF", False), ("1", True), ("UNKNOWN", None), ("UNKNOWN-NOTFOUND", False),
 ])
-def test_conditions(condition, truth) -> None:
+def test_conditions(condition: str, truth: bool | None) -> None:
     scope = cf.Scope({"X": "a", "V": "3.12", "N": "2", "L": "a;b"}, {"HOME_X": "1"})
     args = cf.parse(f"if({condition})\n", "t")[0].args
     assert cf.Condition(scope, args).evaluate() is truth

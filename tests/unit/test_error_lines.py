@@ -96,7 +96,7 @@ def test_resolve_error_over_a_long_pins_path(deep: Path, tmp_path: Path, monkeyp
     ("torch==" + "1" * 3000 + "\n", "has no --hash=sha256:"),
     ("torch==1.0 --hash=sha256:" + "z" * 3000 + "\n", "expected --hash=sha256:<64 hex>"),
 ])
-def test_lock_errors_over_a_long_path_and_long_tokens(deep: Path, text, fragment) -> None:
+def test_lock_errors_over_a_long_path_and_long_tokens(deep: Path, text: str, fragment: str) -> None:
     lock = deep / "demo.lock"
     lock.write_text(f"ok==1.0 --hash=sha256:{hashlib.sha256(b'').hexdigest()}\n" + text)
     with pytest.raises(BadInput) as info:

@@ -166,7 +166,7 @@ def test_submodule_without_its_repository_fails(repo) -> None:
 
 
 @pytest.mark.parametrize("target", ["/etc/passwd", "../outside", "pkg/../../outside", "a/../../../x"])
-def test_escaping_symlink_rejected(tmp_path: Path, target) -> None:
+def test_escaping_symlink_rejected(tmp_path: Path, target: str) -> None:
     work = tmp_path / "w"
     git(tmp_path, "init", "-q", str(work))
     write(work, "ok.txt", "ok")

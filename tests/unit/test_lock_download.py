@@ -73,7 +73,7 @@ class FakeSession:
 
 
 @pytest.mark.parametrize("honest", [True, False])
-def test_a_download_enters_the_pool_only_with_the_sha256_the_index_lists(tmp_path: Path, honest) -> None:
+def test_a_download_enters_the_pool_only_with_the_sha256_the_index_lists(tmp_path: Path, honest: bool) -> None:
     body = b"wheel bytes"
     listed = hashlib.sha256(body if honest else b"something else").hexdigest()
     settings = Settings.from_env({"BUILDER_CACHE": str(tmp_path)})

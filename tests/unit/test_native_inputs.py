@@ -5,6 +5,7 @@ import dataclasses
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,7 +163,7 @@ def test_the_demo_engine_declares_tinykernels_by_tag_for_cpu_and_more_for_cuda(s
     ({"max_jobs": 8}, {"MAX_JOBS": "2"}, "install.env: expected MAX_JOBS set once, by native"),
     ({"max_jobs": 0}, {}, "expected a job count in 1..1024"),
 ])
-def test_bad_build_knobs_are_one_line_naming_the_field(native, env, message) -> None:
+def test_bad_build_knobs_are_one_line_naming_the_field(native: dict[str, Any], env: dict[str, Any], message: str) -> None:
     from builder.pins import model as pins_mod
 
     comp = {"url": "/x/repo.git", "target": "main", "pr": 1, "commit": "a" * 40, "distribution": "vllm",

@@ -1,5 +1,7 @@
 """The performance gate's rule (acceptance.perf), its pins, its report rows and nightly's regression flag, without
 Docker; and the cause of a crash in a gate's reason, on the demo's recorded NaN-reward run (PR 36)."""
+from typing import Any
+
 import pytest
 
 from acceptance import decide, metrics, perf
@@ -141,7 +143,7 @@ def test_performance_in_the_pins_makes_the_gate_required(demo_data) -> None:
     ({"performance": {"min_ratio": 0.5, "reason": REASON, "repeats": 0}}, "runs per arm in 1..50"),
     ({"performance": {"min_ratio": 0.5}}, "reason"),
 ])
-def test_bad_performance_pins_are_one_line_errors(demo_data, change, words) -> None:
+def test_bad_performance_pins_are_one_line_errors(demo_data, change: dict[str, Any], words: str) -> None:
     data, where = demo_data
     data["acceptance"].update(change)
     with pytest.raises(BadInput) as err:

@@ -41,7 +41,7 @@ def test_report_records_the_lock_sha256(report_inputs: MakeReportInputs) -> None
 
 @pytest.mark.parametrize("status", ["fail", "inconclusive", None])
 @pytest.mark.parametrize("gate", ["provenance", "zero_update", "rl_step", "control"])
-def test_one_required_gate_not_passing_is_not_accepted(report_inputs: MakeReportInputs, gate, status) -> None:
+def test_one_required_gate_not_passing_is_not_accepted(report_inputs: MakeReportInputs, gate: str, status: str | None) -> None:
     rep = make(report_inputs, statuses={gate: status})
     assert rep.verdict == "NOT ACCEPTED"
     expected = status or "not_run"

@@ -2,6 +2,7 @@
 The generated corpus (test_hostile_corpus.py) runs the same rules end to end through the CLI."""
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -48,7 +49,7 @@ def test_not_accepted_report_is_left_to_publish(tmp_path: Path) -> None:
     ("control", {"exit_code": 0, "diff_max": float("inf")}, "diff_max"),
     ("unknown_gate", {"exit_code": 0}, "no rule"),
 ])
-def test_derive_from_evidence(gate, evidence, why) -> None:
+def test_derive_from_evidence(gate: str, evidence: dict[str, Any], why: str | None) -> None:
     got = trust.derive(GateResult(name=gate, status="pass", reason="", evidence=evidence), steps=1)
     assert (got is None) if why is None else (why in got), got
 
@@ -65,7 +66,7 @@ def _perf_runs(aligned, control, status="pass"):
     (_perf_runs([450, 460], [1000, 1000]), "expected 3 passing runs"),
     (_perf_runs([450, 460, 440], [1000, 1000, 1000], status="fail"), "expected 3 passing runs"),
 ])
-def test_derive_performance_with_the_pins_bounds(evidence, why) -> None:
+def test_derive_performance_with_the_pins_bounds(evidence, why: str | None) -> None:
     spec = pins_mod.Performance(min_ratio=0.25, repeats=3, max_spread=3.0, reason="measured")
     got = trust.derive(GateResult(name="performance", status="pass", reason="", evidence=evidence), 2, spec)
     assert (got is None) if why is None else (why in got), got
@@ -117,7 +118,7 @@ def test_shared_components_need_the_setting_and_the_report_shows_it(tmp_path: Pa
     ("r.io/x..y", "path component 'x..y'"), ("r-.io/x", "label 'r-'"), ("r.io:99999/x", "port '99999'"),
     ("r.io/" + "a" * 251, "256 characters"), ("r.io/x:-t", "tag '-t'"), ("r.io/x@sha256:ab", "digest"),
 ])
-def test_reference_names_the_broken_part(ref, part) -> None:
+def test_reference_names_the_broken_part(ref: str, part: str) -> None:
     with pytest.raises(ValueError, match=part.replace("(", r"\(").replace(".", r"\.")):
         reference.parse(ref)
 
@@ -132,7 +133,7 @@ def test_reference_parts() -> None:
     ("--find=x", "--find-links"), ("--prefi=/p", "--prefix"), ("--constr=c", "--constraint"),
     ("--trusted=h", "--trusted-host"), ("-cfoo", "-c foo"), ("-ihttp", "-i http"), ("-qrfoo", "-r foo"),
 ])
-def test_pip_words_are_read_as_pip_reads_them(word, read_as) -> None:
+def test_pip_words_are_read_as_pip_reads_them(word: str, read_as: str) -> None:
     with pytest.raises(ValueError, match=f"pip reads it as '{read_as}'"):
         allowlist.check_pip_arg(word)
 
