@@ -12,6 +12,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -108,7 +109,7 @@ def test_four_nightly_runs_at_once(demo_pins: Path, docker_client: DockerClient,
     names = {"a": f"conc-a-{space[-8:]}", "c": f"conc-c-{space[-8:]}", "d": f"conc-d-{space[-8:]}"}
 
     def pins_for(key: str, component: str | None = None, pr: int | None = None) -> Path:
-        def edit(data):
+        def edit(data: dict[str, Any]) -> None:
             data["name"] = names[key]
             data["image"] = {"repository": f"{space}/{key}", "tags": ["demo"]}
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}  # throughput is noisy with 4 at once

@@ -43,9 +43,10 @@ def test_registry_answers_on_loopback_only(infra_setup: Info) -> None:
             assert sock.connect_ex((addr, 5000)) != 0, f"registry reachable on {addr}:5000"
 
 
-def _non_loopback_ipv4():
+def _non_loopback_ipv4() -> list[str]:
     """Local IPv4 addresses other than 127/8 (the LOCAL /32 host entries of /proc/net/fib_trie)."""
-    addrs, last = set(), None
+    addrs: set[str] = set()
+    last: str | None = None
     try:
         lines = Path("/proc/net/fib_trie").read_text().splitlines()
     except OSError:

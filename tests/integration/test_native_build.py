@@ -24,7 +24,9 @@ def test_demo_image_carries_its_native_build(demo_image: DemoImage, docker_clien
     pins, resolved, rendered, built = demo_image
     stack = json.loads((pins.directory / "demo-stack" / "stack.json").read_text())
     v010 = stack["native"]["tinykernels"]["tags"]["v0.1.0"]
-    manifest = json.loads(engine.read_file(docker_client, built.image_id, "/opt/delivery/manifest.json"))
+    data = engine.read_file(docker_client, built.image_id, "/opt/delivery/manifest.json")
+    assert data is not None
+    manifest = json.loads(data)
     vllm = manifest["components"]["vllm"]
     build = vllm["native_build"]
     assert (build["device"], build["device_var"], build["modules"]) == \

@@ -21,7 +21,7 @@ METRICS = {**DEFAULT_METRICS, "throughput": "perf/rollout_tokens_per_s"}
 CHECKSUMS = (METRICS["weights_before"], METRICS["weights_after"])
 
 
-def load(name: str, exit_code: int | None = None, drop=(), last_step: int | None = None,
+def load(name: str, exit_code: int | None = None, drop: tuple[str, ...] = (), last_step: int | None = None,
          console: bool = True, jsonl: bool = True) -> decide.Run:
     """A Run parsed from a recorded run, optionally with keys dropped or steps cut (to plant a gap)."""
     file_text = (DATA / f"{name}.jsonl").read_text() if jsonl else ""
@@ -57,7 +57,8 @@ def test_nan_is_parsed_as_nan_from_both_logs() -> None:
     file_steps, _ = metrics.parse_jsonl((DATA / "nan_zero.jsonl").read_text())
     console_steps = metrics.parse_console((DATA / "nan_zero.console").read_text())
     for steps in (file_steps, console_steps):
-        assert math.isnan(metrics.number(steps[1][METRICS["diff_max"]]))
+        diff = metrics.number(steps[1][METRICS["diff_max"]])
+        assert diff is not None and math.isnan(diff)
 
 
 def test_console_lines_with_a_worker_prefix() -> None:
@@ -287,7 +288,8 @@ def _provenance(tmp_path: Path, site: Path, manifest_path: Path) -> dict[str, An
     settings = {"manifest": str(manifest_path), "cache_dir": str(tmp_path / "cache"), "entry": [sys.executable]}
     out = subprocess.run([sys.executable, "-m", "acceptance", "gate", "provenance", "--settings", json.dumps(settings)],
                          capture_output=True, text=True, env=_gate_env(tmp_path, site), cwd=tmp_path, timeout=120)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def test_provenance_passes_on_a_matching_install(tmp_path: Path) -> None:

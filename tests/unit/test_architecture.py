@@ -271,7 +271,7 @@ def test_design_md_names_only_functions_that_exist() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(modules()))
-def test_stage_functions_are_fully_annotated(name) -> None:
+def test_stage_functions_are_fully_annotated(name: str) -> None:
     """Every public function of builder/ has annotations for all parameters and its return (mypy checks them)."""
     bad = []
     for node in ast.walk(ast.parse(modules()[name].read_text())):

@@ -11,7 +11,7 @@ import yaml
 WORKFLOW = Path(__file__).resolve().parents[2] / "docs" / "ci" / "nightly.yml"
 
 
-def lint(path: Path) -> subprocess.CompletedProcess:
+def lint(path: Path) -> subprocess.CompletedProcess[str]:
     actionlint = shutil.which("actionlint")
     if actionlint:
         return subprocess.run([actionlint, str(path)], capture_output=True, text=True, timeout=120)

@@ -5,11 +5,12 @@ import importlib.util
 import re
 from pathlib import Path
 
+import click
 import typer
-from test_architecture import ORDER
 
 from builder import cli
 from builder.core import options
+from tests.unit.test_architecture import ORDER
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -39,7 +40,9 @@ def test_relative_links_resolve() -> None:
 
 
 def test_readme_has_one_line_per_command() -> None:
-    commands = set(typer.main.get_command(cli.app).commands)
+    group = typer.main.get_command(cli.app)
+    assert isinstance(group, click.Group)
+    commands = set(group.commands)
     listed = re.findall(r"^\| `builder ([a-z-]+)[ `]", README.read_text(), re.M)
     assert sorted(listed) == sorted(commands)
 
@@ -62,7 +65,7 @@ def _variables_read() -> set[str]:
                     isinstance(args[1], ast.Constant) and isinstance(args[1].value, str):
                 found.add(args[1].value)
         elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "env" and \
-                isinstance(node.slice, ast.Constant):
+                isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
             found.add(node.slice.value)
     return found
 

@@ -15,7 +15,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hostile_corpus import ROOT, Case, all_cases, run_in_process, snapshot
+
+from tests.hostile_corpus import ROOT, Case, all_cases, run_in_process, snapshot
 
 CASES = all_cases()
 SAMPLE = [next(c for c in CASES if c.klass == k) for k in dict.fromkeys(c.klass for c in CASES)] + \
@@ -71,7 +72,7 @@ def check(case: Case, argv: list[str], code: int, stdout: str, stderr: str) -> N
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_case(case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_case(case: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder, cache = tmp_path / "case", tmp_path / "cache"
     folder.mkdir()
     monkeypatch.setenv("BUILDER_CACHE", str(cache))
@@ -87,7 +88,7 @@ def test_case(case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("case", SAMPLE, ids=[c.id for c in SAMPLE])
-def test_sample_through_the_real_cli(case, tmp_path: Path) -> None:
+def test_sample_through_the_real_cli(case: Case, tmp_path: Path) -> None:
     folder, cache = tmp_path / "case", tmp_path / "cache"
     folder.mkdir()
     argv = case.setup(folder)

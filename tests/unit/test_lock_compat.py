@@ -6,6 +6,7 @@ import pytest
 from builder.core.errors import BadInput
 from builder.engine.basecontainer import BaseInfo
 from builder.lock import lockfile as lock
+from builder.lock.resolver import Target
 
 BASE = BaseInfo(image="b", python="3.11", abi="cp311", machine="x86_64", glibc=(2, 36),
                 dists={"torch": "2.13.0+cpu", "numpy": "2.1.0"})
@@ -29,7 +30,7 @@ def test_compat_pin_the_base_contradicts_is_an_error() -> None:
 
 
 def test_compat_pins_change_the_inputs_sha256_only_when_present() -> None:
-    target = lock.Target.of(BASE)
+    target = Target.of(BASE)
     plain = lock.inputs_sha256(BASE, target, [])
     assert lock.inputs_sha256(BASE, target, [], []) == plain  # locks without compat keep their hash
     assert lock.inputs_sha256(BASE, target, [], ["triton==3.9.0"]) != plain
