@@ -11,16 +11,18 @@ import pytest
 from builder.core.constants import COMPONENTS
 from builder.core.errors import BuildFailed, InfraError
 from builder.core.options import PACKAGE, Settings
+from builder.core.records import BuiltImage
 from builder.engine import client as engine
 from builder.image import build, dockerfile, render
 from builder.pins import model as pins_mod
+from builder.pins.model import Pins
 from builder.sources import resolve as sources
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS  # the session's settings: one run ID, so the fixtures' local tags
 from tests.fixture_types import BuildVariant, DemoImage, DockerClient
 
 
-def run_in(client, image: str, argv: list[str]) -> tuple[int, str]:
+def run_in(client: DockerClient, image: str, argv: list[str]) -> tuple[int, str]:
     """Run argv in a fresh network-none container of image; (exit code, output); container removed."""
     container = client.containers.create(image, argv, network_mode="none")
     try:
@@ -31,10 +33,11 @@ def run_in(client, image: str, argv: list[str]) -> tuple[int, str]:
         container.remove(force=True)
 
 
-def read_json(client, image: str, path: str) -> dict[str, Any]:
+def read_json(client: DockerClient, image: str, path: str) -> dict[str, Any]:
     rc, out = run_in(client, image, ["cat", path])
     assert rc == 0, out
-    return json.loads(out)
+    data: dict[str, Any] = json.loads(out)
+    return data
 
 
 @pytest.mark.docker
@@ -67,7 +70,7 @@ def test_labels_and_manifest(demo_image: DemoImage, docker_client: DockerClient)
         assert rc == 0 and out.split()[0] == so_sha
 
 
-def _build_env(demo_image: DemoImage, tmp_path: Path):
+def _build_env(demo_image: DemoImage, tmp_path: Path) -> tuple[Pins, dict[str, Any]]:
     """What the build container reported: from the demo build, or (when that step came from the cache)
     from a no-cache build of a copy of the demo pins under another repository."""
     pins, _, _, built = demo_image
@@ -75,7 +78,7 @@ def _build_env(demo_image: DemoImage, tmp_path: Path):
         assert built.isolation["problems"] == []
         return pins, {"net": built.isolation["net"], "mountinfo": built.isolation["mountinfo"]}
 
-    def elsewhere(data):
+    def elsewhere(data: dict[str, Any]) -> None:
         data["image"]["repository"] = "127.0.0.1:5000/builder-tests/isolation"
     other = pins_mod.load(variant_pins(tmp_path, edit=elsewhere, pins_path=pins.path))
     rendered = render.render(other, sources.resolve(other, SETTINGS), SETTINGS)
@@ -118,7 +121,7 @@ def test_rebuild_with_nothing_changed_is_a_full_cache_hit(demo_image: DemoImage)
     assert took < 10, f"no-op rebuild took {took:.1f} s"
 
 
-def layers_by_group(built, text: str) -> dict[str, list[str]]:
+def layers_by_group(built: BuiltImage, text: str) -> dict[str, list[str]]:
     """Image ID each step produced, grouped by the Dockerfile's `# stage:` comments."""
     groups = dockerfile.instructions(text)
     out: dict[str, list[str]] = {}
@@ -145,7 +148,7 @@ def test_verl_change_reuses_the_vllm_and_megatron_layers(demo_image: DemoImage, 
 @pytest.mark.docker
 def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins: Path, docker_client: DockerClient,
                                                                tmp_path: Path) -> None:
-    def bad_pip_arg(data):  # allowed by the pins, but pip cannot check hashes of a source directory
+    def bad_pip_arg(data: dict[str, Any]) -> None:  # allowed by the pins, but pip cannot check hashes of a source directory
         data["components"]["verl"]["install"]["pip_args"] = ["--no-deps", "--require-hashes"]
 
     pins = pins_mod.load(variant_pins(tmp_path, "verl", 35, edit=bad_pip_arg, pins_path=demo_pins))
@@ -158,7 +161,7 @@ def test_failing_install_step_names_the_step_and_leaves_no_tag(demo_pins: Path, 
     assert "step " in message and "log " in message and "\n" not in message and len(message) <= 300
     assert failed.value.details and any("hashes" in line for line in failed.value.details)
     after = engine.inspect_image(docker_client, build.local_tag(rendered, SETTINGS))
-    assert (after is None) if before is None else after["Id"] == before["Id"]
+    assert (after is None) if before is None else after is not None and after["Id"] == before["Id"]
 
 
 @pytest.mark.docker

@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ def touched_pins(demo_pins: Path, out: Path, mark: bytes = b"touched by tests/in
     return pins_path
 
 
-def commit_file(out: Path, comp: dict[str, Any], path: str, change, pr: int) -> None:
+def commit_file(out: Path, comp: dict[str, Any], path: str, change: Callable[[bytes], bytes], pr: int) -> None:
     """A commit on the component's pinned one that changes one file (`change(old bytes)`); the pins follow."""
     repo = pygit2.Repository(str(out / comp["url"]))
     parent = repo.get(comp["commit"])
@@ -130,7 +131,7 @@ def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins: Path, d
     store = ccache.store(SETTINGS, "vllm", pins.base.digest, ccache.machine_of(docker_client))
     shutil.rmtree(store)  # a cold cache for the native component
     out_dir = Path(rendered.context_path).parent
-    runs = {}
+    runs: dict[str, tuple[str, Any]] = {}  # (manifest digest, ccache counters or None)
     try:
         on = dataclasses.replace(SETTINGS, compiler_cache=True)  # the session builds without it (conftest)
         for name, settings in (("cold", on), ("warm", on), ("none", dataclasses.replace(SETTINGS, compiler_cache=False))):
@@ -138,7 +139,8 @@ def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins: Path, d
                 (store / "seed.json").unlink()  # the same tree again, now seeded with the harvest
             (out_dir / "ccache.json").unlink(missing_ok=True)
             built = build.build(rendered, settings, echo=False)
-            counters = json.loads((out_dir / "ccache.json").read_text()) if (out_dir / "ccache.json").exists() else {}
+            counters: dict[str, Any] = json.loads((out_dir / "ccache.json").read_text()) \
+                if (out_dir / "ccache.json").exists() else {}
             runs[name] = (built.manifest_digest, counters.get("vllm"))
         assert runs["cold"][1]["misses"] >= 1 and runs["cold"][1]["hits"] == 0, runs
         assert runs["warm"][1]["hits"] == runs["cold"][1]["misses"] and runs["warm"][1]["misses"] == 0, runs
@@ -150,13 +152,13 @@ def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins: Path, d
 
 
 def test_prune_keeps_the_newest_seed_images_and_the_one_in_use() -> None:
-    removed = []
+    removed: list[str] = []
 
     class Api:
-        def images(self, name):
+        def images(self, name: str) -> list[dict[str, Any]]:
             return [{"Created": t, "RepoTags": [f"{ccache.REPOSITORY}:{t}"]} for t in range(10)]
 
-        def remove_image(self, ref, noprune=False):
+        def remove_image(self, ref: str, noprune: bool = False) -> None:
             removed.append(ref)
 
     class Client:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # pip wheel, fresh venvs, subprocesses
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory):
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A fresh venv outside the checkout with this project's wheel installed (dependencies come from
     the test venv's site-packages through a path entry, so nothing is downloaded)."""
     work = tmp_path_factory.mktemp("wheel")
@@ -32,12 +32,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory):
     return python, wheel
 
 
-def run_installed(python, *args, cwd, env=None):
+def run_installed(python: Path, *args: str, cwd: Path, env: dict[str, str] | None = None
+                  ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(python), "-m", "builder.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=900, env={**os.environ, "PYTHONPATH": "", **(env or {})})
 
 
-def test_wheel_carries_templates_scripts_schema_and_suite(installed) -> None:
+def test_wheel_carries_templates_scripts_schema_and_suite(installed: tuple[Path, Path]) -> None:
     import zipfile
 
     names = set(zipfile.ZipFile(installed[1]).namelist())
@@ -47,14 +48,14 @@ def test_wheel_carries_templates_scripts_schema_and_suite(installed) -> None:
     assert not any(n.startswith(("demo/", "tests/")) for n in names)
 
 
-def test_installed_tool_imports_from_its_own_site(installed, tmp_path: Path) -> None:
+def test_installed_tool_imports_from_its_own_site(installed: tuple[Path, Path], tmp_path: Path) -> None:
     python, _ = installed
     out = subprocess.run([str(python), "-c", "import builder, acceptance; print(builder.__file__, acceptance.__file__)"],
                          cwd=tmp_path, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": ""})
     assert str(ROOT) not in out.stdout and str(python.parent.parent) in out.stdout
 
 
-def test_installed_wheel_renders_the_demo_pins_byte_identical(installed, tmp_path: Path) -> None:
+def test_installed_wheel_renders_the_demo_pins_byte_identical(installed: tuple[Path, Path], tmp_path: Path) -> None:
     """`builder render` from the wheel, in another directory, equals the checkout's output."""
     from demo.make_stack import make_stack
 
@@ -73,7 +74,7 @@ def test_installed_wheel_renders_the_demo_pins_byte_identical(installed, tmp_pat
 
 
 @pytest.mark.docker
-def test_installed_wheel_builds_the_demo_pins(installed, demo_pins: Path, tmp_path: Path) -> None:
+def test_installed_wheel_builds_the_demo_pins(installed: tuple[Path, Path], demo_pins: Path, tmp_path: Path) -> None:
     python, _ = installed
     out = run_installed(python, "build", "--quiet", str(demo_pins), cwd=tmp_path,
                         env={"BUILDER_CACHE": str(ROOT / ".cache")})

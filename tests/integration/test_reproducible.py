@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from builder import pipeline
+from builder.core.records import BuiltImage, ResolvedSources
 from builder.engine import client as engine
 from builder.engine import normalize, staging
 from builder.engine.registry import Registry, split_repository
+from builder.pins.model import Pins
 from builder.report import document as report_mod
 from tests.conftest import SETTINGS
 from tests.fixture_types import DemoImage, DockerClient
@@ -21,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
 
 
-def write_report(pins, resolved, built, out: Path) -> Path:
+def write_report(pins: Pins, resolved: ResolvedSources, built: BuiltImage, out: Path) -> Path:
     report = report_mod.make_report(pins, resolved, built, None)
     return report_mod.write(report, out)["json"]
 
 
-def reload(client, built, tag):
+def reload(client: DockerClient, built: BuiltImage, tag: str) -> None:
     """Load a normalised image again from the blob store (what a cold rebuild that removed it needs)."""
     manifest = json.loads(normalize.blob_path(SETTINGS, built.manifest_digest).read_bytes())
     config = normalize.blob_path(SETTINGS, manifest["config"]["digest"]).read_bytes()
@@ -56,7 +58,8 @@ def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_image
     assert result["rebuild"] == {"image_id": built.image_id, "manifest_digest": built.manifest_digest}
     again = staging.push(result["rebuild"]["manifest_digest"], staged_demo.partition("@")[0], pins.base.name, SETTINGS)
     assert again == staged_demo
-    assert report_mod.load(report_json).rebuild["status"] == "same"
+    rebuild = report_mod.load(report_json).rebuild
+    assert rebuild is not None and rebuild["status"] == "same"
 
 
 def test_rebuild_check_catches_a_build_step_that_stamps_the_time(stamped_pins: Path, tmp_path: Path) -> None:
@@ -74,6 +77,7 @@ def test_rebuild_check_catches_a_build_step_that_stamps_the_time(stamped_pins: P
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "diff in" in proc.stderr
     result = report_mod.load(report_json).rebuild
+    assert result is not None
     assert result["status"] == "different"
     paths = [e["path"] for layer in result["layers"] for e in layer["entries"]]
     stamped = [p for p in paths if p.endswith("/site-packages/tinyrl/BUILD_TIME")]

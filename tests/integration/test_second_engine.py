@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
 
 
-def run_cli(*args):
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=1500, env=dict(os.environ))
 
@@ -65,4 +65,5 @@ def test_second_engine_builds_the_same_pins_to_the_same_digests(demo_image: Demo
     other = build.build(rendered, there, nocache=True, echo=False)  # pulls the base from 127.0.0.1:5000
     assert other.raw_image_id != built.raw_image_id  # the engines' own builds differ ...
     assert (other.image_id, other.manifest_digest) == (built.image_id, built.manifest_digest)  # ... ours do not
-    assert engine.inspect_image(engine.connect(there), build.local_tag(rendered, there))["Id"] == built.image_id
+    found = engine.inspect_image(engine.connect(there), build.local_tag(rendered, there))
+    assert found is not None and found["Id"] == built.image_id

@@ -31,7 +31,7 @@ def _changed(state: dict[str, Any], name: str, delta: float = 0.25) -> dict[str,
     return out
 
 
-def _write(directory, state: dict[str, Any], fmt: str, shards: int = 1):
+def _write(directory: Path, state: dict[str, Any], fmt: str, shards: int = 1) -> str:
     directory.mkdir(parents=True)
     names = sorted(state)
     for i in range(shards):
@@ -89,7 +89,7 @@ def test_unreadable_and_missing_checkpoints_fail(tmp_path: Path) -> None:
     assert status == "fail" and "step 2" in reason and "no such directory" in reason
 
 
-def _shots(tmp_path: Path, states: list[dict[str, Any]], fmt="safetensors"):
+def _shots(tmp_path: Path, states: list[dict[str, Any]], fmt: str = "safetensors") -> list[dict[str, Any]]:
     labels = ["initial"] + [f"step {i}" for i in range(1, len(states))]
     return [{"label": label, "error": None,
              "snapshot": weights.snapshot(_write(tmp_path / label.replace(" ", ""), s, fmt))}
@@ -111,7 +111,7 @@ def test_zero_update_passes_only_when_all_snapshots_are_identical(tmp_path: Path
 
 
 def test_rl_step_needs_a_change_at_every_step_and_every_tensor_to_move(tmp_path: Path) -> None:
-    def step(state, k):
+    def step(state: dict[str, Any], k: int) -> dict[str, Any]:
         return {n: (t + 0.01 * k if t.dtype != torch.int64 else t + k) for n, t in state.items()}
 
     s0 = _state()

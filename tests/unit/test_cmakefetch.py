@@ -71,7 +71,7 @@ endif()
 }
 
 
-def found(files, **known):
+def found(files: dict[str, str], **known: str) -> dict[str, cf.Declaration]:
     return {d.name: d for d in cf.discover(files.get, known).declarations}
 
 

@@ -26,7 +26,7 @@ def test_constraints_pin_base_and_earlier_components(tmp_path: Path) -> None:
     (tmp_path / "base").write_text("torch==2.13.0\n")
     fake_install(tmp_path / "vllm", "vllm", "0.11.1")
     dirs = site_dirs(str(tmp_path / "vllm"))
-    out = install.constraints(dirs, tmp_path / "c.txt", tmp_path / "names", tmp_path / "base")
+    out = install.constraints(dirs, str(tmp_path / "c.txt"), str(tmp_path / "names"), str(tmp_path / "base"))
     assert Path(out).read_text().splitlines() == ["torch==2.13.0", "vllm==0.11.1"]
 
 
@@ -34,7 +34,7 @@ def test_constraints_pin_base_and_earlier_components(tmp_path: Path) -> None:
 def test_constraints_without_earlier_components_keep_only_base(tmp_path: Path) -> None:
     (tmp_path / "names").write_text("torch\nvllm\n")
     (tmp_path / "base").write_text("torch==2.13.0\n")
-    out = install.constraints([], tmp_path / "c.txt", tmp_path / "names", tmp_path / "base")
+    out = install.constraints([], str(tmp_path / "c.txt"), str(tmp_path / "names"), str(tmp_path / "base"))
     assert Path(out).read_text().splitlines() == ["torch==2.13.0"]
 
 
