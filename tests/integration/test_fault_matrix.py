@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,7 @@ def builder(*args: str, env: dict[str, str], timeout: float = RERUN_TIMEOUT_S) -
 
 
 @pytest.fixture(scope="module")
-def stack(base_image: str, tmp_path_factory: pytest.TempPathFactory):
+def stack(base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Engine, registry + proxy, loop disk; the demo base copied into the registry; pins that build on it;
     one accepted, signed report to publish and export."""
     from demo.prepare import variant_pins
@@ -125,15 +126,15 @@ def stack(base_image: str, tmp_path_factory: pytest.TempPathFactory):
     try:
         engine.start()
         world.runs.mkdir()
-        for part in (("wheels", "lock"), ("lock",)):  # the demo wheelhouse and lock metadata: no index needed
-            if SETTINGS.cache_root.joinpath(*part).is_dir():
-                shutil.copytree(SETTINGS.cache_root.joinpath(*part), world.cache.joinpath(*part))
+        for parts in (("wheels", "lock"), ("lock",)):  # the demo wheelhouse and lock metadata: no index needed
+            if SETTINGS.cache_root.joinpath(*parts).is_dir():
+                shutil.copytree(SETTINGS.cache_root.joinpath(*parts), world.cache.joinpath(*parts))
         base_repo, _, digest = base_image.partition("@")
         src_host, _, src_name = base_repo.partition("/")
         faultstack.copy_image(src_host, src_name, digest, proxy.host, "faults/base", root)
         world.repository = f"{proxy.host}/faults/unified"
 
-        def edit(data):
+        def edit(data: dict[str, Any]) -> None:
             data["base"]["image"] = f"{proxy.host}/faults/base@{digest}"
             data["image"] = {"repository": world.repository, "tags": ["fault"]}
             data["acceptance"]["required_gates"] = ["provenance"]
@@ -258,7 +259,7 @@ def test_fault_cell(stack: Stack, stage: str, fault: str, tmp_path: Path) -> Non
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    row = {"stage": stage, "fault": fault}
+    row: dict[str, object] = {"stage": stage, "fault": fault}
     RESULTS.append(row)
     try:
         while not reached.wait(0.5):

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
 
 
-def run_cli(*args, env=None):
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=1200, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture
-def untag():
+def untag() -> Iterator[list[str]]:
     """Image refs to untag after the test (never-accepted variants leave no tag behind)."""
-    refs = []
+    refs: list[str] = []
     yield refs
     from builder.engine import client as engine
 
@@ -72,7 +73,7 @@ def test_run_accepts_publishes_and_reruns(demo_pins: Path, tmp_path: Path) -> No
     assert again["publish"] is None  # not asked this time
 
 
-def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins: Path, tmp_path: Path, untag) -> None:
+def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins: Path, tmp_path: Path, untag: list[str]) -> None:
     pins_path = variant_pins(tmp_path / "pins", "vllm", 12, pins_path=demo_pins)  # batch invariance broken
     out = run_cli("run", str(pins_path), "--publish", "--out", str(tmp_path / "run"))
     assert out.returncode == 1, out.stderr[-3000:]
@@ -102,12 +103,13 @@ def test_run_engine_unreachable_exits_3(demo_pins: Path, tmp_path: Path) -> None
     assert not (tmp_path / "run").exists()
 
 
-def test_sigint_during_a_gate_removes_its_container(demo_pins: Path, tmp_path: Path, docker_client: DockerClient, untag) -> None:
+def test_sigint_during_a_gate_removes_its_container(demo_pins: Path, tmp_path: Path, docker_client: DockerClient,
+                                                    untag: list[str]) -> None:
     """A real Ctrl-C (SIGINT) to `builder accept` while a gate runs: exit 130, no container left."""
     import signal
     import time
 
-    def long_run(data):  # a recipe that runs far longer than the test waits
+    def long_run(data: dict[str, Any]) -> None:  # a recipe that runs far longer than the test waits
         data["acceptance"]["steps"] = 100000
         data["recipe"]["overrides"][data["acceptance"].get("steps_key", "trainer.total_training_steps")] = 100000
 

@@ -1,11 +1,15 @@
 """The lock's parallel downloads (builder/lock/download.py): which file of a release is taken for the
 target, sha256 checked against the index, sdist-only releases told apart; and the time table."""
+from __future__ import annotations
+
 import hashlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import pytest
+import requests
 
 from builder.core.options import Settings
 from builder.lock import download, lockfile, resolver
@@ -22,9 +26,14 @@ def test_pick_takes_the_best_wheel_for_the_target() -> None:
     files = [f("x-1.0.tar.gz"), f("x-1.0-py3-none-any.whl"), f("x-1.0-cp311-abi3-manylinux_2_17_x86_64.whl"),
              f("x-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"), f("x-1.0-cp311-cp311-macosx_11_0_arm64.whl"),
              f("x-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"), f("x-2.0-cp311-cp311-manylinux_2_28_x86_64.whl")]
-    assert download.pick(files, "1.0", RANKED, "3.11")["filename"] == "x-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"
-    assert download.pick(files[:3], "1.0", RANKED, "3.11")["filename"] == "x-1.0-cp311-abi3-manylinux_2_17_x86_64.whl"
-    assert download.pick(files[:2], "1.0", RANKED, "3.11")["filename"] == "x-1.0-py3-none-any.whl"
+    def picked(some: list[dict[str, Any]]) -> str:
+        best = download.pick(some, "1.0", RANKED, "3.11")
+        assert best is not None
+        return str(best["filename"])
+
+    assert picked(files) == "x-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert picked(files[:3]) == "x-1.0-cp311-abi3-manylinux_2_17_x86_64.whl"
+    assert picked(files[:2]) == "x-1.0-py3-none-any.whl"
 
 
 def test_pick_refuses_other_platforms_newer_glibc_and_requires_python() -> None:
@@ -41,31 +50,32 @@ def test_has_sdist_only_for_that_version() -> None:
 
 
 class FakeResponse:
-    def __init__(self, body: bytes, files=None, url="https://index.invalid/simple/x/"):
+    def __init__(self, body: bytes, files: list[dict[str, Any]] | None = None,
+                 url: str = "https://index.invalid/simple/x/") -> None:
         self.body, self.files, self.url = body, files, url
         self.status_code, self.headers = 200, {"content-type": download.JSON}
 
-    def json(self):
+    def json(self) -> dict[str, Any]:
         return {"files": self.files}
 
-    def raise_for_status(self):
+    def raise_for_status(self) -> None:
         pass
 
-    def iter_content(self, size):
+    def iter_content(self, size: int) -> Iterator[bytes]:
         yield self.body
 
-    def __enter__(self):
+    def __enter__(self) -> FakeResponse:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         return False
 
 
 class FakeSession:
-    def __init__(self, body: bytes, listed_sha: str):
+    def __init__(self, body: bytes, listed_sha: str) -> None:
         self.body, self.listed = body, listed_sha
 
-    def get(self, url, **kwargs):
+    def get(self, url: str, **kwargs: Any) -> FakeResponse:
         if url.endswith("/x/"):
             return FakeResponse(b"", [{"filename": "x-1.0-py3-none-any.whl", "hashes": {"sha256": self.listed},
                                        "url": "x-1.0-py3-none-any.whl"}])
@@ -77,7 +87,7 @@ def test_a_download_enters_the_pool_only_with_the_sha256_the_index_lists(tmp_pat
     body = b"wheel bytes"
     listed = hashlib.sha256(body if honest else b"something else").hexdigest()
     settings = Settings.from_env({"BUILDER_CACHE": str(tmp_path)})
-    got = download._one(FakeSession(body, listed), settings, "x", "1.0", RANKED, "3.11", tmp_path)
+    got = download._one(cast(requests.Session, FakeSession(body, listed)), settings, "x", "1.0", RANKED, "3.11", tmp_path)
     if honest:
         assert got == tmp_path / "x-1.0-py3-none-any.whl" and got.read_bytes() == body
     else:

@@ -13,7 +13,7 @@ import smoke  # noqa: E402
 from common import record_hash  # noqa: E402
 
 
-def fatbin(entries):
+def fatbin(entries: list[tuple[int, int]]) -> bytes:
     """A fatbin blob as nvcc embeds it: header, then per entry a 64-byte header and its payload."""
     body = b""
     for kind, arch in entries:
@@ -23,14 +23,14 @@ def fatbin(entries):
     return native_check.HEADER.pack(native_check.FATBIN_MAGIC, 1, 16, len(body)) + body
 
 
-def extension(tmp_path: Path, entries, name="_C.so"):
+def extension(tmp_path: Path, entries: list[tuple[int, int]], name: str = "_C.so") -> str:
     """A fake extension: some host bytes, the .nv_fatbin blob, more bytes."""
     path = tmp_path / name
     path.write_bytes(b"\x7fELF" + bytes(100) + fatbin(entries) + b"\xba\x55" + bytes(50))
     return str(path)
 
 
-def by_headers(path):
+def by_headers(path: str) -> tuple[native_check.Archs, str]:
     return native_check.fatbin_archs(Path(path).read_bytes()), "fatbin headers"
 
 
@@ -73,10 +73,10 @@ def test_cuobjdump_output_is_parsed(tmp_path: Path) -> None:
 
 
 class Dist:
-    def __init__(self, files):
+    def __init__(self, files: list[str]) -> None:
         self.files = files
 
-    def locate_file(self, f):
+    def locate_file(self, f: str) -> str:
         return f
 
 
@@ -95,7 +95,7 @@ def test_smoke_native_module_must_be_a_shared_object_in_the_sites(tmp_path: Path
         smoke.check_native("vllm", {"modules": ["purepy"]}, Dist([]), [str(tmp_path)])
 
 
-def fake_torch(site: Path):
+def fake_torch(site: Path) -> dict[str, dict[str, str]]:
     info = site / "torch-2.13.0.dist-info"
     (site / "torch").mkdir(parents=True)
     info.mkdir()

@@ -62,7 +62,7 @@ def test_build_tools_over_the_base_go_to_the_build_prefix_but_torch_never() -> N
 # ---------------------------------------------------------------- lock lines
 
 
-def an_input(**changes):
+def an_input(**changes: Any) -> native.NativeInput:
     item = native.NativeInput("vllm", "tinykernels", "../tinykernels.git", "v0.1.0", "a" * 40, "b" * 40, "c" * 64,
                               "TINYKERNELS_SRC_DIR", "cmake/kernels.cmake:18")
     return dataclasses.replace(item, **changes)
@@ -91,7 +91,7 @@ def test_check_names_a_changed_git_tag() -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
+def stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     out = tmp_path_factory.mktemp("stack")
     return out, make_stack(out)
 
@@ -100,7 +100,7 @@ def decl(url: str, tag: str) -> cmakefetch.Declaration:
     return cmakefetch.Declaration("tinykernels", url, tag, file="cmake/kernels.cmake:18")
 
 
-def test_tag_resolves_to_its_commit_relative_to_the_component(stack, settings: Settings) -> None:
+def test_tag_resolves_to_its_commit_relative_to_the_component(stack: tuple[Path, dict[str, Any]], settings: Settings) -> None:
     out, st = stack
     item = native.resolve_input(settings, "vllm", str(out / "tinyengine.git"), decl("../tinykernels.git", "v0.1.0"))
     tags = st["native"]["tinykernels"]["tags"]
@@ -111,7 +111,7 @@ def test_tag_resolves_to_its_commit_relative_to_the_component(stack, settings: S
     assert branch.commit == st["native"]["tinykernels"]["main"]
 
 
-def test_unknown_tag_and_url_archives_are_errors_naming_the_input(stack, settings: Settings) -> None:
+def test_unknown_tag_and_url_archives_are_errors_naming_the_input(stack: tuple[Path, dict[str, Any]], settings: Settings) -> None:
     out, _ = stack
     with pytest.raises(BadInput, match=r"native input tinykernels \(cmake/kernels.cmake:18\): GIT_TAG v9: no tag or"
                                        r" branch of that name"):
@@ -121,7 +121,7 @@ def test_unknown_tag_and_url_archives_are_errors_naming_the_input(stack, setting
         native.resolve_input(settings, "vllm", str(out / "tinyengine.git"), archive)
 
 
-def test_git_insteadof_applies(stack, settings: Settings, tmp_path: Path) -> None:
+def test_git_insteadof_applies(stack: tuple[Path, dict[str, Any]], settings: Settings, tmp_path: Path) -> None:
     out, st = stack
     shutil.copytree(out / "tinykernels.git", tmp_path / "mirror-of-kernels.git")
     config = tmp_path / "gitconfig"
@@ -134,7 +134,7 @@ def test_git_insteadof_applies(stack, settings: Settings, tmp_path: Path) -> Non
     assert item.url == "https://kernels.example.invalid/tinykernels.git"  # recorded as the build declares it
 
 
-def test_the_demo_engine_declares_tinykernels_by_tag_for_cpu_and_more_for_cuda(stack) -> None:
+def test_the_demo_engine_declares_tinykernels_by_tag_for_cpu_and_more_for_cuda(stack: tuple[Path, dict[str, Any]]) -> None:
     import pygit2
 
     out, st = stack
