@@ -3,7 +3,6 @@ with verl's options, the checksum metrics are switched off in the demo loop, and
 per-tensor digests of the initial weights and each step's save."""
 import json
 from pathlib import Path
-from typing import Any
 
 import docker
 import pytest
@@ -11,7 +10,9 @@ import pytest
 from builder.accept import gates as accept
 from builder.core.constants import GATES
 from builder.core.options import Settings
+from builder.core.records import AcceptanceResult, GateResult
 from builder.pins import model as pins_mod
+from builder.pins.model import Pins
 from builder.report import document as report
 from tests.fixture_types import BuildVariant, DemoImage, DockerClient
 
@@ -23,7 +24,7 @@ CHECKSUMS = ("weights_before", "weights_after")
 
 
 @pytest.fixture(scope="session")
-def model_dir(demo_image: DemoImage, docker_client: DockerClient, tmp_path_factory: pytest.TempPathFactory):
+def model_dir(demo_image: DemoImage, docker_client: DockerClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The HF-style initial model the recipe loads, written by the demo image itself (network none)."""
     out = tmp_path_factory.mktemp("tinyrl-model")
     built = demo_image[3]
@@ -34,7 +35,7 @@ def model_dir(demo_image: DemoImage, docker_client: DockerClient, tmp_path_facto
     return out / "seed-1"
 
 
-def checkpoint_pins(pins, model_dir, scratch=None):
+def checkpoint_pins(pins: Pins, model_dir: Path, scratch: Path | None = None) -> Pins:
     """The demo pins in checkpoint mode: verl's save options from the pins, the demo loop's checksum
     metrics off, the initial model mounted read-only where the recipe's model path points."""
     data = pins.to_json_dict()
@@ -52,17 +53,17 @@ def checkpoint_pins(pins, model_dir, scratch=None):
     return pins_mod.validate(data, pins.directory)
 
 
-def _gates(result) -> dict[str, Any]:
+def _gates(result: AcceptanceResult) -> dict[str, GateResult]:
     return {g.name: g for g in result.gates}
 
 
-def _show(*gates):
+def _show(*gates: GateResult) -> None:
     """The weight evidence, for `pytest -s` readers."""
     print(json.dumps({g.name: {"status": g.status, "reason": g.reason, "weights": g.evidence.get("weights")}
                       for g in gates}, indent=1))
 
 
-def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_image: DemoImage, model_dir,
+def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_image: DemoImage, model_dir: Path,
                                                                          docker_client: DockerClient,
                                                                           run_id: str) -> None:
     pins, resolved, _, built = demo_image
@@ -88,7 +89,7 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
 
 
 def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_image: DemoImage, build_variant: BuildVariant,
-                                                                        model_dir,
+                                                                        model_dir: Path,
                                                                          docker_client: DockerClient, run_id: str) -> None:
     ckpt = checkpoint_pins(demo_image[0], model_dir)
     result = accept.accept(build_variant("megatron", 23).image_id, ckpt, SETTINGS, gates=["zero_update"],
@@ -102,7 +103,7 @@ def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_ima
     _show(gate)
 
 
-def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image: DemoImage, build_variant: BuildVariant, model_dir,
+def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image: DemoImage, build_variant: BuildVariant, model_dir: Path,
                                                            docker_client: DockerClient,
                                                             run_id: str, tmp_path: Path) -> None:
     """#24 also runs with the checkpoints on a scratch mount the pins name (read-write, only there)."""

@@ -4,21 +4,28 @@ import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from builder.core.errors import BadInput
+from builder.core.errors import AttestationError, BadInput
+from builder.core.records import Report
+from builder.pins.model import Pins
 from builder.release import attest, dsse, sbom
 from tests.fixture_types import MakeReportInputs
 
 DIGEST = "sha256:" + "12" * 32
 OTHER = "sha256:" + "34" * 32
 PINS = Path(__file__).resolve().parents[2] / "pins" / "demo.yaml"
+Keys = dict[str, tuple[Ed25519PrivateKey, Ed25519PublicKey]]
+Records = Callable[..., tuple[Pins, Report]]  # keyword overrides as report_inputs takes them
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory: pytest.TempPathFactory):
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     d = tmp_path_factory.mktemp("keys")
     dsse.keygen(d / "a.pem", d / "a.pub")
     dsse.keygen(d / "b.pem", d / "b.pub")
@@ -26,11 +33,11 @@ def keys(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def records(report_inputs: MakeReportInputs):
+def records(report_inputs: MakeReportInputs) -> Records:
     """A report of pins/demo.yaml whose recorded sha256 is the file's (as a real run records it)."""
     from builder.report import document as report_mod
 
-    def make(**kwargs):
+    def make(**kwargs: Any) -> tuple[Pins, Report]:
         pins, sources, built, result = report_inputs(**kwargs)
         pins._path = PINS  # as pins.load sets it: the lock is found beside the file
         sources = sources.model_copy(update={"pins_path": str(PINS),
@@ -57,7 +64,7 @@ def test_keygen_private_key_mode_0600_and_no_overwrite(tmp_path: Path, capsys: p
     assert secret.splitlines()[1] not in out.out + out.err
 
 
-def test_dsse_roundtrip_and_tampering(keys) -> None:
+def test_dsse_roundtrip_and_tampering(keys: Keys) -> None:
     priv, pub = keys["a"]
     env = dsse.sign({"x": 1}, priv)
     assert dsse.open_envelope(env, pub) == {"x": 1}
@@ -71,7 +78,7 @@ def test_dsse_roundtrip_and_tampering(keys) -> None:
     assert dsse.pae("ab", b"xyz") == b"DSSEv1 2 ab 3 xyz"
 
 
-def test_statements_carry_the_required_fields(records) -> None:
+def test_statements_carry_the_required_fields(records: Records) -> None:
     pins, report = records()
     stmts = attest.statements(report, pins, MANIFEST, "127.0.0.1:5000/demo/unified", DIGEST)
     assert [s["predicateType"] for s in stmts] == list(attest.PREDICATE_TYPES)
@@ -107,7 +114,7 @@ def test_statements_carry_the_required_fields(records) -> None:
     assert [c["name"] for c in result["configuration"]] == ["demo.yaml", "recipe"]
 
 
-def test_test_result_failed_unless_accepted_and_warned_gates(records) -> None:
+def test_test_result_failed_unless_accepted_and_warned_gates(records: Records) -> None:
     pins, report = records(statuses={"control": "inconclusive", "rl_step": None})
     assert report.verdict == "NOT ACCEPTED"
     pred = attest.test_result(report, pins, PINS.read_bytes())
@@ -115,7 +122,7 @@ def test_test_result_failed_unless_accepted_and_warned_gates(records) -> None:
     assert sorted(pred["warnedTests"]) == ["control", "rl_step"] and pred["failedTests"] == []
 
 
-def test_pins_changed_since_the_run_is_refused(records, tmp_path: Path) -> None:
+def test_pins_changed_since_the_run_is_refused(records: Records, tmp_path: Path) -> None:
     from builder.core.errors import PublishError
 
     pins, report = records()
@@ -126,7 +133,7 @@ def test_pins_changed_since_the_run_is_refused(records, tmp_path: Path) -> None:
         attest.pins_bytes(report)
 
 
-def test_verify_test_result_names_the_failed_check(records, keys) -> None:
+def test_verify_test_result_names_the_failed_check(records: Records, keys: Keys) -> None:
     pins, report = records()
     priv, pub = keys["a"]
     stmt = attest.statements(report, pins, MANIFEST, "r", DIGEST)[2]
@@ -136,7 +143,7 @@ def test_verify_test_result_names_the_failed_check(records, keys) -> None:
     failed["predicate"]["result"] = "FAILED"
     cases["test result"] = (dsse.sign(failed, priv), DIGEST)
     for check, (env, digest) in cases.items():
-        with pytest.raises(attest.AttestationError) as err:
+        with pytest.raises(AttestationError) as err:
             attest.verify_test_result(env, pub, digest)
         assert err.value.check == check
 
@@ -161,7 +168,7 @@ def test_no_key_means_not_attested(capsys: pytest.CaptureFixture[str]) -> None:
 # ---------------------------------------------------------------- the signed acceptance result publish requires
 
 
-def signed_run(records, keys, tmp_path: Path, signer="a", **kwargs):
+def signed_run(records: Records, keys: Keys, tmp_path: Path, signer: str = "a", **kwargs: Any) -> tuple[Report, Path]:
     from builder.report import document as report_mod
 
     pins, report = records(**kwargs)
@@ -170,7 +177,7 @@ def signed_run(records, keys, tmp_path: Path, signer="a", **kwargs):
     return report, paths["json"]
 
 
-def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path: Path) -> None:
+def test_signed_acceptance_result_lets_publish_go_on(records: Records, keys: Keys, tmp_path: Path) -> None:
     from builder.release import publish
 
     report, path = signed_run(records, keys, tmp_path)
@@ -180,7 +187,7 @@ def test_signed_acceptance_result_lets_publish_go_on(records, keys, tmp_path: Pa
 
 
 @pytest.mark.parametrize("tamper", ["another key", "missing", "another image", "edited report", "not accepted"])
-def test_publish_refuses_without_a_valid_signed_acceptance(records, keys, tmp_path: Path, tamper: str) -> None:
+def test_publish_refuses_without_a_valid_signed_acceptance(records: Records, keys: Keys, tmp_path: Path, tamper: str) -> None:
     from builder.core.errors import PublishError
     from builder.release import publish
 

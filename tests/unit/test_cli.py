@@ -13,16 +13,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def demo_stack_ready():
+def demo_stack_ready() -> None:
     make_stack(ROOT / "pins" / "demo-stack")
 
 
-def cli(*args, cwd=ROOT):
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=600)
 
 
-def test_resolve_demo_prints_record(demo_stack_ready) -> None:
+def test_resolve_demo_prints_record(demo_stack_ready: None) -> None:
     out = cli("resolve", "pins/demo.yaml")
     assert out.returncode == 0, out.stderr
     record = json.loads(out.stdout)
@@ -43,7 +43,7 @@ def test_bad_pins_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert out.stdout == ""
 
 
-def test_missing_local_repository_exits_2_and_absolute_path_urls_work(demo_stack_ready, tmp_path: Path) -> None:
+def test_missing_local_repository_exits_2_and_absolute_path_urls_work(demo_stack_ready: None, tmp_path: Path) -> None:
     stack = ROOT / "pins" / "demo-stack"
     text = (ROOT / "pins" / "demo.yaml").read_text()
     shutil.copytree(ROOT / "pins" / "locks", tmp_path / "locks")

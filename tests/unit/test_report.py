@@ -2,21 +2,23 @@
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from builder.core.errors import BadInput
+from builder.core.records import GateStatus, Report
 from builder.image.render import sha_tag
 from builder.report import document as report
 from tests.fixture_types import MakeReportInputs
 
 
-def make(report_inputs: MakeReportInputs, manifest=None, **kwargs):
+def make(report_inputs: MakeReportInputs, manifest: dict[str, Any] | None = None, **kwargs: Any) -> Report:
     pins, sources, build, acceptance = report_inputs(**kwargs)
     return report.make_report(pins, sources, build, acceptance, image_manifest=manifest)
 
 
-def status_of(rep, name):
+def status_of(rep: Report, name: str) -> GateStatus:
     return {g.name: g.status for g in rep.gates}[name]
 
 
@@ -78,6 +80,7 @@ def test_empty_required_gates_is_not_accepted(report_inputs: MakeReportInputs) -
 
 def test_duplicate_gate_result_keeps_the_worst(report_inputs: MakeReportInputs) -> None:
     pins, sources, build, acceptance = report_inputs()
+    assert acceptance is not None
     acceptance.gates.append(acceptance.gates[2].model_copy(update={"status": "fail", "reason": "second run"}))
     rep = report.make_report(pins, sources, build, acceptance)
     assert status_of(rep, "rl_step") == "fail"
@@ -182,9 +185,14 @@ def test_junit_has_one_case_per_gate_with_right_elements(report_inputs: MakeRepo
     cases = {c.get("name"): c for c in root.iter("testcase")}
     assert list(cases) == ["provenance", "zero_update", "rl_step", "control", "performance"]
     assert cases["provenance"].find("failure") is None and cases["provenance"].find("skipped") is None
-    assert cases["zero_update"].find("failure").get("message") == "zero_update fail"
-    assert cases["rl_step"].find("error").get("message") == "rl_step inconclusive"
-    assert cases["control"].find("skipped").get("message") == "not in the acceptance result"
+    def message(case: str, tag: str) -> str | None:
+        found = cases[case].find(tag)
+        assert found is not None, (case, tag)
+        return found.get("message")
+
+    assert message("zero_update", "failure") == "zero_update fail"
+    assert message("rl_step", "error") == "rl_step inconclusive"
+    assert message("control", "skipped") == "not in the acceptance result"
     props = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert props["verdict"] == "NOT ACCEPTED"
 
@@ -226,6 +234,7 @@ def test_run_manifest_records_gpus_or_none(report_inputs: MakeReportInputs) -> N
 
     assert gpu.facts() == "none"  # this host's torch sees no GPU
     pins, sources, built, result = report_inputs()
+    assert result is not None
     prov = next(g for g in result.gates if g.name == "provenance")
     prov.evidence["gpu"] = "none"
     assert report.make_report(pins, sources, built, result).run_manifest["run"]["gpus"] == "none"
@@ -246,5 +255,7 @@ def test_gpu_driver_version_from_the_kernel_module_line() -> None:
     from acceptance.gpu import VERSION
 
     line = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (nixbld@)"
-    assert VERSION.search(line).group(1) == "580.159.04"
-    assert VERSION.search("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19").group(1) == "535.104.05"
+    for text, version in ((line, "580.159.04"),
+                          ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19", "535.104.05")):
+        found = VERSION.search(text)
+        assert found is not None and found.group(1) == version
