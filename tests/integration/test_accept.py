@@ -2,16 +2,21 @@
 each planted defect is caught by the right gate. Only the gates a test needs are run."""
 import io
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+from pydantic import BaseModel
 
 from builder.accept import gates as accept
 from builder.core.constants import GATES
 from builder.core.options import Settings
+from builder.core.records import AcceptanceResult, GateResult
 from builder.pins.model import Mount
 from tests.fixture_types import BuildVariant, DemoImage, DockerClient
+
+M = TypeVar("M", bound=BaseModel)
 
 SETTINGS = Settings.from_env()
 
@@ -20,11 +25,11 @@ pytestmark = pytest.mark.docker
 SITE = "/opt/venv/lib/python3.11/site-packages"
 
 
-def _gates(result) -> dict[str, Any]:
+def _gates(result: AcceptanceResult) -> dict[str, GateResult]:
     return {g.name: g for g in result.gates}
 
 
-def _with(model, **changes):
+def _with(model: M, **changes: Any) -> M:
     return model.model_copy(update=changes)
 
 
@@ -132,11 +137,11 @@ def _derived(docker_client: DockerClient, image_id: str, run: str) -> str:
     dockerfile = f"FROM {image_id}\nRUN {run}\n".encode()
     image, _ = docker_client.images.build(fileobj=io.BytesIO(dockerfile), network_mode="none", rm=True,
                                           forcerm=True, labels={"io.truepolicy.test": "derived"})
-    return image.id
+    return str(image.id)
 
 
 @pytest.fixture(scope="module")
-def edited_image(demo_image: DemoImage, docker_client: DockerClient):
+def edited_image(demo_image: DemoImage, docker_client: DockerClient) -> Iterator[str]:
     """The demo image plus one layer that appends to an installed tinyengine file."""
     image = _derived(docker_client, demo_image[3].image_id,
                      f"echo '# edited after install' >> {SITE}/tinyengine/engine.py")
@@ -157,7 +162,7 @@ def test_startup_hook_added_after_build_fails_provenance(demo_image: DemoImage, 
     assert f"start-up hook {hook} is not in the manifest" in gate.reason
 
 
-def test_file_changed_after_install_fails_provenance(demo_image: DemoImage, edited_image, docker_client: DockerClient,
+def test_file_changed_after_install_fails_provenance(demo_image: DemoImage, edited_image: str, docker_client: DockerClient,
                                                      run_id: str) -> None:
     pins = demo_image[0]
     result = accept.accept(edited_image, pins, SETTINGS, gates=["provenance"], run_id=run_id)
@@ -166,14 +171,15 @@ def test_file_changed_after_install_fails_provenance(demo_image: DemoImage, edit
     assert f"{SITE}/tinyengine/engine.py sha256" in gate.reason
 
 
-def _copy_out(client, image_id: str, path: str, dest, run_id: str):
+def _copy_out(client: DockerClient, image_id: str, path: str, dest: Path, run_id: str) -> None:
     """Copy a directory out of an image (a created, never started container)."""
     container = client.containers.create(image_id, command=["true"], network_mode="none",
                                          labels={accept.LABEL: run_id})
     try:
         stream, _ = container.get_archive(path)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            tar.extractall(dest, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(dest, **safe)
     finally:
         container.remove(force=True)
 
@@ -220,9 +226,9 @@ def test_ctrl_c_removes_the_container(demo_image: DemoImage, docker_client: Dock
     import docker
 
     pins, _, _, built = demo_image
-    seen = []
+    seen: list[str] = []
 
-    def interrupted(self, **kwargs):
+    def interrupted(self: Any, **kwargs: Any) -> None:
         seen.append(self.id)
         raise KeyboardInterrupt
 

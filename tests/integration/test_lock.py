@@ -3,6 +3,7 @@ dependencies (locked, built offline on the demo base, imported in a fresh networ
 and each error path: base conflict, sdist-only dependency, stale lock under --check."""
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ PRS = {1: ['"packaging>=23"', '"pyyaml>=6"'],
        4: ['"packaging>=23"', '"pyyaml>=6"', '"six>=1.16"']}  # requirements changed: lock stale
 
 
-def commit(repo, files: dict[str, str], parents: list[Any], message: str, when: int = 0):
+def commit(repo: Any, files: dict[str, str], parents: list[Any], message: str, when: int = 0) -> Any:  # pygit2 (untyped)
     tb = repo.TreeBuilder()
     sub = repo.TreeBuilder()
     for name, text in files.items():
@@ -73,7 +74,7 @@ def make_repo(path: Path) -> dict[int, str]:
 
 
 @pytest.fixture(scope="session")
-def hatch_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
+def hatch_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
     """Factory: pr -> pins path of the demo stack with the verl role replaced by hatchpkg at that PR."""
     from demo.prepare import variant_pins
 
@@ -86,7 +87,7 @@ def hatch_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
             out.mkdir()
             shutil.copytree(root / "hatchpkg.git", out / "hatchpkg.git")
 
-            def edit(data):
+            def edit(data: dict[str, Any]) -> None:
                 data["components"]["verl"].update(url="hatchpkg.git", pr=pr, commit=heads[pr], distribution="hatchpkg",
                                                   modules=["hatchpkg"])
                 data["build"]["lock"] = "locks/hatch.lock"
@@ -98,7 +99,7 @@ def hatch_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
-def hatch_locked(hatch_pins, settings: Settings):
+def hatch_locked(hatch_pins: Callable[[int], Path], settings: Settings) -> tuple[Path, str, str]:
     """(pins path, lock text of the first run, lock text of the second run) for PR 1."""
     path = hatch_pins(1)
     first = pipeline.lock(path, settings).text
@@ -109,9 +110,10 @@ def hatch_locked(hatch_pins, settings: Settings):
 # ---------------------------------------------------------------- VCS versions (no Docker)
 
 
-def tagged_repo(path: Path, tag: str | None, commits: int):
+def tagged_repo(path: Path, tag: str | None, commits: int) -> tuple[Any, list[str]]:
     repo = pygit2.init_repository(str(path), bare=True)
-    parents, oids = [], []
+    parents: list[Any] = []
+    oids: list[Any] = []
     for k in range(commits):
         files = {"pyproject.toml": '[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
                                    '[project]\nname = "x"\ndynamic = ["version"]\n[tool.setuptools_scm]\n',
@@ -164,7 +166,7 @@ def test_split_lock_and_base_conflict_messages() -> None:
 
 
 @pytest.mark.docker
-def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked) -> None:
+def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked: tuple[Path, str, str]) -> None:
     _, first, second = hatch_locked
     assert first == second
     entries = {line.split("==")[0]: line for line in first.splitlines() if "--hash=sha256:" in line}
@@ -176,7 +178,8 @@ def test_lock_twice_is_byte_identical_and_pins_everything(hatch_locked) -> None:
 
 
 @pytest.mark.docker
-def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked, docker_client: DockerClient,
+def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_locked: tuple[Path, str, str],
+                                                                        docker_client: DockerClient,
                                                                         settings: Settings) -> None:
     from builder.engine import client as engine
     from builder.image import build, render
@@ -194,7 +197,9 @@ def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_lo
                                            network_mode="none", remove=True).decode()
         assert "ok: true" in out and "version: 1.0.0" in out
         assert out.strip().endswith("None")  # the build backend stayed in the build stage
-        manifest = json.loads(engine.read_file(docker_client, built.image_id, "/opt/delivery/manifest.json"))
+        data = engine.read_file(docker_client, built.image_id, "/opt/delivery/manifest.json")
+        assert data is not None
+        manifest = json.loads(data)
         assert manifest["components"]["vllm"]["version_from_vcs"] is True
         assert manifest["components"]["vllm"]["version"] == resolved.components["vllm"].version
     finally:
@@ -203,7 +208,8 @@ def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_lo
 
 
 @pytest.mark.docker
-def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_locked, hatch_pins, settings: Settings,
+def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_locked: tuple[Path, str, str],
+                                                                         hatch_pins: Callable[[int], Path], settings: Settings,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     from builder import cli
 
@@ -217,13 +223,16 @@ def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_l
 
 
 @pytest.mark.docker
-def test_requirement_the_base_cannot_meet_is_bad_input(hatch_pins, hatch_locked, settings: Settings) -> None:
+def test_requirement_the_base_cannot_meet_is_bad_input(hatch_pins: Callable[[int], Path], hatch_locked: tuple[Path, str, str],
+                                                       settings: Settings) -> None:
     with pytest.raises(BadInput, match=r"components.verl .*requires 'torch>=99' but the base .* provides torch 2.13.0"):
         pipeline.lock(hatch_pins(2), settings)
 
 
 @pytest.mark.docker
-def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins, hatch_locked, settings: Settings) -> None:
+def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins: Callable[[int], Path],
+                                                                    hatch_locked: tuple[Path, str, str],
+                                                                    settings: Settings) -> None:
     path = hatch_pins(3)
     with pytest.raises(BadInput, match=r"only an sdist for the base \(docopt==0.6.2\); pass --build-sdists"):
         pipeline.lock(path, settings)

@@ -8,7 +8,9 @@ import re
 import secrets
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,20 +23,20 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
 
 
-def cli(*args):
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=1200, env={k: v for k, v in os.environ.items() if k != "BUILDER_SIGNING_KEY"})
 
 
 @pytest.fixture(scope="module")
-def world(demo_pins: Path, settings: Settings, tmp_path_factory: pytest.TempPathFactory):
+def world(demo_pins: Path, settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A copy of the demo stack with its own pins name and repository, a key pair, and a first nightly
     run (published, attested)."""
     uid = secrets.token_hex(4)
     out = tmp_path_factory.mktemp("nightly")
     repository = f"127.0.0.1:5000/test/nightly-{uid}"
 
-    def edit(data):
+    def edit(data: dict[str, Any]) -> None:
         data["name"] = f"nightly-test-{uid}"
         data["image"] = {"repository": repository, "tags": ["demo"]}
         data["nightly"] = {"regression_threshold": 0.9, "retention": 1}  # this machine's throughput is noisy
@@ -56,7 +58,7 @@ def world(demo_pins: Path, settings: Settings, tmp_path_factory: pytest.TempPath
             engine.remove_image(client, tag)
 
 
-def test_verify_passes_on_the_published_image(world) -> None:
+def test_verify_passes_on_the_published_image(world: dict[str, Any]) -> None:
     done = cli("verify", f"{world['repository']}@{world['digest']}", "--key", str(world["out"] / "key.pub"))
     assert done.returncode == 0, done.stdout + done.stderr
     for check in ("signature", "subject", "test result: PASSED", "provenance", "sbom: covers all"):
@@ -65,7 +67,7 @@ def test_verify_passes_on_the_published_image(world) -> None:
     assert len(world["report"]["publish"]["attestations"]) == 3
 
 
-def test_image_stays_clean_and_referrers_point_at_it(world) -> None:
+def test_image_stays_clean_and_referrers_point_at_it(world: dict[str, Any]) -> None:
     reg, name, digest = world["reg"], world["name"], world["digest"]
     served = reg.manifest(name, world["report"]["tags"][0])
     assert served["computed"] == digest and "config" in json.loads(served["content"])  # a manifest, not an index
@@ -79,7 +81,7 @@ def test_image_stays_clean_and_referrers_point_at_it(world) -> None:
     assert types == set(attest.PREDICATE_TYPES)
 
 
-def copy_image(world, suffix: str) -> str:
+def copy_image(world: dict[str, Any], suffix: str) -> str:
     """The published image under a new repository (blobs mounted, same manifest bytes): a clean subject."""
     reg, name, digest = world["reg"], world["name"], world["digest"]
     new = f"{name}-{suffix}"
@@ -92,7 +94,7 @@ def copy_image(world, suffix: str) -> str:
     return new
 
 
-def planted(world, case: str) -> list[tuple[str, bytes]]:
+def planted(world: dict[str, Any], case: str) -> list[tuple[str, bytes]]:
     """The three published envelopes with one replaced by a planted defect."""
     reg, name, digest = world["reg"], world["name"], world["digest"]
     key = dsse.load_private(world["out"] / "key.pem")
@@ -122,7 +124,7 @@ def planted(world, case: str) -> list[tuple[str, bytes]]:
 @pytest.mark.parametrize("case,check", [("tampered predicate", "predicates"), ("another key", "predicates"),
                                         ("another digest", "predicates"), ("FAILED test result", "test result"),
                                         ("no attestations", "attestations")])
-def test_planted_tamper_fails_naming_the_check(world, case: str, check: str) -> None:
+def test_planted_tamper_fails_naming_the_check(world: dict[str, Any], case: str, check: str) -> None:
     reg, digest = world["reg"], world["digest"]
     envelopes = [] if case == "no attestations" else planted(world, case)
     new = copy_image(world, re.sub(r"[^a-z]+", "-", case.lower()))
@@ -136,7 +138,7 @@ def test_planted_tamper_fails_naming_the_check(world, case: str, check: str) -> 
     assert done.stdout.startswith(f"FAILED {check}:"), done.stdout
 
 
-def test_nightly_follows_a_new_pr_commit_then_says_no_change(world) -> None:
+def test_nightly_follows_a_new_pr_commit_then_says_no_change(world: dict[str, Any]) -> None:
     out, pins, reg, name = world["out"], world["pins"], world["reg"], world["name"]
     # planted: the last accepted run had a far better throughput ratio -> regression flag, exit 4
     first = out / "run1" / "report.json"
