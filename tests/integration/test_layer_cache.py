@@ -5,24 +5,28 @@ raw diff ID."""
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from builder.core.constants import COMPONENTS, SOURCE_DATE_EPOCH
+from builder.core.constants import CACHE_KEY_LABEL, COMPONENTS, SOURCE_DATE_EPOCH
 from builder.core.options import Settings
+from builder.core.records import BuiltImage, RenderedBuild, ResolvedSources
 from builder.engine import client as engine
 from builder.engine import normalize
 from builder.image import build, render
 from builder.pins import model as pins_mod
+from builder.pins.model import Pins
 from builder.sources import resolve as sources
 from tests.fixture_types import DemoImage
 
 SETTINGS = Settings.from_env()
 
 
-def times(**commit_times):
-    return SimpleNamespace(components={n: SimpleNamespace(commit_time=commit_times[n]) for n in COMPONENTS})
+def times(**commit_times: int) -> ResolvedSources:
+    """Stand-in with the commit times layer_epochs reads."""
+    comps = {n: SimpleNamespace(commit_time=commit_times[n]) for n in COMPONENTS}
+    return cast(ResolvedSources, SimpleNamespace(components=comps))
 
 
 def test_each_layer_gets_the_date_of_what_it_installs() -> None:
@@ -35,10 +39,10 @@ def test_each_layer_gets_the_date_of_what_it_installs() -> None:
 
 
 def test_config_dates_each_history_entry_by_its_layer_and_drops_the_cache_key() -> None:
-    raw = {"created": "2026-01-01T00:00:00Z", "config": {"Labels": {normalize.CACHE_KEY_LABEL: "k", "a": "b"}},
+    raw = {"created": "2026-01-01T00:00:00Z", "config": {"Labels": {CACHE_KEY_LABEL: "k", "a": "b"}},
            "rootfs": {"type": "layers", "diff_ids": []},
            "history": [{"created": "2024-01-01T00:00:00Z", "created_by": "base"},
-                       {"created": "2026-01-01T00:00:00Z", "created_by": f"LABEL {normalize.CACHE_KEY_LABEL}=k",
+                       {"created": "2026-01-01T00:00:00Z", "created_by": f"LABEL {CACHE_KEY_LABEL}=k",
                         "empty_layer": True},
                        {"created": "2026-01-01T00:00:00Z", "created_by": "COPY a"},
                        {"created": "2026-01-01T00:00:00Z", "created_by": "COPY b"},
@@ -52,9 +56,9 @@ def test_config_dates_each_history_entry_by_its_layer_and_drops_the_cache_key() 
 
 
 def test_the_cache_key_follows_the_pins_name_and_repository_not_the_commits() -> None:
-    def pins(name, repository, verl):
-        return SimpleNamespace(name=name, image=SimpleNamespace(repository=repository),
-                               components={"verl": SimpleNamespace(commit=verl)})
+    def pins(name: str, repository: str, verl: str) -> Pins:  # stand-in with what cache_key reads
+        return cast(Pins, SimpleNamespace(name=name, image=SimpleNamespace(repository=repository),
+                                          components={"verl": SimpleNamespace(commit=verl)}))
 
     a = render.cache_key(pins("demo", "127.0.0.1:5000/demo/unified", "a" * 40))
     assert a == render.cache_key(pins("demo", "127.0.0.1:5000/demo/unified", "f" * 40))
@@ -65,13 +69,13 @@ def test_the_cache_key_follows_the_pins_name_and_repository_not_the_commits() ->
 # ---------------------------------------------------------------- Docker: real builds on the shared engine
 
 
-def build_pins(path, nocache=False):
+def build_pins(path: Path, nocache: bool = False) -> tuple[RenderedBuild, BuiltImage]:
     pins = pins_mod.load(path)
     rendered = render.render(pins, sources.resolve(pins, SETTINGS), SETTINGS)
     return rendered, build.build(rendered, SETTINGS, nocache=nocache, echo=False)
 
 
-def added_layers(built):
+def added_layers(built: BuiltImage) -> list[str]:
     manifest = normalize.blob_path(SETTINGS, built.manifest_digest).read_bytes()
     layers = [d["digest"] for d in json.loads(manifest)["layers"]]
     return layers
@@ -187,9 +191,9 @@ def test_each_stage_on_the_base_starts_with_its_own_cache_key() -> None:
     text = dockerfile.render_text({"builder_version": "0", "pins_name": "p", "base_image": "b@sha256:" + "0" * 64,
                                    "python": "/v/bin/python", "venv": "/v", "build_env": {}, "source_date_epoch": 0,
                                    "deps": False, "build_deps": False, "components": [], "prefixes": [], "labels": {"a": "b"},
-                                   "cache_key_label": normalize.CACHE_KEY_LABEL, "cache_key": "k"})
-    firsts = [line for line in text.splitlines() if line.startswith(f"LABEL {normalize.CACHE_KEY_LABEL}=")]
-    assert firsts == [f"LABEL {normalize.CACHE_KEY_LABEL}=k.prepare", f"LABEL {normalize.CACHE_KEY_LABEL}=k.runtime"]
+                                   "cache_key_label": CACHE_KEY_LABEL, "cache_key": "k"})
+    firsts = [line for line in text.splitlines() if line.startswith(f"LABEL {CACHE_KEY_LABEL}=")]
+    assert firsts == [f"LABEL {CACHE_KEY_LABEL}=k.prepare", f"LABEL {CACHE_KEY_LABEL}=k.runtime"]
 
 
 @pytest.mark.docker

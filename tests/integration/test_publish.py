@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import requests
 from builder import pipeline
 from builder.core.errors import BadInput, InfraError, PublishError
 from builder.core.options import Settings
+from builder.core.records import Report
 from builder.engine.infra import Info
 from builder.engine.registry import MANIFEST_TYPES, Registry, verify_tag
 from builder.report import document as report
@@ -30,12 +32,13 @@ SETTINGS = Settings.from_env()
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 ANY = "sha256:" + "0" * 64
+StartRegistry = Callable[..., tuple[str, "subprocess.Popen[bytes]"]]  # (readonly=, htpasswd=) -> (host:port, process)
 
 
 # ---------------------------------------------------------------- helpers and fixtures
 
 
-def free_port(start=5001) -> int:
+def free_port(start: int = 5001) -> int:
     for port in range(start, start + 200):
         with socket.socket() as sock:
             try:
@@ -57,9 +60,9 @@ def tiny_tar(text: str) -> bytes:
 
 
 @pytest.fixture(scope="session")
-def tiny_images(docker_client: DockerClient):
+def tiny_images(docker_client: DockerClient) -> Iterator[dict[str, str]]:
     """Two tiny imported images (a, b): {name: image ID}; removed at the end of the session."""
-    ids = {}
+    ids: dict[str, str] = {}
     for name in ("a", "b"):
         docker_client.api.import_image_from_data(tiny_tar(f"publish test image {name}\n"),
                                                  repository="builder-tests/tiny", tag=name)
@@ -72,7 +75,7 @@ def tiny_images(docker_client: DockerClient):
             pass
 
 
-def wait_answers(url, timeout=20):
+def wait_answers(url: str, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -84,15 +87,16 @@ def wait_answers(url, timeout=20):
 
 
 @pytest.fixture
-def start_registry(tmp_path: Path):
+def start_registry(tmp_path: Path) -> Iterator[StartRegistry]:
     """Factory: a docker-registry on 127.0.0.1:<free port >= 5001>; returns (host:port, process)."""
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
 
-    def start(readonly=False, htpasswd=None):
+    def start(readonly: bool = False, htpasswd: tuple[str, str] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
         port = free_port()
         storage = {"filesystem": {"rootdirectory": str(tmp_path / f"data{port}")}, "delete": {"enabled": True},
                    "maintenance": {"uploadpurging": {"enabled": False}, "readonly": {"enabled": readonly}}}
-        config = {"version": 0.1, "log": {"level": "warn"}, "storage": storage, "http": {"addr": f"127.0.0.1:{port}"}}
+        config: dict[str, Any] = {"version": 0.1, "log": {"level": "warn"}, "storage": storage,
+                                  "http": {"addr": f"127.0.0.1:{port}"}}
         if htpasswd:
             import warnings
 
@@ -116,7 +120,7 @@ def start_registry(tmp_path: Path):
         proc.wait(timeout=10)
 
 
-def read_chunked(rfile) -> bytes:
+def read_chunked(rfile: io.BufferedIOBase) -> bytes:
     body = b""
     while True:
         size = int(rfile.readline().split(b";")[0].strip(), 16)
@@ -128,11 +132,11 @@ def read_chunked(rfile) -> bytes:
 
 
 @pytest.fixture
-def tamper_proxy():
+def tamper_proxy() -> Iterator[Callable[[str, str], str]]:
     """Factory: an HTTP proxy on 127.0.0.1 in front of a registry that forwards everything but tampers with
     successful manifest HEAD/GET answers: mode 'header' (wrong Docker-Content-Digest), 'body' (other bytes,
     header kept), 'consistent' (other bytes with their own matching digest)."""
-    servers = []
+    servers: list[ThreadingHTTPServer] = []
 
     def start(upstream: str, mode: str) -> str:
         up_host, up_port = upstream.split(":")
@@ -140,10 +144,10 @@ def tamper_proxy():
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args):
+            def log_message(self, *args: object) -> None:
                 pass
 
-            def forward(self):
+            def forward(self) -> None:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                     body = read_chunked(self.rfile)
                 else:
@@ -192,7 +196,7 @@ def tamper_proxy():
         server.server_close()
 
 
-def conn_get(upstream, path, headers) -> bytes:
+def conn_get(upstream: str, path: str, headers: dict[str, str]) -> bytes:
     host, port = upstream.split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)
     conn.request("GET", path, headers=headers)
@@ -201,7 +205,9 @@ def conn_get(upstream, path, headers) -> bytes:
     return data
 
 
-def report_for(report_inputs: MakeReportInputs, outdir, repository, image_id, client=None, tag_image=None, **kwargs):
+def report_for(report_inputs: MakeReportInputs, outdir: Path, repository: str, image_id: str,
+               client: DockerClient | None = None, tag_image: str | None = None, **kwargs: Any
+               ) -> tuple[Report, dict[str, Path]]:
     """Write a report for image_id to outdir; tag tag_image (default image_id) with the report's SHA tag."""
     pins, sources, build, acceptance = report_inputs(repository=repository, image_id=image_id, **kwargs)
     rep = report.make_report(pins, sources, build, acceptance)
@@ -211,11 +217,11 @@ def report_for(report_inputs: MakeReportInputs, outdir, repository, image_id, cl
     return rep, paths
 
 
-def snapshot(paths) -> dict[str, Any]:
+def snapshot(paths: dict[str, Path]) -> dict[str, Any]:
     return {name: path.read_bytes() for name, path in paths.items()}
 
 
-def served_digest(repository: str, tag: str, auth=None) -> tuple[str, str]:
+def served_digest(repository: str, tag: str, auth: tuple[str, str] | None = None) -> tuple[str, str]:
     """(Docker-Content-Digest of HEAD, sha256 of the GET bytes), straight from the registry."""
     host, _, name = repository.partition("/")
     accept = {"Accept": ", ".join(MANIFEST_TYPES)}
@@ -248,7 +254,7 @@ def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs: MakeRe
 
 @pytest.mark.docker
 def test_refuses_report_for_another_image(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient,
-                                          tiny_images, infra_setup: Info) -> None:
+                                          tiny_images: dict[str, str], infra_setup: Info) -> None:
     repo = f"127.0.0.1:5000/tests/other-image-{uuid.uuid4().hex[:8]}"
     _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client, tag_image=tiny_images["b"])
     before = snapshot(paths)
@@ -265,8 +271,8 @@ def test_refuses_report_for_another_image(report_inputs: MakeReportInputs, tmp_p
 
 @pytest.mark.docker
 def test_push_to_read_only_registry_fails_without_receipt(report_inputs: MakeReportInputs, tmp_path: Path,
-                                                          docker_client: DockerClient, tiny_images,
-                                                          start_registry) -> None:
+                                                          docker_client: DockerClient, tiny_images: dict[str, str],
+                                                          start_registry: StartRegistry) -> None:
     host, _ = start_registry(readonly=True)
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/readonly", tiny_images["a"], docker_client)
     before = snapshot(paths)
@@ -278,7 +284,7 @@ def test_push_to_read_only_registry_fails_without_receipt(report_inputs: MakeRep
 
 @pytest.mark.docker
 def test_stopped_registry_is_infra_error(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient,
-                                         tiny_images, start_registry) -> None:
+                                         tiny_images: dict[str, str], start_registry: StartRegistry) -> None:
     host, proc = start_registry()
     proc.terminate()
     proc.wait(timeout=10)
@@ -296,9 +302,10 @@ def test_stopped_registry_is_infra_error(report_inputs: MakeReportInputs, tmp_pa
     ("body", "HEAD Docker-Content-Digest sha256:(?!0{64})[0-9a-f]{64} does not match the sha256 of the manifest"),
     ("consistent", "registry serves sha256:.*, the push reported sha256:"),
 ])
-def test_digest_mismatch_is_refused(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient, tiny_images,
-                                    start_registry,
-                                    tamper_proxy, mode: str, message: str) -> None:
+def test_digest_mismatch_is_refused(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient,
+                                    tiny_images: dict[str, str],
+                                    start_registry: StartRegistry,
+                                    tamper_proxy: Callable[[str, str], str], mode: str, message: str) -> None:
     upstream, _ = start_registry()
     host = tamper_proxy(upstream, mode)
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/tampered", tiny_images["a"], docker_client)
@@ -311,8 +318,9 @@ def test_digest_mismatch_is_refused(report_inputs: MakeReportInputs, tmp_path: P
                              headers={"Accept": ", ".join(MANIFEST_TYPES)}).status_code == 404
 
 
-def report_for_tags(paths) -> list[str]:
-    return json.loads(paths["json"].read_text())["tags"]
+def report_for_tags(paths: dict[str, Path]) -> list[str]:
+    tags: list[str] = json.loads(paths["json"].read_text())["tags"]
+    return tags
 
 
 # ---------------------------------------------------------------- success
@@ -320,7 +328,7 @@ def report_for_tags(paths) -> list[str]:
 
 @pytest.mark.docker
 def test_publish_pushes_verifies_and_records_receipt(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient,
-                                                     tiny_images,
+                                                     tiny_images: dict[str, str],
                                                      infra_setup: Info) -> None:
     repo = "127.0.0.1:5000/tests/published"
     rep, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client)
@@ -345,7 +353,7 @@ def test_publish_pushes_verifies_and_records_receipt(report_inputs: MakeReportIn
 
 @pytest.mark.docker
 def test_platform_other_than_reported_gets_no_receipt(report_inputs: MakeReportInputs, tmp_path: Path,
-                                                      docker_client: DockerClient, tiny_images,
+                                                      docker_client: DockerClient, tiny_images: dict[str, str],
                                                       infra_setup: Info) -> None:
     repo = "127.0.0.1:5000/tests/platform"
     _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client, platform="linux/arm64")
@@ -356,8 +364,9 @@ def test_platform_other_than_reported_gets_no_receipt(report_inputs: MakeReportI
 
 
 @pytest.mark.docker
-def test_credentials_never_leak(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient, tiny_images,
-                                start_registry, monkeypatch: pytest.MonkeyPatch,
+def test_credentials_never_leak(report_inputs: MakeReportInputs, tmp_path: Path, docker_client: DockerClient,
+                                tiny_images: dict[str, str],
+                                start_registry: StartRegistry, monkeypatch: pytest.MonkeyPatch,
                                 capfd: pytest.CaptureFixture[str]) -> None:
     password = "planted-Secret-4711"
     host, _ = start_registry(htpasswd=("builder", password))
