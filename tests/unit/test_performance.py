@@ -1,5 +1,7 @@
 """The performance gate's rule (acceptance.perf), its pins, its report rows and nightly's regression flag, without
 Docker; and the cause of a crash in a gate's reason, on the demo's recorded NaN-reward run (PR 36)."""
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -8,12 +10,14 @@ from acceptance import decide, metrics, perf
 from acceptance.defaults import METRICS as DEFAULT_METRICS
 from builder.accept import gates as accept
 from builder.core.errors import BadInput
-from builder.core.records import GateResult
+from builder.core.records import GateResult, GateStatus, Report
 from builder.nightly import rundiff
 from builder.pins import model as pins_mod
 from builder.report import document
 from tests.fixture_types import MakeReportInputs
 from tests.unit.test_acceptance_unit import DATA, load
+
+MakeReport = Callable[..., Report]  # (aligned runs, control runs, statuses=) -> a report
 
 METRICS = {**DEFAULT_METRICS, "throughput": "perf/rollout_tokens_per_s"}
 REASON = "measured: aligned 0.44 of control, a slow path 0.14"
@@ -47,7 +51,7 @@ def test_noisy_arm_is_inconclusive_with_its_runs_listed() -> None:
 
 
 @pytest.mark.parametrize("aligned", [[1000, None, 1000], [1000, float("nan"), 1000], [1000, 0.0, 1000], []])
-def test_missing_run_value_fails(aligned) -> None:
+def test_missing_run_value_fails(aligned: list[float | None]) -> None:
     status, reason, _ = perf.decide(aligned, [1000, 1000, 1000], 0.1, 3.0)
     assert status == "fail" and "aligned" in reason
 
@@ -116,12 +120,12 @@ def test_crash_without_metrics_keeps_the_exit_status_and_error() -> None:
 
 
 @pytest.fixture
-def demo_data():
-    pins = pins_mod.load(pins_mod.Path(__file__).resolve().parents[2] / "pins" / "demo.yaml")
+def demo_data() -> tuple[dict[str, Any], Path]:
+    pins = pins_mod.load(Path(__file__).resolve().parents[2] / "pins" / "demo.yaml")
     return pins.to_json_dict(), pins.directory
 
 
-def test_demo_pins_name_the_performance_gate_with_a_reason(demo_data) -> None:
+def test_demo_pins_name_the_performance_gate_with_a_reason(demo_data: tuple[dict[str, Any], Path]) -> None:
     data, where = demo_data
     pins = pins_mod.validate(data, where)
     perf_pins = pins.acceptance.performance
@@ -130,7 +134,7 @@ def test_demo_pins_name_the_performance_gate_with_a_reason(demo_data) -> None:
     assert pins.acceptance.performance_metric() == "perf/rollout_tokens_per_cpu_s" and perf_pins.steps == 4
 
 
-def test_performance_in_the_pins_makes_the_gate_required(demo_data) -> None:
+def test_performance_in_the_pins_makes_the_gate_required(demo_data: tuple[dict[str, Any], Path]) -> None:
     data, where = demo_data
     data["acceptance"]["required_gates"] = ["provenance"]
     assert pins_mod.validate(data, where).acceptance.required_gates == ["provenance", "performance"]
@@ -143,7 +147,8 @@ def test_performance_in_the_pins_makes_the_gate_required(demo_data) -> None:
     ({"performance": {"min_ratio": 0.5, "reason": REASON, "repeats": 0}}, "runs per arm in 1..50"),
     ({"performance": {"min_ratio": 0.5}}, "reason"),
 ])
-def test_bad_performance_pins_are_one_line_errors(demo_data, change: dict[str, Any], words: str) -> None:
+def test_bad_performance_pins_are_one_line_errors(demo_data: tuple[dict[str, Any], Path], change: dict[str, Any],
+                                                  words: str) -> None:
     data, where = demo_data
     data["acceptance"].update(change)
     with pytest.raises(BadInput) as err:
@@ -151,21 +156,22 @@ def test_bad_performance_pins_are_one_line_errors(demo_data, change: dict[str, A
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
-def test_pins_without_performance_do_not_run_it(demo_data) -> None:
+def test_pins_without_performance_do_not_run_it(demo_data: tuple[dict[str, Any], Path]) -> None:
     data, where = demo_data
     data["acceptance"]["performance"] = None
     data["acceptance"]["required_gates"] = ["provenance", "zero_update", "rl_step", "control"]
     pins = pins_mod.validate(data, where)
-    result, _ = accept.run_performance(None, pins, "sha256:" + "a" * 64, 60, "x")  # type: ignore[arg-type]
+    result, _ = accept.run_performance(None, pins, "sha256:" + "a" * 64, 60, "x")
     assert result.status == "not_run" and "no acceptance.performance" in result.reason
 
 
 # ---- report and nightly
 
 
-def _perf_gate(aligned, control, min_ratio=0.25, max_spread=3.0):
+def _perf_gate(aligned: list[float], control: list[float], min_ratio: float = 0.25, max_spread: float = 3.0
+               ) -> GateResult:
     status, reason, ev = perf.decide(aligned, control, min_ratio, max_spread, "perf/rollout_tokens_per_s")
-    runs = []
+    runs: list[dict[str, Any]] = []
     for i, (a, c) in enumerate(zip(aligned, control), 1):
         runs += [{"run": i, "arm": "aligned", "status": "pass", "throughput": a, "steps": [a, a], "seconds": 1.0},
                  {"run": i, "arm": "control", "status": "pass", "throughput": c, "steps": [c, c], "seconds": 1.0}]
@@ -174,9 +180,10 @@ def _perf_gate(aligned, control, min_ratio=0.25, max_spread=3.0):
 
 
 @pytest.fixture
-def perf_report(report_inputs: MakeReportInputs):
-    def make(aligned, control, statuses=None):
+def perf_report(report_inputs: MakeReportInputs) -> MakeReport:
+    def make(aligned: list[float], control: list[float], statuses: dict[str, GateStatus | None] | None = None) -> Report:
         pins, sources, built, result = report_inputs(statuses=statuses)
+        assert result is not None
         gate = _perf_gate(aligned, control)
         result.gates = [g for g in result.gates if g.name != "performance"] + [gate]
         result.throughput = accept.throughput(result.gates, "perf/rollout_tokens_per_s")
@@ -185,31 +192,32 @@ def perf_report(report_inputs: MakeReportInputs):
     return make
 
 
-def test_report_shows_every_performance_run(perf_report) -> None:
+def test_report_shows_every_performance_run(perf_report: MakeReport) -> None:
     rep = perf_report([800, 900, 1000], [2000, 2100, 1900])
     md = document.to_markdown(rep)
     assert "(performance gate: medians): aligned 900, control 2000, ratio 0.45." in md
     for value in ("800", "900", "1000", "2000", "2100", "1900"):
         assert f"| {value} |" in md, value
-    assert rep.acceptance.throughput["runs"][1]["arm"] == "control"
+    assert rep.acceptance is not None and rep.acceptance.throughput["runs"][1]["arm"] == "control"
 
 
 def test_report_requires_a_failing_performance_gate(report_inputs: MakeReportInputs) -> None:
     pins, sources, built, result = report_inputs(required=["provenance", "performance"])
+    assert result is not None
     result.gates.append(_perf_gate([100, 110, 105], [2000, 2100, 1900]))
     rep = document.make_report(pins, sources, built, result)
     assert rep.verdict == "NOT ACCEPTED"
     assert any(r.startswith("required gate performance: fail (aligned / control") for r in rep.reasons)
 
 
-def test_nightly_flags_a_drop_beyond_the_noise(perf_report) -> None:
+def test_nightly_flags_a_drop_beyond_the_noise(perf_report: MakeReport) -> None:
     old, new = perf_report([900, 1000, 1100], [2000, 2000, 2000]), perf_report([500, 520, 510], [2000, 2000, 2000])
     diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
     assert diff["regression"]["flag"] and diff["performance"]["status"] == "fail"
     assert diff["regression"]["reasons"][0].startswith("throughput ratio 0.5 -> 0.255, floor 0.475")
 
 
-def test_nightly_does_not_flag_a_drop_inside_the_noise_bound(perf_report) -> None:
+def test_nightly_does_not_flag_a_drop_inside_the_noise_bound(perf_report: MakeReport) -> None:
     old = perf_report([1000, 1000, 1000], [2000, 2000, 2000])
     new = perf_report([450, 1600, 1000], [2000, 2000, 2000])  # spread 3.6 > 3: not judged
     diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
@@ -219,7 +227,7 @@ def test_nightly_does_not_flag_a_drop_inside_the_noise_bound(perf_report) -> Non
     assert "throughput not judged (too noisy)" in rundiff.to_markdown(diff)
 
 
-def test_nightly_passes_a_ratio_within_the_threshold(perf_report) -> None:
+def test_nightly_passes_a_ratio_within_the_threshold(perf_report: MakeReport) -> None:
     old, new = perf_report([1000, 1000, 1000], [2000, 2000, 2000]), perf_report([960, 980, 990], [2000, 2000, 2000])
     diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
     assert not diff["regression"]["flag"] and diff["performance"]["status"] == "pass"
