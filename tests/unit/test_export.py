@@ -5,6 +5,7 @@ import os
 import stat
 import subprocess
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,13 @@ ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITT
 LONG = "long-" + "d" * 60 + "/" + "f" * 90 + ".txt"  # over 100 bytes: needs a GNU long-name record
 
 
-def git(cwd, *args) -> str:
+def git(cwd: str | Path, *args: str) -> str:
     out = subprocess.run(["git", "-c", "protocol.file.allow=always", "-c", "init.defaultBranch=main", *args],
                          cwd=cwd, env={**os.environ, **ENV}, check=True, capture_output=True, text=True)
     return out.stdout.strip()
 
 
-def write(root: Path, rel: str, text: str, executable=False) -> None:
+def write(root: Path, rel: str, text: str, executable: bool = False) -> None:
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -35,7 +36,7 @@ def write(root: Path, rel: str, text: str, executable=False) -> None:
 
 
 @pytest.fixture
-def repo(tmp_path: Path):
+def repo(tmp_path: Path) -> tuple[Path, Path]:
     """A work repo with exec files, symlinks, a long path, unicode, and a submodule at vendor/lib."""
     lib = tmp_path / "lib"
     git(tmp_path, "init", "-q", str(lib))
@@ -61,7 +62,7 @@ def repo(tmp_path: Path):
     return work, lib
 
 
-def modules_from(lib: Path):
+def modules_from(lib: Path) -> Callable[[str, str], pygit2.Repository]:
     def lookup(path: str, sha: str) -> pygit2.Repository:
         assert path == "vendor/lib"
         return pygit2.Repository(str(lib))
@@ -70,7 +71,7 @@ def modules_from(lib: Path):
 
 def tree_of(root: Path) -> dict[str, Any]:
     """{path: (kind, exec bit, content or link target)} of a directory, .git files left out."""
-    out = {}
+    out: dict[str, Any] = {}
     for dirpath, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if d != ".git"]
         for name in dirs + files:
@@ -85,13 +86,13 @@ def tree_of(root: Path) -> dict[str, Any]:
     return out
 
 
-def export_bytes(repo, commit, **kw) -> bytes:
+def export_bytes(repo: Any, commit: str, **kw: Any) -> bytes:
     buf = io.BytesIO()
     export.export_tar(repo, commit, buf, **kw)
     return buf.getvalue()
 
 
-def test_export_matches_a_git_worktree_checkout(repo, tmp_path: Path) -> None:
+def test_export_matches_a_git_worktree_checkout(repo: tuple[Path, Path], tmp_path: Path) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     checkout = tmp_path / "checkout"
@@ -100,7 +101,8 @@ def test_export_matches_a_git_worktree_checkout(repo, tmp_path: Path) -> None:
     data = export_bytes(str(work), head, modules=modules_from(lib))
     extracted = tmp_path / "extracted"
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(extracted, **({"filter": "tar"} if hasattr(tarfile, "data_filter") else {}))
+        safe: dict[str, Any] = {"filter": "tar"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(extracted, **safe)
     ours = tree_of(extracted)
     assert ours == tree_of(checkout)
     assert ours["bin/run"][1] is True and ours["README.md"][1] is False
@@ -109,7 +111,7 @@ def test_export_matches_a_git_worktree_checkout(repo, tmp_path: Path) -> None:
     assert LONG in ours and "données/é.txt" in ours
 
 
-def test_tar_metadata_is_normalised(repo) -> None:
+def test_tar_metadata_is_normalised(repo: tuple[Path, Path]) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     with tarfile.open(fileobj=io.BytesIO(export_bytes(str(work), head, modules=modules_from(lib)))) as tar:
@@ -125,7 +127,7 @@ def test_tar_metadata_is_normalised(repo) -> None:
     assert [m.name for m in members if m.issym()] == ["link-to-dir", "link-to-file", "pkg/up-one"]
 
 
-def test_export_is_byte_identical_across_runs_and_clones(repo, tmp_path: Path) -> None:
+def test_export_is_byte_identical_across_runs_and_clones(repo: tuple[Path, Path], tmp_path: Path) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     first = export_bytes(str(work), head, modules=modules_from(lib))
@@ -139,7 +141,7 @@ def test_export_is_byte_identical_across_runs_and_clones(repo, tmp_path: Path) -
     assert len(first) % tarfile.RECORDSIZE == 0
 
 
-def test_prefix_puts_everything_below_it(repo) -> None:
+def test_prefix_puts_everything_below_it(repo: tuple[Path, Path]) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     with tarfile.open(fileobj=io.BytesIO(export_bytes(str(work), head, prefix="src/verl",
@@ -148,7 +150,7 @@ def test_prefix_puts_everything_below_it(repo) -> None:
     assert names[:2] == ["src", "src/verl"] and all(n.startswith("src/verl/") for n in names[2:])
 
 
-def test_manifest_matches_checkout_and_file_count(repo) -> None:
+def test_manifest_matches_checkout_and_file_count(repo: tuple[Path, Path]) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     manifest = export.file_manifest(str(work), head, modules=modules_from(lib))
@@ -159,7 +161,7 @@ def test_manifest_matches_checkout_and_file_count(repo) -> None:
     assert stats.files == len(manifest) == 13
 
 
-def test_submodule_without_its_repository_fails(repo) -> None:
+def test_submodule_without_its_repository_fails(repo: tuple[Path, Path]) -> None:
     work, _ = repo
     with pytest.raises(BadInput, match="vendor/lib: submodule at .* needs its mirror"):
         export.export_tar(str(work), git(work, "rev-parse", "HEAD"), None)
@@ -184,7 +186,7 @@ def test_inside_symlinks_accepted() -> None:
         export._check_link(path, target)
 
 
-def test_unknown_commit_is_bad_input(repo) -> None:
+def test_unknown_commit_is_bad_input(repo: tuple[Path, Path]) -> None:
     work, _ = repo
     with pytest.raises(BadInput, match=f"commit {'3' * 40} not found"):
         export.export_tar(str(work), "3" * 40, None)
@@ -196,7 +198,8 @@ def test_header_block_reads_back_with_tarfile() -> None:
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         (member,) = tar.getmembers()
         assert (member.name, member.mode, member.mtime, member.size) == (long_name.decode(), 0o755, 1700000000, 3)
-        assert tar.extractfile(member).read() == b"abc"
+        fh = tar.extractfile(member)
+        assert fh is not None and fh.read() == b"abc"
 
 
 def test_symlink_escaping_through_another_symlink_rejected(tmp_path: Path) -> None:
@@ -218,7 +221,7 @@ def test_stays_inside_follows_links() -> None:
     assert not export._stays_inside(links, b"loop", b"loop")
 
 
-def test_export_file_writes_whole_tar_or_nothing(repo, tmp_path: Path) -> None:
+def test_export_file_writes_whole_tar_or_nothing(repo: tuple[Path, Path], tmp_path: Path) -> None:
     work, lib = repo
     head = git(work, "rev-parse", "HEAD")
     out = tmp_path / "out.tar"

