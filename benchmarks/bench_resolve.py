@@ -13,6 +13,8 @@ Runs are interleaved so load from other processes hits both alike; best of --run
 submodules (verl's recipe) at local mirrors; their fetch counts in the resolve time only.
 --libgit2 also times the former libgit2 fetch of the same refspecs once (for comparison).
 """
+from __future__ import annotations
+
 import argparse
 import functools
 import os

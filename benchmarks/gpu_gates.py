@@ -12,6 +12,8 @@ performance gate's interleaved runs (acceptance.perf.decide). It prints per-arm 
 evidence and throughput, and a kernel check: which of the engine's kernels give a row a different result
 alone than inside a batch (the control arm's cuBLAS GEMM should; the batch-invariant ones must not).
 """
+from __future__ import annotations
+
 import hashlib
 import json
 import os

@@ -5,7 +5,6 @@ import importlib.util
 import re
 from pathlib import Path
 
-import click
 import typer
 
 from builder import cli
@@ -41,7 +40,7 @@ def test_relative_links_resolve() -> None:
 
 def test_readme_has_one_line_per_command() -> None:
     group = typer.main.get_command(cli.app)
-    assert isinstance(group, click.Group)
+    assert isinstance(group, typer.core.TyperGroup)
     commands = set(group.commands)
     listed = re.findall(r"^\| `builder ([a-z-]+)[ `]", README.read_text(), re.M)
     assert sorted(listed) == sorted(commands)

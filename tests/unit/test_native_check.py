@@ -1,5 +1,7 @@
 """In-image native checks: CUDA arch coverage from fatbin headers (or cuobjdump), native modules loaded
 from the component, the base's torch unchanged (builder/image/scripts/native_check.py, smoke.py)."""
+from __future__ import annotations  # native_check.Archs is for the checker only
+
 import csv
 import hashlib
 import sys
