@@ -55,6 +55,8 @@ test: setup venv-test
 	$(PYTHON) -m pytest -q -ra $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 
 # The unit lane: no Docker engine, no pip/torch/subprocess builds (markers in pyproject.toml); under 2 minutes.
+# tests/unit holds only such tests (tests/budget.py refuses a docker/slow one there); the few fast tests of
+# mixed files in tests/integration run here too.
 test-fast: venv-test
 	$(PYTHON) -m pytest -q -ra -m "not docker and not slow"
 

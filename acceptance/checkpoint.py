@@ -14,17 +14,17 @@ from acceptance import weights as w
 INITIAL = "initial"
 
 
-def gate_dir(settings: dict, gate: str) -> str:
+def gate_dir(settings: dict[str, Any], gate: str) -> str:
     return os.path.join(settings["checkpoint"]["dir"], gate)
 
 
-def overrides(settings: dict, gate: str) -> dict:
+def overrides(settings: dict[str, Any], gate: str) -> dict[str, Any]:
     """The recipe's own checkpoint overrides plus its save directory (a fresh one per gate)."""
     ckpt = settings["checkpoint"]
     return {**ckpt["overrides"], ckpt["dir_key"]: gate_dir(settings, gate)}
 
 
-def prepare(settings: dict, gate: str) -> None:
+def prepare(settings: dict[str, Any], gate: str) -> None:
     """Empty the gate's save directory (a scratch mount may hold an older run's files)."""
     path = gate_dir(settings, gate)
     if os.path.lexists(path):
@@ -32,7 +32,7 @@ def prepare(settings: dict, gate: str) -> None:
     os.makedirs(path)
 
 
-def _take(label: str, directory: str | None) -> dict:
+def _take(label: str, directory: str | None) -> dict[str, Any]:
     if directory is None:
         return {"label": label, "snapshot": None, "error": "no directory"}
     try:
@@ -41,7 +41,7 @@ def _take(label: str, directory: str | None) -> dict:
         return {"label": label, "snapshot": None, "error": str(err)}
 
 
-def initial(settings: dict) -> dict:
+def initial(settings: dict[str, Any]) -> dict[str, Any]:
     """The weights the recipe starts from, when its model path is an HF-format directory."""
     path = settings["checkpoint"].get("model_path")
     if not path:
@@ -51,26 +51,26 @@ def initial(settings: dict) -> dict:
     return _take(INITIAL, path)
 
 
-def steps(settings: dict, gate: str, n_steps: int) -> list[dict]:
+def steps(settings: dict[str, Any], gate: str, n_steps: int) -> list[dict[str, Any]]:
     layout = settings["checkpoint"]["layout"]
     return [_take(f"step {s}", os.path.join(gate_dir(settings, gate), layout.format(step=s)))
             for s in range(1, n_steps + 1)]
 
 
-def _evidence(shots: list[dict]) -> dict:
+def _evidence(shots: list[dict[str, Any]]) -> dict[str, Any]:
     return {"mode": "checkpoint",
             "snapshots": [{"label": s["label"], **(w.summary(s["snapshot"]) if s["snapshot"] else {}),
                            **({"error": s["error"]} if s["error"] else {})} for s in shots]}
 
 
-def _names_differ(a: dict, b: dict, diff: dict) -> str | None:
+def _names_differ(a: dict[str, Any], b: dict[str, Any], diff: dict[str, Any]) -> str | None:
     if diff["only_before"] or diff["only_after"]:
         return (f"tensor names differ between {a['label']} and {b['label']}: only in {a['label']} "
                 f"{diff['only_before'][:3]}, only in {b['label']} {diff['only_after'][:3]}")
     return None
 
 
-def _first_differences(a: dict, b: dict, names: list[str]) -> list[dict]:
+def _first_differences(a: dict[str, Any], b: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
     out = []
     for name in names[:w.FIRST]:
         try:
@@ -82,7 +82,7 @@ def _first_differences(a: dict, b: dict, names: list[str]) -> list[dict]:
     return out
 
 
-def zero_update(shots: list[dict]) -> tuple[str, str, dict]:
+def zero_update(shots: list[dict[str, Any]]) -> tuple[str, str, dict[str, Any]]:
     """pass only when the initial weights and every step's weights are identical, tensor by tensor."""
     evidence = _evidence(shots)
     bad = [s for s in shots[1:] if s["snapshot"] is None]
@@ -112,7 +112,7 @@ def zero_update(shots: list[dict]) -> tuple[str, str, dict]:
     return "pass", f"initial and step 1..{len(shots) - 1} weights identical (digest {digest[:16]})", evidence
 
 
-def rl_step(shots: list[dict], may_stay: list[str]) -> tuple[str, str, dict]:
+def rl_step(shots: list[dict[str, Any]], may_stay: list[str]) -> tuple[str, str, dict[str, Any]]:
     """pass only when the weights change at every step and every tensor changes during the run
     (except names matching may_stay): one tensor the optimizer skips is named."""
     evidence = _evidence(shots)

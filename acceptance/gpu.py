@@ -61,5 +61,5 @@ def facts() -> dict[str, Any] | str:
         "env": {k: os.environ.get(k, "unset") for k in NUMERIC_ENV},
     }
     return {"count": len(devices), "devices": devices, "driver": driver_version() or "unknown",
-            "cuda_runtime": torch.version.cuda or "unknown", "cudnn": torch.backends.cudnn.version(),
+            "cuda_runtime": torch.version.cuda or "unknown", "cudnn": torch.backends.cudnn.version(),  # type: ignore[no-untyped-call]
             "torch": torch.__version__, "numerics": numerics}

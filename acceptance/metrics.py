@@ -100,7 +100,7 @@ def merged(file_steps: dict[int, dict[str, Any]],
     return {}, "none"
 
 
-def first_nonfinite(steps: dict[int, dict], limit: int = 5) -> str | None:
+def first_nonfinite(steps: dict[int, dict[str, Any]], limit: int = 5) -> str | None:
     """'step N: key = nan, key2 = inf' for the first step that logged a NaN or an infinity (its non-finite keys
     in logged order, at most `limit`), else None."""
     for step in sorted(steps):

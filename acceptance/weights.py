@@ -45,7 +45,7 @@ def weight_files(directory: str) -> list[str]:
     raise Unreadable(f"{directory}: no *.safetensors or torch (*.bin, *.pt, *.pth) weight file")
 
 
-def _safetensors_header(path: str) -> tuple[int, dict]:
+def _safetensors_header(path: str) -> tuple[int, dict[str, Any]]:
     with open(path, "rb") as fh:
         head = fh.read(8)
         if len(head) != 8:
@@ -74,7 +74,7 @@ def _hash_range(fh: BinaryIO, start: int, length: int) -> str:
     return digest.hexdigest()
 
 
-def _safetensors_entries(path: str) -> dict[str, dict]:
+def _safetensors_entries(path: str) -> dict[str, dict[str, Any]]:
     base, header = _safetensors_header(path)
     out = {}
     try:
@@ -119,7 +119,7 @@ def _dtype_name(tensor: "torch.Tensor") -> str:
     return TORCH_TO_ST.get(name, name)
 
 
-def _torch_entries(path: str) -> dict[str, dict]:
+def _torch_entries(path: str) -> dict[str, dict[str, Any]]:
     state = _state_dict(path)
     out = {}
     for name in sorted(state):
@@ -129,10 +129,10 @@ def _torch_entries(path: str) -> dict[str, dict]:
     return out
 
 
-def snapshot(directory: str) -> dict:
+def snapshot(directory: str) -> dict[str, Any]:
     """{"path", "files", "tensors": {name: {dtype, shape, sha256, file}}, "digest", "bytes"} of one directory."""
     files = weight_files(directory)
-    tensors: dict[str, dict] = {}
+    tensors: dict[str, dict[str, Any]] = {}
     for path in files:
         entries = _safetensors_entries(path) if path.endswith(SAFETENSORS) else _torch_entries(path)
         twice = sorted(set(entries) & set(tensors))
@@ -179,7 +179,7 @@ def max_abs_diff(a: dict[str, Any], b: dict[str, Any], name: str) -> float | str
     return (x.long() - y.long()).abs().max().item()
 
 
-def compare(a: dict, b: dict) -> dict:
+def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """What differs between two snapshots: names only in one, and changed / unchanged tensors (sorted)."""
     names_a, names_b = set(a["tensors"]), set(b["tensors"])
     both = sorted(names_a & names_b)
@@ -189,7 +189,7 @@ def compare(a: dict, b: dict) -> dict:
             "changed": changed, "unchanged": [n for n in both if n not in set(changed)]}
 
 
-def summary(snap: dict) -> dict:
+def summary(snap: dict[str, Any]) -> dict[str, Any]:
     """Evidence form of a snapshot: digest, tensor count, files (not every tensor's hash)."""
     return {"path": snap["path"], "digest": snap["digest"], "tensors": len(snap["tensors"]), "files": snap["files"]}
 

@@ -16,12 +16,15 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder.core.options import Settings  # noqa: E402
+from builder.core.records import BuiltImage  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.engine import staging  # noqa: E402
+from builder.engine.client import Client  # noqa: E402
 from builder.image import build, render  # noqa: E402
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod  # noqa: E402
@@ -36,7 +39,7 @@ ROUNDS = 4  # each PR rebuilt this often per base (its new layers removed in bet
 STAGES = ("render", "engine build", "normalise", "stage push", "pull", "promote", "total")
 
 
-def synthetic_base(client, demo_base: str, gigabytes: int) -> tuple[str, str]:
+def synthetic_base(client: Client, demo_base: str, gigabytes: int) -> tuple[str, str]:
     """FROM the demo base, `gigabytes` files of 1 GB from /dev/urandom; pushed; (name@digest, ballast diff ID)."""
     dockerfile = (f"FROM {demo_base}\nRUN mkdir /opt/ballast && for i in $(seq {gigabytes}); do "
                   "head -c 1073741824 /dev/urandom > /opt/ballast/$i; done\n")
@@ -61,7 +64,7 @@ def synthetic_base(client, demo_base: str, gigabytes: int) -> tuple[str, str]:
 
 def pins_on(base_ref: str, gigabytes: int, out: Path, pins_path: Path, component: str | None = None,
             pr: int | None = None) -> Path:
-    def edit(data: dict) -> None:
+    def edit(data: dict[str, Any]) -> None:
         data["base"]["image"] = base_ref
         data["name"] = f"i20a-bench-{gigabytes}g"
         data["image"]["repository"] = f"{PREFIX}/unified-{gigabytes}g"
@@ -70,7 +73,7 @@ def pins_on(base_ref: str, gigabytes: int, out: Path, pins_path: Path, component
     return variant_pins(out, component, pr, edit=edit, pins_path=pins_path)
 
 
-def end_to_end(pins_path: Path, client) -> tuple[dict[str, float], object]:
+def end_to_end(pins_path: Path, client: Client) -> tuple[dict[str, float], BuiltImage]:
     """One build as `builder run` does it, then stage push, pull by digest and promote."""
     times: dict[str, float] = {}
     pins = pins_mod.load(pins_path)
@@ -97,7 +100,7 @@ def end_to_end(pins_path: Path, client) -> tuple[dict[str, float], object]:
     return times, built
 
 
-def forget(client, built) -> None:
+def forget(client: Client, built: BuiltImage) -> None:
     """Remove what this build made (its normalised and raw images, the images of the steps that did not
     come from the cache), so the next rebuild of the same pins is a real one."""
     steps = json.loads(build.steps_file(built).read_text())
@@ -108,7 +111,7 @@ def forget(client, built) -> None:
             pass
 
 
-def _exists(client, image_id: str) -> bool:
+def _exists(client: Client, image_id: str) -> bool:
     try:
         client.api.inspect_image(image_id)
         return True
@@ -116,7 +119,7 @@ def _exists(client, image_id: str) -> bool:
         return False
 
 
-def cleanup(client, ballast: str) -> int:
+def cleanup(client: Client, ballast: str) -> int:
     """Remove every image holding this run's ballast layer (children first), and nothing else."""
     mine = []
     for image in client.api.images(all=True):

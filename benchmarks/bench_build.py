@@ -19,11 +19,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder import pipeline  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
+from builder.core.records import BuiltImage, RenderedBuild  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.engine import normalize, staging  # noqa: E402
 from builder.image import build, dockerfile, render  # noqa: E402
@@ -39,7 +41,7 @@ def ok(good: bool) -> str:
     return "ok" if good else "MISSED"
 
 
-def timed_build(pins_path, nocache=False):
+def timed_build(pins_path: Path, nocache: bool = False) -> tuple[float, BuiltImage, RenderedBuild]:
     """Seconds for render + build (what `builder build` does after resolving)."""
     pins = pins_mod.load(pins_path)
     resolved = sources.resolve(pins, SETTINGS)
@@ -49,10 +51,10 @@ def timed_build(pins_path, nocache=False):
     return time.monotonic() - start, built, rendered
 
 
-def reused(built) -> dict:
+def reused(built: BuiltImage) -> dict[str, Any]:
     steps = json.loads(build.steps_file(built).read_text())
     groups = dockerfile.instructions((Path(built.log_path).parent / "Dockerfile").read_text())
-    out = {}
+    out: dict[str, tuple[int, int]] = {}
     for step in steps:
         group = groups[step["step"] - 1][0]
         hits, total = out.get(group, (0, 0))
@@ -60,7 +62,7 @@ def reused(built) -> dict:
     return {g: f"{hits}/{total} cached" for g, (hits, total) in out.items()}
 
 
-def normalise_ways(built, rendered) -> list[tuple[str, float, str, dict]]:
+def normalise_ways(built: BuiltImage, rendered: RenderedBuild) -> list[tuple[str, float, str, dict[str, Any]]]:
     """The cold build's raw image normalised again into an empty store, by each source."""
     client = engine.connect(SETTINGS)
     base_config, base_layers = staging.base_of(rendered.labels, SETTINGS)
@@ -78,7 +80,7 @@ def normalise_ways(built, rendered) -> list[tuple[str, float, str, dict]]:
     return rows
 
 
-def push_times(built, base_name: str) -> tuple[float, float]:
+def push_times(built: BuiltImage, base_name: str) -> tuple[float, float]:
     """Seconds of our push (blobs + manifest by digest) and of the engine's own push of the image it built
     (it compresses the added layers itself), each to a new repository; both mount the base layers."""
     stamp = time.time_ns()

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pygit2
 import yaml
@@ -44,7 +45,7 @@ def unit(k: int, functions: int, salt: int = 0) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def commit(repo, parent, files: dict[str, bytes], message: str, when: int, pr: int) -> pygit2.Commit:
+def commit(repo: Any, parent: Any, files: dict[str, bytes], message: str, when: int, pr: int) -> pygit2.Commit:
     """A commit on `parent` with `files` (path -> bytes) written into its tree, the head of PR `pr`."""
     index = pygit2.Index()
     index.read_tree(parent.tree)
@@ -65,19 +66,19 @@ def pins_at(pins_path: Path, commit_: pygit2.Commit, pr: int) -> Path:
     return out
 
 
-def install_time(log_path: Path) -> dict:
+def install_time(log_path: Path) -> dict[str, Any]:
     """install.py's INSTALL-TIME line of the vllm step: pip's wall seconds and CPU seconds (pip + compilers)."""
     inside = False
     for line in log_path.read_text().splitlines():
         if line.startswith("Step "):
             inside = "install.py" in line and "/vllm.json" in line
         elif inside and line.startswith("INSTALL-TIME "):
-            data: dict = json.loads(line[len("INSTALL-TIME "):])
+            data: dict[str, Any] = json.loads(line[len("INSTALL-TIME "):])
             return data
     return {"wall_s": float("nan"), "cpu_s": float("nan")}
 
 
-def run(pins_path: Path, settings: Settings) -> dict:
+def run(pins_path: Path, settings: Settings) -> dict[str, Any]:
     pins = pins_mod.load(pins_path)
     rendered = render.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     built = build.build(rendered, settings, echo=False)

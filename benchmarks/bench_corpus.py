@@ -20,10 +20,9 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from hostile_corpus import Case, all_cases, run_in_process  # noqa: E402
+from tests.hostile_corpus import Case, all_cases, run_in_process  # noqa: E402
 
 HEADLINE = ("parser-alias-bomb-9x9", "parser-alias-bomb-20x2", "parser-nested-lists-10000",
             "parser-nested-maps-10000", "parser-file-20000000-bytes-value")

@@ -16,13 +16,18 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from builder.pins.model import Component
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def best_of(runs: int, fn) -> float:
+def best_of(runs: int, fn: Callable[[], object]) -> float:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
@@ -37,11 +42,11 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def interleaved(runs: int, fns: dict) -> dict:
+def interleaved(runs: int, fns: dict[str, Callable[[], object]]) -> dict[str, tuple[float, float]]:
     """Run the functions in turn, runs times (so load from other processes hits both alike);
     return {name: (best wall s, best cpu s)}."""
-    walls = {k: [] for k in fns}
-    cpus = {k: [] for k in fns}
+    walls: dict[str, list[float]] = {k: [] for k in fns}
+    cpus: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(runs):
         for name, fn in fns.items():
             wall, cpu = time.perf_counter(), cpu_seconds()
@@ -51,13 +56,15 @@ def interleaved(runs: int, fns: dict) -> dict:
     return {k: (min(walls[k]), min(cpus[k])) for k in fns}
 
 
-def members(path: Path) -> dict:
+def members(path: Path) -> dict[str, Any]:
     """{name: (kind, mode, sha256 of content or link target)} of files, links and dirs."""
     out = {}
     with tarfile.open(path) as tar:
         for m in tar:
             if m.isfile():
-                out[m.name] = ("file", m.mode, hashlib.sha256(tar.extractfile(m).read()).hexdigest())
+                member = tar.extractfile(m)
+                assert member is not None  # a regular file
+                out[m.name] = ("file", m.mode, hashlib.sha256(member.read()).hexdigest())
             elif m.issym():
                 out[m.name] = ("link", 0, m.linkname)
             elif m.isdir():
@@ -65,7 +72,7 @@ def members(path: Path) -> dict:
     return out
 
 
-def seed(path: Path, source: str, refs: dict) -> None:
+def seed(path: Path, source: str, refs: dict[str, Any]) -> None:
     import pygit2
 
     repo = pygit2.init_repository(str(path), bare=True)
@@ -102,7 +109,7 @@ def main() -> None:
 
     settings = Settings.from_env()
 
-    pin = SimpleNamespace(target=args.target, pr=pr, commit=head)
+    pin = cast("Component", SimpleNamespace(target=args.target, pr=pr, commit=head))  # the fields it reads
     if args.seed:
         seed(mirror.mirror_path(settings, repo_dir), repo_dir, {f"refs/heads/{args.target}": f"refs/remotes/origin/{args.target}",
                                                       f"refs/pull/{pr}/head": f"refs/remotes/origin/pr/{pr}"})
@@ -115,11 +122,11 @@ def main() -> None:
 
     ours, theirs = work / "ours.tar", work / "git-archive.tar"
 
-    def run_ours():
+    def run_ours() -> None:
         with open(ours, "wb") as fh:
             export.export_tar(mirror_repo, head, fh)
 
-    def run_git():
+    def run_git() -> None:
         with open(theirs, "wb") as fh:
             subprocess.run(["git", "-C", str(mirror_repo.path), "-c", "tar.umask=0022", "archive", head],
                            stdout=fh, check=True)

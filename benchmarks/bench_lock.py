@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -23,7 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import real_repos  # noqa: E402
 
 
-def run(pins: Path, env: dict, log: Path, *extra: str) -> tuple[float, str]:
+def run(pins: Path, env: dict[str, Any], log: Path, *extra: str) -> tuple[float, str]:
     start = time.monotonic()
     with open(log, "w") as err:
         rc = subprocess.call([sys.executable, "-m", "builder.cli", "lock", str(pins), "--build-sdists", *extra],
@@ -48,11 +49,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-lock-") as tmp:
         work = Path(tmp)
         cache = (args.cache or work / "cache").resolve()
-        base = real_repos.base_ref(None)
-        pins = real_repos.write_pins(work, args.mirrors.resolve(), {"megatron": 6772, "verl": 7369}, base)
+        base = real_repos.base_ref(None, real_vllm=False)  # the demo base (mypy found the missing argument)
+        pins = real_repos.write_pins(work, args.mirrors.resolve(), {"megatron": 6772, "verl": 7369}, base, real_vllm=False)
         env = {**os.environ, "BUILDER_CACHE": str(cache),
                "BUILDER_GIT_CONFIG": str(real_repos.write_git_config(work, args.mirrors.resolve()))}
-        rows = []
+        rows: list[tuple[str, float, str]] = []
         for name, extra in (("cold (empty cache)", ()), ("re-lock, nothing changed", ()), ("re-lock --upgrade", ("--upgrade",))):
             took, table = run(pins, env, work / f"{len(rows)}.log", *extra)
             rows.append((name, took, table))

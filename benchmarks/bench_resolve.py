@@ -13,7 +13,10 @@ Runs are interleaved so load from other processes hits both alike; best of --run
 submodules (verl's recipe) at local mirrors; their fetch counts in the resolve time only.
 --libgit2 also times the former libgit2 fetch of the same refspecs once (for comparison).
 """
+from __future__ import annotations
+
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -22,6 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from builder.core.records import ResolvedComponent
+    from builder.pins.model import Component
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,7 +54,7 @@ def libgit2_fetch(src: str, refspecs: list[str], dest: Path) -> str:
     return f"{time.perf_counter() - start:.2f} s"
 
 
-def timed(fn) -> float:
+def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -78,11 +88,13 @@ def main() -> None:
     if args.git_config:
         os.environ["BUILDER_GIT_CONFIG"] = str(args.git_config.resolve())
 
-    pin = SimpleNamespace(target=args.target, pr=args.pr, commit=head)
-    git_times, resolve_times, comp = [], [], None
+    pin = cast("Component", SimpleNamespace(target=args.target, pr=args.pr, commit=head))  # the fields it reads
+    git_times: list[float] = []
+    resolve_times: list[float] = []
+    comp: ResolvedComponent | None = None
     try:
         for i in range(args.runs):
-            git_times.append(timed(lambda i=i: git_mirror(src, refspecs, work / f"git-{i}.git")))
+            git_times.append(timed(functools.partial(git_mirror, src, refspecs, work / f"git-{i}.git")))
             os.environ["BUILDER_CACHE"] = str(work / f"cache-{i}")
             settings = Settings.from_env()
             start = time.perf_counter()
@@ -93,6 +105,7 @@ def main() -> None:
         refs = subprocess.run(["git", "-C", src, "for-each-ref", "--format=x"], check=True,
                               capture_output=True, text=True).stdout.count("x")
         t_git, t_res = min(git_times), min(resolve_times)
+        assert comp is not None  # args.runs >= 1
         print(f"repository       {src} ({refs} refs, {size_mb(Path(src)):.0f} MB)")
         print(f"refs             {args.target} + refs/pull/{args.pr}/head (head {head[:12]})")
         subs = ", ".join(f"{m.path} ({m.url})" for m in comp.submodules) or "none"

@@ -27,7 +27,8 @@ from builder.report import document  # noqa: E402
 
 def export(report_json: Path, settings: Settings, out: Path, options: str | None, smoke: bool) -> tuple[float, dict[str, float]]:
     report = document.load(report_json)
-    pins = trust.check(report, str(report_json))
+    checked = trust.check(report, str(report_json))
+    pins = checked[0] if checked else None
     start = time.monotonic()
     record = sqsh.export(report, report_json, pins, settings, out=out, squash_options=options, smoke=smoke)
     return time.monotonic() - start, record.seconds

@@ -12,6 +12,8 @@ performance gate's interleaved runs (acceptance.perf.decide). It prints per-arm 
 evidence and throughput, and a kernel check: which of the engine's kernels give a row a different result
 alone than inside a batch (the control arm's cuBLAS GEMM should; the batch-invariant ones must not).
 """
+from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -20,6 +22,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from builder.pins.model import Pins
 
 HERE = Path(__file__).resolve().parent
 COMPONENTS = {"vllm": "tinyengine", "megatron": "tinycore", "verl": "tinyrl"}
@@ -71,7 +77,7 @@ def prepare(out: Path) -> None:
     print(json.dumps(record, indent=2))
 
 
-def _export_native(pins, stack: Path, out: Path) -> list[dict]:
+def _export_native(pins: Pins, stack: Path, out: Path) -> list[dict[str, Any]]:
     """The lock's native inputs (CMake FetchContent sources) at their locked commits, as the image build
     supplies them: out/native/<component>/<name>, handed over through the recorded variable."""
     import pygit2  # lazy: only the prepare step needs it
@@ -93,7 +99,7 @@ def _export_native(pins, stack: Path, out: Path) -> list[dict]:
     return found
 
 
-def _export(repo, tree, dest: Path) -> None:
+def _export(repo: Any, tree: Any, dest: Path) -> None:  # pygit2 objects (untyped)
     dest.mkdir(parents=True, exist_ok=True)
     for entry in tree:
         obj = repo[entry.id]
@@ -120,7 +126,7 @@ def git_tree(path: Path) -> str:
     return hashlib.sha1(b"tree %d\0" % len(body) + body).hexdigest()
 
 
-def sh(*argv, env=None) -> str:
+def sh(*argv: object, env: dict[str, str] | None = None) -> str:
     done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         print(f"FAILED {' '.join(map(str, argv))[:200]}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-3000:]}",
@@ -149,7 +155,7 @@ def install(out: Path, work: Path) -> str:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-q", "--no-index", "--no-deps",
            "--prefix", str(venv)]
     sh(*pip, *sorted((out / "wheels").glob("*.whl")))
-    inputs_of: dict[str, list[dict]] = {}
+    inputs_of: dict[str, list[dict[str, Any]]] = {}
     for item in json.loads((out / "stack.json").read_text()).get("native", []):
         inputs_of.setdefault(item["component"], []).append(item)
     for name, comp in stack.items():
@@ -172,7 +178,7 @@ def install(out: Path, work: Path) -> str:
     return str(py)
 
 
-def settings_for(out: Path, work: Path, py: str, gate: str) -> dict:
+def settings_for(out: Path, work: Path, py: str, gate: str) -> dict[str, Any]:
     base = json.loads((out / "stack.json").read_text())["settings"][gate]
     model = work / "model"
     settings = dict(base)
@@ -193,7 +199,7 @@ def settings_for(out: Path, work: Path, py: str, gate: str) -> dict:
     return settings
 
 
-def summary(result: dict) -> dict:
+def summary(result: dict[str, Any]) -> dict[str, Any]:
     ev = result["evidence"]
     steps = ev.get("steps") or {}
     weights = ev.get("weights") or {}
@@ -271,7 +277,7 @@ def run(out: Path, repeats: int) -> int:
     sh(py, "-m", "tinyrl.init_model", work / "model", "1")
     results = {}
     for gate in ("zero_update", "rl_step", "control"):
-        result = plain(run_gate(gate, settings_for(out, work, py, gate)))
+        result = cast("dict[str, Any]", plain(run_gate(gate, settings_for(out, work, py, gate))))
         results[gate] = summary(result)
         print(f"\n== {gate}: {result['status']}: {result['reason']}")
         print(json.dumps(results[gate], default=str))
@@ -299,7 +305,7 @@ def run(out: Path, repeats: int) -> int:
     min_ratio, max_spread = spec.get("min_ratio", 0.1), spec.get("max_spread", 1.5)
     steps = spec.get("steps") or stack_settings["steps"]
     metrics = [spec.get("metric") or "perf/rollout_tokens_per_s", "perf/rollout_tokens_per_s"]
-    runs: dict = {m: {"aligned": [], "control": []} for m in metrics}
+    runs: dict[str, Any] = {m: {"aligned": [], "control": []} for m in metrics}
     for index in range(1, repeats + 1):
         for arm in ("aligned", "control"):
             settings = {**settings_for(out, work, py, "performance"), "arm": arm, "steps": steps}

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -109,7 +110,8 @@ def base_ref(explicit: str | None, real_vllm: bool) -> str:
     script = ["benchmarks/real_vllm_base.py"] if real_vllm else ["-m", "demo", "base"]
     out = subprocess.run([sys.executable, *script], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
-    return re.findall(r"\S+@sha256:[0-9a-f]{64}", out)[-1]
+    found: list[str] = re.findall(r"\S+@sha256:[0-9a-f]{64}", out)
+    return found[-1]
 
 
 def write_pins(work: Path, mirrors: Path, prs: dict[str, int], base: str, real_vllm: bool) -> Path:
@@ -160,7 +162,7 @@ def write_git_config(work: Path, mirrors: Path) -> Path:
     return path
 
 
-def builder(args: list[str], env: dict, log: Path) -> tuple[int, float, str]:
+def builder(args: list[str], env: dict[str, Any], log: Path) -> tuple[int, float, str]:
     """Run `python -m builder.cli ARGS`; stdout returned, stderr to log (tail shown on failure)."""
     start = time.perf_counter()
     with open(log, "w") as err:
@@ -178,7 +180,7 @@ def lock_entries(lock: Path) -> list[str]:
     return [m.group(1) for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", lock.read_text(), re.MULTILINE)]
 
 
-def docker(*args: str) -> subprocess.CompletedProcess:
+def docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], check=False, capture_output=True, text=True)
 
 
@@ -266,7 +268,7 @@ def main() -> int:
                                                            "provenance", "--out", str(work / "run")],
                               env, work / "accept.log")
     report = json.loads((work / "run" / "report.json").read_text()) if (work / "run" / "report.json").exists() else {}
-    gate = next((g for g in report.get("gates", []) if g["name"] == "provenance"), {})
+    gate: dict[str, Any] = next((g for g in report.get("gates", []) if g["name"] == "provenance"), {})
     say(f"provenance  {gate.get('status', 'not run')} ({t_gate:.1f} s) {gate.get('reason', '')}".rstrip())
 
     modules = ["vllm", "megatron.core", "verl"] if real else ["megatron.core", "verl"]
@@ -292,7 +294,7 @@ CUDA_EXPECTED = ["cutlass", "triton_kernels", "deepgemm", "deepselect", "fmha_sm
                  "qutlass", "tml_fa4", "vllm-flash-attn"]
 
 
-def cuda_inputs(pins: Path, mirrors: Path, env: dict, clock: Clock) -> int:
+def cuda_inputs(pins: Path, mirrors: Path, env: dict[str, Any], clock: Clock) -> int:
     """The native inputs the lock finds for vLLM's cuda target (nothing built): the lock's discovery
     (builder.lock.native) on the pins with vLLM's target switched to cuda, each input resolved to a
     commit as the lock does it (through DIR's mirror of its URL); an input DIR has no mirror of is
@@ -373,7 +375,7 @@ def lock_notes(lock: Path) -> list[str]:
             if line.startswith("#") and any(k in line.lower() for k in keep)]
 
 
-def compare_resolvers(pins: Path, env: dict, work: Path, runs: int = 2) -> None:
+def compare_resolvers(pins: Path, env: dict[str, Any], work: Path, runs: int = 2) -> None:
     """pip's resolver against uv on this closure: `builder lock --resolver R` on a copy of the pins
     (same inputs, caches of the first lock warm), each run `runs` times; the resolve steps' own times
     from the log, and whether both give the same pinned closure."""

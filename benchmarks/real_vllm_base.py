@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,7 +40,7 @@ from demo import baseimage  # noqa: E402
 
 UBUNTU = "http://archive.ubuntu.com/ubuntu"
 KEYRING_DEB = "pool/main/u/ubuntu-keyring/ubuntu-keyring_2021.03.26_all.deb"
-DEBOOTSTRAP = {
+DEBOOTSTRAP: dict[str, Any] = {
     "suite": "jammy",
     "variant": "minbase",
     "arch": "amd64",

@@ -26,7 +26,7 @@ import platform
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ ROOTFS_LABEL = "io.truepolicy.demo.rootfs.recipe"
 ROOTFS_REPOSITORY = "builder-demo/rootfs"  # local only, never pushed
 
 # What goes into the rootfs (part of the recipe).  The mirror is where it comes from, not what it is.
-DEBOOTSTRAP = {
+DEBOOTSTRAP: dict[str, Any] = {
     "suite": "bookworm",
     "variant": "minbase",
     "arch": "amd64" if platform.machine() in ("x86_64", "AMD64") else "arm64",
@@ -53,7 +53,7 @@ DEBOOTSTRAP = {
     "include": ["python3", "python3-venv", "python3-dev", "gcc", "libc6-dev"],
 }
 # Removed from the rootfs before import (part of the recipe: change it and the image changes).
-NORMALISE = {
+NORMALISE: dict[str, Any] = {
     "version": 1,
     "remove_contents": ["var/cache/apt/archives", "var/lib/apt/lists", "var/log", "tmp", "var/tmp",
                         "run", "dev", "proc", "sys", "usr/share/man", "usr/share/info", "usr/share/locale"],
@@ -132,11 +132,11 @@ def base_lock(settings: Settings) -> tuple[str, dict[str, Path]]:
 # --------------------------------------------------------------------------- recipe
 
 
-def _rootfs_recipe() -> dict:
+def _rootfs_recipe() -> dict[str, Any]:
     return {"debootstrap": DEBOOTSTRAP, "normalise": NORMALISE}
 
 
-def _hash(obj) -> str:
+def _hash(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -155,10 +155,10 @@ def _registry_has(settings: Settings, repo_path: str, reference: str) -> str | N
     return Registry(infra.registry_url(), timeout_s=settings.registry_timeout_s).tag_digest(repo_path, reference)
 
 
-def _repo_digest(image) -> str | None:
+def _repo_digest(image: Any) -> str | None:
     for ref in image.attrs.get("RepoDigests") or []:
         if ref.startswith(REPOSITORY + "@sha256:"):
-            return ref
+            return str(ref)
     return None
 
 
@@ -248,7 +248,7 @@ def _rootfs_image(settings: Settings, client: Any, work: Path, mirror: str | Non
     return tag
 
 
-def _stream(chunks, logfile: Path, what: str, error_type) -> list[dict]:
+def _stream(chunks: Iterable[dict[str, Any]], logfile: Path, what: str, error_type: type[Exception]) -> list[dict[str, Any]]:
     seen = []
     with open(logfile, "a") as out:
         for chunk in chunks:

@@ -12,6 +12,7 @@ OUTDIR resets the refs to the same commits.
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pygit2
 
@@ -19,12 +20,14 @@ SRC = Path(__file__).resolve().parent / "src"
 AUTHOR = ("Demo Stack", "demo-stack@example.invalid")
 BASE_TIME = 1735725600  # 2025-01-01T10:00:00Z; commit k of repo r is at BASE + r days + k hours
 SKIP = ("__pycache__", ".pyc", ".so", ".egg-info", ".o")
+# (role, commits as (id, parent id, overlay folder, message), main's commit id, PRs as {number: (...)})
+Spec = tuple[str, list[tuple[str, str | None, str, str]], str, dict[int, tuple[str, str, str | None]]]
 
 # name: (role, [(commit id, parent id, overlay dir, message)], main head, {pr: (head id, title, defect or None)})
 # Annotated release tags {repo: {tag: commit id}}: tinyengine's version comes from them (setuptools-scm).
 TAGS = {"tinyengine": {"v0.2.0": "e3"}, "tinykernels": {"v0.1.0": "k1", "v0.2.0": "k2"}}
 TAG_HOUR = {"tinyengine": 8, "tinycore": 8, "tinyrl": 9, "tinykernels": 8}  # tag times fixed: later commits keep the tags
-REPOS = {
+REPOS: dict[str, Spec] = {
     "tinyengine": ("vllm", [
         ("e1", None, "e1-initial", "Initial tinyengine: tiny decoder-only model, batched KV-cache generation\n\n"
          "Seeded per-row sampling returning the logprob of each sampled token,\n"
@@ -117,7 +120,7 @@ REPOS = {
 
 
 # Native inputs (no PRs): fetched by a component's CMake build with FetchContent, by tag.
-NATIVE = {
+NATIVE: dict[str, Spec] = {
     "tinykernels": ("native", [
         ("k1", None, "k1-initial", "Initial tinykernels: the kernel switch rule (header only)"),
         ("k2", "k1", "k2-release", "Release 0.2.0"),
@@ -125,7 +128,7 @@ NATIVE = {
 }
 
 
-def _overlay(path: Path) -> dict:
+def _overlay(path: Path) -> dict[str, Any]:
     files = {}
     for f in sorted(path.rglob("*")):
         rel = f.relative_to(path).as_posix()
@@ -134,9 +137,10 @@ def _overlay(path: Path) -> dict:
     return files
 
 
-def _tree(repo, files: dict):
-    """Write a nested tree for {posix path: bytes}; returns its oid."""
-    blobs, dirs = {}, {}
+def _tree(repo: Any, files: dict[str, Any]) -> Any:
+    """Write a nested tree for {posix path: bytes}; returns its oid (pygit2 objects: untyped)."""
+    blobs: dict[str, bytes] = {}
+    dirs: dict[str, dict[str, Any]] = {}
     for path, data in files.items():
         head, sep, rest = path.partition("/")
         if sep:
@@ -151,10 +155,11 @@ def _tree(repo, files: dict):
     return tb.write()
 
 
-def _make_repo(path: Path, index: int, spec) -> dict:
+def _make_repo(path: Path, index: int, spec: Spec) -> dict[str, Any]:
     role, commits, main, prs = spec
     repo = pygit2.Repository(str(path)) if path.exists() else pygit2.init_repository(str(path), bare=True)
-    files_at, sha = {}, {}
+    files_at: dict[str, dict[str, Any]] = {}
+    sha: dict[str, str] = {}
     for k, (cid, parent, overlay, message) in enumerate(commits):
         files = dict(files_at[parent]) if parent else {}
         files.update(_overlay(SRC / path.stem / overlay))
@@ -197,11 +202,11 @@ def _make_repo(path: Path, index: int, spec) -> dict:
     }
 
 
-def make_stack(outdir) -> dict:
+def make_stack(outdir: str | Path) -> dict[str, Any]:
     """Create or refresh the three repositories under outdir; returns (and writes to stack.json) all SHAs."""
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    stack = {"schema": 1, "repos": {}}
+    stack: dict[str, Any] = {"schema": 1, "repos": {}}
     for index, (name, spec) in enumerate(REPOS.items()):
         stack["repos"][name] = _make_repo(outdir / f"{name}.git", index, spec)
     stack["native"] = {name: _make_repo(outdir / f"{name}.git", len(REPOS) + index, spec)
@@ -210,7 +215,7 @@ def make_stack(outdir) -> dict:
     return stack
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: make_stack.py OUTDIR", file=sys.stderr)

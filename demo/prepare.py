@@ -62,6 +62,7 @@ def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = N
         ref = repo.references.get(f"refs/pull/{pr}/head")
         if ref is None:
             raise ValueError(f"{comp['url']}: no refs/pull/{pr}/head")
+        assert pr is not None  # refs/pull/None/head does not exist
         comp["commit"], comp["pr"] = str(ref.resolve().target), int(pr)
     if edit is not None:
         edit(data)

@@ -18,7 +18,8 @@ SLOW_FIXTURES = {"base_image", "demo_image", "build_variant", "demo_accepted", "
 # fixture is built once: "engine" holds every slow or Docker test on the shared engine and registry; "apart" the
 # slow tests on parts of their own (the fault matrix: its own dockerd, registry and disk) or on the host alone
 # (torch). The other worker meanwhile takes "apart", then the fast tests.
-APART = ("tests/test_fault_matrix.py", "tests/test_demo_stack.py", "tests/test_weights.py")
+APART = ("tests/integration/test_fault_matrix.py", "tests/integration/test_demo_stack.py",
+         "tests/integration/test_weights.py")
 BUDGET_S = {"slow": 240.0, "docker": 60.0, "fast": 5.0}
 SESSION_BUDGET_S = 15 * 60
 
@@ -43,6 +44,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("apart"))
         elif kind != "fast":
             item.add_marker(pytest.mark.xdist_group("engine"))
+
+    misplaced = [item.nodeid for item in items if item.nodeid.startswith("tests/unit/") and kind_of(item) != "fast"]
+    if misplaced:  # tests/unit is the unit lane: no Docker, no subprocess builds (those go to tests/integration)
+        raise pytest.UsageError(f"docker/slow tests under tests/unit (move them to tests/integration): {misplaced}")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -5,10 +5,15 @@ the reason, except when `CI` is set, where they fail (CI must run them). Slow te
 budgets: tests/budget.py.
 """
 import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
 from builder.core.options import Settings
+from builder.core.records import BuiltImage, GateStatus
+from builder.engine.infra import Info
 from tests.budget import (  # noqa: F401  (hooks: slow marks, xdist groups, budgets, the timing table)
     pytest_collection_finish,
     pytest_collection_modifyitems,
@@ -16,6 +21,11 @@ from tests.budget import (  # noqa: F401  (hooks: slow marks, xdist groups, budg
     pytest_sessionfinish,
     pytest_terminal_summary,
 )
+from tests.engines import Engine
+
+if TYPE_CHECKING:
+    from demo.cluster import Cluster
+from tests.fixture_types import BuildVariant, DemoAccepted, DemoImage, DockerClient, MakeReportInputs, ReportInputs
 
 # The tests build many variants of the demo on one engine. A build seeded with another compiler-cache state
 # (builder/image/ccache.py) than the last one re-runs the steps after the seed copy, so tests that count cache
@@ -25,19 +35,19 @@ SETTINGS = Settings.from_env()
 
 
 @pytest.fixture(scope="session")
-def settings():
+def settings() -> Settings:
     """The environment settings, read once for the session (as the CLI does per command)."""
     return SETTINGS
 
 
-def _docker_unavailable(reason: str):
+def _docker_unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"CI is set, so Docker tests must run, but {reason}", pytrace=False)
     pytest.skip(f"needs a Docker engine: {reason}")
 
 
 @pytest.fixture(scope="session")
-def docker_client():
+def docker_client() -> DockerClient:
     """A docker SDK client that answered ping (skip/fail as above otherwise)."""
     from builder.core.errors import InfraError
     from builder.engine import client as engine
@@ -49,7 +59,7 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Cluster"]:
     """A one-node Slurm cluster on this host (demo/cluster.py) for the whole session, reached through
     SLURM_CONF; stopped at the end of the session, also on failure."""
     import shutil
@@ -73,14 +83,14 @@ def slurm_cluster(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _docker_marker(request):
+def _docker_marker(request: pytest.FixtureRequest) -> None:
     """Tests marked `docker` get the engine check (and its skip/fail) without asking for it."""
     if request.node.get_closest_marker("docker"):
         request.getfixturevalue("docker_client")
 
 
 @pytest.fixture(scope="session")
-def infra_setup(docker_client):
+def infra_setup(docker_client: DockerClient) -> Info:
     """Engine + registry running (idempotent `builder setup`); the dict of what was found/started."""
     from builder.engine import infra
 
@@ -88,7 +98,7 @@ def infra_setup(docker_client):
 
 
 @pytest.fixture(scope="session")
-def base_image(infra_setup):
+def base_image(infra_setup: Info) -> str:
     """`127.0.0.1:5000/demo/base@sha256:...`, built once per recipe (cached across sessions)."""
     from demo import baseimage
 
@@ -99,7 +109,7 @@ def base_image(infra_setup):
 
 
 @pytest.fixture(scope="session")
-def report_inputs(tmp_path_factory):
+def report_inputs(tmp_path_factory: pytest.TempPathFactory) -> MakeReportInputs:
     """Factory: (pins, sources, build, acceptance) records shaped like real ones, from pins/demo.yaml
     with fixed commits.  `statuses` overrides gate statuses; a gate set to None is left out."""
     import copy
@@ -114,7 +124,7 @@ def report_inputs(tmp_path_factory):
     pins_dir = Path(__file__).resolve().parent.parent / "pins"
     data = yaml.safe_load((pins_dir / "demo.yaml").read_text())
 
-    def sha1(text):
+    def sha1(text: str) -> str:
         return hashlib.sha1(text.encode()).hexdigest()
 
     site = "/opt/venv/lib/python3.11/site-packages"
@@ -122,7 +132,7 @@ def report_inputs(tmp_path_factory):
                    "weights_before": "0f1e2d3c4b5a6978", "weights_after": "8877665544332211"},
              "2": {"diff_max": 0.0, "k3_kl": 0.0, "reward": 0.6, "loss": -0.2,
                    "weights_before": "8877665544332211", "weights_after": "1122334455667788"}}
-    evidence = {  # shapes as acceptance/provenance.py and acceptance/decide.py write them
+    evidence: dict[str, dict[str, Any]] = {  # shapes as acceptance/provenance.py and acceptance/decide.py write them
         "provenance": {"manifest": {"path": "/opt/delivery/manifest.json", "sha256": "56" * 32, "site_packages": site},
                        "interpreter": {"executable": "/opt/venv/bin/python", "version": "3.11.9"},
                        "components": {"vllm": {"version": "0.2.0", "stamp": {"commit": sha1("vllm")},
@@ -140,8 +150,10 @@ def report_inputs(tmp_path_factory):
                                  for i in (1, 2, 3) for arm, value in (("aligned", 1234.5), ("control", 1200.0))]},
     }
 
-    def make(repository="127.0.0.1:5000/demo/unified", image_id="sha256:" + "ab" * 32, statuses=None,
-             acceptance=True, build=True, accepted_image=None, required=None, tags=("demo",), platform=None):
+    def make(repository: str = "127.0.0.1:5000/demo/unified", image_id: str = "sha256:" + "ab" * 32,
+             statuses: dict[str, GateStatus | None] | None = None, acceptance: bool = True, build: bool = True,
+             accepted_image: str | None = None, required: list[str] | None = None, tags: tuple[str, ...] = ("demo",),
+             platform: str | None = None) -> ReportInputs:
         d = copy.deepcopy(data)
         if platform:
             d["base"]["platform"] = platform
@@ -168,7 +180,7 @@ def report_inputs(tmp_path_factory):
                            engine_version="20.10.24", builder_version="0.1.0", context_sha256="12" * 32,
                            dockerfile_sha256="34" * 32, stage_times={"sources": 1.5, "install": 20.25},
                            log_path="/tmp/build.log", cached=False) if build else None
-        status = {g: "pass" for g in evidence}
+        status: dict[str, GateStatus | None] = {g: "pass" for g in evidence}
         status.update(statuses or {})
         gates = [GateResult(name=g, status=s, reason=f"{g} {s}", evidence=evidence[g], log="tail")
                  for g, s in status.items() if s is not None]
@@ -187,14 +199,14 @@ def report_inputs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_pins(docker_client):
+def demo_pins(docker_client: DockerClient) -> Path:
     """pins/demo.local.yaml ready to build: engine, registry, base image, demo stack (demo.prepare)."""
     from demo.prepare import prepare_demo
 
     return prepare_demo(SETTINGS)
 
 
-def _resolve_render_build(pins_path):
+def _resolve_render_build(pins_path: Path) -> DemoImage:
     from builder.image import build, render
     from builder.lock import record as lock_record
     from builder.pins import model as pins_mod
@@ -207,20 +219,20 @@ def _resolve_render_build(pins_path):
 
 
 @pytest.fixture(scope="session")
-def demo_image(demo_pins):
+def demo_image(demo_pins: Path) -> DemoImage:
     """(pins, sources, rendered, built) of pins/demo.yaml, built once per session."""
     return _resolve_render_build(demo_pins)
 
 
 @pytest.fixture(scope="session")
-def build_variant(demo_pins, tmp_path_factory):
+def build_variant(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuildVariant]:
     """Factory: build(component, pr) -> BuiltImage of the demo stack with that component pinned to
     the head of demo PR `pr` (e.g. ('vllm', 13)); one build per key per session."""
     from demo.prepare import variant_pins
 
-    built = {}
+    built: dict[tuple[str, int], BuiltImage] = {}
 
-    def build(component: str, pr: int):
+    def build(component: str, pr: int) -> BuiltImage:
         key = (component, int(pr))
         if key not in built:
             out = tmp_path_factory.mktemp(f"variant-{component}-{pr}")
@@ -241,7 +253,7 @@ def build_variant(demo_pins, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_accepted(demo_image):
+def demo_accepted(demo_image: DemoImage) -> DemoAccepted:
     """(pins, sources, built, AcceptanceResult) of all four gates run on the demo image."""
     from builder.accept import gates as accept
 
@@ -253,7 +265,7 @@ def demo_accepted(demo_image):
 
 
 @pytest.fixture(scope="session")
-def second_engine(docker_client):
+def second_engine(docker_client: DockerClient) -> Iterator[Engine]:
     """URL of a second dockerd (own data root, exec root, pidfile, socket; no bridge) started for this
     session; stopped, its containers removed and its directories deleted at the end, also on failure."""
     import shutil
@@ -267,7 +279,7 @@ def second_engine(docker_client):
 
 
 @pytest.fixture(scope="session")
-def staged_demo(demo_image):
+def staged_demo(demo_image: DemoImage) -> str:
     """The demo image pushed by digest to its staging repository: `<staging>@<manifest digest>`."""
     from builder.engine import staging
 
@@ -277,7 +289,7 @@ def staged_demo(demo_image):
 
 
 @pytest.fixture(scope="session")
-def stamped_pins(demo_pins, tmp_path_factory):
+def stamped_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A demo variant whose verl-role build step stamps the wall-clock time into tinyrl/BUILD_TIME
     (a setup.py on top of the pinned commit, as PR #90): a build input that varies."""
     import pygit2
@@ -306,7 +318,7 @@ def stamped_pins(demo_pins, tmp_path_factory):
 
 
 @pytest.fixture
-def run_id(docker_client):
+def run_id(docker_client: DockerClient) -> Iterator[str]:
     """The label value of one test's acceptance containers; all of them are gone afterwards."""
     import uuid
 
@@ -315,6 +327,6 @@ def run_id(docker_client):
     value = f"test-{uuid.uuid4().hex[:10]}"
     yield value
     left = accept.leftover_containers(docker_client, value)
-    for container in left:
-        container.remove(force=True)
+    for container_id in left:
+        docker_client.api.remove_container(container_id, force=True)
     assert left == [], "acceptance containers left behind"

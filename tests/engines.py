@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.fixture_types import DockerClient
+
 START_TIMEOUT_S = 90
 
 
@@ -26,7 +28,7 @@ class Engine:
     log: Path
 
 
-def _client(url: str):  # noqa: ANN202 (docker SDK client)
+def _client(url: str) -> DockerClient:
     import docker
 
     return docker.DockerClient(base_url=url, timeout=600)
@@ -66,7 +68,7 @@ def second_engine() -> Iterator[Engine]:
         _stop(engine, proc)
 
 
-def _stop(engine: Engine, proc: subprocess.Popen) -> None:
+def _stop(engine: Engine, proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(Exception):
         client = _client(engine.url)
         for container in client.containers.list(all=True):

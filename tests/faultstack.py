@@ -1,4 +1,4 @@
-"""The parts the fault matrix (tests/test_fault_matrix.py) breaks on purpose, all of its own: never the shared
+"""The parts the fault matrix (tests/integration/test_fault_matrix.py) breaks on purpose, all of its own: never the shared
 engine or registry.
 
 - `Engine`: a second dockerd (own --data-root, --exec-root, pidfile, unix socket; --bridge=none --iptables=false
@@ -21,9 +21,12 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
+
+from tests.fixture_types import DockerClient
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 MANIFEST_TYPES = ("application/vnd.docker.distribution.manifest.v2+json",
@@ -36,7 +39,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(check, what: str, timeout: float = 60.0) -> None:  # noqa: ANN001
+def wait_for(check: Callable[[], object], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):
@@ -54,7 +57,7 @@ class Engine:
         self.proc: subprocess.Popen[bytes] | None = None
         (root / "daemon.json").write_text(json.dumps({"deprecated-key-path": f"{root}/key.json"}))
 
-    def client(self):  # noqa: ANN201 (docker SDK client)
+    def client(self) -> DockerClient:
         import docker
 
         return docker.DockerClient(base_url=self.url, timeout=120)

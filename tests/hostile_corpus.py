@@ -1,4 +1,4 @@
-"""A generated corpus of hostile and broken inputs (issue 15), shared by tests/test_hostile_corpus.py
+"""A generated corpus of hostile and broken inputs (issue 15), shared by tests/unit/test_hostile_corpus.py
 and benchmarks/bench_corpus.py.
 
 Each Case writes its files into an empty folder and names the command line to run on them. Refusals
@@ -16,8 +16,10 @@ import traceback
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import yaml
 
@@ -61,7 +63,7 @@ def _write_pins(folder: Path, text: str, name: str = "p.yaml") -> Path:
     return path
 
 
-def _set(data: dict, dotted: str, value: Any) -> None:
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, last = dotted.split(".")
     node = data
     for part in parents:
@@ -80,7 +82,7 @@ def accept_cmd(path: Path) -> list[str]:
     return ["render", "--pins-only", str(path)]
 
 
-def data_case(klass: str, name: str, field_: str | None, edits: dict[str, Any] | Callable[[dict], None],
+def data_case(klass: str, name: str, field_: str | None, edits: dict[str, Any] | Callable[[dict[str, Any]], None],
               accept: bool = False, value: str | None = None, fragment: str = "") -> Case:
     """demo.yaml with fields set (dotted paths) or changed by a function, dumped as YAML."""
 
@@ -108,6 +110,14 @@ def text_case(klass: str, name: str, field_: str | None, edit: Callable[[str], s
     return Case(klass, name, setup, field_, accept, None, fragment)
 
 
+def _append(text: str, extra: str) -> str:
+    return text + extra
+
+
+def _constant(text: str, value: str) -> str:
+    return value
+
+
 def replace(old: str, new: str) -> Callable[[str], str]:
     def edit(text: str) -> str:
         assert old in text, old
@@ -128,13 +138,13 @@ def _bomb(levels: int, width: int) -> str:
 def parser_cases() -> list[Case]:
     cases = []
     for levels, width in ((5, 9), (6, 9), (9, 9), (12, 4), (20, 2), (5, 30)):
-        cases.append(text_case("parser", f"alias-bomb-{levels}x{width}", None, lambda t, n=levels, w=width: t + _bomb(n, w),
+        cases.append(text_case("parser", f"alias-bomb-{levels}x{width}", None, partial(_append, extra=_bomb(levels, width)),
                                fragment="alias"))
     for depth in (33, 100, 500, 999, 10_000):
         cases.append(text_case("parser", f"nested-lists-{depth}", None,
-                               lambda t, d=depth: t + "extra: " + "[" * d + "]" * d + "\n", fragment="nest"))
+                               partial(_append, extra="extra: " + "[" * depth + "]" * depth + "\n"), fragment="nest"))
         cases.append(text_case("parser", f"nested-maps-{depth}", None,
-                               lambda t, d=depth: t + "extra: " + "{a: " * d + "1" + "}" * d + "\n", fragment="nest"))
+                               partial(_append, extra="extra: " + "{a: " * depth + "1" + "}" * depth + "\n"), fragment="nest"))
     cases.append(text_case("parser", "nested-block-40", None,
                            lambda t: t + "".join(f"{'  ' * i}k{i}:\n" for i in range(40)) + "  " * 40 + "v: 1\n",
                            fragment="nested"))
@@ -173,7 +183,7 @@ def parser_cases() -> list[Case]:
     cases.append(text_case("parser", "list-key", "(top level)", lambda t: t + "? [a]\n: 1\n", fragment="plain string key"))
     cases.append(text_case("parser", "two-documents", None, lambda t: t + "---\nname: x\n", fragment="document"))
     for name, text in (("top-list", "- a\n- b\n"), ("top-scalar", "hello\n"), ("empty", ""), ("top-null", "~\n")):
-        cases.append(text_case("parser", name, None, lambda t, x=text: x, fragment="mapping"))
+        cases.append(text_case("parser", name, None, partial(_constant, value=text), fragment="mapping"))
     for name, edit in (("tab-indent", replace("  repository:", "\trepository:")),
                        ("unclosed-flow", replace("tags: [demo]", "tags: [demo")),
                        ("bad-indent", replace("  platform: linux/amd64", "   platform: linux/amd64")),
@@ -270,14 +280,14 @@ def pip_env_cases() -> list[Case]:
     for i, name in enumerate(BAD_ENV):
         place = ENV_PLACES[i % len(ENV_PLACES)]
         cases.append(data_case("env", f"{name}-in-{place.split('.')[0]}", f"{place}.{name}",
-                               lambda d, p=place, n=name: _env(d, p, n, "1")))
+                               partial(_env, place=place, name=name, value="1")))
     for name in ("PYTHONHASHSEED", "PYTHONUNBUFFERED"):
         cases.append(data_case("env", f"{name}-documented-allowed", None,
-                               lambda d, n=name: _env(d, "build.env", n, "0"), accept=True))
+                               partial(_env, place="build.env", name=name, value="0"), accept=True))
     for i, value in enumerate(("http://evil/x", "https://h", "ftp://h", "git clone x", "curl", "a wget b", "pip download")):
         place = ("build.env", "components.megatron.install.env")[i % 2]
         cases.append(data_case("env", f"network-value-{i}-in-{place.split('.')[0]}", f"{place}.X",
-                               lambda d, p=place, v=value: _env(d, p, "X", v), fragment="network"))
+                               partial(_env, place=place, name="X", value=value), fragment="network"))
     cases.append(data_case("env", "url-in-recipe-env-allowed-not-in-dockerfile", None,
                            lambda d: _env(d, "recipe.env", "X", "http://h/x"), accept=True))
     cases.append(data_case("env", "inner-space-allowed", None,
@@ -286,7 +296,7 @@ def pip_env_cases() -> list[Case]:
     return cases
 
 
-def _env(data: dict, place: str, name: str, value: str) -> None:
+def _env(data: dict[str, Any], place: str, name: str, value: str) -> None:
     node = data
     for part in place.split("."):
         node = node.setdefault(part, {}) if isinstance(node, dict) else node
@@ -322,7 +332,7 @@ def unicode_cases() -> list[Case]:
 
 # ---------------------------------------------------------------- 5. files
 
-def _lock_case(name: str, make: Callable[[Path], None], fragment: str) -> Case:
+def _lock_case(name: str, make: Callable[[Path], object], fragment: str) -> Case:
     def setup(folder: Path) -> list[str]:
         path = _write_pins(folder, DEMO_TEXT)
         (folder / "locks" / "demo.lock").unlink()
@@ -332,7 +342,7 @@ def _lock_case(name: str, make: Callable[[Path], None], fragment: str) -> Case:
     return Case("files", f"lock-{name}", setup, "build.lock", fragment=fragment)
 
 
-def _pins_file_case(name: str, make: Callable[[Path], None], fragment: str) -> Case:
+def _pins_file_case(name: str, make: Callable[[Path], object], fragment: str) -> Case:
     def setup(folder: Path) -> list[str]:
         _write_pins(folder, DEMO_TEXT)
         target = folder / "bad.yaml"
@@ -388,15 +398,15 @@ def _steps(n: Any) -> dict[str, Any]:
     return {"acceptance.steps": n, "recipe.overrides.trainer.total_training_steps": n}
 
 
-def _override(key: str, value: Any) -> Callable[[dict], None]:
-    def edit(data: dict) -> None:
+def _override(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(data: dict[str, Any]) -> None:
         data["recipe"]["overrides"][key] = value
 
     return edit
 
 
-def _same(what: str, shared: bool) -> Callable[[dict], None]:
-    def edit(data: dict) -> None:
+def _same(what: str, shared: bool) -> Callable[[dict[str, Any]], None]:
+    def edit(data: dict[str, Any]) -> None:
         data["components"]["verl"][what] = data["components"]["vllm"][what]
         if shared:
             data["shared"] = [what]
@@ -410,6 +420,7 @@ def _mount(source: str, target: str = "/data/x") -> dict[str, Any]:
 
 def bounds_cases() -> list[Case]:
     cases = []
+    v: object  # each loop tries values of many types
     for v in (0, -1, 86401, 10**12, 1e12, 1.5, "10", True, float("inf"), float("nan"), None):
         cases.append(data_case("bounds", f"timeout_s-{v!r}", "acceptance.timeout_s", {"acceptance.timeout_s": v}))
     for v in (1, 0, 100_001, 10**12, 1e12, 2.0, "2", True):
@@ -486,7 +497,7 @@ def usage_cases() -> list[Case]:
 
 # ---------------------------------------------------------------- 8. edited reports
 
-def accepted_report(folder: Path) -> tuple[dict, Path]:
+def accepted_report(folder: Path) -> tuple[dict[str, Any], Path]:
     """An ACCEPTED report.json (as builder.report.document writes it) for a pins file in `folder`."""
     from builder.core.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
     from builder.lock import record as lock_record
@@ -503,7 +514,7 @@ def accepted_report(folder: Path) -> tuple[dict, Path]:
                               components=comps)
     steps = {str(s): {"diff_max": 0.0, "k3_kl": 0.0, "reward": 0.5, "loss": -0.1,
                       "weights_before": f"w{s}", "weights_after": f"w{s + 1}"} for s in (1, 2)}
-    evidence = {"provenance": {"failures": []},
+    evidence: dict[str, dict[str, Any]] = {"provenance": {"failures": []},
                 "zero_update": {"exit_code": 0, "steps": {k: {"diff_max": 0.0, "k3_kl": 0.0} for k in steps},
                                 "weights": ["w0"]},
                 "rl_step": {"exit_code": 0, "steps": steps},
@@ -521,7 +532,7 @@ def accepted_report(folder: Path) -> tuple[dict, Path]:
     return json.loads(path.read_text()), path
 
 
-def _write_report(folder: Path, edit: Callable[[dict], Any]) -> Path:
+def _write_report(folder: Path, edit: Callable[[dict[str, Any]], Any]) -> Path:
     data, path = accepted_report(folder)
     result = edit(data)
     if isinstance(result, (str, bytes)):
@@ -531,25 +542,45 @@ def _write_report(folder: Path, edit: Callable[[dict], Any]) -> Path:
     return path
 
 
-def _gate(data: dict, name: str, where: str = "acceptance") -> dict:
+def _gate(data: dict[str, Any], name: str, where: str = "acceptance") -> dict[str, Any]:
     gates = data["acceptance"]["gates"] if where == "acceptance" else data["gates"]
     return next(g for g in gates if g["name"] == name)
 
 
-def _both(data: dict, name: str, change: Callable[[dict], None]) -> None:
+def _both(data: dict[str, Any], name: str, change: Callable[[dict[str, Any]], object]) -> None:
     change(_gate(data, name))
     change(_gate(data, name, "top"))
 
 
-def report_case(name: str, field_: str | None, edit: Callable[[dict], Any], fragment: str = "") -> Case:
+def _fail(gate: dict[str, Any]) -> None:
+    gate.update(status="fail")
+
+
+def _fail_in_acceptance(data: dict[str, Any], name: str) -> None:
+    _gate(data, name).update(status="fail")
+
+
+def _drop_required(data: dict[str, Any], name: str) -> None:
+    data.update(required_gates=[x for x in data["required_gates"] if x != name])
+
+
+def _drop_gate(data: dict[str, Any], name: str) -> None:
+    data.update(gates=[x for x in data["gates"] if x["name"] != name])
+
+
+def _both_evidence(data: dict[str, Any], name: str, change: Callable[[dict[str, Any]], object]) -> None:
+    _both(data, name, lambda x: change(x["evidence"]))
+
+
+def report_case(name: str, field_: str | None, edit: Callable[[dict[str, Any]], Any], fragment: str = "") -> Case:
     return Case("report", name, lambda f: ["publish", str(_write_report(f, edit))], field_, fragment=fragment)
 
 
 def report_cases() -> list[Case]:
     cases = []
 
-    def dup(where: str):
-        def edit(d: dict) -> None:
+    def dup(where: str) -> Callable[[dict[str, Any]], None]:
+        def edit(d: dict[str, Any]) -> None:
             lists = [d["acceptance"]["gates"], d["gates"]] if where == "both" else \
                 [d["acceptance"]["gates"] if where == "acceptance" else d["gates"]]
             for gates in lists:
@@ -564,14 +595,14 @@ def report_cases() -> list[Case]:
     cases.append(report_case("control-twice-in-both", "gates", dup("both"), "more than once"))
     for gate in ("provenance", "zero_update", "rl_step", "control"):
         cases.append(report_case(f"copies-disagree-{gate}", "gates",
-                                 lambda d, g=gate: _gate(d, g).update(status="fail"), "disagrees"))
+                                 partial(_fail_in_acceptance, name=gate), "disagrees"))
         cases.append(report_case(f"fail-under-accepted-{gate}", f"acceptance.gates.{gate}",
-                                 lambda d, g=gate: _both(d, g, lambda x: x.update(status="fail")), "not pass"))
+                                 partial(_both, name=gate, change=_fail), "not pass"))
         cases.append(report_case(f"required-cut-{gate}", "required_gates",
-                                 lambda d, g=gate: d.update(required_gates=[x for x in d["required_gates"] if x != g]),
+                                 partial(_drop_required, name=gate),
                                  "drops"))
         cases.append(report_case(f"gate-missing-{gate}", "gates",
-                                 lambda d, g=gate: d.update(gates=[x for x in d["gates"] if x["name"] != g]), "missing"))
+                                 partial(_drop_gate, name=gate), "missing"))
     cases.append(report_case("required-empty", "required_gates", lambda d: d.update(required_gates=[]), "drops"))
     cases.append(report_case("reasons-non-empty", "reasons", lambda d: d.update(reasons=["rl_step failed"]), "reasons"))
     evidence_edits = {
@@ -593,9 +624,9 @@ def report_cases() -> list[Case]:
     }
     for name, (gate, change) in evidence_edits.items():
         cases.append(report_case(f"evidence-{name}", f"acceptance.gates.{gate}.evidence",
-                                 lambda d, g=gate, c=change: _both(d, g, lambda x: c(x["evidence"])), "does not support"))
+                                 partial(_both_evidence, name=gate, change=change), "does not support"))
 
-    def pins_edited(d: dict) -> None:
+    def pins_edited(d: dict[str, Any]) -> None:
         Path(d["sources"]["pins_path"]).write_text(DEMO_TEXT.replace("seed: 1", "seed: 2"))
 
     cases.append(report_case("pins-edited-after", "sources.pins_sha256", pins_edited, "sha256"))
@@ -658,20 +689,17 @@ def run_in_process(argv: list[str], calls: list[str]) -> Outcome:
         calls.append("engine.connect")
         raise RegistryCalled("engine contacted")
 
-    saved = publish.Registry, engine.connect
-    publish.Registry, engine.connect = Tripwire, no_engine
     out, err = io.StringIO(), io.StringIO()
     crashed = ""
     try:
-        with redirect_stdout(out), redirect_stderr(err):
+        with mock.patch.object(publish, "Registry", Tripwire), mock.patch.object(engine, "connect", no_engine), \
+                redirect_stdout(out), redirect_stderr(err):
             code = cli.run(argv)
     except RegistryCalled:
         code = -1
     except BaseException:  # noqa: BLE001 - a traceback is what the corpus looks for
         crashed = traceback.format_exc()
         code = -2
-    finally:
-        publish.Registry, engine.connect = saved
     return Outcome(code, out.getvalue(), err.getvalue(), crashed, calls)
 
 

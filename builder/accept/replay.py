@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from acceptance.replay import KINDS
+from acceptance.replay import KINDS as KINDS  # re-exported: the report links the gates that keep bundles
 from builder.accept.gates import TMPFS
 from builder.core.constants import CACHE_ENV, LABEL_PREFIX
 from builder.core.errors import BadInput, InfraError

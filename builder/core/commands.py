@@ -30,7 +30,7 @@ def run_logged(argv: list[str], logfile: Path, what: str, error: type[BuilderErr
         raise error(f"{what}: exit {rc}; log {logfile}", details=tail(logfile, 10))
 
 
-def _follow(proc: subprocess.Popen, logfile: Path, offset: int, progress: log.Progress) -> int:
+def _follow(proc: subprocess.Popen[bytes], logfile: Path, offset: int, progress: log.Progress) -> int:
     """Wait for `proc`, feeding what it appends to `logfile` (from `offset`, whole lines) to `progress`."""
     rest = b""
     with open(logfile, "rb") as read:

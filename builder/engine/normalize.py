@@ -70,7 +70,7 @@ class Normalized:
     raw_image_id: str        # what the engine built
     source_date_epoch: int
     base_layers: int
-    layers: list[dict]      # descriptors, base first
+    layers: list[dict[str, Any]]      # descriptors, base first
     diff_ids: list[str]
     seconds: float
     layer_epochs: list[int] = field(default_factory=list)  # source date of each added layer
@@ -224,7 +224,7 @@ def _write_blob(settings: Settings, data: bytes) -> Descriptor:
     return Descriptor("", len(data), digest)
 
 
-def fixed_config(raw: dict, base_history: int, diff_ids: list[str], epochs: int | list[int]) -> bytes:
+def fixed_config(raw: dict[str, Any], base_history: int, diff_ids: list[str], epochs: int | list[int]) -> bytes:
     """The engine's config with nothing per-build left: fixed times (each added layer's history entry at
     its layer's date, entries without a layer and `created` at the newest), no build container, no
     cache-key label, new diff IDs."""
@@ -391,7 +391,7 @@ def present_prefix(client: Any, diff_ids: list[str], at_least: int, settings: Se
     return best
 
 
-def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict, base_layers: list[dict],
+def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict[str, Any], base_layers: list[dict[str, Any]],
               epochs: int | list[int], settings: Settings, registry_host: str | None = None,
               source: str = "registry") -> Normalized:
     """Normalise what the engine built on top of the base (config + manifest layer descriptors from the

@@ -87,7 +87,7 @@ class Registry:
         if resp.status_code != 200:
             raise InfraError(f"registry {self.host}: GET /v2/ answered {resp.status_code}, expected 200")
 
-    def manifest(self, name: str, ref: str) -> dict:
+    def manifest(self, name: str, ref: str) -> dict[str, Any]:
         """HEAD then GET /v2/<name>/manifests/<ref>; returns header digest, computed digest, bytes, type."""
         accept = {"Accept": ", ".join(MANIFEST_TYPES)}
         path = f"/v2/{name}/manifests/{ref}"
@@ -203,7 +203,7 @@ def _path_of(url: str) -> str:
     return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
-def verify_tag(reg: Registry, name: str, tag: str, pushed_digest: str, image_id: str, platform: str) -> dict:
+def verify_tag(reg: Registry, name: str, tag: str, pushed_digest: str, image_id: str, platform: str) -> dict[str, Any]:
     """Check that tag serves exactly the manifest we pushed, whose config is our image; return facts.
 
     Raises PublishError naming the first mismatch."""
@@ -264,7 +264,7 @@ def put_manifest(reg: Registry, name: str, ref: str, data: bytes, media_type: st
     return resp
 
 
-def get_json(reg: Registry, path: str, accept: str) -> dict | None:
+def get_json(reg: Registry, path: str, accept: str) -> dict[str, Any] | None:
     """GET a JSON document; None on 404."""
     resp = reg._request("GET", path, headers={"Accept": accept})
     if resp.status_code == 404:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 BUSY_TIMEOUT_S = 60.0
 SCHEMA = """
@@ -88,6 +89,6 @@ class History:
         return [_run(r) for r in rows]
 
 
-def _run(row: tuple) -> Run:
+def _run(row: tuple[Any, ...]) -> Run:
     return Run(id=row[0], pins_name=row[1], started=row[2], verdict=row[3], image_id=row[4], digest=row[5],
                commits=json.loads(row[6]), report_path=row[7], exit_code=row[8], regression=bool(row[9]))

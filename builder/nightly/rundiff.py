@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from acceptance import perf as perf_rule
 from builder.core import files as fs
@@ -19,14 +20,14 @@ from builder.core.records import Report
 EVIDENCE_METRICS = ("throughput", "diff_max", "seconds")
 
 
-def _files(manifest: dict | None) -> dict[str, str]:
+def _files(manifest: dict[str, Any] | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for comp in ((manifest or {}).get("components") or {}).values():
         out.update(comp.get("files") or {})
     return out
 
 
-def _changes(old: dict, new: dict) -> dict[str, list]:
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list[Any]]:
     return {"added": sorted(set(new) - set(old)), "removed": sorted(set(old) - set(new)),
             "changed": sorted(k for k in set(old) & set(new) if old[k] != new[k])}
 
@@ -46,7 +47,7 @@ def metrics(report: Report) -> dict[str, float]:
     return out
 
 
-def performance(report: Report, previous_ratio: float | None, threshold: float) -> dict | None:
+def performance(report: Report, previous_ratio: float | None, threshold: float) -> dict[str, Any] | None:
     """The performance gate's rule on this run's runs, with the floor at the previous accepted ratio less the
     threshold; None when this run has no per-run throughput or there is no previous ratio."""
     tp = report.acceptance.throughput if report.acceptance else {}
@@ -65,11 +66,11 @@ def performance(report: Report, previous_ratio: float | None, threshold: float) 
             "aligned": evidence["aligned"]["runs"], "control": evidence["control"]["runs"]}
 
 
-def compare(report: Report, manifest: dict | None, digest: str | None, previous: Report | None,
-            previous_manifest: dict | None, previous_digest: str | None, threshold: float,
-            commit_log: dict[str, list[dict]]) -> dict:
+def compare(report: Report, manifest: dict[str, Any] | None, digest: str | None, previous: Report | None,
+            previous_manifest: dict[str, Any] | None, previous_digest: str | None, threshold: float,
+            commit_log: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The diff of `report` against `previous` (None: no accepted run to compare with)."""
-    diff: dict = {"pins_name": report.name, "verdict": report.verdict, "image_id": report.image_id, "digest": digest,
+    diff: dict[str, Any] = {"pins_name": report.name, "verdict": report.verdict, "image_id": report.image_id, "digest": digest,
                   "threshold": threshold, "previous": None, "regression": {"flag": False, "reasons": []}}
     if previous is None:
         diff["summary"] = "first accepted run of these pins: nothing to compare with"
@@ -126,7 +127,7 @@ def _short(sha: str | None) -> str:
     return f"`{algo + ':' if algo else ''}{hexpart[:12]}`"
 
 
-def to_markdown(diff: dict) -> str:
+def to_markdown(diff: dict[str, Any]) -> str:
     out = [f"## Nightly `{diff['pins_name']}`: **{diff['verdict']}**"
            + (" - **REGRESSION**" if diff["regression"]["flag"] else ""), "", f"{diff['summary']}.", ""]
     for reason in diff["regression"]["reasons"]:
@@ -167,7 +168,7 @@ def to_markdown(diff: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def write(diff: dict, run_dir: Path) -> dict[str, Path]:
+def write(diff: dict[str, Any], run_dir: Path) -> dict[str, Path]:
     paths = {"json": run_dir / "nightly-diff.json", "md": run_dir / "nightly-diff.md"}
     fs.write_atomic(paths["json"], json.dumps(diff, indent=2, sort_keys=True) + "\n")
     fs.write_atomic(paths["md"], to_markdown(diff))

@@ -267,7 +267,7 @@ def _directory(info: ValidationInfo) -> Path:
     return Path(context.get("directory") or ".")
 
 
-def _unique(values: list) -> list:
+def _unique(values: list[Any]) -> list[Any]:
     seen = [v for i, v in enumerate(values) if v in values[:i]]
     if seen:
         raise ValueError(f"expected unique entries, got {show(seen[0])} twice")
@@ -786,7 +786,7 @@ class Pins(Strict):
     def rl_lr(self) -> float:
         return float(self.recipe.overrides[self.acceptance.lr_key])
 
-    def to_json_dict(self) -> dict:
+    def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
@@ -801,7 +801,7 @@ def read_yaml(text: str) -> Any:
     return yamlguard.load_text(text)
 
 
-def _where(loc: tuple) -> str:
+def _where(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         if part == "[key]":
@@ -815,7 +815,7 @@ def _where(loc: tuple) -> str:
     return out
 
 
-def _allowed_keys(loc: tuple) -> list[str]:
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     """Field names of the model that holds the unknown key at `loc` (empty if not found)."""
     model: Any = Pins
     for part in loc[:-1]:
@@ -840,7 +840,7 @@ def _inner(model: Any) -> Any:
 FIELD_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)((?:\.[A-Za-z_][A-Za-z0-9_]*|\[[^\]]*\])*): (.*)", re.S)
 
 
-def _field_in_message(loc: tuple, text: str) -> tuple[str, str]:
+def _field_in_message(loc: tuple[Any, ...], text: str) -> tuple[str, str]:
     """A model check's `field: what` names a field of the model at `loc`: the field joins the dotted path."""
     match = FIELD_PREFIX.fullmatch(text)
     if match and match[1] in _allowed_keys((*loc, "")):

@@ -36,7 +36,7 @@ BUILD_TYPE = f"{TOOL_URI}/unified-image@v{BUILDER_VERSION}"
 BUILDER_ID = f"{TOOL_URI}/builder/local"
 
 
-def statement(repository: str, digest: str, predicate_type: str, predicate: dict) -> dict:
+def statement(repository: str, digest: str, predicate_type: str, predicate: dict[str, Any]) -> dict[str, Any]:
     return {"_type": STATEMENT_TYPE, "subject": [{"name": repository, "digest": {"sha256": hex_of(digest)}}],
             "predicateType": predicate_type, "predicate": predicate}
 
@@ -189,7 +189,7 @@ def attach_all(report: Report, pins: Pins, lock: Lock, repository: str, digest: 
             kept.append(same[1])
         else:
             todo.append((stmt["predicateType"], json.dumps(dsse.sign(stmt, key), sort_keys=True).encode()))
-    pushed: list[dict] = []
+    pushed: list[dict[str, Any]] = []
     try:
         for predicate_type, envelope in todo:
             pushed.append(referrers.attach(registry, name, subject, envelope, predicate_type))

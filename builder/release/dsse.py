@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -76,7 +77,7 @@ def load_public(path: Path) -> Ed25519PublicKey:
     return key
 
 
-def sign(statement: dict, key: Ed25519PrivateKey) -> dict:
+def sign(statement: dict[str, Any], key: Ed25519PrivateKey) -> dict[str, Any]:
     """The DSSE envelope of a JSON statement."""
     payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
     sig = key.sign(pae(PAYLOAD_TYPE, payload))
@@ -84,7 +85,7 @@ def sign(statement: dict, key: Ed25519PrivateKey) -> dict:
             "signatures": [{"keyid": key_id(key.public_key()), "sig": base64.b64encode(sig).decode()}]}
 
 
-def open_envelope(envelope: dict, key: Ed25519PublicKey) -> dict:
+def open_envelope(envelope: dict[str, Any], key: Ed25519PublicKey) -> dict[str, Any]:
     """The statement inside an envelope, once one of its signatures verifies with `key`."""
     try:
         payload = base64.b64decode(envelope["payload"], validate=True)

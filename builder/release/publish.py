@@ -11,6 +11,8 @@ import json
 import time
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
@@ -131,7 +133,7 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
     return receipt
 
 
-def check_signed_acceptance(report: Report, report_path: Path, key: attest.Ed25519PrivateKey | None,
+def check_signed_acceptance(report: Report, report_path: Path, key: Ed25519PrivateKey | None,
                             where: str) -> None:
     """With a signing key, the acceptance result must carry a valid signature by it, over this image, reading
     PASSED and listing every required gate as passed (builder/release/trust.py); an edited report.json cannot pass."""
@@ -155,7 +157,7 @@ def check_signed_acceptance(report: Report, report_path: Path, key: attest.Ed255
 
 
 def attest_published(report: Report, pins: Pins, lock: Lock, client: Client, registry: Registry, digest: str,
-                     key: attest.Ed25519PrivateKey | None, once: bool = False) -> list[str]:
+                     key: Ed25519PrivateKey | None, once: bool = False) -> list[str]:
     """Signed attestations for the pushed digest (builder/release/attest.py); none without a key."""
     if key is None:
         return []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from builder.core.errors import PublishError
 from builder.core.imageref import digest_of, hex_of
@@ -27,11 +28,11 @@ def fallback_tag(digest: str) -> str:
     return f"sha256-{hex_of(digest)}"
 
 
-def _descriptor(media_type: str, data: bytes, digest: str) -> dict:
+def _descriptor(media_type: str, data: bytes, digest: str) -> dict[str, Any]:
     return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
 
-def attach(reg: Registry, name: str, subject: dict, envelope: bytes, predicate_type: str) -> dict:
+def attach(reg: Registry, name: str, subject: dict[str, Any], envelope: bytes, predicate_type: str) -> dict[str, Any]:
     """Push one envelope as an artifact whose subject is `subject` (a descriptor of the image manifest);
     returns the artifact's descriptor (as listed in a referrers index)."""
     empty = push_blob(reg, name, EMPTY_DATA)
@@ -59,7 +60,7 @@ def _answers_referrers(reg: Registry, name: str, digest: str) -> bool:
     return resp.status_code == 200 and resp.headers.get("Content-Type", "").startswith(OCI_INDEX)
 
 
-def _add_to_fallback_index(reg: Registry, name: str, subject_digest: str, descriptor: dict) -> None:
+def _add_to_fallback_index(reg: Registry, name: str, subject_digest: str, descriptor: dict[str, Any]) -> None:
     tag = fallback_tag(subject_digest)
     index = get_json(reg, f"/v2/{name}/manifests/{tag}", OCI_INDEX) or {
         "schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}
@@ -71,7 +72,7 @@ def _add_to_fallback_index(reg: Registry, name: str, subject_digest: str, descri
     put_manifest(reg, name, tag, data, OCI_INDEX)
 
 
-def discover(reg: Registry, name: str, digest: str) -> list[dict]:
+def discover(reg: Registry, name: str, digest: str) -> list[dict[str, Any]]:
     """Descriptors of the artifacts that refer to `digest`: referrers API first, else the fallback tag."""
     resp = reg._request("GET", f"/v2/{name}/referrers/{digest}", headers={"Accept": OCI_INDEX})
     index = None
@@ -82,7 +83,7 @@ def discover(reg: Registry, name: str, digest: str) -> list[dict]:
     return [m for m in index.get("manifests", []) if m.get("artifactType") == DSSE_TYPE]
 
 
-def fetch_envelope(reg: Registry, name: str, descriptor: dict) -> tuple[dict, dict]:
+def fetch_envelope(reg: Registry, name: str, descriptor: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(artifact manifest, envelope) of one referrer; blobs are checked against their digests."""
     got = reg.manifest(name, descriptor["digest"])
     if got["computed"] != descriptor["digest"]:

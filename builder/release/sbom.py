@@ -25,7 +25,7 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _component(name: str, version: str, vcs: dict | None) -> Component:
+def _component(name: str, version: str, vcs: dict[str, Any] | None) -> Component:
     qualifiers = {}
     refs, pedigree, props = [], None, []
     if vcs:
@@ -41,7 +41,7 @@ def _component(name: str, version: str, vcs: dict | None) -> Component:
                      external_references=refs, pedigree=pedigree, properties=props)
 
 
-def build(image_manifest: dict, repository: str, digest: str) -> dict:
+def build(image_manifest: dict[str, Any], repository: str, digest: str) -> dict[str, Any]:
     """The SBOM (as a JSON dict) of the image `repository@digest` whose manifest is `image_manifest`."""
     vcs = {canonical(c["distribution"]): {**c, "component": name}
            for name, c in (image_manifest.get("components") or {}).items()}
@@ -60,7 +60,7 @@ def build(image_manifest: dict, repository: str, digest: str) -> dict:
     return doc
 
 
-def covered(sbom: dict) -> dict[str, dict]:
+def covered(sbom: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """{canonical name: {version, commit}} of the SBOM's components."""
     out = {}
     for comp in sbom.get("components") or []:

@@ -28,7 +28,7 @@ from builder.lock.record import Lock
 from builder.pins import model as pins_mod
 from builder.report.document import image_tags
 
-Verifier = Callable[[dict, Any, str], dict]
+Verifier = Callable[[dict[str, Any], Any, str], dict[str, Any]]
 
 
 def _fail(where: str, field: str, text: str) -> BadInput:
@@ -41,7 +41,7 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _steps_zero(evidence: dict, steps: int) -> str | None:
+def _steps_zero(evidence: dict[str, Any], steps: int) -> str | None:
     table = evidence.get("steps")
     if not isinstance(table, dict):
         return "no per-step table"
@@ -208,8 +208,8 @@ def check(report: Report, where: str) -> tuple[pins_mod.Pins, Lock] | None:
     return pins, lock
 
 
-def check_signature(report: Report, where: str, envelope: dict | None, public_key: Any,
-                    verify: Verifier | None) -> dict | None:
+def check_signature(report: Report, where: str, envelope: dict[str, Any] | None, public_key: Any,
+                    verify: Verifier | None) -> dict[str, Any] | None:
     """Issue 14 hook: with a signed in-toto test result (`envelope`) and its verifier
     (builder.release.attest.verify_test_result(envelope, public_key, digest)), the signature must hold for this
     image and read PASSED; returns its predicate. `envelope=None` and `verify=None` (signing not set up) return None."""

@@ -15,6 +15,7 @@ import json
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -42,7 +43,7 @@ SHOWN_IDS = 6  # key IDs named on the untrusted line; the rest are counted
 class Outcome:
     reference: str
     passed: list[str] = field(default_factory=list)
-    attestations: list[dict] = field(default_factory=list)
+    attestations: list[dict[str, Any]] = field(default_factory=list)
     untrusted: str = ""  # 'untrusted: N envelopes (key IDs ...)', empty when none
     foreign: str = ""  # 'ignored: N envelopes signed by a trusted key for another subject (...)'
 
@@ -56,7 +57,7 @@ def parse_reference(ref: str) -> tuple[str, str, str]:
     return image.registry, image.repository, str(image.digest)
 
 
-def image_facts(reg: Registry, name: str, digest: str) -> tuple[dict, dict]:
+def image_facts(reg: Registry, name: str, digest: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(labels, /opt/delivery/manifest.json) of the image, read from its config blob and layers."""
     got = reg.manifest(name, digest)
     if got["computed"] != digest:
@@ -105,7 +106,7 @@ def verify(ref: str, keys: Sequence[Ed25519PublicKey], settings: Settings, requi
     signers = sorted({kid[:16] for _, _, kids in sel.trusted for kid in kids})
     out.passed.append(f"signature: {len(sel.trusted)} envelopes verify with key {', '.join(signers)}")
     out.passed.append(f"subject: every selected statement is for {digest}")
-    by_type: dict[str, list[dict]] = {}
+    by_type: dict[str, list[dict[str, Any]]] = {}
     for _, stmt, _ in sel.trusted:
         by_type.setdefault(stmt["predicateType"], []).append(stmt)
     groups = [(dsse.key_id(k), [s for _, s, kids in sel.trusted if dsse.key_id(k) in kids]) for k in keys] \
@@ -138,8 +139,8 @@ class Selection:
     """The referrers of one digest split by trust: (envelope, statement, verifying key IDs) signed by a trusted
     key for this digest; envelopes no trusted key signed (by claimed key ID); trusted ones for another subject."""
 
-    trusted: list[tuple[dict, dict, set[str]]] = field(default_factory=list)
-    trusted_descriptors: list[dict] = field(default_factory=list)
+    trusted: list[tuple[dict[str, Any], dict[str, Any], set[str]]] = field(default_factory=list)
+    trusted_descriptors: list[dict[str, Any]] = field(default_factory=list)
     untrusted: list[str] = field(default_factory=list)  # one claimed key ID (or a reason) per envelope
     foreign: list[str] = field(default_factory=list)  # subjects of trusted envelopes made for another digest
 
@@ -159,7 +160,7 @@ class Selection:
                 f"({'; '.join(subjects[:SHOWN_IDS])}{more})")
 
 
-def select(reg: Registry, name: str, digest: str, found: list[dict], keys: Sequence[Ed25519PublicKey]) -> Selection:
+def select(reg: Registry, name: str, digest: str, found: list[dict[str, Any]], keys: Sequence[Ed25519PublicKey]) -> Selection:
     """Sort each referrer into trusted / untrusted / another subject (see Selection); an unreadable or malformed
     referrer is untrusted, never an error: anyone with push rights can attach one."""
     sel = Selection()
@@ -190,7 +191,7 @@ def select(reg: Registry, name: str, digest: str, found: list[dict], keys: Seque
     return sel
 
 
-def _claimed(envelope: dict, trusted_ids: set[str]) -> str:
+def _claimed(envelope: dict[str, Any], trusted_ids: set[str]) -> str:
     """The key IDs an untrusted envelope claims (16 hex each); a trusted ID whose signature fails is marked."""
     sigs = envelope.get("signatures") if isinstance(envelope, dict) else None
     ids = []
@@ -206,7 +207,7 @@ def show_id(kid: str) -> str:
     return escape(kid[:16])
 
 
-def _other_subject(stmt: dict, digest: str) -> str:
+def _other_subject(stmt: dict[str, Any], digest: str) -> str:
     algo, hexpart = split_digest(digest)
     subjects = [s.get("digest", {}).get(algo) if isinstance(s, dict) else None for s in stmt.get("subject") or []]
     if subjects and all(s == hexpart for s in subjects):
@@ -219,7 +220,7 @@ def _keys(keys: Sequence[Ed25519PublicKey]) -> str:
     return f"key {ids[0]}" if len(ids) == 1 else f"any of keys {', '.join(ids)}"
 
 
-def _check_provenance(predicate: dict, labels: dict, manifest: dict) -> None:
+def _check_provenance(predicate: dict[str, Any], labels: dict[str, Any], manifest: dict[str, Any]) -> None:
     deps = {d.get("name"): d for d in (predicate.get("buildDefinition") or {}).get("resolvedDependencies") or []}
     components = manifest.get("components") or {}
     if not components:
@@ -235,7 +236,7 @@ def _check_provenance(predicate: dict, labels: dict, manifest: dict) -> None:
                                    f"{info.get('tree')}")
 
 
-def _check_sbom(predicate: dict, manifest: dict) -> int:
+def _check_sbom(predicate: dict[str, Any], manifest: dict[str, Any]) -> int:
     if not str(predicate.get("specVersion", "")).startswith("1.6") or predicate.get("bomFormat") != "CycloneDX":
         raise AttestationError("sbom", f"expected a CycloneDX 1.6 BOM, got {predicate.get('bomFormat')} "
                                f"{predicate.get('specVersion')}")

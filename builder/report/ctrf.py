@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import calendar
 import time
+from typing import Any
 
 from builder import __version__ as BUILDER_VERSION
 from builder.core.records import Report
@@ -17,7 +18,7 @@ def _epoch_ms(stamp: str) -> int:
         return 0
 
 
-def to_ctrf(report: Report) -> dict:
+def to_ctrf(report: Report) -> dict[str, Any]:
     tests = []
     for gate in report.gates:
         seconds = gate.evidence.get("seconds")

@@ -27,7 +27,7 @@ from builder.pins.inputfile import read_text
 from builder.pins.model import Pins
 from builder.report import manifest as manifest_layers
 from builder.report.ctrf import to_ctrf
-from builder.report.manifest import UNKNOWN
+from builder.report.manifest import UNKNOWN as UNKNOWN  # re-exported: report_mod.UNKNOWN
 
 SEVERITY = {"fail": 3, "inconclusive": 2, "not_run": 1, "pass": 0}
 
@@ -62,7 +62,7 @@ def gate_table(acceptance: AcceptanceResult | None, required: list[str]) -> list
 
 def verdict_reasons(gates: list[GateResult], required: list[str], sources: ResolvedSources,
                     build: BuiltImage | None, acceptance: AcceptanceResult | None,
-                    manifest: dict | None) -> list[str]:
+                    manifest: dict[str, Any] | None) -> list[str]:
     """Everything that keeps the verdict from ACCEPTED; empty list = ACCEPTED."""
     reasons = []
     if acceptance is None:
@@ -88,7 +88,7 @@ def verdict_reasons(gates: list[GateResult], required: list[str], sources: Resol
 
 
 def make_report(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
-                image_manifest: dict | None = None, publish: PublishReceipt | None = None) -> Report:
+                image_manifest: dict[str, Any] | None = None, publish: PublishReceipt | None = None) -> Report:
     manifest = image_manifest or manifest_layers.find_manifest(acceptance)
     required = list(pins.acceptance.required_gates)
     gates = gate_table(acceptance, required)
@@ -210,7 +210,7 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _step_facts(steps: dict) -> list[str]:
+def _step_facts(steps: dict[str, Any]) -> list[str]:
     """Per-step metrics as the largest value over the steps; weights: in how many steps they changed."""
     rows = [s for s in steps.values() if isinstance(s, dict)]
     out = []
@@ -224,7 +224,7 @@ def _step_facts(steps: dict) -> list[str]:
     return out
 
 
-def readable_evidence(evidence: dict, limit: int = 300) -> str:
+def readable_evidence(evidence: dict[str, Any], limit: int = 300) -> str:
     """A gate's evidence chosen for reading: the numbers its verdict rests on, whole items only (the full
     record is in report.json)."""
     parts: list[str] = []

@@ -13,7 +13,7 @@ from builder.pins.model import Pins
 UNKNOWN = "unknown"
 
 
-def find_manifest(acceptance: AcceptanceResult | None) -> dict | None:
+def find_manifest(acceptance: AcceptanceResult | None) -> dict[str, Any] | None:
     """/opt/delivery/manifest.json as the acceptance run read it, if it kept a whole copy."""
     if not acceptance:
         return None
@@ -25,7 +25,7 @@ def find_manifest(acceptance: AcceptanceResult | None) -> dict | None:
     return None
 
 
-def provenance(acceptance: AcceptanceResult | None) -> dict:
+def provenance(acceptance: AcceptanceResult | None) -> dict[str, Any]:
     """Evidence of a provenance gate that ran (in the image, acceptance/provenance.py), else {}."""
     for g in acceptance.gates if acceptance else []:
         if g.name == "provenance" and g.status != "not_run":
@@ -33,7 +33,7 @@ def provenance(acceptance: AcceptanceResult | None) -> dict:
     return {}
 
 
-def image_commits(manifest: dict | None, acceptance: AcceptanceResult | None) -> dict[str, str]:
+def image_commits(manifest: dict[str, Any] | None, acceptance: AcceptanceResult | None) -> dict[str, str]:
     """Commit of each component as the image records it: manifest, else the stamp provenance read."""
     out = {}
     for name, comp in (provenance(acceptance).get("components") or {}).items():
@@ -69,7 +69,7 @@ def source_layer(sources: ResolvedSources, commits: dict[str, str]) -> dict[str,
     } for name, comp in sources.components.items()}
 
 
-def installed_layer(pins: Pins, names: list[str], manifest: dict | None, prov: dict) -> dict[str, Any]:
+def installed_layer(pins: Pins, names: list[str], manifest: dict[str, Any] | None, prov: dict[str, Any]) -> dict[str, Any]:
     """Layer 2: the distribution, version and module files each component installed."""
     mcomps, pcomps = (manifest or {}).get("components") or {}, prov.get("components") or {}
     out = {}
@@ -85,7 +85,7 @@ def installed_layer(pins: Pins, names: list[str], manifest: dict | None, prov: d
     return out
 
 
-def native_layer(names: list[str], manifest: dict | None, prov: dict) -> dict[str, Any]:
+def native_layer(names: list[str], manifest: dict[str, Any] | None, prov: dict[str, Any]) -> dict[str, Any]:
     """Layer 3: native libraries in the image and those the provenance check saw loaded."""
     mcomps, loaded = (manifest or {}).get("components") or {}, prov.get("native_libs_loaded")
     out = {}
@@ -99,7 +99,7 @@ def native_layer(names: list[str], manifest: dict | None, prov: dict) -> dict[st
     return out
 
 
-def jit_layer(acceptance: AcceptanceResult | None, prov: dict) -> Any:
+def jit_layer(acceptance: AcceptanceResult | None, prov: dict[str, Any]) -> Any:
     """Layer 4: JIT/compile cache settings, what the caches held at start, and per recipe gate what was
     compiled during its run (acceptance/jitcache.py: kernel, cache key, compiler version, config, origin)."""
     env = env_dict(acceptance.container.get("env") if acceptance else None)
@@ -129,8 +129,8 @@ def container_layer(pins: Pins, build: BuiltImage | None, acceptance: Acceptance
     }
 
 
-def run_layer(pins: Pins, lock: Lock, sources: ResolvedSources, acceptance: AcceptanceResult | None, manifest: dict | None,
-              prov: dict) -> dict[str, Any]:
+def run_layer(pins: Pins, lock: Lock, sources: ResolvedSources, acceptance: AcceptanceResult | None,
+              manifest: dict[str, Any] | None, prov: dict[str, Any]) -> dict[str, Any]:
     """Layer 6: the recipe, its environment, the engines, the interpreter, the pins and lock files."""
     env = env_dict(acceptance.container.get("env") if acceptance else None)
     pulled = acceptance.pulled if acceptance else None
@@ -156,7 +156,7 @@ def run_layer(pins: Pins, lock: Lock, sources: ResolvedSources, acceptance: Acce
 
 
 def run_manifest(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
-                 manifest: dict | None, publish: PublishReceipt | None) -> dict[str, Any]:
+                 manifest: dict[str, Any] | None, publish: PublishReceipt | None) -> dict[str, Any]:
     """The six layers (source, installed packages, native libraries, JIT caches, container, run)."""
     prov, names = provenance(acceptance), list(sources.components)
     return {"source": source_layer(sources, image_commits(manifest, acceptance)),

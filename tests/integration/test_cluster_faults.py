@@ -1,0 +1,251 @@
+"""The Slurm runner's faults on a real one-node cluster (demo/cluster.py), with a tiny .sqsh made here from
+host binaries: its `python` is a shell script that sleeps $FAKE_SLEEP seconds (from the image's
+/etc/environment) and prints a passing result line. Each fault ends with its documented outcome, no job
+left in squeue, no container process left, and a rerun passes once the fault is gone."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.cluster import slurm
+from builder.cluster.runner import SlurmOptions, SlurmRunner
+from builder.core import files
+from builder.core.errors import InfraError
+from builder.pins import model
+from demo import cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = """#!/bin/sh
+# python -m acceptance gate GATE --settings JSON
+sleep "${FAKE_SLEEP:-0}"
+echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"fake gate ran\\", \\"evidence\\": {}}"
+"""
+
+
+def tiny_sqsh(dest: Path, sleep: int) -> Path:
+    """A SquashFS root with sh, sleep and the fake python; FAKE_SLEEP in its /etc/environment."""
+    root = dest / f"root-{sleep}"
+    for sub in ("bin", "usr/bin", "etc", "dev", "proc", "sys", "tmp", "home", "mnt"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for binary in ("/bin/sh", "/bin/sleep", "/bin/cat"):
+        shutil.copy(binary, root / "bin")
+        libs = subprocess.run(["ldd", binary], capture_output=True, text=True, check=False).stdout
+        for lib in [w for w in libs.split() if w.startswith("/")]:
+            (root / lib[1:]).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(lib, root / lib[1:])
+    for name in ("passwd", "group", "hosts", "resolv.conf"):
+        (root / "etc" / name).touch()
+    (root / "etc" / "environment").write_text(f"FAKE_SLEEP={sleep}\nPATH=/bin:/usr/bin\n")
+    (root / "usr" / "bin" / "python").write_text(FAKE)
+    (root / "usr" / "bin" / "python").chmod(0o755)
+    out = dest / f"tiny-{sleep}.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(out), "-noappend", "-quiet", "-no-progress"], check=True,
+                   capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    where = tmp_path_factory.mktemp("tiny")
+    return {"quick": tiny_sqsh(where, 0), "slow": tiny_sqsh(where, 60)}
+
+
+@pytest.fixture(scope="module")
+def pins() -> model.Pins:
+    loaded = model.load(ROOT / "pins" / "demo.yaml")
+    return loaded.model_copy(update={"base": loaded.base.model_copy(update={"python_bin": "/usr/bin/python"})})
+
+
+def runner(pins: model.Pins, sqsh: Path, tmp_path: Path, sha256: str | None = None) -> SlurmRunner:
+    return SlurmRunner(pins, sqsh, sha256 or files.sha256_file(sqsh), SlurmOptions(shared_dir=tmp_path), 2)
+
+
+def nothing_left(sqsh: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        queue = slurm.call(["squeue", "-h", "-o", "%i %j"], "squeue").strip()
+        procs = subprocess.run(["pgrep", "-f", f"ch-run.*{sqsh.name}"], capture_output=True, text=True).stdout
+        if not queue and not procs.strip():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"left behind: squeue {queue!r}, ch-run processes {procs!r}")
+
+
+def while_step_runs(action: Callable[[str], object]) -> threading.Thread:
+    """Run action(job ID) in a thread as soon as a gate step (not the check) is running."""
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            steps = slurm.call(["squeue", "-h", "-s", "-o", "%i %j"], "squeue -s").split("\n")
+            running = [line.split()[0] for line in steps if line.strip() and "-" in line.split()[-1]
+                       and "sqsh-check" not in line]
+            if running:
+                time.sleep(1)
+                action(running[0].split(".")[0])
+                return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def run_one(pins: model.Pins, sqsh: Path, tmp_path: Path, timeout_s: int = 120, sha256: str | None = None,
+            ) -> tuple[Any, dict[str, Any]]:
+    r = runner(pins, sqsh, tmp_path, sha256)
+    try:
+        return r.run("provenance", {"gate": "provenance"}, timeout_s)
+    finally:
+        r.close()
+
+
+def test_gate_passes_and_slurm_record_is_reported(slurm_cluster: cluster.Cluster, pins: model.Pins,
+                                                 images: dict[str, Path], tmp_path: Path) -> None:
+    result, facts = run_one(pins, images["quick"], tmp_path)
+    assert result.status == "pass", (result.reason, result.log)
+    assert facts["cluster"] == "demo" and facts["partition"] == "gates" and facts["state"] == "COMPLETED"
+    assert facts["exit_code"] == "0:0" and facts["step"].startswith(f"{facts['job_id']}.")
+    assert facts["sqsh_sha256_node"] == files.sha256_file(images["quick"])
+    assert facts["runtime"] == "charliecloud" and facts["runtime_version"]
+    nothing_left(images["quick"])
+
+
+def test_slurmctld_down_at_submit_is_infra_and_rerun_passes(slurm_cluster: cluster.Cluster, pins: model.Pins,
+                                                            images: dict[str, Path], tmp_path: Path) -> None:
+    os.kill(int(slurm_cluster.pid_file("slurmctld").read_text().split()[0]), signal.SIGTERM)
+    time.sleep(2)
+    try:
+        with pytest.raises(InfraError) as err:
+            run_one(pins, images["quick"], tmp_path)
+        assert err.value.exit_code == 3 and "\n" not in str(err.value)
+        assert "slurm" in str(err.value)
+    finally:
+        cluster.start(slurm_cluster.root)
+    nothing_left(images["quick"])
+    assert run_one(pins, images["quick"], tmp_path)[0].status == "pass"
+
+
+def test_munged_down_is_infra_and_rerun_passes(slurm_cluster: cluster.Cluster, pins: model.Pins,
+                                               images: dict[str, Path], tmp_path: Path) -> None:
+    os.kill(int(slurm_cluster.pid_file("munged").read_text().split()[0]), signal.SIGTERM)
+    time.sleep(1)
+    try:
+        with pytest.raises(InfraError) as err:
+            run_one(pins, images["quick"], tmp_path)
+        assert err.value.exit_code == 3 and "munge" in str(err.value).lower()
+    finally:
+        cluster.start(slurm_cluster.root)
+    nothing_left(images["quick"])
+    assert run_one(pins, images["quick"], tmp_path)[0].status == "pass"
+
+
+def test_node_down_during_a_gate_is_inconclusive_node_failure(slurm_cluster: cluster.Cluster, pins: model.Pins,
+                                                              images: dict[str, Path], tmp_path: Path) -> None:
+    node = os.uname().nodename.split(".")[0]
+    watcher = while_step_runs(lambda job: slurm.call(["scontrol", "update", f"nodename={node}", "state=down",
+                                                      "reason=test"], "scontrol update"))
+    try:
+        result, _ = run_one(pins, images["slow"], tmp_path)
+    finally:
+        watcher.join()
+        cluster.start(slurm_cluster.root)  # resumes the node
+    assert result.status == "inconclusive" and result.reason.startswith("node failure"), result.reason
+    nothing_left(images["slow"])
+    assert run_one(pins, images["quick"], tmp_path)[0].status == "pass"
+
+
+def test_gate_over_its_time_limit_fails_naming_the_limit(slurm_cluster: cluster.Cluster, pins: model.Pins,
+                                                         images: dict[str, Path], tmp_path: Path) -> None:
+    result, facts = run_one(pins, images["slow"], tmp_path, timeout_s=3)
+    assert result.status == "fail" and "time limit of 3 s" in result.reason, result.reason
+    assert facts["state"].startswith("CANCELLED")
+    nothing_left(images["slow"])
+
+
+def test_scancel_by_someone_else_is_inconclusive(slurm_cluster: cluster.Cluster, pins: model.Pins,
+                                                 images: dict[str, Path], tmp_path: Path) -> None:
+    watcher = while_step_runs(lambda job: slurm.cancel(job))
+    try:
+        result, facts = run_one(pins, images["slow"], tmp_path)
+    finally:
+        watcher.join()
+    assert result.status == "inconclusive" and "cancelled outside the builder" in result.reason, (result.reason, facts)
+    nothing_left(images["slow"])
+
+
+def test_sqsh_changed_after_export_fails_the_gate(slurm_cluster: cluster.Cluster, pins: model.Pins,
+                                                  images: dict[str, Path], tmp_path: Path) -> None:
+    changed = tmp_path / "changed.sqsh"
+    shutil.copy(images["quick"], changed)
+    recorded = files.sha256_file(changed)
+    with open(changed, "ab") as handle:
+        handle.write(b"\0")
+    result, _ = run_one(pins, changed, tmp_path / "w", sha256=recorded)
+    assert result.status == "fail" and ".sqsh sha256 on node" in result.reason and recorded[:16] in result.reason
+    nothing_left(changed)
+
+
+INTERRUPT = """
+import sys, json
+from pathlib import Path
+from builder.accept import gates
+from builder.cluster.runner import SlurmOptions, SlurmRunner
+from builder.core import faults, files
+from builder.pins import model
+faults.interrupt_on_sigterm()
+pins = model.load(Path(sys.argv[1]))
+pins = pins.model_copy(update={"base": pins.base.model_copy(update={"python_bin": "/usr/bin/python"})})
+sqsh = Path(sys.argv[2])
+r = SlurmRunner(pins, sqsh, files.sha256_file(sqsh), SlurmOptions(shared_dir=Path(sys.argv[3])), 5)
+try:
+    gates.accept_with(r, "tiny", pins, gates=["provenance"], timeout_s=120)
+except KeyboardInterrupt:
+    print("job " + str(r.job), flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_cancels_exactly_its_own_job_and_exits_130(slurm_cluster: cluster.Cluster, images: dict[str, Path],
+                                                          tmp_path: Path, sig: signal.Signals) -> None:
+    other = slurm.call(["sbatch", "--parsable", "--job-name=someone-else", "--output=/dev/null",
+                        "--wrap=sleep 120"], "sbatch").strip()
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT, str(ROOT / "pins" / "demo.yaml"), str(images["slow"]),
+                             str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    watcher = while_step_runs(lambda job: proc.send_signal(sig))
+    out, err = proc.communicate(timeout=120)
+    watcher.join()
+    try:
+        assert proc.returncode == 130, err[-2000:]
+        mine = out.split("job ")[-1].strip()
+        assert mine and mine != other
+        assert slurm.job_state(mine).get("JobState") in ("CANCELLED", None)
+        assert slurm.job_state(other).get("JobState") in ("RUNNING", "PENDING")  # not touched
+    finally:
+        slurm.cancel(other)
+    nothing_left(images["slow"])
+
+
+def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins, images: dict[str, Path],
+                               tmp_path: Path) -> None:
+    r = runner(pins, images["quick"], tmp_path)
+    try:
+        r.run("provenance", {"gate": "provenance"}, 60)
+    finally:
+        r.close()
+    described = r.describe()
+    json.dumps(described)
+    assert described["isolation"]["network"].startswith("host:") and described["sqsh_check"]["mb_per_s"]

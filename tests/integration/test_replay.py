@@ -1,0 +1,160 @@
+"""Replay bundles: a planted zero-update defect (tinycore PR 23: weight decay not scaled by lr) leaves a bundle
+that `builder replay` reproduces in a fresh container (exit 1) and that the good image no longer shows (exit 0);
+a good run's report says there is nothing to replay. Unit tests first (no Docker), then the real images."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acceptance import replay as bundles
+from builder import pipeline
+from builder.accept import gates as accept
+from builder.accept import replay
+from builder.core.errors import BadInput
+from builder.core.options import Settings
+from builder.core.records import GateResult
+from builder.lock import record as lock_record
+from builder.report import document
+
+SETTINGS = Settings.from_env()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _step(n: int, trainer: list[list[float]], rollout: list[list[float]], moved: int = 0,
+          digest: str = "aa") -> dict[str, Any]:
+    return {"step": n, "seed": 1, "sample_seed": 7, "prompts": [[1, 2]], "responses": [[3, 4]],
+            "trainer_logprobs": trainer, "rollout_logprobs": rollout, "weights_before": digest,
+            "weights_after": digest, "initial_weights": "aa",
+            "weights_changed": {"count": moved, "first": [{"tensor": "w", "index": 0, "before": 1.0, "after": 0.5}]
+                                if moved else []},
+            "config": {"seed": 1}, "replay_entry": ["python", "-m", "tinyrl.replay"]}
+
+
+def _capture(tmp_path: Path, *steps: dict[str, Any]) -> str:
+    for s in steps:
+        (tmp_path / f"step_{s['step']}.json").write_text(json.dumps(s))
+    return str(tmp_path)
+
+
+def test_bundle_takes_the_first_differing_step_and_position(tmp_path: Path) -> None:
+    where = _capture(tmp_path, _step(1, [[-1.0, -2.0]], [[-1.0, -2.0]]),
+                     _step(2, [[-1.0, -2.5]], [[-1.0, -2.25]], digest="bb"))
+    (tmp_path / "step_2.weights").write_bytes(b"weights")
+    found = bundles.bundle("rl_step", where, {"env": {"A": "1"}}, {"DEMO_BATCH_INVARIANT": "1"}, 0.001)
+    assert found is not None and found["differs"] and found["step"] == 2 and found["kind"] == "logprobs"
+    assert found["count"] == 1 and found["first"] == [{"position": [0, 1], "trainer": -2.5, "rollout": -2.25}]
+    assert found["batch"] == {"prompts": [[1, 2]], "responses": [[3, 4]], "sample_seed": 7, "seed": 1}
+    assert found["weights"]["digest"] == "bb" and found["weights"]["source"] == "inline"
+    assert found["arm_env"] == {"DEMO_BATCH_INVARIANT": "1"} and found["recipe_env"] == {"A": "1"}
+
+
+def test_zero_update_bundle_names_the_weights_the_step_moved(tmp_path: Path) -> None:
+    where = _capture(tmp_path, _step(1, [[-1.0]], [[-1.0]], moved=3))
+    found = bundles.bundle("zero_update", where, {}, {}, 0.0)
+    assert found is not None and found["kind"] == "weights" and found["count"] == 3 and found["lr"] == 0.0
+    assert found["weights"] == {"digest": "aa", "source": "initial (the recipe's seeded start)"}
+
+
+def test_no_difference_is_nothing_to_replay_and_no_capture_is_no_bundle(tmp_path: Path) -> None:
+    where = _capture(tmp_path, _step(1, [[-1.0]], [[-1.0]]))
+    found = bundles.bundle("zero_update", where, {}, {}, 0.0)
+    assert found is not None and not found["differs"] and found["note"].startswith("nothing to replay")
+    assert bundles.bundle("control", str(tmp_path / "none"), {}, {}, 0.0) is None
+
+
+def test_nan_logprobs_differ(tmp_path: Path) -> None:
+    where = _capture(tmp_path, _step(1, [[float("nan")]], [[-1.0]]))
+    found = bundles.bundle("rl_step", where, {}, {}, 0.001)
+    assert found is not None and found["differs"] and found["count"] == 1
+
+
+def test_report_keeps_a_pointer_and_the_file_keeps_the_weights() -> None:
+    full = {"differs": True, "kind": "logprobs", "step": 2, "count": 1, "first": [],
+            "weights": {"digest": "bb", "source": "inline", "data": "QUJD"}}
+    gates = [GateResult(name="rl_step", status="fail", reason="x", evidence={"replay": full}),
+             GateResult(name="zero_update", status="pass", reason="y", evidence={"replay": {"differs": False}})]
+    kept, files = replay.split(gates)
+    assert files == {"rl_step": full}
+    assert kept[0].evidence["replay"]["file"] == "replay/rl_step.json"
+    assert "data" not in kept[0].evidence["replay"]["weights"] and kept[1] is gates[1]
+    assert replay.split(kept)[1] == {}  # written once: a report written again keeps the first file
+    assert replay.choose(kept, None, "r.json")[0] == "rl_step"
+    with pytest.raises(BadInput, match="no replay bundle for gate control"):
+        replay.choose(kept, "control", "r.json")
+    with pytest.raises(BadInput, match="--gate: expected one of"):
+        replay.choose(kept, "provenance", "r.json")
+
+
+def test_lines_name_the_first_position_and_both_values() -> None:
+    out = replay.lines("zero_update", {"differs": True, "step": 1, "kind": "weights", "count": 5, "image": "sha256:x",
+                                       "seconds": 4.2, "first": [{"tensor": "w", "index": 3, "before": 1.0,
+                                                                  "after": 0.99}]})
+    assert out == ["zero_update step 1 (weights, image sha256:x, 4.2 s): DIFFERS at 5 position(s)",
+                   "first: w[3]: before 1.0, after 0.99"]
+    assert replay.lines("rl_step", {"differs": False, "step": 2, "kind": "logprobs"})[0].endswith("equal: no position differs")
+
+
+# ---- real images ------------------------------------------------------------------------------------------
+
+
+def _report(demo_image: Any, built: Any, result: Any, out: Path) -> Path:
+    pins, resolved, _, _ = demo_image
+    document.write(document.make_report(pins, lock_record.of(pins), resolved, built, result), out)
+    return out / "report.json"
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_planted_zero_update_defect_replays_and_not_on_the_good_image(
+        demo_image: Any, build_variant: Any, docker_client: Any, run_id: str, tmp_path: Path) -> None:
+    pins, _, _, good = demo_image
+    bad = build_variant("megatron", 23)
+    start = time.monotonic()
+    result = accept.accept(bad.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
+    gate_s = time.monotonic() - start
+    gate = next(g for g in result.gates if g.name == "zero_update")
+    assert gate.status == "fail" and "weights changed with lr 0" in gate.reason
+    found = gate.evidence["replay"]
+    assert found["differs"] and found["kind"] == "weights" and found["step"] == 1 and found["count"] > 0
+    assert found["batch"]["prompts"] and found["batch"]["responses"] and found["weights"]["digest"]
+    assert len(json.dumps(found)) < 64 * 1024  # small and bounded
+    report_json = _report(demo_image, bad, result, tmp_path)
+    on_disk = json.loads((tmp_path / "replay" / "zero_update.json").read_text())
+    assert on_disk["first"] == found["first"]
+    assert "[replay/zero_update.json](replay/zero_update.json)" in (tmp_path / "report.md").read_text()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.monotonic()
+    cli = subprocess.run([sys.executable, "-m", "builder", "replay", str(report_json)], capture_output=True,
+                         text=True, env=env, timeout=600)
+    replay_s = time.monotonic() - start
+    assert cli.returncode == 1, cli.stderr[-2000:]
+    first = found["first"][0]
+    assert cli.stdout.splitlines()[0].startswith("zero_update step 1 (weights, image ")
+    assert f"first: {first['tensor']}[{first['index']}]: before {first['before']!r}, after {first['after']!r}" \
+        in cli.stdout
+    print(f"zero_update gate {gate_s:.1f} s, replay (CLI, fresh container) {replay_s:.1f} s")  # bench_replay.py
+    lines, differs = pipeline.replay(report_json, SETTINGS, gate="zero_update", image=good.image_id)
+    assert not differs and lines[0].endswith("equal: no position differs"), lines
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_good_run_report_says_nothing_to_replay(demo_image: Any, docker_client: Any, run_id: str,
+                                                 tmp_path: Path) -> None:
+    pins, _, _, good = demo_image
+    result = accept.accept(good.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
+    gate = next(g for g in result.gates if g.name == "zero_update")
+    assert gate.status == "pass" and gate.evidence["replay"]["differs"] is False
+    report_json = _report(demo_image, good, result, tmp_path)
+    assert not (tmp_path / "replay").exists()
+    assert "- zero_update: nothing to replay (nothing to replay: zero_update saw no difference" in \
+        (tmp_path / "report.md").read_text()
+    lines, differs = pipeline.replay(report_json, SETTINGS)
+    assert not differs and lines[0].startswith("zero_update: nothing to replay"), lines
+    with pytest.raises(BadInput, match="no replay bundle for gate rl_step"):
+        pipeline.replay(report_json, SETTINGS, gate="rl_step")

@@ -1,0 +1,90 @@
+"""Reproducible images on the real engine: a cold rebuild (no cache, the image removed first) gives the
+same image ID and manifest digest, `rebuild --check` passes on the demo and fails on a build that
+stamps the time, naming that file."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from builder import pipeline
+from builder.core.records import BuiltImage, ResolvedSources
+from builder.engine import client as engine
+from builder.engine import normalize, staging
+from builder.engine.registry import Registry, split_repository
+from builder.lock import record as lock_record
+from builder.pins.model import Pins
+from builder.report import document as report_mod
+from tests.conftest import SETTINGS
+from tests.fixture_types import DemoImage, DockerClient
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.docker
+
+
+def write_report(pins: Pins, resolved: ResolvedSources, built: BuiltImage, out: Path) -> Path:
+    report = report_mod.make_report(pins, lock_record.of(pins), resolved, built, None)
+    return report_mod.write(report, out)["json"]
+
+
+def reload(client: DockerClient, built: BuiltImage, tag: str) -> None:
+    """Load a normalised image again from the blob store (what a cold rebuild that removed it needs)."""
+    manifest = json.loads(normalize.blob_path(SETTINGS, built.manifest_digest).read_bytes())
+    config = normalize.blob_path(SETTINGS, manifest["config"]["digest"]).read_bytes()
+    files = [normalize.blob_path(SETTINGS, d["digest"]) for d in manifest["layers"]]
+    normalize.load(client, config, [p if p.exists() else None for p in files], tag, SETTINGS.cache("oci", "tmp"))
+
+
+def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_image: DemoImage, staged_demo: str,
+                                                                      docker_client: DockerClient,
+                                                                     tmp_path: Path) -> None:
+    pins, resolved, rendered, built = demo_image
+    config_digest = json.loads(normalize.blob_path(SETTINGS, built.manifest_digest).read_bytes())["config"]["digest"]
+    assert built.image_id == config_digest  # the local image ID is the config digest
+    host, name = split_repository(staged_demo.partition("@")[0])
+    assert Registry(host).manifest(name, built.manifest_digest)["computed"] == built.manifest_digest
+    report_json = write_report(pins, resolved, built, tmp_path)
+    attrs = docker_client.api.inspect_image(built.image_id)
+    try:
+        for ref in attrs.get("RepoTags", []) + attrs.get("RepoDigests", []):
+            engine.remove_image(docker_client, ref)  # every local reference (the image goes unless a child holds it)
+        result = pipeline.rebuild_check(report_json, SETTINGS)
+    finally:
+        if engine.inspect_image(docker_client, built.image_id) is None:
+            reload(docker_client, built, rendered.tag)  # later tests use the demo image
+        engine.tag_image(docker_client, built.image_id, rendered.tag)
+    assert result["status"] == "same", json.dumps(result)[:3000]
+    assert result["rebuild"] == {"image_id": built.image_id, "manifest_digest": built.manifest_digest}
+    again = staging.push(result["rebuild"]["manifest_digest"], staged_demo.partition("@")[0], pins.base.name, SETTINGS)
+    assert again == staged_demo
+    rebuild = report_mod.load(report_json).rebuild
+    assert rebuild is not None and rebuild["status"] == "same"
+
+
+def test_rebuild_check_catches_a_build_step_that_stamps_the_time(stamped_pins: Path, tmp_path: Path) -> None:
+    from tests.conftest import _resolve_render_build
+
+    pins, resolved, rendered, built = _resolve_render_build(stamped_pins)
+    client = engine.connect(SETTINGS)
+    try:
+        report_json = write_report(pins, resolved, built, tmp_path)
+        proc = subprocess.run([sys.executable, "-m", "builder.cli", "rebuild", "--check", str(report_json)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=1200, env=dict(os.environ))
+    finally:
+        for tag in built.tags:
+            engine.remove_image(client, tag)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "diff in" in proc.stderr
+    result = report_mod.load(report_json).rebuild
+    assert result is not None
+    assert result["status"] == "different"
+    paths = [e["path"] for layer in result["layers"] for e in layer["entries"]]
+    stamped = [p for p in paths if p.endswith("/site-packages/tinyrl/BUILD_TIME")]
+    assert stamped, paths
+    entry = next(e for layer in result["layers"] for e in layer["entries"] if e["path"] == stamped[0])
+    assert entry["change"] == "modified" and "sha256" in entry["fields"]
+    # everything else that differs follows from that file: its RECORD line and the image manifest's hash of it
+    assert all(p.endswith(("/BUILD_TIME", "/RECORD", "/opt/delivery/manifest.json")) for p in paths), paths
+    assert "BUILD_TIME" in (tmp_path / "report.md").read_text()

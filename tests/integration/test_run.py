@@ -1,0 +1,143 @@
+"""`builder run` end to end on the demo stack: exit codes 0 / 1 / 2 / 3, publish only when accepted,
+and a second run that reuses the build but accepts again in new containers."""
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from builder.core.options import Settings
+from builder.engine.registry import Registry, split_repository
+from builder.image.render import sha_tag
+from demo.prepare import variant_pins
+from tests.fixture_types import DockerClient
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.docker
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "builder.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def untag() -> Iterator[list[str]]:
+    """Image refs to untag after the test (never-accepted variants leave no tag behind)."""
+    refs: list[str] = []
+    yield refs
+    from builder.engine import client as engine
+
+    client = engine.connect(Settings.from_env())
+    for ref in refs:
+        engine.remove_image(client, ref)
+
+
+def container_ids(report: dict[str, Any]) -> set[str]:
+    """Every gate's container ID (the performance gate: one container per run)."""
+    ids = set()
+    for gate in report["acceptance"]["container"]["gates"].values():
+        ids |= {gate["id"]} if "id" in gate else {run["id"] for run in gate["runs"]}
+    return ids
+
+
+def served(repository: str, tag: str) -> int:
+    host, name = split_repository(repository)
+    return requests.head(f"http://{host}/v2/{name}/manifests/{tag}", timeout=10,
+                         headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}).status_code
+
+
+def test_run_accepts_publishes_and_reruns(demo_pins: Path, tmp_path: Path) -> None:
+    first = run_cli("run", str(demo_pins), "--publish", "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["verdict"] == "ACCEPTED"
+    receipt = report["publish"]
+    assert receipt["verified"] and receipt["config_digest"] == report["build"]["image_id"]
+    host, name = split_repository(receipt["repository"])
+    served_digest = Registry(host).manifest(name, report["tags"][0])["computed"]
+    assert served_digest == receipt["digest"]
+    assert "verdict: ACCEPTED" in first.stderr and "report md:" in first.stderr
+
+    second = run_cli("run", str(demo_pins), "--out", str(tmp_path / "b"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    again = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert again["build"]["image_id"] == report["build"]["image_id"]
+    assert again["build"]["cached"] is True
+    assert container_ids(again).isdisjoint(container_ids(report))  # fresh containers
+    assert again["publish"] is None  # not asked this time
+
+
+def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins: Path, tmp_path: Path, untag: list[str]) -> None:
+    pins_path = variant_pins(tmp_path / "pins", "vllm", 12, pins_path=demo_pins)  # batch invariance broken
+    out = run_cli("run", str(pins_path), "--publish", "--out", str(tmp_path / "run"))
+    assert out.returncode == 1, out.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["verdict"] == "NOT ACCEPTED" and report["publish"] is None
+    assert {g["name"]: g["status"] for g in report["gates"]}["zero_update"] == "fail"
+    from builder.pins import model as pins_mod
+
+    pins = pins_mod.load(pins_path)
+    untag.append(f"{pins.image.repository}:{sha_tag(pins)}")
+    assert served(pins.image.repository, sha_tag(pins)) == 404
+
+
+def test_run_bad_input_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "pins.yaml"
+    bad.write_text("- a list\n- not a mapping\n")
+    out = run_cli("run", str(bad), "--out", str(tmp_path / "run"))
+    assert out.returncode == 2 and str(bad) in out.stderr
+    assert not (tmp_path / "run").exists()  # nothing half-made
+
+
+def test_run_engine_unreachable_exits_3(demo_pins: Path, tmp_path: Path) -> None:
+    out = run_cli("run", str(demo_pins), "--out", str(tmp_path / "run"),
+                  env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert "docker engine" in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_sigint_during_a_gate_removes_its_container(demo_pins: Path, tmp_path: Path, docker_client: DockerClient,
+                                                    untag: list[str]) -> None:
+    """A real Ctrl-C (SIGINT) to `builder accept` while a gate runs: exit 130, no container left."""
+    import signal
+    import time
+
+    def long_run(data: dict[str, Any]) -> None:  # a recipe that runs far longer than the test waits
+        data["acceptance"]["steps"] = 100000
+        data["recipe"]["overrides"][data["acceptance"].get("steps_key", "trainer.total_training_steps")] = 100000
+
+    pins_path = variant_pins(tmp_path / "pins", edit=long_run, pins_path=demo_pins)
+    image = run_cli("build", str(pins_path), "--quiet")
+    assert image.returncode == 0, image.stderr[-2000:]
+    image_id = json.loads(image.stdout)["image_id"]
+    untag.extend(json.loads(image.stdout)["tags"])
+    proc = subprocess.Popen([sys.executable, "-m", "builder.cli", "accept", str(pins_path), "--image", image_id,
+                             "--gate", "zero_update", "--out", str(tmp_path / "run")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # SIGINT at its default in the child: a job started in the background (nohup,
+                            # `cmd &` in a script) inherits it ignored, and Python then installs no handler
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    label = {"label": "io.truepolicy.acceptance", "ancestor": image_id}
+    deadline = time.monotonic() + 120
+    while not docker_client.containers.list(filters=label) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    running = docker_client.containers.list(filters=label)
+    assert running, "the gate's container never started"
+    time.sleep(3)  # the recipe is under way
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the builder's own cleanup removes the container
+        proc.communicate(timeout=120)
+        raise
+    assert proc.returncode == 130, err[-2000:]
+    assert docker_client.containers.list(all=True, filters=label) == []
+    assert not (tmp_path / "run" / "report.json").exists()

@@ -1,0 +1,63 @@
+"""The cluster leg without a cluster: the runtimes' command lines (enroot/pyxis is only ever checked here,
+never executed), the acceptance.slurm pins section and the --slurm flags, checked by the same rules."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.cluster import accept as cluster_accept
+from builder.cluster import runtimes
+from builder.core.errors import BadInput
+from builder.core.options import Settings
+from builder.pins import model
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = runtimes.GateSpec(sqsh="/shared/img.sqsh", out_dir="/shared/.runs/r/provenance-1",
+                         env_file="/shared/.runs/r/environment-n1", env={"HOME": "/tmp/cache"},
+                         command=["/opt/venv/bin/python", "-m", "acceptance", "gate", "provenance"])
+
+
+def test_charliecloud_runs_the_sqsh_read_only_with_the_image_environment_and_one_bind() -> None:
+    argv = runtimes.Charliecloud().argv(SPEC)
+    assert argv[0] == "ch-run" and "--unset-env=*" in argv and "--set-env=/shared/.runs/r/environment-n1" in argv
+    assert [a for a in argv if a.startswith("--bind")] == ["--bind=/shared/.runs/r/provenance-1:/tmp/acceptance"]
+    assert "--private-tmp" in argv and "--home" not in argv and "-w" not in argv and "--write" not in argv
+    assert argv[argv.index("--") - 1] == "/shared/img.sqsh" and argv[argv.index("--") + 1:] == SPEC.command
+    assert runtimes.Charliecloud().srun_args(SPEC) == []
+    assert runtimes.Charliecloud().isolation()["network"].startswith("host:")
+
+
+def test_enroot_uses_pyxis_documented_flags_only() -> None:
+    args = runtimes.Enroot().srun_args(SPEC)
+    assert args == ["--container-image=/shared/img.sqsh",
+                    "--container-mounts=/shared/.runs/r/provenance-1:/tmp/acceptance:rw+rprivate",
+                    "--no-container-mount-home", "--container-readonly", "--container-workdir=/tmp",
+                    "--export=NONE,HOME=/tmp/cache"]
+    assert runtimes.Enroot().argv(SPEC) == SPEC.command
+    assert runtimes.Enroot().env_command("x", "y") is None
+    assert runtimes.Enroot().isolation()["executed"].startswith("no: not executed here")
+
+
+def _pins(**slurm: object) -> model.Pins:
+    pins = model.load(ROOT / "pins" / "demo.yaml")
+    section = model.Slurm.model_validate(slurm)
+    return pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={"slurm": section})})
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("partition", "gpu;rm -rf", "Slurm partition"), ("srun_args", ["--jobid=7"], "does not set itself"),
+    ("srun_args", ["--constraint=a100 x"], "srun flag"), ("srun_args", ["-w", "n1"], "srun flag"),
+    ("shared_dir", "relative/dir", "absolute path"), ("runtime", "docker", "charliecloud")])
+def test_bad_slurm_pins_values_are_refused(field: str, value: object, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        model.Slurm.model_validate({field: value})
+
+
+def test_flags_override_the_pins_and_are_checked_like_them(tmp_path: Path) -> None:
+    pins = _pins(partition="gates", srun_args=["--constraint=a100"], time_limit_s=900)
+    opts = cluster_accept.options(pins, Settings.from_env(), {"partition": "big", "shared_dir": str(tmp_path)})
+    assert opts.partition == "big" and opts.srun_args == ["--constraint=a100"] and opts.time_limit_s == 900
+    assert opts.shared_dir == tmp_path and opts.runtime == "charliecloud"
+    with pytest.raises(BadInput, match=r"^--slurm-qos: expected a Slurm"):
+        cluster_accept.options(pins, Settings.from_env(), {"qos": "high$(x)"})

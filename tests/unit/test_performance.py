@@ -1,0 +1,234 @@
+"""The performance gate's rule (acceptance.perf), its pins, its report rows and nightly's regression flag, without
+Docker; and the cause of a crash in a gate's reason, on the demo's recorded NaN-reward run (PR 36)."""
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acceptance import decide, metrics, perf
+from acceptance.defaults import METRICS as DEFAULT_METRICS
+from builder.accept import gates as accept
+from builder.core.errors import BadInput
+from builder.core.records import GateResult, GateStatus, Report
+from builder.lock import record as lock_record
+from builder.nightly import rundiff
+from builder.pins import model as pins_mod
+from builder.report import document
+from tests.fixture_types import MakeReportInputs
+from tests.unit.test_acceptance_unit import DATA, load
+
+MakeReport = Callable[..., Report]  # (aligned runs, control runs, statuses=) -> a report
+
+METRICS = {**DEFAULT_METRICS, "throughput": "perf/rollout_tokens_per_s"}
+REASON = "measured: aligned 0.44 of control, a slow path 0.14"
+
+
+# ---- the rule
+
+
+def test_medians_at_or_above_min_ratio_pass() -> None:
+    status, reason, ev = perf.decide([900, 1000, 1100], [2000, 2100, 1900], 0.4, 1.5)
+    assert status == "pass", reason
+    assert ev["ratio"] == pytest.approx(1000 / 2000) and ev["aligned"]["median"] == 1000
+    assert ev["aligned"]["spread"] == pytest.approx(1100 / 900)
+
+
+def test_planted_slow_aligned_arm_fails_on_the_medians() -> None:
+    status, reason, ev = perf.decide([150, 160, 155], [2000, 2100, 1900], 0.25, 1.5, "tokens/s")
+    assert status == "fail"
+    assert reason.startswith("aligned / control tokens/s 0.0775 < min_ratio 0.25") and "150, 160, 155" in reason
+
+
+def test_one_outlier_run_does_not_move_the_median() -> None:
+    status, _, ev = perf.decide([1000, 1000, 100], [2000, 2000, 2000], 0.4, 100)
+    assert status == "pass" and ev["ratio"] == 0.5
+
+
+def test_noisy_arm_is_inconclusive_with_its_runs_listed() -> None:
+    status, reason, _ = perf.decide([1000, 1000, 1000], [1000, 4000, 2000], 0.1, 3.0)
+    assert status == "inconclusive"
+    assert "control runs too noisy: spread 4 > 3" in reason and "1000, 4000, 2000" in reason
+
+
+@pytest.mark.parametrize("aligned", [[1000, None, 1000], [1000, float("nan"), 1000], [1000, 0.0, 1000], []])
+def test_missing_run_value_fails(aligned: list[float | None]) -> None:
+    status, reason, _ = perf.decide(aligned, [1000, 1000, 1000], 0.1, 3.0)
+    assert status == "fail" and "aligned" in reason
+
+
+def test_runs_as_records_are_read() -> None:
+    runs = [{"arm": "aligned", "throughput": 10.0}, {"arm": "aligned", "throughput": 12.0}]
+    assert perf.arm(runs) == {"runs": [10.0, 12.0], "median": 11.0, "spread": 1.2}
+
+
+# ---- one run in the image
+
+
+def test_performance_run_of_a_clean_run_reports_the_median_of_its_steps() -> None:
+    status, reason, ev = decide.performance_run(load("clean_rl"), 2, METRICS["throughput"], "aligned")
+    assert status == "pass", reason
+    assert ev["throughput"] == pytest.approx(sum(ev["throughput_steps"]) / 2) and ev["arm"] == "aligned"
+    assert "(median of steps 1..2)" in reason
+
+
+def test_one_stalled_step_does_not_move_a_runs_value() -> None:
+    name = METRICS["throughput"]
+    run = decide.Run(exit_code=0, steps={s: {name: v} for s, v in enumerate([300.0, 1000, 90, 1010, 990], 1)})
+    assert decide.performance_run(run, 5, name, "control")[2]["throughput"] == 990
+
+
+def test_performance_run_of_a_crashed_run_fails_with_the_cause() -> None:
+    status, reason, _ = decide.performance_run(load("nan_reward_rl"), 2, METRICS["throughput"], "aligned")
+    assert status == "fail" and "critic/rewards/mean" in reason
+
+
+# ---- causes in the reasons (the demo's NaN reward, PR 36)
+
+
+def test_nan_reward_crash_names_the_first_nonfinite_metric_and_the_last_error() -> None:
+    run = load("nan_reward_rl")
+    run.error = metrics.last_error((DATA / "nan_reward_rl.console").read_text())  # as recipe.run does
+    status, reason, _ = decide.rl_step(run, 2, METRICS)
+    assert status == "fail"
+    assert reason.startswith("recipe exited with status 1; first non-finite metrics at step 1: actor/pg_loss = nan, ")
+    assert "critic/rewards/mean = nan" in reason
+    assert reason.endswith("last error: RuntimeError: probability tensor contains either `inf`, `nan` or element < 0")
+
+
+def test_last_error_line_is_read_from_the_recorded_console() -> None:
+    text = (DATA / "nan_reward_rl.console").read_text()
+    assert metrics.last_error(text) == "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0"
+    assert metrics.last_error("step:1 - a:1\n") is None
+    assert metrics.last_error("Traceback (most recent call last):\n  File x\nkilled\n") == "killed"
+
+
+def test_first_nonfinite_reads_steps_in_order() -> None:
+    from acceptance.metrics import first_nonfinite
+
+    assert first_nonfinite({2: {"a": float("inf")}, 1: {"b": 1.0, "c": "nan"}}) == "step 1: c = nan"
+    assert first_nonfinite({1: {k: float("inf") for k in "abcdefg"}}) == (
+        "step 1: a = inf, b = inf, c = inf, d = inf, e = inf (+2 more)")
+    assert first_nonfinite({1: {"b": 1.0, "tag": "x"}}) is None
+
+
+def test_crash_without_metrics_keeps_the_exit_status_and_error() -> None:
+    run = decide.Run(exit_code=137, steps={}, source="none", error=None)
+    assert decide.rl_step(run, 2, METRICS)[1] == "recipe exited with status 137"
+
+
+# ---- pins
+
+
+@pytest.fixture
+def demo_data() -> tuple[dict[str, Any], Path]:
+    pins = pins_mod.load(Path(__file__).resolve().parents[2] / "pins" / "demo.yaml")
+    return pins.to_json_dict(), pins.directory
+
+
+def test_demo_pins_name_the_performance_gate_with_a_reason(demo_data: tuple[dict[str, Any], Path]) -> None:
+    data, where = demo_data
+    pins = pins_mod.validate(data, where)
+    perf_pins = pins.acceptance.performance
+    assert perf_pins is not None and "performance" in pins.acceptance.required_gates
+    assert 0 < perf_pins.min_ratio < 1 and perf_pins.repeats >= 3 and "measured" in perf_pins.reason
+    assert pins.acceptance.performance_metric() == "perf/rollout_tokens_per_cpu_s" and perf_pins.steps == 4
+
+
+def test_performance_in_the_pins_makes_the_gate_required(demo_data: tuple[dict[str, Any], Path]) -> None:
+    data, where = demo_data
+    data["acceptance"]["required_gates"] = ["provenance"]
+    assert pins_mod.validate(data, where).acceptance.required_gates == ["provenance", "performance"]
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"performance": None, "required_gates": ["performance"]}, "acceptance.performance (metric, min_ratio"),
+    ({"performance": {"min_ratio": 0.5, "reason": REASON, "max_spread": 0.5}}, "max_spread"),
+    ({"performance": {"min_ratio": 0, "reason": REASON}}, "min_ratio"),
+    ({"performance": {"min_ratio": 0.5, "reason": REASON, "repeats": 0}}, "runs per arm in 1..50"),
+    ({"performance": {"min_ratio": 0.5}}, "reason"),
+])
+def test_bad_performance_pins_are_one_line_errors(demo_data: tuple[dict[str, Any], Path], change: dict[str, Any],
+                                                  words: str) -> None:
+    data, where = demo_data
+    data["acceptance"].update(change)
+    with pytest.raises(BadInput) as err:
+        pins_mod.validate(data, where)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_pins_without_performance_do_not_run_it(demo_data: tuple[dict[str, Any], Path]) -> None:
+    data, where = demo_data
+    data["acceptance"]["performance"] = None
+    data["acceptance"]["required_gates"] = ["provenance", "zero_update", "rl_step", "control"]
+    pins = pins_mod.validate(data, where)
+    result, _ = accept.run_performance(None, pins, 60)  # type: ignore[arg-type]
+    assert result.status == "not_run" and "no acceptance.performance" in result.reason
+
+
+# ---- report and nightly
+
+
+def _perf_gate(aligned: list[float], control: list[float], min_ratio: float = 0.25, max_spread: float = 3.0
+               ) -> GateResult:
+    status, reason, ev = perf.decide(aligned, control, min_ratio, max_spread, "perf/rollout_tokens_per_s")
+    runs: list[dict[str, Any]] = []
+    for i, (a, c) in enumerate(zip(aligned, control), 1):
+        runs += [{"run": i, "arm": "aligned", "status": "pass", "throughput": a, "steps": [a, a], "seconds": 1.0},
+                 {"run": i, "arm": "control", "status": "pass", "throughput": c, "steps": [c, c], "seconds": 1.0}]
+    ev.update({"runs": runs, "repeats": len(aligned)})
+    return GateResult(name="performance", status=status, reason=reason, evidence=ev)
+
+
+@pytest.fixture
+def perf_report(report_inputs: MakeReportInputs) -> MakeReport:
+    def make(aligned: list[float], control: list[float], statuses: dict[str, GateStatus | None] | None = None) -> Report:
+        pins, sources, built, result = report_inputs(statuses=statuses)
+        assert result is not None
+        gate = _perf_gate(aligned, control)
+        result.gates = [g for g in result.gates if g.name != "performance"] + [gate]
+        result.throughput = accept.throughput(result.gates, "perf/rollout_tokens_per_s")
+        return document.make_report(pins, lock_record.of(pins), sources, built, result)
+
+    return make
+
+
+def test_report_shows_every_performance_run(perf_report: MakeReport) -> None:
+    rep = perf_report([800, 900, 1000], [2000, 2100, 1900])
+    md = document.to_markdown(rep)
+    assert "(performance gate: medians): aligned 900, control 2000, ratio 0.45." in md
+    for value in ("800", "900", "1000", "2000", "2100", "1900"):
+        assert f"| {value} |" in md, value
+    assert rep.acceptance is not None and rep.acceptance.throughput["runs"][1]["arm"] == "control"
+
+
+def test_report_requires_a_failing_performance_gate(report_inputs: MakeReportInputs) -> None:
+    pins, sources, built, result = report_inputs(required=["provenance", "performance"])
+    assert result is not None
+    result.gates.append(_perf_gate([100, 110, 105], [2000, 2100, 1900]))
+    rep = document.make_report(pins, lock_record.of(pins), sources, built, result)
+    assert rep.verdict == "NOT ACCEPTED"
+    assert any(r.startswith("required gate performance: fail (aligned / control") for r in rep.reasons)
+
+
+def test_nightly_flags_a_drop_beyond_the_noise(perf_report: MakeReport) -> None:
+    old, new = perf_report([900, 1000, 1100], [2000, 2000, 2000]), perf_report([500, 520, 510], [2000, 2000, 2000])
+    diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
+    assert diff["regression"]["flag"] and diff["performance"]["status"] == "fail"
+    assert diff["regression"]["reasons"][0].startswith("throughput ratio 0.5 -> 0.255, floor 0.475")
+
+
+def test_nightly_does_not_flag_a_drop_inside_the_noise_bound(perf_report: MakeReport) -> None:
+    old = perf_report([1000, 1000, 1000], [2000, 2000, 2000])
+    new = perf_report([450, 1600, 1000], [2000, 2000, 2000])  # spread 3.6 > 3: not judged
+    diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
+    # the run's own gate went pass -> inconclusive (that flag stays); the throughput drop itself is not judged
+    assert diff["regression"]["reasons"] == ["gate performance: pass -> inconclusive"]
+    assert "too noisy" in diff["regression"]["noisy"] and diff["performance"]["status"] == "inconclusive"
+    assert "throughput not judged (too noisy)" in rundiff.to_markdown(diff)
+
+
+def test_nightly_passes_a_ratio_within_the_threshold(perf_report: MakeReport) -> None:
+    old, new = perf_report([1000, 1000, 1000], [2000, 2000, 2000]), perf_report([960, 980, 990], [2000, 2000, 2000])
+    diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
+    assert not diff["regression"]["flag"] and diff["performance"]["status"] == "pass"
