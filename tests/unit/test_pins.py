@@ -1,8 +1,11 @@
 """Pins: every rejection is a BadInput (exit 2) whose one line names the file and the field."""
 import copy
 import hashlib
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +47,13 @@ GOOD: dict[str, Any] = {
 
 
 @pytest.fixture
-def pins_dir(tmp_path: Path) -> Path:
-    (tmp_path / "locks").mkdir()
-    (tmp_path / "locks" / "demo.lock").write_text("tinyx==1.0 --hash=sha256:" + "c" * 64 + "\n")
-    return tmp_path
+def pins_dir() -> Iterator[Path]:
+    """A short folder (not pytest's per-worker tmp_path): messages quote the file whole only while they fit 300 characters."""
+    folder = Path(tempfile.mkdtemp(prefix="pins-"))
+    (folder / "locks").mkdir()
+    (folder / "locks" / "demo.lock").write_text("tinyx==1.0 --hash=sha256:" + "c" * 64 + "\n")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def write(directory: Path, data: str | dict[str, Any], name: str = "p.yaml") -> Path:

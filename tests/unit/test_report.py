@@ -35,7 +35,7 @@ def test_report_records_the_lock_sha256(report_inputs: MakeReportInputs) -> None
     from pathlib import Path
 
     pins, sources, build, acceptance = report_inputs()
-    pins._path = Path(__file__).resolve().parent.parent / "pins" / "demo.yaml"  # lock relative to it
+    pins._path = Path(__file__).resolve().parents[2] / "pins" / "demo.yaml"  # lock relative to it
     rep = report.make_report(pins, lock_record.of(pins), sources, build, acceptance)
     want = hashlib.sha256(pins.lock_path().read_bytes()).hexdigest()
     assert rep.lock_sha256 == want and rep.run_manifest["run"]["lock_sha256"] == want
