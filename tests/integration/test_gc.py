@@ -56,6 +56,8 @@ def holder(tmp_path: Path) -> Iterator[Any]:
     for proc in procs:
         proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def ended_run(settings: Settings, run_id: str) -> None:
