@@ -10,6 +10,7 @@ from typing import Any
 
 from acceptance.replay import KINDS as KINDS  # re-exported: the report links the gates that keep bundles
 from builder.accept.gates import TMPFS
+from builder.accept.runner import last_json
 from builder.core.constants import CACHE_ENV, LABEL_PREFIX
 from builder.core.errors import BadInput, InfraError
 from builder.core.records import GateResult
@@ -79,12 +80,8 @@ def run(client: Client, image: str, python: str, bundle: bytes) -> dict[str, Any
                        {BUNDLE_PATH: bundle}, dict(CACHE_ENV), TMPFS, {LABEL: uuid.uuid4().hex[:12]}, REPLAY_TIMEOUT_S)
     if done.timed_out:
         raise InfraError(f"replay: the container of {image} ran past {REPLAY_TIMEOUT_S} s and was killed")
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    try:
-        result = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        result = None
-    if not isinstance(result, dict):
+    result = last_json(done.stdout)
+    if result is None:
         tail = (done.stderr or done.stdout)[-300:].replace("\n", " ")
         raise InfraError(f"replay: the container of {image} exited {done.exit_code} without a result line: {tail}")
     return {**result, "exit_code": done.exit_code, "seconds": done.seconds, "network": done.network, "image": image}

@@ -36,16 +36,20 @@ def gate_command(pins: Pins, gate: str, settings: dict[str, Any]) -> list[str]:
     return [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", json.dumps(settings)]
 
 
-def parse_result(stdout: str, gate: str) -> dict[str, Any] | None:
-    """The gate's result: the last non-empty stdout line, a JSON object naming the gate."""
+def last_json(stdout: str) -> dict[str, Any] | None:
+    """The last non-empty stdout line when it is a JSON object (how the in-image commands answer)."""
     lines = [line for line in stdout.splitlines() if line.strip()]
-    if not lines:
-        return None
     try:
-        data = json.loads(lines[-1])
+        data = json.loads(lines[-1]) if lines else None
     except ValueError:
         return None
-    return data if isinstance(data, dict) and data.get("name") == gate else None
+    return data if isinstance(data, dict) else None
+
+
+def parse_result(stdout: str, gate: str) -> dict[str, Any] | None:
+    """The gate's result: the last non-empty stdout line, a JSON object naming the gate."""
+    data = last_json(stdout)
+    return data if data is not None and data.get("name") == gate else None
 
 
 def result_from_output(gate: str, exit_code: int | None, stdout: str, stderr: str, timed_out: bool,
