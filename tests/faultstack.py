@@ -63,10 +63,18 @@ class Engine:
         return docker.DockerClient(base_url=self.url, timeout=120)
 
     def up(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as probe:  # the SDK leaves a refused socket to the GC (a warning)
+            try:
+                probe.connect(str(self.sock))
+            except OSError:
+                return False
+        client = self.client()
         try:
-            return bool(self.client().ping())
+            return bool(client.ping())
         except Exception:
             return False
+        finally:
+            client.close()
 
     def start(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -89,12 +97,18 @@ class Engine:
             self.proc.wait(timeout=30)
 
     def containers(self) -> list[str]:
-        return [c.name for c in self.client().containers.list(all=True)]
+        client = self.client()
+        try:
+            return [c.name for c in client.containers.list(all=True)]
+        finally:
+            client.close()
 
     def close(self) -> None:
+        client = self.client()
         with contextlib.suppress(Exception):
-            for container in self.client().containers.list(all=True):
+            for container in client.containers.list(all=True):
                 container.remove(force=True)
+        client.close()
         self.stop()
         with open("/proc/self/mounts") as fh:
             points = [line.split()[1] for line in fh if line.split()[1].startswith(str(self.root) + "/")]

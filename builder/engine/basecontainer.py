@@ -104,12 +104,15 @@ def run(settings: Settings, image: str, python: str, script: str, archives: list
     import docker  # lazy: docker SDK, slow to import; start-up
 
     client = engine.connect(settings)
+    spec: dict[str, Any] = {"command": [python, "-B", "-c", script, *(args or [])], "network_mode": "none",
+                            "environment": env or {}, "working_dir": "/tmp", "user": "0", "labels": engine.owner_labels()}
     try:
-        container = client.containers.create(image, command=[python, "-B", "-c", script, *(args or [])],
-                                             network_mode="none", environment=env or {}, working_dir="/tmp",
-                                             user="0", labels=engine.owner_labels())
+        container = client.containers.create(image, **spec)
     except docker.errors.ImageNotFound:
-        raise BadInput(f"base.image: {image} is not in the local engine (pull or build it first)") from None
+        # as a build's FROM does: a base pinned by digest is pulled (its content is checked against the digest)
+        if not engine.pull_by_digest(client, image):
+            raise BadInput(f"base.image: {image} is not in the local engine (pull or build it first)") from None
+        container = client.containers.create(image, **spec)
     try:
         for where, archive in archives or []:
             container.put_archive(where, archive)

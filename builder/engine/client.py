@@ -30,6 +30,7 @@ LAYER_RX = re.compile(r"^---> ([0-9a-f]{12})$")
 Client = Any  # docker.DockerClient (the SDK ships no type hints)
 OWNER_LABEL = "io.truepolicy.owner"  # value: <host name>:<pid> of the builder process that made the container
 _swept: set[str] = set()  # engines this process has swept for orphans
+_clients: dict[tuple[Any, ...], Any] = {}  # (host, timeout, environment) -> an SDK client that answered ping
 
 
 @dataclass
@@ -56,12 +57,17 @@ def connect(settings: Settings, timeout: float | None = None) -> Client:
     `timeout` is the HTTP read timeout (default: the build timeout; a step may print nothing for minutes)."""
     import docker  # lazy: docker SDK, slow to import; start-up
 
+    key = (settings.docker_host, int(timeout or settings.build_timeout_s), tuple(sorted(settings.docker_environment().items())))
+    client = _clients.pop(key, None)  # one client per engine and timeout in a process: no socket left to the GC
     try:
-        client = docker.from_env(timeout=int(timeout or settings.build_timeout_s),
-                                 environment=settings.docker_environment(),
-                                 use_ssh_client=(settings.docker_host or "").startswith("ssh://"))
+        if client is None:
+            client = docker.from_env(timeout=key[1], environment=settings.docker_environment(),
+                                     use_ssh_client=(settings.docker_host or "").startswith("ssh://"))
         client.ping()
+        _clients[key] = client
     except Exception as exc:  # DockerException, requests errors, socket errors
+        if client is not None:
+            client.close()
         where = f"docker engine {settings.docker_host}" if settings.docker_host else "docker engine"
         raise InfraError(f"{where}: not reachable ({type(exc).__name__}: {str(exc)[:200]});"
                          " start it with `builder setup`") from None
@@ -183,6 +189,21 @@ def push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None
     items: Iterator[dict[str, Any]] = client.api.push(repository, tag=tag, stream=True, decode=True,
                                                      auth_config=auth_config)
     return items
+
+
+def pull_by_digest(client: Client, ref: str) -> bool:
+    """Pull `repository@sha256:...` (the engine checks the content against the digest); False when `ref`
+    names no digest or the registry does not serve it."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+
+    image = ImageRef(ref)
+    if not image.digest:
+        return False
+    try:
+        client.api.pull(image.name, tag=image.digest)
+    except docker.errors.APIError:
+        return False
+    return inspect_image(client, ref) is not None
 
 
 def tag(client: Client, image_id: str, ref: str) -> bool:
