@@ -47,10 +47,13 @@ def prepare_demo(settings: Settings) -> Path:
 
 
 def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = None,
-                 edit: Callable[[dict[str, Any]], None] | None = None, pins_path: Path = LOCAL_PINS) -> Path:
+                 edit: Callable[[dict[str, Any]], None] | None = None, pins_path: Path = LOCAL_PINS,
+                 lock: bool = False) -> Path:
     """A copy of the demo pins in out_dir (with its own copy of the stack and lock) where one
     component is pinned to the head of demo PR `pr`; `edit(data)` may change anything else.
-    URLs stay relative, so the Dockerfile differs only where the change reaches."""
+    URLs stay relative, so the Dockerfile differs only where the change reaches. The copied lock was
+    written for the demo's commits: with `lock`, `builder lock` brings it to the variant's (a moved commit
+    makes a lock stale, and render, build and run refuse a stale lock)."""
     out_dir = Path(out_dir)
     pins_path = Path(pins_path)
     shutil.copytree(pins_path.parent / "demo-stack", out_dir / "demo-stack", dirs_exist_ok=True)
@@ -68,6 +71,10 @@ def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = N
         edit(data)
     out = out_dir / "pins.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
+    if lock:
+        from builder import pipeline  # lazy: only when a variant needs its own lock
+
+        pipeline.lock(out, Settings.from_env())
     return out
 
 

@@ -110,8 +110,9 @@ def keep_logs(line: str, limit: int = MAX_LINE) -> tuple[str, list[str]]:
     text = escape(" ".join(str(line).split("\n")), backslash=False)
     logs = list(dict.fromkeys(m.group() for m in LOG.finditer(text)))
     fitted = fit(text, limit)
-    if all(log in fitted for log in logs):
+    cut = fitted.endswith("...") and not text.endswith("...")  # fitting eliding paths was not enough
+    if all(log in fitted for log in logs) and not cut:
         return fitted, []
-    for log in logs:
+    for log in logs:  # the logs go below, so the room they took stays for the rest (the reason)
         text = text.replace(log, LOG_BELOW)
     return fit(text, limit), logs

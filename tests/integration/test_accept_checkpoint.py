@@ -73,7 +73,7 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
     gates = _gates(result)
     assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in GATES}, \
         {n: g.reason for n, g in gates.items()}
-    assert report.make_report(ckpt, lock_record.of(ckpt), resolved, built, result).verdict == "ACCEPTED"
+    assert report.make_report(ckpt, lock_record.of(pins), resolved, built, result).verdict == "ACCEPTED"
     for name in ("zero_update", "rl_step"):
         ev = gates[name].evidence
         assert all(role not in step for step in ev["steps"].values() for role in CHECKSUMS)  # not in the log

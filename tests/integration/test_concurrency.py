@@ -108,17 +108,17 @@ def test_four_nightly_runs_at_once(demo_pins: Path, docker_client: DockerClient,
     space = f"127.0.0.1:5000/conc-{uuid.uuid4().hex[:8]}"
     names = {"a": f"conc-a-{space[-8:]}", "c": f"conc-c-{space[-8:]}", "d": f"conc-d-{space[-8:]}"}
 
-    def pins_for(key: str, component: str | None = None, pr: int | None = None) -> Path:
+    def pins_for(key: str, component: str | None = None, pr: int | None = None, lock: bool = False) -> Path:
         def edit(data: dict[str, Any]) -> None:
             data["name"] = names[key]
             data["image"] = {"repository": f"{space}/{key}", "tags": ["demo"]}
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}  # throughput is noisy with 4 at once
-        return variant_pins(tmp_path / f"pins-{key}", component, pr, edit=edit, pins_path=demo_pins)
+        return variant_pins(tmp_path / f"pins-{key}", component, pr, edit=edit, pins_path=demo_pins, lock=lock)
 
     a = pins_for("a")
     b = a.with_name("b.yaml")  # equal pins in another file: the same image, built once
     b.write_text(a.read_text())
-    c = pins_for("c", "vllm", 13)  # demo PR 13, a planted defect: shares megatron and verl with a and b
+    c = pins_for("c", "vllm", 13, lock=True)  # demo PR 13, a planted defect: shares megatron and verl with a and b
     d = pins_for("d")  # a's components under another name and repository
     run_id = f"conc{uuid.uuid4().hex[:8]}"
     env = dict(os.environ, BUILDER_RUN_ID=run_id)

@@ -155,7 +155,8 @@ def test_a_failed_base_container_leaves_nothing_behind(tmp_path: Path, settings:
         assert err.value.exit_code == 2 and "\n" not in str(err.value)
         assert str(err.value).startswith(f"base.python_bin: /nonexistent/python3 does not run in {image_id} (exit 127):")
         assert 'exec: "/nonexistent/python3": stat /nonexistent/python3: no such file or directory' in str(err.value)
-        assert str(err.value).endswith("/lock-base-query.log") and cache.run_log("lock-base-query").is_file()
+        shown = err.value.logs[0] if err.value.logs else str(err.value)  # the log path: in the line, or below it when too long
+        assert shown.endswith("/lock-base-query.log") and cache.run_log("lock-base-query").is_file()
         left = [c.name for c in docker_client.containers.list(all=True, filters={"label": engine.OWNER_LABEL})
                 if c.labels.get(engine.OWNER_LABEL) == owner]
         assert left == []

@@ -74,7 +74,7 @@ def test_run_accepts_publishes_and_reruns(demo_pins: Path, tmp_path: Path) -> No
 
 
 def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins: Path, tmp_path: Path, untag: list[str]) -> None:
-    pins_path = variant_pins(tmp_path / "pins", "vllm", 12, pins_path=demo_pins)  # batch invariance broken
+    pins_path = variant_pins(tmp_path / "pins", "vllm", 12, pins_path=demo_pins, lock=True)  # batch invariance broken
     out = run_cli("run", str(pins_path), "--publish", "--out", str(tmp_path / "run"))
     assert out.returncode == 1, out.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "report.json").read_text())
