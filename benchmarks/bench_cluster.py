@@ -54,7 +54,8 @@ def main() -> None:
     image_id = engine.image_id(client, args.image_id) or args.image_id
     opts = cluster_accept.options(pins, settings)
     start = time.monotonic()
-    record = sqsh.export_candidate(image_id, cluster_accept.sqsh_path(opts, pins, image_id), settings, client)
+    record = sqsh.export_candidate(image_id, cluster_accept.sqsh_path(opts, image_id), settings, client,
+                                    pins.base.image)
     export_s = round(time.monotonic() - start, 1)
     slurm = SlurmRunner(pins, Path(record.path), record.sha256, opts, args.repeats)
     docker = DockerRunner(client, pins, image_id, uuid.uuid4().hex[:12])

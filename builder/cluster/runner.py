@@ -209,7 +209,8 @@ class SlurmRunner:
 
     def describe(self) -> dict[str, Any]:
         return {"runner": self.kind, "engine": f"Slurm cluster {self.cluster}, {self.runtime.name} "
-                f"{self.node.get('runtime_version')}", "runtime": self.runtime.name, "runtime_version": self.node.get("runtime_version"),
+                f"{self.node.get('runtime_version')}", "runtime": self.runtime.name,
+                "runtime_version": self.node.get("runtime_version"),
                 "isolation": self.runtime.isolation(), "cluster": self.cluster, "job_id": self.job,
                 "partition": self.options.partition or _partition(self.job), "node": self.node.get("name"),
                 "node_gpus": self.node.get("gpus"), "sqsh": str(self.sqsh), "sqsh_sha256": self.sha256,
