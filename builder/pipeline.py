@@ -31,7 +31,7 @@ from builder.nightly import follow, rundiff
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
-from builder.release import attest, dsse, rebuild, sqsh, trust
+from builder.release import attest, dsse, rebuild, sqsh, sqsh_place, trust
 from builder.release import publish as publish_stage
 from builder.report import document
 from builder.sources import resolve as sources
@@ -154,7 +154,7 @@ def run(pins: Pins, settings: Settings, publish: bool = False, export: bool = Fa
     if publish:
         receipt = publish_report(report_json, settings, key=key)
         log.info(f"published {receipt.repository}@{receipt.digest}")
-    if export:
+    if export and slurm is None:  # accepted on the cluster: publish placed the .sqsh the gates ran on
         record = export_sqsh(report_json, settings)
         log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     log.info(f"report: {done.run_dir / 'report.md'}")
@@ -162,14 +162,26 @@ def run(pins: Pins, settings: Settings, publish: bool = False, export: bool = Fa
 
 
 def publish_report(report_json: Path, settings: Settings, image: str | None = None, key: Path | None = None,
-                   attest_once: bool = False) -> PublishReceipt:
+                   attest_once: bool = False, sqsh_dir: Path | None = None) -> PublishReceipt:
     """Promote (or push) the accepted digest, verify what the registry serves, attach attestations (with
-    `attest_once`, none when the key attested this digest before)."""
+    `attest_once`, none when the key attested this digest before). A cluster-accepted report's .sqsh goes
+    beside it under the SHA tag (`sqsh_dir`, else acceptance.slurm.publish_dir, else where it was accepted),
+    checked before anything is promoted (builder/release/sqsh_place.py)."""
     with log.step("publish"):
         report = document.load(report_json)
         pins = trust.check(report, str(report_json))  # the one deliberate re-read of the pins file
-        return publish_stage.publish(report, report_json, pins, settings, image=image, signing_key=key,
-                                     attest_once=attest_once)
+        pinned = pins.acceptance.slurm.publish_dir if pins else None
+        where = sqsh_dir or (Path(pinned) if pinned else None)
+        copy = sqsh_place.prepare(report, str(report_json), settings, where)
+        try:
+            receipt = publish_stage.publish(report, report_json, pins, settings, image=image, signing_key=key,
+                                            attest_once=attest_once)
+            if copy is not None:
+                sqsh_place.place(copy, document.load(report_json), report_json, receipt)
+        finally:
+            if copy is not None:
+                copy.discard()
+        return receipt
 
 
 def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
@@ -201,9 +213,10 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
 
 def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: bool = False,
             out: Path | None = None, key: Path | None = None, history: History | None = None,
-            today: str | None = None) -> Run:
+            today: str | None = None, slurm: dict[str, Any] | None = None) -> Run:
     """Follow PR heads (when asked), run, diff with the last accepted run of the same pins name, move the
-    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag."""
+    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag.
+    `slurm`: the --slurm flags (the gates run on the cluster, as `accept --slurm`)."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     pins_path = pins.path
     moved: list[dict[str, Any]] = []
@@ -213,7 +226,7 @@ def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: b
         log.info(f"moved: {len(moved)} component(s)" if moved else "no PR head moved")
     history = history or History(settings.cache("history") / "runs.sqlite")
     previous = follow.previous(history, pins.name)
-    done = accept(pins, settings, out=out, stage=True, key=key)
+    done = accept(pins, settings, out=out, stage=True, key=key, slurm=slurm)
     report, run_dir = done.report, done.run_dir
     manifest = image_manifest(settings, report.image_id)
     fs.write_atomic(run_dir / "image-manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
