@@ -71,6 +71,70 @@ def slurm_cluster(tmp_path_factory):
         os.environ.pop("SLURM_CONF", None)
 
 
+# mksquashfs options of the cluster tests' candidate exports: no compression. The default (`-comp lzo -noD`,
+# enroot's) takes 50-210 s per 1 GB demo image on this host, these about 3 s; the shipped default is unchanged.
+CLUSTER_SQUASH_OPTIONS = "-noI -noD -noF -noX -no-fragments"
+
+
+@pytest.fixture(scope="session")
+def cluster_images(tmp_path_factory):
+    """(settings, shared directory) of the cluster tests: the session's candidate .sqsh files, exported with
+    CLUSTER_SQUASH_OPTIONS into one directory that is removed at the end of the session."""
+    import dataclasses
+    import shutil
+
+    where = tmp_path_factory.mktemp("cluster-images")
+    yield dataclasses.replace(SETTINGS, squash_options=CLUSTER_SQUASH_OPTIONS), where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_fleet(slurm_cluster, demo_pins, cluster_images, tmp_path_factory):
+    """`builder nightly A B C D --slurm`, run once for the session; the cluster tests read its reports.
+    A: the demo pins under a name and repository of their own, every gate (performance too): the good demo
+    through the whole cluster flow (build, staged digest, the one good .sqsh, Slurm gates, report).
+    B: A's pins in another file: the same image, so the same .sqsh, exported once (under the export's lock).
+    C, D: planted defects (tests/defects.py) without the performance gate: zero_update and rl_step must fail.
+    Returns {"proc", "run_id", "names", "pins": {key: path}, "runs": {key: run directory}}."""
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    from demo.prepare import variant_pins
+    from tests.defects import BATCH_INVARIANCE_OFF, SKIPPED_WEIGHT_RELOAD
+
+    settings, shared = cluster_images
+    where = tmp_path_factory.mktemp("fleet")
+    tag = uuid.uuid4().hex[:8]
+    names = {"a": f"fleet-good-{tag}", "c": f"fleet-zero-{tag}", "d": f"fleet-rl-{tag}"}
+
+    def pins_for(key, defect=None, performance=False):
+        def edit(data):
+            data["name"] = names[key]
+            data["image"] = {"repository": f"127.0.0.1:5000/fleet-{tag}/{names[key].split('-')[1]}", "tags": ["demo"]}
+            data["nightly"] = {"regression_threshold": 0.0, "retention": 2}
+            if not performance:  # its six runs per candidate are the good run's (A) to show
+                acc = data["acceptance"]
+                acc.pop("performance", None)
+                acc["required_gates"] = [g for g in acc["required_gates"] if g != "performance"]
+        component, pr = defect or (None, None)
+        return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins)
+
+    pins = {"a": pins_for("a", performance=True), "c": pins_for("c", BATCH_INVARIANCE_OFF),
+            "d": pins_for("d", SKIPPED_WEIGHT_RELOAD)}
+    pins["b"] = pins["a"].with_name("b.yaml")  # equal pins (the image carries its pins): one image, one export
+    pins["b"].write_text(pins["a"].read_text())
+    run_id = f"fleet{tag}"
+    env = dict(os.environ, BUILDER_RUN_ID=run_id, BUILDER_SQUASH_OPTIONS=settings.squash_options)
+    proc = subprocess.run([sys.executable, "-m", "builder", "nightly", *[str(pins[k]) for k in "abcd"], "--slurm",
+                           "--slurm-shared-dir", str(shared), "--out", str(where / "out")],
+                          cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    runs = {k: where / "out" / f"{i}-{pins[k].stem}" for i, k in enumerate("abcd", 1)}
+    return {"proc": proc, "run_id": run_id, "names": {**names, "b": names["a"]}, "pins": pins, "runs": runs}
+
+
 @pytest.fixture(autouse=True)
 def _docker_marker(request):
     """Tests marked `docker` get the engine check (and its skip/fail) without asking for it."""
