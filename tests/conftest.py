@@ -90,11 +90,13 @@ def cluster_images(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def slurm_fleet(slurm_cluster, demo_pins, cluster_images, tmp_path_factory):
-    """`builder nightly A B C D --slurm`, run once for the session; the cluster tests read its reports.
-    A: the demo pins under a name and repository of their own, every gate (performance too): the good demo
-    through the whole cluster flow (build, staged digest, the one good .sqsh, Slurm gates, report).
-    B: A's pins in another file: the same image, so the same .sqsh, exported once (under the export's lock).
-    C, D: planted defects (tests/defects.py) without the performance gate: zero_update and rl_step must fail.
+    """`builder nightly A B C D --slurm`, run once for the session; the cluster tests read its reports. Each pins
+    file has a name and repository of its own (no earlier run to compare with).
+    A: the demo pins, every gate: the good demo through the whole cluster flow (build, staged digest, the
+    session's one good .sqsh, Slurm gates, report); its run is the one test_cluster_publish publishes.
+    B: the slow PR (demo vllm PR 14), every gate: performance must fail.
+    C, D: the zero_update and rl_step defects (tests/defects.py) without the performance gate (its six runs
+    would show nothing there). The four run at once; the cluster runs two allocations at a time (one core each).
     Returns {"proc", "run_id", "names", "pins": {key: path}, "runs": {key: run directory}}."""
     import subprocess
     import sys
@@ -102,29 +104,27 @@ def slurm_fleet(slurm_cluster, demo_pins, cluster_images, tmp_path_factory):
     from pathlib import Path
 
     from demo.prepare import variant_pins
-    from tests.defects import BATCH_INVARIANCE_OFF, SKIPPED_WEIGHT_RELOAD
+    from tests.defects import BATCH_INVARIANCE_OFF, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
 
     settings, shared = cluster_images
     where = tmp_path_factory.mktemp("fleet")
     tag = uuid.uuid4().hex[:8]
-    names = {"a": f"fleet-good-{tag}", "c": f"fleet-zero-{tag}", "d": f"fleet-rl-{tag}"}
+    names = {"a": f"fleet-good-{tag}", "b": f"fleet-slow-{tag}", "c": f"fleet-zero-{tag}", "d": f"fleet-rl-{tag}"}
 
     def pins_for(key, defect=None, performance=False):
         def edit(data):
             data["name"] = names[key]
             data["image"] = {"repository": f"127.0.0.1:5000/fleet-{tag}/{names[key].split('-')[1]}", "tags": ["demo"]}
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}
-            if not performance:  # its six runs per candidate are the good run's (A) to show
+            if not performance:
                 acc = data["acceptance"]
                 acc.pop("performance", None)
                 acc["required_gates"] = [g for g in acc["required_gates"] if g != "performance"]
         component, pr = defect or (None, None)
         return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins)
 
-    pins = {"a": pins_for("a", performance=True), "c": pins_for("c", BATCH_INVARIANCE_OFF),
-            "d": pins_for("d", SKIPPED_WEIGHT_RELOAD)}
-    pins["b"] = pins["a"].with_name("b.yaml")  # equal pins (the image carries its pins): one image, one export
-    pins["b"].write_text(pins["a"].read_text())
+    pins = {"a": pins_for("a", performance=True), "b": pins_for("b", SLOW_EXACT_PATH, performance=True),
+            "c": pins_for("c", BATCH_INVARIANCE_OFF), "d": pins_for("d", SKIPPED_WEIGHT_RELOAD)}
     run_id = f"fleet{tag}"
     env = dict(os.environ, BUILDER_RUN_ID=run_id, BUILDER_SQUASH_OPTIONS=settings.squash_options)
     proc = subprocess.run([sys.executable, "-m", "builder", "nightly", *[str(pins[k]) for k in "abcd"], "--slurm",
@@ -132,7 +132,7 @@ def slurm_fleet(slurm_cluster, demo_pins, cluster_images, tmp_path_factory):
                           cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
                           timeout=1800)
     runs = {k: where / "out" / f"{i}-{pins[k].stem}" for i, k in enumerate("abcd", 1)}
-    return {"proc": proc, "run_id": run_id, "names": {**names, "b": names["a"]}, "pins": pins, "runs": runs}
+    return {"proc": proc, "run_id": run_id, "names": names, "pins": pins, "runs": runs}
 
 
 @pytest.fixture(autouse=True)
