@@ -5,6 +5,7 @@ A test is `slow` when marked so or when it uses a fixture that builds, accepts o
 test (setup + call + teardown); `make test` as a whole has SESSION_BUDGET_S. At the end pytest prints
 where the time went: per kind, the shared fixtures' set-ups, the slowest tests and every test over
 its budget (BUILDER_TEST_BUDGET=strict makes those a failure). `pytest -m "not slow"` is the quick loop.
+Under pytest-xdist the controller prints it: the per-kind seconds add up both workers, the session line is wall time.
 """
 import os
 import time
@@ -42,6 +43,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("apart"))
         elif kind != "fast":
             item.add_marker(pytest.mark.xdist_group("engine"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After xdist's hook: a group it did not append to the node ID would be split across workers silently."""
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"--dist loadgroup: {lost[0]} lost its xdist group (pytest >= 9.2: xdist #1386)")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

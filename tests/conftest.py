@@ -9,7 +9,8 @@ import os
 import pytest
 
 from builder.core.options import Settings
-from tests.budget import (  # noqa: F401  (hooks: slow marks, budgets, the timing table)
+from tests.budget import (  # noqa: F401  (hooks: slow marks, xdist groups, budgets, the timing table)
+    pytest_collection_finish,
     pytest_collection_modifyitems,
     pytest_runtest_logreport,
     pytest_sessionfinish,
