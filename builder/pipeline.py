@@ -173,6 +173,8 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
         pinned = pins.acceptance.slurm.publish_dir if pins else None
         where = sqsh_dir or (Path(pinned) if pinned else None)
         copy = sqsh_place.prepare(report, str(report_json), settings, where)
+        if copy is None and sqsh_dir is not None:
+            raise BadInput(f"--sqsh-dir: {report_json} was accepted by Docker gates; its .sqsh comes from export-sqsh")
         try:
             receipt = publish_stage.publish(report, report_json, pins, settings, image=image, signing_key=key,
                                             attest_once=attest_once)

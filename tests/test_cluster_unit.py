@@ -3,6 +3,7 @@ never executed), the acceptance.slurm pins section and the --slurm flags, checke
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,3 +78,15 @@ def test_nightly_slurm_flag_without_slurm_is_refused(tmp_path: Path) -> None:
     from builder.cli import run
 
     assert run(["nightly", str(ROOT / "pins" / "demo.yaml"), "--slurm-partition", "gates"]) == 2
+
+
+def test_sqsh_dir_for_a_docker_accepted_report_is_refused(report_inputs: Any, tmp_path: Path) -> None:
+    from builder import pipeline
+    from builder.report import document
+
+    pins, sources, build, acceptance = report_inputs(repository="127.0.0.1:5000/tests/sqsh-dir")
+    paths = document.write(document.make_report(pins, sources, build, acceptance), tmp_path)
+    before = paths["json"].read_bytes()
+    with pytest.raises(BadInput, match=r"^--sqsh-dir: .* accepted by Docker gates"):
+        pipeline.publish_report(paths["json"], Settings.from_env(), sqsh_dir=tmp_path / "elsewhere")
+    assert paths["json"].read_bytes() == before

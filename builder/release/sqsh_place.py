@@ -22,6 +22,7 @@ from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report, SqshExport
 from builder.engine import staging
 from builder.engine.registry import Registry, split_repository
+from builder.release import publish
 from builder.report import document as report_mod
 
 
@@ -59,6 +60,7 @@ def prepare(report: Report, where: str, settings: Settings, directory: Path | No
     found = accepted(report)
     if found is None:
         return None
+    publish.check_accepted(report, where)  # before a 1 GB copy
     sha = found["sha256"]
     src = Path(found["path"])
     if not sha or found["node"] != sha:
