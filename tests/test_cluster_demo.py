@@ -40,7 +40,7 @@ def test_good_demo_is_accepted_through_slurm(slurm_fleet: dict[str, Any]) -> Non
     assert len(runs) == 4 + 6 and len({f["step"] for f in runs}) == 10  # a fresh container (step) per run
     assert all(f["state"] == "COMPLETED" and f["exit_code"] == "0:0" and f["job_id"] == c["job_id"] for f in runs)
     markdown = (run_dir / "report.md").read_text()
-    assert c["job_id"] in markdown and c["sqsh_sha256_node"] in markdown
+    assert c["job_id"] in markdown and c["sqsh_sha256_node"] in markdown and f"`.sqsh` `{c['sqsh']['path']}`" in markdown
 
 
 @pytest.mark.parametrize("key, defect", [("b", SLOW_EXACT_PATH), ("c", BATCH_INVARIANCE_OFF),
