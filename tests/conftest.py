@@ -117,7 +117,9 @@ def slurm_fleet(slurm_cluster, demo_pins, cluster_images, tmp_path_factory):
             data["name"] = names[key]
             data["image"] = {"repository": f"127.0.0.1:5000/fleet-{tag}/{names[key].split('-')[1]}", "tags": ["demo"]}
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}
-            if not performance:
+            if performance:  # two allocations share the 2 cores: CPU time per token spreads up to 2.7 (not 1.7)
+                data["acceptance"]["performance"]["max_spread"] = 5.0
+            else:
                 acc = data["acceptance"]
                 acc.pop("performance", None)
                 acc["required_gates"] = [g for g in acc["required_gates"] if g != "performance"]
