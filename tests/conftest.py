@@ -135,7 +135,14 @@ def slurm_fleet(slurm_cluster, demo_pins, cluster_images, tmp_path_factory):
                           cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
                           timeout=1800)
     runs = {k: where / "out" / f"{i}-{pins[k].stem}" for i, k in enumerate("abcd", 1)}
-    return {"proc": proc, "run_id": run_id, "names": names, "pins": pins, "runs": runs}
+    yield {"proc": proc, "run_id": run_id, "names": names, "pins": pins, "runs": runs}
+    from builder.engine import client as engine  # the runs' local tags (builder-run/<run ID>-n<i>) go
+
+    client = engine.connect(SETTINGS)
+    for i in range(1, 5):
+        for _, tags in engine.images_by_age(client, f"builder-run/{run_id}-n{i}"):
+            for tag in tags:
+                engine.remove_image(client, tag)
 
 
 @pytest.fixture(autouse=True)
