@@ -216,11 +216,15 @@ def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a ru
 @app.command()
 def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
             image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)"),
-            key: Optional[Path] = SigningKey) -> None:
-    """Tag and push an ACCEPTED image, verify the digest the registry serves, attach signed attestations."""
+            key: Optional[Path] = SigningKey,
+            sqsh_dir: Optional[Path] = typer.Option(
+                None, "--sqsh-dir", help="a cluster-accepted report: where its .sqsh goes under the SHA tag "
+                                         "(default: acceptance.slurm.publish_dir, else where it was accepted)")) -> None:
+    """Tag and push an ACCEPTED image, verify the digest the registry serves, attach signed attestations;
+    a cluster-accepted report's .sqsh (+ .sha256) is placed under the same SHA tag name."""
     from builder import pipeline  # lazy: start-up
 
-    receipt = pipeline.publish_report(report_json, settings(), image=image, key=key)
+    receipt = pipeline.publish_report(report_json, settings(), image=image, key=key, sqsh_dir=sqsh_dir)
     typer.echo(receipt.model_dump_json(indent=2))
 
 
@@ -339,19 +343,27 @@ def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML)
             out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report (several pins "
                                                "files: one <n>-<stem> directory each under it)"),
             key: Optional[Path] = SigningKey,
-            jobs: int = typer.Option(1, "--jobs", help="with several pins files: how many run at once (1..64)")) -> None:
+            jobs: Optional[int] = typer.Option(None, "--jobs", help="with several pins files: how many run at once "
+                                               "(1..64; default 1, with --slurm all: the cluster schedules the gates)"),
+            slurm: bool = SlurmOpt, slurm_partition: Optional[str] = PartitionOpt,
+            slurm_account: Optional[str] = AccountOpt, slurm_qos: Optional[str] = QosOpt,
+            slurm_time_limit: Optional[int] = TimeLimitOpt, slurm_shared_dir: Optional[Path] = SharedOpt,
+            slurm_runtime: Optional[str] = RuntimeOpt) -> None:
     """Rebuild and accept, then diff with the last accepted run of the same pins name.
     Exit codes as `run`, plus 4 when accepted but a regression flag is up; several pins files run in
-    parallel processes (at most --jobs at once) and the most severe exit code is the fleet's."""
+    parallel processes (at most --jobs at once) and the most severe exit code is the fleet's. With --slurm
+    each run builds here and submits its gates to Slurm."""
+    flags = slurm_flags(slurm, slurm_partition, slurm_account, slurm_qos, slurm_time_limit, slurm_shared_dir,
+                        slurm_runtime)
     if len(pins_paths) > 1:
         from builder import pipeline  # lazy: start-up
 
         raise typer.Exit(pipeline.nightly_fleet(pins_paths, settings(), jobs, follow_prs=follow_prs,
-                                                publish=publish, out=out, key=key))
+                                                publish=publish, out=out, key=key, slurm=flags))
     pins = load_pins(pins_paths[0])  # bad input is refused before the pipeline is imported
     from builder import pipeline  # lazy: start-up
 
-    pipeline.nightly(pins, settings(), follow_prs=follow_prs, publish=publish, out=out, key=key)
+    pipeline.nightly(pins, settings(), follow_prs=follow_prs, publish=publish, out=out, key=key, slurm=flags)
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ from builder.nightly import gc as housekeeping
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
-from builder.release import attest, dsse, rebuild, sqsh, trust
+from builder.release import attest, dsse, rebuild, sqsh, sqsh_place, trust
 from builder.release import publish as publish_stage
 from builder.release import verify as verify_stage
 from builder.report import document
@@ -186,7 +186,7 @@ def run(pins: Pins, settings: Settings, publish: bool = False, export: bool = Fa
     if publish:
         receipt = publish_report(report_json, settings, key=key)
         log.info(f"published {receipt.repository}@{receipt.digest}")
-    if export:
+    if export and slurm is None:  # accepted on the cluster: publish placed the .sqsh the gates ran on
         record = export_sqsh(report_json, settings)
         log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     log.info(f"report: {done.run_dir / 'report.md'}")
@@ -194,15 +194,29 @@ def run(pins: Pins, settings: Settings, publish: bool = False, export: bool = Fa
 
 
 def publish_report(report_json: Path, settings: Settings, image: str | None = None, key: Path | None = None,
-                   attest_once: bool = False) -> PublishReceipt:
+                   attest_once: bool = False, sqsh_dir: Path | None = None) -> PublishReceipt:
     """Promote (or push) the accepted digest, verify what the registry serves, attach attestations (with
-    `attest_once`, none when the key attested this digest before)."""
+    `attest_once`, none when the key attested this digest before). A cluster-accepted report's .sqsh goes
+    beside it under the SHA tag (`sqsh_dir`, else acceptance.slurm.publish_dir, else where it was accepted),
+    checked before anything is promoted (builder/release/sqsh_place.py)."""
     with log.step("publish"):
         report = document.load(report_json)
         checked = trust.check(report, str(report_json))  # the deliberate re-read of the pins and the lock
         pins, lock = checked if checked else (None, None)
-        return publish_stage.publish(report, report_json, pins, lock, settings, image=image, signing_key=key,
-                                     attest_once=attest_once)
+        pinned = pins.acceptance.slurm.publish_dir if pins and pins.acceptance.slurm else None
+        where = sqsh_dir or (Path(pinned) if pinned else None)
+        copy = sqsh_place.prepare(report, str(report_json), settings, where)
+        if copy is None and sqsh_dir is not None:
+            raise BadInput(f"--sqsh-dir: {report_json} was accepted by Docker gates; its .sqsh comes from export-sqsh")
+        try:
+            receipt = publish_stage.publish(report, report_json, pins, lock, settings, image=image, signing_key=key,
+                                            attest_once=attest_once)
+            if copy is not None:
+                sqsh_place.place(copy, document.load(report_json), report_json, receipt)
+        finally:
+            if copy is not None:
+                copy.discard()
+        return receipt
 
 
 def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
@@ -257,9 +271,10 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
 
 def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: bool = False,
             out: Path | None = None, key: Path | None = None, history: History | None = None,
-            today: str | None = None) -> Run:
+            today: str | None = None, slurm: dict[str, Any] | None = None) -> Run:
     """Follow PR heads (when asked), run, diff with the last accepted run of the same pins name, move the
-    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag."""
+    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag.
+    `slurm`: the --slurm flags (the gates run on the cluster, as `accept --slurm`)."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     pins_path = pins.path
     moved: list[dict[str, Any]] = []
@@ -269,7 +284,7 @@ def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: b
         log.info(f"moved: {len(moved)} component(s)" if moved else "no PR head moved")
     history = history or History(settings.cache("history") / "runs.sqlite")
     previous = follow.previous(history, pins.name)
-    done = accept(pins, settings, out=out, stage=True, key=key)
+    done = accept(pins, settings, out=out, stage=True, key=key, slurm=slurm)
     report, run_dir = done.report, done.run_dir
     manifest = image_manifest(settings, report.image_id)
     fs.write_atomic(run_dir / "image-manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -306,13 +321,16 @@ def gc(settings: Settings, older_than_s: float = housekeeping.WEEK_S,
     return housekeeping.gc(settings, older_than_s=older_than_s, keep_runs=keep_runs)
 
 
-def nightly_fleet(pins_paths: list[Path], settings: Settings, jobs: int, follow_prs: bool = False,
-                  publish: bool = False, out: Path | None = None, key: Path | None = None) -> int:
-    """Several pins files as a fleet: one `builder nightly` process each, at most `jobs` at once; returns the
-    most severe of their exit codes (core/errors.py SEVERITY)."""
+def nightly_fleet(pins_paths: list[Path], settings: Settings, jobs: int | None, follow_prs: bool = False,
+                  publish: bool = False, out: Path | None = None, key: Path | None = None,
+                  slurm: dict[str, Any] | None = None) -> int:
+    """Several pins files as a fleet: one `builder nightly` process each, at most `jobs` at once (default 1;
+    with `slurm` flags all at once: each submits its gates and the cluster schedules them); returns the most
+    severe of their exit codes (core/errors.py SEVERITY)."""
     flags = [*(["--follow-prs"] if follow_prs else []), *(["--publish"] if publish else []),
-             *(["--key", str(key)] if key else [])]
-    outcomes = fleet.run_fleet(fleet.plan(pins_paths, out, settings), jobs, flags)
+             *(["--key", str(key)] if key else []), *fleet.slurm_argv(slurm)]
+    parallel = jobs or (min(len(pins_paths), fleet.MAX_JOBS) if slurm is not None else 1)
+    outcomes = fleet.run_fleet(fleet.plan(pins_paths, out, settings), parallel, flags)
     return fleet.severest([o.code for o in outcomes])
 
 

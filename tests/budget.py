@@ -13,7 +13,7 @@ import time
 import pytest
 
 SLOW_FIXTURES = {"base_image", "demo_image", "build_variant", "demo_accepted", "second_engine", "staged_demo",
-                 "stamped_pins", "hatch_locked", "demo_pins"}
+                 "stamped_pins", "hatch_locked", "demo_pins", "slurm_cluster", "slurm_fleet"}
 # `make test` runs two pytest-xdist workers with --dist loadgroup. Each group runs on one worker, so a session
 # fixture is built once: "engine" holds every slow or Docker test on the shared engine and registry; "apart" the
 # slow tests on parts of their own (the fault matrix: its own dockerd, registry and disk) or on the host alone

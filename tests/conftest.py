@@ -82,6 +82,80 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Cluster
         os.environ.pop("SLURM_CONF", None)
 
 
+# mksquashfs options of the cluster tests' candidate exports: no compression. The default (`-comp lzo -noD`,
+# enroot's) takes 50-210 s per 1 GB demo image on this host, these about 3 s; the shipped default is unchanged.
+CLUSTER_SQUASH_OPTIONS = "-noI -noD -noF -noX -no-fragments"
+
+
+@pytest.fixture(scope="session")
+def cluster_images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, Path]]:
+    """(settings, shared directory) of the cluster tests: the session's candidate .sqsh files, exported with
+    CLUSTER_SQUASH_OPTIONS into one directory that is removed at the end of the session."""
+    import dataclasses
+    import shutil
+
+    where = tmp_path_factory.mktemp("cluster-images")
+    yield dataclasses.replace(SETTINGS, squash_options=CLUSTER_SQUASH_OPTIONS), where
+    shutil.rmtree(where, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple[Settings, Path],
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """`builder nightly A B C D --slurm`, run once for the session; the cluster tests read its reports. Each pins
+    file has a name and repository of its own (no earlier run to compare with).
+    A: the demo pins, every gate: the good demo through the whole cluster flow (build, staged digest, the
+    session's one good .sqsh, Slurm gates, report); its run is the one test_cluster_publish publishes.
+    B: the slow PR (demo vllm PR 14), every gate: performance must fail.
+    C, D: the zero_update and rl_step defects (tests/defects.py) without the performance gate (its six runs
+    would show nothing there). The four run at once; the cluster runs two allocations at a time (one core each).
+    Returns {"proc", "run_id", "names", "pins": {key: path}, "runs": {key: run directory}}."""
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    from demo.prepare import variant_pins
+    from tests.defects import BATCH_INVARIANCE_OFF, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
+
+    settings, shared = cluster_images
+    where = tmp_path_factory.mktemp("fleet")
+    tag = uuid.uuid4().hex[:8]
+    names = {"a": f"fleet-good-{tag}", "b": f"fleet-slow-{tag}", "c": f"fleet-zero-{tag}", "d": f"fleet-rl-{tag}"}
+
+    def pins_for(key: str, defect: tuple[str, int] | None = None, performance: bool = False) -> Path:
+        def edit(data: dict[str, Any]) -> None:
+            data["name"] = names[key]
+            data["image"] = {"repository": f"127.0.0.1:5000/fleet-{tag}/{names[key].split('-')[1]}", "tags": ["demo"]}
+            data["nightly"] = {"regression_threshold": 0.0, "retention": 2}
+            if performance:  # two allocations share the 2 cores: CPU time per token spreads up to 2.7 (not 1.7)
+                data["acceptance"]["performance"]["max_spread"] = 5.0
+            else:
+                acc = data["acceptance"]
+                acc.pop("performance", None)
+                acc["required_gates"] = [g for g in acc["required_gates"] if g != "performance"]
+        component, pr = defect or (None, None)
+        return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins, lock=defect is not None)
+
+    pins = {"a": pins_for("a", performance=True), "b": pins_for("b", SLOW_EXACT_PATH, performance=True),
+            "c": pins_for("c", BATCH_INVARIANCE_OFF), "d": pins_for("d", SKIPPED_WEIGHT_RELOAD)}
+    run_id = f"fleet{tag}"
+    env = dict(os.environ, BUILDER_RUN_ID=run_id, BUILDER_SQUASH_OPTIONS=settings.squash_options)
+    proc = subprocess.run([sys.executable, "-m", "builder", "nightly", *[str(pins[k]) for k in "abcd"], "--slurm",
+                           "--slurm-shared-dir", str(shared), "--out", str(where / "out")],
+                          cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    runs = {k: where / "out" / f"{i}-{pins[k].stem}" for i, k in enumerate("abcd", 1)}
+    yield {"proc": proc, "run_id": run_id, "names": names, "pins": pins, "runs": runs}
+    from builder.engine import client as engine  # the runs' local tags (builder-run/<run ID>-n<i>) go
+
+    client = engine.connect(SETTINGS)
+    for i in range(1, 5):
+        for image in engine.local_images(client, f"builder-run/{run_id}-n{i}"):
+            for tag in image.tags:
+                engine.remove_image(client, tag)
+
+
 @pytest.fixture(autouse=True)
 def _docker_marker(request: pytest.FixtureRequest) -> None:
     """Tests marked `docker` get the engine check (and its skip/fail) without asking for it."""

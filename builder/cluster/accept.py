@@ -36,8 +36,9 @@ def options(pins: Pins, settings: Settings, flags: dict[str, Any] | None = None)
                         srun_args=list(s.srun_args), runtime=s.runtime, gpus=pins.acceptance.gpus)
 
 
-def sqsh_path(opts: SlurmOptions, pins: Pins, image_id: str) -> Path:
-    return opts.shared_dir / f"{pins.name}+{split_digest(image_id)[1][:12]}.sqsh"
+def sqsh_path(opts: SlurmOptions, image_id: str) -> Path:
+    """Named by image ID alone: runs of the same image (a nightly fleet) share one export."""
+    return opts.shared_dir / f"candidate+{split_digest(image_id)[1][:16]}.sqsh"
 
 
 def accept_on_slurm(pins: Pins, image: str, settings: Settings, opts: SlurmOptions, gate_names: list[str] | None,
@@ -54,10 +55,12 @@ def accept_on_slurm(pins: Pins, image: str, settings: Settings, opts: SlurmOptio
             raise BadInput(f"image {image}: not found in the Docker engine")
         image_id = found
     with log.step("export .sqsh (candidate)"):
-        record = sqsh.export_candidate(image_id, sqsh_path(opts, pins, image_id), settings, client)
+        record = sqsh.export_candidate(image_id, sqsh_path(opts, image_id), settings, client, pins.base.image)
     runner = SlurmRunner(pins, Path(record.path), record.sha256, opts, gates.gate_runs(pins, gate_names))
     result = gates.accept_with(runner, image_id, pins, gates=gate_names, timeout_s=timeout_s, run_id=runner.run_id)
     result.pulled = pulled
     result.container["sqsh"] = {"path": record.path, "sha256": record.sha256, "size": record.size,
-                                "image_id": record.image_id, "staged": image if pulled else None}
+                                "image_id": record.image_id, "staged": image if pulled else None,
+                                "compression": record.compression,
+                                "reused_layers": int(record.seconds.get("reused layers", 0))}
     return result

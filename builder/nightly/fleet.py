@@ -1,5 +1,7 @@
 """`builder nightly A.yaml B.yaml ... --jobs N`: one nightly per pins file, at most N at a time, each in its
-own `builder nightly` process (its own run ID, so its own local tags; its log in a file). The runs share the
+own `builder nightly` process (its own run ID, so its own local tags; its log in a file). With --slurm every
+run starts at once (unless --jobs says otherwise): each builds here and submits its gates to Slurm, and the
+cluster runs them as far as its resources allow; the fleet only waits for the processes. The runs share the
 engine, the registry, the mirrors, the wheelhouse, the export cache and the history, which are safe under
 concurrent writers (file locks, atomic renames, SQLite in WAL mode).
 
@@ -16,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from builder.core import files as fs
 from builder.core import log, options
@@ -40,6 +43,15 @@ class Outcome:
     code: int
     seconds: float
     last_line: str
+
+
+def slurm_argv(flags: dict[str, Any] | None) -> list[str]:
+    """The --slurm flags again, for each run's own `builder nightly` process (None: no --slurm)."""
+    if flags is None:
+        return []
+    names = {"time_limit_s": "time-limit", "shared_dir": "shared-dir"}
+    return ["--slurm", *[w for k, v in flags.items() if v is not None
+                         for w in (f"--slurm-{names.get(k, k)}", str(v))]]
 
 
 def plan(pins_paths: list[Path], out: Path | None, settings: Settings) -> list[Job]:

@@ -658,6 +658,8 @@ class Slurm(Strict):
     # a directory the submit host and the compute nodes share; default <cache>/cluster-images
     shared_dir: Annotated[str, _schema("abs_path"), AfterValidator(_check("abs_path", "an absolute path"))] | None = None
     runtime: Literal["charliecloud", "enroot"] = "charliecloud"
+    # where `publish` places the accepted .sqsh (+ .sha256) under the SHA tag; default: where it was accepted
+    publish_dir: Annotated[str, _schema("abs_path"), AfterValidator(_check("abs_path", "an absolute path"))] | None = None
 
 
 class Acceptance(Strict):

@@ -366,36 +366,52 @@ def _timed(times: dict[str, float], name: str) -> Iterator[None]:
     times[name] = round(time.monotonic() - start, 2)
 
 
-def export_candidate(image_id: str, out: Path, settings: Settings, client: Any = None) -> SqshExport:
+def export_candidate(image_id: str, out: Path, settings: Settings, client: Any = None,
+                     base_image: str | None = None) -> SqshExport:
     """A candidate's .sqsh before acceptance (the cluster gates accept it), checked file by file against
     its layers, no smoke (the gates that follow run on it). The same image ID exported to the same file
-    before, with its `.json` record beside it, is reused when size and modification time still match;
-    the node-side sha256 check catches any later change."""
+    before with the same options, with its `.json` record beside it, is reused when size and modification
+    time still match; the node-side sha256 check catches any later change. `base_image` (the pins' base by
+    digest): its layers' tree is kept, and an earlier export's kept tree is reused (builder/release/sqsh_trees.py)."""
     if os.geteuid() != 0:
         raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
     out = out.absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with fs.locked(out.with_name(f".{out.name}.lock")):  # concurrent runs of one image export it once
+        return _export_candidate(image_id, out, settings, client, base_image)
+
+
+def _export_candidate(image_id: str, out: Path, settings: Settings, client: Any, base_image: str | None,
+                      ) -> SqshExport:
     record_path = out.with_name(out.name + ".json")
+    squash_options = settings.squash_options
+    version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
     if out.is_file() and record_path.is_file():
         record = SqshExport.model_validate_json(record_path.read_text())
         stat = out.stat()
-        if record.image_id == image_id and record.size == stat.st_size and \
-                record.seconds.get("mtime") == stat.st_mtime:
+        if (record.image_id, record.compression, record.mksquashfs, record.size, record.seconds.get("mtime")) == \
+                (image_id, squash_options, version, stat.st_size, stat.st_mtime):
             log.info(f".sqsh {out}: exported before (sha256:{record.sha256[:16]}...)")
             return record
-    squash_options = settings.squash_options
-    version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
     client = client or engine.connect(settings)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fs.sweep_parts(out.parent)
+    trees = settings.cache("sqsh", "trees")
+    fs.sweep_parts(trees)
     work = fs.part_dir(settings.cache("sqsh"), "sqsh")
     partial = fs.part_path(out)
+    made: Made | None = None
     try:
-        made = make_sqsh(client, image_id, partial, squash_options, work)
+        made = make_sqsh(client, image_id, partial, squash_options, work, trees,
+                         base_layers(client, base_image) if base_image else None)
         digest = fs.sha256_file(partial)
         partial.replace(out)
+        if made.kept:
+            kept.keep(trees, made.kept)
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
+        if made and made.kept:
+            shutil.rmtree(made.kept, ignore_errors=True)
     fs.write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")
     expected = made.expected
     record = SqshExport(
@@ -404,7 +420,8 @@ def export_candidate(image_id: str, out: Path, settings: Settings, client: Any =
         entries=len(expected), files=sum(e.kind == "f" for e in expected.values()), xattrs=made.xattrs,
         enroot_files={k: v.sha256 for k, v in expected.items() if k in ENROOT_FILES}, equivalence="pass",
         smoke={"status": "not_run", "reason": "the cluster gates run on it"},
-        seconds={**made.times, "mtime": out.stat().st_mtime}, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        seconds={**made.times, "reused layers": made.reused, "mtime": out.stat().st_mtime},
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     fs.write_atomic(record_path, record.model_dump_json(indent=2) + "\n")
     log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB) exported for the cluster gates")
     return record

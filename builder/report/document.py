@@ -370,10 +370,12 @@ def cluster_markdown(report: Report) -> list[str]:
         return []
     check = runner.get("sqsh_check") or {}
     iso = runner.get("isolation") or {}
+    sqsh = runner.get("sqsh")
+    path = sqsh.get("path") if isinstance(sqsh, dict) else sqsh  # the export record, or the runner's path
     out = ["", "### Cluster acceptance (Slurm)", "",
            f"Cluster `{runner.get('cluster')}`, partition `{runner.get('partition')}`, job {runner.get('job_id')} on "
            f"node `{runner.get('node')}` (GPUs: {runner.get('node_gpus') or 'none'}); runtime {runner.get('runtime')} "
-           f"{runner.get('runtime_version')}. `.sqsh` `{runner.get('sqsh')}`: recorded sha256 "
+           f"{runner.get('runtime_version')}. `.sqsh` `{path}`: recorded sha256 "
            f"`{runner.get('sqsh_sha256')}`, on the node `{runner.get('sqsh_sha256_node')}` (checked once, "
            f"{check.get('seconds')} s, {check.get('mb_per_s')} MB/s, step {check.get('step')}).",
            "", "Isolation actually had: " + "; ".join(f"{k}: {v}" for k, v in iso.items()) + ".", ""]

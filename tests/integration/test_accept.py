@@ -15,6 +15,7 @@ from builder.core.options import Settings
 from builder.core.records import AcceptanceResult, GateResult
 from builder.lock import record as lock_record
 from builder.pins.model import Mount
+from tests.defects import BATCH_INVARIANCE_OFF, REASONS, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
 from tests.fixture_types import BuildVariant, DemoImage, DockerClient
 
 M = TypeVar("M", bound=BaseModel)
@@ -66,23 +67,23 @@ def test_clean_demo_stack_passes_every_gate(demo_image: DemoImage, docker_client
 def test_batch_invariance_off_fails_zero_update(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient,
                                                 run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant("vllm", 12).image_id, pins, SETTINGS, gates=["zero_update"],
+    result = accept.accept(build_variant(*BATCH_INVARIANCE_OFF).image_id, pins, SETTINGS, gates=["zero_update"],
                            run_id=run_id)
     gates = _gates(result)
     assert gates["zero_update"].status == "fail"
-    assert "expected exactly 0.0" in gates["zero_update"].reason
+    assert REASONS[BATCH_INVARIANCE_OFF][1] in gates["zero_update"].reason
     assert {gates[n].status for n in ("provenance", "rl_step", "control")} == {"not_run"}
 
 
 def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image: DemoImage, build_variant: BuildVariant,
                                                                 docker_client: DockerClient, run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant("vllm", 13).image_id, pins, SETTINGS, gates=["zero_update", "rl_step"],
+    result = accept.accept(build_variant(*SKIPPED_WEIGHT_RELOAD).image_id, pins, SETTINGS, gates=["zero_update", "rl_step"],
                            run_id=run_id)
     gates = _gates(result)
     assert gates["zero_update"].status == "pass", gates["zero_update"].reason
     assert gates["rl_step"].status == "fail"
-    assert gates["rl_step"].reason.startswith("step 2:")
+    assert gates["rl_step"].reason.startswith(REASONS[SKIPPED_WEIGHT_RELOAD][1])
 
 
 def test_weight_decay_at_lr_zero_fails_zero_update(demo_image: DemoImage, build_variant: BuildVariant,
@@ -112,13 +113,13 @@ def test_slow_batch_invariant_path_fails_performance(demo_image: DemoImage, buil
     """PR 14 recomputes the prefix at every decode step: still exact (the correctness gates pass), but the
     aligned arm's median throughput falls under the pins' min_ratio."""
     pins = demo_image[0]
-    result = accept.accept(build_variant("vllm", 14).image_id, pins, SETTINGS, gates=["performance", "rl_step"],
+    result = accept.accept(build_variant(*SLOW_EXACT_PATH).image_id, pins, SETTINGS, gates=["performance", "rl_step"],
                            run_id=run_id)
     gates = _gates(result)
     assert gates["rl_step"].status == "pass", gates["rl_step"].reason
     gate = gates["performance"]
     assert gate.status == "fail", gate.reason
-    assert "< min_ratio 0.2 " in gate.reason and len(gate.evidence["runs"]) == 6
+    assert REASONS[SLOW_EXACT_PATH][1] in gate.reason and len(gate.evidence["runs"]) == 6
 
 
 def test_nan_reward_crash_names_the_cause(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient,

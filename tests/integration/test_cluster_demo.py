@@ -1,6 +1,8 @@
-"""The demo through --slurm on a real one-node cluster: the good demo image ACCEPTED from its .sqsh, and planted
-defects caught by the same gate with the same reason as under Docker (tests/test_accept.py). One exported
-.sqsh per image and one cluster for the session."""
+"""The demo through --slurm on a real one-node cluster: the good demo ACCEPTED from its .sqsh, and the planted
+defects (slow PR: performance; zero_update; rl_step) caught by the same gate with the same reason as under
+Docker (tests/test_accept.py asserts the same words, tests/defects.py, so the Docker gates are not run again
+here). One cluster for the session; all four are runs of the session's nightly fleet (conftest: slurm_fleet,
+tests/test_cluster_fleet.py), each from its own .sqsh."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,54 +10,50 @@ from typing import Any
 
 import pytest
 
-from builder.accept import gates
-from builder.cluster import accept as cluster_accept
 from builder.core.constants import GATES
-from builder.core.options import Settings
-from builder.core.records import AcceptanceResult
+from builder.core.records import Report
+from builder.report import document
+from tests.defects import BATCH_INVARIANCE_OFF, REASONS, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
 
-SETTINGS = Settings.from_env()
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
 
-@pytest.fixture(scope="session")
-def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return SETTINGS.cache("cluster-images")  # one .sqsh per image ID, reused across sessions when unchanged
+def fleet_report(fleet: dict[str, Any], key: str) -> Report:
+    path = fleet["runs"][key] / "report.json"
+    assert path.is_file(), fleet["proc"].stderr[-3000:]
+    return document.load(path)
 
 
-def on_slurm(pins: Any, image_id: str, shared: Path, gate_names: list[str] | None = None) -> AcceptanceResult:
-    opts = cluster_accept.options(pins, SETTINGS, {"shared_dir": str(shared)})
-    return cluster_accept.accept_on_slurm(pins, image_id, SETTINGS, opts, gate_names, None)
-
-
-def by_name(result: AcceptanceResult) -> dict[str, Any]:
-    return {g.name: g for g in result.gates}
-
-
-def test_good_demo_is_accepted_through_slurm(slurm_cluster: Any, demo_image: Any, shared_dir: Path) -> None:
-    pins, _, _, built = demo_image
-    result = on_slurm(pins, built.image_id, shared_dir)
-    found = by_name(result)
-    assert {n: g.status for n, g in found.items()} == {n: "pass" for n in GATES}, {n: g.reason for n, g in found.items()}
-    c = result.container
+def test_good_demo_is_accepted_through_slurm(slurm_fleet: dict[str, Any]) -> None:
+    """build -> staged digest -> .sqsh on shared storage -> Slurm gates (all five) -> report."""
+    run_dir: Path = slurm_fleet["runs"]["a"]
+    report = fleet_report(slurm_fleet, "a")
+    found = {g.name: g for g in report.gates}
+    assert report.verdict == "ACCEPTED", {n: (g.status, g.reason) for n, g in found.items()}
+    assert {n: g.status for n, g in found.items()} == {n: "pass" for n in GATES}
+    assert report.acceptance is not None and report.acceptance.pulled is not None and report.build is not None
+    assert report.acceptance.pulled.ref == report.build.staged  # the gates ran on the staged digest's image
+    c = report.acceptance.container
     assert c["runner"] == "slurm" and c["runtime"] == "charliecloud" and c["sqsh_sha256_node"] == c["sqsh_sha256"]
+    assert c["sqsh"]["image_id"] == report.image_id and c["sqsh"]["sha256"] == c["sqsh_sha256"]
     runs = [f for f in c["gates"].values() if "runs" not in f] + c["gates"]["performance"]["runs"]
     assert len(runs) == 4 + 6 and len({f["step"] for f in runs}) == 10  # a fresh container (step) per run
     assert all(f["state"] == "COMPLETED" and f["exit_code"] == "0:0" and f["job_id"] == c["job_id"] for f in runs)
+    markdown = (run_dir / "report.md").read_text()
+    assert c["job_id"] in markdown and c["sqsh_sha256_node"] in markdown and f"`.sqsh` `{c['sqsh']['path']}`" in markdown
 
 
-@pytest.mark.parametrize("component, pr, gate, words", [
-    ("vllm", 12, "zero_update", "expected exactly 0.0"),
-    ("vllm", 13, "rl_step", "step 2:"),
-    ("vllm", 14, "performance", "< min_ratio 0.2 "),
-])
-def test_planted_defect_fails_as_under_docker(slurm_cluster: Any, demo_image: Any, build_variant: Any,
-                                              shared_dir: Path, component: str, pr: int, gate: str,
-                                              words: str) -> None:
-    pins = demo_image[0]
-    image_id = build_variant(component, pr).image_id
-    result = on_slurm(pins, image_id, shared_dir, [gate])
-    got = by_name(result)[gate]
-    assert got.status == "fail" and words in got.reason, got.reason
-    docker = by_name(gates.accept(image_id, pins, SETTINGS, gates=[gate]))[gate]
-    assert docker.status == "fail" and words in docker.reason  # the same gate and reason as under Docker
+@pytest.mark.parametrize("key, defect", [("b", SLOW_EXACT_PATH), ("c", BATCH_INVARIANCE_OFF),
+                                         ("d", SKIPPED_WEIGHT_RELOAD)], ids=["performance", "zero_update", "rl_step"])
+def test_planted_defect_fails_as_under_docker(slurm_fleet: dict[str, Any], key: str, defect: tuple[str, int]) -> None:
+    report = fleet_report(slurm_fleet, key)
+    gate, words = REASONS[defect]
+    got = {g.name: g for g in report.gates}
+    assert report.verdict == "NOT ACCEPTED" and got[gate].status == "fail", (got[gate].status, got[gate].reason)
+    assert words in got[gate].reason, got[gate].reason
+    assert report.acceptance is not None and report.acceptance.container["runner"] == "slurm"
+    if gate == "performance":  # six interleaved runs, each a Slurm step of its own; the exact gates pass
+        assert len(report.acceptance.container["gates"][gate]["runs"]) == 6
+        assert {n: g.status for n, g in got.items() if n != gate} == {n: "pass" for n in GATES if n != gate}
+    sqsh = report.acceptance.container["sqsh"]
+    assert sqsh["image_id"] == report.image_id and sqsh["compression"] == "-noI -noD -noF -noX -no-fragments"

@@ -3,6 +3,7 @@ never executed), the acceptance.slurm pins section and the --slurm flags, checke
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,6 +11,8 @@ from builder.cluster import accept as cluster_accept
 from builder.cluster import runtimes
 from builder.core.errors import BadInput
 from builder.core.options import Settings
+from builder.lock import record as lock_record
+from builder.nightly import fleet
 from builder.pins import model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +51,8 @@ def _pins(**slurm: object) -> model.Pins:
 @pytest.mark.parametrize("field, value, words", [
     ("partition", "gpu;rm -rf", "Slurm partition"), ("srun_args", ["--jobid=7"], "does not set itself"),
     ("srun_args", ["--constraint=a100 x"], "srun flag"), ("srun_args", ["-w", "n1"], "srun flag"),
-    ("shared_dir", "relative/dir", "absolute path"), ("runtime", "docker", "charliecloud")])
+    ("shared_dir", "relative/dir", "absolute path"), ("publish_dir", "rel", "absolute path"),
+    ("runtime", "docker", "charliecloud")])
 def test_bad_slurm_pins_values_are_refused(field: str, value: object, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         model.Slurm.model_validate({field: value})
@@ -61,3 +65,29 @@ def test_flags_override_the_pins_and_are_checked_like_them(tmp_path: Path) -> No
     assert opts.shared_dir == tmp_path and opts.runtime == "charliecloud"
     with pytest.raises(BadInput, match=r"^--slurm-qos: expected a Slurm"):
         cluster_accept.options(pins, Settings.from_env(), {"qos": "high$(x)"})
+
+
+def test_a_fleet_passes_the_slurm_flags_to_each_run() -> None:
+    flags = {"partition": "gates", "account": None, "qos": None, "time_limit_s": 600,
+             "shared_dir": "/shared/images", "runtime": None}
+    assert fleet.slurm_argv(flags) == ["--slurm", "--slurm-partition", "gates", "--slurm-time-limit", "600",
+                                       "--slurm-shared-dir", "/shared/images"]
+    assert fleet.slurm_argv(None) == []
+
+
+def test_nightly_slurm_flag_without_slurm_is_refused(tmp_path: Path) -> None:
+    from builder.cli import run
+
+    assert run(["nightly", str(ROOT / "pins" / "demo.yaml"), "--slurm-partition", "gates"]) == 2
+
+
+def test_sqsh_dir_for_a_docker_accepted_report_is_refused(report_inputs: Any, tmp_path: Path) -> None:
+    from builder import pipeline
+    from builder.report import document
+
+    pins, sources, build, acceptance = report_inputs(repository="127.0.0.1:5000/tests/sqsh-dir")
+    paths = document.write(document.make_report(pins, lock_record.of(pins), sources, build, acceptance), tmp_path)
+    before = paths["json"].read_bytes()
+    with pytest.raises(BadInput, match=r"^--sqsh-dir: .* accepted by Docker gates"):
+        pipeline.publish_report(paths["json"], Settings.from_env(), sqsh_dir=tmp_path / "elsewhere")
+    assert paths["json"].read_bytes() == before

@@ -1,0 +1,14 @@
+"""The demo's planted defects that run both under Docker (tests/test_accept.py) and through --slurm
+(tests/test_cluster_demo.py): (component, demo PR) -> the gate that must fail and words of its reason. Both
+files assert these same words, so the Slurm side need not run the Docker gate again."""
+from __future__ import annotations
+
+BATCH_INVARIANCE_OFF = ("vllm", 12)     # zero_update: a step's diff is not exactly 0.0
+SKIPPED_WEIGHT_RELOAD = ("vllm", 13)    # rl_step: step 2 runs on stale weights
+SLOW_EXACT_PATH = ("vllm", 14)          # performance: exact, but the aligned arm is slow
+
+REASONS: dict[tuple[str, int], tuple[str, str]] = {
+    BATCH_INVARIANCE_OFF: ("zero_update", "expected exactly 0.0"),
+    SKIPPED_WEIGHT_RELOAD: ("rl_step", "step 2:"),
+    SLOW_EXACT_PATH: ("performance", "< min_ratio 0.2 "),
+}
