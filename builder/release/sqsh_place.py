@@ -110,7 +110,7 @@ def registry_image(report: Report, settings: Settings, where: str) -> str:
     staged = staging.accepted_ref(report, where)
     if staged is None:
         raise PublishError(f"{where}: accepted on the cluster without a staged registry digest; refusing")
-    host, name = split_repository(str(staged).split("@", 1)[0])
+    host, name = split_repository(staged.name)
     got = Registry.from_settings(host, settings).manifest(name, str(staged.digest))
     try:
         return str(json.loads(got["content"])["config"]["digest"])
