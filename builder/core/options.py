@@ -30,13 +30,21 @@ class Variable:
     what: str
 
 
+def pip_default_index() -> str:
+    """The index pip uses when nothing configures one (pip's own constant: no host is written here)."""
+    from pip._internal.models.index import PyPI  # lazy: pip's default, read only when no index is set
+
+    return str(PyPI.simple_url)
+
+
 VARIABLES: tuple[Variable, ...] = (
     Variable("BUILDER_CACHE", "`<checkout>/.cache`, installed: `~/.cache/rl-image-builder`",
              "cache root: mirrors, wheels, contexts, runs, logs, history, keys"),
     Variable("BUILDER_REGISTRY_USERNAME", "unset", "basic auth for push and verify (with the password: both or "
              "neither); never written to the image, report or logs"),
     Variable("BUILDER_REGISTRY_PASSWORD", "unset", "the password of `BUILDER_REGISTRY_USERNAME`"),
-    Variable("BUILDER_INDEX_URL", "https://pypi.org/simple", "package index `builder lock` resolves and downloads from"),
+    Variable("BUILDER_INDEX_URL", "pip's own default index", "package index `builder lock` resolves and downloads "
+             "from (the host's pip configuration never chooses it: lock.md)"),
     Variable("PIP_CERT", "unset", "a CA bundle for that index, kept for `builder lock`'s pip and uv runs, as are "
              "`PIP_PROXY`, `PIP_TIMEOUT`, `PIP_RETRIES`, `PIP_CLIENT_CERT`, `PIP_TRUSTED_HOST` and those keys of the "
              "host's pip config files; every other `PIP_*` / `UV_*` setting and pip config key is dropped (lock.md)"),
@@ -229,7 +237,7 @@ class Settings:
     docker_host: str | None
     docker_tls_verify: str | None = None
     docker_cert_path: str | None = None
-    index_url: str = "https://pypi.org/simple"
+    index_url: str = ""  # set by from_env: BUILDER_INDEX_URL, else pip's own default
     # the environment of `builder lock`'s pip/uv runs: the host's, minus its pip/uv configuration
     resolver_env: tuple[tuple[str, str], ...] = ()
     git_config: Path | None = None
@@ -259,7 +267,7 @@ class Settings:
             docker_host=env.get("DOCKER_HOST") or None,
             docker_tls_verify=env.get("DOCKER_TLS_VERIFY") or None,
             docker_cert_path=env.get("DOCKER_CERT_PATH") or None,
-            index_url=env.get("BUILDER_INDEX_URL") or "https://pypi.org/simple",
+            index_url=env.get("BUILDER_INDEX_URL") or pip_default_index(),
             resolver_env=_resolver_env(env),
             git_config=_git_config(env),
             git_env=tuple(sorted((k, v) for k, v in env.items() if not k.startswith("BUILDER_"))),
