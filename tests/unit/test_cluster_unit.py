@@ -81,7 +81,6 @@ def test_nightly_slurm_flag_without_slurm_is_refused(tmp_path: Path) -> None:
     assert run(["nightly", str(ROOT / "pins" / "demo.yaml"), "--slurm-partition", "gates"]) == 2
 
 
-@pytest.mark.slow  # imports the pipeline and re-reads the pins: 4 to 6 s on the shared host
 def test_sqsh_dir_for_a_docker_accepted_report_is_refused(report_inputs: Any, tmp_path: Path) -> None:
     from builder import pipeline
     from builder.report import document
