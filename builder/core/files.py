@@ -1,6 +1,7 @@
 """File helpers shared by the stages: sha256 of a file, advisory locks, the tail of a log, what a live run holds."""
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import os
@@ -108,6 +109,15 @@ PART_RX = re.compile(r"^\..*?\.(\d+)\.[^.]*\.part$")
 
 
 _HELD: dict[str, IO[str]] = {}  # path -> open file whose shared lock this process holds (released at exit)
+
+
+def _release_all() -> None:
+    """At exit: close the held files (the locks go with them), so no open file is left to the interpreter."""
+    for key in list(_HELD):
+        _HELD.pop(key).close()
+
+
+atexit.register(_release_all)
 
 
 def hold(path: Path) -> None:
