@@ -4,6 +4,7 @@ replay/<gate>.json in the run directory; `builder replay` runs only that compari
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,10 @@ from builder.accept.runner import last_json
 from builder.core.constants import CACHE_ENV, LABEL_PREFIX
 from builder.core.errors import BadInput, InfraError
 from builder.core.records import GateResult
-from builder.engine import oneshot
+from builder.engine import client as engine
+from builder.engine import containers
 from builder.engine.client import Client
+from builder.engine.containers import ContainerSpec
 
 BUNDLE_PATH = "/opt/replay/bundle.json"  # outside the tmpfs mounts, so it is there when the container starts
 LABEL = f"{LABEL_PREFIX}.replay"
@@ -76,15 +79,22 @@ def load_bundle(run_dir: Path, gate: str) -> bytes:
 
 def run(client: Client, image: str, python: str, bundle: bytes) -> dict[str, Any]:
     """`python -m acceptance replay` in a fresh network-none container of `image`; its result and the facts."""
-    done = oneshot.run(client, image, [python, "-m", "acceptance", "replay", "--bundle", BUNDLE_PATH],
-                       {BUNDLE_PATH: bundle}, dict(CACHE_ENV), TMPFS, {LABEL: uuid.uuid4().hex[:12]}, REPLAY_TIMEOUT_S)
+    if engine.image_id(client, image) is None:
+        raise BadInput(f"--image {image}: not found in the Docker engine")
+    spec = ContainerSpec(image=image, command=[python, "-m", "acceptance", "replay", "--bundle", BUNDLE_PATH],
+                         environment=dict(CACHE_ENV), tmpfs=dict(TMPFS), labels={LABEL: uuid.uuid4().hex[:12]},
+                         files={BUNDLE_PATH: bundle})
+    start = time.monotonic()
+    done = containers.run(client, spec, REPLAY_TIMEOUT_S, "replay")
+    seconds = round(time.monotonic() - start, 3)
     if done.timed_out:
         raise InfraError(f"replay: the container of {image} ran past {REPLAY_TIMEOUT_S} s and was killed")
     result = last_json(done.stdout)
     if result is None:
         tail = (done.stderr or done.stdout)[-300:].replace("\n", " ")
         raise InfraError(f"replay: the container of {image} exited {done.exit_code} without a result line: {tail}")
-    return {**result, "exit_code": done.exit_code, "seconds": done.seconds, "network": done.network, "image": image}
+    return {**result, "exit_code": done.exit_code, "seconds": seconds, "network": done.facts.get("network"),
+            "image": image}
 
 
 def lines(gate: str, result: dict[str, Any]) -> list[str]:

@@ -6,6 +6,8 @@ a refusal or a lost engine is InfraError (exit 3). The container is always remov
 """
 from __future__ import annotations
 
+import io
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,7 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     working_dir: str = "/tmp"
     gpus: int = 0
+    files: dict[str, bytes] = field(default_factory=dict)  # absolute path -> bytes, copied in before the start
 
     def sdk_kwargs(self) -> dict[str, Any]:
         """The SDK's `containers.create` arguments for this spec."""
@@ -81,6 +84,8 @@ def run(client: Client, spec: ContainerSpec, timeout_s: int, what: str) -> Outco
     try:
         try:
             container = client.containers.create(**spec.sdk_kwargs())
+            if spec.files and not container.put_archive("/", _tar(spec.files)):
+                raise InfraError(f"docker engine: cannot copy files into the {what} container")
             container.start()
         except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
             raise InfraError(f"docker engine: cannot start the {what} container: {err}") from None
@@ -107,6 +112,16 @@ def run(client: Client, spec: ContainerSpec, timeout_s: int, what: str) -> Outco
     finally:
         if container is not None:
             remove(client, container.id)
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path, data in files.items():
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 def remove(client: Client, container_id: str) -> None:
