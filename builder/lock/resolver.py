@@ -112,6 +112,11 @@ def shown_index(url: str) -> str:
     return urlunsplit(parts._replace(netloc=host))
 
 
+def shown_links(links: tuple[str, ...]) -> str:
+    """`, find-links: A B` as the lock header states BUILDER_FIND_LINKS (empty when unset)."""
+    return f", find-links: {' '.join(shown_index(link) for link in links)}" if links else ""
+
+
 def uv_bin() -> str:
     from uv import find_uv_bin  # lazy: only when locking
 
@@ -146,7 +151,7 @@ def resolve(settings: Settings, requirements: list[str], provided: dict[str, str
 
 def _uv(settings: Settings, work: Path, target: Target, log_name: str) -> dict[str, str]:
     argv = [uv_bin(), "pip", "compile", str(work / "req.in"), "-c", str(work / "constraints.txt"),
-            "--find-links", str(work / "stubs"), "--index-url", settings.index_url,
+            "--find-links", str(work / "stubs"), *settings.index_args(),
             "--index-strategy", "unsafe-best-match", "--python-version", target.python,
             "--python-platform", target.uv_platform(), "--no-header", "--no-annotate", "--quiet",
             "--build-constraints", str(work / "build-constraints.txt"),
@@ -166,7 +171,7 @@ def _uv(settings: Settings, work: Path, target: Target, log_name: str) -> dict[s
 def _pip(settings: Settings, work: Path, target: Target, log_name: str) -> dict[str, str]:
     argv = [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed", "--quiet",
             "--report", str(work / "report.json"), "--target", str(work / "target"), *target.pip_args(),
-            "--index-url", settings.index_url, "--find-links", str(work / "stubs"),
+            *settings.index_args(), "--find-links", str(work / "stubs"),
             "-c", str(work / "constraints.txt"), "-r", str(work / "req.in")]
     rc, output = _run(settings, argv, log_name)
     if rc != 0:
@@ -257,11 +262,11 @@ def _download_wheels(settings: Settings, pinned: dict[str, str], target: Target,
         start = time.monotonic()
         reqs = [f"{n}=={pinned[n]}" for n in missing]
         rc, _ = _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
-                      *target.pip_args(), "--index-url", settings.index_url, *reqs], "lock-download")
+                      *target.pip_args(), *settings.index_args(), *reqs], "lock-download")
         if rc != 0:  # find which ones have no wheel, one at a time
             for req in reqs:
                 _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "-d", str(pool),
-                      *target.pip_args(), "--index-url", settings.index_url, req], "lock-download-one")
+                      *target.pip_args(), *settings.index_args(), req], "lock-download-one")
         download.TOTALS.add(time.monotonic() - start, 0, 0)
     files, no_wheel = {}, []
     for name, version in pinned.items():
@@ -282,7 +287,7 @@ def download_sdist(settings: Settings, name: str, version: str) -> Path:
     path = _pool_match(pool, name, version, False)
     if path is None:
         _, output = _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--no-binary=:all:",
-                           "-d", str(pool), "--index-url", settings.index_url, f"{name}=={version}"], "lock-download-sdist")
+                           "-d", str(pool), *settings.index_args(), f"{name}=={version}"], "lock-download-sdist")
         path = _pool_match(pool, name, version, False)
         if path is None:
             raise InfraError(f"{name}=={version}: neither a wheel for the base nor an sdist: {_explain(output)}")

@@ -134,7 +134,7 @@ def pip_download(args: list[str], dest: Path, target: Target, logfile: Path, set
     """pip download from the configured index only, in the lock's environment: the host's pip configuration
     (constraints, extra indexes, find-links) never applies; its transport settings do (options._resolver_env)."""
     argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(dest),
-            "--index-url", settings.index_url, *target.pip_args(), *args]
+            *settings.index_args(), *target.pip_args(), *args]
     try:
         commands.run_logged(argv, logfile, "pip download", env=dict(settings.resolver_env))
     except InfraError as exc:

@@ -21,7 +21,7 @@ from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.engine import basecontainer
 from builder.engine.basecontainer import BaseInfo
-from builder.lock import lockfile, native, wheels
+from builder.lock import lockfile, native, resolver, wheels
 from builder.sources import cmakefetch
 from demo.make_stack import make_stack
 
@@ -224,3 +224,29 @@ def test_a_missing_native_commit_names_the_url_and_the_mirror_it_was_fetched_fro
                               " not found in https://kernels.example.invalid/tinykernels.git (fetched from"
                               f" {mirror}, url.insteadOf in BUILDER_GIT_CONFIG)")
     assert err.value.exit_code == 2
+
+
+def test_builder_find_links_is_the_one_way_to_add_a_wheel_folder(tmp_path: Path) -> None:
+    """A wheel only in a folder: the host's pip config naming it does nothing, BUILDER_FIND_LINKS does (and the
+    lock header states it); a folder that is not there is refused in one line."""
+    links = tmp_path / "links"
+    links.mkdir()
+    wheel = make_wheel(tmp_path, "tinywheel", "1.0")
+    shutil.copy(wheel, links / wheel.name)
+    (tmp_path / "other").mkdir()
+    empty = local_index(tmp_path / "index", make_wheel(tmp_path / "other", "otherwheel", "1.0"))
+    lock = tmp_path / "build.lock"
+    lock.write_text(f"tinywheel==1.0 --hash=sha256:{fs.sha256_file(wheel)}\n")
+    target = wheels.Target.from_base("3.11", "linux/amd64")
+    host = planted_host(tmp_path)  # its pip config and PIP_FIND_LINKS name the same folder
+    plain = dataclasses.replace(Settings.from_env(host), index_url=empty)
+    with pytest.raises(BadInput, match="tinywheel==1.0 is not in the wheelhouse"):
+        wheels.ensure_wheels(lock, lock.read_text(), lock.read_bytes(), target, plain)
+    settings = dataclasses.replace(Settings.from_env({**host, "BUILDER_FIND_LINKS": str(links)}), index_url=empty)
+    assert settings.find_links == (str(links),)
+    assert settings.index_args() == ["--index-url", empty, "--find-links", str(links)]
+    house = wheels.ensure_wheels(lock, lock.read_text(), lock.read_bytes(), target, settings)
+    assert sorted(p.name for p in house.iterdir()) == [wheel.name]
+    assert resolver.shown_links(settings.find_links) == f", find-links: {links}"
+    with pytest.raises(BadInput, match=r"^BUILDER_FIND_LINKS: expected folders or URLs, '/nonexistent/w' is not a"):
+        Settings.from_env({**host, "BUILDER_FIND_LINKS": "/nonexistent/w"})
