@@ -52,9 +52,10 @@ lint: venv-test
 	$(PYTHON) -m ruff check builder acceptance demo tests benchmarks
 	$(PYTHON) -m mypy
 
-# Two pytest-xdist workers: the tests on the shared engine on one, those on parts of their own (the fault matrix)
-# and the fast ones on the other (groups in tests/budget.py). TEST_WORKERS=0 runs them in this one process.
-TEST_WORKERS ?= 2
+# pytest-xdist workers, one per group of slow tests (tests/budget.py: engine, release, cluster, apart); the fast
+# tests fill the gaps. Most of a slow test's time is waiting (containers, Slurm, registries), so four share the
+# two cores. TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 4
 test: setup venv-test
 	$(PYTHON) -m pytest -q -ra $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup)
 

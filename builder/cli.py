@@ -233,7 +233,7 @@ def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an 
                 out: Optional[Path] = typer.Option(None, "--out", help="the .sqsh (default: next to the report)"),
                 squash_options: Optional[str] = typer.Option(
                     None, "--squash-options", help="mksquashfs compression (default $BUILDER_SQUASH_OPTIONS "
-                                                   "or enroot's '-comp lzo -noD')")) -> None:
+                                                   "or '-comp lzo -Xalgorithm lzo1x_1 -noD')")) -> None:
     """Write the accepted image as an enroot .sqsh, check it file by file, smoke it, record it in the report."""
     from builder import pipeline  # lazy: start-up
 

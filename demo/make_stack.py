@@ -10,6 +10,7 @@ pygit2 directly (no working tree, no git config involved); re-running on an exis
 OUTDIR resets the refs to the same commits.
 """
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,9 @@ def make_stack(outdir: str | Path) -> dict[str, Any]:
         stack["repos"][name] = _make_repo(outdir / f"{name}.git", index, spec)
     stack["native"] = {name: _make_repo(outdir / f"{name}.git", len(REPOS) + index, spec)
                        for index, (name, spec) in enumerate(NATIVE.items())}
-    (outdir / "stack.json").write_text(json.dumps(stack, indent=2, sort_keys=True) + "\n")
+    tmp = outdir / f".stack.json.{os.getpid()}"  # readers in other processes never see half a file
+    tmp.write_text(json.dumps(stack, indent=2, sort_keys=True) + "\n")
+    tmp.replace(outdir / "stack.json")
     return stack
 
 

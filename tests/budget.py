@@ -14,12 +14,19 @@ import pytest
 
 SLOW_FIXTURES = {"base_image", "demo_image", "build_variant", "demo_accepted", "second_engine", "staged_demo",
                  "stamped_pins", "hatch_locked", "demo_pins", "slurm_cluster", "slurm_fleet"}
-# `make test` runs two pytest-xdist workers with --dist loadgroup. Each group runs on one worker, so a session
-# fixture is built once: "engine" holds every slow or Docker test on the shared engine and registry; "apart" the
-# slow tests on parts of their own (the fault matrix: its own dockerd, registry and disk) or on the host alone
-# (torch). The other worker meanwhile takes "apart", then the fast tests.
+# `make test` runs pytest-xdist workers with --dist loadgroup. Each group runs on one worker; the session fixtures
+# that can be shared (tests/shared.py: the base image, the demo pins, image, acceptance and staged push) are made
+# once for all workers. "apart": slow tests on parts of their own (the fault matrix: its own dockerd, registry and
+# disk) or on the host alone (torch). "cluster": the one-node Slurm cluster and its fleet (one cluster per host).
+# "engine" and "release": the other slow or Docker tests on the shared engine and registry, split by file so that
+# the two take about as long. The fast tests go to whichever worker is free.
 APART = ("tests/integration/test_fault_matrix.py", "tests/integration/test_demo_stack.py",
          "tests/integration/test_weights.py")
+GROUPS = {"apart": APART,
+          "cluster": ("tests/integration/test_cluster_",),
+          "release": tuple(f"tests/integration/test_{name}.py" for name in (
+              "publish", "promote", "sqsh", "nightly", "run", "concurrency", "reproducible", "second_engine", "gc",
+              "trusted_keys", "trip_ups", "lock_failures", "install"))}
 # Warnings are errors (pyproject.toml). The integration tests drive real engines, registries and daemons through
 # the Docker SDK and subprocess pipes; the SDK leaves a refused connection's socket, and a killed child's pipe, to
 # the garbage collector, which reports them at a random later test. Those two (and only there) stay warnings.
@@ -44,10 +51,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
         kind = kind_of(item)
-        if item.nodeid.startswith(APART):
-            item.add_marker(pytest.mark.xdist_group("apart"))
-        elif kind != "fast":
-            item.add_marker(pytest.mark.xdist_group("engine"))
+        group = next((g for g, files in GROUPS.items() if item.nodeid.startswith(files)), "engine")
+        if group == "apart" or kind != "fast":
+            item.add_marker(pytest.mark.xdist_group(group))
 
     for item in items:  # see LEAKS
         if item.nodeid.startswith("tests/integration/"):
@@ -90,6 +96,12 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: p
         ids = [n for n in _spent if _kind.get(n, "fast") == kind]
         seconds = sum(sum(_spent[n].values()) for n in ids)
         write(f"  {kind:<8} {len(ids):5d} tests {seconds:8.1f} s  (budget {BUDGET_S[kind]:.0f} s per test)")
+    groups: dict[str, list[float]] = {}
+    for nodeid, phases in _spent.items():
+        if "@" in nodeid:
+            groups.setdefault(nodeid.rpartition("@")[2], []).append(sum(phases.values()))
+    for group, times in sorted(groups.items()):
+        write(f"  group {group:<8} {len(times):4d} tests {sum(times):8.1f} s  (one worker's)")
     setups = sorted(((p.get("setup", 0.0), n) for n, p in _spent.items() if p.get("setup", 0.0) > 5), reverse=True)
     for seconds, nodeid in setups[:8]:
         write(f"  set-up  {seconds:8.1f} s  {nodeid} (shared fixtures built here)")

@@ -22,6 +22,7 @@ from tests.budget import (  # noqa: F401  (hooks: slow marks, xdist groups, budg
     pytest_terminal_summary,
 )
 from tests.engines import Engine
+from tests.shared import once
 
 if TYPE_CHECKING:
     from demo.cluster import Cluster
@@ -82,9 +83,9 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Cluster
         os.environ.pop("SLURM_CONF", None)
 
 
-# mksquashfs options of the cluster tests' candidate exports: no compression. The default (`-comp lzo -noD`,
-# enroot's) takes 50-210 s per 1 GB demo image on this host, these about 3 s; the shipped default is unchanged.
-CLUSTER_SQUASH_OPTIONS = "-noI -noD -noF -noX -no-fragments"
+# mksquashfs options of the cluster tests' candidate exports: the shipped default (fast LZO: about 4 s for the 1 GB
+# demo image; enroot's own lzo1x_999 took 50-210 s here).
+CLUSTER_SQUASH_OPTIONS = SETTINGS.squash_options
 
 
 @pytest.fixture(scope="session")
@@ -172,11 +173,11 @@ def infra_setup(docker_client: DockerClient) -> Info:
 
 
 @pytest.fixture(scope="session")
-def base_image(infra_setup: Info) -> str:
+def base_image(infra_setup: Info, tmp_path_factory: pytest.TempPathFactory) -> str:
     """`127.0.0.1:5000/demo/base@sha256:...`, built once per recipe (cached across sessions)."""
     from demo import baseimage
 
-    return baseimage.ensure_base_image(SETTINGS)
+    return once(tmp_path_factory, "base_image", lambda: baseimage.ensure_base_image(SETTINGS))
 
 
 # ---- report / publish: records without git or Docker, and registries of our own
@@ -273,11 +274,11 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory) -> MakeReportInputs:
 
 
 @pytest.fixture(scope="session")
-def demo_pins(docker_client: DockerClient) -> Path:
+def demo_pins(docker_client: DockerClient, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """pins/demo.local.yaml ready to build: engine, registry, base image, demo stack (demo.prepare)."""
     from demo.prepare import prepare_demo
 
-    return prepare_demo(SETTINGS)
+    return once(tmp_path_factory, "demo_pins", lambda: prepare_demo(SETTINGS))
 
 
 def _resolve_render_build(pins_path: Path) -> DemoImage:
@@ -293,9 +294,9 @@ def _resolve_render_build(pins_path: Path) -> DemoImage:
 
 
 @pytest.fixture(scope="session")
-def demo_image(demo_pins: Path) -> DemoImage:
+def demo_image(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> DemoImage:
     """(pins, sources, rendered, built) of pins/demo.yaml, built once per session."""
-    return _resolve_render_build(demo_pins)
+    return once(tmp_path_factory, "demo_image", lambda: _resolve_render_build(demo_pins))
 
 
 @pytest.fixture(scope="session")
@@ -327,12 +328,13 @@ def build_variant(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="session")
-def demo_accepted(demo_image: DemoImage) -> DemoAccepted:
+def demo_accepted(demo_image: DemoImage, tmp_path_factory: pytest.TempPathFactory) -> DemoAccepted:
     """(pins, sources, built, AcceptanceResult) of all four gates run on the demo image."""
     from builder.accept import gates as accept
 
     pins, resolved, _, built = demo_image
-    return pins, resolved, built, accept.accept(built.image_id, pins, SETTINGS)
+    return once(tmp_path_factory, "demo_accepted",
+                lambda: (pins, resolved, built, accept.accept(built.image_id, pins, SETTINGS)))
 
 
 # ---- a second Docker engine (tests/engines.py), shared by every test that needs one
@@ -353,13 +355,14 @@ def second_engine(docker_client: DockerClient) -> Iterator[Engine]:
 
 
 @pytest.fixture(scope="session")
-def staged_demo(demo_image: DemoImage) -> str:
+def staged_demo(demo_image: DemoImage, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The demo image pushed by digest to its staging repository: `<staging>@<manifest digest>`."""
     from builder.engine import staging
 
     pins, _, _, built = demo_image
     repo = staging.staging_repository(pins.image.repository, pins.image.staging)
-    return staging.push(built.manifest_digest, repo, pins.base.name, SETTINGS)
+    return once(tmp_path_factory, "staged_demo",
+                lambda: staging.push(built.manifest_digest, repo, pins.base.name, SETTINGS))
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,10 @@ from builder.core.errors import BadInput
 
 PACKAGE = Path(__file__).resolve().parent
 ENROOT_SQUASH_OPTIONS = "-comp lzo -noD"   # enroot's default (doc/configuration.md, doc/cmd/import.md)
+# The shipped default: enroot's, with mksquashfs's fast LZO variant. Data blocks stay uncompressed (-noD); only
+# metadata and fragments are LZO, which every reader decompresses alike (lzo1x_1 and mksquashfs's default
+# lzo1x_999 share one format). Measured on the 1 GB demo image: 3.5 s instead of 73 s, 2.7% larger (docs/cluster.md).
+SQUASH_OPTIONS = "-comp lzo -Xalgorithm lzo1x_1 -noD"
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BUILDER_SIGNING_KEY", "unset", "ed25519 private key (PEM) that signs the acceptance result and the "
              "attestations on publish (`--key` overrides it)"),
     Variable("BUILDER_CCACHE", "on", "`off`: build native code without the compiler cache (builder/image/ccache.py)"),
-    Variable("BUILDER_SQUASH_OPTIONS", f"`{ENROOT_SQUASH_OPTIONS}`", "mksquashfs compression of `export-sqsh` "
-             "(enroot's `ENROOT_SQUASH_OPTIONS` default); flags and plain values only"),
+    Variable("BUILDER_SQUASH_OPTIONS", f"`{SQUASH_OPTIONS}`", "mksquashfs compression of `export-sqsh`: enroot's "
+             f"`ENROOT_SQUASH_OPTIONS` default (`{ENROOT_SQUASH_OPTIONS}`) with the fast LZO variant (cluster.md); flags "
+             "and plain values only"),
     Variable("BUILDER_RUN_ID", "random per process", "scopes this run's local names (image tags `builder-run/<id>:...`;"
              " a build untags other runs' ones older than a day); `[a-z0-9-]`, 1..32"),
     Variable("DOCKER_HOST", "the local socket", "which Docker engine (`unix://`, `tcp://`, `ssh://`)"),
@@ -192,7 +197,7 @@ def check_squash_options(value: str, where: str) -> str:
     """mksquashfs compression options: flags and plain values only (no paths, no shell)."""
     words = value.split()
     if not words or not all(SQUASH_WORD.fullmatch(w) for w in words) or any(w in SQUASH_REFUSED for w in words):
-        raise BadInput(f"{where}: expected mksquashfs compression options like {ENROOT_SQUASH_OPTIONS!r}, got {value!r}")
+        raise BadInput(f"{where}: expected mksquashfs compression options like {SQUASH_OPTIONS!r}, got {value!r}")
     return " ".join(words)
 
 
@@ -255,7 +260,7 @@ class Settings:
     # the environment of the git CLI fetches (ssh agent, proxies, HOME for credentials; no BUILDER_*)
     git_env: tuple[tuple[str, str], ...] = ()
     signing_key: Path | None = None
-    squash_options: str = ENROOT_SQUASH_OPTIONS
+    squash_options: str = SQUASH_OPTIONS
     compiler_cache: bool = True
     # this run's scope for local names: concurrent runs on one engine never share a mutable tag
     run_id: str = PROCESS_RUN_ID
@@ -284,7 +289,7 @@ class Settings:
             git_config=_git_config(env),
             git_env=tuple(sorted((k, v) for k, v in env.items() if not k.startswith("BUILDER_"))),
             signing_key=Path(env["BUILDER_SIGNING_KEY"]) if env.get("BUILDER_SIGNING_KEY") else None,
-            squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or ENROOT_SQUASH_OPTIONS,
+            squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or SQUASH_OPTIONS,
                                                 "BUILDER_SQUASH_OPTIONS"),
             compiler_cache=_on_off(env, "BUILDER_CCACHE"),
             run_id=_run_id(env),

@@ -138,9 +138,10 @@ class SqshExport(Record):
     path: str
     sha256: str
     size: int
-    compression: str                   # mksquashfs options (enroot's ENROOT_SQUASH_OPTIONS default)
+    compression: str                   # mksquashfs options (options.SQUASH_OPTIONS by default)
     mksquashfs: str                    # version line
     mksquashfs_args: list[str]
+    mtimes: str = ""                   # "layers": each file's time as its layer has it ("": an older export's)
     image_id: str
     tag: str                           # the SHA tag
     registry_digest: str               # the published manifest digest, or "not published"

@@ -2,12 +2,16 @@
 smoke-tested, recorded in the report next to the registry digest under the same SHA tag.
 
 Like `enroot import`: the layers of `docker save` applied in order with whiteouts (builder/release/sqsh_rootfs.py),
-dev/* left out, enroot's /etc/{environment,rc,rc.local,fstab} written from the image config, then
-Debian's `mksquashfs` with ENROOT_SQUASH_OPTIONS (`-comp lzo -noD` unless BUILDER_SQUASH_OPTIONS, read
-into Settings, says otherwise). Unlike enroot, owners and modes are kept (no -all-root, no fixperms). Reproducible: every
-timestamp is SOURCE_DATE_EPOCH (enroot's own reproducible mode), mksquashfs sorts its input, xattrs only
-when the image has them. The .sqsh is read back with `unsquashfs` and must equal the tree computed from
-the layers in memory; then the provenance gate runs on the unpacked tree in a network-none container.
+dev/* left out, enroot's /etc/{environment,rc,rc.local,fstab} written from the image config, then Debian's
+`mksquashfs` with enroot's ENROOT_SQUASH_OPTIONS default and the fast LZO variant (`-comp lzo -Xalgorithm
+lzo1x_1 -noD` unless BUILDER_SQUASH_OPTIONS, read into Settings, says otherwise). Unlike enroot, owners and
+modes are kept (no -all-root, no fixperms). Reproducible: every file keeps the modification time its layer
+recorded (a timestamp .pyc is valid only beside its source's: with one time for all, `-all-time`, every such
+.pyc of the image is stale, and each process recompiles what it imports, in memory, from a read-only image);
+the files the export writes and the filesystem's own time are SOURCE_DATE_EPOCH; mksquashfs sorts its input;
+xattrs only when the image has them. The .sqsh is read back with `unsquashfs` and must equal the tree computed
+from the layers in memory (modes, owners, contents, times); then the provenance gate runs on the unpacked tree
+in a network-none container.
 Nothing is left behind on failure: the .sqsh is renamed into place only once both checks passed.
 An image ID exported before with the same options is a cache hit: the earlier .sqsh, its sha256 checked
 again in full, is reused (copied when --out differs); `<cache>/sqsh/exports/` indexes them.
@@ -45,6 +49,7 @@ ENROOT_FILES = ("etc/environment", "etc/fstab", "etc/rc", "etc/rc.local")
 RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
             "# It can be used to manipulate the entrypoint or the command of the container.\n")
 SHOW = 10  # differences listed in an error
+MTIMES = "layers"  # SqshExport.mtimes: each file keeps its layer's time
 
 
 def tools() -> dict[str, str]:
@@ -102,20 +107,21 @@ def write_enroot_files(rootfs: Path, files: dict[str, bytes], workdir: str) -> d
                 layers._remove(path)
                 path.mkdir(mode=0o755)
                 path.chmod(0o755)
-                out[sub] = Entry(kind="d", mode=0o755, uid=0, gid=0)
+                out[sub] = Entry(kind="d", mode=0o755, uid=0, gid=0, mtime=SOURCE_DATE_EPOCH)
     for rel, data in files.items():
         path = layers._inside(rootfs, rel)
         layers._remove(path)
         path.write_bytes(data)
         path.chmod(0o644)
         os.chown(path, 0, 0)
-        out[rel] = Entry(kind="f", mode=0o644, uid=0, gid=0, sha256=hashlib.sha256(data).hexdigest())
+        out[rel] = Entry(kind="f", mode=0o644, uid=0, gid=0, sha256=hashlib.sha256(data).hexdigest(),
+                         mtime=SOURCE_DATE_EPOCH)
     return out
 
 
 def mksquashfs(rootfs: Path, out: Path, squash_options: str, xattrs: bool) -> list[str]:
     argv = [tools()["mksquashfs"], str(rootfs), str(out), "-noappend", "-no-progress", "-quiet",
-            "-mkfs-time", str(SOURCE_DATE_EPOCH), "-all-time", str(SOURCE_DATE_EPOCH),
+            "-mkfs-time", str(SOURCE_DATE_EPOCH),
             "-xattrs" if xattrs else "-no-xattrs", *shlex.split(squash_options)]
     _run(argv, "mksquashfs")
     return argv
@@ -147,6 +153,8 @@ def compare(expected: dict[str, Entry], got: dict[str, Entry]) -> list[str]:
             diffs.append(f"{path}: sha256 {want.sha256[:12]} in the image, {have.sha256[:12]} in the .sqsh")
         elif want.xattrs != have.xattrs:
             diffs.append(f"{path}: xattrs differ")
+        elif want.mtime != have.mtime:
+            diffs.append(f"{path}: mtime {want.mtime} in the image, {have.mtime} in the .sqsh")
     return diffs
 
 
@@ -217,6 +225,7 @@ def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: 
             (work / "image.tar").unlink()
             workdir = (saved.config.get("config") or {}).get("WorkingDir") or "/"
             expected.update(write_enroot_files(rootfs, enroot_files(saved.config), workdir))
+            layers.set_times(rootfs, expected, SOURCE_DATE_EPOCH)
         with _timed(times, "mksquashfs"):
             argv = mksquashfs(rootfs, out, squash_options, xattrs)
             shutil.rmtree(rootfs)
@@ -294,7 +303,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     expected = made.expected
     record = SqshExport(
         path=str(out), sha256=digest, size=out.stat().st_size, compression=squash_options, mksquashfs=version,
-        mksquashfs_args=made.argv[3:], image_id=report.image_id, tag=report.tags[0],
+        mksquashfs_args=made.argv[3:], mtimes=MTIMES, image_id=report.image_id, tag=report.tags[0],
         registry_digest=report.publish.digest if report.publish else "not published",
         entries=len(expected), files=sum(e.kind == "f" for e in expected.values()), xattrs=made.xattrs,
         enroot_files={k: v.sha256 for k, v in expected.items() if k in ENROOT_FILES},
@@ -319,7 +328,7 @@ def base_layers(client: Any, base_image: str) -> list[str]:
 
 
 def _cache_entry(settings: Settings, image_id: str, squash_options: str, version: str, smoke: bool) -> Path:
-    key = hashlib.sha256(f"{image_id}\n{squash_options}\n{version}\n{smoke}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{image_id}\n{squash_options}\n{version}\n{smoke}\n{MTIMES}".encode()).hexdigest()[:24]
     return settings.cache("sqsh", "exports") / f"{key}.json"
 
 
@@ -389,8 +398,8 @@ def _export_candidate(image_id: str, out: Path, settings: Settings, client: Any,
     if out.is_file() and record_path.is_file():
         record = SqshExport.model_validate_json(record_path.read_text())
         stat = out.stat()
-        if (record.image_id, record.compression, record.mksquashfs, record.size, record.seconds.get("mtime")) == \
-                (image_id, squash_options, version, stat.st_size, stat.st_mtime):
+        if (record.image_id, record.compression, record.mksquashfs, record.size, record.seconds.get("mtime"),
+                record.mtimes) == (image_id, squash_options, version, stat.st_size, stat.st_mtime, MTIMES):
             log.info(f".sqsh {out}: exported before (sha256:{record.sha256[:16]}...)")
             return record
     client = client or engine.connect(settings)
@@ -416,7 +425,7 @@ def _export_candidate(image_id: str, out: Path, settings: Settings, client: Any,
     expected = made.expected
     record = SqshExport(
         path=str(out), sha256=digest, size=out.stat().st_size, compression=squash_options, mksquashfs=version,
-        mksquashfs_args=made.argv[3:], image_id=image_id, tag="candidate", registry_digest="not published",
+        mksquashfs_args=made.argv[3:], mtimes=MTIMES, image_id=image_id, tag="candidate", registry_digest="not published",
         entries=len(expected), files=sum(e.kind == "f" for e in expected.values()), xattrs=made.xattrs,
         enroot_files={k: v.sha256 for k, v in expected.items() if k in ENROOT_FILES}, equivalence="pass",
         smoke={"status": "not_run", "reason": "the cluster gates run on it"},

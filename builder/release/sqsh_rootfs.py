@@ -41,6 +41,7 @@ class Entry:
     sha256: str = ""          # regular files
     target: str = ""          # symlinks
     xattrs: tuple[tuple[str, bytes], ...] = field(default=())
+    mtime: int = 0            # seconds, as the layer recorded it: a timestamp .pyc is valid only beside its source's
 
 
 @dataclass
@@ -185,18 +186,19 @@ def _add_layer(tree: dict[str, Entry], stream: _Hashing) -> str:
 
 
 def _entry(inner: tarfile.TarFile, m: tarfile.TarInfo, tree: dict[str, Entry]) -> Entry:
-    meta = Entry(kind="o", mode=stat.S_IMODE(m.mode), uid=m.uid, gid=m.gid, xattrs=_xattrs(m))
+    meta = Entry(kind="o", mode=stat.S_IMODE(m.mode), uid=m.uid, gid=m.gid, xattrs=_xattrs(m), mtime=int(m.mtime))
     if m.isreg():
         fh = inner.extractfile(m)
         digest = hashlib.sha256()
         while fh is not None and (chunk := fh.read(CHUNK)):
             digest.update(chunk)
         return replace(meta, kind="f", sha256=digest.hexdigest())
-    if m.islnk():  # same inode as its target: the target's entry
+    if m.islnk():  # same inode as its target: the target's entry, with the time this member gives the inode
         target = tree.get(_norm(m.linkname))
         if target is None or target.kind != "f":
             raise BadInput(f"layer member {m.name!r}: hard link to {m.linkname!r}, which is not a file")
-        return target
+        tree[_norm(m.linkname)] = replace(target, mtime=int(m.mtime))
+        return tree[_norm(m.linkname)]
     if m.isdir():
         return replace(meta, kind="d")
     if m.issym():
@@ -292,6 +294,14 @@ def _extract(inner: tarfile.TarFile, m: tarfile.TarInfo, rootfs: Path) -> bool:
     return bool(xattrs)
 
 
+def set_times(rootfs: Path, tree: dict[str, Entry], root_mtime: int) -> None:
+    """Every path's modification time as its entry says, the root's `root_mtime`: writing a later layer changed
+    its parents' times, and a kept tree's directories are new (builder/release/sqsh_trees.py)."""
+    for path, entry in tree.items():
+        os.utime(rootfs / path, ns=(entry.mtime * 10**9, entry.mtime * 10**9), follow_symlinks=False)
+    os.utime(rootfs, ns=(root_mtime * 10**9, root_mtime * 10**9))
+
+
 def walk(rootfs: Path) -> Iterator[tuple[str, os.stat_result]]:
     """(relative path, lstat) of every entry under rootfs, sorted; the root itself is not listed."""
     for top, dirs, files in os.walk(rootfs):
@@ -309,7 +319,8 @@ def tree_of(rootfs: Path) -> dict[str, Entry]:
         full = rootfs / path
         xattrs = tuple(sorted((k, os.getxattr(full, k, follow_symlinks=False))
                               for k in os.listxattr(full, follow_symlinks=False)))
-        meta = Entry(kind="o", mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, xattrs=xattrs)
+        meta = Entry(kind="o", mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, xattrs=xattrs,
+                     mtime=int(st.st_mtime))
         if stat.S_ISREG(st.st_mode):
             meta = replace(meta, kind="f", sha256=fs.sha256_file(full))
         elif stat.S_ISDIR(st.st_mode):

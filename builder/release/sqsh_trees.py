@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.core import files as fs
-from builder.release.sqsh_rootfs import Entry
+from builder.core.constants import SOURCE_DATE_EPOCH
+from builder.release.sqsh_rootfs import Entry, set_times
 
 KEEP = 2
-FORMAT = "sqsh-tree-1"
+FORMAT = "sqsh-tree-2"
 
 
 @dataclass
@@ -86,6 +87,7 @@ def snapshot(root: Path, rootfs: Path, diff_ids: list[str], entries: dict[str, E
     """A part directory holding a hard-linked copy of rootfs and its entries, to `keep` once the export passed."""
     part = fs.part_dir(root, "tree")
     link_copy(rootfs, part / "rootfs")
+    set_times(part / "rootfs", entries, SOURCE_DATE_EPOCH)  # the copied directories are new
     meta = {"diff_ids": diff_ids, "xattrs": xattrs, "entries": {path: _row(e) for path, e in entries.items()}}
     (part / "tree.json").write_text(json.dumps(meta, separators=(",", ":")))
     return part
@@ -109,11 +111,12 @@ def keep(root: Path, part: Path) -> None:
 
 
 def _row(e: Entry) -> list[object]:
-    return [e.kind, e.mode, e.uid, e.gid, e.sha256, e.target, [[k, v.hex()] for k, v in e.xattrs]]
+    return [e.kind, e.mode, e.uid, e.gid, e.sha256, e.target, [[k, v.hex()] for k, v in e.xattrs], e.mtime]
 
 
 def _entry(row: list[object]) -> Entry:
-    kind, mode, uid, gid, sha256, target, xattrs = row
+    kind, mode, uid, gid, sha256, target, xattrs, mtime = row
     assert isinstance(xattrs, list)
     return Entry(kind=str(kind), mode=int(str(mode)), uid=int(str(uid)), gid=int(str(gid)), sha256=str(sha256),
-                 target=str(target), xattrs=tuple((str(k), bytes.fromhex(str(v))) for k, v in xattrs))
+                 target=str(target), xattrs=tuple((str(k), bytes.fromhex(str(v))) for k, v in xattrs),
+                 mtime=int(str(mtime)))

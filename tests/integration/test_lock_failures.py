@@ -110,7 +110,8 @@ def left_behind(docker_client: Any, run: LockRun, repositories_before: set[str])
         "containers": [c.name for c in docker_client.containers.list(all=True, filters={"label": mark})],
         "images": [i.id for i in docker_client.images.list(all=True, filters={"label": mark})],
         "tags": [t for i in docker_client.images.list() for t in i.tags if run.run_id in t],
-        "repositories": sorted(catalog() - repositories_before),
+        # the run's repositories are named after it (with_marks); other workers push their own meanwhile
+        "repositories": sorted(r for r in catalog() - repositories_before if run.run_id in r),
         "holds": sorted(p.name for p in run.cache.glob("*/held/*")),  # seeds and raw layers a run would hold
     }
 

@@ -5,11 +5,13 @@ import hashlib
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 import tarfile
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 from builder import pipeline
 from builder.core import files as fs
 from builder.core import options
+from builder.core.constants import SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput, NotAccepted
 from builder.core.options import Settings
 from builder.core.records import SqshExport
@@ -44,10 +47,15 @@ def with_lock(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     return (inputs[0], lock_record.of(inputs[0]), *inputs[1:])
 
 
+def planted_mtime(name: str) -> int:
+    """A time of its own for every planted path (the .sqsh keeps each file's time, not one for all)."""
+    return EPOCH + sum(name.encode()) * 61
+
+
 def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, mode: int = 0o644, uid: int = 0, gid: int = 0,
          kind: bytes = tarfile.REGTYPE, link: str = "") -> None:
     info = tarfile.TarInfo(name)
-    info.type, info.mode, info.uid, info.gid, info.mtime, info.linkname = kind, mode, uid, gid, EPOCH, link
+    info.type, info.mode, info.uid, info.gid, info.mtime, info.linkname = kind, mode, uid, gid, planted_mtime(name), link
     info.size = len(data) if data is not None else 0
     tar.addfile(info, io.BytesIO(data) if data is not None else None)
 
@@ -155,6 +163,11 @@ def test_top_layer_deletions_are_absent(planted_sqsh: tuple[Path, sqsh.Made], tm
     assert "exec  '/bin/tool' 'it'\\''s'" in (root / "etc/rc").read_text()
     assert (root / "etc/fstab").read_text() == "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
     assert "etc/gone" not in made.expected and made.expected["bin/tool2"].sha256 == hashlib.sha256(b"v1\n").hexdigest()
+    times = {p: int(os.lstat(root / p).st_mtime) for p in ("bin/tool", "bin/tool2", "etc/keep", "opt/d", "lib", "etc")}
+    assert times == {"bin/tool": planted_mtime("bin/tool"), "bin/tool2": planted_mtime("bin/tool2"),  # its link member
+                     "etc/keep": planted_mtime("etc/keep"), "opt/d": planted_mtime("opt/d"), "lib": planted_mtime("lib"),
+                     "etc": planted_mtime("etc")}  # the upper layer's own entry, though its whiteout changed etc/
+    assert int(os.lstat(root / "etc/environment").st_mtime) == SOURCE_DATE_EPOCH == int(os.lstat(root).st_mtime)
 
 
 @pytest.mark.docker
@@ -175,10 +188,10 @@ def test_engine_agrees_on_the_final_files(planted: str, planted_sqsh: tuple[Path
                                                                              "etc/resolv.conf"):
                 member = tar.extractfile(m)
                 assert member is not None  # a regular file
-                engine_files[path] = hashlib.sha256(member.read()).hexdigest()
+                engine_files[path] = (hashlib.sha256(member.read()).hexdigest(), int(m.mtime))
             elif m.islnk():
                 engine_files[path] = engine_files[layers._norm(m.linkname)]
-    ours = {p: e.sha256 for p, e in made.expected.items() if e.kind == "f" and p not in sqsh.ENROOT_FILES}
+    ours = {p: (e.sha256, e.mtime) for p, e in made.expected.items() if e.kind == "f" and p not in sqsh.ENROOT_FILES}
     assert ours == engine_files
 
 
@@ -201,9 +214,11 @@ def test_a_difference_from_the_layers_is_listed(planted_sqsh: tuple[Path, sqsh.M
     (root / "opt/d/z").unlink()
     (root / "extra").write_text("new\n")
     diffs = sqsh.compare(made.expected, layers.tree_of(root))
-    assert [d.split(":")[0] for d in diffs] == ["etc/keep", "extra", "opt/d/z", "usr/lib/libz.so"]
-    assert "sha256" in diffs[0] and "mode 0755 in the image, 0700" in diffs[3]
-    with pytest.raises(NotAccepted, match="4 differences.*etc/keep.*extra"):
+    assert [d.split(":")[0] for d in diffs] == ["etc/keep", "extra", "opt/d", "opt/d/z", "usr/lib/libz.so"]
+    assert "sha256" in diffs[0] and "mode 0755 in the image, 0700" in diffs[4]
+    now = int(os.lstat(root / "opt/d").st_mtime)
+    assert diffs[2] == f"opt/d: mtime {planted_mtime('opt/d')} in the image, {now} in the .sqsh"
+    with pytest.raises(NotAccepted, match="5 differences.*etc/keep.*extra"):
         sqsh.check_equal(made.expected, layers.tree_of(root), "x.sqsh")
 
 
@@ -325,8 +340,8 @@ def test_a_member_through_a_symlink_is_refused(tmp_path: Path) -> None:
         layers._inside(root, "lib/passwd")
 
 
-def test_squash_options_default_is_enroots() -> None:
-    assert options.Settings.from_env({}).squash_options == "-comp lzo -noD"
+def test_squash_options_default_is_enroots_with_the_fast_lzo() -> None:
+    assert options.Settings.from_env({}).squash_options == "-comp lzo -Xalgorithm lzo1x_1 -noD"
     assert options.Settings.from_env({"BUILDER_SQUASH_OPTIONS": FAST}).squash_options == FAST
     for bad in ("-comp lzo; rm -rf /", "-ef /etc/passwd", "-comp $(x)"):
         with pytest.raises(BadInput, match="BUILDER_SQUASH_OPTIONS"):
@@ -347,8 +362,9 @@ def test_compare_checks_kind_owner_target_and_xattrs() -> None:
     got = {"a": Entry(kind="d", mode=0o644, uid=0, gid=0), "b": Entry(kind="f", mode=0o644, uid=1, gid=0, sha256="a" * 64),
            "c": Entry(kind="l", mode=0o777, uid=0, gid=0, target="y"),
            "d": Entry(kind="f", mode=0o644, uid=0, gid=0, sha256="a" * 64, xattrs=(("user.k", b"v"),))}
-    diffs = sqsh.compare({"a": f, "b": f, "c": link, "d": f}, got)
-    assert [d.split(": ", 1)[1].split()[0] for d in diffs] == ["kind", "owner", "symlink", "xattrs"]
+    got["e"] = Entry(kind="f", mode=0o644, uid=0, gid=0, sha256="a" * 64, mtime=946684800)
+    diffs = sqsh.compare({"a": f, "b": f, "c": link, "d": f, "e": replace(f, mtime=1796135237)}, got)
+    assert [d.split(": ", 1)[1].split()[0] for d in diffs] == ["kind", "owner", "symlink", "xattrs", "mtime"]
 
 
 def _record(**kw: Any) -> SqshExport:
@@ -427,8 +443,41 @@ def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh: tuple[Path, SqshExport
     assert check.returncode == 0, check.stdout + check.stderr
     assert record.equivalence == "pass" and record.files > 1000 and record.compression == FAST
     assert record.smoke["status"] == "pass" and record.smoke["network"] == "none"
-    assert "-all-time" in record.mksquashfs_args and "-no-xattrs" in record.mksquashfs_args
+    assert "-all-time" not in record.mksquashfs_args and "-no-xattrs" in record.mksquashfs_args
+    assert record.mtimes == "layers"
     assert record.sha256 in (path.parent / "report.md").read_text()
+
+
+def stale_pycs(root: Path) -> tuple[int, list[str]]:
+    """(timestamp .pyc files checked, those whose recorded source mtime or size is not the source's): Python
+    recompiles a stale one on every import, and cannot write the fresh one into a read-only image."""
+    checked, stale = 0, []
+    for pyc in sorted(root.rglob("__pycache__/*.pyc")):
+        source = pyc.parent.parent / (pyc.name.split(".", 1)[0] + ".py")
+        head = pyc.read_bytes()[:16]
+        if not source.is_file() or struct.unpack("<I", head[4:8])[0] != 0:  # no source, or a hash-based .pyc
+            continue
+        checked += 1
+        st = source.stat()
+        if struct.unpack("<II", head[8:16]) != (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF):
+            stale.append(str(pyc.relative_to(root)))
+    return checked, stale
+
+
+@pytest.mark.docker
+def test_the_images_bytecode_stays_valid_in_the_sqsh(demo_sqsh: tuple[Path, SqshExport], tmp_path: Path) -> None:
+    """Each file keeps its layer's mtime: the image's .pyc files still match their sources (with one time for all,
+    every gate on the cluster recompiled torch and the stack in memory)."""
+    _, record = demo_sqsh
+    site = "opt/venv/lib/python3.11/site-packages"
+    subprocess.run(["unsquashfs", "-no-progress", "-quiet", "-d", str(tmp_path / "r"), record.path, f"{site}/tinyrl",
+                    f"{site}/torch/nn", f"{site}/torch/__init__.py", f"{site}/torch/__pycache__"], check=True,
+                   capture_output=True)
+    checked, stale = stale_pycs(tmp_path / "r")
+    assert checked > 50 and stale == [], (checked, stale[:5])
+    pyc = tmp_path / "r" / site / "torch/__pycache__/__init__.cpython-311.pyc"  # a timestamp .pyc (the base's)
+    os.utime(pyc.parent.parent / "__init__.py", (EPOCH, EPOCH))  # the check itself tells a stale one
+    assert stale_pycs(tmp_path / "r")[1] == [str(pyc.relative_to(tmp_path / "r"))]
 
 
 @pytest.mark.docker
