@@ -369,6 +369,26 @@ def _epochs(epochs: int | list[int], count: int, tag: str) -> list[int]:
     return list(epochs)
 
 
+def stored_image(settings: Settings, image_id: str) -> tuple[bytes, list[Path | None]] | None:
+    """(config bytes, each layer's gzip blob in the store or None) of an image this cache normalised; None when
+    the store has no record of it. Base layers are never in the store (they stay in the base's registry)."""
+    config = blob_path(settings, image_id)
+    if not config.is_file():
+        return None
+    records = sorted(store(settings, "records").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in records:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("image_id") != image_id or not blob_path(settings, record["manifest_digest"]).is_file():
+            continue
+        manifest = json.loads(blob_path(settings, record["manifest_digest"]).read_bytes())
+        blobs = [blob_path(settings, d["digest"]) for d in manifest.get("layers", [])]
+        return config.read_bytes(), [b if b.is_file() else None for b in blobs]
+    return None
+
+
 def present_prefix(client: Any, diff_ids: list[str], at_least: int, settings: Settings) -> int:
     """How many leading layers of `diff_ids` the engine already has (a recently normalised image
     shares them), so `docker load` need not read them again."""

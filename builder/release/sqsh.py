@@ -19,6 +19,7 @@ again in full, is reused (copied when --out differs); `<cache>/sqsh/exports/` in
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -38,6 +39,7 @@ from builder.core.imageref import ImageRef
 from builder.core.options import Settings, check_squash_options
 from builder.core.records import Report, SqshExport
 from builder.engine import client as engine
+from builder.engine import normalize
 from builder.pins.model import Pins
 from builder.release import publish, sqsh_smoke
 from builder.release import sqsh_rootfs as layers
@@ -184,14 +186,22 @@ class Made:
 
 
 def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: Path, trees: Path | None = None,
-              base: list[str] | None = None) -> Made:
+              base: list[str] | None = None, stored: tuple[bytes, list[Path | None]] | None = None) -> Made:
     """Write the .sqsh of an image (by ID) to out and check it equals the layers' tree; the unpacked
     copy stays in work/readback for the smoke. Raises NotAccepted listing the first differences.
     `trees`: where base trees are kept (builder/release/sqsh_trees.py); the tree of the first layers, when kept,
-    is reused, and that of `base` (the diff IDs of the base image) is kept once the export passed."""
+    is reused, and that of `base` (the diff IDs of the base image) is kept once the export passed.
+    `stored`: the image's config and layer blobs in the build's store (normalize.stored_image); with a kept tree,
+    only the layers above it are read from there, and the engine is not asked for the image at all."""
     times: dict[str, float] = {}
-    with _timed(times, "docker save"):
-        saved = layers.save(client, image_id, work / "image.tar")
+    stored_diff_ids = json.loads(stored[0]).get("rootfs", {}).get("diff_ids", []) if stored else []
+    reuse = kept.find(trees, stored_diff_ids) if trees and stored else None
+    if stored and reuse and all(blob is not None for blob in stored[1][reuse.count:]):
+        with _timed(times, "layers from the blob store"):  # only those above the kept tree
+            saved = layers.from_blobs(stored[0], stored[1], reuse.count, image_id, work / "image.tar")
+    else:
+        with _timed(times, "docker save"):
+            saved = layers.save(client, image_id, work / "image.tar")
     diff_ids = list(saved.config["rootfs"]["diff_ids"])
     reuse = kept.find(trees, diff_ids) if trees else None
     start = reuse.count if reuse else 0
@@ -221,6 +231,8 @@ def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: 
                 log.info(f"sqsh: {why}; applying every layer")
                 _drop(snap, rootfs)
                 rootfs.mkdir(mode=0o755)
+                if reuse and stored:  # the layers below the kept tree are placeholders there
+                    saved = layers.save(client, image_id, work / "image.tar")
                 start, xattrs = 0, layers.apply_layers(saved, rootfs)
             (work / "image.tar").unlink()
             workdir = (saved.config.get("config") or {}).get("WorkingDir") or "/"
@@ -280,7 +292,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     made: Made | None = None
     try:
         made = make_sqsh(client, report.image_id, partial, squash_options, work, trees,
-                         base_layers(client, report.base_image))
+                         base_layers(client, report.base_image), normalize.stored_image(settings, report.image_id))
         result: dict[str, Any] = {"status": "not_run", "reason": "not asked"}
         if smoke:
             if pins is None:
@@ -411,7 +423,8 @@ def _export_candidate(image_id: str, out: Path, settings: Settings, client: Any,
     made: Made | None = None
     try:
         made = make_sqsh(client, image_id, partial, squash_options, work, trees,
-                         base_layers(client, base_image) if base_image else None)
+                         base_layers(client, base_image) if base_image else None,
+                         normalize.stored_image(settings, image_id))
         digest = fs.sha256_file(partial)
         partial.replace(out)
         if made.kept:

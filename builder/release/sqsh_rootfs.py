@@ -8,13 +8,17 @@ Two independent routes over the same layers: `expected_tree` computes the final 
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
 import stat
 import tarfile
+import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -60,6 +64,33 @@ def save(client: Any, image_id: str, dest: Path) -> SavedImage:
         found = engine.save_image(client, image_id, out, CHUNK)  # InfraError (exit 3) when the engine fails
     if not found:
         raise BadInput(f"image {image_id}: not in the Docker engine (build or pull it first)")
+    return open_saved(dest, image_id)
+
+
+def from_blobs(config: bytes, blobs: list[Path | None], start: int, image_id: str, dest: Path) -> SavedImage:
+    """A `docker save`-shaped tar at dest from the build's own gzip layer blobs (builder/engine/normalize.py), with
+    empty placeholders for the first `start` layers (a kept tree stands for them, builder/release/sqsh_trees.py):
+    no `docker save` of the whole image. Each layer above is still checked against its diff_id when read."""
+    names = [f"{i:03d}/layer.tar" for i in range(len(blobs))]
+    with tarfile.open(dest, "w") as tar:
+        for i, (name, blob) in enumerate(zip(names, blobs, strict=True)):
+            if i < start:
+                tar.addfile(tarfile.TarInfo(name))
+                continue
+            if blob is None:
+                raise BadInput(f"layer {i} of {image_id}: not in the blob store")
+            with tempfile.TemporaryFile(dir=dest.parent) as raw:
+                with gzip.open(blob) as unzipped:
+                    shutil.copyfileobj(unzipped, raw, CHUNK)
+                info = tarfile.TarInfo(name)
+                info.size = raw.tell()
+                raw.seek(0)
+                tar.addfile(info, raw)
+        for name, data in ((f"{image_id.removeprefix('sha256:')}.json", config), ("manifest.json", json.dumps(
+                [{"Config": f"{image_id.removeprefix('sha256:')}.json", "RepoTags": [], "Layers": names}]).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     return open_saved(dest, image_id)
 
 
@@ -313,7 +344,8 @@ def walk(rootfs: Path) -> Iterator[tuple[str, os.stat_result]]:
 
 
 def tree_of(rootfs: Path) -> dict[str, Entry]:
-    """The Entry of every path under a directory (e.g. one unsquashfs wrote)."""
+    """The Entry of every path under a directory (e.g. one unsquashfs wrote); files are hashed on every core
+    (hashlib releases the GIL)."""
     tree = {}
     for path, st in walk(rootfs):
         full = rootfs / path
@@ -322,10 +354,14 @@ def tree_of(rootfs: Path) -> dict[str, Entry]:
         meta = Entry(kind="o", mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, xattrs=xattrs,
                      mtime=int(st.st_mtime))
         if stat.S_ISREG(st.st_mode):
-            meta = replace(meta, kind="f", sha256=fs.sha256_file(full))
+            meta = replace(meta, kind="f")
         elif stat.S_ISDIR(st.st_mode):
             meta = replace(meta, kind="d")
         elif stat.S_ISLNK(st.st_mode):
             meta = replace(meta, kind="l", target=os.readlink(full))
         tree[path] = meta
+    files = [path for path, entry in tree.items() if entry.kind == "f"]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for path, digest in zip(files, pool.map(lambda p: fs.sha256_file(rootfs / p), files), strict=True):
+            tree[path] = replace(tree[path], sha256=digest)
     return tree

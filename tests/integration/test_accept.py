@@ -16,7 +16,7 @@ from builder.core.records import AcceptanceResult, GateResult
 from builder.lock import record as lock_record
 from builder.pins.model import Mount
 from tests.defects import BATCH_INVARIANCE_OFF, REASONS, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
-from tests.fixture_types import BuildVariant, DemoImage, DockerClient
+from tests.fixture_types import BuildVariant, DemoAccepted, DemoImage, DockerClient
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -35,9 +35,9 @@ def _with(model: M, **changes: Any) -> M:
     return model.model_copy(update=changes)
 
 
-def test_clean_demo_stack_passes_every_gate(demo_image: DemoImage, docker_client: DockerClient, run_id: str) -> None:
-    pins, _, _, built = demo_image
-    result = accept.accept(built.image_id, pins, SETTINGS, run_id=run_id)
+def test_clean_demo_stack_passes_every_gate(demo_accepted: DemoAccepted) -> None:
+    """The session's one acceptance of the demo image with every gate (tests/shared.py: made once for all workers)."""
+    pins, _, built, result = demo_accepted
     gates = _gates(result)
     assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in GATES}, \
         {n: g.reason for n, g in gates.items()}

@@ -86,9 +86,13 @@ def nothing_left(sqsh: Path) -> None:
 def while_step_runs(action: Callable[[str], object]) -> threading.Thread:
     """Run action(job ID) in a thread as soon as a gate step (not the check) is running."""
     def watch() -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # a loaded host starts the interpreter and the allocation slowly
         while time.monotonic() < deadline:
-            steps = slurm.call(["squeue", "-h", "-s", "-o", "%i %j"], "squeue -s").split("\n")
+            try:
+                steps = slurm.call(["squeue", "-h", "-s", "-o", "%i %j"], "squeue -s").split("\n")
+            except InfraError:  # slurmctld busy: ask again
+                time.sleep(0.5)
+                continue
             running = [line.split()[0] for line in steps if line.strip() and "-" in line.split()[-1]
                        and "sqsh-check" not in line]
             if running:

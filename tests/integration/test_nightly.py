@@ -18,6 +18,7 @@ from builder.core.options import Settings
 from builder.engine.registry import Registry, put_manifest, split_repository
 from builder.release import attest, dsse, referrers
 from demo.prepare import add_pr_commit, variant_pins
+from tests.defects import without_performance
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
@@ -40,6 +41,7 @@ def world(demo_pins: Path, settings: Settings, tmp_path_factory: pytest.TempPath
         data["name"] = f"nightly-test-{uid}"
         data["image"] = {"repository": repository, "tags": ["demo"]}
         data["nightly"] = {"regression_threshold": 0.9, "retention": 1}  # this machine's throughput is noisy
+        without_performance(data)  # the throughput ratio then comes from rl_step and control (gates.throughput)
 
     pins = variant_pins(out, edit=edit, pins_path=demo_pins)
     dsse.keygen(out / "key.pem", out / "key.pub")

@@ -15,6 +15,7 @@ from builder.core.options import Settings
 from builder.engine.registry import Registry, split_repository
 from builder.image.render import sha_tag
 from demo.prepare import variant_pins
+from tests.defects import without_performance
 from tests.fixture_types import DockerClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,8 @@ def served(repository: str, tag: str) -> int:
 
 
 def test_run_accepts_publishes_and_reruns(demo_pins: Path, tmp_path: Path) -> None:
-    first = run_cli("run", str(demo_pins), "--publish", "--out", str(tmp_path / "a"))
+    pins_path = variant_pins(tmp_path / "pins", edit=without_performance, pins_path=demo_pins)  # about runs, not speed
+    first = run_cli("run", str(pins_path), "--publish", "--out", str(tmp_path / "a"))
     assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert report["verdict"] == "ACCEPTED"
@@ -64,7 +66,7 @@ def test_run_accepts_publishes_and_reruns(demo_pins: Path, tmp_path: Path) -> No
     assert served_digest == receipt["digest"]
     assert "verdict: ACCEPTED" in first.stderr and "report md:" in first.stderr
 
-    second = run_cli("run", str(demo_pins), "--out", str(tmp_path / "b"))
+    second = run_cli("run", str(pins_path), "--out", str(tmp_path / "b"))
     assert second.returncode == 0, second.stderr[-3000:]
     again = json.loads((tmp_path / "b" / "report.json").read_text())
     assert again["build"]["image_id"] == report["build"]["image_id"]
@@ -74,7 +76,8 @@ def test_run_accepts_publishes_and_reruns(demo_pins: Path, tmp_path: Path) -> No
 
 
 def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins: Path, tmp_path: Path, untag: list[str]) -> None:
-    pins_path = variant_pins(tmp_path / "pins", "vllm", 12, pins_path=demo_pins, lock=True)  # batch invariance broken
+    pins_path = variant_pins(tmp_path / "pins", "vllm", 12, edit=without_performance, pins_path=demo_pins,
+                             lock=True)  # batch invariance broken
     out = run_cli("run", str(pins_path), "--publish", "--out", str(tmp_path / "run"))
     assert out.returncode == 1, out.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "report.json").read_text())

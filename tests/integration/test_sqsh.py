@@ -24,6 +24,7 @@ from builder.core.constants import SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput, NotAccepted
 from builder.core.options import Settings
 from builder.core.records import SqshExport
+from builder.engine import normalize
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.release import sqsh
@@ -32,10 +33,10 @@ from builder.release import sqsh_smoke as smoke
 from builder.release import sqsh_trees as trees
 from builder.release.sqsh_rootfs import Entry
 from builder.report import document as report
-from tests.fixture_types import DemoAccepted, DockerClient, MakeReportInputs
+from tests.fixture_types import DemoAccepted, DemoImage, DockerClient, MakeReportInputs
 
 ROOT = Path(__file__).resolve().parents[2]
-FAST = "-comp lzo -Xalgorithm lzo1x_1 -noD"  # enroot's compressor, its fast algorithm: tests only
+FAST = "-comp lzo -Xalgorithm lzo1x_1 -noD"  # enroot's compressor, its fast algorithm (the shipped default now)
 EPOCH = 946684800
 
 
@@ -494,6 +495,27 @@ def test_smoke_fails_on_a_planted_modification(demo_sqsh: tuple[Path, SqshExport
     result = smoke.provenance_on_rootfs(docker_client, loaded, pins_mod.load(loaded.sources.pins_path), root)
     assert result["status"] == "fail", result
     assert not docker_client.images.list(name=smoke.REPOSITORY)  # the imported image is gone
+
+
+@pytest.mark.docker
+def test_a_warm_export_reads_only_the_layers_above_the_kept_tree_from_the_build_store(
+        demo_image: DemoImage, docker_client: DockerClient, settings: Settings, tmp_path: Path) -> None:
+    """The build's own layer blobs stand in for `docker save` once the base tree is kept: the same bytes."""
+    pins, _, _, built = demo_image
+    stored = normalize.stored_image(settings, built.image_id)
+    assert stored is not None and stored[1][-1] is not None and stored[1][0] is None  # added layers only
+    base = sqsh.base_layers(docker_client, str(pins.base.image))
+    assert base and all(blob is None for blob in stored[1][:len(base)])
+    trees_dir = _fresh(tmp_path / "trees")
+    cold = sqsh.make_sqsh(docker_client, built.image_id, tmp_path / "a.sqsh", FAST, _fresh(tmp_path / "w1"),
+                          trees_dir, base, stored)
+    assert "docker save" in cold.times and cold.kept is not None  # nothing kept yet: the engine's save
+    trees.keep(trees_dir, cold.kept)
+    warm = sqsh.make_sqsh(docker_client, built.image_id, tmp_path / "b.sqsh", FAST, _fresh(tmp_path / "w2"),
+                          trees_dir, base, stored)
+    assert "layers from the blob store" in warm.times and "docker save" not in warm.times
+    assert warm.reused == len(base) and warm.expected == cold.expected
+    assert fs.sha256_file(tmp_path / "a.sqsh") == fs.sha256_file(tmp_path / "b.sqsh")
 
 
 @pytest.mark.docker
