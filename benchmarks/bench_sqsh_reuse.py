@@ -5,7 +5,9 @@ ratio of the totals (goal: warm at most 25% of cold), and the sha256 of both (th
 
 Both exports run in a temporary cache (nothing kept before the cold one); the export index is emptied between
 them, so the second is no cache hit of the image ID but starts from the base tree the first one kept. The report
-is copied first: the one given is not changed.
+is copied first: the one given is not changed. The build's blob store (`<cache>/oci`) is linked in, as in the
+run that built the image (the warm export reads the layers above the kept tree from there); `--no-store` leaves it
+out (then the warm export runs `docker save`).
 """
 from __future__ import annotations
 
@@ -39,11 +41,16 @@ def main() -> None:
     ap.add_argument("report", type=Path)
     ap.add_argument("--options", help="mksquashfs options (default: the settings')")
     ap.add_argument("--no-smoke", action="store_true", help="leave the provenance smoke out of both")
+    ap.add_argument("--no-store", action="store_true", help="no build blob store: the warm export uses docker save")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sqsh-reuse-", dir=os.environ.get("BUILDER_CACHE")))
     try:
         shutil.copytree(args.report.parent, work / "run", ignore=shutil.ignore_patterns("*.sqsh", "*.sqsh.sha256"))
         settings = Settings.from_env({**os.environ, "BUILDER_CACHE": str(work / "cache")})
+        built_in = Settings.from_env().cache_root / "oci"  # the build's blob store, as in the run that built it
+        if built_in.is_dir() and not args.no_store:
+            (work / "cache").mkdir(exist_ok=True)
+            (work / "cache" / "oci").symlink_to(built_in)
         report_json = work / "run" / args.report.name
         rows = {}
         for name in ("cold", "warm"):

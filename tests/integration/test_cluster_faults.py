@@ -228,7 +228,10 @@ def test_signal_cancels_exactly_its_own_job_and_exits_130(slurm_cluster: cluster
                         "--wrap=sleep 120"], "sbatch").strip()
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPT, str(ROOT / "pins" / "demo.yaml"), str(images["slow"]),
                              str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            # SIGINT at its default in the child: a session started in the background (nohup,
+                            # `cmd &`) inherits it ignored, and Python then installs no handler
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     watcher = while_step_runs(lambda job: proc.send_signal(sig))
     out, err = proc.communicate(timeout=120)
     watcher.join()

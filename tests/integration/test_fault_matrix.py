@@ -55,7 +55,8 @@ STAGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "gate": ("accept", "gate provenance", ENGINE_FAULTS + DISK + SIGNALS),
     "promote": ("publish", "promote tag 1", REGISTRY_FAULTS + SIGNALS),
     "attest": ("attest", "attest", REGISTRY_FAULTS + SIGNALS),
-    "export-sqsh": ("export", "sqsh: docker save", ("engine stop", "disk full") + SIGNALS),
+    # apply layers: every export runs it (a warm one reads its layers from the build's store, no docker save)
+    "export-sqsh": ("export", "sqsh: apply layers", ("engine stop", "disk full") + SIGNALS),
 }
 FAILPOINT_FOR = {("export-sqsh", "disk full"): "sqsh: mksquashfs"}
 CELLS = [(stage, fault) for stage, (_, _, faults) in STAGES.items() for fault in faults]

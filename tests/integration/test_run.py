@@ -43,7 +43,7 @@ def container_ids(report: dict[str, Any]) -> set[str]:
     """Every gate's container ID (the performance gate: one container per run)."""
     ids = set()
     for gate in report["acceptance"]["container"]["gates"].values():
-        ids |= {gate["id"]} if "id" in gate else {run["id"] for run in gate["runs"]}
+        ids |= {gate["id"]} if "id" in gate else {run["id"] for run in gate.get("runs", [])}  # not run: none
     return ids
 
 
