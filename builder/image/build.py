@@ -3,6 +3,7 @@ what the build container saw (only loopback, no host mounts) and record how it w
 from __future__ import annotations
 
 import calendar
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -154,7 +155,17 @@ def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, se
 
 
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
-    """Send the rendered context to the engine (network none), tag it with the sha tag, record it."""
+    """Send the rendered context to the engine (network none), tag it with the sha tag, record it.
+
+    Builds of runs that share a cache and an engine run side by side, but a no-cache build runs alone: until
+    drop_chain removes its fresh chain of layers, the engine would take that chain as the cache parent of
+    another build's steps (which then misses the cache, and keeps the chain alive)."""
+    engine_key = hashlib.sha256((settings.docker_host or "default").encode()).hexdigest()[:16]
+    with fs.locked(settings.cache("locks") / f"engine-build-{engine_key}.lock", exclusive=nocache):
+        return _build(rendered, settings, nocache, echo)
+
+
+def _build(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool) -> BuiltImage:
     client = engine.connect(settings)
     out_dir = Path(rendered.context_path).parent
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"

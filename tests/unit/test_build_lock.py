@@ -1,0 +1,47 @@
+"""A no-cache build runs alone on its engine (builder/image/build.py): other builds of runs sharing the cache wait
+for it, and it waits for them; normal builds run side by side."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from builder.core.options import Settings
+from builder.image import build
+
+
+def _timeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: bool, second: bool) -> list[str]:
+    events: list[str] = []
+    started = threading.Event()
+
+    def fake(rendered: Any, settings: Settings, nocache: bool, echo: bool) -> Any:
+        events.append(f"start {rendered}")
+        started.set()
+        time.sleep(0.4)
+        events.append(f"end {rendered}")
+        return rendered
+
+    monkeypatch.setattr(build, "_build", fake)
+    settings = dataclasses.replace(Settings.from_env({}), cache_root=tmp_path / "cache")
+    one = threading.Thread(target=build.build, args=("a", settings, first))
+    one.start()
+    assert started.wait(5)
+    build.build("b", settings, second)  # type: ignore[arg-type]
+    one.join()
+    return events
+
+
+def test_a_nocache_build_waits_for_a_running_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _timeline(tmp_path, monkeypatch, False, True) == ["start a", "end a", "start b", "end b"]
+
+
+def test_a_build_waits_for_a_running_nocache_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _timeline(tmp_path, monkeypatch, True, False) == ["start a", "end a", "start b", "end b"]
+
+
+def test_builds_with_the_cache_run_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _timeline(tmp_path, monkeypatch, False, False) == ["start a", "start b", "end a", "end b"]
