@@ -44,4 +44,5 @@ def test_a_build_waits_for_a_running_nocache_build(tmp_path: Path, monkeypatch: 
 
 
 def test_builds_with_the_cache_run_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert _timeline(tmp_path, monkeypatch, False, False) == ["start a", "start b", "end a", "end b"]
+    events = _timeline(tmp_path, monkeypatch, False, False)
+    assert events[:2] == ["start a", "start b"] and sorted(events[2:]) == ["end a", "end b"]  # b began while a ran
