@@ -25,7 +25,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,8 +202,8 @@ def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: 
     else:
         with _timed(times, "docker save"):
             saved = layers.save(client, image_id, work / "image.tar")
+        reuse = kept.find(trees, list(saved.config["rootfs"]["diff_ids"])) if trees else None
     diff_ids = list(saved.config["rootfs"]["diff_ids"])
-    reuse = kept.find(trees, diff_ids) if trees else None
     start = reuse.count if reuse else 0
     base = base or []
     keep_at = len(base) if trees and start < len(base) and diff_ids[:len(base)] == base else 0
@@ -284,24 +284,46 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
         return hit
     client = client or engine.connect(settings)
     fs.sweep_parts(settings.cache("sqsh"))  # what a killed run left
-    fs.sweep_parts(out.parent)
+
+    def smoked(made: Made) -> dict[str, Any]:
+        if not smoke:
+            return {"status": "not_run", "reason": "not asked"}
+        if pins is None:
+            raise NotAccepted(f"{report_path}: no pins checked against the report for the smoke")
+        with _timed(made.times, "smoke: provenance gate"):
+            result = sqsh_smoke.provenance_on_rootfs(client, report, pins, made.readback)
+        if result["status"] != "pass":
+            raise NotAccepted(f"{out}: provenance gate on the .sqsh contents: {result['status']}: {result['reason']}")
+        return result
+
+    made, digest, result = _write(client, report.image_id, out, squash_options, settings,
+                                  base_layers(client, report.base_image), smoked)
+    record = _record(made, out, digest, squash_options, version, report.image_id, tag=report.tags[0],
+                     registry_digest=report.publish.digest if report.publish else "not published", smoke=result,
+                     seconds=made.times)
+    report.sqsh = record
+    report_mod.write(report, report_path.parent)
+    remember(settings, record, smoke)
+    log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB, {squash_options}); "
+             f"registry {record.registry_digest}; tag {record.tag}")
+    return record
+
+
+def _write(client: Any, image_id: str, out: Path, squash_options: str, settings: Settings, base: list[str] | None,
+           check: Callable[[Made], dict[str, Any]] | None = None) -> tuple[Made, str, dict[str, Any]]:
+    """make_sqsh into a part file beside `out`, `check(made)` (the smoke) before it is renamed into place, then its
+    `.sha256` beside it; the base tree is kept once all passed. Nothing is left behind on failure.
+    Returns (made, sha256, what check returned)."""
+    fs.sweep_parts(out.parent)  # what a killed run left
     trees = settings.cache("sqsh", "trees")
     fs.sweep_parts(trees)
     work = fs.part_dir(settings.cache("sqsh"), "sqsh")
     partial = fs.part_path(out)
     made: Made | None = None
     try:
-        made = make_sqsh(client, report.image_id, partial, squash_options, work, trees,
-                         base_layers(client, report.base_image), normalize.stored_image(settings, report.image_id))
-        result: dict[str, Any] = {"status": "not_run", "reason": "not asked"}
-        if smoke:
-            if pins is None:
-                raise NotAccepted(f"{report_path}: no pins checked against the report for the smoke")
-            with _timed(made.times, "smoke: provenance gate"):
-                result = sqsh_smoke.provenance_on_rootfs(client, report, pins, made.readback)
-            if result["status"] != "pass":
-                raise NotAccepted(f"{out}: provenance gate on the .sqsh contents: {result['status']}: "
-                                  f"{result['reason']}")
+        made = make_sqsh(client, image_id, partial, squash_options, work, trees, base,
+                         normalize.stored_image(settings, image_id))
+        checked = check(made) if check else {}
         digest = fs.sha256_file(partial)
         partial.replace(out)
         if made.kept:
@@ -312,21 +334,19 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
         if made and made.kept:
             shutil.rmtree(made.kept, ignore_errors=True)
     fs.write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")
+    return made, digest, checked
+
+
+def _record(made: Made, out: Path, digest: str, squash_options: str, version: str, image_id: str, tag: str,
+            registry_digest: str, smoke: dict[str, Any], seconds: dict[str, float]) -> SqshExport:
+    """The record of a .sqsh that `_write` placed at `out`."""
     expected = made.expected
-    record = SqshExport(
+    return SqshExport(
         path=str(out), sha256=digest, size=out.stat().st_size, compression=squash_options, mksquashfs=version,
-        mksquashfs_args=made.argv[3:], mtimes=MTIMES, image_id=report.image_id, tag=report.tags[0],
-        registry_digest=report.publish.digest if report.publish else "not published",
+        mksquashfs_args=made.argv[3:], mtimes=MTIMES, image_id=image_id, tag=tag, registry_digest=registry_digest,
         entries=len(expected), files=sum(e.kind == "f" for e in expected.values()), xattrs=made.xattrs,
-        enroot_files={k: v.sha256 for k, v in expected.items() if k in ENROOT_FILES},
-        equivalence="pass", smoke=result, seconds=made.times,
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    report.sqsh = record
-    report_mod.write(report, report_path.parent)
-    remember(settings, record, smoke)
-    log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB, {squash_options}); "
-             f"registry {record.registry_digest}; tag {record.tag}")
-    return record
+        enroot_files={k: v.sha256 for k, v in expected.items() if k in ENROOT_FILES}, equivalence="pass",
+        smoke=smoke, seconds=seconds, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def base_layers(client: Any, base_image: str) -> list[str]:
@@ -415,35 +435,11 @@ def _export_candidate(image_id: str, out: Path, settings: Settings, client: Any,
             log.info(f".sqsh {out}: exported before (sha256:{record.sha256[:16]}...)")
             return record
     client = client or engine.connect(settings)
-    fs.sweep_parts(out.parent)
-    trees = settings.cache("sqsh", "trees")
-    fs.sweep_parts(trees)
-    work = fs.part_dir(settings.cache("sqsh"), "sqsh")
-    partial = fs.part_path(out)
-    made: Made | None = None
-    try:
-        made = make_sqsh(client, image_id, partial, squash_options, work, trees,
-                         base_layers(client, base_image) if base_image else None,
-                         normalize.stored_image(settings, image_id))
-        digest = fs.sha256_file(partial)
-        partial.replace(out)
-        if made.kept:
-            kept.keep(trees, made.kept)
-    finally:
-        partial.unlink(missing_ok=True)
-        shutil.rmtree(work, ignore_errors=True)
-        if made and made.kept:
-            shutil.rmtree(made.kept, ignore_errors=True)
-    fs.write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")
-    expected = made.expected
-    record = SqshExport(
-        path=str(out), sha256=digest, size=out.stat().st_size, compression=squash_options, mksquashfs=version,
-        mksquashfs_args=made.argv[3:], mtimes=MTIMES, image_id=image_id, tag="candidate", registry_digest="not published",
-        entries=len(expected), files=sum(e.kind == "f" for e in expected.values()), xattrs=made.xattrs,
-        enroot_files={k: v.sha256 for k, v in expected.items() if k in ENROOT_FILES}, equivalence="pass",
-        smoke={"status": "not_run", "reason": "the cluster gates run on it"},
-        seconds={**made.times, "reused layers": made.reused, "mtime": out.stat().st_mtime},
-        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    made, digest, _ = _write(client, image_id, out, squash_options, settings,
+                             base_layers(client, base_image) if base_image else None)
+    record = _record(made, out, digest, squash_options, version, image_id, tag="candidate",
+                     registry_digest="not published", smoke={"status": "not_run", "reason": "the cluster gates run on it"},
+                     seconds={**made.times, "reused layers": made.reused, "mtime": out.stat().st_mtime})
     fs.write_atomic(record_path, record.model_dump_json(indent=2) + "\n")
     log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB) exported for the cluster gates")
     return record
