@@ -83,20 +83,14 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Cluster
         os.environ.pop("SLURM_CONF", None)
 
 
-# mksquashfs options of the cluster tests' candidate exports: the shipped default (fast LZO: about 4 s for the 1 GB
-# demo image; enroot's own lzo1x_999 took 50-210 s here).
-CLUSTER_SQUASH_OPTIONS = SETTINGS.squash_options
-
-
 @pytest.fixture(scope="session")
 def cluster_images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, Path]]:
-    """(settings, shared directory) of the cluster tests: the session's candidate .sqsh files, exported with
-    CLUSTER_SQUASH_OPTIONS into one directory that is removed at the end of the session."""
-    import dataclasses
+    """(settings, shared directory) of the cluster tests: the session's candidate .sqsh files, exported with the
+    shipped squash options (fast LZO: about 4 s for the 1 GB demo image), in one directory removed at the end."""
     import shutil
 
     where = tmp_path_factory.mktemp("cluster-images")
-    yield dataclasses.replace(SETTINGS, squash_options=CLUSTER_SQUASH_OPTIONS), where
+    yield SETTINGS, where
     shutil.rmtree(where, ignore_errors=True)
 
 
@@ -119,7 +113,7 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     from demo.prepare import variant_pins
     from tests.defects import BATCH_INVARIANCE_OFF, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
 
-    settings, shared = cluster_images
+    _, shared = cluster_images
     where = tmp_path_factory.mktemp("fleet")
     tag = uuid.uuid4().hex[:8]
     names = {"a": f"fleet-good-{tag}", "b": f"fleet-slow-{tag}", "c": f"fleet-zero-{tag}", "d": f"fleet-rl-{tag}"}
@@ -141,7 +135,7 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     pins = {"a": pins_for("a", performance=True), "b": pins_for("b", SLOW_EXACT_PATH, performance=True),
             "c": pins_for("c", BATCH_INVARIANCE_OFF), "d": pins_for("d", SKIPPED_WEIGHT_RELOAD)}
     run_id = f"fleet{tag}"
-    env = dict(os.environ, BUILDER_RUN_ID=run_id, BUILDER_SQUASH_OPTIONS=settings.squash_options)
+    env = dict(os.environ, BUILDER_RUN_ID=run_id)
     proc = subprocess.run([sys.executable, "-m", "builder", "nightly", *[str(pins[k]) for k in "abcd"], "--slurm",
                            "--slurm-shared-dir", str(shared), "--out", str(where / "out")],
                           cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,

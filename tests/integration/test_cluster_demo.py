@@ -13,7 +13,7 @@ import pytest
 from builder.core.constants import GATES
 from builder.core.records import Report
 from builder.report import document
-from tests.conftest import CLUSTER_SQUASH_OPTIONS
+from tests.conftest import SETTINGS
 from tests.defects import BATCH_INVARIANCE_OFF, REASONS, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
@@ -57,4 +57,4 @@ def test_planted_defect_fails_as_under_docker(slurm_fleet: dict[str, Any], key: 
         assert len(report.acceptance.container["gates"][gate]["runs"]) == 6
         assert {n: g.status for n, g in got.items() if n != gate} == {n: "pass" for n in GATES if n != gate}
     sqsh = report.acceptance.container["sqsh"]
-    assert sqsh["image_id"] == report.image_id and sqsh["compression"] == CLUSTER_SQUASH_OPTIONS
+    assert sqsh["image_id"] == report.image_id and sqsh["compression"] == SETTINGS.squash_options
