@@ -7,8 +7,10 @@ where the time went: per kind, the shared fixtures' set-ups, the slowest tests a
 its budget (BUILDER_TEST_BUDGET=strict makes those a failure). `pytest -m "not slow"` is the quick loop.
 Under pytest-xdist the controller prints it: the per-kind seconds add up both workers, the session line is wall time.
 """
+import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,19 @@ SESSION_BUDGET_S = 15 * 60
 _spent: dict[str, dict[str, float]] = {}  # nodeid -> {phase: seconds}
 _kind: dict[str, str] = {}
 _started = time.monotonic()
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole host, from /proc/stat (0, 0 where there is none)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+_cpu_start = _cpu_ticks()
 
 
 def kind_of(item: pytest.Item) -> str:
@@ -112,6 +127,12 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: p
     late = over_budget()
     for nodeid, took, budget in late:
         write(f"  OVER BUDGET {took:.1f} s > {budget:.0f} s: {nodeid}")
+    busy, all_ticks = (now - then for now, then in zip(_cpu_ticks(), _cpu_start, strict=True))
+    if all_ticks:
+        write(f"  cpu      {100 * busy / all_ticks:8.1f} %  of the host's {os.cpu_count()} cores busy")
+    dump = Path(config.rootpath) / ".pytest_cache" / "test-times.json"  # every test's phases, for a later look
+    dump.parent.mkdir(exist_ok=True)
+    dump.write_text(json.dumps(_spent, indent=1, sort_keys=True))
     workers = getattr(config.option, "numprocesses", None)
     write(f"  session  {total:8.1f} s  (budget {SESSION_BUDGET_S} s{'' if total <= SESSION_BUDGET_S else ', MISSED'})"
           + (f"  on {workers} xdist workers" if workers else ""))
