@@ -27,8 +27,12 @@ from builder.pins.model import Pins
 
 SCRATCH_CACHE = "/tmp/cache"   # the compile caches inside the container's private /tmp (fresh per gate)
 MARGIN_S = 300                 # allocation time beyond the sum of the gates' limits
-CHECK = r"""n=$(hostname -s); s=$(date +%s.%N); h=$(sha256sum "$1" | cut -c1-64); e=$(date +%s.%N)
-echo "$n sha256=$h"; echo "$n seconds=$(awk "BEGIN{print $e - $s}")"; echo "$n size=$(stat -c %s "$1")"
+# OpenSSL's sha256 uses the CPU's SHA instructions (3.4x coreutils' sha256sum here: 1.5 s against 5.0 s for 1 GB);
+# sha256sum where a node has no openssl.
+CHECK = r"""n=$(hostname -s); s=$(date +%s.%N)
+if command -v openssl >/dev/null; then t=openssl; h=$(openssl dgst -sha256 -r "$1" | cut -c1-64)
+else t=sha256sum; h=$(sha256sum "$1" | cut -c1-64); fi; e=$(date +%s.%N)
+echo "$n sha256=$h"; echo "$n seconds=$(awk "BEGIN{print $e - $s}")"; echo "$n size=$(stat -c %s "$1")"; echo "$n hasher=$t"
 echo "$n version=$(VERSION | head -n1)"
 q="--query-gpu=name,driver_version,memory.total --format=csv,noheader"
 echo "$n gpus=$( (nvidia-smi $q 2>/dev/null || echo none) | tr '\n' ';' | sed 's/;$//')"
@@ -118,8 +122,8 @@ class SlurmRunner:
         self.node = {"name": facts.get("node"), "sqsh_sha256": facts.get("sha256"), "runtime_version":
                      facts.get("version"), "gpus": facts.get("gpus"), "environment": facts.get("env"),
                      "check": {"seconds": seconds, "bytes": size, "mb_per_s": round(size / 1e6 / seconds, 1)
-                               if seconds else None, "step": record.get("JobID"), "state": record.get("State"),
-                               "exit_code": record.get("ExitCode")}}
+                               if seconds else None, "hasher": facts.get("hasher"), "step": record.get("JobID"),
+                               "state": record.get("State"), "exit_code": record.get("ExitCode")}}
         if rc != 0 or not facts.get("sha256"):
             self.ended = f"the .sqsh check step on the node failed (exit {rc}): {slurm.complaint(err.read_text())}"
         elif facts["sha256"] != self.sha256:

@@ -9,9 +9,9 @@ modes are kept (no -all-root, no fixperms). Reproducible: every file keeps the m
 recorded (a timestamp .pyc is valid only beside its source's: with one time for all, `-all-time`, every such
 .pyc of the image is stale, and each process recompiles what it imports, in memory, from a read-only image);
 the files the export writes and the filesystem's own time are SOURCE_DATE_EPOCH; mksquashfs sorts its input;
-xattrs only when the image has them. The .sqsh is read back with `unsquashfs` and must equal the tree computed
-from the layers in memory (modes, owners, contents, times); then the provenance gate runs on the unpacked tree
-in a network-none container.
+xattrs only when the image has them. The .sqsh is read back with `unsquashfs` (into RAM when it has room) and
+must equal the tree computed from the layers in memory (modes, owners, contents, times); then the provenance
+gate runs on the unpacked tree in a network-none container.
 Nothing is left behind on failure: the .sqsh is renamed into place only once both checks passed.
 An image ID exported before with the same options is a cache hit: the earlier .sqsh, its sha256 checked
 again in full, is reused (copied when --out differs); `<cache>/sqsh/exports/` indexes them.
@@ -52,6 +52,8 @@ RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
             "# It can be used to manipulate the entrypoint or the command of the container.\n")
 SHOW = 10  # differences listed in an error
 MTIMES = "layers"  # SqshExport.mtimes: each file keeps its layer's time
+RAM = Path("/dev/shm")  # the read-back unpacks here when it has room (RAM_ROOM x the .sqsh), else in the work dir
+RAM_ROOM = 4
 
 
 def tools() -> dict[str, str]:
@@ -129,6 +131,21 @@ def mksquashfs(rootfs: Path, out: Path, squash_options: str, xattrs: bool) -> li
     return argv
 
 
+def readback_dir(work: Path, sqsh: Path) -> Path:
+    """Where the read-back unpacks: a private directory in RAM (/dev/shm) when it has RAM_ROOM times the .sqsh
+    free (unpacking 1 GB to disk took twice as long), else in the work directory."""
+    try:
+        room = shutil.disk_usage(RAM).free >= RAM_ROOM * sqsh.stat().st_size
+    except OSError:
+        room = False
+    if room:
+        fs.sweep_parts(RAM)  # what a killed export left there
+        target = fs.part_dir(RAM, "sqsh-readback")
+        target.rmdir()  # unsquashfs makes it
+        return target
+    return work / "readback"
+
+
 def unsquash(sqsh: Path, dest: Path) -> None:
     """Unpack the .sqsh as root (owners, modes and xattrs as stored)."""
     _run([tools()["unsquashfs"], "-no-progress", "-quiet", "-d", str(dest), str(sqsh)], "unsquashfs")
@@ -188,7 +205,8 @@ class Made:
 def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: Path, trees: Path | None = None,
               base: list[str] | None = None, stored: tuple[bytes, list[Path | None]] | None = None) -> Made:
     """Write the .sqsh of an image (by ID) to out and check it equals the layers' tree; the unpacked
-    copy stays in work/readback for the smoke. Raises NotAccepted listing the first differences.
+    copy stays in `Made.readback` (work/readback, or in RAM: the caller removes it) for the smoke. Raises
+    NotAccepted listing the first differences.
     `trees`: where base trees are kept (builder/release/sqsh_trees.py); the tree of the first layers, when kept,
     is reused, and that of `base` (the diff IDs of the base image) is kept once the export passed.
     `stored`: the image's config and layer blobs in the build's store (normalize.stored_image); with a kept tree,
@@ -213,6 +231,7 @@ def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: 
         expected = layers.expected_tree(saved, start, reuse.entries if reuse else None,
                                         lambda i, tree: at_base.update(tree=dict(tree)) if i == keep_at - 1 else None)
     rootfs = work / "rootfs"
+    readback: Path | None = None
 
     def take(index: int, xattrs: bool) -> None:
         if index == keep_at - 1 and trees:
@@ -242,14 +261,17 @@ def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: 
             argv = mksquashfs(rootfs, out, squash_options, xattrs)
             shutil.rmtree(rootfs)
         with _timed(times, "read back and compare"):
-            unsquash(out, work / "readback")
-            check_equal(expected, layers.tree_of(work / "readback"), str(out))
+            readback = readback_dir(work, out)
+            unsquash(out, readback)
+            check_equal(expected, layers.tree_of(readback), str(out))
     except BaseException:
         _drop(snap, None)
+        if readback is not None:
+            shutil.rmtree(readback, ignore_errors=True)
         raise
     if start:
         log.info(f"sqsh: the tree of the first {start} of {len(diff_ids)} layers was kept from an earlier export")
-    return Made(expected=expected, argv=argv, xattrs=xattrs, times=times, readback=work / "readback",
+    return Made(expected=expected, argv=argv, xattrs=xattrs, times=times, readback=readback,
                 reused=start, kept=snap[0] if snap else None)
 
 
@@ -331,6 +353,8 @@ def _write(client: Any, image_id: str, out: Path, squash_options: str, settings:
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
+        if made:
+            shutil.rmtree(made.readback, ignore_errors=True)
         if made and made.kept:
             shutil.rmtree(made.kept, ignore_errors=True)
     fs.write_atomic(out.with_name(out.name + ".sha256"), f"{digest}  {out.name}\n")

@@ -32,6 +32,7 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 XATTR = "SCHILY.xattr."
 CHUNK = 1 << 20
+SMALL = 1 << 18  # tree_of hashes files up to this size inline
 
 
 @dataclass(frozen=True)
@@ -344,24 +345,29 @@ def walk(rootfs: Path) -> Iterator[tuple[str, os.stat_result]]:
 
 
 def tree_of(rootfs: Path) -> dict[str, Entry]:
-    """The Entry of every path under a directory (e.g. one unsquashfs wrote); files are hashed on every core
-    (hashlib releases the GIL)."""
-    tree = {}
+    """The Entry of every path under a directory (e.g. one unsquashfs wrote). Large files are hashed on every
+    core (hashlib releases the GIL); small ones here, where a thread hand-off would cost more than the hash."""
+    tree: dict[str, Entry] = {}
+    large: list[tuple[str, str]] = []
     for path, st in walk(rootfs):
-        full = rootfs / path
+        full = os.path.join(rootfs, path)
         xattrs = tuple(sorted((k, os.getxattr(full, k, follow_symlinks=False))
                               for k in os.listxattr(full, follow_symlinks=False)))
-        meta = Entry(kind="o", mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, xattrs=xattrs,
-                     mtime=int(st.st_mtime))
+        kind, digest, target = "o", "", ""
         if stat.S_ISREG(st.st_mode):
-            meta = replace(meta, kind="f")
+            kind = "f"
+            if st.st_size > SMALL:
+                large.append((path, full))
+            else:
+                with open(full, "rb") as fh:
+                    digest = hashlib.sha256(fh.read()).hexdigest()
         elif stat.S_ISDIR(st.st_mode):
-            meta = replace(meta, kind="d")
+            kind = "d"
         elif stat.S_ISLNK(st.st_mode):
-            meta = replace(meta, kind="l", target=os.readlink(full))
-        tree[path] = meta
-    files = [path for path, entry in tree.items() if entry.kind == "f"]
+            kind, target = "l", os.readlink(full)
+        tree[path] = Entry(kind=kind, mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, sha256=digest,
+                           target=target, xattrs=xattrs, mtime=int(st.st_mtime))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for path, digest in zip(files, pool.map(lambda p: fs.sha256_file(rootfs / p), files), strict=True):
+        for (path, _), digest in zip(large, pool.map(lambda p: fs.sha256_file(Path(p[1])), large), strict=True):
             tree[path] = replace(tree[path], sha256=digest)
     return tree

@@ -377,7 +377,8 @@ def cluster_markdown(report: Report) -> list[str]:
            f"node `{runner.get('node')}` (GPUs: {runner.get('node_gpus') or 'none'}); runtime {runner.get('runtime')} "
            f"{runner.get('runtime_version')}. `.sqsh` `{path}`: recorded sha256 "
            f"`{runner.get('sqsh_sha256')}`, on the node `{runner.get('sqsh_sha256_node')}` (checked once, "
-           f"{check.get('seconds')} s, {check.get('mb_per_s')} MB/s, step {check.get('step')}).",
+           f"{check.get('seconds')} s, {check.get('mb_per_s')} MB/s with {check.get('hasher') or 'sha256sum'}, "
+           f"step {check.get('step')}).",
            "", "Isolation actually had: " + "; ".join(f"{k}: {v}" for k, v in iso.items()) + ".", ""]
     rows = []
     for gate, facts in (container.get("gates") or {}).items():

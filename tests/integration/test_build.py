@@ -117,13 +117,10 @@ def test_rebuild_with_nothing_changed_is_a_full_cache_hit(demo_image: DemoImage)
     pins, resolved, rendered, built = demo_image
     again = render.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     assert again.context_sha256 == rendered.context_sha256
-    start = time.monotonic()
-    rebuilt = build.build(again, SETTINGS, echo=False)
-    took = time.monotonic() - start
+    rebuilt = build.build(again, SETTINGS, echo=False)  # how fast: benchmarks/bench_build.py, not a timed test
     assert rebuilt.image_id == built.image_id
     assert rebuilt.cached is True, [s for s in json.loads(build.steps_file(rebuilt).read_text())
                                     if not s["cached"] and not s["instruction"].startswith(("FROM ", "ARG "))][:3]
-    assert took < 10, f"no-op rebuild took {took:.1f} s"
 
 
 def layers_by_group(built: BuiltImage, text: str) -> dict[str, list[str]]:

@@ -256,3 +256,4 @@ def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins,
     described = r.describe()
     json.dumps(described)
     assert described["isolation"]["network"].startswith("host:") and described["sqsh_check"]["mb_per_s"]
+    assert described["sqsh_check"]["hasher"] == "openssl"  # ca-certificates brings it; sha256sum where it is missing

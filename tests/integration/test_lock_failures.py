@@ -154,7 +154,6 @@ def test_base_torch_on_a_base_without_torch_is_one_line_exit_2_before_anything_i
     assert run.logs() == ["lock-base-query.log"], run.logs()
     assert not (run.cache / "wheels").exists() or not any((run.cache / "wheels").rglob("*.whl"))
     assert container_events(docker_client, run).get("create") == 1  # the base query's, and no other
-    assert run.seconds < 60, run.seconds
     # nothing left behind
     assert left_behind(docker_client, run, before) == NOTHING
     base_top = docker_client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
