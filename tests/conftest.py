@@ -148,7 +148,7 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     for i in range(1, 5):
         for image in engine.local_images(client, f"builder-run/{run_id}-n{i}"):
             for tag in image.tags:
-                engine.remove_image(client, tag)
+                engine.untag(client, tag)
 
 
 @pytest.fixture(autouse=True)
@@ -315,7 +315,7 @@ def build_variant(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     client = engine.connect(SETTINGS)
     for image in built.values():
         for tag in image.tags:
-            engine.remove_image(client, tag)
+            engine.untag(client, tag)
 
 
 # ---- acceptance of the demo image, once per session (report / publish end to end)

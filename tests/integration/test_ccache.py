@@ -149,7 +149,7 @@ def test_same_digest_with_a_cold_a_warm_and_no_compiler_cache(demo_pins: Path, d
         assert runs["cold"][0] == runs["warm"][0] == runs["none"][0], runs
         assert engine.read_file(docker_client, built.image_id, "/builder") is None  # nothing of the build stage
     finally:
-        engine.remove_image(docker_client, rendered.tag)
+        engine.untag(docker_client, rendered.tag)
 
 
 def test_prune_keeps_the_newest_seed_images_and_the_one_in_use() -> None:

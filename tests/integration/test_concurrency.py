@@ -19,6 +19,7 @@ import yaml
 
 from builder.core import files as fs
 from builder.core.options import Settings
+from builder.engine import client as engine
 from builder.engine.registry import Registry, split_repository
 from builder.nightly import fleet
 from builder.nightly.history import History
@@ -159,5 +160,5 @@ def test_four_nightly_runs_at_once(demo_pins: Path, docker_client: DockerClient,
     for key in "abcd":
         for image in docker_client.images.list(name=f"builder-run/{run_id}-n{'abcd'.index(key) + 1}"):
             for tag in image.tags:
-                docker_client.images.remove(tag)
+                engine.untag(docker_client, tag)
     assert yaml.safe_load(a.read_text())["name"] == names["a"]

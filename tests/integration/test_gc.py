@@ -76,7 +76,10 @@ def aged(path: Path) -> None:
 def test_gc_frees_what_ended_runs_left_and_keeps_what_a_live_run_holds(tmp_path: Path, settings: Settings,
                                                                        docker_client: Any, holder: Any) -> None:
     cache = dataclasses.replace(settings, cache_root=tmp_path / "cache", run_id="gc-test-self")
-    dead, alive = "20200101000000-gcdead", f"gc-live-{os.getpid()}"
+    # run IDs dated now: every build sweeps other runs' tags older than a day (build.sweep_run_tags), and builds of
+    # other tests run beside this one; the lock file says when the dead run ended (aged)
+    stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    dead, alive = f"{stamp}-gcdead", f"gc-live-{os.getpid()}"
     ended_run(cache, dead)
     # contexts: one whose build ended (no holder), one a live run renders or builds; an old build dir
     for name in ("ended", "held", "old"):
@@ -96,7 +99,7 @@ def test_gc_frees_what_ended_runs_left_and_keeps_what_a_live_run_holds(tmp_path:
         aged(run_dir)
         os.utime(run_dir, (OLD + i, OLD + i))
     holder(cache.live_lock(alive), context.hold_path(cache.cache("builds", "held")))
-    tags = [f"builder-run/{dead}:gc", f"builder-run/{alive}:gc", "builder-run/20200101000000-elsewhere:gc"]
+    tags = [f"builder-run/{dead}:gc", f"builder-run/{alive}:gc", f"builder-run/{stamp}-elsewhere:gc"]
     ids = [tiny_image(docker_client, *t.split(":")) for t in tags]
     try:
         freed = gc.gc(cache, older_than_s=86400, keep_runs=1)
@@ -108,7 +111,7 @@ def test_gc_frees_what_ended_runs_left_and_keeps_what_a_live_run_holds(tmp_path:
         assert freed.removed["run tags"] == [tags[0]] and tags[1] in freed.kept_live["run tags"]
     finally:
         for tag in tags:
-            engine.remove_image(engine.connect(cache), tag)
+            engine.untag(engine.connect(cache), tag)
     builds = cache.cache("builds")
     assert not (builds / "ended" / "context.tar").exists()
     assert sorted(p.name for p in (builds / "ended").iterdir()) == [".context.lock", "Dockerfile", "context.sha256"] \
@@ -238,7 +241,7 @@ def test_gc_removes_ended_seeds_and_raw_manifests_and_keeps_live_ones_and_others
         assert reg.tag_digest(normalize.RAW_REPOSITORY, raws["other"]) == digests["other"]
     finally:
         for tag in seeds.values():
-            engine.remove_image(docker_client, tag)
+            engine.untag(docker_client, tag)
         for name, digest in digests.items():
             if digest:
                 reg.delete_manifest(normalize.RAW_REPOSITORY, digest)

@@ -113,7 +113,7 @@ def test_a_newer_verl_commit_changes_only_verls_layers(demo_image: DemoImage, tm
         record = next(normalize.store(SETTINGS, "records").glob(v_built.raw_image_id.removeprefix("sha256:") + "-*"))
         assert json.loads(record.read_text())["reused"] >= len(rendered.layer_epochs) - 3
     finally:
-        engine.remove_image(engine.connect(SETTINGS), v_rendered.tag)
+        engine.untag(engine.connect(SETTINGS), v_rendered.tag)
 
 
 @pytest.mark.docker
@@ -153,7 +153,7 @@ def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(
         assert planted.image_id == built.image_id  # the normalised digest still does not depend on it
     finally:
         for tag in tags:
-            engine.remove_image(client, tag)
+            engine.untag(client, tag)
         for steps in chains:  # planted's steps on them, then the foreign chains: they would shadow A's cache
             build.drop_chain(client, steps)
 

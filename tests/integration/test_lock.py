@@ -205,7 +205,7 @@ def test_locked_package_builds_offline_and_imports_in_a_fresh_container(hatch_lo
         assert manifest["components"]["vllm"]["version"] == resolved.components["vllm"].version
     finally:
         for tag in built.tags:
-            engine.remove_image(docker_client, tag)
+            engine.untag(docker_client, tag)
 
 
 @pytest.mark.docker

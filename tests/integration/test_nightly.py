@@ -57,7 +57,7 @@ def world(demo_pins: Path, settings: Settings, tmp_path_factory: pytest.TempPath
     client = engine.connect(settings)
     for image in client.images.list(name=repository):
         for tag in image.tags:
-            engine.remove_image(client, tag)
+            engine.untag(client, tag)
 
 
 def test_verify_passes_on_the_published_image(world: dict[str, Any]) -> None:

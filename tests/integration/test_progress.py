@@ -141,7 +141,7 @@ def test_a_quiet_engine_build_shows_progress_lines_not_the_stream(base_image: st
     try:
         result = engine.build(client, context, tag, logfile, echo=False, every=0.5)
     finally:
-        engine.remove_image(client, tag)
+        engine.untag(client, tag)
     err = capsys.readouterr().err
     lines = progress_lines(err)
     assert result.image_id and 2 <= len(lines) <= 30, err

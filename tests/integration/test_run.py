@@ -36,7 +36,7 @@ def untag() -> Iterator[list[str]]:
 
     client = engine.connect(Settings.from_env())
     for ref in refs:
-        engine.remove_image(client, ref)
+        engine.untag(client, ref)
 
 
 def container_ids(report: dict[str, Any]) -> set[str]:
