@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):

@@ -52,7 +52,8 @@ RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
             "# It can be used to manipulate the entrypoint or the command of the container.\n")
 SHOW = 10  # differences listed in an error
 MTIMES = "layers"  # SqshExport.mtimes: each file keeps its layer's time
-RAM = Path("/dev/shm")  # the read-back unpacks here when it has room (RAM_ROOM x the .sqsh), else in the work dir
+RAM = Path("/dev/shm")  # the read-back unpacks under RAM_DIR when this has room (RAM_ROOM x the .sqsh)
+RAM_DIR = RAM / "rl-image-builder"  # the tool's own folder: its sweep touches nothing else in /dev/shm
 RAM_ROOM = 4
 
 
@@ -139,8 +140,8 @@ def readback_dir(work: Path, sqsh: Path) -> Path:
     except OSError:
         room = False
     if room:
-        fs.sweep_parts(RAM)  # what a killed export left there
-        target = fs.part_dir(RAM, "sqsh-readback")
+        fs.sweep_parts(RAM_DIR)  # what a killed export left there
+        target = fs.part_dir(RAM_DIR, "sqsh-readback")
         target.rmdir()  # unsquashfs makes it
         return target
     return work / "readback"
@@ -197,16 +198,17 @@ class Made:
     argv: list[str]
     xattrs: bool
     times: dict[str, float]
-    readback: Path
+    readback: Path | None           # the unpacked copy, when asked to keep it (keep_readback): the caller removes it
     reused: int = 0                 # layers whose tree came from an earlier export
     kept: Path | None = None        # the base tree to keep once the export passed (a part directory)
 
 
 def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: Path, trees: Path | None = None,
-              base: list[str] | None = None, stored: tuple[bytes, list[Path | None]] | None = None) -> Made:
-    """Write the .sqsh of an image (by ID) to out and check it equals the layers' tree; the unpacked
-    copy stays in `Made.readback` (work/readback, or in RAM: the caller removes it) for the smoke. Raises
-    NotAccepted listing the first differences.
+              base: list[str] | None = None, stored: tuple[bytes, list[Path | None]] | None = None,
+              keep_readback: bool = False) -> Made:
+    """Write the .sqsh of an image (by ID) to out and check it equals the layers' tree. The unpacked copy
+    (work/readback, or in RAM) is removed, unless `keep_readback` (for the smoke): then `Made.readback` names it
+    and the caller removes it. Raises NotAccepted listing the first differences.
     `trees`: where base trees are kept (builder/release/sqsh_trees.py); the tree of the first layers, when kept,
     is reused, and that of `base` (the diff IDs of the base image) is kept once the export passed.
     `stored`: the image's config and layer blobs in the build's store (normalize.stored_image); with a kept tree,
@@ -264,6 +266,9 @@ def make_sqsh(client: Any, image_id: str, out: Path, squash_options: str, work: 
             readback = readback_dir(work, out)
             unsquash(out, readback)
             check_equal(expected, layers.tree_of(readback), str(out))
+        if not keep_readback:
+            shutil.rmtree(readback)
+            readback = None
     except BaseException:
         _drop(snap, None)
         if readback is not None:
@@ -305,13 +310,11 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
         log.info(f".sqsh {out} sha256:{hit.sha256}: already exported ({hit.seconds['cache hit']} s)")
         return hit
     client = client or engine.connect(settings)
-    fs.sweep_parts(settings.cache("sqsh"))  # what a killed run left
 
     def smoked(made: Made) -> dict[str, Any]:
-        if not smoke:
-            return {"status": "not_run", "reason": "not asked"}
         if pins is None:
             raise NotAccepted(f"{report_path}: no pins checked against the report for the smoke")
+        assert made.readback is not None  # _write keeps the unpacked copy for a check
         with _timed(made.times, "smoke: provenance gate"):
             result = sqsh_smoke.provenance_on_rootfs(client, report, pins, made.readback)
         if result["status"] != "pass":
@@ -319,7 +322,8 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
         return result
 
     made, digest, result = _write(client, report.image_id, out, squash_options, settings,
-                                  base_layers(client, report.base_image), smoked)
+                                  base_layers(client, report.base_image), smoked if smoke else None)
+    result = result or {"status": "not_run", "reason": "not asked"}
     record = _record(made, out, digest, squash_options, version, report.image_id, tag=report.tags[0],
                      registry_digest=report.publish.digest if report.publish else "not published", smoke=result,
                      seconds=made.times)
@@ -337,6 +341,7 @@ def _write(client: Any, image_id: str, out: Path, squash_options: str, settings:
     `.sha256` beside it; the base tree is kept once all passed. Nothing is left behind on failure.
     Returns (made, sha256, what check returned)."""
     fs.sweep_parts(out.parent)  # what a killed run left
+    fs.sweep_parts(settings.cache("sqsh"))
     trees = settings.cache("sqsh", "trees")
     fs.sweep_parts(trees)
     work = fs.part_dir(settings.cache("sqsh"), "sqsh")
@@ -344,7 +349,7 @@ def _write(client: Any, image_id: str, out: Path, squash_options: str, settings:
     made: Made | None = None
     try:
         made = make_sqsh(client, image_id, partial, squash_options, work, trees, base,
-                         normalize.stored_image(settings, image_id))
+                         normalize.stored_image(settings, image_id), keep_readback=check is not None)
         checked = check(made) if check else {}
         digest = fs.sha256_file(partial)
         partial.replace(out)
@@ -353,7 +358,7 @@ def _write(client: Any, image_id: str, out: Path, squash_options: str, settings:
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)
-        if made:
+        if made and made.readback:
             shutil.rmtree(made.readback, ignore_errors=True)
         if made and made.kept:
             shutil.rmtree(made.kept, ignore_errors=True)

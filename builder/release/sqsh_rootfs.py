@@ -359,8 +359,7 @@ def tree_of(rootfs: Path) -> dict[str, Entry]:
             if st.st_size > SMALL:
                 large.append((path, full))
             else:
-                with open(full, "rb") as fh:
-                    digest = hashlib.sha256(fh.read()).hexdigest()
+                digest = fs.sha256_file(full)
         elif stat.S_ISDIR(st.st_mode):
             kind = "d"
         elif stat.S_ISLNK(st.st_mode):
@@ -368,6 +367,6 @@ def tree_of(rootfs: Path) -> dict[str, Entry]:
         tree[path] = Entry(kind=kind, mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, sha256=digest,
                            target=target, xattrs=xattrs, mtime=int(st.st_mtime))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        for (path, _), digest in zip(large, pool.map(lambda p: fs.sha256_file(Path(p[1])), large), strict=True):
+        for (path, _), digest in zip(large, pool.map(lambda p: fs.sha256_file(p[1]), large), strict=True):
             tree[path] = replace(tree[path], sha256=digest)
     return tree

@@ -140,6 +140,20 @@ def planted_sqsh(planted: str, docker_client: DockerClient, tmp_path_factory: py
     return work / "p.sqsh", made
 
 
+@pytest.mark.docker
+def test_the_unpacked_copy_is_removed_unless_kept_for_the_smoke(planted_sqsh: tuple[Path, sqsh.Made], planted: str,
+                                                               docker_client: DockerClient, tmp_path: Path) -> None:
+    """The read-back unpacks into RAM when it has room: a copy nobody removes would hold that memory."""
+    _, made = planted_sqsh
+    assert made.readback is None and not list(sqsh.RAM_DIR.glob(f".sqsh-readback.{os.getpid()}.*"))
+    kept = sqsh.make_sqsh(docker_client, planted, tmp_path / "k.sqsh", FAST, tmp_path, keep_readback=True)
+    try:
+        assert kept.readback is not None and (kept.readback / "etc" / "environment").is_file()
+        assert kept.readback.parent in (sqsh.RAM_DIR, tmp_path)
+    finally:
+        shutil.rmtree(kept.readback or tmp_path / "none", ignore_errors=True)
+
+
 # ---------------------------------------------------------------- whiteouts, modes, owners (Docker)
 
 
