@@ -11,7 +11,7 @@ import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -35,3 +35,33 @@ def once(factory: pytest.TempPathFactory, name: str, make: Callable[[], T]) -> T
         tmp.write_bytes(pickle.dumps(value))
         tmp.replace(path)
         return value
+
+
+# ---- engine listings that stay cheap on an engine with thousands of images (the SDK's images.list inspects
+# every image it lists: minutes on a busy engine)
+
+
+def image_ids(client: Any) -> set[str]:
+    """Every image ID on the engine, intermediate ones too, in one call."""
+    return {str(i["Id"]) for i in client.api.images(all=True)}
+
+
+def local_tags(client: Any) -> list[str]:
+    """Every local name:tag, in one call."""
+    return [t for i in client.api.images() for t in (i.get("RepoTags") or []) if t != "<none>:<none>"]
+
+
+def derived_images(client: Any, before: set[str], image_id: str) -> list[str]:
+    """Images made since `before` (image_ids) that hold image_id's top layer: built on it."""
+    import docker  # lazy, as the rest of the tests
+
+    top = client.api.inspect_image(image_id)["RootFS"]["Layers"][-1]
+    found = []
+    for new in image_ids(client) - before:
+        try:
+            layers = client.api.inspect_image(new)["RootFS"].get("Layers") or []
+        except docker.errors.NotFound:  # another worker's, removed meanwhile
+            continue
+        if top in layers:
+            found.append(new)
+    return sorted(found)

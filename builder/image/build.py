@@ -3,6 +3,7 @@ what the build container saw (only loopback, no host mounts) and record how it w
 from __future__ import annotations
 
 import calendar
+import contextlib
 import hashlib
 import json
 import time
@@ -154,18 +155,24 @@ def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, se
                                settings, registry_host=host, source=source)
 
 
+def engine_lock(settings: Settings, exclusive: bool) -> contextlib.AbstractContextManager[Any]:
+    """The build lock of this cache's engine: shared for a normal build, exclusive for a no-cache one. Until
+    drop_chain removes a no-cache build's fresh chain of layers, the engine would take that chain as the cache
+    parent of another build's steps (which then misses the cache, and keeps the chain alive): anything that
+    builds without the cache on an engine holds it exclusively until its chain is gone."""
+    engine_key = hashlib.sha256((settings.docker_host or "default").encode()).hexdigest()[:16]
+    return fs.locked(settings.cache("locks") / f"engine-build-{engine_key}.lock", exclusive=exclusive)
+
+
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
     """Send the rendered context to the engine (network none), tag it with the sha tag, record it.
-
-    Builds of runs that share a cache and an engine run side by side, but a no-cache build runs alone: until
-    drop_chain removes its fresh chain of layers, the engine would take that chain as the cache parent of
-    another build's steps (which then misses the cache, and keeps the chain alive)."""
-    engine_key = hashlib.sha256((settings.docker_host or "default").encode()).hexdigest()[:16]
-    with fs.locked(settings.cache("locks") / f"engine-build-{engine_key}.lock", exclusive=nocache):
-        return _build(rendered, settings, nocache, echo)
+    Builds of runs that share a cache and an engine run side by side, a no-cache build alone (engine_lock)."""
+    with engine_lock(settings, exclusive=nocache):
+        return build_locked(rendered, settings, nocache, echo)
 
 
-def _build(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool) -> BuiltImage:
+def build_locked(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool) -> BuiltImage:
+    """build() for a caller that holds engine_lock already (shared, or exclusive for nocache)."""
     client = engine.connect(settings)
     out_dir = Path(rendered.context_path).parent
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"

@@ -24,6 +24,7 @@ from builder.engine import client as engine
 from builder.engine.registry import Registry
 from builder.image import ccache, context
 from builder.nightly import gc
+from tests.shared import derived_images, image_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD = time.time() - 30 * 86400
@@ -151,7 +152,7 @@ def test_a_failed_base_container_leaves_nothing_behind(tmp_path: Path, settings:
     image_id = tiny_image(docker_client, *image.split(":"))
     cache = dataclasses.replace(settings, cache_root=tmp_path / "cache", run_id="gc-test-failed-lock")
     owner = f"{socket.gethostname()}:{os.getpid()}"
-    images_before = {i.id for i in docker_client.images.list(all=True)}
+    images_before = image_ids(docker_client)
     try:
         with pytest.raises(BadInput) as err:
             basecontainer.read_base(cache, image_id, "/nonexistent/python3", "3.11", "linux/amd64")
@@ -163,10 +164,8 @@ def test_a_failed_base_container_leaves_nothing_behind(tmp_path: Path, settings:
         left = [c.name for c in docker_client.containers.list(all=True, filters={"label": engine.OWNER_LABEL})
                 if c.labels.get(engine.OWNER_LABEL) == owner]
         assert left == []
-        top = docker_client.images.get(image_id).attrs["RootFS"]["Layers"][-1]  # other workers make images too:
-        derived = [i.id for i in docker_client.images.list(all=True) if i.id not in images_before  # only those on
-                   and top in i.attrs["RootFS"].get("Layers", [])]  # this test's image count
-        assert derived == []
+        # other workers make images too: only those on this test's image count
+        assert derived_images(docker_client, images_before, image_id) == []
         assert sorted(p.name for p in (cache.cache_root / "logs").iterdir()) == ["gc-test-failed-lock"]
     finally:
         engine.remove_image(engine.connect(cache), image)

@@ -72,9 +72,12 @@ def test_the_cache_key_follows_the_pins_name_and_repository_not_the_commits() ->
 # ---------------------------------------------------------------- Docker: real builds on the shared engine
 
 
-def build_pins(path: Path, nocache: bool = False) -> tuple[RenderedBuild, BuiltImage]:
+def build_pins(path: Path, nocache: bool = False, locked: bool = False) -> tuple[RenderedBuild, BuiltImage]:
+    """Render and build; `locked`: the caller holds the engine's build lock already."""
     pins = pins_mod.load(path)
     rendered = render.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
+    if locked:
+        return rendered, build.build_locked(rendered, SETTINGS, nocache, echo=False)
     return rendered, build.build(rendered, SETTINGS, nocache=nocache, echo=False)
 
 
@@ -142,20 +145,23 @@ def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(
 
     chains: list[Any] = []
 
-    tags = [other("another-pins-on-this-engine", "b")]
-    try:
-        _, again = build_pins(pins.path)
-        assert again.cached and again.image_id == built.image_id and again.manifest_digest == built.manifest_digest
-        tags.append(other(pins.name, "planted"))  # same name and repository: the same cache key as A
-        _, planted = build_pins(pins.path)
-        chains.insert(0, [SimpleNamespace(**step) for step in json.loads(build.steps_file(planted).read_text())])
-        assert not planted.cached  # the foreign verl-35 chain was taken as parent: verl installed again
-        assert planted.image_id == built.image_id  # the normalised digest still does not depend on it
-    finally:
-        for tag in tags:
-            engine.untag(client, tag)
-        for steps in chains:  # planted's steps on them, then the foreign chains: they would shadow A's cache
-            build.drop_chain(client, steps)
+    # no-cache builds, as the builder's own: the engine's build lock held exclusively until their chains are
+    # gone, so no other worker's build of A's cache key follows the planted chain meanwhile (and keeps it alive)
+    with build.engine_lock(SETTINGS, exclusive=True):
+        tags = [other("another-pins-on-this-engine", "b")]
+        try:
+            _, again = build_pins(pins.path, locked=True)
+            assert again.cached and again.image_id == built.image_id and again.manifest_digest == built.manifest_digest
+            tags.append(other(pins.name, "planted"))  # same name and repository: the same cache key as A
+            _, planted = build_pins(pins.path, locked=True)
+            chains.insert(0, [SimpleNamespace(**step) for step in json.loads(build.steps_file(planted).read_text())])
+            assert not planted.cached  # the foreign verl-35 chain was taken as parent: verl installed again
+            assert planted.image_id == built.image_id  # the normalised digest still does not depend on it
+        finally:
+            for tag in tags:
+                engine.untag(client, tag)
+            for steps in chains:  # planted's steps on them, then the foreign chains: they would shadow A's cache
+                build.drop_chain(client, steps)
 
 
 def test_layer_dates_must_match_the_layers_the_build_added() -> None:

@@ -26,6 +26,7 @@ from builder.engine import client as engine
 from builder.engine import infra
 from builder.engine.registry import Registry
 from demo.prepare import add_pr_commit, variant_pins
+from tests.shared import derived_images, image_ids, local_tags
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = infra.registry_url()
@@ -108,8 +109,8 @@ def left_behind(docker_client: Any, run: LockRun, repositories_before: set[str])
     mark = f"{engine.OWNER_LABEL}={run.owner}"
     return {
         "containers": [c.name for c in docker_client.containers.list(all=True, filters={"label": mark})],
-        "images": [i.id for i in docker_client.images.list(all=True, filters={"label": mark})],
-        "tags": [t for i in docker_client.images.list() for t in i.tags if run.run_id in t],
+        "images": [str(i["Id"]) for i in docker_client.api.images(all=True, filters={"label": mark})],
+        "tags": [t for t in local_tags(docker_client) if run.run_id in t],
         # the run's repositories are named after it (with_marks); other workers push their own meanwhile
         "repositories": sorted(r for r in catalog() - repositories_before if run.run_id in r),
         "holds": sorted(p.name for p in run.cache.glob("*/held/*")),  # seeds and raw layers a run would hold
@@ -144,7 +145,7 @@ def test_base_torch_on_a_base_without_torch_is_one_line_exit_2_before_anything_i
     pins = with_marks(tmp_path, run_id, no_torch)
     lock_before = (tmp_path / "locks" / "demo.lock").read_bytes()
     before = catalog()
-    images_before = {i.id for i in docker_client.images.list(all=True)}
+    images_before = image_ids(docker_client)
     run = builder_lock(pins, tmp_path / "cache", run_id)
     assert run.rc == 2, run.stderr
     named = [line for line in run.stderr.splitlines() if "base_torch" in line]
@@ -156,10 +157,7 @@ def test_base_torch_on_a_base_without_torch_is_one_line_exit_2_before_anything_i
     assert container_events(docker_client, run).get("create") == 1  # the base query's, and no other
     # nothing left behind
     assert left_behind(docker_client, run, before) == NOTHING
-    base_top = docker_client.images.get(image_id).attrs["RootFS"]["Layers"][-1]
-    derived = [i.id for i in docker_client.images.list(all=True) if i.id not in images_before
-               and base_top in i.attrs["RootFS"].get("Layers", [])]
-    assert derived == []
+    assert derived_images(docker_client, images_before, image_id) == []
     assert (tmp_path / "locks" / "demo.lock").read_bytes() == lock_before
 
 

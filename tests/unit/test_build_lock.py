@@ -25,7 +25,7 @@ def _timeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: bool, seco
         events.append(f"end {rendered}")
         return rendered
 
-    monkeypatch.setattr(build, "_build", fake)
+    monkeypatch.setattr(build, "build_locked", fake)
     settings = dataclasses.replace(Settings.from_env({}), cache_root=tmp_path / "cache")
     one = threading.Thread(target=build.build, args=("a", settings, first))
     one.start()
