@@ -344,6 +344,30 @@ def _write(client: Any, image_id: str, out: Path, squash_options: str, settings:
     fs.sweep_parts(settings.cache("sqsh"))
     trees = settings.cache("sqsh", "trees")
     fs.sweep_parts(trees)
+    with first_on_base(trees, base):
+        return _write_unlocked(client, image_id, out, squash_options, settings, base, check, trees)
+
+
+@contextmanager
+def first_on_base(trees: Path, base: list[str] | None) -> Iterator[None]:
+    """Exports on a base whose tree is not kept yet run one at a time: the first applies every layer and keeps the
+    base's tree, those that waited find it and apply only their own layers (a nightly fleet's variants share one
+    base and start together). Once the tree is kept, exports run side by side."""
+    if not base or kept.find(trees, base) is not None:
+        yield
+        return
+    trees.mkdir(parents=True, exist_ok=True)
+    with fs.locked(trees / f".{kept.key(base)}.lock"):
+        if kept.find(trees, base) is None:  # still none: this export makes it while the others wait
+            yield
+            return
+    log.info("sqsh: the base's tree was kept by an export that ran meanwhile")
+    yield
+
+
+def _write_unlocked(client: Any, image_id: str, out: Path, squash_options: str, settings: Settings,
+                    base: list[str] | None, check: Callable[[Made], dict[str, Any]] | None,
+                    trees: Path) -> tuple[Made, str, dict[str, Any]]:
     work = fs.part_dir(settings.cache("sqsh"), "sqsh")
     partial = fs.part_path(out)
     made: Made | None = None
