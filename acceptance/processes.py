@@ -122,6 +122,7 @@ def judge(recs: list[dict[str, Any]], manifest: dict[str, Any], expected_ns: str
         reasons = judge_one(rec, manifest, expected_ns, mounts, jit_dirs)
         failures += reasons
         listed.append({"pid": rec.get("pid"), "ppid": rec.get("ppid"), "name": rec.get("name"),
+                       "forked": bool(rec.get("forked")),  # a forked child shows its parent's argv
                        "argv": rec.get("argv"), "executable": rec.get("executable"), "mnt_ns": rec.get("mnt_ns"),
                        "sys_path": (rec.get("sys_paths") or [[]])[-1], "env": rec.get("env") or {},
                        "modules": {n: m.get("realpath") for n, m in sorted((rec.get("modules") or {}).items())},

@@ -101,9 +101,10 @@ REPOS: dict[str, Spec] = {
          "With REPLAY_CAPTURE_DIR set each step writes its batch, both sides' logprobs and the weights it\n"
          "changed (tinyrl.capture); python -m tinyrl.replay BUNDLE replays one step's comparison alone."),
         ("p36", "p33d", "p36-defect", "reward: score only the non-padding response tokens"),
-        ("p33e", "p33d", "p33-5-worker", "rollout: the engine in a worker process (multiprocessing spawn)\n\n"
+        ("p33e", "p33d", "p33-5-worker", "rollout: the engine in a worker process (multiprocessing)\n\n"
          "As verl's rollout workers: weights go to the worker after every step, tokens, logprobs and\n"
-         "the worker's CPU time come back; runtime_env env_vars are set in the worker."),
+         "the worker's CPU time come back; runtime_env env_vars are set in the worker. Forked where\n"
+         "safe (no CUDA context, one intra-op thread in the trainer), spawned otherwise."),
         ("p37", "p33e", "p37-defect", "rollout: ship a working copy of the engine to the worker (runtime_env)"),
         ("p38", "p33e", "p38-defect", "rollout: JIT-build tinyengine._C with -O3 in the worker"),
     ], "r4", {

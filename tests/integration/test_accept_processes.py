@@ -1,5 +1,5 @@
 """Per-process provenance against REAL demo images: the recipe's main process and its rollout worker
-(multiprocessing spawn) each record themselves through the image's start-up hook; the clean stack passes and
+(forked: its argv is the trainer's) each record themselves through the image's start-up hook; the clean stack passes and
 is listed in the report, and the two worker defects (tinyrl PRs #37, #38) fail naming the worker and the path."""
 from typing import Any
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.docker
 
 
 def _roles(processes: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    main = next(p for p in processes if "tinyrl.main_ppo" in " ".join(p["argv"]))
+    main = next(p for p in processes if "tinyrl.main_ppo" in " ".join(p["argv"]) and not p["forked"])
     worker = next(p for p in processes if p["name"] == "RolloutWorker")
     return main, worker
 
@@ -30,7 +30,7 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     assert gate.status == "pass", gate.reason
     assert gate.evidence["process_failures"] == []
     main, worker = _roles(gate.evidence["processes"])
-    assert worker["ppid"] == main["pid"] and "--multiprocessing-fork" in worker["argv"]
+    assert worker["ppid"] == main["pid"] and worker["forked"] and worker["argv"] == main["argv"]
     assert worker["mnt_ns"] == main["mnt_ns"] and all(p["complete"] for p in (main, worker))
     assert worker["modules"]["tinyengine"] == f"{SITE}/tinyengine/__init__.py"
     assert worker["modules"]["tinyengine._C"].startswith(f"{SITE}/tinyengine/_C.")

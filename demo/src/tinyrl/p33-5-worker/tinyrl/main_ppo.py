@@ -38,7 +38,7 @@ def run(cfg):
         model.load_state_dict(checkpoint.load_hf(cfg["actor_rollout_ref.model.path"]))
     optim = AdamW(model.parameters(), lr=cfg["actor_rollout_ref.actor.optim.lr"],
                   weight_decay=cfg["actor_rollout_ref.actor.optim.weight_decay"])
-    engine = RolloutWorker()  # the engine in its own process (spawn), as verl's rollout workers
+    engine = RolloutWorker()  # the engine in its own process, as verl's rollout workers (tinyrl/rollout.py)
     device = getattr(engine, "device", torch.device("cpu"))
     model.to(device)  # trainer and engine on one device; prompts, rewards and logged values on the CPU
     engine.load_weights(model.state_dict())

@@ -1,7 +1,9 @@
-"""Rollout in a worker process, as verl's rollout workers: the engine lives in its own process
-(multiprocessing spawn), gets the trainer's weights after every step and returns the sampled tokens,
-their logprobs and its own CPU time. runtime_env: {"env_vars": {...}} set in the worker before the engine
-is imported (PYTHONPATH entries go first on its sys.path, as a fresh interpreter would put them)."""
+"""Rollout in a worker process, as verl's rollout workers: the engine lives in its own process, gets the
+trainer's weights after every step and returns the sampled tokens, their logprobs and its own CPU time.
+The worker is forked where that is safe (no CUDA context and one intra-op thread in the trainer: torch is not
+imported a second time), spawned otherwise. The trainer never imports the engine: the worker imports it after
+runtime_env: {"env_vars": {...}} is set (PYTHONPATH entries go first on its sys.path, as a fresh interpreter
+would put them)."""
 import multiprocessing
 import os
 import sys
@@ -107,13 +109,20 @@ def _main(conn, runtime_env):
         conn.send(("error", err))
 
 
+def _start_method(torch):
+    """fork unless this process holds what a fork breaks: a CUDA context, or an intra-op thread pool."""
+    if torch.cuda.is_initialized() or torch.get_num_threads() != 1:
+        return "spawn"
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
 class RolloutWorker:
     """The trainer's handle on the rollout process: load_weights(state_dict), generate(prompts, ...)."""
 
     def __init__(self, runtime_env=None):
         import torch
 
-        ctx = multiprocessing.get_context("spawn")
+        ctx = multiprocessing.get_context(_start_method(torch))
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_main, args=(child, runtime_env or {}), name="RolloutWorker", daemon=True)
         self.proc.start()
