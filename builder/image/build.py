@@ -6,6 +6,7 @@ import calendar
 import contextlib
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ MARKER = "BUILD-ENV "  # the line smoke.py prints in the runtime stage's last st
 SYSTEM_MOUNTS = ("/proc", "/dev", "/sys")
 LOCAL_REPOSITORY = "builder-run"  # local tags: builder-run/<run id>:<sha tag>, one repository per run
 RUN_TAG_MAX_AGE_S = 24 * 3600  # another run's local tag older than this is removed by the next build
+SWEEP_EVERY_S = 3600  # a build sweeps those at most this often per cache and engine (sweep_due)
 ENGINE_FILES = ("/etc/resolv.conf", "/etc/hostname", "/etc/hosts")  # the engine's own per-container files
 
 
@@ -155,13 +157,32 @@ def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, se
                                settings, registry_host=host, source=source)
 
 
+def engine_key(settings: Settings) -> str:
+    return hashlib.sha256((settings.docker_host or "default").encode()).hexdigest()[:16]
+
+
+def sweep_due(settings: Settings, now: float | None = None) -> bool:
+    """True at most once per SWEEP_EVERY_S for this cache and engine (a stamp's modification time): listing the
+    engine's images costs it time per image it holds (seconds on one with thousands), and the tags swept are a day
+    old anyway. Two builds may both find it due; both sweeps are harmless."""
+    stamp = settings.cache("locks") / f"sweep-run-tags-{engine_key(settings)}.stamp"
+    now = time.time() if now is None else now
+    try:
+        if now - stamp.stat().st_mtime < SWEEP_EVERY_S:
+            return False
+    except FileNotFoundError:
+        pass
+    stamp.touch()
+    os.utime(stamp, (now, now))
+    return True
+
+
 def engine_lock(settings: Settings, exclusive: bool) -> contextlib.AbstractContextManager[Any]:
     """The build lock of this cache's engine: shared for a normal build, exclusive for a no-cache one. Until
     drop_chain removes a no-cache build's fresh chain of layers, the engine would take that chain as the cache
     parent of another build's steps (which then misses the cache, and keeps the chain alive): anything that
     builds without the cache on an engine holds it exclusively until its chain is gone."""
-    engine_key = hashlib.sha256((settings.docker_host or "default").encode()).hexdigest()[:16]
-    return fs.locked(settings.cache("locks") / f"engine-build-{engine_key}.lock", exclusive=exclusive)
+    return fs.locked(settings.cache("locks") / f"engine-build-{engine_key(settings)}.lock", exclusive=exclusive)
 
 
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
@@ -227,7 +248,8 @@ def build_locked(rendered: RenderedBuild, settings: Settings, nocache: bool, ech
     fs.write_atomic(out_dir / "built.json", built.model_dump_json(indent=2) + "\n")
     if nocache:
         drop_chain(client, result.steps)
-    sweep_run_tags(client, settings)
+    if sweep_due(settings):
+        sweep_run_tags(client, settings)
     log.info(f"built {tag} {norm.image_id[:19]} manifest {norm.manifest_digest} ({built.size / 1e6:.0f} MB,"
              f" {result.seconds:.1f} s{', all cached' if built.cached else ''})")
     return built

@@ -228,7 +228,7 @@ def test_a_build_untags_other_runs_local_names_older_than_a_day(demo_image: Demo
         image.tag(repo, name)
     try:
         removed = build.sweep_run_tags(docker_client, SETTINGS, now=now)
-        # this sweep removed the old tag, or a build of another test swept it first (every build sweeps)
+        # this sweep removed the old tag, or a build of another test swept it first (builds sweep hourly)
         assert not {tags[fresh_run], tags["by-hand"]} & set(removed)
         left = set(docker_client.images.get(built.image_id).tags)
         assert tags[fresh_run] in left and tags["by-hand"] in left and tags[old_run] not in left

@@ -1,4 +1,4 @@
-"""Every build untags other runs' local names older than a day (builder/image/build.py sweep_run_tags), on a fake
+"""Builds untag other runs' local names older than a day (builder/image/build.py sweep_run_tags, at most hourly), on a fake
 engine: the integration test shares its engine with other workers' builds, whose sweeps may take a planted tag
 first, so the exact list removed is checked here."""
 from __future__ import annotations
@@ -37,3 +37,14 @@ def test_only_other_runs_older_than_a_day_are_untagged_without_pruning() -> None
     settings = dataclasses.replace(Settings.from_env({}), run_id=mine)
     removed = build.sweep_run_tags(type("Client", (), {"api": api})(), settings, now=now)
     assert removed == [tags[0]] and api.removed == [(tags[0], True)]  # the old one; fresh, by hand and own stay
+
+
+def test_builds_sweep_at_most_once_an_hour_per_cache_and_engine(tmp_path: Any) -> None:
+    settings = dataclasses.replace(Settings.from_env({}), cache_root=tmp_path)
+    other_engine = dataclasses.replace(settings, docker_host="unix:///tmp/other.sock")
+    now = 2_000_000_000.0
+    assert build.sweep_due(settings, now) and not build.sweep_due(settings, now + 60)
+    assert build.sweep_due(other_engine, now + 60)  # each engine has its own
+    assert not build.sweep_due(settings, now + build.SWEEP_EVERY_S - 1)
+    assert build.sweep_due(settings, now + build.SWEEP_EVERY_S + 1)
+    assert not build.sweep_due(settings, now + build.SWEEP_EVERY_S + 2)
