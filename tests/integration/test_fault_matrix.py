@@ -108,7 +108,7 @@ def builder(*args: str, env: dict[str, str], timeout: float = RERUN_TIMEOUT_S) -
 
 
 @pytest.fixture(scope="module")
-def stack(base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(base_image: str, demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Engine, registry + proxy, loop disk; the demo base copied into the registry; pins that build on it;
     one accepted, signed report to publish and export."""
     from demo.prepare import variant_pins
@@ -141,7 +141,7 @@ def stack(base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             data["acceptance"]["required_gates"] = ["provenance"]
             data["acceptance"].pop("performance", None)  # naming it would make it required
 
-        world.pins = variant_pins(root / "pins", edit=edit)
+        world.pins = variant_pins(root / "pins", edit=edit, pins_path=demo_pins)  # demo_pins: the stack exists
         world.key = root / "key.pem"
         assert builder("keygen", str(world.key), env=world.env()).returncode == 0
         world.report_dir = world.runs / "accepted"
