@@ -63,8 +63,9 @@ def no_torch_base(base_image: str, docker_client: Any) -> Iterator[tuple[str, st
     finally:
         if digest:
             Registry(REGISTRY).delete_manifest(NO_TORCH_REPOSITORY, digest)
-        engine.remove_image(docker_client, f"{repository}:{tag}")
-        engine.remove_image(docker_client, str(image.id))
+        engine.untag(docker_client, f"{repository}:{tag}")
+        # the same build elsewhere (a cache hit: another session's tag) shares the image: it stays for that one
+        engine.remove_unused(docker_client, str(image.id))
 
 
 @dataclass
