@@ -264,7 +264,9 @@ class LoopDisk:
         self.mount.mkdir()
         subprocess.run(["truncate", "-s", size, str(self.image)], check=True)
         subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(self.image)], check=True)
-        subprocess.run(["mount", "-o", "loop", str(self.image), str(self.mount)], check=True)
+        # discard: a file deleted inside gives its blocks back to the host (the image file stays as small as
+        # what it holds; without it, every export cell's tree and .sqsh grew the image towards its full size)
+        subprocess.run(["mount", "-o", "loop,discard", str(self.image), str(self.mount)], check=True)
         self.filler = self.mount / "filler"
 
     def fill(self) -> None:

@@ -9,7 +9,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -24,10 +24,17 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 @contextmanager
-def locked(path: Path, exclusive: bool = True) -> Iterator[None]:
-    """Advisory lock (flock) on `path` (created if missing) so concurrent callers do the work once."""
+def locked(path: Path, exclusive: bool = True, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Advisory lock (flock) on `path` (created if missing) so concurrent callers do the work once;
+    `waiting` is called once before blocking when another process holds it."""
+    mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            fcntl.flock(fh, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fh, mode)
         try:
             yield
         finally:

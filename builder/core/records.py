@@ -62,6 +62,7 @@ class RenderedBuild(Record):
     labels: dict[str, str]
     tag: str
     layer_epochs: list[int] = []  # source date of each layer the runtime stage adds (normalisation clamps to it)
+    cache_key: str = ""  # which run this is (render.cache_key): its builds run one at a time
 
 
 class BuiltImage(Record):

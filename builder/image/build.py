@@ -185,15 +185,31 @@ def engine_lock(settings: Settings, exclusive: bool) -> contextlib.AbstractConte
     return fs.locked(settings.cache("locks") / f"engine-build-{engine_key(settings)}.lock", exclusive=exclusive)
 
 
+def key_lock(settings: Settings, rendered: RenderedBuild) -> contextlib.AbstractContextManager[Any]:
+    """One build at a time per run identity (render.cache_key) on this engine. Two builds of one key that miss
+    the cache together each make their own copy of the shared steps; the engine then takes either as the cache
+    parent of later builds, whose layers differ from the first's for no change of theirs. The second build
+    waits, then finds the first's layers."""
+    name = f"engine-build-{engine_key(settings)}-{rendered.cache_key or 'unkeyed'}.lock"
+    return fs.locked(settings.cache("locks") / name,
+                     waiting=lambda: log.info(f"docker build {rendered.tag}: waiting for another build of this run"))
+
+
 def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
     """Send the rendered context to the engine (network none), tag it with the sha tag, record it.
-    Builds of runs that share a cache and an engine run side by side, a no-cache build alone (engine_lock)."""
+    Builds of different runs that share a cache and an engine run side by side, builds of one run one after
+    another (key_lock), a no-cache build alone (engine_lock)."""
     with engine_lock(settings, exclusive=nocache):
         return build_locked(rendered, settings, nocache, echo)
 
 
 def build_locked(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool) -> BuiltImage:
     """build() for a caller that holds engine_lock already (shared, or exclusive for nocache)."""
+    with key_lock(settings, rendered):
+        return _build_keyed(rendered, settings, nocache, echo)
+
+
+def _build_keyed(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool) -> BuiltImage:
     client = engine.connect(settings)
     out_dir = Path(rendered.context_path).parent
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"

@@ -213,4 +213,4 @@ def render(pins: Pins, lock: Lock, sources: ResolvedSources, settings: Settings)
                                          {name: toolchain(name, locked) for name in locked.cmake})
     return RenderedBuild(dockerfile=text, dockerfile_sha256=text_sha, context_path=str(path),
                          context_sha256=context_sha, labels=labels(pins, sources), tag=tag,
-                         layer_epochs=layer_epochs(sources, bool(lock.runtime)))
+                         layer_epochs=layer_epochs(sources, bool(lock.runtime)), cache_key=cache_key(pins))

@@ -1,11 +1,12 @@
 """A no-cache build runs alone on its engine (builder/image/build.py): other builds of runs sharing the cache wait
-for it, and it waits for them; normal builds run side by side."""
+for it, and it waits for them; normal builds of different runs run side by side, of one run one after another."""
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,23 +15,25 @@ from builder.core.options import Settings
 from builder.image import build
 
 
-def _timeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: bool, second: bool) -> list[str]:
+def _timeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: bool, second: bool,
+              keys: tuple[str, str] = ("k1", "k2")) -> list[str]:
     events: list[str] = []
     started = threading.Event()
 
     def fake(rendered: Any, settings: Settings, nocache: bool, echo: bool) -> Any:
-        events.append(f"start {rendered}")
+        events.append(f"start {rendered.tag}")
         started.set()
         time.sleep(0.4)
-        events.append(f"end {rendered}")
+        events.append(f"end {rendered.tag}")
         return rendered
 
-    monkeypatch.setattr(build, "build_locked", fake)
+    monkeypatch.setattr(build, "_build_keyed", fake)
     settings = dataclasses.replace(Settings.from_env({}), cache_root=tmp_path / "cache")
-    one = threading.Thread(target=build.build, args=("a", settings, first))
+    a, b = (SimpleNamespace(tag=tag, cache_key=key) for tag, key in zip("ab", keys))
+    one = threading.Thread(target=build.build, args=(a, settings, first))
     one.start()
     assert started.wait(5)
-    build.build("b", settings, second)  # type: ignore[arg-type]
+    build.build(b, settings, second)  # type: ignore[arg-type]
     one.join()
     return events
 
@@ -46,3 +49,10 @@ def test_a_build_waits_for_a_running_nocache_build(tmp_path: Path, monkeypatch: 
 def test_builds_with_the_cache_run_side_by_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events = _timeline(tmp_path, monkeypatch, False, False)
     assert events[:2] == ["start a", "start b"] and sorted(events[2:]) == ["end a", "end b"]  # b began while a ran
+
+
+def test_builds_of_one_run_wait_for_each_other(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    events = _timeline(tmp_path, monkeypatch, False, False, keys=("k1", "k1"))
+    assert events == ["start a", "end a", "start b", "end b"]
+    assert "docker build b: waiting for another build of this run" in capsys.readouterr().err
