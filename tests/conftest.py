@@ -105,6 +105,7 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     C, D: the zero_update and rl_step defects (tests/defects.py) without the performance gate (its six runs
     would show nothing there). The four run at once; the cluster runs two allocations at a time (one core each).
     Returns {"proc", "run_id", "names", "pins": {key: path}, "runs": {key: run directory}}."""
+    import json
     import subprocess
     import sys
     import uuid
@@ -141,6 +142,12 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
                           cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
                           timeout=1800)
     runs = {k: where / "out" / f"{i}-{pins[k].stem}" for i, k in enumerate("abcd", 1)}
+    for k in "bcd":  # only A's .sqsh is read after the run (test_cluster_publish); the others' gigabytes go now
+        report = runs[k] / "report.json"
+        sqsh = json.loads(report.read_text())["acceptance"]["container"].get("sqsh") if report.is_file() else None
+        if sqsh and Path(sqsh["path"]).parent == shared:
+            for suffix in ("", ".json", ".sha256"):
+                Path(sqsh["path"] + suffix).unlink(missing_ok=True)
     yield {"proc": proc, "run_id": run_id, "names": names, "pins": pins, "runs": runs}
     from builder.engine import client as engine  # the runs' local tags (builder-run/<run ID>-n<i>) go
 
@@ -334,10 +341,11 @@ def demo_accepted(demo_image: DemoImage, tmp_path_factory: pytest.TempPathFactor
 # ---- a second Docker engine (tests/engines.py), shared by every test that needs one
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def second_engine(docker_client: DockerClient) -> Iterator[Engine]:
-    """URL of a second dockerd (own data root, exec root, pidfile, socket; no bridge) started for this
-    session; stopped, its containers removed and its directories deleted at the end, also on failure."""
+    """URL of a second dockerd (own data root, exec root, pidfile, socket; no bridge) started for the module
+    that asks (its images take gigabytes); stopped, its containers removed and its directories deleted at the
+    module's end, also on failure."""
     import shutil
 
     from tests.engines import second_engine as start
