@@ -11,6 +11,7 @@ Bounded: 53 cells; each run waits at most RUN_TIMEOUT_S, a rerun at most RERUN_T
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -129,7 +130,7 @@ def stack(base_image: str, demo_pins: Path, tmp_path_factory: pytest.TempPathFac
         world.runs.mkdir()
         for parts in (("wheels", "lock"), ("lock",)):  # the demo wheelhouse and lock metadata: no index needed
             if SETTINGS.cache_root.joinpath(*parts).is_dir():
-                shutil.copytree(SETTINGS.cache_root.joinpath(*parts), world.cache.joinpath(*parts))
+                copy_settled(SETTINGS.cache_root.joinpath(*parts), world.cache.joinpath(*parts))
         base_repo, _, digest = base_image.partition("@")
         src_host, _, src_name = base_repo.partition("/")
         faultstack.copy_image(src_host, src_name, digest, proxy.host, "faults/base", root)
@@ -163,6 +164,25 @@ def stack(base_image: str, demo_pins: Path, tmp_path_factory: pytest.TempPathFac
         registry.stop()
         disk.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def copy_settled(src: Path, dst: Path) -> None:
+    """Copy a folder of the session's cache that other workers may be writing into (a cold CI run downloads the
+    demo wheelhouse while the stack starts): each entry whose writer's lock (`.<name>.lock`, builder/lock/wheels.py)
+    exists is copied under that lock; part files and locks stay behind, or every cell would find them partial."""
+    def unfinished(_: str, names: list[str]) -> set[str]:
+        return {n for n in names if PARTIAL.search(n) or fs.PART_RX.match(n) or n.endswith(".lock")}
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(src.iterdir()):
+        if entry.name in unfinished("", [entry.name]):
+            continue
+        lock = src / f".{entry.name}.lock"
+        with fs.locked(lock, exclusive=False) if lock.exists() else contextlib.nullcontext():
+            if entry.is_dir():
+                shutil.copytree(entry, dst / entry.name, ignore=unfinished)
+            elif entry.exists():
+                shutil.copy2(entry, dst / entry.name)
 
 
 def command(world: Stack, stage: str, out: Path) -> tuple[list[str], bool]:
