@@ -171,11 +171,11 @@ def copy_settled(src: Path, dst: Path) -> None:
     demo wheelhouse while the stack starts): each entry whose writer's lock (`.<name>.lock`, builder/lock/wheels.py)
     exists is copied under that lock; part files and locks stay behind, or every cell would find them partial."""
     def unfinished(_: str, names: list[str]) -> set[str]:
-        return {n for n in names if PARTIAL.search(n) or fs.PART_RX.match(n) or n.endswith(".lock")}
+        return {n for n in names if partial(n) or n.endswith(".lock")}
 
     dst.mkdir(parents=True, exist_ok=True)
     for entry in sorted(src.iterdir()):
-        if entry.name in unfinished("", [entry.name]):
+        if partial(entry.name) or entry.name.endswith(".lock"):
             continue
         lock = src / f".{entry.name}.lock"
         with fs.locked(lock, exclusive=False) if lock.exists() else contextlib.nullcontext():
@@ -222,12 +222,17 @@ def prepare(world: Stack, stage: str) -> None:
         shutil.rmtree(world.cache / "sqsh" / "exports", ignore_errors=True)
 
 
+def partial(name: str) -> bool:
+    """A file or folder name that a writer has not finished (its own suffixes, or the builder's part names)."""
+    return bool(PARTIAL.search(name) or fs.PART_RX.match(name))
+
+
 def partial_files(*roots: Path) -> list[str]:
     found = []
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
             for name in filenames + dirnames:
-                if PARTIAL.search(name) or fs.PART_RX.match(name):
+                if partial(name):
                     found.append(os.path.join(dirpath, name))
     return sorted(found)
 
