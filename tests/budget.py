@@ -10,6 +10,7 @@ Under pytest-xdist the controller prints it: the per-kind seconds add up both wo
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,7 @@ BUDGET_S = {"slow": 240.0, "docker": 60.0, "fast": 5.0}
 SESSION_BUDGET_S = 15 * 60
 
 _spent: dict[str, dict[str, float]] = {}  # nodeid -> {phase: seconds}
+_cpu: dict[str, dict[str, float]] = {}    # nodeid -> {phase: the host's busy CPU seconds}
 _kind: dict[str, str] = {}
 _started = time.monotonic()
 
@@ -54,6 +56,7 @@ def _cpu_ticks() -> tuple[int, int]:
 
 
 _cpu_start = _cpu_ticks()
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 def kind_of(item: pytest.Item) -> str:
@@ -88,9 +91,36 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             raise pytest.UsageError(f"--dist loadgroup: {lost[0]} lost its xdist group (pytest >= 9.2: xdist #1386)")
 
 
+def _host_cpu(item: pytest.Item, when: str) -> Iterator[None]:
+    """The host's busy CPU seconds during a phase (all processes: engines, containers, Slurm jobs), kept with the
+    report as `cpu_<phase>`. Run alone (-n 0) it is the test's own CPU cost; under xdist it counts the others too."""
+    busy = _cpu_ticks()[0]
+    yield
+    item.user_properties.append((f"cpu_{when}", (_cpu_ticks()[0] - busy) / TICKS_PER_S))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    return (yield from _host_cpu(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    return (yield from _host_cpu(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    return (yield from _host_cpu(item, "teardown"))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Also on the xdist controller, which collects nothing: the kind comes with the report's keywords."""
-    _spent.setdefault(report.nodeid, {})[report.when] = report.duration
+    spent = _spent.setdefault(report.nodeid, {})
+    spent[report.when] = report.duration
+    cpu = dict(report.user_properties).get(f"cpu_{report.when}")
+    if isinstance(cpu, float):
+        _cpu.setdefault(report.nodeid, {})[report.when] = cpu
     _kind[report.nodeid] = "slow" if "slow" in report.keywords else "docker" if "docker" in report.keywords else "fast"
 
 
@@ -135,6 +165,7 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: p
     dump = Path(config.rootpath) / ".pytest_cache" / "test-times.json"  # every test's phases, for a later look
     dump.parent.mkdir(exist_ok=True)
     dump.write_text(json.dumps(_spent, indent=1, sort_keys=True))
+    dump.with_name("test-cpu.json").write_text(json.dumps(_cpu, indent=1, sort_keys=True))
     workers = getattr(config.option, "numprocesses", None)
     write(f"  session  {total:8.1f} s  (budget {SESSION_BUDGET_S} s{'' if total <= SESSION_BUDGET_S else ', MISSED'})"
           + (f"  on {workers} xdist workers" if workers else ""))

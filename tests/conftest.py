@@ -17,7 +17,10 @@ from builder.engine.infra import Info
 from tests.budget import (  # noqa: F401  (hooks: slow marks, xdist groups, budgets, the timing table)
     pytest_collection_finish,
     pytest_collection_modifyitems,
+    pytest_runtest_call,
     pytest_runtest_logreport,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
     pytest_sessionfinish,
     pytest_terminal_summary,
 )
