@@ -233,11 +233,14 @@ def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an 
                 out: Optional[Path] = typer.Option(None, "--out", help="the .sqsh (default: next to the report)"),
                 squash_options: Optional[str] = typer.Option(
                     None, "--squash-options", help="mksquashfs compression (default $BUILDER_SQUASH_OPTIONS "
-                                                   "or '-comp lzo -Xalgorithm lzo1x_1 -noD')")) -> None:
+                                                   "or '-comp lzo -Xalgorithm lzo1x_1 -noD')"),
+                no_smoke: bool = typer.Option(False, "--no-smoke", help="skip the smoke (the provenance gate in a "
+                                              "container of the unpacked copy); the file-by-file check still runs "
+                                              "and the record says the smoke was not run")) -> None:
     """Write the accepted image as an enroot .sqsh, check it file by file, smoke it, record it in the report."""
     from builder import pipeline  # lazy: start-up
 
-    record = pipeline.export_sqsh(report_json, settings(), out=out, squash_options=squash_options)
+    record = pipeline.export_sqsh(report_json, settings(), out=out, squash_options=squash_options, smoke=not no_smoke)
     typer.echo(record.model_dump_json(indent=2))
 
 

@@ -220,13 +220,14 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
 
 
 def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
-                squash_options: str | None = None) -> SqshExport:
-    """The accepted image as an enroot .sqsh, checked file by file and smoked, recorded in the report."""
+                squash_options: str | None = None, smoke: bool = True) -> SqshExport:
+    """The accepted image as an enroot .sqsh, checked file by file and (unless `smoke` is off) smoked, recorded
+    in the report."""
     with log.step("export .sqsh"):
         report = document.load(report_json)
         checked = trust.check(report, str(report_json))
         pins = checked[0] if checked else None
-        return sqsh.export(report, report_json, pins, settings, out=out, squash_options=squash_options)
+        return sqsh.export(report, report_json, pins, settings, out=out, squash_options=squash_options, smoke=smoke)
 
 
 def replay(report_json: Path, settings: Settings, gate: str | None = None,

@@ -48,12 +48,13 @@ def prepare_demo(settings: Settings) -> Path:
 
 def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = None,
                  edit: Callable[[dict[str, Any]], None] | None = None, pins_path: Path = LOCAL_PINS,
-                 lock: bool = False) -> Path:
+                 lock: bool = False, share_cache: bool = False) -> Path:
     """A copy of the demo pins in out_dir (with its own copy of the stack and lock) where one
     component is pinned to the head of demo PR `pr`; `edit(data)` may change anything else.
     URLs stay relative, so the Dockerfile differs only where the change reaches. The copied lock was
     written for the demo's commits: with `lock`, `builder lock` brings it to the variant's (a moved commit
-    makes a lock stale, and render, build and run refuse a stale lock)."""
+    makes a lock stale, and render, build and run refuse a stale lock). `share_cache`: the copy keeps the source
+    pins' layer-cache scope (image.cache_scope) whatever name and repository `edit` gives it."""
     out_dir = Path(out_dir)
     pins_path = Path(pins_path)
     shutil.copytree(pins_path.parent / "demo-stack", out_dir / "demo-stack", dirs_exist_ok=True)
@@ -69,6 +70,11 @@ def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = N
         comp["commit"], comp["pr"] = str(ref.resolve().target), int(pr)
     if edit is not None:
         edit(data)
+    if share_cache:
+        from builder.image.render import cache_scope  # lazy: only for a variant that shares the cache
+        from builder.pins.model import load
+
+        data["image"]["cache_scope"] = cache_scope(load(pins_path))
     out = out_dir / "pins.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     if lock:

@@ -134,7 +134,8 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
                 acc.pop("performance", None)
                 acc["required_gates"] = [g for g in acc["required_gates"] if g != "performance"]
         component, pr = defect or (None, None)
-        return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins, lock=defect is not None)
+        return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins, lock=defect is not None,
+                            share_cache=True)  # the demo's layers: each variant builds only from its change
 
     pins = {"a": pins_for("a", performance=True), "b": pins_for("b", SLOW_EXACT_PATH, performance=True),
             "c": pins_for("c", BATCH_INVARIANCE_OFF), "d": pins_for("d", SKIPPED_WEIGHT_RELOAD)}

@@ -43,13 +43,18 @@ def created(sources: ResolvedSources | None) -> str:
     return datetime.fromtimestamp(newest, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def cache_scope(pins: Pins) -> str:
+    """`image.cache_scope`, default `<name>@<repository>`: each pins file its own layer cache."""
+    return pins.image.cache_scope or f"{pins.name}@{pins.image.repository}"
+
+
 def cache_key(pins: Pins) -> str:
-    """Which run this is (pins name and repository, not the commits): the first instruction of each stage
-    on the base carries it (`<key>.prepare`, `<key>.runtime`: the classic builder takes the newest child
-    with the same instruction as cache parent, so two stages must not share one), so the engine never
-    takes another pins file's identical layer as the parent of this run's cached layers, while a new
-    commit of the same pins still reuses them."""
-    return hashlib.sha256(f"{pins.name}\n{pins.image.repository}".encode()).hexdigest()[:16]
+    """Which run this is (its cache scope, not the commits): the first instruction of each stage on the base
+    carries it (`<key>.prepare`, `<key>.runtime`: the classic builder takes the newest child with the same
+    instruction as cache parent, so two stages must not share one), so the engine never takes another scope's
+    identical layer as the parent of this run's cached layers, while a new commit of the same pins still reuses
+    them. Pins files that name one scope (a fleet of variants of one stack) share their layers."""
+    return hashlib.sha256(cache_scope(pins).encode()).hexdigest()[:16]
 
 
 def layer_epochs(sources: ResolvedSources, deps: bool) -> list[int]:

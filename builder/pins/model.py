@@ -45,6 +45,7 @@ from builder.pins import allowlist, inputfile, yamlguard
 SAFE = r"[A-Za-z0-9_.,:/=+@%-]"
 RX = {
     "name": r"[a-z0-9][a-z0-9._-]{0,127}",
+    "cache_scope": r"[a-z0-9][a-z0-9._@/:-]{0,383}",
     "repository": reference.NAME,
     "tag": reference.TAG,
     "base_image": rf"{reference.NAME}(:{reference.TAG})?@{reference.SHA256}",
@@ -177,6 +178,8 @@ def _shareable(value: str) -> str:
 
 Name = Annotated[str, _schema("name"), AfterValidator(_check(
     "name", "a lowercase name like 'demo-true-on-policy'"))]
+CacheScope = Annotated[str, _schema("cache_scope"), AfterValidator(_check(
+    "cache_scope", "a lowercase scope like 'demo-true-on-policy@127.0.0.1:5000/demo/unified'"))]
 Repository = Annotated[str, WithJsonSchema({"type": "string", "pattern": f"^{RX['repository']}$",
                                             "maxLength": reference.NAME_MAX}), AfterValidator(_repository)]
 Tag = Annotated[str, _schema("tag"), AfterValidator(_tag)]
@@ -282,6 +285,8 @@ class Image(Strict):
     repository: Repository
     tags: Annotated[list[Tag], AfterValidator(_unique)] = []
     staging: Repository | None = None  # where `builder run` pushes by digest; default <repository>-staging
+    # which runs share the engine's layer cache (builder/image/render.py cache_key); default <name>@<repository>
+    cache_scope: CacheScope | None = None
 
 
 class Base(Strict):

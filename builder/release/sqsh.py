@@ -323,7 +323,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
 
     made, digest, result = _write(client, report.image_id, out, squash_options, settings,
                                   base_layers(client, report.base_image), smoked if smoke else None)
-    result = result or {"status": "not_run", "reason": "not asked"}
+    result = result or {"status": "not_run", "reason": "not asked (--no-smoke)"}
     record = _record(made, out, digest, squash_options, version, report.image_id, tag=report.tags[0],
                      registry_digest=report.publish.digest if report.publish else "not published", smoke=result,
                      seconds=made.times)

@@ -59,6 +59,9 @@ STAGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # apply layers: every export runs it (a warm one reads its layers from the build's store, no docker save)
     "export-sqsh": ("export", "sqsh: apply layers", ("engine stop", "disk full") + SIGNALS),
 }
+# A warm export reads its layers from the build's blob store, so the smoke is its one use of the engine after the
+# fail point: the engine cells smoke, the others pass --no-smoke (the smoke's import and gate are half a cell's CPU)
+SMOKED = ENGINE_FAULTS
 FAILPOINT_FOR = {("export-sqsh", "disk full"): "sqsh: mksquashfs"}
 CELLS = [(stage, fault) for stage, (_, _, faults) in STAGES.items() for fault in faults]
 PARTIAL = re.compile(r"(\.part|\.partial|\.tmp)$|^tmp_pack_|^incoming-")
@@ -80,6 +83,7 @@ class Stack:
     repository: str = ""
     tags: list[str] = field(default_factory=list)
     old_manifest: bytes = b""
+    base_diff_ids: list[str] = field(default_factory=list)
 
     def env(self, failpoint: str = "", hold: Path | None = None, key: bool = False) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("BUILDER_", "DOCKER_"))}
@@ -131,6 +135,10 @@ def stack(base_image: str, demo_pins: Path, tmp_path_factory: pytest.TempPathFac
         for parts in (("wheels", "lock"), ("lock",)):  # the demo wheelhouse and lock metadata: no index needed
             if SETTINGS.cache_root.joinpath(*parts).is_dir():
                 copy_settled(SETTINGS.cache_root.joinpath(*parts), world.cache.joinpath(*parts))
+        from builder.engine import client as engine_client
+        from builder.release import sqsh
+
+        world.base_diff_ids = sqsh.base_layers(engine_client.connect(SETTINGS), base_image)
         base_repo, _, digest = base_image.partition("@")
         src_host, _, src_name = base_repo.partition("/")
         faultstack.copy_image(src_host, src_name, digest, proxy.host, "faults/base", root)
@@ -185,7 +193,7 @@ def copy_settled(src: Path, dst: Path) -> None:
                 shutil.copy2(entry, dst / entry.name)
 
 
-def command(world: Stack, stage: str, out: Path) -> tuple[list[str], bool]:
+def command(world: Stack, stage: str, fault: str, out: Path) -> tuple[list[str], bool]:
     """The builder command of a stage's cells (run in `out`), and whether it signs."""
     kind = STAGES[stage][0]
     pins = str(world.pins)
@@ -204,7 +212,8 @@ def command(world: Stack, stage: str, out: Path) -> tuple[list[str], bool]:
         return ["publish", str(report / "report.json")], False
     if kind == "attest":
         return ["publish", str(report / "report.json"), "--key", str(world.key)], True
-    return ["export-sqsh", str(report / "report.json"), "--out", str(out / "image.sqsh")], False
+    smoke = [] if fault in SMOKED else ["--no-smoke"]
+    return ["export-sqsh", str(report / "report.json"), "--out", str(out / "image.sqsh"), *smoke], False
 
 
 def prepare(world: Stack, stage: str) -> None:
@@ -220,6 +229,25 @@ def prepare(world: Stack, stage: str) -> None:
         world.reset_release_tags()
     if stage == "export-sqsh":  # an export of the same digest would be a cache hit (builder/release/sqsh.py)
         shutil.rmtree(world.cache / "sqsh" / "exports", ignore_errors=True)
+        seed_base_tree(world)
+
+
+def seed_base_tree(world: Stack) -> None:
+    """The base's kept tree from the session's cache, once, when another test's export kept it: the cells are about
+    faults, not about a cold export (each cold one saves and unpacks the whole image twice). Layers are content-
+    addressed, so the tree of the same diff IDs is the same on any engine; without one the first cell goes cold."""
+    from builder.release import sqsh_trees
+
+    key = sqsh_trees.key(world.base_diff_ids)
+    src, dest = SETTINGS.cache_root / "sqsh" / "trees" / key, world.cache / "sqsh" / "trees" / key
+    if not world.base_diff_ids or dest.exists() or not (src / "tree.json").is_file():
+        return
+    copy = dest.with_name(f"seed-{key}")  # a name no cell counts as partial: it is gone before the cell starts
+    try:
+        subprocess.run(["cp", "-a", str(src), str(copy)], check=True, capture_output=True, timeout=300)
+        copy.rename(dest)
+    except (OSError, subprocess.SubprocessError):  # evicted by the session meanwhile: this cell goes cold
+        shutil.rmtree(copy, ignore_errors=True)
 
 
 def partial(name: str) -> bool:
@@ -264,7 +292,7 @@ def heal(world: Stack) -> None:
 def test_fault_cell(stack: Stack, stage: str, fault: str, tmp_path: Path) -> None:
     out = stack.runs / f"{stage}-{fault}".replace(" ", "_")
     out.mkdir()
-    argv, key = command(stack, stage, out)
+    argv, key = command(stack, stage, fault, out)
     prepare(stack, stage)
     tags_before = stack.release_tags()
     hold = stack.root / "hold"
@@ -343,6 +371,9 @@ def test_fault_cell(stack: Stack, stage: str, fault: str, tmp_path: Path) -> Non
     if stage in ("promote", "attest"):
         served = set(stack.release_tags().values())
         assert len(served) == 1 and None not in served, served
+    if stage == "export-sqsh":  # the rerun's record: smoked where the cell asked for it
+        smoke = json.loads((out / "report" / "report.json").read_text())["sqsh"]["smoke"]
+        assert smoke["status"] == ("pass" if fault in SMOKED else "not_run"), smoke
     shutil.rmtree(out)  # a passed cell's output goes (an export cell's .sqsh is gigabytes); a failed one's stays
 
 

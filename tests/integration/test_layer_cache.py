@@ -59,14 +59,17 @@ def test_config_dates_each_history_entry_by_its_layer_and_drops_the_cache_key() 
 
 
 def test_the_cache_key_follows_the_pins_name_and_repository_not_the_commits() -> None:
-    def pins(name: str, repository: str, verl: str) -> Pins:  # stand-in with what cache_key reads
-        return cast(Pins, SimpleNamespace(name=name, image=SimpleNamespace(repository=repository),
+    def pins(name: str, repository: str, verl: str, scope: str | None = None) -> Pins:  # what cache_key reads
+        return cast(Pins, SimpleNamespace(name=name, image=SimpleNamespace(repository=repository, cache_scope=scope),
                                           components={"verl": SimpleNamespace(commit=verl)}))
 
     a = render.cache_key(pins("demo", "127.0.0.1:5000/demo/unified", "a" * 40))
     assert a == render.cache_key(pins("demo", "127.0.0.1:5000/demo/unified", "f" * 40))
     assert a != render.cache_key(pins("another", "127.0.0.1:5000/demo/unified", "a" * 40))
     assert a != render.cache_key(pins("demo", "127.0.0.1:5000/other", "a" * 40))
+    # image.cache_scope: another pins file that names this one's scope shares its layers; one of its own does not
+    assert a == render.cache_key(pins("fleet-b", "127.0.0.1:5000/fleet/b", "a" * 40, "demo@127.0.0.1:5000/demo/unified"))
+    assert a != render.cache_key(pins("demo", "127.0.0.1:5000/demo/unified", "a" * 40, "nightly"))
 
 
 # ---------------------------------------------------------------- Docker: real builds on the shared engine

@@ -43,7 +43,7 @@ def world(demo_pins: Path, settings: Settings, tmp_path_factory: pytest.TempPath
         data["nightly"] = {"regression_threshold": 0.9, "retention": 1}  # this machine's throughput is noisy
         without_performance(data)  # the throughput ratio then comes from rl_step and control (gates.throughput)
 
-    pins = variant_pins(out, edit=edit, pins_path=demo_pins)
+    pins = variant_pins(out, edit=edit, pins_path=demo_pins, share_cache=True)
     dsse.keygen(out / "key.pem", out / "key.pub")
     dsse.keygen(out / "other.pem", out / "other.pub")
     first = cli("nightly", str(pins), "--publish", "--key", str(out / "key.pem"), "--out", str(out / "run1"))
