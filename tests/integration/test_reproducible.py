@@ -32,15 +32,15 @@ def write_report(pins: Pins, resolved: ResolvedSources, built: BuiltImage, out: 
 
 def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_pins: Path, docker_client: DockerClient,
                                                                       tmp_path: Path) -> None:
-    """On a copy of the demo under a name of its own (its config differs, its layers are the demo's): removing it
-    leaves the demo image that other workers' tests run meanwhile."""
+    """On a copy of the demo under a name of its own in the demo's cache scope (its config differs, its layers are
+    the demo's cached ones): removing it leaves the demo image that other workers' tests run meanwhile."""
     from demo.prepare import variant_pins
     from tests.conftest import _resolve_render_build
 
     def own_name(data: dict[str, Any]) -> None:
         data["name"] = "demo-reproducible"
     pins, resolved, rendered, built = _resolve_render_build(variant_pins(tmp_path / "pins", edit=own_name,
-                                                                         pins_path=demo_pins))
+                                                                         pins_path=demo_pins, share_cache=True))
     staged = staging.push(built.manifest_digest, staging.staging_repository(pins.image.repository, pins.image.staging),
                           pins.base.name, SETTINGS)
     config_digest = json.loads(normalize.blob_path(SETTINGS, built.manifest_digest).read_bytes())["config"]["digest"]
