@@ -30,7 +30,9 @@ from typing import Any
 import pytest
 
 from builder.core import files as fs
+from builder.engine import client as engine_client
 from builder.engine.registry import Registry
+from builder.release import sqsh, sqsh_trees
 from tests import faultstack
 from tests.conftest import SETTINGS
 
@@ -135,9 +137,6 @@ def stack(base_image: str, demo_pins: Path, tmp_path_factory: pytest.TempPathFac
         for parts in (("wheels", "lock"), ("lock",)):  # the demo wheelhouse and lock metadata: no index needed
             if SETTINGS.cache_root.joinpath(*parts).is_dir():
                 copy_settled(SETTINGS.cache_root.joinpath(*parts), world.cache.joinpath(*parts))
-        from builder.engine import client as engine_client
-        from builder.release import sqsh
-
         world.base_diff_ids = sqsh.base_layers(engine_client.connect(SETTINGS), base_image)
         base_repo, _, digest = base_image.partition("@")
         src_host, _, src_name = base_repo.partition("/")
@@ -236,8 +235,6 @@ def seed_base_tree(world: Stack) -> None:
     """The base's kept tree from the session's cache, once, when another test's export kept it: the cells are about
     faults, not about a cold export (each cold one saves and unpacks the whole image twice). Layers are content-
     addressed, so the tree of the same diff IDs is the same on any engine; without one the first cell goes cold."""
-    from builder.release import sqsh_trees
-
     key = sqsh_trees.key(world.base_diff_ids)
     src, dest = SETTINGS.cache_root / "sqsh" / "trees" / key, world.cache / "sqsh" / "trees" / key
     if not world.base_diff_ids or dest.exists() or not (src / "tree.json").is_file():
