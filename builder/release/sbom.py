@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cyclonedx.model import ExternalReference, ExternalReferenceType, Property, XsUri
-from cyclonedx.model.bom import Bom
-from cyclonedx.model.component import Commit, Component, ComponentType, Pedigree
-from cyclonedx.output.json import JsonV1Dot6
-from packageurl import PackageURL
+if TYPE_CHECKING:
+    from cyclonedx.model.component import Component
 
 PREDICATE_TYPE = "https://cyclonedx.org/bom"
 COMMIT_PROPERTY = "truepolicy:vcs-commit"
@@ -26,6 +23,10 @@ def canonical(name: str) -> str:
 
 
 def _component(name: str, version: str, vcs: dict[str, Any] | None) -> Component:
+    from cyclonedx.model import ExternalReference, ExternalReferenceType, Property, XsUri  # lazy: start-up
+    from cyclonedx.model.component import Commit, Component, ComponentType, Pedigree  # lazy: start-up
+    from packageurl import PackageURL  # lazy: start-up
+
     qualifiers = {}
     refs, pedigree, props = [], None, []
     if vcs:
@@ -42,7 +43,12 @@ def _component(name: str, version: str, vcs: dict[str, Any] | None) -> Component
 
 
 def build(image_manifest: dict[str, Any], repository: str, digest: str) -> dict[str, Any]:
-    """The SBOM (as a JSON dict) of the image `repository@digest` whose manifest is `image_manifest`."""
+    """The SBOM (as a JSON dict) of the image `repository@digest` whose manifest is `image_manifest`.
+    cyclonedx is imported here, not at the top: it is about 80 ms of every CLI call, and only attest needs it."""
+    from cyclonedx.model.bom import Bom  # lazy: start-up
+    from cyclonedx.model.component import Component, ComponentType  # lazy: start-up
+    from cyclonedx.output.json import JsonV1Dot6  # lazy: start-up
+
     vcs = {canonical(c["distribution"]): {**c, "component": name}
            for name, c in (image_manifest.get("components") or {}).items()}
     dists = dict(image_manifest.get("distributions") or {})
