@@ -36,6 +36,7 @@ from tests.fixture_types import BuildVariant, DemoAccepted, DemoImage, DockerCli
 # hits would depend on their order: the session builds without the compiler cache, and test_ccache turns it on.
 os.environ.setdefault("BUILDER_CCACHE", "off")
 SETTINGS = Settings.from_env()
+FLEET_REPEATS = 2  # the Slurm fleet's performance runs per arm (slurm_fleet)
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +106,8 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     A: the demo pins, every gate: the good demo through the whole cluster flow (build, staged digest, the
     session's one good .sqsh, Slurm gates, report); its run is the one test_cluster_publish publishes.
     B: the slow PR (demo vllm PR 14), every gate: performance must fail.
-    C, D: the zero_update and rl_step defects (tests/defects.py) without the performance gate (its six runs
+    A and B run the performance gate FLEET_REPEATS times per arm.
+    C, D: the zero_update and rl_step defects (tests/defects.py) without the performance gate (its runs
     would show nothing there). The four run at once; the cluster runs two allocations at a time (one core each).
     Returns {"proc", "run_id", "names", "pins": {key: path}, "runs": {key: run directory}}."""
     import json
@@ -129,6 +131,9 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}
             if performance:  # two allocations share the 2 cores: CPU time per token spreads up to 2.7 (not 1.7)
                 data["acceptance"]["performance"]["max_spread"] = 5.0
+                # two runs per arm (four Slurm steps, not six): interleaving and the medians are the same code as
+                # with three (acceptance/perf.py), and the Docker acceptance keeps the demo's three
+                data["acceptance"]["performance"]["repeats"] = FLEET_REPEATS
             else:
                 acc = data["acceptance"]
                 acc.pop("performance", None)

@@ -338,7 +338,9 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
 def _write(client: Any, image_id: str, out: Path, squash_options: str, settings: Settings, base: list[str] | None,
            check: Callable[[Made], dict[str, Any]] | None = None) -> tuple[Made, str, dict[str, Any]]:
     """make_sqsh into a part file beside `out`, `check(made)` (the smoke) before it is renamed into place, then its
-    `.sha256` beside it; the base tree is kept once all passed. Nothing is left behind on failure.
+    `.sha256` beside it. The base tree is kept once the file-by-file check passed, before the smoke: a failed smoke
+    (or an engine down for it) says nothing against the tree, and the rerun starts from it. Nothing else is left
+    behind on failure.
     Returns (made, sha256, what check returned)."""
     fs.sweep_parts(out.parent)  # what a killed run left
     fs.sweep_parts(settings.cache("sqsh"))
@@ -374,11 +376,11 @@ def _write_unlocked(client: Any, image_id: str, out: Path, squash_options: str, 
     try:
         made = make_sqsh(client, image_id, partial, squash_options, work, trees, base,
                          normalize.stored_image(settings, image_id), keep_readback=check is not None)
+        if made.kept:
+            kept.keep(trees, made.kept)
         checked = check(made) if check else {}
         digest = fs.sha256_file(partial)
         partial.replace(out)
-        if made.kept:
-            kept.keep(trees, made.kept)
     finally:
         partial.unlink(missing_ok=True)
         shutil.rmtree(work, ignore_errors=True)

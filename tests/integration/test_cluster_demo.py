@@ -13,7 +13,7 @@ import pytest
 from builder.core.constants import GATES
 from builder.core.records import Report
 from builder.report import document
-from tests.conftest import SETTINGS
+from tests.conftest import FLEET_REPEATS, SETTINGS
 from tests.defects import BATCH_INVARIANCE_OFF, REASONS, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
@@ -38,7 +38,8 @@ def test_good_demo_is_accepted_through_slurm(slurm_fleet: dict[str, Any]) -> Non
     assert c["runner"] == "slurm" and c["runtime"] == "charliecloud" and c["sqsh_sha256_node"] == c["sqsh_sha256"]
     assert c["sqsh"]["image_id"] == report.image_id and c["sqsh"]["sha256"] == c["sqsh_sha256"]
     runs = [f for f in c["gates"].values() if "runs" not in f] + c["gates"]["performance"]["runs"]
-    assert len(runs) == 4 + 6 and len({f["step"] for f in runs}) == 10  # a fresh container (step) per run
+    perf_runs = 2 * FLEET_REPEATS  # interleaved, aligned and control
+    assert len(runs) == 4 + perf_runs and len({f["step"] for f in runs}) == 4 + perf_runs  # a fresh container per run
     assert all(f["state"] == "COMPLETED" and f["exit_code"] == "0:0" and f["job_id"] == c["job_id"] for f in runs)
     markdown = (run_dir / "report.md").read_text()
     assert c["job_id"] in markdown and c["sqsh_sha256_node"] in markdown and f"`.sqsh` `{c['sqsh']['path']}`" in markdown
@@ -53,8 +54,8 @@ def test_planted_defect_fails_as_under_docker(slurm_fleet: dict[str, Any], key: 
     assert report.verdict == "NOT ACCEPTED" and got[gate].status == "fail", (got[gate].status, got[gate].reason)
     assert words in got[gate].reason, got[gate].reason
     assert report.acceptance is not None and report.acceptance.container["runner"] == "slurm"
-    if gate == "performance":  # six interleaved runs, each a Slurm step of its own; the exact gates pass
-        assert len(report.acceptance.container["gates"][gate]["runs"]) == 6
+    if gate == "performance":  # the interleaved runs, each a Slurm step of its own; the exact gates pass
+        assert len(report.acceptance.container["gates"][gate]["runs"]) == 2 * FLEET_REPEATS
         assert {n: g.status for n, g in got.items() if n != gate} == {n: "pass" for n in GATES if n != gate}
     sqsh = report.acceptance.container["sqsh"]
     assert sqsh["image_id"] == report.image_id and sqsh["compression"] == SETTINGS.squash_options
