@@ -1,7 +1,9 @@
 """The build context: one deterministic tar the tool makes itself (no directory sent as is).
 
 Layout: Dockerfile, constraints.in, delivery/{pins.json,components.json,dockerfile.sha256},
-provenance/<component>.json, image_scripts/, lock/requirements.lock, wheels/, acceptance/ (the suite),
+provenance/<component>.json, image_scripts/, lock/{runtime,build}.lock (the lock's requirement lines only: its
+header of commits and base digest is bound by the report's lock_sha256, and kept out of the build so that a
+moved component pin with the same resolved set keeps the deps layer), wheels/, acceptance/ (the suite),
 native/<component>/{toolchain.cmake,<input>/} (a CMake-built component: its toolchain file and each
 native input the lock names, exported once at its locked commit),
 src/<component>/ (the export resolve made of each component at its pinned commit, re-rooted).
@@ -77,7 +79,6 @@ def small_files(pins: Pins, lock: Lock, dockerfile: str, dockerfile_sha: str, de
         "delivery/pins.json": _json(pins.to_json_dict()),
         "delivery/components.json": _json(delivery),
         "delivery/dockerfile.sha256": f"{dockerfile_sha}\n".encode(),
-        "lock/requirements.lock": lock.text.encode(),
         "lock/runtime.lock": lock.runtime.encode(),
         "lock/build.lock": lock.build.encode(),
     }
