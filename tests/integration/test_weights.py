@@ -7,13 +7,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from acceptance import checkpoint, decide, weights
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # torch
+
+
+class _Torch:
+    """torch at first use, not at collection: every xdist worker collects this file, one runs it (~2 s each)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # what collection asks of every module attribute
+            raise AttributeError(name)
+        import torch as module  # lazy: start-up of every xdist worker
+
+        return getattr(module, name)
+
+
+torch: Any = _Torch()
 
 
 def _state(seed: int = 0) -> dict[str, Any]:
@@ -37,6 +49,8 @@ def _write(directory: Path, state: dict[str, Any], fmt: str, shards: int = 1) ->
     for i in range(shards):
         part = {n: state[n].contiguous() for n in names[i::shards]}
         if fmt == "safetensors":
+            from safetensors.torch import save_file  # lazy: imports torch
+
             save_file(part, str(directory / f"model-{i:05d}-of-{shards:05d}.safetensors"), metadata={"step": str(i)})
         else:
             torch.save(part, directory / f"pytorch_model-{i:05d}.bin")
