@@ -2,11 +2,13 @@
 that change numerics; the string 'none' when no GPU is visible (stdlib; torch only when installed)."""
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import sys
 from typing import Any
 
 NUMERIC_ENV = ("CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
@@ -39,6 +41,8 @@ def facts() -> dict[str, Any] | str:
     """{'count', 'devices', 'driver', 'cuda_runtime', 'torch', 'numerics'} of the visible GPUs, else 'none'."""
     if importlib.util.find_spec("torch") is None:
         return "none"
+    if "torch" not in sys.modules and not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/kfd"):
+        return "none"  # no GPU device node, and nothing imported torch: not worth its 2 s import to learn that
     import torch  # lazy: only where torch is installed (the image's; the components import it anyway)
 
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
