@@ -16,7 +16,7 @@ TAIL = 6000  # characters of a gate's output kept in its result
 
 
 class GateRunner(Protocol):
-    kind: str  # "docker" | "slurm"
+    kind: str  # "docker" | "slurm" | "runc"
 
     def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
         """Run one gate in a fresh container; its result and the facts of where and how it ran."""

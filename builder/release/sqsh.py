@@ -316,13 +316,15 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
             raise NotAccepted(f"{report_path}: no pins checked against the report for the smoke")
         assert made.readback is not None  # _write keeps the unpacked copy for a check
         with _timed(made.times, "smoke: provenance gate"):
-            result = sqsh_smoke.provenance_on_rootfs(client, report, pins, made.readback)
+            result = sqsh_smoke.provenance_on_rootfs(pins, made.readback)
         if result["status"] != "pass":
             raise NotAccepted(f"{out}: provenance gate on the .sqsh contents: {result['status']}: {result['reason']}")
         return result
 
-    made, digest, result = _write(client, report.image_id, out, squash_options, settings,
-                                  base_layers(client, report.base_image), smoked if smoke else None)
+    with log.step("sqsh: base layers"):  # the engine's one use in a warm export (its layers come from the store)
+        base = base_layers(client, report.base_image)
+    made, digest, result = _write(client, report.image_id, out, squash_options, settings, base,
+                                  smoked if smoke else None)
     result = result or {"status": "not_run", "reason": "not asked (--no-smoke)"}
     record = _record(made, out, digest, squash_options, version, report.image_id, tag=report.tags[0],
                      registry_digest=report.publish.digest if report.publish else "not published", smoke=result,

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from builder import pipeline
+from builder.accept import runc_runner
 from builder.core import files as fs
 from builder.core import options
 from builder.core.constants import SOURCE_DATE_EPOCH
@@ -507,9 +508,12 @@ def test_smoke_fails_on_a_planted_modification(demo_sqsh: tuple[Path, SqshExport
     with open(root / victim.lstrip("/"), "a") as fh:
         fh.write("\n# planted\n")
     loaded = report.load(path)
-    result = smoke.provenance_on_rootfs(docker_client, loaded, pins_mod.load(loaded.sources.pins_path), root)
+    result = smoke.provenance_on_rootfs(pins_mod.load(loaded.sources.pins_path), root)
     assert result["status"] == "fail", result
-    assert not docker_client.images.list(name=smoke.REPOSITORY)  # the imported image is gone
+    assert f"{victim} sha256" in result["reason"] or any(victim in f for f in result["failures"]), result
+    assert result["network"] == "none" and result["container"].startswith(runc_runner.PREFIX)
+    listed = subprocess.run([runc_runner.runc(), "list", "-q"], capture_output=True, text=True, check=True).stdout
+    assert result["container"] not in listed.split()  # deleted after the gate
 
 
 @pytest.mark.docker
