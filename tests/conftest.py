@@ -107,8 +107,8 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     session's one good .sqsh, Slurm gates, report); its run is the one test_cluster_publish publishes.
     B: the slow PR (demo vllm PR 14), every gate: performance must fail.
     A and B run the performance gate FLEET_REPEATS times per arm.
-    C, D: the zero_update and rl_step defects (tests/defects.py) without the performance gate (its runs
-    would show nothing there). The four run at once; the cluster runs two allocations at a time (one core each).
+    C, D: the zero_update and rl_step defects (tests/defects.py), each requiring (so running) only the gate its
+    defect fails. The four run at once; the cluster runs two allocations at a time (one core each).
     Returns {"proc", "run_id", "names", "pins": {key: path}, "runs": {key: run directory}}."""
     import json
     import subprocess
@@ -117,7 +117,7 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     from pathlib import Path
 
     from demo.prepare import variant_pins
-    from tests.defects import BATCH_INVARIANCE_OFF, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
+    from tests.defects import BATCH_INVARIANCE_OFF, REASONS, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
 
     _, shared = cluster_images
     where = tmp_path_factory.mktemp("fleet")
@@ -134,10 +134,11 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
                 # two runs per arm (four Slurm steps, not six): interleaving and the medians are the same code as
                 # with three (acceptance/perf.py), and the Docker acceptance keeps the demo's three
                 data["acceptance"]["performance"]["repeats"] = FLEET_REPEATS
-            else:
+            else:  # the defect's own gate only (the Docker tests show the others pass): the gates that run
                 acc = data["acceptance"]
                 acc.pop("performance", None)
-                acc["required_gates"] = [g for g in acc["required_gates"] if g != "performance"]
+                acc["required_gates"] = [REASONS[defect][0]] if defect else [g for g in acc["required_gates"]
+                                                                             if g != "performance"]
         component, pr = defect or (None, None)
         return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins, lock=defect is not None,
                             share_cache=True)  # the demo's layers: each variant builds only from its change

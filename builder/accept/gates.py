@@ -98,7 +98,7 @@ def throughput(gates: list[GateResult], metric: str) -> dict[str, Any]:
 
 
 def check_selection(gates: Sequence[str] | None, timeout_s: int | None) -> list[str]:
-    """The selected gates (default all); BadInput for an unknown gate or a timeout out of range."""
+    """The selected gates (default all of GATES); BadInput for an unknown gate or a timeout out of range."""
     selected = list(gates) if gates else list(GATES)
     unknown = [g for g in selected if g not in GATES]
     if unknown:
@@ -108,18 +108,25 @@ def check_selection(gates: Sequence[str] | None, timeout_s: int | None) -> list[
     return selected
 
 
+def default_gates(pins: Pins, gates: Sequence[str] | None) -> list[str]:
+    """The gates asked for (`--gate`), else the pins' required gates: a gate the pins do not require costs the
+    cluster its GPUs and decides nothing, so it runs only when asked for."""
+    return list(gates) if gates else [g for g in GATES if g in pins.acceptance.required_gates]
+
+
 def accept_with(runner: GateRunner, image_id: str, pins: Pins, gates: Sequence[str] | None = None,
                 timeout_s: int | None = None, run_id: str = "") -> AcceptanceResult:
-    """Run the selected gates (default all) through `runner`, each in a fresh container; unselected ones
-    are not_run. The runner is closed at the end, also on error or interrupt."""
-    selected = check_selection(gates, timeout_s)
+    """Run the selected gates (default: the pins' required gates) through `runner`, each in a fresh container;
+    the others are not_run. The runner is closed at the end, also on error or interrupt."""
+    selected = check_selection(default_gates(pins, gates), timeout_s)
+    why = "not selected" if gates else "not in acceptance.required_gates (ask with --gate)"
     timeout = timeout_s or pins.acceptance.timeout_s
     results: list[GateResult] = []
     facts: dict[str, dict[str, Any]] = {}
     try:
         for gate in GATES:
             if gate not in selected:
-                results.append(GateResult(name=gate, status="not_run", reason="not selected"))
+                results.append(GateResult(name=gate, status="not_run", reason=why))
                 continue
             with log.step(f"gate {gate}"):
                 start = time.monotonic()
@@ -148,7 +155,7 @@ def accept_with(runner: GateRunner, image_id: str, pins: Pins, gates: Sequence[s
 
 def accept(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] | None = None,
            timeout_s: int | None = None, run_id: str | None = None) -> AcceptanceResult:
-    """Run the selected gates (default all) in fresh containers on the settings' Docker engine.
+    """Run the selected gates (default: the pins' required gates) in fresh containers on the settings' Docker engine.
     Every container carries the label io.truepolicy.acceptance=<run_id> (random unless given)."""
     check_selection(gates, timeout_s)
     client = engine.connect(settings)
@@ -176,7 +183,7 @@ def accept_staged(ref: str, pins: Any, expected_id: str | None, engine_url: str 
 
 def gate_runs(pins: Pins, gates: Sequence[str] | None) -> int:
     """How many containers the selected gates start (performance: 2 x repeats)."""
-    selected = list(gates) if gates else list(GATES)
+    selected = default_gates(pins, gates)
     perf = pins.acceptance.performance
     return sum(2 * perf.repeats if g == "performance" and perf else 1 for g in selected)
 

@@ -116,6 +116,7 @@ def test_four_nightly_runs_at_once(demo_pins: Path, docker_client: DockerClient,
             data["image"] = {"repository": f"{space}/{key}", "tags": ["demo"]}
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}  # throughput is noisy with 4 at once
             without_performance(data)  # this test is about four runs at once, not about speed
+            data["acceptance"]["required_gates"] = ["provenance", "rl_step"]  # the gates run; c fails rl_step
         return variant_pins(tmp_path / f"pins-{key}", component, pr, edit=edit, pins_path=demo_pins, lock=lock,
                             share_cache=True)  # one scope (the demo's): the builds of the four wait for each other
 

@@ -42,6 +42,7 @@ def world(demo_pins: Path, settings: Settings, tmp_path_factory: pytest.TempPath
         data["image"] = {"repository": repository, "tags": ["demo"]}
         data["nightly"] = {"regression_threshold": 0.9, "retention": 1}  # this machine's throughput is noisy
         without_performance(data)  # the throughput ratio then comes from rl_step and control (gates.throughput)
+        data["acceptance"]["required_gates"] = ["provenance", "rl_step", "control"]  # the gates the nightly runs
 
     pins = variant_pins(out, edit=edit, pins_path=demo_pins, share_cache=True)
     dsse.keygen(out / "key.pem", out / "key.pub")
