@@ -134,11 +134,10 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
                 # two runs per arm (four Slurm steps, not six): interleaving and the medians are the same code as
                 # with three (acceptance/perf.py), and the Docker acceptance keeps the demo's three
                 data["acceptance"]["performance"]["repeats"] = FLEET_REPEATS
-            else:  # the defect's own gate only (the Docker tests show the others pass): the gates that run
-                acc = data["acceptance"]
-                acc.pop("performance", None)
-                acc["required_gates"] = [REASONS[defect][0]] if defect else [g for g in acc["required_gates"]
-                                                                             if g != "performance"]
+            else:  # C, D: the defect's own gate only (the Docker tests show the others pass): the gates that run
+                assert defect is not None
+                data["acceptance"].pop("performance", None)
+                data["acceptance"]["required_gates"] = [REASONS[defect][0]]
         component, pr = defect or (None, None)
         return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins, lock=defect is not None,
                             share_cache=True)  # the demo's layers: each variant builds only from its change

@@ -46,7 +46,7 @@ def environment(rootfs: Path) -> list[str]:
 
 
 def spec(rootfs: Path, args: list[str], env: list[str], hostname: str) -> dict[str, Any]:
-    """The OCI runtime config of one gate: the tree read-only as root, no capabilities beyond runc's defaults."""
+    """The OCI runtime config of one gate: the tree read-only as root, with Docker's default capabilities less mknod."""
     mounts = [{"destination": "/proc", "type": "proc", "source": "proc"},
               {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
