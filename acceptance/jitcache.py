@@ -2,9 +2,10 @@
 
 Triton writes one directory per compiled kernel (named by its cache key) holding `<kernel>.json` metadata
 beside the IR and the binary; the record takes the kernel name, the key, the compiler version, the key config
-and the Triton-IR hash from there. Any other new file in a cache directory is listed by path and sha256.
-Origin: an entry already there before the run came with the image (or the container); a new one was compiled
-during the run."""
+and the Triton-IR hash from there. Any other file in a cache directory is listed by path and sha256.
+Origin, judged by content: the cache's files are hashed at the start; an entry whose files are all there with the
+same sha256 after the run came with the image (or the container); one there at the start whose files changed
+(rewritten, added or removed) changed during the run; a new one was compiled (or written) during the run."""
 import hashlib
 import importlib.metadata as md
 import json
@@ -16,12 +17,14 @@ CONFIG = ("num_warps", "num_stages", "num_ctas", "maxnreg", "cluster_dims", "ena
           "default_dot_input_precision", "ptx_version", "shared")
 
 
-def listing(dirs: list[str]) -> set[str]:
-    """Every file under the cache directories (the state before a run)."""
-    found: set[str] = set()
+def listing(dirs: list[str]) -> dict[str, str | None]:
+    """Every file under the cache directories with its sha256 (None: unreadable): the state before a run."""
+    found: dict[str, str | None] = {}
     for top in dirs:
         for root, _, files in os.walk(top):
-            found.update(os.path.join(root, f) for f in files)
+            for name in files:
+                path = os.path.join(root, name)
+                found[path] = _sha256(path)
     return found
 
 
@@ -61,8 +64,22 @@ def triton_entry(meta_path: str) -> dict[str, Any] | None:
             "binary_sha256": _sha256(os.path.join(folder, stem + ".cubin")) or _sha256(os.path.join(folder, stem + ".hsaco"))}
 
 
-def compiled(dirs: list[str], before: set[str]) -> dict[str, Any]:
-    """The cache entries after a run, each with its origin (at start = shipped, else compiled in the run)."""
+SHIPPED = "present at start (shipped in the image)"
+CHANGED = "changed during the run"
+
+
+def _origin(paths: set[str], before: dict[str, str | None], after: dict[str, str | None],
+            new: str) -> tuple[str, list[str]]:
+    """(origin, the files that differ) of an entry: `paths`, its files before or after the run."""
+    if not any(p in before for p in paths):
+        return new, []
+    changed = sorted(p for p in paths if before.get(p, "absent") != after.get(p, "absent"))
+    return (CHANGED if changed else SHIPPED), changed
+
+
+def compiled(dirs: list[str], before: dict[str, str | None]) -> dict[str, Any]:
+    """The cache entries after a run, each with its origin judged by content against `before` (listing's):
+    shipped (the same bytes at start), changed during the run, or compiled / written during the run."""
     after = listing(dirs)
     entries: list[dict[str, Any]] = []
     claimed: set[str] = set()
@@ -70,12 +87,18 @@ def compiled(dirs: list[str], before: set[str]) -> dict[str, Any]:
         if path.endswith(".json"):
             entry = triton_entry(path)
             if entry is not None:
-                entry["origin"] = "present at start (shipped in the image)" if path in before else "compiled during the run"
+                folder = {p for p in (*after, *before) if os.path.dirname(p) == entry["entry"]}
+                entry["origin"], changed = _origin(folder, before, after, "compiled during the run")
+                if changed:
+                    entry["changed"] = changed
                 entries.append(entry)
-                claimed.update(p for p in after if os.path.dirname(p) == entry["entry"])
-    others = [{"compiler": "unknown", "file": p, "sha256": _sha256(p),
-               "origin": "present at start (shipped in the image)" if p in before else "written during the run"}
-              for p in sorted(after - claimed)]
+                claimed.update(folder)
+    others = []
+    for path in sorted(set(after) - claimed):
+        origin, _ = _origin({path}, before, after, "written during the run")
+        others.append({"compiler": "unknown", "file": path, "sha256": after[path], "origin": origin})
     every = entries + others
-    return {"dirs": dirs, "at_start": "empty" if not before else f"{len(before)} files",
-            "entries": every[:LIMIT], "count": len(every), "kernels": sorted({e["kernel"] for e in entries})}
+    start = [{"file": p, "sha256": h} for p, h in sorted(before.items())]
+    return {"dirs": dirs, "at_start": {"count": len(start), "files": start[:LIMIT]},
+            "entries": every[:LIMIT], "count": len(every), "kernels": sorted({e["kernel"] for e in entries}),
+            "changed": sum(1 for e in every if e["origin"] == CHANGED)}

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builder.core import resources
-from builder.core.errors import BadInput, BuildFailed
+from builder.core import faults, resources
+from builder.core.errors import BadInput, BuilderError, BuildFailed, InfraError
 from builder.core.imageref import by_digest
 from builder.core.options import Settings
 from builder.engine import client as engine
@@ -79,6 +79,27 @@ def cause(output: str, width: int = 160) -> str:
     child = [lines[i - 1] for i in ends if i > 0 and not lines[i - 1].endswith("lines of output]")]
     line = found[0] if found else child[-1] if child else lines[-1] if lines else "no output"
     return line if len(line) <= width else line[: width - 3] + "..."
+
+
+# pip's refusal of a distribution whose Requires-Python the interpreter does not meet (pip 21 .. 26)
+REQUIRES_PYTHON = re.compile(r"ERROR: Package '([^']+)' requires a different Python: (\S+) not in '([^']*)'")
+
+
+def failure(result: Result, where: str, doing: str, base_python: str) -> BuilderError:
+    """The error of a failed run in the base, by its cause: a distribution whose Requires-Python the base's
+    interpreter does not meet is a pins/base mismatch, bad input (2) naming both sides; a full disk is
+    infrastructure (3); anything else failed the build (1)."""
+    output = result.stderr + "\n" + result.stdout
+    found = REQUIRES_PYTHON.search(output)
+    if found:
+        package, have, spec = found.groups()
+        return BadInput(f"{where}: {package} requires Python {spec} (its Requires-Python), but the base has Python"
+                        f" {have} (base.python: {base_python}); pin a base whose Python meets it, or a {package} that"
+                        f" supports Python {base_python}; log {result.log}")
+    disk = faults.disk_message(output)
+    if disk:
+        return InfraError(f"{where}: {doing} in the base: disk: {disk}; log {result.log}")
+    return BuildFailed(f"{where}: {doing} failed in the base (exit {result.rc}): {result.cause()}")
 
 
 def tar_bytes(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:

@@ -233,8 +233,7 @@ def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: Comp
         result = basecontainer.run(settings, pins.base.image, pins.base.python_bin, LOCK_SCRIPT, archives, env,
                                    log_name=f"lock-metadata-{inputs.name}", args=["metadata"])
     if result.rc != 0:
-        raise BuildFailed(f"components.{inputs.name}: preparing metadata failed in the base (exit {result.rc}):"
-                          f" {result.cause()}")
+        raise basecontainer.failure(result, f"components.{inputs.name}", "preparing metadata", pins.base.python)
     data: dict[str, Any] = result.payload()
     metadata_cache(settings, pins, component, inputs).write_text(json.dumps(data, sort_keys=True))
     return data
@@ -288,7 +287,7 @@ def build_sdist(settings: Settings, pins: Any, base: BaseInfo, target: Target, n
                                    [("/", basecontainer.tar_bytes(files))], {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
                                    fetch=f"{WORK}/out", log_name=f"lock-sdist-{name}", args=["sdist"])
     if result.rc != 0:
-        raise BuildFailed(f"{sdist.name}: building a wheel in the base failed (exit {result.rc}): {result.cause()}")
+        raise basecontainer.failure(result, sdist.name, "building a wheel", pins.base.python)
     with tarfile.open(fileobj=io.BytesIO(result.archive)) as tar:
         for member in tar.getmembers():
             if member.isfile() and member.name.endswith(".whl"):

@@ -105,6 +105,38 @@ def _run(settings: Settings, argv: list[str], log_name: str) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
+# what uv and pip print when the index could not be reached (no answer, as opposed to an answer of no solution)
+UNREACHABLE = re.compile(r"error sending request for url|tcp connect error|dns error|failed to lookup address"
+                         r"|Connection refused|NewConnectionError|Failed to establish a new connection"
+                         r"|ConnectTimeoutError|ReadTimeoutError|Temporary failure in name resolution"
+                         r"|Network is unreachable|No route to host|ProxyError|Max retries exceeded", re.I)
+
+CAUSE = re.compile(r"(?:Failed to establish a new connection|Connection refused|tcp connect error|dns error"
+                   r"|failed to lookup address|Temporary failure in name resolution|Network is unreachable"
+                   r"|No route to host|timed out)[^'\"\n]*", re.I)
+
+
+def unreachable(output: str) -> str:
+    """The line that says the index was not reached ('' when the index answered): infrastructure (3), never
+    a resolution conflict or a missing distribution (bad input, 2)."""
+    if re.search(r"no solution found|conflict is caused by", output, re.I):
+        return ""
+    lines = [" ".join(ln.split()) for ln in output.splitlines() if UNREACHABLE.search(ln)]
+    if not lines:
+        return ""
+    found = CAUSE.search(lines[-1])  # the words of the cause, not a wrapper's repr around them
+    return (found.group(0) if found else lines[-1])[:200]
+
+
+def refused(output: str, tool: str, log_name: str, settings: Settings) -> InfraError | BadInput:
+    """A failed resolution by its cause: the index not reached is InfraError, anything else BadInput."""
+    cause = unreachable(output)
+    if cause:
+        return InfraError(f"{tool}: the index {shown_index(settings.index_url)} was not reached: {cause}"
+                          f" (log {settings.run_log(log_name)})")
+    return BadInput(_explain(output))
+
+
 def shown_index(url: str) -> str:
     """The index URL as the lock states it: without a user name or password."""
     parts = urlsplit(url)
@@ -158,7 +190,7 @@ def _uv(settings: Settings, work: Path, target: Target, log_name: str) -> dict[s
             "--cache-dir", str(settings.cache("uv")), "-o", str(work / "out.txt")]
     rc, output = _run(settings, argv, log_name)
     if rc != 0:
-        raise BadInput(_explain(output))
+        raise refused(output, "uv", log_name, settings)
     found: dict[str, str] = {}
     for line in (work / "out.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
@@ -175,7 +207,7 @@ def _pip(settings: Settings, work: Path, target: Target, log_name: str) -> dict[
             "-c", str(work / "constraints.txt"), "-r", str(work / "req.in")]
     rc, output = _run(settings, argv, log_name)
     if rc != 0:
-        raise BadInput(_explain(output))
+        raise refused(output, "pip", log_name, settings)
     report = json.loads((work / "report.json").read_text())
     return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in report["install"]}
 
@@ -289,8 +321,11 @@ def download_sdist(settings: Settings, name: str, version: str) -> Path:
         _, output = _run(settings, [sys.executable, "-m", "pip", "download", "--isolated", "--no-deps", "--no-binary=:all:",
                            "-d", str(pool), *settings.index_args(), f"{name}=={version}"], "lock-download-sdist")
         path = _pool_match(pool, name, version, False)
-        if path is None:
-            raise InfraError(f"{name}=={version}: neither a wheel for the base nor an sdist: {_explain(output)}")
+        if path is None:  # the index not reached is infrastructure; an index with no such file is bad input
+            if unreachable(output):
+                raise refused(output, "pip download", "lock-download-sdist", settings)
+            raise BadInput(f"{name}=={version}: the index {shown_index(settings.index_url)} has neither a wheel"
+                           f" for the base nor an sdist: {_explain(output)}")
     return path
 
 

@@ -20,6 +20,7 @@ from builder.core.errors import BadInput, InfraError
 from builder.core.options import Settings
 from builder.core.safetext import show
 from builder.engine import basecontainer
+from builder.lock import resolver
 
 REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 HASH_RE = re.compile(r"^--hash=sha256:([0-9a-f]{64})$")
@@ -178,6 +179,10 @@ def ensure_wheels(where: Path, text: str, wheel_key: bytes, target: Target, sett
                     pip_download(["--no-deps", "--require-hashes", "-r", str(work / "requirements.txt")],
                                  work / "wheels", target, logfile, settings)
                 except InfraError:
+                    cause = resolver.unreachable("\n".join(fs.tail(logfile, 200)))
+                    if cause:  # pip says "no matching distribution" for an index it never reached too
+                        raise InfraError(f"pip download: the index {resolver.shown_index(settings.index_url)} was"
+                                         f" not reached: {cause}; log {logfile}") from None
                     req = no_match(logfile)
                     if req:
                         raise BadInput(f"{where}: {req} is not in the wheelhouse {dest} and the index"

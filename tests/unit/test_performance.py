@@ -46,9 +46,56 @@ def test_one_outlier_run_does_not_move_the_median() -> None:
 
 
 def test_noisy_arm_is_inconclusive_with_its_runs_listed() -> None:
-    status, reason, _ = perf.decide([1000, 1000, 1000], [1000, 4000, 2000], 0.1, 3.0)
+    # the runs' ratios go from 1000 / 4000 = 0.25 to 1000 / 1000 = 1: min_ratio 0.5 lies between, so it is open
+    status, reason, ev = perf.decide([1000, 1000, 1000], [1000, 4000, 2000], 0.5, 3.0)
     assert status == "inconclusive"
     assert "control runs too noisy: spread 4 > 3" in reason and "1000, 4000, 2000" in reason
+    assert "ratios 0.25 to 1 lie on both sides of min_ratio 0.5" in reason
+    assert ev["bounds"] == {"low": 0.25, "high": 1.0}
+
+
+# the check kept outside the project: a 5x slower batch-invariant path on a loaded host (issue 34); the control
+# median makes the reported ratio of medians 0.0372
+SLOW_ALIGNED, LOADED_CONTROL = [1112, 3071, 1040], [29000, 29892, 31500]
+
+
+def test_noisy_slow_aligned_arm_fails_from_the_bounds() -> None:
+    status, reason, ev = perf.decide(SLOW_ALIGNED, LOADED_CONTROL, 0.16, 2.5, "perf/rollout_tokens_per_cpu_s")
+    assert status == "fail", reason
+    assert ev["ratio"] == pytest.approx(0.0372, abs=5e-5) and ev["aligned"]["spread"] == pytest.approx(2.953, 1e-3)
+    assert reason.startswith("aligned / control perf/rollout_tokens_per_cpu_s: even the best aligned run over the "
+                             "worst control run, 0.106, is < min_ratio 0.16; decided from the bounds although "
+                             "aligned runs too noisy: spread 2.95 > 2.5")
+    assert "1112, 3071, 1040" in reason and ev["bounds"]["high"] == pytest.approx(3071 / 29000)
+
+
+def test_noisy_fast_aligned_arm_passes_from_the_bounds() -> None:
+    status, reason, ev = perf.decide([500, 1500, 1000], [2000, 2100, 1900], 0.2, 2.5)
+    assert status == "pass", reason
+    assert "even the worst aligned run over the best control run, 0.238, is >= min_ratio 0.2" in reason
+    assert "aligned runs too noisy: spread 3 > 2.5" in reason and ev["bounds"]["low"] == pytest.approx(500 / 2100)
+
+
+def test_both_arms_noisy_are_named_and_still_decided() -> None:
+    status, reason, _ = perf.decide([100, 400, 200], [5000, 20000, 9000], 0.5, 2.5)
+    assert status == "fail", reason
+    assert "aligned runs too noisy: spread 4 > 2.5 and control runs too noisy: spread 4 > 2.5" in reason
+
+
+@pytest.mark.parametrize("aligned, control, min_ratio, status", [
+    ([500, 1500, 1000], [2000, 2000, 2000], 0.25, "pass"),          # worst pairing exactly at min_ratio
+    ([500, 1500, 1000], [2000, 2000, 2000], 0.2501, "inconclusive"),  # just above it: open
+    ([100, 300, 200], [2000, 2000, 2000], 0.15, "inconclusive"),      # best pairing exactly at it: open
+    ([100, 300, 200], [2000, 2000, 2000], 0.1501, "fail"),          # just above the best pairing
+])
+def test_bounds_at_the_threshold(aligned: list[float], control: list[float], min_ratio: float, status: str) -> None:
+    assert perf.decide(aligned, control, min_ratio, 2.5)[0] == status
+
+
+def test_quiet_arms_still_decide_on_the_medians_not_the_bounds() -> None:
+    # within max_spread one slow run does not fail the gate even though its pairing is below min_ratio
+    status, _, ev = perf.decide([700, 1000, 1000], [2000, 2000, 2000], 0.4, 1.5)
+    assert status == "pass" and "bounds" not in ev
 
 
 @pytest.mark.parametrize("aligned", [[1000, None, 1000], [1000, float("nan"), 1000], [1000, 0.0, 1000], []])
@@ -226,6 +273,14 @@ def test_nightly_does_not_flag_a_drop_inside_the_noise_bound(perf_report: MakeRe
     assert diff["regression"]["reasons"] == ["gate performance: pass -> inconclusive"]
     assert "too noisy" in diff["regression"]["noisy"] and diff["performance"]["status"] == "inconclusive"
     assert "throughput not judged (too noisy)" in rundiff.to_markdown(diff)
+
+
+def test_nightly_flags_a_noisy_drop_below_the_floor_on_every_pairing(perf_report: MakeReport) -> None:
+    old = perf_report([1000, 1000, 1000], [2000, 2000, 2000])
+    new = perf_report([200, 700, 210], [2000, 2000, 2000])  # spread 3.5 > 3, yet 700 / 2000 < floor 0.475
+    diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
+    assert diff["regression"]["flag"] and "noisy" not in diff["regression"]
+    assert diff["performance"]["status"] == "fail" and "decided from the bounds" in diff["performance"]["reason"]
 
 
 def test_nightly_passes_a_ratio_within_the_threshold(perf_report: MakeReport) -> None:
