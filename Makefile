@@ -39,13 +39,15 @@ demo:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
 	$(PYTHON) -m demo run --setup-seconds $$(( $$(date +%s) - start ))
 
-# The whole cluster flow after `make demo`'s set-up: a one-node Slurm cluster (demo/cluster.py), the candidate
-# exported to .sqsh, every gate as a Slurm step through Charliecloud, publish.
+# The whole cluster flow after `make demo`'s set-up: a one-node Slurm cluster (demo/cluster.py; it installs
+# slurm-wlm, slurmdbd, munge, mariadb-server and charliecloud-runtime with apt-get when missing, as setup installs
+# Docker), the candidate exported to .sqsh, every gate as a Slurm step through Charliecloud, publish.
 demo-cluster:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
 	$(PYTHON) -m demo run --slurm --setup-seconds $$(( $$(date +%s) - start ))
 
-cluster-stop:
+# The demo cluster's daemons keep running after demo-cluster (the next run reuses them): this stops them.
+cluster-stop: venv
 	$(PYTHON) -m demo.cluster stop
 
 lint: venv-test

@@ -71,8 +71,12 @@ def _main(argv: list[str]) -> int:
 
         from demo import cluster
 
-        with log.step("demo: slurm cluster"):
-            os.environ["SLURM_CONF"] = str(cluster.start().conf)  # the clients of this process and its children
+        try:  # installs what is missing (apt-get); a missing piece is one line saying what to do, never a traceback
+            with log.step("demo: slurm cluster"):
+                os.environ["SLURM_CONF"] = str(cluster.start(settings=settings).conf)  # this process and its children
+        except BuilderError as err:
+            print(fit(f"error: {err}"), file=sys.stderr)
+            return err.exit_code
     return cli.run(["run", str(pins), "--publish", "--key", str(prepare.signing_key(settings)),
                     *(["--slurm"] if slurm else [])])
 

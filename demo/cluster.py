@@ -1,6 +1,9 @@
 """A one-node Slurm cluster on this host: what a site provides, for the demo and the tests (not the tool).
 
-`python -m demo.cluster start|stop|status [DIR]` (default DIR: <cache>/cluster). Everything lives under DIR:
+`python -m demo.cluster start|stop|status [DIR]` (default DIR: <cache>/cluster, the builder's cache: the checkout's
+`.cache` or `$BUILDER_CACHE`). `start` first installs the Debian packages of what is missing (slurm-wlm, slurmdbd,
+munge, mariadb-server, charliecloud-runtime) as `builder setup` installs Docker: apt-get with no service started;
+what cannot be installed is one line saying what to do. Everything lives under DIR:
 a munge key and `munged` on its own socket, a private MariaDB (`mariadbd`, 127.0.0.1 only, its own data
 directory) behind `slurmdbd` so that `sacct` reads jobs and steps from Slurm's own accounting record, and
 `slurmctld` + `slurmd` from a generated `slurm.conf` naming this host with its real CPU count,
@@ -21,10 +24,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.core import commands, log
+from builder.core import files as fs
+from builder.core.errors import BuilderError, InfraError
+from builder.core.options import Settings
+from builder.core.safetext import fit
+
 CLUSTER = "demo"
 PARTITION = "gates"
 PORTS = {"slurmctld": 6917, "slurmd": 6918, "slurmdbd": 6919, "mariadb": 6920}
 DAEMONS = ("mariadb", "munged", "slurmdbd", "slurmctld", "slurmd")  # start order; stop in reverse
+# each program the cluster runs, by the Debian package that ships it
+PACKAGES = {"munged": "munge", "mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server",
+            "slurmdbd": "slurmdbd", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "srun": "slurm-wlm",
+            "sacct": "slurm-wlm", "sinfo": "slurm-wlm", "scontrol": "slurm-wlm", "ch-run": "charliecloud-runtime"}
 
 
 @dataclass(frozen=True)
@@ -47,9 +60,30 @@ class Cluster:
         return {**os.environ, "SLURM_CONF": str(self.conf), "USER": os.environ.get("USER") or "root"}
 
 
-def default_root() -> Path:
-    cache = os.environ.get("BUILDER_CACHE") or str(Path.home() / ".cache" / "rl-image-builder")
-    return Path(cache) / "cluster"
+def default_root(settings: Settings | None = None) -> Path:
+    """<cache>/cluster: under the builder's cache like everything else (the checkout's `.cache`)."""
+    return (settings or Settings.from_env()).cache_root / "cluster"
+
+
+def missing() -> list[str]:
+    """The Debian packages of the programs that are not on the PATH."""
+    return sorted({package for program, package in PACKAGES.items() if not shutil.which(program)})
+
+
+def ensure_installed(settings: Settings) -> list[str]:
+    """Install what is missing, as `builder setup` installs Docker (apt-get, services not started, its progress
+    lines); the packages installed. InfraError, one line saying what to do, when they cannot be."""
+    if not missing():
+        return []
+    with log.step("setup: slurm cluster packages"), fs.locked(settings.cache("logs") / ".apt.lock"):
+        wanted = missing()  # another process may have installed them meanwhile
+        if wanted:
+            commands.apt_install(settings.run_log("apt"), *wanted)
+    still = [program for program in PACKAGES if not shutil.which(program)]
+    if still:
+        raise InfraError(f"local cluster: {', '.join(still)} still missing after apt-get install {' '.join(wanted)};"
+                         " put /usr/sbin on the PATH or install them by hand")
+    return wanted
 
 
 def slurm_conf(c: Cluster, host: str, cpus: int, memory_mb: int) -> str:
@@ -141,19 +175,20 @@ def _alive(c: Cluster, daemon: str) -> int | None:
     return pid
 
 
-def _wait(what: str, check: object, seconds: float) -> None:
+def _wait(what: str, check: object, seconds: float, logs: Path | None = None) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if check():  # type: ignore[operator]
             return
         time.sleep(0.2)
-    raise RuntimeError(f"local cluster: {what} not ready after {seconds:.0f} s")
+    raise InfraError(f"local cluster: {what} not ready after {seconds:.0f} s" + (f"; its log in {logs}" if logs else ""))
 
 
-def _run(argv: list[str], c: Cluster, what: str) -> str:
-    proc = subprocess.run(argv, env=c.env(), capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+def _run(argv: list[str], c: Cluster, what: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(argv, env={**c.env(), **(env or {})}, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"local cluster: {what}: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}")
+        raise InfraError(f"local cluster: {what}: exit {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}")
     return proc.stdout
 
 
@@ -173,27 +208,25 @@ def start_daemon(c: Cluster, daemon: str) -> None:
         if not (data / "mysql").is_dir():
             _run(["mariadb-install-db", f"--datadir={data}", "--user=root", "--skip-test-db",
                   "--auth-root-authentication-method=normal"], c, "mariadb-install-db")
-        log = open(r / "log" / "mariadb.log", "ab")
+        out = open(r / "log" / "mariadb.log", "ab")
         subprocess.Popen(["mariadbd", "--no-defaults", f"--datadir={data}", "--user=root", f"--port={PORTS['mariadb']}",
                           "--bind-address=127.0.0.1", f"--socket={r / 'db' / 'mysqld.sock'}",
                           f"--pid-file={c.pid_file('mariadb')}", "--skip-grant-tables", "--innodb-buffer-pool-size=64M"],
-                         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
-        _wait("mariadb", lambda: _port_open(PORTS["mariadb"]), 60)
+                         stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+        _wait("mariadb", lambda: _port_open(PORTS["mariadb"]), 60, r / "log")
     elif daemon == "munged":
         _run(["munged", "--force", f"--key-file={r / 'etc' / 'munge.key'}", f"--socket={c.munge_socket}",
               f"--pid-file={c.pid_file('munged')}", f"--log-file={r / 'log' / 'munged.log'}",
               f"--seed-file={r / 'munge' / 'munged.seed'}"], c, "munged")
     elif daemon == "slurmdbd":
-        env = {**c.env(), "SLURM_CONF": str(c.conf)}
-        subprocess.run(["slurmdbd"], env={**env, "SLURMDBD_CONF": str(r / "etc" / "slurmdbd.conf")}, check=True,
-                       stdin=subprocess.DEVNULL, capture_output=True)
-        _wait("slurmdbd", lambda: _port_open(PORTS["slurmdbd"]), 60)
+        _run(["slurmdbd"], c, "slurmdbd", {"SLURMDBD_CONF": str(r / "etc" / "slurmdbd.conf")})
+        _wait("slurmdbd", lambda: _port_open(PORTS["slurmdbd"]), 60, r / "log")
     elif daemon == "slurmctld":
         _run(["slurmctld", "-f", str(c.conf)], c, "slurmctld")
-        _wait("slurmctld", lambda: _port_open(PORTS["slurmctld"]), 60)
+        _wait("slurmctld", lambda: _port_open(PORTS["slurmctld"]), 60, r / "log")
     elif daemon == "slurmd":
         _run(["slurmd", "-f", str(c.conf)], c, "slurmd")
-    _wait(f"{daemon} pid file", lambda: _alive(c, daemon) is not None, 30)
+    _wait(f"{daemon} pid file", lambda: _alive(c, daemon) is not None, 30, c.root / "log")
 
 
 def node_state(c: Cluster) -> str:
@@ -208,13 +241,11 @@ def resume_node(c: Cluster) -> None:
         _run(["scontrol", "update", f"nodename={host}", "state=resume"], c, "scontrol update state=resume")
 
 
-def start(root: Path | None = None) -> Cluster:
-    """Configure and start every daemon, then wait until the node is idle."""
-    for tool in ("munged", "slurmctld", "slurmd", "slurmdbd", "mariadbd", "ch-run"):
-        if not shutil.which(tool):
-            raise RuntimeError(f"local cluster: {tool} missing; apt-get install slurm-wlm slurmdbd munge "
-                               "mariadb-server charliecloud-runtime")
-    c = Cluster((root or default_root()).absolute())
+def start(root: Path | None = None, settings: Settings | None = None) -> Cluster:
+    """Install what is missing, configure and start every daemon, then wait until the node is idle."""
+    settings = settings or Settings.from_env()
+    ensure_installed(settings)
+    c = Cluster((root or default_root(settings)).absolute())
     configure(c)
     for daemon in DAEMONS:
         start_daemon(c, daemon)
@@ -222,7 +253,7 @@ def start(root: Path | None = None) -> Cluster:
         resume_node(c)
         return node_state(c).rstrip("*~#") in ("idle", "mixed", "allocated")
 
-    _wait("node idle", ready, 90)
+    _wait("node idle", ready, 90, c.root / "log")
     return c
 
 
@@ -251,7 +282,11 @@ def main(argv: list[str]) -> int:
     command = argv[0] if argv else "status"
     root = Path(argv[1]) if len(argv) > 1 else None
     if command == "start":
-        c = start(root)
+        try:
+            c = start(root)
+        except BuilderError as err:  # a missing piece or a daemon that does not start: one line, no traceback
+            print(fit(f"error: {err}"), file=sys.stderr)
+            return err.exit_code
         print(f"SLURM_CONF={c.conf}")
     elif command == "stop":
         stop(root)
