@@ -40,7 +40,7 @@ from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import CACHE_KEY_LABEL
 from builder.core.errors import BuildFailed
-from builder.core.imageref import ImageRef, digest_of
+from builder.core.imageref import ImageRef, digest_of, hex_of
 from builder.core.options import Settings
 from builder.engine.registry import Registry
 
@@ -84,7 +84,7 @@ def store(settings: Settings, *parts: str) -> Path:
 
 
 def blob_path(settings: Settings, digest: str) -> Path:
-    return store(settings, "blobs", "sha256") / digest.removeprefix("sha256:")
+    return store(settings, "blobs", "sha256") / hex_of(digest)
 
 
 def iso(epoch: int) -> str:
@@ -164,7 +164,7 @@ def save_layers(client: Any, image_id: str, wanted: set[str], work: Path) -> tup
                     found[hashing.digest()] = Path(tmp)
                 else:
                     os.unlink(tmp)
-            elif member.name == f"{image_id.removeprefix('sha256:')}.json":
+            elif member.name == f"{hex_of(image_id)}.json":
                 src = tar.extractfile(member)
                 config = src.read() if src else b""
     return found, config
@@ -288,7 +288,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes, path: Path | None = None)
 
 def layer_record(settings: Settings, raw_diff_id: str, epoch: int) -> Path:
     """Where the normalised form of one raw layer (at one epoch) is remembered."""
-    return store(settings, "layers") / f"{raw_diff_id.removeprefix('sha256:')}-{epoch}.json"
+    return store(settings, "layers") / f"{hex_of(raw_diff_id)}-{epoch}.json"
 
 
 def cached_layer(settings: Settings, raw_diff_id: str, epoch: int) -> dict[str, Any] | None:
@@ -326,7 +326,7 @@ def raw_manifest_via_registry(client: Any, raw_image_id: str, host: str, setting
     registry lacks: base layers are mounted or present) and return the manifest it pushed."""
     import docker  # lazy: the docker SDK is heavy
 
-    repository, name = f"{host}/{RAW_REPOSITORY}", raw_image_id.removeprefix("sha256:")
+    repository, name = f"{host}/{RAW_REPOSITORY}", hex_of(raw_image_id)
     fs.hold(raw_hold_path(settings, name))  # this run reads its layers back: `builder gc` spares the manifest
     auth = settings.registry_auth
     auth_config = {"username": auth[0], "password": auth[1]} if auth else None
@@ -430,7 +430,7 @@ def normalize(client: Any, raw_image_id: str, tag: str, base_config: dict[str, A
     added = diff_ids[len(base_ids):]
     per_layer = _epochs(epochs, len(added), tag)
     key = hashlib.sha256(json.dumps(per_layer).encode()).hexdigest()[:16]
-    record_path = store(settings, "records") / f"{raw_image_id.removeprefix('sha256:')}-{key}.json"
+    record_path = store(settings, "records") / f"{hex_of(raw_image_id)}-{key}.json"
     if record_path.exists():
         cached = Normalized(**json.loads(record_path.read_text()))
         if blob_path(settings, cached.manifest_digest).exists() and _retag(client, cached.image_id, tag):

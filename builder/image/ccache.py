@@ -33,6 +33,7 @@ from typing import Any
 from builder.core import commands, log
 from builder.core import files as fs
 from builder.core.constants import COMPONENTS, LABEL_PREFIX, SOURCE_DATE_EPOCH
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.engine import client as engine
 from builder.engine import containers
@@ -169,15 +170,15 @@ def prepare(client: engine.Client, settings: Settings, labels: dict[str, str], e
             with log.step("compiler cache: seed image"):
                 combined = Path(tmp) / "seed.tar"
                 _combine(combined, ccache, parts)
-                repository, _, tag = seed.tag.rpartition(":")
-                engine.import_file(client, combined, repository, tag)
+                ref = ImageRef(seed.tag)
+                engine.import_file(client, combined, ref.name, ref.tag or "latest")
             prune(client, keep=seed.tag)
     return seed
 
 
 def hold_path(settings: Settings, tag: str) -> Path:
     """The lock a run holds on a seed image while it may build with it."""
-    return settings.cache("ccache", "held") / f"{tag.rpartition(':')[2]}.lock"
+    return settings.cache("ccache", "held") / f"{ImageRef(tag).tag}.lock"
 
 
 def prune(client: engine.Client, keep: str, newest: int = KEEP_SEEDS) -> None:

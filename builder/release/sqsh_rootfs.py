@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from builder.core import files as fs
 from builder.core.errors import BadInput
-from builder.core.imageref import digest_of
+from builder.core.imageref import digest_of, hex_of
 from builder.engine import client as engine
 
 WHITEOUT = ".wh."
@@ -87,8 +87,8 @@ def from_blobs(config: bytes, blobs: list[Path | None], start: int, image_id: st
                 info.size = raw.tell()
                 raw.seek(0)
                 tar.addfile(info, raw)
-        for name, data in ((f"{image_id.removeprefix('sha256:')}.json", config), ("manifest.json", json.dumps(
-                [{"Config": f"{image_id.removeprefix('sha256:')}.json", "RepoTags": [], "Layers": names}]).encode())):
+        for name, data in ((f"{hex_of(image_id)}.json", config), ("manifest.json", json.dumps(
+                [{"Config": f"{hex_of(image_id)}.json", "RepoTags": [], "Layers": names}]).encode())):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

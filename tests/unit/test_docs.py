@@ -1,5 +1,6 @@
 """The docs match the code: a short README that links every page, the settings page generated from
-builder/core/options.py, DESIGN.md's module map naming every module once, relative links that resolve."""
+builder/core/options.py, DESIGN.md's module map naming every module once, relative links that resolve, and every
+code path the docs name (tests/..., builder/..., acceptance/...) there."""
 import ast
 import importlib.util
 import re
@@ -15,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "DESIGN.md", ROOT / "benchmarks" / "README.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+# a repository path of code the docs name: tests/unit/test_x.py, builder/core/log.py, tests/integration/test_cluster_*.py
+CODE_PATH = re.compile(r"(?<![\w/.-])(?:tests|builder|acceptance)/[\w/*.-]*?\.py\b")
 
 
 def test_readme_is_a_landing_page() -> None:
@@ -140,3 +143,21 @@ def test_the_benchmark_readme_gives_each_script_its_required_options() -> None:
         required = re.findall(r"(?<![\[\w-])(--[a-z][a-z0-9-]*)", re.sub(r"\[[^\]]*\]", "", usage[1]))
         named = [r for r in rows if path.name in r]
         assert named and [(r, f) for r in named for f in required if f not in r] == [], path.name
+
+
+def test_every_code_path_the_docs_name_exists() -> None:
+    """A test or module path in README, DESIGN, docs/, demo/ and benchmarks/ READMEs is a file (a glob: one match)."""
+    missing = []
+    for page in [README, *PAGES, ROOT / "demo" / "README.md"]:
+        for path in sorted(set(CODE_PATH.findall(page.read_text()))):
+            found = any(ROOT.glob(path)) if "*" in path else (ROOT / path).is_file()
+            if not found:
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert missing == []
+
+
+def test_the_code_path_pattern_finds_what_the_docs_write() -> None:
+    text = ("`tests/unit/test_x.py`, (tests/integration/test_cluster_*.py) and builder/core/log.py; "
+            "not demo/src/tinyrl/tests/y.py nor tests/unit/")
+    assert CODE_PATH.findall(text) == ["tests/unit/test_x.py", "tests/integration/test_cluster_*.py",
+                                       "builder/core/log.py"]
