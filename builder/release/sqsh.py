@@ -186,7 +186,8 @@ def check_equal(expected: dict[str, Entry], got: dict[str, Entry], where: str) -
 
 def default_out(report: Report, report_path: Path) -> Path:
     """enroot's naming: <repository path with + for />+<SHA tag>.sqsh, next to the report."""
-    name = report.repository.partition("/")[2].replace("/", "+") or report.name
+    ref = ImageRef(report.repository)
+    name = (ref.repository if ref.registry else "").replace("/", "+") or report.name
     return report_path.parent / f"{name}+{report.tags[0]}.sqsh"
 
 

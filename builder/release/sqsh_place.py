@@ -18,6 +18,7 @@ from pathlib import Path
 from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import PublishError
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report, SqshExport
 from builder.engine import staging
@@ -50,7 +51,8 @@ def accepted(report: Report) -> dict[str, str] | None:
 
 def target(report: Report, directory: Path) -> Path:
     """enroot's naming under the SHA tag: `<repository path, / as +>+<SHA tag>.sqsh`."""
-    name = report.repository.partition("/")[2].replace("/", "+") or report.name
+    ref = ImageRef(report.repository)
+    name = (ref.repository if ref.registry else "").replace("/", "+") or report.name
     return directory / f"{name}+{report.tags[0]}.sqsh"
 
 
