@@ -11,7 +11,7 @@ TEST_STAMP := $(VENV)/.installed-test
 # BUILDER_INDEX_URL to where your site keeps it (docs/settings.md).
 export BUILDER_FIND_LINKS ?= $(wildcard /opt/wheels)
 
-.PHONY: setup venv venv-test base demo demo-cluster cluster-stop test test-fast lint real-repos
+.PHONY: setup venv venv-test base demo demo-cluster cluster-stop test test-fast lint docs real-repos
 
 # The tool's own dependencies (what `make demo` needs); the test extras (torch, linters) only for tests.
 venv: $(STAMP)
@@ -49,6 +49,11 @@ demo-cluster:
 # The demo cluster's daemons keep running after demo-cluster (the next run reuses them): this stops them.
 cluster-stop: venv
 	$(PYTHON) -m demo.cluster stop
+
+# The generated parts of the docs, written again from the code: docs/settings.md (builder/core/options.py) and
+# DESIGN.md's record tables (builder/core/records.py); tests/unit/test_docs.py and test_architecture.py check them.
+docs: venv
+	$(PYTHON) -m tests.gendocs
 
 lint: venv-test
 	$(PYTHON) -m ruff check builder acceptance demo tests benchmarks

@@ -1,11 +1,10 @@
 """Typed records that flow one way through the stages: sources -> build -> acceptance -> report -> publish.
 
-DESIGN.md's record tables are generated from these models (`python -m builder.core.records`) and a test
+DESIGN.md's record tables are generated from these models (`make docs`: tests/gendocs.py) and a test
 checks they match.
 """
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
@@ -211,6 +210,3 @@ def design_tables() -> str:
         out.append("")
     return "\n".join(out)
 
-
-if __name__ == "__main__":
-    sys.stdout.write(design_tables())

@@ -278,7 +278,7 @@ def test_design_md_record_tables_match_the_records() -> None:
     match = re.search(r"<!-- records:begin -->\n(.*?)<!-- records:end -->", text, re.S)
     assert match, "DESIGN.md lacks the generated records section"
     assert match.group(1).strip() == records.design_tables().strip(), \
-        "DESIGN.md is stale: regenerate with `python -m builder.core.records`"
+        "DESIGN.md is stale: regenerate with `make docs`"
 
 
 def test_design_md_names_only_functions_that_exist() -> None:

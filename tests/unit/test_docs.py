@@ -51,7 +51,7 @@ def test_readme_has_one_line_per_command() -> None:
 
 def test_settings_page_is_generated_from_options() -> None:
     assert (ROOT / "docs" / "settings.md").read_text() == options.markdown(), \
-        "docs/settings.md is stale: regenerate with `python -m builder.core.options > docs/settings.md`"
+        "docs/settings.md is stale: regenerate with `make docs`"
 
 
 def _variables_read() -> set[str]:
