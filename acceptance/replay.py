@@ -110,3 +110,25 @@ def main(bundle_path: str) -> int:
     if result.get("error"):
         return 2
     return 1 if result.get("differs") else 0
+
+
+def as_gate(settings: dict[str, Any]) -> dict[str, Any]:
+    """The replay as a gate's result line (`python -m acceptance gate replay`): pass when the sides agree, fail
+    while they differ, inconclusive when it cannot replay; the replay's own result is the evidence."""
+    import tempfile
+
+    where = settings.get("work_dir") or tempfile.gettempdir()
+    os.makedirs(where, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, dir=where) as fh:
+        json.dump(settings.get("bundle") or {}, fh)
+    try:
+        result = run(fh.name, int(settings.get("timeout_s") or 600))
+    finally:
+        os.unlink(fh.name)
+    if result.get("error"):
+        status, reason = "inconclusive", f"cannot replay: {result['error']}"
+    elif result.get("differs"):
+        status, reason = "fail", f"differs at {result.get('count')} position(s)"
+    else:
+        status, reason = "pass", "equal: no position differs"
+    return {"name": "replay", "status": status, "reason": reason, "evidence": result, "log": result.get("log", "")}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -21,40 +21,33 @@ from builder.core.safetext import fit
 from builder.core.usage import interrupted, run_app
 
 if TYPE_CHECKING:
+    from builder.accept.plan import Flags, Plan
     from builder.pins.model import Pins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Resolve, build, accept, report and publish a unified RL-stack image.")
 
 PinsArg = typer.Argument(..., help="pins file (YAML)")
-Offline = typer.Option(False, "--offline", help="use the mirror cache only; fetch nothing")
-AllowMoved = typer.Option(False, "--allow-moved-pr", help="accept a pinned commit the PR head moved past")
-SigningKey = typer.Option(None, "--key", help="ed25519 private key (PEM) that signs the attestations "
+Offline = typer.Option(False, "--offline", rich_help_panel="Sources", help="use the mirror cache only; fetch nothing")
+AllowMoved = typer.Option(False, "--allow-moved-pr", rich_help_panel="Sources", help="accept a pinned commit the PR head moved past")
+SigningKey = typer.Option(None, "--key", rich_help_panel="Output", help="ed25519 private key (PEM) that signs the attestations "
                           "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
-EngineOpt = typer.Option(None, "--engine", help="run the gates on this Docker engine (unix://, tcp://, ssh://); "
+EngineOpt = typer.Option(None, "--engine", rich_help_panel="Where the gates run", help="run the gates on this Docker engine (unix://, tcp://, ssh://); "
                          "it pulls the image by digest (default: the pins' acceptance.engine, else DOCKER_HOST)")
 
-SlurmOpt = typer.Option(False, "--slurm", help="run the gates on the Slurm cluster (SLURM_CONF) from the candidate's "
-                        ".sqsh on shared storage (pins: acceptance.slurm)")
-PartitionOpt = typer.Option(None, "--slurm-partition", help="Slurm partition (default: acceptance.slurm)")
-AccountOpt = typer.Option(None, "--slurm-account", help="Slurm account (default: acceptance.slurm)")
-QosOpt = typer.Option(None, "--slurm-qos", help="Slurm QoS (default: acceptance.slurm)")
-TimeLimitOpt = typer.Option(None, "--slurm-time-limit", help="seconds per gate step (default: acceptance.slurm)")
-SharedOpt = typer.Option(None, "--slurm-shared-dir", help="directory the nodes share, for the .sqsh")
-RuntimeOpt = typer.Option(None, "--slurm-runtime", help="charliecloud (default) or enroot (pyxis)")
+# The help groups options in panels: what to accept, where the gates run, sources, output.
+WHAT, WHERE, SOURCES, OUTPUT = "What to accept", "Where the gates run", "Sources", "Output"
+SlurmOpt = typer.Option(False, "--slurm", rich_help_panel=WHERE,
+                        help="run the gates on the Slurm cluster (SLURM_CONF) from the candidate's .sqsh; the site's "
+                             "options (partition, account, QoS, runtime, shared and node-local directories, the "
+                             "allocation cap) are the pins' acceptance.slurm, read once")
 
 
-def slurm_flags(on: bool, partition: str | None, account: str | None, qos: str | None, time_limit: int | None,
-                shared_dir: Path | None, runtime: str | None) -> dict[str, Any] | None:
-    """The --slurm flags as the pipeline takes them (None: gates on the Docker engine)."""
-    flags = {"partition": partition, "account": account, "qos": qos, "time_limit_s": time_limit,
-             "shared_dir": str(shared_dir.absolute()) if shared_dir else None, "runtime": runtime}
-    if not on:
-        given = [k for k, v in flags.items() if v is not None]
-        if given:
-            raise BadInput(f"--slurm-{given[0].replace('_s', '').replace('_', '-')}: expected --slurm too")
-        return None
-    return flags
+def make_plan(pins: Pins, flags: Flags) -> Plan:
+    """The command's acceptance plan, checked as a whole before the pipeline (and its libraries) load."""
+    from builder.accept import plan  # lazy: start-up
+
+    return plan.make(pins, flags, settings())
 
 
 def _version(value: bool) -> None:
@@ -161,28 +154,27 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
 
 @app.command()
 def accept(pins_path: Path = PinsArg,
-           image: Optional[str] = typer.Option(None, "--image", help="image ID, or REPOSITORY@sha256:... to pull "
-                                               "(default: build from the pins)"),
-           engine: Optional[str] = EngineOpt,
-           gate: Optional[list[str]] = typer.Option(None, "--gate",
+           image: Optional[str] = typer.Option(None, "--image", rich_help_panel=WHAT,
+                                               help="image ID, or REPOSITORY@sha256:... to pull (default: build from "
+                                                    "the pins)"),
+           gate: Optional[list[str]] = typer.Option(None, "--gate", rich_help_panel=WHAT,
                                                     help="run only these gates (default: the pins' required_gates)"),
-           timeout: Optional[int] = typer.Option(None, "--timeout", min=1, max=86_400,
-                                                 help="seconds per gate, 1..86400 (default: the pins')"),
+           timeout: Optional[int] = typer.Option(None, "--timeout", min=1, max=86_400, rich_help_panel=WHAT,
+                                                 help="each gate's limit in seconds, 1..86400: its container or step "
+                                                      "and the builder's cancel (default: acceptance.timeout_s)"),
+           engine: Optional[str] = EngineOpt, slurm: bool = SlurmOpt,
            offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
-           out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
-           slurm: bool = SlurmOpt, slurm_partition: Optional[str] = PartitionOpt,
-           slurm_account: Optional[str] = AccountOpt, slurm_qos: Optional[str] = QosOpt,
-           slurm_time_limit: Optional[int] = TimeLimitOpt, slurm_shared_dir: Optional[Path] = SharedOpt,
-           slurm_runtime: Optional[str] = RuntimeOpt) -> None:
+           out: Optional[Path] = typer.Option(None, "--out", rich_help_panel=OUTPUT, help="run directory for the report"),
+           ) -> None:
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
-    flags = slurm_flags(slurm, slurm_partition, slurm_account, slurm_qos, slurm_time_limit, slurm_shared_dir,
-                        slurm_runtime)
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
+    from builder.accept.plan import Flags  # lazy: start-up
+
+    plan = make_plan(pins, Flags(image=image, gates=gate or (), timeout_s=timeout, engine_url=engine, slurm=slurm,
+                                 offline=offline, allow_moved_pr=allow_moved_pr, out=out))
     from builder import pipeline  # lazy: start-up
 
-    done = pipeline.accept(pins, settings(), image=image, gate_names=gate, offline=offline,
-                           allow_moved_pr=allow_moved_pr, out=out, timeout=timeout, engine_url=engine, slurm=flags)
-    done.require_accepted(pins_path)
+    pipeline.accept(pins, plan, settings()).require_accepted(pins_path)
 
 
 @app.command("lock")
@@ -207,11 +199,11 @@ def lock_cmd(pins_path: Path = PinsArg,
 
 @app.command("report")
 def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a run"),
-               fmt: str = typer.Option("md", "--format", help="md | json | junit | ctrf")) -> None:
-    """Print a stored report as Markdown, JSON, JUnit XML or CTRF JSON."""
+               fmt: str = typer.Option("md", "--format", help="md | json | junit | ctrf | html")) -> None:
+    """Print a stored report as Markdown, JSON, JUnit XML, CTRF JSON or one self-contained HTML page."""
     from builder import pipeline  # lazy: start-up
 
-    typer.echo(pipeline.report_text(report_json, fmt))
+    typer.echo(pipeline.report_html(report_json) if fmt == "html" else pipeline.report_text(report_json, fmt))
 
 
 @app.command()
@@ -249,16 +241,19 @@ def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an 
 def replay(report_json: Path = typer.Argument(..., help="report.json of a run whose gate saved a replay bundle"),
            gate: Optional[str] = typer.Option(None, "--gate", help="zero_update | rl_step | control (default: the "
                                                                     "first that differed)"),
-           image: Optional[str] = typer.Option(None, "--image", help="replay on this image (default: the report's)")
+           image: Optional[str] = typer.Option(None, "--image", help="replay on this image (default: the report's)"),
+           slurm: Optional[bool] = typer.Option(None, "--slurm/--docker", rich_help_panel=WHERE,
+                                                help="where to replay (default: where the report's gates ran)")
            ) -> None:
-    """Replay one gate's difference alone, in a fresh container; exit 1 while the two sides differ, 0 once they
-    agree (or when the gate saw no difference: nothing to replay), 2 when the report has no bundle."""
+    """Replay one gate's difference alone, through the same door as the gates. An ACCEPTED run: nothing failed
+    (exit 0). A gate that must agree: exit 1 while the sides differ, 0 once they agree. `--gate control`: exit 0
+    when the control arm's expected difference reproduces exactly. Exit 2 when the report has no bundle."""
     from builder import pipeline  # lazy: start-up
 
-    lines, differs = pipeline.replay(report_json, settings(), gate=gate, image=image)
+    lines, code = pipeline.replay(report_json, settings(), gate=gate, image=image, slurm=slurm)
     for line in lines:
         typer.echo(line)
-    if differs:
+    if code:
         raise NotAccepted(f"replay: {lines[0]}")
 
 
@@ -272,26 +267,28 @@ def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose i
 
 
 @app.command("run")
-def run_command(pins_path: Path = PinsArg, publish: bool = typer.Option(False, "--publish", help="publish if ACCEPTED"),
-        sqsh: bool = typer.Option(False, "--sqsh", help="after publish, export the enroot .sqsh (export-sqsh)"),
-        offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
-        out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report"),
-        key: Optional[Path] = SigningKey, engine: Optional[str] = EngineOpt,
-        nocache: bool = typer.Option(False, "--nocache", help="build every layer again"),
-        slurm: bool = SlurmOpt, slurm_partition: Optional[str] = PartitionOpt,
-        slurm_account: Optional[str] = AccountOpt, slurm_qos: Optional[str] = QosOpt,
-        slurm_time_limit: Optional[int] = TimeLimitOpt, slurm_shared_dir: Optional[Path] = SharedOpt,
-        slurm_runtime: Optional[str] = RuntimeOpt) -> None:
+def run_command(pins_path: Path = PinsArg,
+                publish: bool = typer.Option(False, "--publish", rich_help_panel=OUTPUT, help="publish if ACCEPTED"),
+                sqsh: bool = typer.Option(False, "--sqsh", rich_help_panel=OUTPUT,
+                                          help="after publish, export the enroot .sqsh (export-sqsh)"),
+                offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
+                out: Optional[Path] = typer.Option(None, "--out", rich_help_panel=OUTPUT,
+                                                   help="run directory for the report"),
+                key: Optional[Path] = SigningKey, engine: Optional[str] = EngineOpt,
+                nocache: bool = typer.Option(False, "--nocache", rich_help_panel=SOURCES,
+                                             help="build every layer again"),
+                slurm: bool = SlurmOpt) -> None:
     """Resolve, build, stage by digest, accept the pulled digest, report, and promote it when asked.
     Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
-    flags = slurm_flags(slurm, slurm_partition, slurm_account, slurm_qos, slurm_time_limit, slurm_shared_dir,
-                        slurm_runtime)
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
+    from builder.accept.plan import Flags  # lazy: start-up
+
+    plan = make_plan(pins, Flags(engine_url=engine, slurm=slurm, stage=True, offline=offline,
+                                 allow_moved_pr=allow_moved_pr, nocache=nocache, out=out, key=key, publish=publish,
+                                 export=sqsh))
     from builder import pipeline  # lazy: start-up
 
-    done = pipeline.run(pins, settings(), publish=publish, export=sqsh, offline=offline,
-                        allow_moved_pr=allow_moved_pr, out=out, key=key, engine_url=engine, nocache=nocache,
-                        slurm=flags)
+    done = pipeline.run(pins, plan, settings())
     if done.report.build is not None:
         typer.echo(f"manifest digest: {done.report.build.manifest_digest}")
 
@@ -342,32 +339,58 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
 
 @app.command()
 def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML); several run as a fleet"),
-            follow_prs: bool = typer.Option(False, "--follow-prs", help="move each component to its PR's current head"),
-            publish: bool = typer.Option(False, "--publish", help="publish and move the nightly tags if ACCEPTED"),
-            out: Optional[Path] = typer.Option(None, "--out", help="run directory for the report (several pins "
-                                               "files: one <n>-<stem> directory each under it)"),
+            follow_prs: bool = typer.Option(False, "--follow-prs", rich_help_panel=SOURCES,
+                                            help="move each component to its PR's current head"),
+            publish: bool = typer.Option(False, "--publish", rich_help_panel=OUTPUT,
+                                         help="publish and move the nightly tags if ACCEPTED"),
+            out: Optional[Path] = typer.Option(None, "--out", rich_help_panel=OUTPUT,
+                                               help="run directory for the report (several pins files: one "
+                                                    "<n>-<stem> directory each under it)"),
             key: Optional[Path] = SigningKey,
             jobs: Optional[int] = typer.Option(None, "--jobs", help="with several pins files: how many run at once "
                                                "(1..64; default 1, with --slurm all: the cluster schedules the gates)"),
-            slurm: bool = SlurmOpt, slurm_partition: Optional[str] = PartitionOpt,
-            slurm_account: Optional[str] = AccountOpt, slurm_qos: Optional[str] = QosOpt,
-            slurm_time_limit: Optional[int] = TimeLimitOpt, slurm_shared_dir: Optional[Path] = SharedOpt,
-            slurm_runtime: Optional[str] = RuntimeOpt) -> None:
+            slurm: bool = SlurmOpt) -> None:
     """Rebuild and accept, then diff with the last accepted run of the same pins name.
     Exit codes as `run`, plus 4 when accepted but a regression flag is up; several pins files run in
     parallel processes (at most --jobs at once) and the most severe exit code is the fleet's. With --slurm
     each run builds here and submits its gates to Slurm."""
-    flags = slurm_flags(slurm, slurm_partition, slurm_account, slurm_qos, slurm_time_limit, slurm_shared_dir,
-                        slurm_runtime)
+    from builder.accept.plan import Flags  # lazy: start-up
+
+    flags = Flags(slurm=slurm, stage=True, out=out, key=key, publish=publish, follow_prs=follow_prs)
     if len(pins_paths) > 1:
         from builder import pipeline  # lazy: start-up
 
-        raise typer.Exit(pipeline.nightly_fleet(pins_paths, settings(), jobs, follow_prs=follow_prs,
-                                                publish=publish, out=out, key=key, slurm=flags))
+        raise typer.Exit(pipeline.nightly_fleet(pins_paths, flags, settings(), jobs))
     pins = load_pins(pins_paths[0])  # bad input is refused before the pipeline is imported
+    plan = make_plan(pins, flags)
     from builder import pipeline  # lazy: start-up
 
-    pipeline.nightly(pins, settings(), follow_prs=follow_prs, publish=publish, out=out, key=key, slurm=flags)
+    pipeline.nightly(pins, plan, settings())
+
+
+@app.command()
+def history(name: Optional[list[str]] = typer.Option(None, "--name", help="pins name (repeat; default: every name "
+                                                     "in the history)"),
+            html: Optional[Path] = typer.Option(None, "--html", help="the page to write (default: history.html "
+                                                "beside the history's rows)"),
+            last: int = typer.Option(365, "--last", min=1, max=100_000, help="nights per pins name")) -> None:
+    """Write the nightly history as one self-contained HTML page (trends, failure classes, a failing night in red,
+    the newest night against the last accepted one); prints its path."""
+    from builder import pipeline  # lazy: start-up
+
+    typer.echo(str(pipeline.history_page(settings(), names=name or None, last=last, out=html)))
+
+
+@app.command()
+def compare(a: str = typer.Argument(..., help="report.json of the baseline, or last-accepted (the newest accepted "
+                                    "run of B's pins name before B)"),
+            b: str = typer.Argument(..., help="report.json of the candidate"),
+            fmt: str = typer.Option("md", "--format", help="md | json | html")) -> None:
+    """What moved from run A to run B: commits, lock lines, layers (digest, size), gate evidence, and whether the
+    throughput moved beyond the performance gate's noise."""
+    from builder import pipeline  # lazy: start-up
+
+    typer.echo(pipeline.compare(a, b, settings(), fmt=fmt))
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -16,14 +16,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from builder.accept import gates
 from builder.accept import replay as replay_stage
-from builder.cluster import accept as cluster
+from builder.accept.plan import Flags, Plan
 from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import MANIFEST
 from builder.core.errors import BadInput, NotAccepted, Regression, StaleLock
-from builder.core.imageref import by_digest
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Report, ResolvedSources, SqshExport
 from builder.engine import client as engine
@@ -34,7 +32,8 @@ from builder.image import render as render_stage
 from builder.lock import lockfile
 from builder.lock import record as lock_record
 from builder.lock.record import Lock
-from builder.nightly import fleet, follow, rundiff
+from builder.nightly import compare as compare_mod
+from builder.nightly import fleet, follow, notify, page, rundiff
 from builder.nightly import gc as housekeeping
 from builder.nightly.history import History
 from builder.pins import model as pins_model
@@ -43,7 +42,9 @@ from builder.release import attest, dsse, rebuild, sqsh, sqsh_place, trust
 from builder.release import publish as publish_stage
 from builder.release import verify as verify_stage
 from builder.report import document
+from builder.report import html as report_page
 from builder.report.ctrf import to_ctrf
+from builder.runners import factory as runners
 from builder.sources import resolve as sources
 
 
@@ -128,67 +129,48 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
                          offline=offline, upgrade=upgrade, started=started)
 
 
-def accept(pins: Pins, settings: Settings, image: str | None = None, gate_names: list[str] | None = None,
-           offline: bool = False, allow_moved_pr: bool = False, out: Path | None = None, timeout: int | None = None,
-           engine_url: str | None = None, stage: bool = False, nocache: bool = False,
-           key: Path | None = None, slurm: dict[str, Any] | None = None) -> Run:
-    """Resolve, build unless an image is given, accept, write the report. With `stage` (or an engine URL)
-    the build is pushed by digest to the staging repository and acceptance pulls that digest. With `slurm`
-    (the --slurm flags) the candidate goes to .sqsh on shared storage and its gates run as Slurm steps. The
-    run directory is made only once there is a report to put in it."""
-    if slurm is not None and (engine_url or pins.acceptance.engine):
-        raise BadInput("--slurm: expected no --engine / acceptance.engine (the gates run on the cluster)")
-    resolved = resolve(pins, settings, offline, allow_moved_pr)
-    engine_url = engine_url or pins.acceptance.engine
+def accept(pins: Pins, plan: Plan, settings: Settings) -> Run:
+    """Resolve, build unless the plan names an image, accept where the plan says, write the report. A staged plan
+    pushes the build by digest to the staging repository and acceptance pulls that digest. One engine client for
+    the whole use case. The run directory is made only once there is a report to put in it."""
+    resolved = resolve(pins, settings, plan.offline, plan.allow_moved_pr)
+    client = engine.connect(settings)
     built = None
-    lock = checked_lock(pins, resolved, settings, offline) if image is None else lock_record.of(pins)
+    image = plan.acceptance.image
+    lock = checked_lock(pins, resolved, settings, plan.offline) if image is None else lock_record.of(pins)
     if image is None:
-        built = build(render(pins, lock, resolved, settings), settings, nocache=nocache)
+        built = build(render(pins, lock, resolved, settings), settings, nocache=plan.nocache)
         image = built.image_id
-        if stage or engine_url:
+        if plan.acceptance.stage:
             repo = staging.staging_repository(pins.image.repository, pins.image.staging)
-            built.staged = image = staging.push(built.manifest_digest, repo, pins.base.name, settings)
+            staged = staging.push(built.manifest_digest, repo, pins.base.name, settings)
+            built = built.model_copy(update={"staged": staged})
+            image = str(staged)
     with log.step("acceptance"):
-        staged = by_digest(image)
-        if slurm is not None:
-            result = cluster.accept_on_slurm(pins, image, settings, cluster.options(pins, settings, slurm),
-                                             gate_names or None, timeout, built.image_id if built else None)
-        elif staged is not None:
-            result = gates.accept_staged(staged, pins, built.image_id if built else None, engine_url,
-                                         gate_names or None, timeout, settings)
-        elif engine_url:
-            raise BadInput("--engine: expected --image REPOSITORY@sha256:<digest> (another engine pulls by digest)")
-        else:
-            result = gates.accept(image, pins, settings, gates=gate_names or None, timeout_s=timeout)
-    there = replace(settings, docker_host=engine_url) if engine_url else settings
-    report = document.make_report(pins, lock, resolved, built, result, image_manifest=image_manifest(there, result.image_id))
-    run_dir = run_directory(out, pins.name, settings)
+        result = runners.accept(plan.acceptance, pins, image, built.image_id if built else None, settings, client)
+    report = document.make_report(pins, lock, resolved, built, result,
+                                  image_manifest=image_manifest(client, result.image_id))
+    run_dir = run_directory(plan.out, pins.name, settings)
     paths = document.write(report, run_dir)
-    key = key or settings.signing_key
-    if key is not None:  # publish requires this signature over the acceptance result
-        attest.sign_acceptance(report, pins, dsse.load_private(key), run_dir)
+    if plan.key is not None:  # publish requires this signature over the acceptance result
+        attest.sign_acceptance(report, pins, dsse.load_private(plan.key), run_dir)
     _print_verdict(report, paths)
     return Run(report, run_dir)
 
 
-def run(pins: Pins, settings: Settings, publish: bool = False, export: bool = False, offline: bool = False,
-        allow_moved_pr: bool = False, out: Path | None = None, key: Path | None = None,
-        engine_url: str | None = None, nocache: bool = False, slurm: dict[str, Any] | None = None) -> Run:
-    """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when asked.
+def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
+    """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when the plan asks.
     NotAccepted (exit 1) unless ACCEPTED."""
-    if export and not publish:
-        raise BadInput("--sqsh: expected --publish too (the .sqsh is recorded beside the registry digest)")
-    done = accept(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr, out=out, engine_url=engine_url,
-                  stage=True, nocache=nocache, key=key, slurm=slurm)
+    done = accept(pins, plan, settings)
     log.info("timings: " + json.dumps(log.timings))
     report_json = done.run_dir / "report.json"
     done.require_accepted(pins.path)
-    if publish:
-        receipt = publish_report(report_json, settings, key=key)
+    if plan.publish:
+        receipt = publish_report(report_json, settings, key=plan.key)
         log.info(f"published {receipt.repository}@{receipt.digest}")
-    if export and slurm is None:  # accepted on the cluster: publish placed the .sqsh the gates ran on
-        record = export_sqsh(report_json, settings)
-        log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
+        if plan.export and document.load(report_json).sqsh is None:  # a cluster acceptance placed its .sqsh
+            record = export_sqsh(report_json, settings)
+            log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     log.info(f"report: {done.run_dir / 'report.md'}")
     return done
 
@@ -230,22 +212,28 @@ def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
         return sqsh.export(report, report_json, pins, settings, out=out, squash_options=squash_options, smoke=smoke)
 
 
-def replay(report_json: Path, settings: Settings, gate: str | None = None,
-           image: str | None = None) -> tuple[list[str], bool]:
-    """Run one gate's replay bundle (replay/<gate>.json beside the report) again in a fresh container of the
-    report's image or `image`: (lines to print, whether the sides still differ). A bundle from a gate that saw
-    no difference prints that there is nothing to replay (not differing); no bundle at all is BadInput."""
+def replay(report_json: Path, settings: Settings, gate: str | None = None, image: str | None = None,
+           slurm: bool | None = None) -> tuple[list[str], int]:
+    """Replay one gate's bundle (replay/<gate>.json beside the report) through the same door as the gates: a
+    fresh container of the report's image (or `image`) where the report's gates ran, unless `slurm` says where.
+    (lines to print, exit code). With no gate named: an ACCEPTED report says nothing failed (exit 0; the control
+    arm's difference is the evidence it should be); otherwise the first gate that differed replays, exit 1 while
+    it differs. `--gate control` exits 0 when the control arm's difference reproduces exactly."""
     report = document.load(report_json)
+    if gate is None and report.verdict == "ACCEPTED":
+        return replay_stage.nothing_failed(report), 0
     name, summary = replay_stage.choose(report.gates, gate, str(report_json))
     if not summary.get("differs"):
-        return [f"{name}: {summary.get('note') or 'nothing to replay: the gate saw no difference'}"], False
-    bundle = replay_stage.load_bundle(report_json.parent, name)
+        return [f"{name}: {summary.get('note') or 'nothing to replay: the gate saw no difference'}"], 0
+    bundle = json.loads(replay_stage.load_bundle(report_json.parent, name))
+    pins = load_pins(Path(report.sources.pins_path))
+    plan = runners.replay_plan(report, pins, settings, slurm)
     target = image or report.image_id
     with log.step(f"replay {name} on {target}"):
-        result = replay_stage.run(engine.connect(settings), target, str(summary.get("python")), bundle)
-    if result.get("error"):
-        raise BadInput(f"{report_json.parent / replay_stage.bundle_file(name)}: {result['error']}")
-    return replay_stage.lines(name, result), bool(result.get("differs"))
+        result = runners.replay(plan, pins, target, settings, engine.connect(settings), bundle)
+    if result.status == "inconclusive":
+        raise BadInput(f"{report_json.parent / replay_stage.bundle_file(name)}: {result.reason}")
+    return replay_stage.verdict(name, summary, result.evidence.as_dict())
 
 
 def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
@@ -270,24 +258,22 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     return result
 
 
-def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: bool = False,
-            out: Path | None = None, key: Path | None = None, history: History | None = None,
-            today: str | None = None, slurm: dict[str, Any] | None = None) -> Run:
-    """Follow PR heads (when asked), run, diff with the last accepted run of the same pins name, move the
-    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag.
-    `slurm`: the --slurm flags (the gates run on the cluster, as `accept --slurm`)."""
+def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None = None) -> Run:
+    """Follow PR heads (when the plan asks), run, diff with the last accepted run of the same pins name, move the
+    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     pins_path = pins.path
     moved: list[dict[str, Any]] = []
-    if follow_prs:
+    publish, key, today = plan.publish, plan.key, plan.today
+    if plan.follow_prs:
         with log.step("follow PR heads"):
             pins, moved = follow.follow_prs(pins, settings)
         log.info(f"moved: {len(moved)} component(s)" if moved else "no PR head moved")
     history = history or History(settings.cache("history") / "runs.sqlite")
     previous = follow.previous(history, pins.name)
-    done = accept(pins, settings, out=out, stage=True, key=key, slurm=slurm)
+    done = accept(pins, replace(plan, acceptance=replace(plan.acceptance, stage=True)), settings)
     report, run_dir = done.report, done.run_dir
-    manifest = image_manifest(settings, report.image_id)
+    manifest = image_manifest(engine.connect(settings), report.image_id)
     fs.write_atomic(run_dir / "image-manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     accepted = report.verdict == "ACCEPTED"
     digest, tags = None, None
@@ -305,6 +291,7 @@ def nightly(pins: Pins, settings: Settings, follow_prs: bool = False, publish: b
     code = (Regression.exit_code if flag else 0) if accepted else NotAccepted.exit_code
     history.add(pins.name, started, report.verdict, report.image_id, digest,
                 {n: c.commit for n, c in report.sources.components.items()}, run_dir / "report.json", code, flag)
+    nightly_page(history, run_dir, settings, flag, diff["regression"]["reasons"], digest)
     log.info(f"nightly: {diff['summary']}")
     for reason in diff["regression"]["reasons"]:
         log.info(f"regression: {reason}")
@@ -322,16 +309,14 @@ def gc(settings: Settings, older_than_s: float = housekeeping.WEEK_S,
     return housekeeping.gc(settings, older_than_s=older_than_s, keep_runs=keep_runs)
 
 
-def nightly_fleet(pins_paths: list[Path], settings: Settings, jobs: int | None, follow_prs: bool = False,
-                  publish: bool = False, out: Path | None = None, key: Path | None = None,
-                  slurm: dict[str, Any] | None = None) -> int:
+def nightly_fleet(pins_paths: list[Path], flags: Flags, settings: Settings, jobs: int | None) -> int:
     """Several pins files as a fleet: one `builder nightly` process each, at most `jobs` at once (default 1;
-    with `slurm` flags all at once: each submits its gates and the cluster schedules them); returns the most
+    with --slurm all at once: each submits its gates and the cluster schedules them); returns the most
     severe of their exit codes (core/errors.py SEVERITY)."""
-    flags = [*(["--follow-prs"] if follow_prs else []), *(["--publish"] if publish else []),
-             *(["--key", str(key)] if key else []), *fleet.slurm_argv(slurm)]
-    parallel = jobs or (min(len(pins_paths), fleet.MAX_JOBS) if slurm is not None else 1)
-    outcomes = fleet.run_fleet(fleet.plan(pins_paths, out, settings), parallel, flags)
+    argv = [*(["--follow-prs"] if flags.follow_prs else []), *(["--publish"] if flags.publish else []),
+            *(["--key", str(flags.key)] if flags.key else []), *(["--slurm"] if flags.slurm else [])]
+    parallel = jobs or (min(len(pins_paths), fleet.MAX_JOBS) if flags.slurm else 1)
+    outcomes = fleet.run_fleet(fleet.plan(pins_paths, flags.out, settings), parallel, argv)
     return fleet.severest([o.code for o in outcomes])
 
 
@@ -364,9 +349,9 @@ def verify(reference: str, keys: list[Path], settings: Settings, require_all_key
     return verify_stage.verify(reference, publics, settings, require_all_keys=require_all_keys)
 
 
-def image_manifest(settings: Settings, image_id: str) -> dict[str, Any] | None:
+def image_manifest(client: engine.Client, image_id: str) -> dict[str, Any] | None:
     """/opt/delivery/manifest.json of the image, for the report's run manifest."""
-    data = engine.read_file(engine.connect(settings), image_id, MANIFEST)
+    data = engine.read_file(client, image_id, MANIFEST)
     return json.loads(data) if data else None
 
 
@@ -382,3 +367,73 @@ def _print_verdict(report: Report, paths: dict[str, Path]) -> None:
     log.info(f"verdict: {report.verdict}")
     for kind, path in paths.items():
         log.info(f"report {kind}: {path}")
+
+
+# ---------------------------------------------------------------- the nightly as a page: history, compare, notify
+
+
+def history_page(settings: Settings, names: list[str] | None = None, last: int = page.DEFAULT_LAST,
+                 out: Path | None = None, history: History | None = None) -> Path:
+    """The nightly history page (builder/nightly/page.py) of these pins names (default: every name in the history),
+    the last `last` nights of each, written to `out` (default: history.html beside the history's rows)."""
+    if last < 1:
+        raise BadInput(f"--last: expected at least 1 night, got {last}")
+    history = history or _history(settings)
+    path = out or history.path.parent / page.PAGE
+    with log.step("history page"):
+        page.write(page.render(history, settings, names, last), path)
+    return path
+
+
+COMPARE_FORMATS = ("md", "json", "html")
+
+
+def compare(a: str, b: str, settings: Settings, fmt: str = "md", history: History | None = None) -> str:
+    """What moved from report A to report B (A may be `last-accepted`: the newest accepted run of B's pins name
+    before B): commits, lock lines, layers, gate evidence, the throughput against the gate's noise; as Markdown,
+    JSON or one HTML page."""
+    if fmt not in COMPARE_FORMATS:
+        raise BadInput(f"--format: expected md, json or html, got {fmt[:40]!r}")
+    (old, old_path), (new, new_path) = compare_mod.load_pair(a, b, history or _history(settings))
+    diff = compare_mod.compare(old, new, old_path, new_path, settings)
+    if fmt == "json":
+        return json.dumps(diff, indent=2, sort_keys=True)
+    return compare_mod.to_html(diff) if fmt == "html" else compare_mod.to_markdown(diff)
+
+
+def report_html(report_json: Path) -> str:
+    """A stored report as one self-contained HTML page (the templates of the history page)."""
+    return report_page.report_html(document.load(report_json))
+
+
+def nightly_page(history: History, run_dir: Path, settings: Settings, flag: bool, reasons: list[str],
+                 digest: str | None) -> Path | None:
+    """After a nightly's row: its step timings and lock copy beside the report, the history page beside the rows
+    (and a copy in the run directory), then the notification when the verdict flipped or a regression flag went
+    up. A page or a notification that fails never changes the nightly's verdict or exit code: one line each."""
+    report_json = run_dir / "report.json"
+    report = document.load(report_json)
+    fs.write_atomic(run_dir / page.TIMINGS, json.dumps(log.timings, indent=1, sort_keys=True) + "\n")
+    lock_file = Path(str((report_page.plain(report.run_manifest).get("run") or {}).get("lock_file") or "-"))
+    if lock_file.is_file() and fs.sha256_file(lock_file) == report.lock_sha256:
+        fs.write_atomic(run_dir / compare_mod.LOCK_COPY, lock_file.read_bytes())
+    where: Path | None = history.path.parent / page.PAGE
+    try:
+        page.write(page.render(history, settings), run_dir / page.PAGE, history.path.parent / page.PAGE)
+        log.info(f"history page: {where}")
+    except Exception as exc:  # the page is a view: the verdict stands without it
+        where = None
+        log.info(f"history page not written: {type(exc).__name__}: {str(exc)[:200]}")
+    rows = history.runs(report.name)
+    mine = max((i for i, r in enumerate(rows) if r.report_path == str(report_json)), default=len(rows))
+    previous = rows[mine - 1] if mine > 0 else None
+    try:
+        before = document.load(previous.report_path) if previous else None
+    except BadInput:
+        before = None  # its report is gone: the message names no fixed gate
+    notify.notify(settings, previous, before, report, flag, reasons, digest, where)
+    return where
+
+
+def _history(settings: Settings) -> History:
+    return History(settings.cache("history") / "runs.sqlite")

@@ -3,9 +3,10 @@ host sources, empty tmpfs caches and read-only mounts only where the pins ask; k
 always removed. Everything Docker goes through builder/engine."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from builder.accept.runner import gate_command, result_from_output
+from builder.accept.runner import ARG_MAX, SETTINGS_FILE, gate_command, result_from_output
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import CACHE_ENV, LABEL_PREFIX
 from builder.core.records import GateResult
@@ -26,8 +27,11 @@ def container_spec(pins: Pins, image_id: str, gate: str, settings: dict[str, Any
     if pins.acceptance.weights == "checkpoint" and ckpt is not None and ckpt.scratch:
         # the only writable mount: where the recipe saves its checkpoints (pins: acceptance.checkpoint.scratch)
         binds.append(Bind(ckpt.scratch, ckpt.dir, read_only=False))
-    return ContainerSpec(image=image_id, command=gate_command(pins, gate, settings), environment=dict(CACHE_ENV),
-                         tmpfs=dict(TMPFS), binds=binds, working_dir="/tmp", gpus=pins.acceptance.gpus,
+    text = json.dumps(settings)
+    big = len(text) > ARG_MAX
+    return ContainerSpec(image=image_id, command=gate_command(pins, gate, settings, SETTINGS_FILE if big else None),
+                         environment=dict(CACHE_ENV), tmpfs=dict(TMPFS), binds=binds, working_dir="/tmp",
+                         gpus=pins.acceptance.gpus, files={SETTINGS_FILE: text.encode()} if big else {},
                          labels={LABEL: run_id, f"{LABEL}.gate": gate, f"{LABEL}.image": image_id})
 
 
@@ -36,7 +40,7 @@ class DockerRunner:
 
     kind = "docker"
 
-    def __init__(self, client: Client, pins: Pins, image_id: str, run_id: str):
+    def __init__(self, client: Client, pins: Pins, image_id: str, run_id: str) -> None:
         self.client, self.pins, self.image_id, self.run_id = client, pins, image_id, run_id
 
     def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
@@ -46,7 +50,7 @@ class DockerRunner:
         return result, out.facts
 
     def describe(self) -> dict[str, Any]:
-        return {"runner": "docker", "engine": engine.engine_version(self.client), "network": "none",
+        return {"runner": self.kind, "engine": engine.engine_version(self.client), "network": "none",
                 "home": "tmpfs (HOME is the empty cache tmpfs)", "label": f"{LABEL}={self.run_id}",
                 "tmpfs": TMPFS, "env": CACHE_ENV}
 

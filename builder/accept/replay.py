@@ -1,28 +1,16 @@
 """Host side of replay bundles (acceptance/replay.py): the report links each recipe gate's bundle, written to
-replay/<gate>.json in the run directory; `builder replay` runs only that comparison again in a fresh container
-(network none) of the same image or another one, and says where the two sides still differ."""
+replay/<gate>.json in the run directory; `builder replay` runs only that comparison again through the same door
+as the gates (builder/runners/factory.py: a fresh container where the report's gates ran, or `--slurm`) and says
+where the two sides still differ."""
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from acceptance.replay import KINDS as KINDS  # re-exported: the report links the gates that keep bundles
-from builder.accept.gates import TMPFS
-from builder.accept.runner import last_json
-from builder.core.constants import CACHE_ENV, LABEL_PREFIX
-from builder.core.errors import BadInput, InfraError
-from builder.core.records import GateResult
-from builder.engine import client as engine
-from builder.engine import containers
-from builder.engine.client import Client
-from builder.engine.containers import ContainerSpec
-
-BUNDLE_PATH = "/opt/replay/bundle.json"  # outside the tmpfs mounts, so it is there when the container starts
-LABEL = f"{LABEL_PREFIX}.replay"
-REPLAY_TIMEOUT_S = 600  # one step on a captured batch
+from builder.core.errors import BadInput
+from builder.core.records import Evidence, GateResult, Report
 
 
 def bundle_file(gate: str) -> str:
@@ -42,7 +30,8 @@ def split(gates: list[GateResult]) -> tuple[list[GateResult], dict[str, dict[str
         slim = {**found, "file": bundle_file(gate.name)}
         if isinstance(found.get("weights"), dict) and "data" in found["weights"]:
             slim["weights"] = {k: v for k, v in found["weights"].items() if k != "data"}
-        kept.append(gate.model_copy(update={"evidence": {**gate.evidence, "replay": slim}}))
+        kept.append(gate.model_copy(update={"evidence": Evidence.model_validate({**gate.evidence.as_dict(),
+                                                                                 "replay": slim})}))
     return kept, files
 
 
@@ -51,8 +40,7 @@ def choose(gates: list[GateResult], gate: str | None, report_path: str) -> tuple
     with a bundle. BadInput (exit 2) when there is none."""
     if gate is not None and gate not in KINDS:
         raise BadInput(f"--gate: expected one of {', '.join(KINDS)}, got {gate[:40]!r}")
-    found = {g.name: g.evidence["replay"] for g in gates
-             if g.name in KINDS and isinstance(g.evidence.get("replay"), dict)}
+    found = {g.name: g.evidence.replay for g in gates if g.name in KINDS and isinstance(g.evidence.replay, dict)}
     if gate is not None:
         if gate not in found:
             raise BadInput(f"{report_path}: no replay bundle for gate {gate} (it did not run, or its recipe writes "
@@ -77,26 +65,6 @@ def load_bundle(run_dir: Path, gate: str) -> bytes:
     return data
 
 
-def run(client: Client, image: str, python: str, bundle: bytes) -> dict[str, Any]:
-    """`python -m acceptance replay` in a fresh network-none container of `image`; its result and the facts."""
-    if engine.image_id(client, image) is None:
-        raise BadInput(f"--image {image}: not found in the Docker engine")
-    spec = ContainerSpec(image=image, command=[python, "-m", "acceptance", "replay", "--bundle", BUNDLE_PATH],
-                         environment=dict(CACHE_ENV), tmpfs=dict(TMPFS), labels={LABEL: uuid.uuid4().hex[:12]},
-                         files={BUNDLE_PATH: bundle})
-    start = time.monotonic()
-    done = containers.run(client, spec, REPLAY_TIMEOUT_S, "replay")
-    seconds = round(time.monotonic() - start, 3)
-    if done.timed_out:
-        raise InfraError(f"replay: the container of {image} ran past {REPLAY_TIMEOUT_S} s and was killed")
-    result = last_json(done.stdout)
-    if result is None:
-        tail = (done.stderr or done.stdout)[-300:].replace("\n", " ")
-        raise InfraError(f"replay: the container of {image} exited {done.exit_code} without a result line: {tail}")
-    return {**result, "exit_code": done.exit_code, "seconds": seconds, "network": done.facts.get("network"),
-            "image": image}
-
-
 def lines(gate: str, result: dict[str, Any]) -> list[str]:
     """What `builder replay` prints: the verdict, then the first differing position and both values."""
     if result.get("error"):
@@ -117,3 +85,27 @@ def lines(gate: str, result: dict[str, Any]) -> list[str]:
     if result.get("note"):
         out.append(str(result["note"]))
     return out
+
+
+def nothing_failed(report: Report) -> list[str]:
+    """What `builder replay` of an ACCEPTED run prints: nothing failed; the control arm's difference is evidence."""
+    out = [f"nothing failed: {report.verdict} (image {report.image_id}); no gate to replay"]
+    control = next((g for g in report.gates if g.name == "control"), None)
+    found = control.evidence.replay if control else None
+    if isinstance(found, dict) and found.get("differs"):
+        out.append(f"control: its difference ({found.get('kind')}, {found.get('count')} position(s) at step "
+                   f"{found.get('step')}) is the expected evidence that the arms differ; replay it with --gate control")
+    return out
+
+
+def verdict(gate: str, summary: dict[str, Any], result: dict[str, Any]) -> tuple[list[str], int]:
+    """(lines, exit code) of a replay: a gate that must agree exits 1 while it differs; the control arm, which must
+    differ, exits 0 when its difference reproduces exactly (the same count and first positions) and 1 otherwise."""
+    out = lines(gate, result)
+    if gate != "control":
+        return out, 1 if result.get("differs") else 0
+    same = bool(result.get("differs")) and result.get("count") == summary.get("count") and \
+        (result.get("first") or [None])[:1] == (summary.get("first") or [None])[:1]
+    out.append("control: the recorded difference reproduces exactly (expected: the arms differ)" if same else
+               f"control: the recorded difference ({summary.get('count')} position(s)) did not reproduce")
+    return out, 0 if same else 1

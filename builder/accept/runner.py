@@ -9,14 +9,19 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from builder.core.records import GateResult
+from builder.core.records import Evidence, GateResult
 from builder.pins.model import Pins
 
 TAIL = 6000  # characters of a gate's output kept in its result
 
 
+SETTINGS_FILE = "/opt/replay/settings.json"  # settings too long for one argument (a replay bundle) travel as a file
+ARG_MAX = 64 * 1024                           # one argv string may hold 128 KiB (MAX_ARG_STRLEN); stay well below
+
+
 class GateRunner(Protocol):
-    kind: str  # "docker" | "slurm" | "runc"
+    kind: str  # a display name; only the runners and builder/runners/factory.py know the kinds
+    run_id: str
 
     def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
         """Run one gate in a fresh container; its result and the facts of where and how it ran."""
@@ -31,9 +36,10 @@ class GateRunner(Protocol):
         ...
 
 
-def gate_command(pins: Pins, gate: str, settings: dict[str, Any]) -> list[str]:
-    """The in-image command of one gate."""
-    return [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", json.dumps(settings)]
+def gate_command(pins: Pins, gate: str, settings: dict[str, Any], settings_file: str | None = None) -> list[str]:
+    """The in-image command of one gate: its settings inline, or `@FILE` where the runner put them."""
+    arg = f"@{settings_file}" if settings_file else json.dumps(settings)
+    return [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", arg]
 
 
 def last_json(stdout: str) -> dict[str, Any] | None:
@@ -58,11 +64,11 @@ def result_from_output(gate: str, exit_code: int | None, stdout: str, stderr: st
     result line fails naming its exit status, otherwise the gate's own result (with its log tail)."""
     if timed_out:
         return GateResult(name=gate, status="fail", reason=f"timed out after {timeout_s} s ({killed_by})",
-                          evidence={"timeout_s": timeout_s}, log=(stderr + stdout)[-TAIL:])
+                          evidence=Evidence(timeout_s=timeout_s), log=(stderr + stdout)[-TAIL:])
     data = parse_result(stdout, gate)
     if data is None:
         return GateResult(name=gate, status="fail",
                           reason=f"gate exited with status {exit_code} without a result line",
-                          evidence={"exit_code": exit_code}, log=(stderr + stdout)[-TAIL:])
+                          evidence=Evidence(exit_code=exit_code), log=(stderr + stdout)[-TAIL:])
     data["log"] = data.get("log") or stderr[-TAIL:]
     return GateResult.model_validate({k: data.get(k) for k in ("name", "status", "reason", "evidence", "log")})

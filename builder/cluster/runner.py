@@ -1,11 +1,13 @@
-"""GateRunner on Slurm: one allocation per acceptance (`salloc --no-shell`), one step per gate
-(`srun --jobid`), each step a fresh container of the read-only .sqsh through the runtime
-(builder/cluster/runtimes.py). Before the first gate, a step on the node hashes the .sqsh it is about to
-mount; a sha256 other than the recorded one fails every gate with that reason. Each gate's facts are
-Slurm's own record (sacct): cluster, partition, job and step, node, state, exit code; plus the node's
-GPUs, the node-side sha256 and the runtime. A step over the gate's time limit is cancelled (fail, naming
-the limit); a node failure or someone else's scancel makes the gate inconclusive; close() cancels exactly
-this runner's job."""
+"""GateRunner on Slurm: one allocation per acceptance (`salloc --no-shell -N<nodes>`), one step per gate
+(`srun --jobid`, one task per node of the recipe's layout), each task a fresh container of the read-only .sqsh
+through the runtime (builder/cluster/runtimes.py).
+
+Before the first gate a check step runs on every node of the allocation (builder/cluster/nodecheck.py): it hashes
+the .sqsh that node will mount (its node-local copy, filled under a per-node lock, when the site stages images)
+and reads the image's environment; a node whose sha256 is not the recorded one fails every gate naming the node.
+Each gate's facts are Slurm's own record (sacct) of its step, per node. Limits come from the plan: the step's
+`--time` and the builder's cancel are the gate's limit, the allocation is the plan's. A node failure, the
+allocation running out or someone else's scancel makes the gate inconclusive; close() cancels exactly this job."""
 from __future__ import annotations
 
 import json
@@ -13,77 +15,39 @@ import shutil
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from builder.accept import runner as gate_runner
-from builder.cluster import runtimes, slurm
+from builder.accept.plan import AcceptancePlan, SlurmPlace
+from builder.cluster import nodecheck, runtimes, slurm
 from builder.core import log
 from builder.core.constants import CACHE_DIR, CACHE_ENV
-from builder.core.errors import BadInput
-from builder.core.records import GateResult
+from builder.core.records import Evidence, GateResult, SqshFacts
 from builder.pins.model import Pins
 
 SCRATCH_CACHE = "/tmp/cache"   # the compile caches inside the container's private /tmp (fresh per gate)
-MARGIN_S = 300                 # allocation time beyond the sum of the gates' limits
-# OpenSSL's sha256 uses the CPU's SHA instructions (3.4x coreutils' sha256sum here: 1.5 s against 5.0 s for 1 GB);
-# sha256sum where a node has no openssl.
-CHECK = r"""n=$(hostname -s); s=$(date +%s.%N)
-if command -v openssl >/dev/null; then t=openssl; h=$(openssl dgst -sha256 -r "$1" | cut -c1-64)
-else t=sha256sum; h=$(sha256sum "$1" | cut -c1-64); fi; e=$(date +%s.%N)
-echo "$n sha256=$h"; echo "$n seconds=$(awk "BEGIN{print $e - $s}")"; echo "$n size=$(stat -c %s "$1")"; echo "$n hasher=$t"
-echo "$n version=$(VERSION | head -n1)"
-q="--query-gpu=name,driver_version,memory.total --format=csv,noheader"
-echo "$n gpus=$( (nvidia-smi $q 2>/dev/null || echo none) | tr '\n' ';' | sed 's/;$//')"
-if [ "$h" = "$2" ]; then ENV && echo "$n env=$3/environment-$n"; fi
-"""
-
-
-@dataclass
-class SlurmOptions:
-    """Where and how: from acceptance.slurm in the pins, overridden by CLI flags."""
-
-    shared_dir: Path
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time_limit_s: int | None = None     # per gate; default acceptance.timeout_s
-    srun_args: list[str] = field(default_factory=list)
-    runtime: str = "charliecloud"
-    gpus: int = 0
-
-    def allocation_args(self) -> list[str]:
-        args = [f"--partition={self.partition}"] if self.partition else []
-        args += [f"--account={self.account}"] if self.account else []
-        args += [f"--qos={self.qos}"] if self.qos else []
-        return args + ([f"--gpus-per-node={self.gpus}"] if self.gpus else [])
+TAIL = 6000
 
 
 class SlurmRunner:
     kind = "slurm"
 
-    def __init__(self, pins: Pins, sqsh: Path, sha256: str, options: SlurmOptions, gate_runs: int,
-                 run_id: str | None = None):
-        if pins.acceptance.mounts:
-            raise BadInput("acceptance.mounts: expected none under --slurm (ch-run binds read-write; the gates'"
-                           " read-only mounts need the Docker runner)")
-        self.pins, self.sqsh, self.sha256, self.options = pins, sqsh, sha256, options
-        self.runtime = runtimes.get(options.runtime)
+    def __init__(self, pins: Pins, plan: AcceptancePlan, sqsh: SqshFacts, run_id: str | None = None):
+        assert isinstance(plan.place, SlurmPlace)
+        self.pins, self.plan, self.place, self.sqsh = pins, plan, plan.place, sqsh
+        self.runtime = runtimes.get(self.place.runtime)
         self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.work = options.shared_dir / ".runs" / self.run_id
-        self.limit_s = options.time_limit_s or pins.acceptance.timeout_s
-        self.alloc_s = self.limit_s * max(gate_runs, 1) + MARGIN_S
+        self.work = self.place.shared_dir / ".runs" / self.run_id
         self.job: str | None = None
-        self.ended: str | None = None      # why the allocation is gone, once it is
-        self.node: dict[str, Any] = {}
+        self.ended: str | None = None      # why the allocation is gone (or unusable), once it is
+        self.failed = False                # `ended` is a failure of the image (a node's sha256), not of the cluster
+        self.nodes: list[nodecheck.Node] = []
         self.cluster = "unknown"
         self.steps = 0
         self.live: subprocess.Popen[bytes] | None = None
-        self.live_step: str | None = None
         self.cancelled_by_us: set[str] = set()
 
-    # ---- the allocation and the one-time check -------------------------------------------------
+    # ---- the allocation and the one-time check on every node ------------------------------------
 
     def _remember(self, job: str) -> None:
         self.job = job
@@ -91,46 +55,35 @@ class SlurmRunner:
     def _allocate(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
         self.cluster = slurm.cluster_name()
-        argv = ["-N1", f"--job-name=builder-accept-{self.run_id}", f"--time={slurm.minutes(self.alloc_s)}",
-                *self.options.allocation_args()]
-        with log.step("slurm: allocation"):
-            slurm.allocate(argv, self._remember, timeout=float(self.alloc_s))
-        with log.step("slurm: .sqsh sha256 on the node"):
+        argv = [f"-N{self.place.nodes}", f"--job-name=builder-accept-{self.run_id}",
+                f"--time={slurm.minutes(self.place.allocation_s)}", *self.place.allocation_args()]
+        with log.step(f"slurm: allocation ({self.place.nodes} node(s), {slurm.minutes(self.place.allocation_s)} min)"):
+            slurm.allocate(argv, self._remember, timeout=float(self.place.allocation_s))
+        with log.step("slurm: .sqsh sha256 on every node"):
             self._check()
 
     def _check(self) -> None:
         assert self.job is not None
-        env_cmd = self.runtime.env_command(str(self.sqsh), f"{self.work}/environment-$n") or "true"
-        script = CHECK.replace("VERSION", self.runtime.version_command()).replace("ENV", env_cmd)
-        out, err = self.work / "check.out", self.work / "check.err"
-        with open(out, "wb") as o, open(err, "wb") as e:
-            proc = slurm.start_step([f"--jobid={self.job}", "-N1", "--ntasks-per-node=1", "--job-name=sqsh-check",
-                                     f"--time={slurm.minutes(self.limit_s)}", "/bin/sh", "-c", script, "check",
-                                     str(self.sqsh), self.sha256, str(self.work)], o, e)
-            self.live, self.live_step = proc, "sqsh-check"
+        script = nodecheck.script(self.runtime)
+        argv = [f"--jobid={self.job}", f"-N{self.place.nodes}", "--ntasks-per-node=1", "--job-name=sqsh-check",
+                f"--time={slurm.minutes(self.place.check_s)}", f"--output={self.work}/check-%t.out",
+                f"--error={self.work}/check-%t.err", "/bin/sh", "-c", script, "check", self.sqsh.path,
+                self.sqsh.sha256, str(self.work), self.place.node_local_dir or ""]
+        proc = slurm.start_step(argv, subprocess.DEVNULL, subprocess.DEVNULL)
+        self.live = proc
+        try:
+            rc = proc.wait(timeout=self.place.check_s + 30)
+        except subprocess.TimeoutExpired:
+            slurm.cancel(self.job)
             rc = proc.wait()
-            self.live = None
-        facts: dict[str, Any] = {}
-        for line in out.read_text().splitlines():
-            node, _, pair = line.partition(" ")
-            key, _, value = pair.partition("=")
-            facts["node"] = node
-            facts[key] = value
+        self.live = None
         record = slurm.step_record(self.job, "sqsh-check")
-        seconds = float(facts.get("seconds") or 0)
-        size = int(facts.get("size") or 0)
-        self.node = {"name": facts.get("node"), "sqsh_sha256": facts.get("sha256"), "runtime_version":
-                     facts.get("version"), "gpus": facts.get("gpus"), "environment": facts.get("env"),
-                     "check": {"seconds": seconds, "bytes": size, "mb_per_s": round(size / 1e6 / seconds, 1)
-                               if seconds else None, "hasher": facts.get("hasher"), "step": record.get("JobID"),
-                               "state": record.get("State"), "exit_code": record.get("ExitCode")}}
-        if rc != 0 or not facts.get("sha256"):
-            self.ended = f"the .sqsh check step on the node failed (exit {rc}): {slurm.complaint(err.read_text())}"
-        elif facts["sha256"] != self.sha256:
-            self.ended = (f".sqsh sha256 on node {facts.get('node')} is {facts['sha256'][:16]}..., "
-                          f"recorded {self.sha256[:16]}... ({self.sqsh})")
-        elif self.runtime.env_command("x", "y") and not facts.get("env"):
-            self.ended = f"could not read the image's /etc/environment on node {facts.get('node')}"
+        self.nodes = [nodecheck.parse(p.read_text(errors="replace"), record)
+                      for p in sorted(self.work.glob("check-*.out"))]
+        complaint = " ".join(slurm.complaint(p.read_text(errors="replace")) for p in self.work.glob("check-*.err")
+                             if p.stat().st_size)
+        self.ended, self.failed = nodecheck.verdict(self.nodes, self.sqsh.sha256, self.place.nodes, rc, complaint,
+                                                    self.runtime.env_command("x", "y") is not None)
 
     # ---- one gate ----------------------------------------------------------------------------
 
@@ -138,68 +91,111 @@ class SlurmRunner:
         if self.job is None and self.ended is None:
             self._allocate()
         if self.ended is not None:
-            return GateResult(name=gate, status="fail" if "sha256" in self.ended else "inconclusive",
-                              reason=self.ended), {"job_id": self.job, **self._where()}
+            return GateResult(name=gate, status="fail" if self.failed else "inconclusive",
+                              reason=self.ended), {"job_id": self.job}
         assert self.job is not None
         self.steps += 1
         name = f"{gate}-{self.steps}"
         out_dir = self.work / name
         out_dir.mkdir()
-        settings = {**settings, "cache_dir": SCRATCH_CACHE}
+        settings = {**settings, "cache_dir": SCRATCH_CACHE, "layout": self._layout()}
+        for rank in range(self.place.nodes):  # every rank reads the same settings from its own output directory
+            (out_dir / str(rank)).mkdir()
+            (out_dir / str(rank) / "settings.json").write_text(json.dumps(settings))
         env = {k: v.replace(CACHE_DIR, SCRATCH_CACHE, 1) for k, v in CACHE_ENV.items()}
-        spec = runtimes.GateSpec(sqsh=str(self.sqsh), out_dir=str(out_dir), env_file=str(self.node.get("environment")),
-                                 env=env, command=gate_runner.gate_command(self.pins, gate, settings))
-        argv = [f"--jobid={self.job}", "-N1", "-n1", f"--job-name={name}", f"--time={slurm.minutes(timeout_s)}",
-                "--kill-on-bad-exit=1", *self.runtime.srun_args(spec), *self.options.srun_args, *self.runtime.argv(spec)]
-        stdout, stderr = self.work / f"{name}.out", self.work / f"{name}.err"
+        spec = runtimes.GateSpec(sqsh=self._sqsh_on_node(), out_dir=str(out_dir) + "/$SLURM_PROCID",
+                                 env_file=f"{self.work}/environment-$SLURMD_NODENAME", env=env,
+                                 command=gate_runner.gate_command(self.pins, gate, settings,
+                                                                  f"{runtimes.WORK}/settings.json"),
+                                 mounts=tuple((m.source, m.target) for m in self.pins.acceptance.mounts),
+                                 pass_env=self._pass_env())
+        n = self.place.nodes
+        argv = [f"--jobid={self.job}", f"-N{n}", f"-n{n}", "--ntasks-per-node=1", f"--job-name={name}",
+                f"--time={slurm.minutes(timeout_s)}", "--kill-on-bad-exit=1", f"--output={self.work}/{name}-%t.out",
+                f"--error={self.work}/{name}-%t.err", *(["--resv-ports=1"] if n > 1 else []),
+                *self.runtime.srun_args(spec), *self.place.srun_args, *self.runtime.argv(spec)]
         timed_out = False
         start = time.monotonic()
-        with open(stdout, "wb") as o, open(stderr, "wb") as e:
-            proc = slurm.start_step(argv, o, e)
-            self.live, self.live_step = proc, name
-            try:
-                rc = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                self._cancel_step(name)
-                rc = proc.wait()
-            finally:
-                self.live = None
+        proc = slurm.start_step(argv, subprocess.DEVNULL, subprocess.DEVNULL)
+        self.live = proc
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self._cancel_step(name)
+            rc = proc.wait()
+        finally:
+            self.live = None
         seconds = round(time.monotonic() - start, 3)
         record = slurm.step_record(self.job, name)
-        out_text, err_text = stdout.read_text(errors="replace"), stderr.read_text(errors="replace")
-        facts = {**self._where(), "job_id": self.job, "step": record.get("JobID"), "step_name": name,
-                 "state": record.get("State"), "exit_code": record.get("ExitCode"), "srun_exit": rc,
-                 "node": record.get("NodeList") or self.node.get("name"), "seconds": seconds,
-                 "argv": ["srun", *argv[:-len(spec.command)]] + spec.command[:4]}
+        outs = [(self.work / f"{name}-{t}.out").read_text(errors="replace") if (self.work / f"{name}-{t}.out").exists()
+                else "" for t in range(n)]
+        errs = [(self.work / f"{name}-{t}.err").read_text(errors="replace") if (self.work / f"{name}-{t}.err").exists()
+                else "" for t in range(n)]
+        facts = {"job_id": self.job, "step": record.get("JobID"), "step_name": name, "state": record.get("State"),
+                 "exit_code": record.get("ExitCode"), "srun_exit": rc, "node": record.get("NodeList"),
+                 "seconds": seconds, "argv": ["srun", *argv[:-len(spec.command)]] + spec.command[:4],
+                 "nodes": [x.name for x in self.nodes]}
         shutil.rmtree(out_dir, ignore_errors=True)
+        log_tail = (errs[0] + outs[0])[-TAIL:]
+        ended = self._ended(record, name, timed_out, timeout_s, log_tail, facts)
+        if ended is not None:
+            return ended, facts
+        code = _exit_code(record.get("ExitCode"), rc)
+        result = gate_runner.result_from_output(gate, code, outs[0], errs[0], False, timeout_s)
+        return _merge_roles(result, [gate_runner.last_json(o) for o in outs[1:]], self.nodes), facts
+
+    def _ended(self, record: dict[str, str], name: str, timed_out: bool, timeout_s: int, log_tail: str,
+               facts: dict[str, Any]) -> GateResult | None:
+        """The gate's end when Slurm or the builder ended its step, else None."""
+        gate = name.rsplit("-", 1)[0]
         state = (record.get("State") or "").split(" ")[0]
-        job = slurm.job_state(self.job)
-        if state == "NODE_FAIL" or job.get("JobState") == "NODE_FAIL" or _node_down(job):
-            self.ended = f"node failure: allocation {self.job} on {facts['node']} ended ({job.get('JobState') or state})"
-            return GateResult(name=gate, status="inconclusive", reason=f"node failure (Slurm: step {record.get('JobID')} "
-                              f"{record.get('State')}, job {job.get('JobState')}, node {facts['node']})",
-                              log=(err_text + out_text)[-6000:]), facts
+        job = slurm.job_state(self.job or "")
+        facts["job_state"] = job.get("JobState")
+        down = _down_nodes([x.name for x in self.nodes])
+        if state == "NODE_FAIL" or job.get("JobState") == "NODE_FAIL" or _node_down(job) or down:
+            self.ended = f"node failure: allocation {self.job} lost node(s) {', '.join(down) or facts['node']}"
+            return GateResult(name=gate, status="inconclusive", reason=f"node failure: node(s) "
+                              f"{', '.join(down) or facts['node']} down (Slurm: step {record.get('JobID')} "
+                              f"{record.get('State')}, job {job.get('JobState')})", log=log_tail)
+        if job.get("JobState") == "TIMEOUT" or "DUE TO TIME LIMIT" in (record.get("State") or "") and not timed_out \
+                and job.get("JobState") != "RUNNING":
+            self.ended = f"the allocation {self.job} ran out of time ({slurm.minutes(self.place.allocation_s)} min)"
+            return GateResult(name=gate, status="inconclusive", reason=f"the allocation ran out: job {self.job} "
+                              f"TIMEOUT at its limit (step {record.get('JobID')} {record.get('State')}); the gate's "
+                              f"own limit is {timeout_s} s", log=log_tail)
         if timed_out or state == "TIMEOUT":
+            how = "cancelled by the builder at the limit" if timed_out else "Slurm TIMEOUT at the step's --time"
             return GateResult(name=gate, status="fail", reason=f"timed out: over the gate's time limit of {timeout_s} s "
-                              f"(step {record.get('JobID')} {'cancelled by the builder' if timed_out else 'TIMEOUT'})",
-                              evidence={"timeout_s": timeout_s}, log=(err_text + out_text)[-6000:]), facts
+                              f"(step {record.get('JobID')}: {how})", evidence=Evidence(timeout_s=timeout_s), log=log_tail)
         if (state == "CANCELLED" or job.get("JobState") == "CANCELLED") and name not in self.cancelled_by_us:
             whole = job.get("JobState") == "CANCELLED"
             if whole:
                 self.ended = f"allocation {self.job} was cancelled outside the builder (scancel)"
-            facts["job_state"] = job.get("JobState")
             return GateResult(name=gate, status="inconclusive", reason=f"cancelled outside the builder (scancel): "
-                              f"{'job ' + self.job if whole else 'step ' + str(record.get('JobID'))} CANCELLED; step "
-                              f"{record.get('JobID')} {record.get('State')}", log=(err_text + out_text)[-6000:]), facts
-        code = _exit_code(record.get("ExitCode"), rc)
-        return gate_runner.result_from_output(gate, code, out_text, err_text, False, timeout_s), facts
+                              f"{'job ' + str(self.job) if whole else 'step ' + str(record.get('JobID'))} CANCELLED; "
+                              f"step {record.get('JobID')} {record.get('State')}", log=log_tail)
+        return None
 
-    def _where(self) -> dict[str, Any]:
-        return {"cluster": self.cluster, "partition": self.options.partition or _partition(self.job),
-                "node": self.node.get("name"), "gpus": self.node.get("gpus"), "sqsh": str(self.sqsh),
-                "sqsh_sha256_node": self.node.get("sqsh_sha256"), "runtime": self.runtime.name,
-                "runtime_version": self.node.get("runtime_version")}
+    def _layout(self) -> dict[str, Any]:
+        """The recipe's node layout: rank 0 trains, rank 1 serves the rollout at the node's address (the port is
+        the step's reserved one: the task reads it from SLURM_STEP_RESV_PORTS)."""
+        if self.place.nodes < 2:
+            return {"nodes": 1}
+        return {"nodes": self.place.nodes, "hosts": [x.name for x in self.nodes],
+                "rollout_host": self.nodes[1].address if len(self.nodes) > 1 else None}
+
+    def _sqsh_on_node(self) -> str:
+        """The file each node mounts: its verified node-local copy (named by sha256), else the shared file."""
+        if not self.place.node_local_dir:
+            return self.sqsh.path
+        return nodecheck.local_path(self.place.node_local_dir, self.sqsh.sha256)
+
+    def _pass_env(self) -> tuple[str, ...]:
+        """The variables of a node's own environment (its Slurm task: TaskProlog exports included) that reach the
+        container: the names the recipe's arms set, and the numeric families; the report shows them per process."""
+        recipe = self.pins.recipe
+        return tuple(sorted({*recipe.env, *recipe.aligned_env, *recipe.control_env}))
 
     def _cancel_step(self, name: str) -> None:
         self.cancelled_by_us.add(name)
@@ -212,15 +208,15 @@ class SlurmRunner:
     # ---- the report and the end --------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        version = self.node.get("runtime_version")
+        version = self.nodes[0].runtime_version if self.nodes else None
         return {"runner": self.kind, "engine": f"Slurm cluster {self.cluster}, {self.runtime.name} {version}",
-                "runtime": self.runtime.name, "runtime_version": version,
-                "isolation": self.runtime.isolation(), "cluster": self.cluster, "job_id": self.job,
-                "partition": self.options.partition or _partition(self.job), "node": self.node.get("name"),
-                "node_gpus": self.node.get("gpus"), "sqsh": str(self.sqsh), "sqsh_sha256": self.sha256,
-                "sqsh_sha256_node": self.node.get("sqsh_sha256"), "sqsh_check": self.node.get("check"),
-                "time_limit_s": self.limit_s, "allocation_limit_min": slurm.minutes(self.alloc_s),
-                "srun_args": list(self.options.srun_args), "network": self.runtime.isolation()["network"]}
+                "runtime": self.runtime.name, "runtime_version": version, "isolation": self.runtime.isolation(),
+                "cluster": self.cluster, "job_id": self.job, "partition": self.place.partition or _partition(self.job),
+                "nodes": [x.record() for x in self.nodes], "sqsh": self.sqsh.model_dump(),
+                "srun_args": list(self.place.srun_args), "network": self.runtime.isolation()["network"],
+                "layout": self._layout(),
+                "limits": {"allocation_s": self.place.allocation_s, "allocation_limit_s": self.place.allocation_limit_s,
+                           "check_s": self.place.check_s, "margin_s": self.place.margin_s}}
 
     def close(self) -> None:
         """Cancel this runner's job (exactly its ID) and wait until Slurm no longer lists it."""
@@ -240,6 +236,35 @@ class SlurmRunner:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+def _merge_roles(result: GateResult, others: list[dict[str, Any] | None], nodes: list[nodecheck.Node]) -> GateResult:
+    """Rank 0's result with every other rank's (the rollout node's census and process judgement): a rank that
+    failed, or printed no result, fails the gate naming its node; the census rows of every node are kept."""
+    if not others:
+        return result
+    evidence = result.evidence.as_dict()
+    census = dict(evidence.get("census") or {})
+    status, reasons = result.status, [] if result.status == "pass" else [result.reason]
+    ranks = []
+    for rank, other in enumerate(others, start=1):
+        node = nodes[rank].name if rank < len(nodes) else f"rank {rank}"
+        if other is None:
+            status = "fail"
+            reasons.insert(0, f"node {node} (rank {rank}): the rollout role printed no result")
+            continue
+        census.update((other.get("evidence") or {}).get("census") or {})
+        ranks.append({"rank": rank, "node": node, "role": other.get("role"), "status": other.get("status"),
+                      "reason": other.get("reason"), "evidence": other.get("evidence")})
+        if other.get("status") == "fail":
+            status = "fail"
+            reasons.insert(0, f"node {node} (rank {rank}): {other.get('reason')}")
+        elif other.get("status") == "inconclusive" and status == "pass":
+            status = "inconclusive"
+            reasons.insert(0, f"node {node} (rank {rank}): {other.get('reason')}")
+    evidence.update({"census": census, "ranks": ranks})
+    return GateResult(name=result.name, status=status, reason="; ".join(reasons) or result.reason,
+                      evidence=Evidence.model_validate(evidence), log=result.log)
+
+
 def _exit_code(text: str | None, rc: int) -> int:
     """sacct's ExitCode is 'code:signal'."""
     try:
@@ -251,6 +276,11 @@ def _exit_code(text: str | None, rc: int) -> int:
 
 def _node_down(job: dict[str, str]) -> bool:
     return "NodeDown" in job.get("Reason", "") or "node_fail" in job.get("Reason", "").lower()
+
+
+def _down_nodes(names: list[str]) -> list[str]:
+    """The allocation's nodes Slurm has set down (a drain is not a failure: running steps go on)."""
+    return [n for n in names if slurm.node_state(n).split("+")[0].rstrip("*~#") in ("down", "fail", "failing")]
 
 
 def _partition(job: str | None) -> str | None:

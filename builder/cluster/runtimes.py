@@ -12,14 +12,23 @@ WORK = "/tmp/acceptance"   # the gate's output directory inside the container (t
 
 @dataclass(frozen=True)
 class GateSpec:
-    """One gate step: the .sqsh, the host directory it may write, the environment file the node wrote
-    (charliecloud), extra variables, the command."""
+    """One gate step's task on a node: the .sqsh, the host directory it may write, the environment file the node
+    wrote (charliecloud), extra variables, the command; data mounts (source, target), always read-only; the names
+    of the node's own variables that reach the container. `sqsh`, `out_dir` and `env_file` may name
+    `$SLURMD_NODENAME` and `$SLURM_PROCID`: the task's shell expands them on its node."""
 
     sqsh: str
     out_dir: str
     env_file: str
     env: dict[str, str]
     command: list[str]
+    mounts: tuple[tuple[str, str], ...] = ()
+    pass_env: tuple[str, ...] = ()
+
+
+# Every task knows its rank and node inside the container, and the port its step reserved (--resv-ports).
+RANK_ENV = ('--set-env=SLURM_PROCID="$SLURM_PROCID" --set-env=SLURMD_NODENAME="$SLURMD_NODENAME" '
+            '--set-env=TRUEPOLICY_STEP_PORT="${SLURM_STEP_RESV_PORTS%%-*}"')
 
 
 class Runtime(Protocol):
@@ -47,15 +56,28 @@ class Charliecloud:
         return []
 
     def argv(self, spec: GateSpec) -> list[str]:
-        sets = [f"--set-env={k}={v}" for k, v in sorted(spec.env.items())]
-        return ["ch-run", "--private-tmp", "--unset-env=*", f"--set-env={spec.env_file}", *sets, "--env-no-expand",
-                f"--bind={spec.out_dir}:{WORK}", "--cd=/tmp", spec.sqsh, "--", *spec.command]
+        """A shell on the node: the rank's output directory, the node's own variables that pass, then ch-run.
+        Read-only data mounts: ch-run binds read-write, so the task first enters a user and mount namespace of
+        its own (`unshare -rm`, no privilege needed), makes each source a read-only bind there, and ch-run binds
+        that: a read-only flag set in a more privileged namespace is locked for ch-run's (mount(2), MNT_LOCK_READONLY)."""
+        sets = " ".join(q(f"--set-env={k}={v}") for k, v in sorted(spec.env.items()))
+        passes = " ".join(f'${{{k}+"--set-env={k}=${k}"}}' for k in spec.pass_env)
+        binds = " ".join(q(f"--bind={src}:{dst}") for src, dst in spec.mounts)
+        run = (f'exec ch-run --private-tmp --unset-env="*" --set-env="{spec.env_file}" {sets} {RANK_ENV} {passes} '
+               f'--env-no-expand --bind="$out:{WORK}" {binds} --cd=/tmp "{spec.sqsh}" -- "$@"')
+        if spec.mounts:  # the inner shell runs in the new namespaces: read-only binds, then ch-run
+            ro = " && ".join(f"mount --bind {q(src)} {q(src)} && mount -o remount,bind,ro {q(src)}"
+                             for src, _ in spec.mounts)
+            inner = f"{ro} && {run}"
+            run = f"exec unshare --user --map-root-user --mount /bin/sh -c {q(inner)} gate \"$@\""
+        script = f'out="{spec.out_dir}"; mkdir -p "$out" || exit 3; export out; {run}'
+        return ["/bin/sh", "-c", script, "gate", *spec.command]
 
     def version_command(self) -> str:
         return "ch-run --version 2>&1"
 
     def env_command(self, sqsh: str, dest: str) -> str | None:
-        return f"ch-run --unset-env='*' {q(sqsh)} -- /bin/cat /etc/environment > \"{dest}\""  # dest: $n is the node
+        return f"ch-run --unset-env='*' {sqsh} -- /bin/cat /etc/environment > {dest}"  # shell words of the check
 
     def isolation(self) -> dict[str, str]:
         return {"network": "host: ch-run shares the host's network namespace (no network isolation)",
@@ -75,9 +97,10 @@ class Enroot:
 
     def srun_args(self, spec: GateSpec) -> list[str]:
         exports = ",".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
-        return [f"--container-image={spec.sqsh}", f"--container-mounts={spec.out_dir}:{WORK}:rw+rprivate",
+        mounts = ",".join([f"{spec.out_dir}:{WORK}:rw+rprivate", *(f"{src}:{dst}:ro" for src, dst in spec.mounts)])
+        return [f"--container-image={spec.sqsh}", f"--container-mounts={mounts}",
                 "--no-container-mount-home", "--container-readonly", "--container-workdir=/tmp",
-                f"--export=NONE,{exports}" if exports else "--export=NONE"]
+                "--export=" + ",".join(["NONE", *([exports] if exports else []), *spec.pass_env])]
 
     def argv(self, spec: GateSpec) -> list[str]:
         return list(spec.command)

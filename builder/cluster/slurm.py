@@ -80,7 +80,7 @@ def allocate(argv: list[str], on_job: Any, timeout: float) -> str:
     return job
 
 
-def start_step(argv: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+def start_step(argv: list[str], stdout: IO[bytes] | int, stderr: IO[bytes] | int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(with_user([tool("srun"), *argv]), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
 
 
@@ -107,6 +107,13 @@ def job_state(job: str) -> dict[str, str]:
     if proc.returncode != 0:
         return {}
     return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+
+
+def node_state(node: str) -> str:
+    """`sinfo -n NODE`: the node's state ("idle", "mixed", "down*", "drained", ...), "" when unknown."""
+    proc = subprocess.run([tool("sinfo"), "-h", "-N", "-n", node, "-o", "%T"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, check=False, timeout=30)
+    return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
 
 
 def cancel(job: str) -> None:

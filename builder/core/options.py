@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser
 import os
 import re
+import shlex
 import time
 import uuid
 from collections.abc import Mapping
@@ -68,12 +69,20 @@ VARIABLES: tuple[Variable, ...] = (
              "mirrors (submodules too); see sources.md"),
     Variable("BUILDER_SIGNING_KEY", "unset", "ed25519 private key (PEM) that signs the acceptance result and the "
              "attestations on publish (`--key` overrides it)"),
+    Variable("BUILDER_NOTIFY_URL", "unset", "webhook that `builder nightly` POSTs a Slack-compatible JSON message to when "
+             "the verdict flips or a regression flag goes up (nightly.md); `http://` or `https://`; a failure is "
+             "logged in one line and never changes the exit code"),
+    Variable("BUILDER_NOTIFY_COMMAND", "unset", "a command run on the same events with that JSON on its stdin (split "
+             "like a shell line, run without one)"),
     Variable("BUILDER_CCACHE", "on", "`off`: build native code without the compiler cache (builder/image/ccache.py)"),
     Variable("BUILDER_SQUASH_OPTIONS", f"`{SQUASH_OPTIONS}`", "mksquashfs compression of `export-sqsh`: enroot's "
              f"`ENROOT_SQUASH_OPTIONS` default (`{ENROOT_SQUASH_OPTIONS}`) with the fast LZO variant (cluster.md); flags "
              "and plain values only"),
     Variable("BUILDER_RUN_ID", "random per process", "scopes this run's local names (image tags `builder-run/<id>:...`;"
              " a build untags other runs' ones older than a day); `[a-z0-9-]`, 1..32"),
+    Variable("BUILDER_SLURM_SHARED_DIR", "`<cache>/cluster-images`", "the site's directory that the submit host and "
+             "the compute nodes share, for the candidate `.sqsh` of `--slurm` (the pins' `acceptance.slurm.shared_dir` "
+             "names another for their runs)"),
     Variable("DOCKER_HOST", "the local socket", "which Docker engine (`unix://`, `tcp://`, `ssh://`)"),
     Variable("DOCKER_TLS_VERIFY", "unset", "TLS for a `tcp://` engine, as the Docker CLI reads it"),
     Variable("DOCKER_CERT_PATH", "unset", "the client certificate directory for `DOCKER_TLS_VERIFY`"),
@@ -115,6 +124,15 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _abs_dir(env: Mapping[str, str], name: str) -> Path | None:
+    value = env.get(name)
+    if not value:
+        return None
+    if not value.startswith("/"):
+        raise BadInput(f"{name}: expected an absolute path, got {value[:80]!r}")
+    return Path(value)
+
+
 def _find_links(env: Mapping[str, str]) -> tuple[str, ...]:
     links = tuple(env.get("BUILDER_FIND_LINKS", "").split())
     for link in links:
@@ -128,6 +146,22 @@ def _on_off(env: Mapping[str, str], name: str) -> bool:
     if text not in ("on", "off"):
         raise BadInput(f"{name}: expected on or off, got {text[:40]!r}")
     return text == "on"
+
+
+def _notify_url(env: Mapping[str, str]) -> str | None:
+    value = env.get("BUILDER_NOTIFY_URL", "")
+    if value and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+        raise BadInput("BUILDER_NOTIFY_URL: expected an http:// or https:// URL")  # the value may hold a secret
+    return value or None
+
+
+def _notify_command(env: Mapping[str, str]) -> str | None:
+    value = env.get("BUILDER_NOTIFY_COMMAND", "")
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise BadInput(f"BUILDER_NOTIFY_COMMAND: expected a command line, {exc}") from None
+    return value if words else None
 
 
 # pip settings that only say how to reach the index (kept for the lock's pip and uv runs); every other pip
@@ -261,9 +295,12 @@ class Settings:
     signing_key: Path | None = None
     squash_options: str = SQUASH_OPTIONS
     compiler_cache: bool = True
+    notify_url: str | None = None  # nightly notifications (builder/nightly/notify.py)
+    notify_command: str | None = None
     # this run's scope for local names: concurrent runs on one engine never share a mutable tag
     run_id: str = PROCESS_RUN_ID
     progress_every_s: float = 30.0  # a long phase's progress lines: at most one this often
+    slurm_shared_dir: Path | None = None  # the site's shared directory for .sqsh files (pins may name another)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -291,8 +328,10 @@ class Settings:
             squash_options=check_squash_options(env.get("BUILDER_SQUASH_OPTIONS") or SQUASH_OPTIONS,
                                                 "BUILDER_SQUASH_OPTIONS"),
             compiler_cache=_on_off(env, "BUILDER_CCACHE"),
+            notify_url=_notify_url(env), notify_command=_notify_command(env),
             run_id=_run_id(env),
             progress_every_s=_seconds(env, "BUILDER_PROGRESS_EVERY", 30.0),
+            slurm_shared_dir=_abs_dir(env, "BUILDER_SLURM_SHARED_DIR"),
         )
 
     def index_args(self) -> list[str]:

@@ -16,7 +16,8 @@ MaybeRef = Annotated[ImageRef | None, BeforeValidator(lambda v: v or None)]  # "
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A record is made once and never changed: a later stage makes a new one (`model_copy(update=...)`)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Submodule(Record):
@@ -85,11 +86,59 @@ class BuiltImage(Record):
     cached_stages: list[str] = []   # stages this run reused (engine cache hits, a stored normalisation)
 
 
+class Evidence(BaseModel):
+    """A gate's evidence as the in-image suite wrote it (acceptance/__main__.py). The fields other packages read
+    are named here (their readers check each value's shape: a gate's output is never refused for it); the rest of
+    what a gate saw stays in the record as it came (extra keys, kept for the report)."""
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    steps: Any = None           # per step: the metrics the decision used
+    diff_max: Any = None
+    k3_kl: Any = None
+    ratio: Any = None              # performance: aligned / control medians
+    min_ratio: Any = None
+    max_spread: Any = None
+    metric: Any = None
+    aligned: Any = None         # performance: one arm's runs, median, spread
+    control: Any = None
+    runs: Any = None
+    throughput: Any = None
+    weights: Any = None
+    components: Any = None      # provenance: per component
+    failures: Any = None
+    exit_code: Any = None
+    replay: Any = None          # the replay bundle's summary
+    jit: Any = None             # what the JIT compilers added or changed during the run
+    processes: Any = None
+    census: Any = None          # per node: the processes seen and recorded
+    seconds: Any = None
+    timeout_s: Any = None
+    # the provenance gate's (acceptance/provenance.py)
+    interpreter: Any = None
+    manifest: Any = None
+    environment: Any = None
+    gpu: Any = None
+    native_libs_loaded: Any = None
+    caches_at_start: Any = None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """For the acceptance package's own dict-shaped readers (replay bundles); other packages use fields."""
+        value = getattr(self, key, None) if key in type(self).model_fields else (self.model_extra or {}).get(key)
+        return default if value is None else value
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+def _evidence(value: Any) -> Any:
+    return Evidence() if value is None else value
+
+
 class GateResult(Record):
     name: str
     status: GateStatus
     reason: str
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    evidence: Annotated[Evidence, BeforeValidator(_evidence)] = Field(default_factory=Evidence)
     log: str = ""
 
 
@@ -113,9 +162,81 @@ class Pulled(Record):
     engine: EngineFacts | None = None
 
 
+class SqshFacts(Record):
+    """The candidate .sqsh the cluster gates mounted (its export record)."""
+    path: str
+    sha256: str
+    size: int = 0
+    image_id: str = ""
+    staged: str | None = None
+    compression: str = ""
+    reused_layers: int = 0
+
+
+class NodeFacts(Record):
+    """One node of the allocation: what it saw of the image and where it read it from."""
+    name: str
+    sqsh_sha256: str | None = None     # sha256 of the .sqsh this node mounts, hashed on the node
+    sqsh_path: str | None = None       # the file the node mounts (node-local copy or the shared one)
+    staged: str | None = None          # node-local staging: "hit", "filled", "refreshed", or None (shared)
+    cache_path: str | None = None      # the node's JIT cache directory
+    runtime_version: str | None = None
+    gpus: str | None = None
+    environment: str | None = None     # the image's /etc/environment as read on the node
+    address: str | None = None         # the node's address (Slurm's NodeAddr): the recipe's ranks meet there
+    check: dict[str, Any] = Field(default_factory=dict)  # the hashing step: seconds, bytes, hasher, Slurm step
+
+
+class Limits(Record):
+    """The time limits really applied: each gate's (its step and the builder's cancel), and the allocation."""
+    gate_timeout_s: dict[str, int] = Field(default_factory=dict)
+    allocation_s: int | None = None    # Slurm: the allocation's --time, in seconds (derived from the plan)
+    allocation_limit_s: int | None = None  # the site's cap it was checked against
+    check_s: int | None = None         # Slurm: the node check's limit
+    margin_s: int | None = None
+
+
+class RunnerFacts(Record):
+    """Where the gates ran, as the runner describes it, and per gate the facts of each container or step."""
+    runner: str = "unknown"            # a display name of where the gates ran
+    engine: str | None = None
+    network: str | None = None
+    isolation: dict[str, str] = Field(default_factory=dict)
+    home: str | None = None
+    label: str | None = None
+    tmpfs: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    cluster: str | None = None
+    job_id: str | None = None
+    partition: str | None = None
+    runtime: str | None = None
+    runtime_version: str | None = None
+    srun_args: list[str] = Field(default_factory=list)
+    nodes: list[NodeFacts] = Field(default_factory=list)
+    sqsh: SqshFacts | None = None      # set exactly when the gates mounted a .sqsh (cluster acceptance)
+    image_id: str = ""
+    run_id: str = ""
+    mounts: list[dict[str, Any]] = Field(default_factory=list)
+    gpus: int = 0
+    layout: dict[str, Any] = Field(default_factory=dict)  # nodes and roles of a multi-node recipe
+    limits: Limits = Field(default_factory=Limits)
+    weights: str | None = None
+    checkpoint: dict[str, Any] | None = None
+    gates: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per gate: its runs' container/step facts
+
+    def steps(self) -> list[tuple[str, dict[str, Any]]]:
+        """(gate label, facts) of every container or step, performance runs one by one."""
+        out = []
+        for gate, facts in self.gates.items():
+            for run in facts.get("runs") or [facts]:
+                label = gate + (f" {run['arm']} {run['run']}" if run.get("arm") else "")
+                out.append((label, run))
+        return out
+
+
 class AcceptanceResult(Record):
     image_id: str
-    container: dict[str, Any] = Field(default_factory=dict)
+    container: RunnerFacts
     gates: list[GateResult]
     environment: dict[str, Any] = Field(default_factory=dict)
     throughput: dict[str, Any] = Field(default_factory=dict)
@@ -162,13 +283,48 @@ class CompatPin(Record):
     reason: str
 
 
+class Layer(BaseModel):
+    """One run-manifest layer: the fields other packages read are typed, the rest kept as written."""
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class ContainerLayer(Layer):
+    image_id: str = "unknown"
+    registry_digest: str = "unknown"
+    platform: str = "unknown"
+    base_image: str = "unknown"
+    base_digest: str = "unknown"
+
+
+class RunLayer(Layer):
+    pins_file: str = "unknown"
+    pins_sha256: str = "unknown"
+    lock_file: str = "unknown"
+    lock_sha256: str = "unknown"
+    components_shared: list[str] | str | None = None
+
+
+class RunManifest(Record):
+    """The six layers a run is reproduced from (builder/report/manifest.py), and the native build inputs."""
+    source: Any = None
+    installed_packages: Any = None
+    native_libraries: Any = None
+    jit_caches: Any = None
+    container: ContainerLayer = Field(default_factory=ContainerLayer)
+    run: RunLayer = Field(default_factory=RunLayer)
+    native_build: dict[str, Any] = Field(default_factory=dict)
+
+    def layers(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
 class Report(Record):
     verdict: Literal["ACCEPTED", "NOT ACCEPTED"]
     name: str
     sources: ResolvedSources
     build: BuiltImage | None = None
     acceptance: AcceptanceResult | None = None
-    run_manifest: dict[str, Any] = Field(default_factory=dict)
+    run_manifest: RunManifest = Field(default_factory=RunManifest)
     platform: str = "unknown"
     base_image: str = "unknown"
     publish: PublishReceipt | None = None
@@ -187,9 +343,10 @@ class Report(Record):
     processes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)  # per recipe gate: the processes it ran
 
 
-RECORDS: tuple[type[Record], ...] = (Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage,
-                                     GateResult, EngineFacts, Pulled, CompatPin, AcceptanceResult, PublishReceipt,
-                                     SqshExport, Report)
+RECORDS: tuple[type[BaseModel], ...] = (
+    Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage, Evidence, GateResult, EngineFacts,
+    Pulled, SqshFacts, NodeFacts, Limits, RunnerFacts, CompatPin, AcceptanceResult, PublishReceipt, SqshExport,
+    ContainerLayer, RunLayer, RunManifest, Report)
 
 
 def _type_name(annotation: Any) -> str:

@@ -41,7 +41,7 @@ def metrics(report: Report) -> dict[str, float]:
             out[f"throughput.{key}"] = float(tp[key])
     for gate in report.gates:
         for key in EVIDENCE_METRICS:
-            value = gate.evidence.get(key)
+            value = getattr(gate.evidence, key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[f"{gate.name}.{key}"] = float(value)
     return out

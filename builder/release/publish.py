@@ -190,11 +190,10 @@ def withdraw(registry: Registry, name: str, digests: set[str]) -> None:
 
 def record_receipt(report: Report, receipt: PublishReceipt, report_path: Path) -> None:
     """Put the receipt into the report and re-render report.json / report.md next to report_path."""
-    report.publish = receipt
-    container = report.run_manifest.get("container")
-    if isinstance(container, dict):
-        container["registry_digest"] = receipt.digest
-        container["platform"] = receipt.platform
+    layers = report.run_manifest
+    container = layers.container.model_copy(update={"registry_digest": receipt.digest, "platform": receipt.platform})
+    report = report.model_copy(update={"publish": receipt,
+                                       "run_manifest": layers.model_copy(update={"container": container})})
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():
         fs.write_atomic(report_path, report.model_dump_json(indent=2) + "\n")

@@ -144,7 +144,7 @@ def record(report: Report, report_path: Path, built: BuiltImage, tag: str,
         result = compare(report, built.manifest_digest, built.image_id, settings, report_path)
     finally:
         engine.remove_image(engine.connect(settings), tag)  # the rebuild tag only; an equal image keeps its own tag
-    report.rebuild = result
+    report = report.model_copy(update={"rebuild": result})
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():
         fs.write_atomic(report_path, report.model_dump_json(indent=2) + "\n")

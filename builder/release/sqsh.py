@@ -306,7 +306,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
     hit = cached_export(settings, report, out, squash_options, version, smoke)
     if hit is not None:
-        report.sqsh = hit
+        report = report.model_copy(update={"sqsh": hit})
         report_mod.write(report, report_path.parent)
         log.info(f".sqsh {out} sha256:{hit.sha256}: already exported ({hit.seconds['cache hit']} s)")
         return hit
@@ -330,7 +330,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     record = _record(made, out, digest, squash_options, version, report.image_id, tag=report.tags[0],
                      registry_digest=report.publish.digest if report.publish else "not published", smoke=result,
                      seconds=made.times)
-    report.sqsh = record
+    report = report.model_copy(update={"sqsh": record})
     report_mod.write(report, report_path.parent)
     remember(settings, record, smoke)
     log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB, {squash_options}); "

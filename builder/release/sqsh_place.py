@@ -41,12 +41,12 @@ class Copy:
 
 def accepted(report: Report) -> dict[str, str] | None:
     """The .sqsh a Slurm acceptance ran on (path, recorded and node-side sha256), or None (Docker gates)."""
-    container = report.acceptance.container if report.acceptance else {}
-    if container.get("runner") != "slurm":
+    facts = report.acceptance.container if report.acceptance else None
+    if facts is None or facts.sqsh is None:
         return None
-    sqsh = container.get("sqsh") or {}
-    return {"path": str(sqsh.get("path") or ""), "sha256": str(sqsh.get("sha256") or ""),
-            "node": str(container.get("sqsh_sha256_node") or "")}
+    seen = {n.sqsh_sha256 for n in facts.nodes}
+    return {"path": facts.sqsh.path, "sha256": facts.sqsh.sha256,
+            "node": str(seen.pop()) if len(seen) == 1 else ",".join(sorted(str(s) for s in seen))}
 
 
 def target(report: Report, directory: Path) -> Path:
@@ -128,7 +128,7 @@ def place(copy: Copy, report: Report, report_path: Path, receipt: PublishReceipt
         "path": str(copy.dest), "tag": report.tags[0], "registry_digest": receipt.digest,
         "smoke": {"status": "not_run", "reason": "the cluster gates ran on this file"},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    report.sqsh = record
+    report = report.model_copy(update={"sqsh": record})
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():
         fs.write_atomic(report_path, report.model_dump_json(indent=2) + "\n")

@@ -24,4 +24,4 @@ def provenance_on_rootfs(pins: pins_mod.Pins, rootfs: Path) -> dict[str, Any]:
         runner.close()
     return {"status": result.status, "reason": result.reason, "seconds": round(time.monotonic() - start, 2),
             "runtime": facts.get("version"), "container": facts.get("container"), "network": facts.get("network"),
-            "failures": (result.evidence.get("failures") or [])[:5]}
+            "failures": list(result.evidence.failures or [])[:5]}

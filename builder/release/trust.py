@@ -21,7 +21,7 @@ from typing import Any
 
 from acceptance import perf as perf_rule
 from builder.core.errors import BadInput
-from builder.core.records import GateResult, Report
+from builder.core.records import Evidence, GateResult, Report
 from builder.core.safetext import show
 from builder.lock import record
 from builder.lock.record import Lock
@@ -41,8 +41,8 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _steps_zero(evidence: dict[str, Any], steps: int) -> str | None:
-    table = evidence.get("steps")
+def _steps_zero(evidence: Evidence, steps: int) -> str | None:
+    table = evidence.steps
     if not isinstance(table, dict):
         return "no per-step table"
     for step in range(1, steps + 1):
@@ -56,11 +56,11 @@ def _steps_zero(evidence: dict[str, Any], steps: int) -> str | None:
     return None
 
 
-def _performance(ev: dict[str, Any], spec: pins_mod.Performance | None) -> str | None:
+def _performance(ev: Evidence, spec: pins_mod.Performance | None) -> str | None:
     """The performance gate's rule again, on the evidence's runs with the pins' min_ratio and max_spread."""
     if spec is None:
         return "the pins name no acceptance.performance"
-    runs = [r for r in ev.get("runs") or [] if isinstance(r, dict)]
+    runs = [r for r in ev.runs or [] if isinstance(r, dict)]
     arms = {arm: [r for r in runs if r.get("arm") == arm] for arm in ("aligned", "control")}
     for arm, own in arms.items():
         if len(own) != spec.repeats or any(r.get("status") != "pass" for r in own):
@@ -71,16 +71,16 @@ def _performance(ev: dict[str, Any], spec: pins_mod.Performance | None) -> str |
 
 def derive(gate: GateResult, steps: int, performance: pins_mod.Performance | None = None) -> str | None:
     """Why the evidence of a gate reading `pass` does not show a pass (None when it does)."""
-    ev = gate.evidence if isinstance(gate.evidence, dict) else {}
+    ev = gate.evidence
     if gate.name == "performance":
         return _performance(ev, performance)
     if gate.name == "provenance":
-        failures = ev.get("failures")
+        failures = ev.failures
         return None if failures == [] else f"failures is {show(failures)}, not an empty list"
-    if ev.get("exit_code") != 0 or isinstance(ev.get("exit_code"), bool):
-        return f"exit_code is {show(ev.get('exit_code'))}, not 0"
+    if ev.exit_code != 0 or isinstance(ev.exit_code, bool):
+        return f"exit_code is {show(ev.exit_code)}, not 0"
     if gate.name == "zero_update":
-        weights = ev.get("weights")
+        weights = ev.weights
         if not isinstance(weights, list) or len(weights) != 1:
             return f"weights {show(weights)}: expected one checksum (unchanged with lr 0)"
         return _steps_zero(ev, steps)
@@ -88,7 +88,7 @@ def derive(gate: GateResult, steps: int, performance: pins_mod.Performance | Non
         why = _steps_zero(ev, steps)
         if why:
             return why
-        table = ev["steps"]
+        table = ev.steps or {}
         for step in range(1, steps + 1):
             for role in ("reward", "loss"):
                 value = _number(table[str(step)].get(role))
@@ -100,9 +100,9 @@ def derive(gate: GateResult, steps: int, performance: pins_mod.Performance | Non
             return f"step 1 weights {show(before)} -> {show(after)}: expected a change with lr > 0"
         return None
     if gate.name == "control":
-        value = _number(ev.get("diff_max"))
+        value = _number(ev.diff_max)
         if value is None or not math.isfinite(value) or value <= 0:
-            return f"diff_max is {show(ev.get('diff_max'))}: the control arm must show a mismatch > 0"
+            return f"diff_max is {show(ev.diff_max)}: the control arm must show a mismatch > 0"
         return None
     return f"no rule to re-derive gate {show(gate.name)}"
 
@@ -138,8 +138,9 @@ def _pins(report: Report, where: str) -> pins_mod.Pins:
         pins = pins_mod.load(path)
     except BadInput as exc:
         raise _fail(where, "sources.pins_path", f"the pins file cannot be re-read ({exc})") from None
-    recorded = {report.sources.pins_sha256, (report.run_manifest.get("run") or {}).get("pins_sha256",
-                                                                                       report.sources.pins_sha256)}
+    run = report.run_manifest.run
+    recorded = {report.sources.pins_sha256, report.sources.pins_sha256 if run.pins_sha256 == "unknown"
+                else run.pins_sha256}
     if recorded != {pins.sha256}:
         raise _fail(where, "sources.pins_sha256", f"{show(path, 80)} now has sha256 {pins.sha256[:16]}...,"
                     " not the one the report recorded")
@@ -152,7 +153,8 @@ def _lock(report: Report, pins: pins_mod.Pins, where: str) -> Lock:
         lock = record.of(pins)
     except BadInput as exc:
         raise _fail(where, "lock_sha256", f"the lock cannot be re-read ({exc})") from None
-    recorded = {report.lock_sha256, (report.run_manifest.get("run") or {}).get("lock_sha256", report.lock_sha256)}
+    run = report.run_manifest.run
+    recorded = {report.lock_sha256, report.lock_sha256 if run.lock_sha256 == "unknown" else run.lock_sha256}
     if recorded != {lock.sha256}:
         raise _fail(where, "lock_sha256", f"{show(str(lock.path), 80)} now has sha256 {lock.sha256[:16]}...,"
                     " not the one the report recorded")
@@ -166,7 +168,7 @@ def _identity(report: Report, pins: pins_mod.Pins, where: str) -> None:
     for field, value in want.items():
         if getattr(report, field) != value:
             raise _fail(where, field, f"{show(getattr(report, field))} is not what the pins give ({show(value)})")
-    shared = (report.run_manifest.get("run") or {}).get("components_shared")
+    shared = report.run_manifest.run.components_shared
     if pins.shared and shared != list(pins.shared):
         raise _fail(where, "run_manifest.run.components_shared", f"{show(shared)} does not show the pins'"
                     f" shared {show(list(pins.shared))}")

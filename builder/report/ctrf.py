@@ -21,7 +21,7 @@ def _epoch_ms(stamp: str) -> int:
 def to_ctrf(report: Report) -> dict[str, Any]:
     tests = []
     for gate in report.gates:
-        seconds = gate.evidence.get("seconds")
+        seconds = gate.evidence.seconds
         test = {"name": gate.name, "status": STATUS[gate.status],
                 "duration": int(seconds * 1000) if isinstance(seconds, (int, float)) else 0,
                 "message": gate.reason, "extra": {"suite": "acceptance", "required": gate.name in report.required_gates,

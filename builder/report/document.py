@@ -19,7 +19,8 @@ from builder.accept import replay
 from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
-from builder.core.records import AcceptanceResult, BuiltImage, CompatPin, GateResult, PublishReceipt, Report, ResolvedSources
+from builder.core.records import (AcceptanceResult, BuiltImage, CompatPin, Evidence, GateResult, PublishReceipt, Report,
+                                  ResolvedSources)
 from builder.core.safetext import clip
 from builder.image.render import sha_tag
 from builder.lock.record import Lock
@@ -224,31 +225,29 @@ def _step_facts(steps: dict[str, Any]) -> list[str]:
     return out
 
 
-def readable_evidence(evidence: dict[str, Any], limit: int = 300) -> str:
+def readable_evidence(ev: Evidence, limit: int = 300) -> str:
     """A gate's evidence chosen for reading: the numbers its verdict rests on, whole items only (the full
     record is in report.json)."""
     parts: list[str] = []
-    if isinstance(evidence.get("steps"), dict):
-        parts += _step_facts(evidence["steps"])
-    parts += [f"{key} {_num(evidence[key])}" for key in ("ratio", "min_ratio", "diff_max", "k3_kl", "throughput")
-              if _number(evidence.get(key))]
-    for arm in ("aligned", "control"):
-        stats = evidence.get(arm)
+    if isinstance(ev.steps, dict):
+        parts += _step_facts(ev.steps)
+    numbers = {"ratio": ev.ratio, "min_ratio": ev.min_ratio, "diff_max": ev.diff_max, "k3_kl": ev.k3_kl,
+               "throughput": ev.throughput}
+    parts += [f"{key} {_num(value)}" for key, value in numbers.items() if _number(value)]
+    for arm, stats in (("aligned", ev.aligned), ("control", ev.control)):
         if isinstance(stats, dict) and _number(stats.get("median")):
             parts.append(f"{arm} median {_num(stats['median'])}, spread {_num(stats.get('spread'))}")
-    if isinstance(evidence.get("weights"), list):
-        parts.append(f"{len(evidence['weights'])} distinct weight checksum(s)")
-    components = evidence.get("components")
-    for name, comp in components.items() if isinstance(components, dict) else ():
+    if isinstance(ev.weights, list):
+        parts.append(f"{len(ev.weights)} distinct weight checksum(s)")
+    for name, comp in (ev.components or {}).items():
         comp = comp if isinstance(comp, dict) else {}
         commit = str((comp.get("stamp") or {}).get("commit") or UNKNOWN)
         parts.append(f"{name} {comp.get('version', UNKNOWN)} at {commit[:12]}")
-    failures = evidence.get("failures")
-    if isinstance(failures, list):
-        first = str(failures[0]) if failures else ""
-        parts.append(f"{len(failures)} failure(s)" + (f": {first}" if first and len(first) <= 120 else ""))
-    if _number(evidence.get("exit_code")) and evidence["exit_code"] != 0:
-        parts.append(f"exit code {evidence['exit_code']}")
+    if isinstance(ev.failures, list):
+        first = str(ev.failures[0]) if ev.failures else ""
+        parts.append(f"{len(ev.failures)} failure(s)" + (f": {first}" if first and len(first) <= 120 else ""))
+    if ev.exit_code:
+        parts.append(f"exit code {ev.exit_code}")
     text = ""
     for i, part in enumerate(parts):
         more = f"; +{len(parts) - i} more in report.json"
@@ -264,7 +263,7 @@ def to_markdown(report: Report) -> str:
     out = [f"## Unified image `{report.name}`: **{report.verdict}**", ""]
     out += [f"- {r}" for r in report.reasons] + ([""] if report.reasons else [])
     digest = pub.digest if pub else "not published"
-    base_digest = report.run_manifest.get("container", {}).get("base_digest", UNKNOWN)
+    base_digest = report.run_manifest.container.base_digest
     out += ["### Image", ""]
     out += _table(["Item", "Value"], [
         ["Repository", _code(report.repository)], ["Image ID", _code(report.image_id)],
@@ -302,7 +301,7 @@ def to_markdown(report: Report) -> str:
                         f"{b.size / 1e6:.1f} MB", times, "yes" if b.cached else "no"]])
     else:
         out += ["unknown (no build record: acceptance ran on an existing image)"]
-    out += _native_markdown(report.run_manifest.get("native_build") or {})
+    out += _native_markdown(report.run_manifest.native_build)
     out += ["", "### Compatibility pins", ""]
     out += _table(["Package", "Version", "Reason"], [[c.package, c.version, c.reason]
                                                       for c in report.compat]) if report.compat else ["none"]
@@ -317,7 +316,7 @@ def to_markdown(report: Report) -> str:
     out += cluster_markdown(report)
     out += ["", "<details><summary>Run manifest (six layers; unknown = not captured)</summary>", ""]
     rows = []
-    for layer, content in report.run_manifest.items():
+    for layer, content in report.run_manifest.layers().items():
         for key, value in _flat(content):
             rows.append([layer, key or "-", value if len(_cell(value)) <= 160 else _cell(value)[:157] + "..."])
     out += _table(["Layer", "Item", "Value"], rows)
@@ -329,7 +328,7 @@ def replay_markdown(gates: list[GateResult]) -> list[str]:
     """Per recipe gate: its replay bundle (link, step, what differs, first position) or nothing to replay."""
     out = []
     for gate in gates:
-        found = gate.evidence.get("replay")
+        found = gate.evidence.replay
         if gate.name not in replay.KINDS or not isinstance(found, dict):
             continue
         if not found.get("differs"):
@@ -363,31 +362,40 @@ def _rebuild_section(result: dict[str, Any]) -> list[str]:
         out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]
     return out
 def cluster_markdown(report: Report) -> list[str]:
-    """Where each gate ran on the cluster (--slurm): Slurm's record of every step, the node-side sha256."""
-    container = report.acceptance.container if report.acceptance else {}
-    runner = container
-    if runner.get("runner") != "slurm":
+    """Where the gates ran when they mounted a .sqsh (a cluster): per node what it saw of the image, then Slurm's
+    record of every step, then per gate and node the processes the census saw and the ones that recorded."""
+    facts = report.acceptance.container if report.acceptance else None
+    if facts is None or facts.sqsh is None:
         return []
-    check = runner.get("sqsh_check") or {}
-    iso = runner.get("isolation") or {}
-    sqsh = runner.get("sqsh")
-    path = sqsh.get("path") if isinstance(sqsh, dict) else sqsh  # the export record, or the runner's path
-    out = ["", "### Cluster acceptance (Slurm)", "",
-           f"Cluster `{runner.get('cluster')}`, partition `{runner.get('partition')}`, job {runner.get('job_id')} on "
-           f"node `{runner.get('node')}` (GPUs: {runner.get('node_gpus') or 'none'}); runtime {runner.get('runtime')} "
-           f"{runner.get('runtime_version')}. `.sqsh` `{path}`: recorded sha256 "
-           f"`{runner.get('sqsh_sha256')}`, on the node `{runner.get('sqsh_sha256_node')}` (checked once, "
-           f"{check.get('seconds')} s, {check.get('mb_per_s')} MB/s with {check.get('hasher') or 'sha256sum'}, "
-           f"step {check.get('step')}).",
-           "", "Isolation actually had: " + "; ".join(f"{k}: {v}" for k, v in iso.items()) + ".", ""]
+    layout = facts.layout.get("nodes", 1)
+    out = ["", "### Cluster acceptance", "",
+           f"{facts.engine}; cluster `{facts.cluster}`, partition `{facts.partition}`, job {facts.job_id}, "
+           f"{len(facts.nodes)} node(s), recipe layout: {layout} node(s). `.sqsh` `{facts.sqsh.path}`, recorded "
+           f"sha256 `{facts.sqsh.sha256}`. Limits applied: each gate "
+           f"{', '.join(f'{g} {s} s' for g, s in facts.limits.gate_timeout_s.items())}; allocation "
+           f"{facts.limits.allocation_s} s (cap {facts.limits.allocation_limit_s or 'none'}).",
+           "", "Isolation actually had: " + "; ".join(f"{k}: {v}" for k, v in facts.isolation.items()) + ".", ""]
+    out += _table(["Node", "sha256 seen", "Mounted file", "Staging", "Check", "GPUs"],
+                  [[n.name, _code((n.sqsh_sha256 or "")[:16]), _code(n.sqsh_path or "-"), n.staged or "shared file",
+                    f"{n.check.get('seconds')} s, step {n.check.get('step')}", n.gpus or "none"] for n in facts.nodes])
+    rows = [[label, f.get("job_id"), _code(f.get("step") or "-"), f.get("node"), f.get("state"), f.get("exit_code"),
+             f.get("seconds")] for label, f in facts.steps() if f.get("step") or f.get("job_id")]
+    out += [""] + _table(["Gate", "Job", "Step", "Node(s)", "Slurm state", "Exit code", "Seconds"], rows)
+    return out + census_markdown(report.gates)
+
+
+def census_markdown(gates: list[GateResult]) -> list[str]:
+    """Per gate and node: the processes the census saw, those that recorded, and those that did not."""
     rows = []
-    for gate, facts in (container.get("gates") or {}).items():
-        for f in facts.get("runs") or [facts]:
-            if f.get("step") or f.get("job_id"):
-                rows.append([gate + (f" {f['arm']} {f['run']}" if f.get("arm") else ""), f.get("job_id"),
-                             _code(f.get("step") or "-"), f.get("node"), f.get("state"), f.get("exit_code"),
-                             f.get("seconds"), _code((f.get("sqsh_sha256_node") or "")[:16])])
-    return out + _table(["Gate", "Job", "Step", "Node", "Slurm state", "Exit code", "Seconds", "Node sha256"], rows)
+    for gate in gates:
+        for node, seen in sorted((gate.evidence.census or {}).items()):
+            if not isinstance(seen, dict):
+                continue
+            missing = seen.get("unrecorded") or []
+            rows.append([gate.name, node, len(seen.get("seen") or []), len(seen.get("recorded") or []),
+                         "; ".join(f"{p.get('pid')} {p.get('exe')}" for p in missing[:3]) or "none"])
+    return ["", "#### Processes per gate and node (census)", ""] + _table(
+        ["Gate", "Node", "Seen", "Recorded", "Unrecorded"], rows) if rows else []
 
 
 def sqsh_markdown(report: Report) -> list[str]:
@@ -409,7 +417,8 @@ def to_junit(report: Report) -> str:
     gates = report.gates
     if report.sqsh:  # the .sqsh beside the registry digest: its smoke is one more testcase
         gates = gates + [GateResult(name="sqsh_smoke", status=report.sqsh.smoke.get("status", "not_run"),
-                                    reason=str(report.sqsh.smoke.get("reason", "")), evidence=report.sqsh.smoke)]
+                                    reason=str(report.sqsh.smoke.get("reason", "")),
+                                    evidence=Evidence.model_validate(report.sqsh.smoke))]
     count = {s: sum(g.status == s for g in gates) for s in SEVERITY}
     suite = ET.Element("testsuite", name="acceptance", tests=str(len(gates)), failures=str(count["fail"]),
                        errors=str(count["inconclusive"]), skipped=str(count["not_run"]))
@@ -420,7 +429,7 @@ def to_junit(report: Report) -> str:
         ET.SubElement(props, "property", name=f"sqsh_{key}", value=str(getattr(report.sqsh, key)))
     for g in gates:
         case = ET.SubElement(suite, "testcase", classname="acceptance", name=g.name)
-        detail = json.dumps(g.evidence, indent=1, sort_keys=True) + ("\n" + g.log if g.log else "")
+        detail = json.dumps(g.evidence.model_dump(mode="json"), indent=1, sort_keys=True) + ("\n" + g.log if g.log else "")
         if g.status == "fail":
             ET.SubElement(case, "failure", message=g.reason or "failed", type="fail").text = detail
         elif g.status == "inconclusive":

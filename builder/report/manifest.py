@@ -6,7 +6,7 @@ from typing import Any
 
 from builder.core.constants import CACHE_ENV_VARS, COMPONENTS
 from builder.core.imageref import ImageRef
-from builder.core.records import AcceptanceResult, BuiltImage, PublishReceipt, ResolvedSources
+from builder.core.records import AcceptanceResult, BuiltImage, Evidence, PublishReceipt, ResolvedSources, RunManifest
 from builder.lock.record import Lock
 from builder.pins.model import Pins
 
@@ -17,20 +17,20 @@ def find_manifest(acceptance: AcceptanceResult | None) -> dict[str, Any] | None:
     """/opt/delivery/manifest.json as the acceptance run read it, if it kept a whole copy."""
     if not acceptance:
         return None
-    places = [acceptance.environment] + [g.evidence for g in acceptance.gates if g.name == "provenance"]
-    for place in places:
-        found = place.get("manifest") if isinstance(place, dict) else None
+    places = [acceptance.environment.get("manifest")] + [g.evidence.manifest for g in acceptance.gates
+                                                          if g.name == "provenance"]
+    for found in places:
         if isinstance(found, dict) and "components" in found:
             return found
     return None
 
 
-def provenance(acceptance: AcceptanceResult | None) -> dict[str, Any]:
-    """Evidence of a provenance gate that ran (in the image, acceptance/provenance.py), else {}."""
+def provenance(acceptance: AcceptanceResult | None) -> Evidence:
+    """Evidence of a provenance gate that ran (in the image, acceptance/provenance.py), else empty."""
     for g in acceptance.gates if acceptance else []:
         if g.name == "provenance" and g.status != "not_run":
             return g.evidence
-    return {}
+    return Evidence()
 
 
 def image_commits(manifest: dict[str, Any] | None, acceptance: AcceptanceResult | None) -> dict[str, str]:
@@ -69,9 +69,9 @@ def source_layer(sources: ResolvedSources, commits: dict[str, str]) -> dict[str,
     } for name, comp in sources.components.items()}
 
 
-def installed_layer(pins: Pins, names: list[str], manifest: dict[str, Any] | None, prov: dict[str, Any]) -> dict[str, Any]:
+def installed_layer(pins: Pins, names: list[str], manifest: dict[str, Any] | None, prov: Evidence) -> dict[str, Any]:
     """Layer 2: the distribution, version and module files each component installed."""
-    mcomps, pcomps = (manifest or {}).get("components") or {}, prov.get("components") or {}
+    mcomps, pcomps = (manifest or {}).get("components") or {}, prov.components or {}
     out = {}
     for name in names:
         pin, m, p = pins.components[name], mcomps.get(name) or {}, pcomps.get(name) or {}
@@ -85,9 +85,9 @@ def installed_layer(pins: Pins, names: list[str], manifest: dict[str, Any] | Non
     return out
 
 
-def native_layer(names: list[str], manifest: dict[str, Any] | None, prov: dict[str, Any]) -> dict[str, Any]:
+def native_layer(names: list[str], manifest: dict[str, Any] | None, prov: Evidence) -> dict[str, Any]:
     """Layer 3: native libraries in the image and those the provenance check saw loaded."""
-    mcomps, loaded = (manifest or {}).get("components") or {}, prov.get("native_libs_loaded")
+    mcomps, loaded = (manifest or {}).get("components") or {}, prov.native_libs_loaded
     out = {}
     for name in names:
         libs = (mcomps.get(name) or {}).get("native_libs")
@@ -99,15 +99,14 @@ def native_layer(names: list[str], manifest: dict[str, Any] | None, prov: dict[s
     return out
 
 
-def jit_layer(acceptance: AcceptanceResult | None, prov: dict[str, Any]) -> Any:
+def jit_layer(acceptance: AcceptanceResult | None, prov: Evidence) -> Any:
     """Layer 4: JIT/compile cache settings, what the caches held at start, and per recipe gate what was
     compiled during its run (acceptance/jitcache.py: kernel, cache key, compiler version, config, origin)."""
-    env = env_dict(acceptance.container.get("env") if acceptance else None)
-    compiled = {g.name: g.evidence["jit"] for g in (acceptance.gates if acceptance else [])
-                if isinstance(g.evidence.get("jit"), dict)}
+    env = env_dict(acceptance.container.env if acceptance else None)
+    compiled = {g.name: g.evidence.jit for g in (acceptance.gates if acceptance else []) if g.evidence.jit}
     jit = {"env": {k: env[k] for k in CACHE_ENV_VARS if k in env},
-           "tmpfs": (acceptance.container.get("tmpfs") if acceptance else None),
-           "caches_at_start": prov.get("caches_at_start"), "compiled_during_run": compiled}
+           "tmpfs": (acceptance.container.tmpfs if acceptance else None),
+           "caches_at_start": prov.caches_at_start, "compiled_during_run": compiled}
     return or_unknown({k: v for k, v in jit.items() if v})
 
 
@@ -124,17 +123,16 @@ def container_layer(pins: Pins, build: BuiltImage | None, acceptance: Acceptance
         "base_image": base.name, "base_digest": base.digest or UNKNOWN,
         "produced_by": "Dockerfile build from exported commits (builder)" if build else UNKNOWN,
         "build": build.model_dump(exclude={"log_path"}) if build else UNKNOWN,
-        "acceptance": {k: v for k, v in acceptance.container.items() if k not in ("env", "gates")}
-        if acceptance and acceptance.container else UNKNOWN,
+        "acceptance": acceptance.container.model_dump(mode="json", exclude={"env", "gates"}) if acceptance else UNKNOWN,
     }
 
 
 def run_layer(pins: Pins, lock: Lock, sources: ResolvedSources, acceptance: AcceptanceResult | None,
-              manifest: dict[str, Any] | None, prov: dict[str, Any]) -> dict[str, Any]:
+              manifest: dict[str, Any] | None, prov: Evidence) -> dict[str, Any]:
     """Layer 6: the recipe, its environment, the engines, the interpreter, the pins and lock files."""
-    env = env_dict(acceptance.container.get("env") if acceptance else None)
+    env = env_dict(acceptance.container.env if acceptance else None)
     pulled = acceptance.pulled if acceptance else None
-    interpreter = prov.get("interpreter") or {}
+    interpreter = prov.interpreter or {}
     recipe = pins.recipe
     return {
         "entry": list(recipe.entry), "overrides": dict(recipe.overrides), "env": dict(recipe.env),
@@ -144,10 +142,10 @@ def run_layer(pins: Pins, lock: Lock, sources: ResolvedSources, acceptance: Acce
         "acceptance_engine": or_unknown(pulled.engine.model_dump() if pulled and pulled.engine else None),
         "interpreter": or_unknown(interpreter.get("executable") or (manifest or {}).get("python")),
         "python_version": or_unknown(interpreter.get("version")),
-        "site_packages": or_unknown((prov.get("manifest") or {}).get("site_packages")
+        "site_packages": or_unknown((prov.manifest or {}).get("site_packages")
                                     or (manifest or {}).get("site_packages")),
-        "numeric_env": or_unknown((prov.get("environment") or {}).get("numeric")),
-        "gpus": or_unknown(prov.get("gpu") or (acceptance.environment.get("gpu") if acceptance else None)),
+        "numeric_env": or_unknown((prov.environment or {}).get("numeric")),
+        "gpus": or_unknown(prov.gpu or (acceptance.environment.get("gpu") if acceptance else None)),
         "model_weights_digest": UNKNOWN,  # the demo recipe has no model file; nothing records one
         "pins_file": sources.pins_path, "pins_sha256": sources.pins_sha256,
         "components_shared": list(pins.shared) or "none (url, commit and distribution all distinct)",
@@ -156,16 +154,15 @@ def run_layer(pins: Pins, lock: Lock, sources: ResolvedSources, acceptance: Acce
 
 
 def run_manifest(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltImage | None, acceptance: AcceptanceResult | None,
-                 manifest: dict[str, Any] | None, publish: PublishReceipt | None) -> dict[str, Any]:
+                 manifest: dict[str, Any] | None, publish: PublishReceipt | None) -> RunManifest:
     """The six layers (source, installed packages, native libraries, JIT caches, container, run)."""
     prov, names = provenance(acceptance), list(sources.components)
-    return {"source": source_layer(sources, image_commits(manifest, acceptance)),
-            "installed_packages": installed_layer(pins, names, manifest, prov),
-            "native_libraries": native_layer(names, manifest, prov),
-            "jit_caches": jit_layer(acceptance, prov),
-            "container": container_layer(pins, build, acceptance, publish),
-            "run": run_layer(pins, lock, sources, acceptance, manifest, prov),
-            "native_build": native_build(pins, lock)}
+    return RunManifest.model_validate({
+        "source": source_layer(sources, image_commits(manifest, acceptance)),
+        "installed_packages": installed_layer(pins, names, manifest, prov),
+        "native_libraries": native_layer(names, manifest, prov), "jit_caches": jit_layer(acceptance, prov),
+        "container": container_layer(pins, build, acceptance, publish),
+        "run": run_layer(pins, lock, sources, acceptance, manifest, prov), "native_build": native_build(pins, lock)})
 
 
 def native_build(pins: Pins, lock: Lock) -> dict[str, Any]:

@@ -2,17 +2,17 @@
 never executed), the acceptance.slurm pins section and the --slurm flags, checked by the same rules."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from builder.cluster import accept as cluster_accept
+from builder.accept import plan
 from builder.cluster import runtimes
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.lock import record as lock_record
-from builder.nightly import fleet
 from builder.pins import model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,12 +23,22 @@ SPEC = runtimes.GateSpec(sqsh="/shared/img.sqsh", out_dir="/shared/.runs/r/prove
 
 def test_charliecloud_runs_the_sqsh_read_only_with_the_image_environment_and_one_bind() -> None:
     argv = runtimes.Charliecloud().argv(SPEC)
-    assert argv[0] == "ch-run" and "--unset-env=*" in argv and "--set-env=/shared/.runs/r/environment-n1" in argv
-    assert [a for a in argv if a.startswith("--bind")] == ["--bind=/shared/.runs/r/provenance-1:/tmp/acceptance"]
-    assert "--private-tmp" in argv and "--home" not in argv and "-w" not in argv and "--write" not in argv
-    assert argv[argv.index("--") - 1] == "/shared/img.sqsh" and argv[argv.index("--") + 1:] == SPEC.command
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[3] == "gate" and argv[4:] == SPEC.command
+    script = argv[2]
+    assert 'exec ch-run --private-tmp --unset-env="*" --set-env="/shared/.runs/r/environment-n1"' in script
+    assert script.count("--bind") == 1 and '--bind="$out:/tmp/acceptance"' in script
+    assert '"/shared/img.sqsh" -- "$@"' in script and "--write" not in script and "unshare" not in script
+    assert 'SLURM_PROCID="$SLURM_PROCID"' in script and "SLURM_STEP_RESV_PORTS" in script
     assert runtimes.Charliecloud().srun_args(SPEC) == []
     assert runtimes.Charliecloud().isolation()["network"].startswith("host:")
+
+
+def test_charliecloud_data_mounts_are_read_only_binds_in_a_namespace_of_the_task() -> None:
+    spec = runtimes.GateSpec(**{**SPEC.__dict__, "mounts": (("/models/m", "/data/model"),), "pass_env": ("DEMO_X",)})
+    script = runtimes.Charliecloud().argv(spec)[2]
+    assert script.count("exec unshare --user --map-root-user --mount /bin/sh -c") == 1
+    assert "mount --bind /models/m /models/m && mount -o remount,bind,ro /models/m" in script.replace("'", "").replace("\\", "")
+    assert "--bind=/models/m:/data/model" in script.replace("'", "").replace("\\", "").replace("\\", "") and '${DEMO_X+"--set-env=DEMO_X=$DEMO_X"}' in script
 
 
 def test_enroot_uses_pyxis_documented_flags_only() -> None:
@@ -37,6 +47,10 @@ def test_enroot_uses_pyxis_documented_flags_only() -> None:
                     "--container-mounts=/shared/.runs/r/provenance-1:/tmp/acceptance:rw+rprivate",
                     "--no-container-mount-home", "--container-readonly", "--container-workdir=/tmp",
                     "--export=NONE,HOME=/tmp/cache"]
+    ro = runtimes.GateSpec(**{**SPEC.__dict__, "mounts": (("/models/m", "/data/model"),), "pass_env": ("NCCL_X",)})
+    args = runtimes.Enroot().srun_args(ro)
+    assert "--container-mounts=/shared/.runs/r/provenance-1:/tmp/acceptance:rw+rprivate,/models/m:/data/model:ro" in args
+    assert args[-1] == "--export=NONE,HOME=/tmp/cache,NCCL_X"
     assert runtimes.Enroot().argv(SPEC) == SPEC.command
     assert runtimes.Enroot().env_command("x", "y") is None
     assert runtimes.Enroot().isolation()["executed"].startswith("no: not executed here")
@@ -58,27 +72,66 @@ def test_bad_slurm_pins_values_are_refused(field: str, value: object, words: str
         model.Slurm.model_validate({field: value})
 
 
-def test_flags_override_the_pins_and_are_checked_like_them(tmp_path: Path) -> None:
-    pins = _pins(partition="gates", srun_args=["--constraint=a100"], time_limit_s=900)
-    opts = cluster_accept.options(pins, Settings.from_env(), {"partition": "big", "shared_dir": str(tmp_path)})
-    assert opts.partition == "big" and opts.srun_args == ["--constraint=a100"] and opts.time_limit_s == 900
-    assert opts.shared_dir == tmp_path and opts.runtime == "charliecloud"
-    with pytest.raises(BadInput, match=r"^--slurm-qos: expected a Slurm"):
-        cluster_accept.options(pins, Settings.from_env(), {"qos": "high$(x)"})
+def test_the_plan_reads_the_site_options_once_and_derives_the_allocation(tmp_path: Path) -> None:
+    pins = _pins(partition="gates", srun_args=["--constraint=a100"], shared_dir=str(tmp_path))
+    made = plan.make(pins, plan.Flags(slurm=True, timeout_s=100), Settings.from_env()).acceptance
+    assert isinstance(made.place, plan.SlurmPlace)
+    assert made.place.partition == "gates" and made.place.srun_args == ("--constraint=a100",)
+    runs = sum(g.runs for g in made.gates if g.run)
+    assert made.place.allocation_s == runs * 100 + plan.CHECK_S + plan.MARGIN_S
+    assert all(g.timeout_s == 100 for g in made.gates) and made.place.shared_dir == tmp_path
+    assert [g.why for g in made.gates if g.name == "performance"] == ["required by the pins"]
 
 
-def test_a_fleet_passes_the_slurm_flags_to_each_run() -> None:
-    flags = {"partition": "gates", "account": None, "qos": None, "time_limit_s": 600,
-             "shared_dir": "/shared/images", "runtime": None}
-    assert fleet.slurm_argv(flags) == ["--slurm", "--slurm-partition", "gates", "--slurm-time-limit", "600",
-                                       "--slurm-shared-dir", "/shared/images"]
-    assert fleet.slurm_argv(None) == []
+def test_a_plan_whose_allocation_cannot_hold_its_gates_is_refused_naming_both_values() -> None:
+    pins = _pins(allocation_limit_s=600)
+    with pytest.raises(BadInput, match=r"^acceptance.slurm.allocation_limit_s: 600 s cannot hold the plan's "
+                                       r"allocation of \d+ s \(gates \d+ s \+ node check 120 s \+ margin 120 s\)"):
+        plan.make(pins, plan.Flags(slurm=True), Settings.from_env())
+    made = plan.make(pins, plan.Flags(slurm=True, gates=["provenance"], timeout_s=60), Settings.from_env())
+    assert isinstance(made.acceptance.place, plan.SlurmPlace) and made.acceptance.place.allocation_s == 300
 
 
-def test_nightly_slurm_flag_without_slurm_is_refused(tmp_path: Path) -> None:
+def test_the_old_per_gate_slurm_limit_is_refused_saying_where_limits_live() -> None:
+    with pytest.raises(ValueError, match="time_limit_s: no longer read: each gate's limit is acceptance.timeout_s"):
+        model.Slurm.model_validate({"time_limit_s": 900})
+
+
+def test_plan_refusals_name_the_flag() -> None:
+    pins = model.load(ROOT / "pins" / "demo.yaml")
+    with pytest.raises(BadInput, match=r"^--gate: expected one of"):
+        plan.make(pins, plan.Flags(gates=["nope"]), Settings.from_env())
+    with pytest.raises(BadInput, match=r"^--slurm: expected no --engine"):
+        plan.make(pins, plan.Flags(slurm=True, engine_url="tcp://127.0.0.1:1"), Settings.from_env())
+    with pytest.raises(BadInput, match=r"^--sqsh: expected --publish too"):
+        plan.make(pins, plan.Flags(export=True), Settings.from_env())
+
+
+def test_the_slurm_flags_are_gone_from_the_commands() -> None:
     from builder.cli import run
 
     assert run(["nightly", str(ROOT / "pins" / "demo.yaml"), "--slurm-partition", "gates"]) == 2
+    assert run(["accept", str(ROOT / "pins" / "demo.yaml"), "--slurm-time-limit", "60"]) == 2
+
+
+def test_no_module_above_the_runners_names_a_runner_kind() -> None:
+    """Only the runners, their factory and the plan know the kinds; the rest read typed facts."""
+    allowed = {"builder/accept/docker_runner.py", "builder/accept/gates.py", "builder/accept/runc_runner.py", "builder/accept/runner.py",
+               "builder/accept/plan.py", "builder/cluster/runner.py", "builder/cluster/runtimes.py",
+               "builder/cluster/slurm.py", "builder/cluster/nodecheck.py", "builder/cluster/accept.py",
+               "builder/runners/factory.py", "builder/cli.py"}
+    kinds = re.compile(r"""\brunner\.kind\b|[!=]= *["'](docker|slurm|runc)["']|get\(["']runner["']\)"""
+                       r"""|\bSlurmPlace\b|\bDockerPlace\b|\bSlurmRunner\b|\bDockerRunner\b""")
+    offenders = [f"{p}:{n}" for p in sorted((ROOT / "builder").rglob("*.py")) if str(p.relative_to(ROOT)) not in allowed
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if kinds.search(line.split("#")[0])]
+    assert offenders == []
+
+
+def test_no_string_key_reads_of_the_runner_facts_evidence_or_run_manifest_across_packages() -> None:
+    reads = re.compile(r"""(\.container|\.evidence|run_manifest)(\.get\(|\[)""")
+    offenders = [f"{p}:{n}" for p in sorted((ROOT / "builder").rglob("*.py")) if "builder/accept/" not in str(p)
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
+    assert offenders == []
 
 
 def test_sqsh_dir_for_a_docker_accepted_report_is_refused(report_inputs: Any, tmp_path: Path) -> None:

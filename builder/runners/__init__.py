@@ -1,0 +1,1 @@
+"""Where the gates run: the one factory that turns an acceptance plan into a GateRunner."""

@@ -1,0 +1,77 @@
+"""The one place that turns an `AcceptancePlan`'s place into a GateRunner: the Docker engine of the build (or
+another engine, pulled by digest), or a Slurm cluster from the candidate's .sqsh. The use cases call `accept` and
+never learn which one ran; the runner describes itself in the report's typed `RunnerFacts`."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from builder.accept import gates
+from builder.accept.docker_runner import DockerRunner
+from builder.accept.plan import AcceptancePlan, DockerPlace, Flags, SlurmPlace
+from builder.accept.plan import make as make_plan
+from builder.accept.runner import GateRunner
+from builder.cluster import accept as cluster
+from builder.core import log
+from builder.core.errors import BadInput
+from builder.core.imageref import by_digest
+from builder.core.options import Settings
+from builder.core.records import AcceptanceResult, EngineFacts, GateResult, Pulled, Report
+from builder.engine import client as engine
+from builder.engine import staging
+from builder.engine.client import Client
+from builder.pins.model import Pins, check_mounts
+
+
+def _docker(place: DockerPlace, pins: Pins, image: str, expected_id: str | None, settings: Settings,
+            client: Client) -> tuple[GateRunner, str, Pulled | None]:
+    pulled = None
+    if place.engine_url:  # another engine: its own client, for this acceptance only
+        client = engine.connect(replace(settings, docker_host=place.engine_url))
+    if by_digest(image) is not None:
+        who = engine.facts(client)
+        pulled = staging.pull(client, image, expected_id, settings)
+        pulled = pulled.model_copy(update={"engine": EngineFacts(**who, url=place.engine_url or "DOCKER_HOST")})
+        log.info(f"acceptance engine {who['host']} ({who['id']}, Docker {who['version']}, gpus {who['gpus']})")
+        image = pulled.image_id
+    check_mounts(pins, engine.facts(client).get("data_root"))  # the engine's own data root, wherever it is
+    full_id = engine.image_id(client, image)
+    if full_id is None:
+        raise BadInput(f"image {image}: not found in the Docker engine")
+    return DockerRunner(client, pins, full_id, uuid.uuid4().hex[:12]), full_id, pulled
+
+
+def open_runner(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
+                client: Client) -> tuple[GateRunner, str, Pulled | None]:
+    """(the runner, the image ID its gates run, what was pulled by digest) for the plan's place."""
+    if isinstance(plan.place, SlurmPlace):
+        return cluster.open_runner(plan, pins, image, expected_id, settings, client)
+    return _docker(plan.place, pins, image, expected_id, settings, client)
+
+
+def accept(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
+           client: Client) -> AcceptanceResult:
+    """Open the plan's runner and run its gates; the runner is closed at the end, also on error or interrupt."""
+    runner, image_id, pulled = open_runner(plan, pins, image, expected_id, settings, client)
+    return gates.accept_with(runner, image_id, plan, pins, pulled)
+
+
+def replay_plan(report: Report, pins: Pins, settings: Settings, slurm: bool | None) -> AcceptancePlan:
+    """Where a replay runs: where the report's gates ran (a cluster acceptance mounted a .sqsh), unless `slurm`
+    says otherwise; one replay step with the pins' per-gate limit."""
+    on_cluster = slurm if slurm is not None else bool(report.acceptance and report.acceptance.container.sqsh)
+    flags = Flags(image=report.image_id, gates=["provenance"], slurm=on_cluster)
+    return make_plan(pins, flags, settings).acceptance
+
+
+def replay(plan: AcceptancePlan, pins: Pins, image: str, settings: Settings, client: Client,
+           bundle: dict[str, Any]) -> GateResult:
+    """One `replay` step through the plan's runner: the in-image `python -m acceptance gate replay`."""
+    runner, _, _ = open_runner(plan, pins, image, None, settings, client)
+    limit = plan.gate("provenance").timeout_s
+    try:
+        result, _ = runner.run("replay", {"bundle": bundle, "timeout_s": limit, "work_dir": "/tmp/acceptance"}, limit)
+    finally:
+        runner.close()
+    return result
