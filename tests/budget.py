@@ -30,7 +30,7 @@ GROUPS = {"apart": APART,
           "cluster": ("tests/integration/test_cluster_", "tests/integration/test_demo_stack.py",
                       "tests/integration/test_weights.py", "tests/integration/test_concurrency.py"),
           "release": tuple(f"tests/integration/test_{name}.py" for name in (
-              "publish", "promote", "sqsh", "nightly", "run", "reproducible", "second_engine", "gc",
+              "publish", "publish_lock_edit", "promote", "sqsh", "nightly", "run", "reproducible", "second_engine", "gc",
               "trusted_keys", "trip_ups", "lock_failures", "install"))}
 # Warnings are errors (pyproject.toml). The integration tests drive real engines, registries and daemons through
 # the Docker SDK and subprocess pipes; the SDK leaves a refused connection's socket, and a killed child's pipe, to
