@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from acceptance import jitcache
-from builder.core.records import GateResult
+from builder.core.records import Evidence, GateResult
 from builder.report import manifest
 
 META = {"hash": "d03d5df4" * 8, "target": {"backend": "cuda", "arch": 90, "warp_size": 32}, "num_warps": 4,
@@ -133,9 +133,10 @@ def test_manifest_jit_layer_lists_what_each_recipe_gate_compiled(report_inputs: 
     _, _, _, result = report_inputs()
     _kernel(tmp_path, "bi_matmul", "ee" * 32)
     jit = jitcache.compiled([str(tmp_path)], {})
-    gates = [g.model_copy(update={"evidence": {**g.evidence, "jit": jit}}) if g.name == "rl_step" else g
+    gates = [g.model_copy(update={"evidence": g.evidence.model_copy(update={"jit": jit})}) if g.name == "rl_step" else g
              for g in result.gates]
-    layer = manifest.jit_layer(result.model_copy(update={"gates": gates}), {"caches_at_start": {"/cache/triton": []}})
+    layer = manifest.jit_layer(result.model_copy(update={"gates": gates}),
+                               Evidence(caches_at_start={"/cache/triton": []}))
     assert list(layer["compiled_during_run"]) == ["rl_step"]
     assert layer["compiled_during_run"]["rl_step"]["kernels"] == ["bi_matmul"]
     assert isinstance(gates[0], GateResult)

@@ -10,7 +10,7 @@ from acceptance import decide, metrics, perf
 from acceptance.defaults import METRICS as DEFAULT_METRICS
 from builder.accept import gates as accept
 from builder.core.errors import BadInput
-from builder.core.records import GateResult, GateStatus, Report
+from builder.core.records import Evidence, GateResult, GateStatus, Report
 from builder.lock import record as lock_record
 from builder.nightly import rundiff
 from builder.pins import model as pins_mod
@@ -224,7 +224,7 @@ def _perf_gate(aligned: list[float], control: list[float], min_ratio: float = 0.
         runs += [{"run": i, "arm": "aligned", "status": "pass", "throughput": a, "steps": [a, a], "seconds": 1.0},
                  {"run": i, "arm": "control", "status": "pass", "throughput": c, "steps": [c, c], "seconds": 1.0}]
     ev.update({"runs": runs, "repeats": len(aligned)})
-    return GateResult(name="performance", status=status, reason=reason, evidence=ev)
+    return GateResult(name="performance", status=status, reason=reason, evidence=Evidence.model_validate(ev))
 
 
 @pytest.fixture
@@ -233,8 +233,9 @@ def perf_report(report_inputs: MakeReportInputs) -> MakeReport:
         pins, sources, built, result = report_inputs(statuses=statuses)
         assert result is not None
         gate = _perf_gate(aligned, control)
-        result.gates = [g for g in result.gates if g.name != "performance"] + [gate]
-        result.throughput = accept.throughput(result.gates, "perf/rollout_tokens_per_s")
+        gates = [g for g in result.gates if g.name != "performance"] + [gate]
+        result = result.model_copy(update={"gates": gates,
+                                           "throughput": accept.throughput(gates, "perf/rollout_tokens_per_s")})
         return document.make_report(pins, lock_record.of(pins), sources, built, result)
 
     return make
@@ -252,7 +253,7 @@ def test_report_shows_every_performance_run(perf_report: MakeReport) -> None:
 def test_report_requires_a_failing_performance_gate(report_inputs: MakeReportInputs) -> None:
     pins, sources, built, result = report_inputs(required=["provenance", "performance"])
     assert result is not None
-    result.gates.append(_perf_gate([100, 110, 105], [2000, 2100, 1900]))
+    result = result.model_copy(update={"gates": [*result.gates, _perf_gate([100, 110, 105], [2000, 2100, 1900])]})
     rep = document.make_report(pins, lock_record.of(pins), sources, built, result)
     assert rep.verdict == "NOT ACCEPTED"
     assert any(r.startswith("required gate performance: fail (aligned / control") for r in rep.reasons)

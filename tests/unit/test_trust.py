@@ -64,7 +64,8 @@ def _perf_runs(aligned: list[int], control: list[int], status: str = "pass") -> 
 @pytest.mark.parametrize("evidence,why", [
     (_perf_runs([450, 460, 440], [1000, 1000, 1000]), None),
     (_perf_runs([100, 110, 105], [1000, 1000, 1000]), "the runs read fail"),  # a slow path relabelled pass
-    (_perf_runs([450, 460, 1500], [1000, 1000, 1000]), "the runs read inconclusive"),
+    (_perf_runs([200, 460, 1500], [1000, 1000, 1000]), "the runs read inconclusive"),  # noisy: 0.2 to 1.5, open
+    (_perf_runs([450, 460, 1500], [1000, 1000, 1000]), None),  # noisy, yet every run is above 0.25 of control
     (_perf_runs([450, 460], [1000, 1000]), "expected 3 passing runs"),
     (_perf_runs([450, 460, 440], [1000, 1000, 1000], status="fail"), "expected 3 passing runs"),
 ])
