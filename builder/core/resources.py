@@ -1,6 +1,7 @@
 """Package data, reached only through here (works from a checkout and from an installed wheel).
 
 - templates: the jinja2 Dockerfile templates (`builder/image/templates/`; `dockerfiles/` links there)
+- report templates: the jinja2 HTML of a run's report and the nightly history page (`builder/report/templates/`)
 - image scripts: what the build copies into the image (`builder/image/scripts/`)
 - scripts run in base containers (`builder/engine/scripts/`, `builder/lock/scripts/`)
 - the pins JSON Schema (`builder/pins/schema/pins.schema.json`)
@@ -21,6 +22,10 @@ def _path(package: str, *parts: str) -> Path:
 
 def templates() -> Path:
     return _path("builder.image", "templates")
+
+
+def report_templates() -> Path:
+    return _path("builder.report", "templates")
 
 
 def image_scripts() -> Path:

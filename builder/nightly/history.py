@@ -83,6 +83,11 @@ class History:
                 return run
         return None
 
+    def names(self) -> list[str]:
+        """Every pins name with a row, sorted (the history page has one section each)."""
+        with self._db() as db:
+            return [str(r[0]) for r in db.execute("SELECT DISTINCT pins_name FROM runs ORDER BY pins_name")]
+
     def runs(self, pins_name: str) -> list[Run]:
         with self._db() as db:
             rows = db.execute("SELECT * FROM runs WHERE pins_name = ? ORDER BY id", (pins_name,)).fetchall()

@@ -1,0 +1,255 @@
+"""`builder compare A B`: what moved between two runs' reports (A the baseline, B the candidate; the word
+`last-accepted` in place of A is the newest ACCEPTED run of B's pins name before B, from the nightly history).
+
+It lists the commits that moved, the lock lines that changed, the image layers that changed (digest and size,
+from the build's OCI manifest in the blob store), the gate evidence that moved (diff maxima, throughput medians
+with their spread, JIT kernels, processes) and whether the throughput difference is within the performance
+gate's noise. What a report does not hold, or a file `builder gc` removed, reads "unknown" with the reason.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from acceptance import perf as perf_rule
+from builder.core.errors import BadInput
+from builder.core.options import Settings
+from builder.core.records import Report
+from builder.engine import normalize
+from builder.nightly.history import History
+from builder.report import document
+from builder.report import html as html_mod
+
+LAST_ACCEPTED = "last-accepted"
+LOCK_COPY = "lock.txt"  # the lock as the run read it, kept beside its report by `builder nightly`
+DIFF_GATES = ("zero_update", "rl_step", "control")
+
+
+def last_accepted(history: History, report: Report, report_path: Path) -> Path:
+    """The newest ACCEPTED run of the report's pins name before it (before its own row when the history has
+    it) whose report still exists; BadInput when there is none."""
+    rows = history.runs(report.name)
+    mine = next((i for i, r in enumerate(rows) if Path(r.report_path).resolve() == report_path.resolve()), len(rows))
+    for row in reversed(rows[:mine]):
+        if row.verdict == "ACCEPTED" and Path(row.report_path).is_file():
+            return Path(row.report_path)
+    raise BadInput(f"{LAST_ACCEPTED}: no accepted run of {report.name!r} before {report_path} in {history.path}")
+
+
+def _side(report: Report, path: Path) -> dict[str, Any]:
+    return {"path": str(path), "name": report.name, "verdict": report.verdict, "image_id": report.image_id,
+            "created": report.created, "digest": report.publish.digest if report.publish else None}
+
+
+def commits(old: Report, new: Report) -> list[dict[str, Any]]:
+    out = []
+    for name, comp in new.sources.components.items():
+        was = old.sources.components.get(name)
+        out.append({"component": name, "pr": comp.pr, "url": comp.url, "old": was.commit if was else None,
+                    "new": comp.commit, "old_pr": was.pr if was else None,
+                    "moved": was is None or was.commit != comp.commit})
+    return out
+
+
+def lock_lines(report: Report, report_path: Path) -> list[str] | None:
+    """The lock's requirement lines as this run read them: the copy beside the report, else the lock file
+    named in the run manifest while its sha256 is still the one the report recorded; None when neither."""
+    named = (html_mod.plain(report.run_manifest).get("run") or {}).get("lock_file")
+    for path in (report_path.parent / LOCK_COPY, Path(named) if isinstance(named, str) else None):
+        if path is None or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() == report.lock_sha256:
+            return [line for line in data.decode().splitlines() if line.strip() and not line.startswith("#")]
+    return None
+
+
+def lock(old: Report, new: Report, old_path: Path, new_path: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {"old_sha256": old.lock_sha256, "new_sha256": new.lock_sha256,
+                           "changed": old.lock_sha256 != new.lock_sha256, "removed": [], "added": [], "note": None}
+    if not out["changed"]:
+        return out
+    before, after = lock_lines(old, old_path), lock_lines(new, new_path)
+    if before is None or after is None:
+        out["note"] = "lines unknown: neither a copy beside the report nor a lock file with the recorded sha256"
+        return out
+    out["removed"] = [line for line in before if line not in set(after)]
+    out["added"] = [line for line in after if line not in set(before)]
+    return out
+
+
+def manifest_layers(report: Report, settings: Settings) -> list[dict[str, Any]] | None:
+    """The image's layer descriptors (digest, size), base first, from the build's OCI manifest in the blob store."""
+    digest = report.build.manifest_digest if report.build else ""
+    if not digest:
+        return None
+    path = normalize.blob_path(settings, digest)
+    if not path.is_file():
+        return None
+    layers = json.loads(path.read_bytes()).get("layers") or []
+    return [{"digest": str(d.get("digest")), "size": d.get("size")} for d in layers if isinstance(d, dict)]
+
+
+def layers(old: Report, new: Report, settings: Settings) -> dict[str, Any]:
+    before, after = manifest_layers(old, settings), manifest_layers(new, settings)
+    if before is None or after is None:
+        gone = [r.name + " " + (r.build.manifest_digest if r.build else "(no build)")
+                for r, got in ((old, before), (new, after)) if got is None]
+        return {"known": False, "rows": [], "changed": 0,
+                "note": f"unknown: no OCI manifest in the blob store for {', '.join(gone)} (never built here, or gc)"}
+    rows = []
+    for index in range(max(len(before), len(after))):
+        a = before[index] if index < len(before) else None
+        b = after[index] if index < len(after) else None
+        rows.append({"index": index, "old": a, "new": b, "changed": (a or {}).get("digest") != (b or {}).get("digest")})
+    return {"known": True, "rows": rows, "changed": sum(r["changed"] for r in rows), "note": None}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def diff_max(evidence: dict[str, Any]) -> float | None:
+    """The largest logprob difference a gate recorded: over its steps, else its own diff_max."""
+    steps = evidence.get("steps")
+    values = [_number(s.get("diff_max")) for s in steps.values() if isinstance(s, dict)] if isinstance(steps, dict) else []
+    found = [v for v in values if v is not None]
+    return max(found) if found else _number(evidence.get("diff_max"))
+
+
+def _arm(evidence: dict[str, Any], name: str) -> str | None:
+    stats = evidence.get(name)
+    if not isinstance(stats, dict) or _number(stats.get("median")) is None:
+        return None
+    spread = _number(stats.get("spread"))
+    return f"{stats['median']:.4g} (spread {spread:.3g})" if spread is not None else f"{stats['median']:.4g}"
+
+
+def gate_items(report: Report) -> dict[str, dict[str, Any]]:
+    """Per gate, the evidence worth comparing, as short values."""
+    out: dict[str, dict[str, Any]] = {}
+    for gate in report.gates:
+        ev = html_mod.plain(gate.evidence)
+        items: dict[str, Any] = {"status": gate.status}
+        if gate.name in DIFF_GATES:
+            items["diff max"] = diff_max(ev)
+        if gate.name == "performance":
+            items["aligned median"], items["control median"] = _arm(ev, "aligned"), _arm(ev, "control")
+            items["ratio"] = _number(ev.get("ratio"))
+        jit = ev.get("jit")
+        if isinstance(jit, dict):
+            items["JIT kernels"] = ", ".join(jit.get("kernels") or []) or f"{jit.get('count', 0)} entries, no kernel"
+        listed = report.processes.get(gate.name)
+        if listed:
+            names = sorted({str(p.get("name") or "?") for p in listed})
+            items["processes"] = f"{len(listed)}: {', '.join(names)}"
+        out[gate.name] = items
+    return out
+
+
+def evidence(old: Report, new: Report) -> list[dict[str, Any]]:
+    before, after = gate_items(old), gate_items(new)
+    out = []
+    for gate in dict.fromkeys([*before, *after]):
+        a, b = before.get(gate, {}), after.get(gate, {})
+        items = [{"what": k, "old": a.get(k), "new": b.get(k), "moved": a.get(k) != b.get(k)}
+                 for k in dict.fromkeys([*a, *b])]
+        out.append({"gate": gate, "items": items, "moved": any(i["moved"] for i in items)})
+    return out
+
+
+def _runs(report: Report) -> tuple[list[Any], list[Any]] | None:
+    """The performance runs of each arm: the acceptance's throughput record, else the performance gate's evidence."""
+    tp = report.acceptance.throughput if report.acceptance else {}
+    perf = next((html_mod.plain(g.evidence) for g in report.gates if g.name == "performance"), {})
+    runs = [r for r in tp.get("runs") or perf.get("runs") or [] if isinstance(r, dict)]
+    aligned = [r for r in runs if r.get("arm") == "aligned"]
+    control = [r for r in runs if r.get("arm") == "control"]
+    return (aligned, control) if aligned and control else None
+
+
+def noise(old: Report, new: Report) -> dict[str, Any]:
+    """Whether the throughput ratio moved by more than the performance gate's noise: each run's band is
+    [worst aligned / best control, best aligned / worst control] over its interleaved runs (acceptance.perf);
+    bands that overlap mean the difference is within the noise."""
+    a, b = _runs(old), _runs(new)
+    if a is None or b is None:
+        return {"verdict": "unknown", "reason": "a run has no performance gate runs (per-arm throughputs) to judge"}
+    bands = []
+    for aligned, control in (a, b):
+        arm_a, arm_c = perf_rule.arm(aligned), perf_rule.arm(control)
+        if arm_a["median"] is None or arm_c["median"] is None:
+            return {"verdict": "unknown", "reason": "a performance run lacks its throughput"}
+        bands.append({"ratio": arm_a["median"] / arm_c["median"], "low": min(arm_a["runs"]) / max(arm_c["runs"]),
+                      "high": max(arm_a["runs"]) / min(arm_c["runs"])})
+    old_band, new_band = bands
+    within = old_band["low"] <= new_band["high"] and new_band["low"] <= old_band["high"]
+    shown = (f"ratio {old_band['ratio']:.4g} [{old_band['low']:.4g}, {old_band['high']:.4g}] -> "
+             f"{new_band['ratio']:.4g} [{new_band['low']:.4g}, {new_band['high']:.4g}]")
+    return {"verdict": "within" if within else "outside", "old": old_band, "new": new_band,
+            "reason": f"{shown}: the runs' bands {'overlap' if within else 'do not overlap'}"}
+
+
+def compare(old: Report, new: Report, old_path: Path, new_path: Path, settings: Settings) -> dict[str, Any]:
+    diff: dict[str, Any] = {"old": _side(old, old_path), "new": _side(new, new_path), "commits": commits(old, new),
+            "lock": lock(old, new, old_path, new_path), "layers": layers(old, new, settings),
+            "evidence": evidence(old, new), "noise": noise(old, new)}
+    moved = [c["component"] for c in diff["commits"] if c["moved"]]
+    gates = [e["gate"] for e in diff["evidence"] if e["moved"]]
+    lay = diff["layers"]
+    diff["summary"] = (f"commits moved: {', '.join(moved) or 'none'}; lock "
+                       f"{'changed' if diff['lock']['changed'] else 'unchanged'}; layers changed: "
+                       f"{lay['changed'] if lay['known'] else 'unknown'}; gate evidence moved: {', '.join(gates) or 'none'};"
+                       f" throughput against the gate's noise: {diff['noise']['verdict']}")
+    return diff
+
+
+def load_pair(a: str, b: str, history: History) -> tuple[tuple[Report, Path], tuple[Report, Path]]:
+    """(old, new) reports from the command's arguments: two report.json paths, or `last-accepted` and one."""
+    if b == LAST_ACCEPTED:
+        a, b = b, a
+    if b == LAST_ACCEPTED:
+        raise BadInput(f"B: expected a report.json (at most one side may be {LAST_ACCEPTED})")
+    new_path = Path(b)
+    new = document.load(new_path)
+    old_path = last_accepted(history, new, new_path) if a == LAST_ACCEPTED else Path(a)
+    return (document.load(old_path), old_path), (new, new_path)
+
+
+def _value(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def to_markdown(diff: dict[str, Any]) -> str:
+    old, new = diff["old"], diff["new"]
+    out = [f"## Compare `{old['name']}`: {old['verdict']} -> {new['verdict']}", "", f"{diff['summary']}.", "",
+           f"- A: `{old['path']}` ({old['created'] or 'unknown'}), image `{html_mod.short(old['image_id'])}`",
+           f"- B: `{new['path']}` ({new['created'] or 'unknown'}), image `{html_mod.short(new['image_id'])}`",
+           "", "### Commits", "", "| Component | PR | A | B | Moved |", "|---|---|---|---|---|"]
+    out += [f"| {c['component']} | #{c['pr']} | `{(c['old'] or '-')[:12]}` | `{c['new'][:12]}` | "
+            f"{'**yes**' if c['moved'] else 'no'} |" for c in diff["commits"]]
+    lk = diff["lock"]
+    out += ["", "### Lock", "", f"sha256 `{lk['old_sha256'][:16]}` -> `{lk['new_sha256'][:16]}`: "
+            + ("changed" if lk["changed"] else "unchanged") + (f"; {lk['note']}" if lk["note"] else "")]
+    out += [f"- `- {line}`" for line in lk["removed"]] + [f"- `+ {line}`" for line in lk["added"]]
+    lay = diff["layers"]
+    out += ["", f"### Layers: {lay['changed'] if lay['known'] else 'unknown'} changed", ""]
+    if lay["known"]:
+        out += ["| # | A digest | A size | B digest | B size |", "|---|---|---|---|---|"]
+        for row in (r for r in lay["rows"] if r["changed"]):
+            a, b = row["old"] or {}, row["new"] or {}
+            out.append(f"| {row['index']} | `{html_mod.short(a.get('digest'))}` | {html_mod.megabytes(a.get('size'))} | "
+                       f"`{html_mod.short(b.get('digest'))}` | {html_mod.megabytes(b.get('size'))} |")
+    else:
+        out.append(lay["note"])
+    out += ["", "### Gate evidence", "", "| Gate | Item | A | B |", "|---|---|---|---|"]
+    out += [f"| {e['gate']} | {i['what']} | {_value(i['old'])} | {_value(i['new'])}{' **moved**' if i['moved'] else ''} |"
+            for e in diff["evidence"] for i in e["items"]]
+    out += ["", f"### Noise: {diff['noise']['verdict']}", "", diff["noise"]["reason"]]
+    return "\n".join(out) + "\n"
+
+
+def to_html(diff: dict[str, Any]) -> str:
+    return html_mod.render("compare_page.html.j2", diff=diff)

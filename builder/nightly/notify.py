@@ -1,0 +1,106 @@
+"""Notifications of `builder nightly`: when the verdict flips (against the previous night of the same pins
+name) or a regression flag goes up, a Slack-compatible JSON message goes to the webhook URL
+(BUILDER_NOTIFY_URL: an HTTP POST) and to the command (BUILDER_NOTIFY_COMMAND: the JSON on its stdin).
+
+The message is `text` plus one attachment whose `fields` hold the digest, the PRs, the gate and the history
+page's path (Slack's and Mattermost's incoming webhooks take this shape). A webhook or command that fails or
+times out never changes the nightly's verdict or exit code: each target logs exactly one line, sent or not.
+The log names the webhook by its scheme and host only (a Slack webhook's path is its secret).
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+
+from builder.core import log
+from builder.core.options import Settings
+from builder.core.records import Report
+from builder.nightly.history import Run
+
+TIMEOUT_S = 10.0
+FAILING = ("fail", "inconclusive")
+COLOURS = {"ACCEPTED": "#1a7f37", "NOT ACCEPTED": "#cf222e", "flag": "#bf8700"}
+
+
+def event(previous: Run | None, verdict: str, flag: bool) -> str | None:
+    """Why to notify, or None: the verdict flipped since the previous night, or the regression flag went up."""
+    if previous is not None and previous.verdict != verdict:
+        return f"verdict flipped: {previous.verdict} -> {verdict}"
+    if flag and not (previous is not None and previous.regression):
+        return "regression flag up"
+    return None
+
+
+def gate_line(report: Report, previous: Report | None, reasons: list[str]) -> str:
+    """The gates behind the event: those failing now, else those fixed since the previous night, else the
+    regression reasons."""
+    failing = [f"{g.name}: {g.status}: {g.reason}" for g in report.gates if g.status in FAILING]
+    if failing:
+        return "; ".join(failing)[:500]
+    before = {g.name: g.status for g in previous.gates} if previous else {}
+    fixed = [f"{g.name}: fixed" for g in report.gates if g.status == "pass" and before.get(g.name) in FAILING]
+    return "; ".join(fixed or reasons or ["-"])[:500]
+
+
+def payload(report: Report, why: str, digest: str | None, gate: str, page: Path | None) -> dict[str, Any]:
+    colour = COLOURS["flag"] if why.startswith("regression") else COLOURS[report.verdict]
+    prs = ", ".join(f"{n} #{c.pr} {c.commit[:12]}" for n, c in report.sources.components.items())
+    fields = [("digest", digest or report.image_id), ("PRs", prs), ("gate", gate), ("page", str(page or "-"))]
+    return {"text": f"nightly {report.name}: {report.verdict}: {why}",
+            "attachments": [{"color": colour, "fallback": f"nightly {report.name}: {why}",
+                             "fields": [{"title": t, "value": v, "short": t == "digest"} for t, v in fields]}]}
+
+
+def where(url: str) -> str:
+    """The webhook as the log may name it: scheme and host, never the path or query (its secret)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/..."
+
+
+def post(url: str, message: dict[str, Any], timeout: float = TIMEOUT_S) -> str:
+    """POST the message; the one line to log (never raises)."""
+    try:
+        response = requests.post(url, json=message, timeout=timeout)
+    except requests.RequestException as exc:
+        return f"notify: webhook {where(url)} not sent ({type(exc).__name__}); verdict and exit code stand"
+    if not 200 <= response.status_code < 300:
+        return f"notify: webhook {where(url)} answered HTTP {response.status_code}; verdict and exit code stand"
+    return f"notify: webhook {where(url)} sent (HTTP {response.status_code})"
+
+
+def run_command(command: str, message: dict[str, Any], timeout: float = TIMEOUT_S) -> str:
+    """Run the command (split like a shell would, no shell) with the message on its stdin; the one line to log."""
+    argv = shlex.split(command)
+    try:
+        done = subprocess.run(argv, input=json.dumps(message).encode(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return f"notify: command {argv[0]} timed out after {timeout:g} s; verdict and exit code stand"
+    except OSError as exc:
+        return f"notify: command {argv[0]} did not start ({exc.strerror}); verdict and exit code stand"
+    if done.returncode != 0:
+        return f"notify: command {argv[0]} exited {done.returncode}; verdict and exit code stand"
+    return f"notify: command {argv[0]} ran"
+
+
+def notify(settings: Settings, previous: Run | None, previous_report: Report | None, report: Report, flag: bool,
+           reasons: list[str], digest: str | None, page: Path | None, timeout: float = TIMEOUT_S) -> list[str]:
+    """Send the message to each configured target when there is an event; the lines logged (one per target)."""
+    why = event(previous, report.verdict, flag)
+    if why is None or not (settings.notify_url or settings.notify_command):
+        return []
+    message = payload(report, why, digest, gate_line(report, previous_report, reasons), page)
+    lines = []
+    if settings.notify_url:
+        lines.append(post(settings.notify_url, message, timeout))
+    if settings.notify_command:
+        lines.append(run_command(settings.notify_command, message, timeout))
+    for line in lines:
+        log.info(line)
+    return lines
