@@ -28,6 +28,7 @@ from pathlib import Path
 
 from builder.core import files as fs
 from builder.core import log
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.engine import client as engine
 from builder.engine import infra, normalize
@@ -159,7 +160,7 @@ def raw_layers(settings: Settings, host: str, freed: Freed) -> None:
 def run_tags(client: engine.Client, settings: Settings, cutoff: float, freed: Freed) -> None:
     for image in engine.local_images(client, build_stage.LOCAL_REPOSITORY + "/*"):
         for tag in image.tags:
-            run_id = tag.split(":", 1)[0].removeprefix(build_stage.LOCAL_REPOSITORY + "/")
+            run_id = ImageRef(tag).repository.removeprefix(build_stage.LOCAL_REPOSITORY + "/")
             held = settings.live_lock(run_id)
             if fs.held(held):
                 freed.live("run tags", tag)

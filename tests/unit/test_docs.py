@@ -161,3 +161,18 @@ def test_the_code_path_pattern_finds_what_the_docs_write() -> None:
             "not demo/src/tinyrl/tests/y.py nor tests/unit/")
     assert CODE_PATH.findall(text) == ["tests/unit/test_x.py", "tests/integration/test_cluster_*.py",
                                        "builder/core/log.py"]
+
+
+# hand splits of an image reference or a `sha256:` digest (DESIGN: builder/core/imageref.py is the only place)
+HAND_SPLIT = re.compile(r"""removeprefix\(["']sha256:["']\)|\[len\(["']sha256:["']\):\]"""
+                        r"""|(?<!netloc)\.(?:r?partition|r?split)\(["']@["']"""  # a URL's user@host is not a reference
+                        r"""|\.repository\.(?:r?partition|r?split)\(["']/["']|tag\.(?:r?partition|r?split)\(["']:["']""")
+
+
+def test_only_imageref_splits_references_and_digests() -> None:
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "builder").rglob("*.py"))
+             if path != ROOT / "builder" / "core" / "imageref.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if HAND_SPLIT.search(line)]
+    assert found == [], "route these through builder/core/imageref.py (ImageRef, split_digest, hex_of)"
+    assert HAND_SPLIT.search('name = digest.removeprefix("sha256:")') and HAND_SPLIT.search("repo, _, tag = tag.rpartition(':')")
+    assert HAND_SPLIT.search('run = tag.split(":", 1)[0]') and not HAND_SPLIT.search("user, _, host = netloc.rpartition('@')")
