@@ -176,3 +176,11 @@ def test_only_imageref_splits_references_and_digests() -> None:
     assert found == [], "route these through builder/core/imageref.py (ImageRef, split_digest, hex_of)"
     assert HAND_SPLIT.search('name = digest.removeprefix("sha256:")') and HAND_SPLIT.search("repo, _, tag = tag.rpartition(':')")
     assert HAND_SPLIT.search('run = tag.split(":", 1)[0]') and not HAND_SPLIT.search("user, _, host = netloc.rpartition('@')")
+
+
+def test_no_library_module_has_a_main() -> None:
+    """DESIGN: the CLI is the one entry (the scripts run inside containers are not library modules)."""
+    mains = [path.relative_to(ROOT).as_posix() for path in sorted((ROOT / "builder").rglob("*.py"))
+             if "scripts" not in path.parts and path.name not in ("__main__.py", "cli.py")
+             and re.search(r"^if __name__ == .__main__.:", path.read_text(), re.M)]
+    assert mains == [], "move the main into the CLI, or into tests/gendocs.py for generated docs"
