@@ -340,7 +340,7 @@ def test_publish_pushes_verifies_and_records_receipt(report_inputs: MakeReportIn
     assert receipt.config_digest == tiny_images["a"] != receipt.digest
     assert receipt.tags == rep.tags and receipt.platform == "linux/amd64"
     stored = report.load(paths["json"])
-    assert stored.publish == receipt and stored.run_manifest["container"]["registry_digest"] == receipt.digest
+    assert stored.publish == receipt and stored.run_manifest.layers()["container"]["registry_digest"] == receipt.digest
     md = paths["md"].read_text()
     assert f"| `{receipt.digest}` |" in md and "### Publish receipt" in md
     assert "not published" not in md
@@ -397,8 +397,8 @@ def test_demo_image_accepted_report_and_publish(demo_accepted: DemoAccepted, tmp
     pins, sources, built, acceptance = demo_accepted
     rep = report.make_report(pins, lock_record.of(pins), sources, built, acceptance)
     assert rep.verdict == "ACCEPTED", rep.reasons
-    assert rep.run_manifest["source"]["verl"]["commit_in_image"] == pins.components["verl"].commit
-    assert rep.run_manifest["installed_packages"]["vllm"]["version"] != "unknown"
+    assert rep.run_manifest.layers()["source"]["verl"]["commit_in_image"] == pins.components["verl"].commit
+    assert rep.run_manifest.layers()["installed_packages"]["vllm"]["version"] != "unknown"
     paths = report.write(rep, tmp_path)
     receipt = pipeline.publish_report(paths["json"], SETTINGS)
     head, computed = served_digest(pins.image.repository, rep.tags[0])

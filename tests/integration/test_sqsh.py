@@ -396,7 +396,7 @@ def _record(**kw: Any) -> SqshExport:
 
 def test_report_carries_the_sqsh_beside_the_registry_digest(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
     rep = report.make_report(*with_lock(report_inputs()))
-    rep.sqsh = _record()
+    rep = rep.model_copy(update={"sqsh": _record()})
     paths = report.write(rep, tmp_path)
     row = next(line for line in paths["md"].read_text().splitlines() if "5" * 64 in line)
     assert "`TAG`" in row and "sha256:" + "9" * 64 in row and "-comp lzo -noD" in row and "provenance pass" in row

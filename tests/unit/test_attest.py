@@ -127,7 +127,7 @@ def test_pins_changed_since_the_run_is_refused(records: Records, tmp_path: Path)
     pins, report = records()
     copy = tmp_path / "demo.yaml"
     copy.write_text(PINS.read_text() + "# edited\n")
-    report.sources.pins_path = str(copy)
+    report = report.model_copy(update={"sources": report.sources.model_copy(update={"pins_path": str(copy)})})
     with pytest.raises(PublishError, match="changed since the run"):
         attest.pins_bytes(report)
 

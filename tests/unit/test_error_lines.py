@@ -72,7 +72,7 @@ def test_trust_refusal_over_a_long_report_path(deep: Path, report_inputs: MakeRe
 
     pins, sources, built, result = report_inputs(statuses={"rl_step": "fail"})
     report = report_mod.make_report(pins, lock_record.of(pins), sources, built, result)
-    report.verdict = "ACCEPTED"
+    report = report.model_copy(update={"verdict": "ACCEPTED"})
     with pytest.raises(BadInput) as info:
         trust.check(report, f"{deep}/report.json")
     message = str(info.value)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from builder.accept import gates
+from builder.accept import gates, plan
 from builder.core.constants import GATES
+from builder.core.options import Settings
 from builder.core.records import GateResult
 from builder.pins import model
 
@@ -17,6 +18,7 @@ class Recording:
     """A GateRunner that runs nothing: it records which gates it was asked for, and each one passes."""
 
     kind = "recording"
+    run_id = "r0"
 
     def __init__(self) -> None:
         self.ran: list[str] = []
@@ -40,18 +42,23 @@ def _pins(required: list[str]) -> model.Pins:
 
 def test_by_default_exactly_the_required_gates_run_and_the_others_say_why_not() -> None:
     runner = Recording()
-    result = gates.accept_with(runner, "sha256:" + "a" * 64, _pins(["rl_step", "provenance"]))
+    pins = _pins(["rl_step", "provenance"])
+    made = plan.make(pins, plan.Flags(), Settings.from_env()).acceptance
+    result = gates.accept_with(runner, "sha256:" + "a" * 64, made, pins)
     assert runner.ran == ["provenance", "rl_step"]  # in the gates' own order
     status = {g.name: (g.status, g.reason) for g in result.gates}
     assert [n for n, (s, _) in status.items() if s == "not_run"] == ["zero_update", "control", "performance"]
     assert all("acceptance.required_gates" in why for s, why in status.values() if s == "not_run")
-    assert gates.gate_runs(_pins(["rl_step", "provenance"]), None) == 2
+    assert sum(g.runs for g in made.gates) == 2
 
 
 def test_gates_asked_for_run_whatever_the_pins_require() -> None:
     runner = Recording()
-    result = gates.accept_with(runner, "sha256:" + "a" * 64, _pins(["provenance"]), gates=["control", "zero_update"])
+    pins = _pins(["provenance"])
+    made = plan.make(pins, plan.Flags(gates=["control", "zero_update"]), Settings.from_env()).acceptance
+    result = gates.accept_with(runner, "sha256:" + "a" * 64, made, pins)
     assert runner.ran == ["zero_update", "control"]
     assert {g.name: g.reason for g in result.gates if g.status == "not_run"} == {
         g: "not selected" for g in GATES if g not in ("zero_update", "control")}
-    assert gates.gate_runs(_pins(["provenance"]), ["control"]) == 1
+    assert sum(g.runs for g in made.gates) == 2 and result.container.limits.gate_timeout_s == {
+        "zero_update": pins.acceptance.timeout_s, "control": pins.acceptance.timeout_s}

@@ -48,7 +48,7 @@ def test_the_report_binds_the_lock_sha256(tmp_path: Path) -> None:
     _, path = accepted_report(tmp_path)
     report = report_mod.load(path)
     lock = lock_record.load(_lock_of(path))
-    assert report.lock_sha256 == lock.sha256 == report.run_manifest["run"]["lock_sha256"]
+    assert report.lock_sha256 == lock.sha256 == report.run_manifest.layers()["run"]["lock_sha256"]
     checked = trust.check(report, str(path))
     assert checked is not None and checked[1].sha256 == lock.sha256
 

@@ -38,7 +38,7 @@ def test_report_records_the_lock_sha256(report_inputs: MakeReportInputs) -> None
     pins._path = Path(__file__).resolve().parents[2] / "pins" / "demo.yaml"  # lock relative to it
     rep = report.make_report(pins, lock_record.of(pins), sources, build, acceptance)
     want = hashlib.sha256(pins.lock_path().read_bytes()).hexdigest()
-    assert rep.lock_sha256 == want and rep.run_manifest["run"]["lock_sha256"] == want
+    assert rep.lock_sha256 == want and rep.run_manifest.layers()["run"]["lock_sha256"] == want
     assert f"| Lock sha256 | `{want}` |" in report.to_markdown(rep)
 
 
@@ -240,7 +240,7 @@ def test_load_refuses_a_non_report(tmp_path: Path) -> None:
 
 def test_native_build_inputs_and_knobs_are_listed(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs)
-    native = rep.run_manifest["native_build"]
+    native = rep.run_manifest.layers()["native_build"]
     [item] = native["inputs"]
     assert (item["component"], item["name"], item["ref"], item["receive"]) == \
         ("vllm", "tinykernels", "v0.1.0", "TINYKERNELS_SRC_DIR")
@@ -258,18 +258,18 @@ def test_run_manifest_records_gpus_or_none(report_inputs: MakeReportInputs) -> N
     assert result is not None
     prov = next(g for g in result.gates if g.name == "provenance")
     prov.evidence["gpu"] = "none"
-    assert report.make_report(pins, lock_record.of(pins), sources, built, result).run_manifest["run"]["gpus"] == "none"
+    assert report.make_report(pins, lock_record.of(pins), sources, built, result).run_manifest.layers()["run"]["gpus"] == "none"
     facts = {"count": 1, "devices": [{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"}],
              "driver": "580.159.04", "cuda_runtime": "13.0",
              "numerics": {"tf32_matmul": False, "deterministic_algorithms": False,
                           "env": {"CUBLAS_WORKSPACE_CONFIG": "unset"}}}
     prov.evidence["gpu"] = facts
     rep = report.make_report(pins, lock_record.of(pins), sources, built, result)
-    assert rep.run_manifest["run"]["gpus"] == facts
+    assert rep.run_manifest.layers()["run"]["gpus"] == facts
     md = report.to_markdown(rep)
     assert "| run | gpus.devices[0].name | NVIDIA H200 |" in md and "| run | gpus.driver | 580.159.04 |" in md
     prov.evidence.pop("gpu")
-    assert report.make_report(pins, lock_record.of(pins), sources, built, result).run_manifest["run"]["gpus"] == "unknown"
+    assert report.make_report(pins, lock_record.of(pins), sources, built, result).run_manifest.layers()["run"]["gpus"] == "unknown"
 
 
 def test_gpu_driver_version_from_the_kernel_module_line() -> None:

@@ -114,7 +114,7 @@ def test_shared_components_need_the_setting_and_the_report_shows_it(tmp_path: Pa
     _, sources, build, acceptance = report_inputs()
     sources = sources.model_copy(update={"pins_path": str(pins.path), "pins_sha256": pins.sha256})
     rep = report.make_report(pins, lock_record.of(pins), sources, build, acceptance)
-    assert rep.run_manifest["run"]["components_shared"] == ["distribution"]
+    assert rep.run_manifest.layers()["run"]["components_shared"] == ["distribution"]
     assert "components_shared" in report.to_markdown(rep)
 
 
