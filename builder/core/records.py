@@ -236,7 +236,7 @@ class RunnerFacts(Record):
 
 class AcceptanceResult(Record):
     image_id: str
-    container: RunnerFacts
+    container: RunnerFacts = Field(default_factory=RunnerFacts)
     gates: list[GateResult]
     environment: dict[str, Any] = Field(default_factory=dict)
     throughput: dict[str, Any] = Field(default_factory=dict)
