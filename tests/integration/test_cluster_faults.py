@@ -18,10 +18,13 @@ from typing import Any
 
 import pytest
 
+from builder.accept import plan
 from builder.cluster import slurm
-from builder.cluster.runner import SlurmOptions, SlurmRunner
+from builder.cluster.runner import SlurmRunner
 from builder.core import files
 from builder.core.errors import InfraError
+from builder.core.options import Settings
+from builder.core.records import SqshFacts
 from builder.pins import model
 from demo import cluster
 
@@ -68,8 +71,15 @@ def pins() -> model.Pins:
     return loaded.model_copy(update={"base": loaded.base.model_copy(update={"python_bin": "/usr/bin/python"})})
 
 
-def runner(pins: model.Pins, sqsh: Path, tmp_path: Path, sha256: str | None = None) -> SlurmRunner:
-    return SlurmRunner(pins, sqsh, sha256 or files.sha256_file(sqsh), SlurmOptions(shared_dir=tmp_path), 2)
+def runner(pins: model.Pins, sqsh: Path, tmp_path: Path, sha256: str | None = None, timeout_s: int = 120,
+           local: str | None = None) -> SlurmRunner:
+    """The runner of a two-node plan (the recipe's layout spans the demo cluster's n1 and n2), as `accept --slurm`
+    makes it: the pins' acceptance.slurm, the gate's limit from the flags."""
+    acc = pins.acceptance
+    site = acc.slurm.model_copy(update={"shared_dir": str(tmp_path), "node_local_dir": local})
+    pins = pins.model_copy(update={"acceptance": acc.model_copy(update={"nodes": 2, "slurm": site})})
+    made = plan.make(pins, plan.Flags(slurm=True, gates=["provenance"], timeout_s=timeout_s), Settings.from_env())
+    return SlurmRunner(pins, made.acceptance, SqshFacts(path=str(sqsh), sha256=sha256 or files.sha256_file(sqsh)))
 
 
 def nothing_left(sqsh: Path) -> None:
@@ -107,8 +117,8 @@ def while_step_runs(action: Callable[[str], object]) -> threading.Thread:
 
 
 def run_one(pins: model.Pins, sqsh: Path, tmp_path: Path, timeout_s: int = 120, sha256: str | None = None,
-            ) -> tuple[Any, dict[str, Any]]:
-    r = runner(pins, sqsh, tmp_path, sha256)
+            local: str | None = None) -> tuple[Any, dict[str, Any]]:
+    r = runner(pins, sqsh, tmp_path, sha256, timeout_s, local)
     try:
         return r.run("provenance", {"gate": "provenance"}, timeout_s)
     finally:
@@ -119,11 +129,41 @@ def test_gate_passes_and_slurm_record_is_reported(slurm_cluster: cluster.Cluster
                                                  images: dict[str, Path], tmp_path: Path) -> None:
     result, facts = run_one(pins, images["quick"], tmp_path)
     assert result.status == "pass", (result.reason, result.log)
-    assert facts["cluster"] == "demo" and facts["partition"] == "gates" and facts["state"] == "COMPLETED"
+    assert facts["state"] == "COMPLETED" and facts["nodes"] == ["n1", "n2"] and facts["node"] == "n[1-2]"
     assert facts["exit_code"] == "0:0" and facts["step"].startswith(f"{facts['job_id']}.")
-    assert facts["sqsh_sha256_node"] == files.sha256_file(images["quick"])
-    assert facts["runtime"] == "charliecloud" and facts["runtime_version"]
     nothing_left(images["quick"])
+
+
+def test_every_node_hashes_its_node_local_copy_filled_under_a_lock_then_reused(
+        slurm_cluster: cluster.Cluster, pins: model.Pins, images: dict[str, Path], tmp_path: Path) -> None:
+    want = files.sha256_file(images["quick"])
+    local = str(tmp_path / "nodes" / "%n")
+    for expected in ("filled", "hit"):
+        r = runner(pins, images["quick"], tmp_path / "shared", local=local)
+        try:
+            result, _ = r.run("provenance", {"gate": "provenance"}, 60)
+        finally:
+            r.close()
+        assert result.status == "pass", (result.reason, result.log)
+        seen = {n["name"]: n for n in r.describe()["nodes"]}
+        assert set(seen) == {"n1", "n2"} and all(n["sqsh_sha256"] == want for n in seen.values())
+        assert all(n["staged"] == expected and n["sqsh_path"] == f"{tmp_path}/nodes/{name}/{want}.sqsh"
+                   for name, n in seen.items()), seen
+    assert not list(tmp_path.glob("nodes/*/*.part.*"))
+
+
+def test_a_stale_node_local_copy_is_never_mounted_and_fails_naming_the_node(
+        slurm_cluster: cluster.Cluster, pins: model.Pins, images: dict[str, Path], tmp_path: Path) -> None:
+    want = files.sha256_file(images["quick"])
+    stale = tmp_path / "nodes" / "n2" / f"{want}.sqsh"
+    stale.parent.mkdir(parents=True)
+    shutil.copy(images["slow"], stale)  # another image under the name n2 will use
+    result, _ = run_one(pins, images["quick"], tmp_path / "shared", local=str(tmp_path / "nodes" / "%n"))
+    assert result.status == "fail" and result.reason.startswith("node n2: its node-local copy"), result.reason
+    assert not stale.exists()  # removed: a rerun fills it again
+    nothing_left(images["quick"])
+    again, _ = run_one(pins, images["quick"], tmp_path / "shared", local=str(tmp_path / "nodes" / "%n"))
+    assert again.status == "pass" and files.sha256_file(stale) == want
 
 
 def test_slurmctld_down_at_submit_is_infra_and_rerun_passes(slurm_cluster: cluster.Cluster, pins: model.Pins,
@@ -157,23 +197,23 @@ def test_munged_down_is_infra_and_rerun_passes(slurm_cluster: cluster.Cluster, p
 
 def test_node_down_during_a_gate_is_inconclusive_node_failure(slurm_cluster: cluster.Cluster, pins: model.Pins,
                                                               images: dict[str, Path], tmp_path: Path) -> None:
-    node = os.uname().nodename.split(".")[0]
-    watcher = while_step_runs(lambda job: slurm.call(["scontrol", "update", f"nodename={node}", "state=down",
+    watcher = while_step_runs(lambda job: slurm.call(["scontrol", "update", "nodename=n2", "state=down",
                                                       "reason=test"], "scontrol update"))
     try:
         result, _ = run_one(pins, images["slow"], tmp_path)
     finally:
         watcher.join()
         cluster.start(slurm_cluster.root)  # resumes the node
-    assert result.status == "inconclusive" and result.reason.startswith("node failure"), result.reason
+    assert result.status == "inconclusive" and result.reason.startswith("node failure: node(s) n2"), result.reason
     nothing_left(images["slow"])
     assert run_one(pins, images["quick"], tmp_path)[0].status == "pass"
 
 
 def test_gate_over_its_time_limit_fails_naming_the_limit(slurm_cluster: cluster.Cluster, pins: model.Pins,
                                                          images: dict[str, Path], tmp_path: Path) -> None:
-    result, facts = run_one(pins, images["slow"], tmp_path, timeout_s=3)
+    result, facts = run_one(pins, images["slow"], tmp_path, timeout_s=3)  # the plan's limit, as --timeout sets it
     assert result.status == "fail" and "time limit of 3 s" in result.reason, result.reason
+    assert "cancelled by the builder at the limit" in result.reason
     assert facts["state"].startswith("CANCELLED")
     nothing_left(images["slow"])
 
@@ -197,7 +237,8 @@ def test_sqsh_changed_after_export_fails_the_gate(slurm_cluster: cluster.Cluster
     with open(changed, "ab") as handle:
         handle.write(b"\0")
     result, _ = run_one(pins, changed, tmp_path / "w", sha256=recorded)
-    assert result.status == "fail" and ".sqsh sha256 on node" in result.reason and recorded[:16] in result.reason
+    assert result.status == "fail" and ".sqsh sha256 on the node" in result.reason and recorded[:16] in result.reason
+    assert result.reason.startswith("node n1")
     nothing_left(changed)
 
 
@@ -205,16 +246,15 @@ INTERRUPT = """
 import sys, json
 from pathlib import Path
 from builder.accept import gates
-from builder.cluster.runner import SlurmOptions, SlurmRunner
-from builder.core import faults, files
+from builder.core import faults
 from builder.pins import model
+from tests.integration.test_cluster_faults import runner
 faults.interrupt_on_sigterm()
 pins = model.load(Path(sys.argv[1]))
 pins = pins.model_copy(update={"base": pins.base.model_copy(update={"python_bin": "/usr/bin/python"})})
-sqsh = Path(sys.argv[2])
-r = SlurmRunner(pins, sqsh, files.sha256_file(sqsh), SlurmOptions(shared_dir=Path(sys.argv[3])), 5)
+r = runner(pins, Path(sys.argv[2]), Path(sys.argv[3]))
 try:
-    gates.accept_with(r, "tiny", pins, gates=["provenance"], timeout_s=120)
+    gates.accept_with(r, "tiny", r.plan, r.pins)
 except KeyboardInterrupt:
     print("job " + str(r.job), flush=True)
     sys.exit(130)
@@ -255,5 +295,6 @@ def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins,
         r.close()
     described = r.describe()
     json.dumps(described)
-    assert described["isolation"]["network"].startswith("host:") and described["sqsh_check"]["mb_per_s"]
-    assert described["sqsh_check"]["hasher"] == "openssl"  # ca-certificates brings it; sha256sum where it is missing
+    assert described["isolation"]["network"].startswith("host:") and all(n["check"]["mb_per_s"]
+                                                                         for n in described["nodes"])
+    assert described["limits"]["allocation_s"] == 120 + plan.CHECK_S + plan.MARGIN_S
