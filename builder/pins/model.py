@@ -501,12 +501,29 @@ def _format(value: Any) -> str:
     return str(value)
 
 
+class Rollout(Strict):
+    """recipe.rollout: the rollout engine as a server of its own, for acceptance.nodes 2. The rollout node runs
+    `entry --host HOST --port PORT`; the trainer gets `address_key=HOST:PORT`; both read the shared key from
+    `authkey_env`."""
+    entry: Annotated[list[Token], Field(min_length=1)]
+    address_key: OverrideKey = "actor_rollout_ref.rollout.address"
+    authkey_env: EnvName = "ROLLOUT_AUTHKEY"
+
+    @field_validator("entry")
+    @classmethod
+    def _entry(cls, value: list[str]) -> list[str]:
+        if value[0].startswith("-"):
+            raise ValueError(f"expected a program as the first word, got {show(value[0])}")
+        return value
+
+
 class Recipe(Strict):
     entry: Annotated[list[Token], Field(min_length=1)]
     overrides: dict[OverrideKey, OverrideValue] = {}
     env: Env = {}
     aligned_env: Annotated[Env, Field(min_length=1)]
     control_env: Annotated[Env, Field(min_length=1)]
+    rollout: Rollout | None = None  # the rollout engine on a node of its own (acceptance.nodes 2)
 
     @field_validator("entry")
     @classmethod
@@ -657,14 +674,26 @@ class Slurm(Strict):
     partition: SlurmName | None = None
     account: SlurmName | None = None
     qos: SlurmName | None = None
-    # per gate; default acceptance.timeout_s
-    time_limit_s: Annotated[int, _ranged(*TIMEOUT_S, "seconds per gate"), _range_schema(*TIMEOUT_S)] | None = None
+    # the longest allocation the site grants (its partition's MaxTime): a plan whose allocation (the gates'
+    # limits, the node check and the margin: builder/accept/plan.py) is longer is refused before submitting
+    allocation_limit_s: Annotated[int, _ranged(60, 7 * 86_400, "seconds"), _range_schema(60, 7 * 86_400)] | None = None
+    # node-local disk (enroot's/pyxis' cache): each node copies the .sqsh there by sha256 under a lock, checks it
+    # and mounts that copy; default: every node mounts the shared file
+    node_local_dir: Annotated[str, _schema("abs_path"), AfterValidator(_check("abs_path", "an absolute path"))] | None = None
     srun_args: list[SrunArg] = []
     # a directory the submit host and the compute nodes share; default <cache>/cluster-images
     shared_dir: Annotated[str, _schema("abs_path"), AfterValidator(_check("abs_path", "an absolute path"))] | None = None
     runtime: Literal["charliecloud", "enroot"] = "charliecloud"
     # where `publish` places the accepted .sqsh (+ .sha256) under the SHA tag; default: where it was accepted
     publish_dir: Annotated[str, _schema("abs_path"), AfterValidator(_check("abs_path", "an absolute path"))] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "time_limit_s" in data:
+            raise ValueError("time_limit_s: no longer read: each gate's limit is acceptance.timeout_s (or --timeout);"
+                             " the site's allocation cap is allocation_limit_s")
+        return data
 
 
 class Acceptance(Strict):
@@ -673,6 +702,8 @@ class Acceptance(Strict):
     lr_key: OverrideKey = "actor_rollout_ref.actor.optim.lr"
     timeout_s: Annotated[int, _ranged(*TIMEOUT_S, "seconds per gate"), _range_schema(*TIMEOUT_S)] = 900
     gpus: Annotated[int, _ranged(*GPUS, "a GPU count"), _range_schema(*GPUS)] = 0
+    # nodes the recipe spans: 2 puts the rollout engine on another node than the trainer (recipe.rollout)
+    nodes: Annotated[int, _ranged(1, 64, "a node count"), _range_schema(1, 64)] = 1
     mounts: list[Mount] = []
     metrics: Metrics = Metrics()
     required_gates: Annotated[list[GateName], Field(min_length=1), AfterValidator(_unique)] = list(DEFAULT_REQUIRED)
@@ -747,6 +778,13 @@ class Pins(Strict):
         both = set(self.recipe.env) & set(self.recipe.aligned_env)
         if both:
             raise ValueError(f"recipe.env: expected no key also set by aligned_env/control_env, got {show(sorted(both))}")
+        rollout = self.recipe.rollout
+        if self.acceptance.nodes > 1 and rollout is None:
+            raise ValueError(f"acceptance.nodes: {self.acceptance.nodes} puts the rollout engine on a node of its own;"
+                             " expected recipe.rollout (entry, address_key)")
+        if rollout is not None and rollout.address_key in overrides:
+            raise ValueError(f"recipe.overrides[{rollout.address_key}]: expected none (recipe.rollout.address_key;"
+                             " the gates set it to the rollout node's address)")
         self._distinct()
         return self
 
