@@ -145,9 +145,9 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     pins = {"a": pins_for("a", performance=True), "b": pins_for("b", SLOW_EXACT_PATH, performance=True),
             "c": pins_for("c", BATCH_INVARIANCE_OFF), "d": pins_for("d", SKIPPED_WEIGHT_RELOAD)}
     run_id = f"fleet{tag}"
-    env = dict(os.environ, BUILDER_RUN_ID=run_id)
+    env = dict(os.environ, BUILDER_RUN_ID=run_id, BUILDER_SLURM_SHARED_DIR=str(shared))  # the site's, read once
     proc = subprocess.run([sys.executable, "-m", "builder", "nightly", *[str(pins[k]) for k in "abcd"], "--slurm",
-                           "--slurm-shared-dir", str(shared), "--out", str(where / "out")],
+                           "--out", str(where / "out")],
                           cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
                           timeout=1800)
     runs = {k: where / "out" / f"{i}-{pins[k].stem}" for i, k in enumerate("abcd", 1)}
