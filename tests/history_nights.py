@@ -25,12 +25,13 @@ from builder.report.html import plain
 
 @dataclass(frozen=True)
 class Plan:
-    """One night: the vllm commit it ran and the gates planted to fail (gate -> reason)."""
+    """One night: the vllm commit it ran (the head of demo PR `pr`) and the gates planted to fail (gate -> reason)."""
 
     vllm: str
     failing: dict[str, str] = field(default_factory=dict)
     slow: float = 1.0  # the aligned arm's throughput is divided by this
     manifest: str | None = None  # the build's OCI manifest digest (None: the base report's)
+    pr: int = 11  # the demo's vllm PR whose head the commit is (tests/defects.py: 14 slow, 12 zero_update defect)
 
 
 SLOW_REASON = "aligned / control perf/rollout_tokens_per_s 0.09 < min_ratio 0.16 (planted: the slow exact path)"
@@ -40,8 +41,9 @@ ZERO_REASON = "step 1: diff_max 0.0625, expected exactly 0.0 (planted: batch inv
 def demo_plans(good: str, slow: str, defect: str, fixed: str) -> list[Plan]:
     """Good, good, the slow PR (performance fails: new), the zero_update defect (zero_update new, performance
     fixed), the defect again (recurring), the fix (fixed)."""
-    return [Plan(good), Plan(good), Plan(slow, {"performance": SLOW_REASON}, slow=12.0),
-            Plan(defect, {"zero_update": ZERO_REASON}), Plan(defect, {"zero_update": ZERO_REASON}), Plan(fixed)]
+    return [Plan(good), Plan(good), Plan(slow, {"performance": SLOW_REASON}, slow=12.0, pr=14),
+            Plan(defect, {"zero_update": ZERO_REASON}, pr=12), Plan(defect, {"zero_update": ZERO_REASON}, pr=12),
+            Plan(fixed)]
 
 
 def _slowed(evidence: dict[str, Any], factor: float) -> dict[str, Any]:
@@ -73,7 +75,7 @@ def derive(base: Report, plan: Plan, created: str) -> Report:
     reasons = [f"required gate {g.name}: fail ({g.reason})" for g in gates
                if g.name in base.required_gates and g.status != "pass"]
     comps = dict(base.sources.components)
-    comps["vllm"] = comps["vllm"].model_copy(update={"commit": plan.vllm, "pr_head": plan.vllm})
+    comps["vllm"] = comps["vllm"].model_copy(update={"commit": plan.vllm, "pr_head": plan.vllm, "pr": plan.pr})
     update: dict[str, Any] = {"gates": gates, "reasons": reasons, "created": created,
                               "verdict": "NOT ACCEPTED" if reasons else "ACCEPTED",
                               "sources": base.sources.model_copy(update={"components": comps})}

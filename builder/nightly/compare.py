@@ -218,6 +218,12 @@ def load_pair(a: str, b: str, history: History) -> tuple[tuple[Report, Path], tu
     return (document.load(old_path), old_path), (new, new_path)
 
 
+def _pr(commit: dict[str, Any]) -> str:
+    """`#14`, or `#11 -> #14` when B pins another PR of the component than A."""
+    old = commit["old_pr"]
+    return f"#{old} -> #{commit['pr']}" if old not in (None, commit["pr"]) else f"#{commit['pr']}"
+
+
 def _value(value: Any) -> str:
     return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -228,7 +234,7 @@ def to_markdown(diff: dict[str, Any]) -> str:
            f"- A: `{old['path']}` ({old['created'] or 'unknown'}), image `{html_mod.short(old['image_id'])}`",
            f"- B: `{new['path']}` ({new['created'] or 'unknown'}), image `{html_mod.short(new['image_id'])}`",
            "", "### Commits", "", "| Component | PR | A | B | Moved |", "|---|---|---|---|---|"]
-    out += [f"| {c['component']} | #{c['pr']} | `{(c['old'] or '-')[:12]}` | `{c['new'][:12]}` | "
+    out += [f"| {c['component']} | {_pr(c)} | `{(c['old'] or '-')[:12]}` | `{c['new'][:12]}` | "
             f"{'**yes**' if c['moved'] else 'no'} |" for c in diff["commits"]]
     lk = diff["lock"]
     out += ["", "### Lock", "", f"sha256 `{lk['old_sha256'][:16]}` -> `{lk['new_sha256'][:16]}`: "

@@ -23,7 +23,7 @@ from builder.core.options import Settings
 from builder.core.records import Report
 from builder.nightly.history import Run
 
-TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 10.0
 FAILING = ("fail", "inconclusive")
 COLOURS = {"ACCEPTED": "#1a7f37", "NOT ACCEPTED": "#cf222e", "flag": "#bf8700"}
 
@@ -63,7 +63,7 @@ def where(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/..."
 
 
-def post(url: str, message: dict[str, Any], timeout: float = TIMEOUT_S) -> str:
+def post(url: str, message: dict[str, Any], timeout: float = SEND_TIMEOUT_S) -> str:
     """POST the message; the one line to log (never raises)."""
     try:
         response = requests.post(url, json=message, timeout=timeout)
@@ -74,7 +74,7 @@ def post(url: str, message: dict[str, Any], timeout: float = TIMEOUT_S) -> str:
     return f"notify: webhook {where(url)} sent (HTTP {response.status_code})"
 
 
-def run_command(command: str, message: dict[str, Any], timeout: float = TIMEOUT_S) -> str:
+def run_command(command: str, message: dict[str, Any], timeout: float = SEND_TIMEOUT_S) -> str:
     """Run the command (split like a shell would, no shell) with the message on its stdin; the one line to log."""
     argv = shlex.split(command)
     try:
@@ -90,7 +90,7 @@ def run_command(command: str, message: dict[str, Any], timeout: float = TIMEOUT_
 
 
 def notify(settings: Settings, previous: Run | None, previous_report: Report | None, report: Report, flag: bool,
-           reasons: list[str], digest: str | None, page: Path | None, timeout: float = TIMEOUT_S) -> list[str]:
+           reasons: list[str], digest: str | None, page: Path | None, timeout: float = SEND_TIMEOUT_S) -> list[str]:
     """Send the message to each configured target when there is an event; the lines logged (one per target)."""
     why = event(previous, report.verdict, flag)
     if why is None or not (settings.notify_url or settings.notify_command):

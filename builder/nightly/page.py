@@ -22,6 +22,7 @@ from typing import Any
 
 from builder.core import files as fs
 from builder.core.constants import GATES
+from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import Report
 from builder.nightly import compare as compare_mod
@@ -119,7 +120,7 @@ class FactsCache:
             return dict(hit["facts"])
         try:
             found = report_facts(document.load(path), path.parent)
-        except Exception:  # a broken or foreign file reads as gone: one bad row never fails the page
+        except (BadInput, OSError):  # not a report (any more): the row says so, one bad row never fails the page
             return None
         self.entries[report_path] = {"key": key, "facts": found}
         self.changed = True
@@ -223,6 +224,7 @@ def charts(night_list: list[Night]) -> str:
         return ""
     import matplotlib  # lazy: matplotlib loads in about 0.3 s; only the page draws
     from matplotlib.figure import Figure  # lazy: matplotlib, as above
+    from matplotlib.ticker import FormatStrFormatter  # lazy: matplotlib, as above
 
     data = trends(night_list)
     count = len(night_list)
@@ -249,6 +251,7 @@ def charts(night_list: list[Night]) -> str:
                 else:
                     ax.plot(x, values, marker=marker, markersize=3, linewidth=1.2, label=label)
             ax.set_title(title, loc="left", fontsize=9)
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%.4g"))  # no "1e-7" multiplier over the title
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(loc="lower right", bbox_to_anchor=(1, 1), fontsize=7, ncols=6, frameon=False)
             else:
@@ -292,7 +295,7 @@ def newest_comparison(history: History, night_list: list[Night], settings: Setti
         report = document.load(path)
         old_path = compare_mod.last_accepted(history, report, path)
         return compare_mod.compare(document.load(old_path), report, old_path, path, settings), ""
-    except Exception as exc:  # a page never fails on its comparison: it says why there is none
+    except (BadInput, OSError) as exc:  # no earlier accepted run, or a report gone: the page says so
         return None, f"no comparison: {str(exc)[:200]}"
 
 

@@ -121,7 +121,7 @@ def test_the_command_prints_markdown_and_refuses_a_missing_report(nights: tuple[
     done = subprocess.run([sys.executable, "-m", "builder", "compare", str(paths[1]), str(paths[2])],
                           capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert "| vllm | #11 |" in done.stdout and "**yes**" in done.stdout
+    assert "| vllm | #11 -> #14 |" in done.stdout and "**yes**" in done.stdout
     missing = subprocess.run([sys.executable, "-m", "builder", "compare", str(tmp_path / "none.json"), str(paths[2])],
                              capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1

@@ -3,7 +3,10 @@ zero_update defect twice, the fix): failure classes, the failing nights marked, 
 is gone, hostile text escaped, the facts cache; and a run's report as HTML."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -128,3 +131,14 @@ def test_report_as_html_from_the_same_templates(base: Report, tmp_path: Path) ->
     ("demo-stack/tinyengine.git", None), ("https://example.org/x/y.git", None)])
 def test_pr_links_only_where_the_forge_is_known(url: str, link: str | None) -> None:
     assert html_mod.pr_url(url, 7) == link
+
+
+def test_the_command_writes_the_page_and_prints_its_path(base: Report, tmp_path: Path) -> None:
+    history = History(tmp_path / "cache" / "history" / "runs.sqlite")
+    write_nights(base, demo_plans(GOOD, SLOW, DEFECT, FIXED)[:3], tmp_path / "runs", history)
+    out = tmp_path / "page.html"
+    env = {**os.environ, "BUILDER_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "builder", "history", "--html", str(out), "--last", "2"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(out) and out.read_text().count('<tr id="night-') == 2
