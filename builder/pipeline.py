@@ -326,7 +326,7 @@ REPORT_FORMATS = ("md", "json", "junit", "ctrf")
 def report_text(report_json: Path, fmt: str) -> str:
     """A stored report as Markdown, JSON, JUnit XML or CTRF JSON."""
     if fmt not in REPORT_FORMATS:
-        raise BadInput(f"--format: expected md, json, junit or ctrf, got {fmt[:40]!r}")
+        raise BadInput(f"--format: expected md, json, junit, ctrf or html, got {fmt[:40]!r}")
     report = document.load(report_json)
     if fmt == "json":
         return report.model_dump_json(indent=2)

@@ -95,10 +95,10 @@ def manifest_layers(report: Report, settings: Settings) -> list[dict[str, Any]] 
 def layers(old: Report, new: Report, settings: Settings) -> dict[str, Any]:
     before, after = manifest_layers(old, settings), manifest_layers(new, settings)
     if before is None or after is None:
-        gone = [r.name + " " + (r.build.manifest_digest if r.build else "(no build)")
-                for r, got in ((old, before), (new, after)) if got is None]
+        gone = dict.fromkeys((r.build.manifest_digest or "(none)") if r.build else "(no build record)"
+                             for r, got in ((old, before), (new, after)) if got is None)
         return {"known": False, "rows": [], "changed": 0,
-                "note": f"unknown: no OCI manifest in the blob store for {', '.join(gone)} (never built here, or gc)"}
+                "note": f"unknown: no OCI manifest {', '.join(gone)} in the blob store (not built here, or gc)"}
     rows = []
     for index in range(max(len(before), len(after))):
         a = before[index] if index < len(before) else None
@@ -241,7 +241,7 @@ def to_markdown(diff: dict[str, Any]) -> str:
             + ("changed" if lk["changed"] else "unchanged") + (f"; {lk['note']}" if lk["note"] else "")]
     out += [f"- `- {line}`" for line in lk["removed"]] + [f"- `+ {line}`" for line in lk["added"]]
     lay = diff["layers"]
-    out += ["", f"### Layers: {lay['changed'] if lay['known'] else 'unknown'} changed", ""]
+    out += ["", f"### Layers changed: {lay['changed'] if lay['known'] else 'unknown'}", ""]
     if lay["known"]:
         out += ["| # | A digest | A size | B digest | B size |", "|---|---|---|---|---|"]
         for row in (r for r in lay["rows"] if r["changed"]):

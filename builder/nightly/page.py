@@ -251,7 +251,7 @@ def charts(night_list: list[Night]) -> str:
                 else:
                     ax.plot(x, values, marker=marker, markersize=3, linewidth=1.2, label=label)
             ax.set_title(title, loc="left", fontsize=9)
-            ax.yaxis.set_major_formatter(FormatStrFormatter("%.4g"))  # no "1e-7" multiplier over the title
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%.6g"))  # no "1e-7" multiplier over the title
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(loc="lower right", bbox_to_anchor=(1, 1), fontsize=7, ncols=6, frameon=False)
             else:
@@ -264,7 +264,9 @@ def charts(night_list: list[Night]) -> str:
                                    marker="X", s=40, color="#cf222e", zorder=3, label="not accepted")
             dots.set_urls([f"#night-{night_list[i].row.id}" for i in failing])
         step = max(1, math.ceil(count / 10))
-        axes[-1].set_xticks(x[::step], [night_list[i].row.started[:10] for i in x[::step]])
+        days = [n.row.started[:10] for n in night_list]
+        labels = days if len(set(days)) == count else [n.row.started[5:16].replace("T", " ") for n in night_list]
+        axes[-1].set_xticks(x[::step], labels[::step])  # dates, with the time when a day has several nights
         axes[-1].set_xlim(-0.6, count - 0.4)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Format": None, "Type": None})

@@ -111,7 +111,7 @@ def test_layers_unknown_when_the_manifest_blob_is_gone(nights: tuple[Settings, H
     assert old.build is not None
     normalize.blob_path(local, old.build.manifest_digest).unlink()
     layers = compare.compare(old, _load(paths[2]), paths[0], paths[2], local)["layers"]
-    assert not layers["known"] and "no OCI manifest in the blob store" in layers["note"]
+    assert not layers["known"] and f"no OCI manifest {old.build.manifest_digest} in the blob store" in layers["note"]
 
 
 def test_the_command_prints_markdown_and_refuses_a_missing_report(nights: tuple[Settings, History, list[Path]],
