@@ -152,8 +152,16 @@ class SlurmRunner:
         state = (record.get("State") or "").split(" ")[0]
         job = slurm.job_state(self.job or "")
         facts["job_state"] = job.get("JobState")
-        down = _down_nodes([x.name for x in self.nodes])
-        if state == "NODE_FAIL" or job.get("JobState") == "NODE_FAIL" or _node_down(job) or down:
+        names = [x.name for x in self.nodes]
+        failed = state == "NODE_FAIL" or job.get("JobState") == "NODE_FAIL" or _node_down(job)
+        down: list[str] = []
+        deadline = time.monotonic() + (10 if failed else 0)
+        while True:  # slurmdbd records the node's event a moment after the job saw it
+            down = sorted(set(_down_nodes(names)) | set(slurm.down_since(names, job.get("StartTime", ""))))
+            if down or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if failed or down:
             self.ended = f"node failure: allocation {self.job} lost node(s) {', '.join(down) or facts['node']}"
             return GateResult(name=gate, status="inconclusive", reason=f"node failure: node(s) "
                               f"{', '.join(down) or facts['node']} down (Slurm: step {record.get('JobID')} "

@@ -116,6 +116,18 @@ def node_state(node: str) -> str:
     return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
 
 
+def down_since(nodes: list[str], since: str) -> list[str]:
+    """Nodes Slurm recorded as DOWN since `since` (slurmdbd's node events, `sacctmgr show event`): a node set down
+    mid-gate may be back already (ReturnToService), its event stays. A drain is no event of failure."""
+    if not nodes or not since:
+        return []
+    proc = subprocess.run(with_user([tool("sacctmgr"), "-n", "-P", "show", "event", f"nodes={','.join(nodes)}",
+                                     f"start={since}", "format=NodeName,Start,State"]), capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, check=False, timeout=30)
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.count("|") == 2] if proc.returncode == 0 else []
+    return sorted({r[0] for r in rows if r[1] >= since and r[2].upper().startswith(("DOWN", "FAIL"))})
+
+
 def cancel(job: str) -> None:
     """`scancel JOB` (exactly this job ID); quiet when it is gone already."""
     subprocess.run([tool("scancel"), "--quiet", job], capture_output=True, stdin=subprocess.DEVNULL,
