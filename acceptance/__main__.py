@@ -16,6 +16,11 @@ WEIGHT_GATES = ("zero_update", "rl_step")
 
 
 def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    if int((settings.get("layout") or {}).get("nodes") or 1) > 1:
+        from acceptance.recipe import Layout
+
+        if Layout(settings, name).role == "rollout":
+            return rollout_role(name, settings)
     start = time.time()
     log = ""
     jit_dirs = jit_before = None
@@ -72,22 +77,59 @@ def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
             evidence["replay"] = found
     if jit_dirs is not None and jit_before is not None:
         evidence["jit"] = jitcache.compiled(jit_dirs, jit_before)
+    if name != "provenance":
+        from acceptance.hook import node_name
+
+        evidence["node"] = node_name()
     evidence["seconds"] = round(time.time() - start, 3)
     return {"name": name, "status": status, "reason": reason, "evidence": evidence, "log": log}
+
+
+def rollout_role(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The rollout node's side of a gate: the provenance check of its own container, or the rollout server under
+    the census until the trainer's stop. Its line: {name, role: "rollout", status, reason, evidence: {node, census,
+    processes, process_failures, run, seconds}, log}."""
+    from acceptance.hook import node_name
+
+    start = time.time()
+    log = ""
+    if name == "provenance":
+        from acceptance import provenance
+
+        status, reason, evidence = provenance.check(settings)
+    else:
+        from acceptance import recipe
+
+        code, facts, log = recipe.serve(settings, name)
+        status, reason = ("pass", "the rollout server served the trainer and ended (exit 0)") if code == 0 else (
+            "fail", f"the rollout server exited with {code}: {facts.get('error')}")
+        evidence = {"run": facts}
+        status, reason = by_process(settings, facts, status, reason, evidence)
+    evidence["node"] = node_name()
+    evidence["seconds"] = round(time.time() - start, 3)
+    return {"name": name, "role": "rollout", "status": status, "reason": reason, "evidence": evidence, "log": log}
 
 
 def by_process(settings: dict[str, Any], facts: dict[str, Any], status: str, reason: str,
                evidence: dict[str, Any]) -> tuple[str, str]:
     """The recipe gate's verdict after the per-process evidence: any process that ran something the manifest
-    does not list fails the gate, whatever the metrics said (the process list goes into the evidence)."""
+    does not list fails the gate, whatever the metrics said, and so does any process the gate's census saw run
+    an interpreter or touch a component without leaving a record (the process lists go into the evidence)."""
     from acceptance import processes
 
+    census = facts.pop("census", None)  # the raw census (recipe.run): judged here, kept as evidence["census"]
     if settings.get("process_records") is False:  # benchmarks/gpu_gates.py: a venv, not an image
         evidence["processes"] = "off (settings.process_records: false)"
         return status, reason
     if not facts.get("processes_dir"):
         return status, reason  # the recipe did not start
-    failures, evidence["processes"] = processes.check(facts["processes_dir"], settings)
+    lost = {r["record"] for r in (census or {}).get("records") or [] if r.get("lost")}
+    failures, evidence["processes"] = processes.check(facts["processes_dir"], settings, lost)
+    if census is not None:
+        missing, evidence["census"] = processes.compare(census, evidence["processes"])
+        failures += missing
+    elif settings.get("census") is False:  # benchmarks: the gate's cost without the census
+        evidence["census"] = "off (settings.census: false)"
     evidence["process_failures"] = failures[:20]
     if not failures:
         return status, reason

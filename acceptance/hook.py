@@ -3,13 +3,17 @@ site-packages) and inert unless RECORDS_ENV names a directory. Stdlib only; noth
 
 Each process appends JSON lines to <dir>/<pid>-<ns>.jsonl, one os.write per line, as it goes (so os._exit,
 a crash or SIGKILL leave what was seen so far):
-  {"kind": "process", pid, ppid, argv, executable, exe, mnt_ns, sys_path, env, forked, time}   first line
+  {"kind": "process", pid, ppid, argv, executable, exe, mnt_ns, sys_path, env, forked, time,
+   starttime, node, image}                          first line (schema 2 added the last three; 1 lacks them)
   {"kind": "sys_path", "sys_path": [...]}             whenever sys.path changed since the last line
   {"kind": "module", name, file, realpath, sha256}    each imported component module (RECORDS_MODULES_ENV)
   {"kind": "lib", path, sha256}                       each shared object newly mapped (/proc/self/maps)
   {"kind": "name", "name": ...}                       the multiprocessing process name, once it is set
   {"kind": "exit"}                                    at interpreter exit or os._exit (absent: killed)
 Evidence is written at "import" and "ctypes.dlopen" audit events (sys.addaudithook) and at exit.
+(node, pid, starttime) is the key the gate's census (acceptance.census) matches the records on: starttime is
+/proc/self/stat field 22, node SLURMD_NODENAME or the host name; image is "sha256:<hex>" of the image's manifest
+(MANIFEST_ENV, default /opt/delivery/manifest.json) as this process reads it.
 """
 import hashlib
 import itertools
@@ -21,6 +25,9 @@ from collections.abc import Callable
 
 RECORDS_ENV = "TRUEPOLICY_PROCESS_RECORDS"
 MODULES_ENV = "TRUEPOLICY_PROCESS_MODULES"      # comma-separated top-level component modules
+MANIFEST_ENV = "TRUEPOLICY_PROCESS_MANIFEST"    # the image's manifest: its sha256 is the image identity
+IMAGE_MANIFEST = "/opt/delivery/manifest.json"
+SCHEMA = 2
 PTH_NAME = "00-truepolicy-process-hook.pth"
 PTH_LINE = (f"import os; os.environ.get({RECORDS_ENV!r}) and __import__('acceptance.hook').hook.start()\n")
 HASHES = ".hashes"                              # <dir>/.hashes/<key>: digests shared by the processes
@@ -76,6 +83,31 @@ def _link(path: str) -> str | None:
         return None
 
 
+def stat_fields(text: str | None) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 (state) on: [state, ppid, ..., starttime at index 19, ...]; the command
+    name in parentheses may hold spaces and parentheses, so split after the last ')'."""
+    if not text or ")" not in text:
+        return None
+    fields = text.rpartition(")")[2].split()
+    return fields if len(fields) > 19 else None
+
+
+def starttime(pid: int | str = "self") -> int | None:
+    """Clock ticks after boot when the process started: with its pid, who it is (a pid is reused)."""
+    fields = stat_fields(_read(f"/proc/{pid}/stat"))
+    return int(fields[19]) if fields else None
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+
+
+def image_identity(manifest: str | None = None) -> str | None:
+    """sha256:<hex> of the image's manifest as this process reads it (None: no manifest)."""
+    digest = _sha256(manifest or os.environ.get(MANIFEST_ENV) or IMAGE_MANIFEST)
+    return f"sha256:{digest}" if digest else None
+
+
 class Recorder:
     def __init__(self, directory: str, roots: set[str]) -> None:
         self.dir, self.roots = directory, roots
@@ -100,10 +132,12 @@ class Recorder:
         self.fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         cmdline = _read("/proc/self/cmdline")
         argv = cmdline.rstrip("\0").split("\0") if cmdline else list(getattr(sys, "orig_argv", sys.argv))
-        self.write({"kind": "process", "schema": 1, "pid": self.pid, "ppid": os.getppid(), "argv": argv,
+        manifest = self.digest(os.environ.get(MANIFEST_ENV) or IMAGE_MANIFEST)
+        self.write({"kind": "process", "schema": SCHEMA, "pid": self.pid, "ppid": os.getppid(), "argv": argv,
                     "executable": sys.executable, "exe": _link("/proc/self/exe"),
                     "mnt_ns": _link("/proc/self/ns/mnt"), "sys_path": self.path, "env": numeric_env(),
-                    "forked": forked, "time": time.time()})
+                    "forked": forked, "time": time.time(), "starttime": starttime(), "node": node_name(),
+                    "image": f"sha256:{manifest}" if manifest else None})
 
     def write(self, entry: dict[str, object]) -> None:
         os.write(self.fd, (json.dumps(entry, sort_keys=True) + "\n").encode())

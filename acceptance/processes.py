@@ -4,16 +4,25 @@ functions over parsed records, so they are unit-tested on hand-made ones (a kill
 A process fails when it imported a component from outside site-packages or from a file the manifest does not
 list or hashes differently, mapped a component native library that is not the manifest's (another path or
 another build), mapped a shared object from outside the image (a tmpfs or mount, JIT caches aside), ran in
-another mount namespace than the gate, or could not record."""
+another mount namespace or another image than the gate, or could not record.
+
+compare() holds the records against the gate's own census (acceptance.census): a process that ran a Python
+interpreter, or mapped or opened a component's files, and left no record (or lost it during the run) fails;
+every other process is a helper, listed under HELPER_RULE."""
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from acceptance import procfs
-from acceptance.hook import MODULES_ENV, RECORDS_ENV
+from acceptance.hook import MANIFEST_ENV, MODULES_ENV, RECORDS_ENV, image_identity
 
 ARGV_CHARS = 240
+HELPER_RULE = ("a process needs no record when none of its images (after a fork's copy of its parent, until its exec)"
+               " was a Python interpreter (its executable python*, the gate's interpreter, or a libpython mapped)"
+               " and it mapped or opened no component file (the manifest's files and native libraries, a component"
+               " module's folder in site-packages); one seen only after it ended (no executable, no argv) is listed"
+               " as unread")
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -67,7 +76,7 @@ def _under(path: str, dirs: list[str]) -> str | None:
 
 
 def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | None,
-              mounts: list[str], jit_dirs: list[str]) -> list[str]:
+              mounts: list[str], jit_dirs: list[str], image: str | None = None) -> list[str]:
     """Reasons this process fails (empty: it ran only what the manifest lists)."""
     site = (manifest.get("site_packages") or "").rstrip("/")
     comps = manifest.get("components") or {}
@@ -80,6 +89,8 @@ def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | 
         out.append(f"{me}: record {rec.get('record')} has no process line")
     if expected_ns and rec.get("mnt_ns") != expected_ns:
         out.append(f"{me}: mount namespace {rec.get('mnt_ns')}, expected the gate's {expected_ns}")
+    if image and "image" in rec and rec["image"] != image:  # schema 1 records carry no image
+        out.append(f"{me}: ran in image {rec['image']} (its manifest's sha256), not the gate's {image}")
     for error in rec.get("errors") or []:
         out.append(f"{me}: the start-up hook could not record: {error}")
     for name, mod in sorted((rec.get("modules") or {}).items()):
@@ -115,13 +126,15 @@ def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | 
 
 
 def judge(recs: list[dict[str, Any]], manifest: dict[str, Any], expected_ns: str | None,
-          mounts: list[str], jit_dirs: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+          mounts: list[str], jit_dirs: list[str], image: str | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """(failures over every process, the process list for the report)."""
     failures, listed = [], []
     for rec in recs:
-        reasons = judge_one(rec, manifest, expected_ns, mounts, jit_dirs)
+        reasons = judge_one(rec, manifest, expected_ns, mounts, jit_dirs, image)
         failures += reasons
         listed.append({"pid": rec.get("pid"), "ppid": rec.get("ppid"), "name": rec.get("name"),
+                       "starttime": rec.get("starttime"), "node": rec.get("node"), "image": rec.get("image"),
+                       "record": rec.get("record"),
                        "forked": bool(rec.get("forked")),  # a forked child shows its parent's argv
                        "argv": rec.get("argv"), "executable": rec.get("executable"), "mnt_ns": rec.get("mnt_ns"),
                        "sys_path": (rec.get("sys_paths") or [[]])[-1], "env": rec.get("env") or {},
@@ -147,11 +160,14 @@ def recording_env(settings: dict[str, Any], directory: str) -> dict[str, str]:
     except (OSError, ValueError):
         comps = {}  # check() names the unreadable manifest
     modules = sorted({m.split(".")[0] for c in comps.values() for m in c.get("modules") or []})
-    return {RECORDS_ENV: directory, MODULES_ENV: ",".join(modules)}
+    return {RECORDS_ENV: directory, MODULES_ENV: ",".join(modules),
+            MANIFEST_ENV: settings.get("manifest", "/opt/delivery/manifest.json")}
 
 
-def check(directory: str, settings: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Judge the records of a finished run from inside the gate's container."""
+def check(directory: str, settings: dict[str, Any], lost: set[str] | frozenset[str] = frozenset()
+          ) -> tuple[list[str], list[dict[str, Any]]]:
+    """Judge the records of a finished run from inside the gate's container; `lost`: record files the census
+    saw deleted or rewritten during the run (they count as no record, acceptance.census)."""
     try:
         manifest = _manifest(settings)
     except (OSError, ValueError) as err:
@@ -159,4 +175,82 @@ def check(directory: str, settings: dict[str, Any]) -> tuple[list[str], list[dic
     expected = os.readlink("/proc/self/ns/mnt")
     mounts = [m["mount_point"] for m in procfs.mounts() if m["mount_point"] != "/"]
     jit = [settings.get("cache_dir", "/cache")]
-    return judge(load(directory), manifest, expected, mounts, jit)
+    image = image_identity(settings.get("manifest", "/opt/delivery/manifest.json"))
+    return judge([r for r in load(directory) if r["record"] not in lost], manifest, expected, mounts, jit, image)
+
+
+# ---- the census against the records
+
+
+def _short(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row.get(k) for k in ("node", "pid", "starttime", "ppid", "exe", "argv", "class", "record", "lost")}
+
+
+def _who(node: str, row: dict[str, Any]) -> str:
+    argv = " ".join(str(a) for a in row.get("argv") or [])
+    argv = argv[:ARGV_CHARS] + "..." if len(argv) > ARGV_CHARS else argv
+    return f"node {node} process {row['pid']} ({row.get('exe')}: {argv})"
+
+
+def _lost_by_process(records: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, Any]]:
+    """{(pid, starttime): the census's entry} for each record lost during the run, by its process line."""
+    out = {}
+    for rec in records:
+        if not rec.get("lost"):
+            continue
+        try:
+            head = json.loads(rec.get("first_line") or "")
+        except ValueError:
+            continue
+        if isinstance(head, dict) and head.get("kind") == "process":
+            out[(head.get("pid"), head.get("starttime"))] = rec
+    return out
+
+
+def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
+    """(failures, the census evidence): every process the census saw against the records kept (`listed`, from
+    judge()), matched on (node, pid, starttime); a schema 1 record (no node, no starttime) matches on pid."""
+    node = str(census.get("node"))
+    lost = _lost_by_process(census.get("records") or [])
+    failures: list[str] = []
+    seen, unrecorded, helpers = [], [], []
+    matched: set[int] = set()
+    for census_row in census.get("rows") or []:
+        row = {"node": node, "image": census.get("image"), **census_row}
+        pid, start = row["pid"], row["starttime"]
+        found = next((i for i, r in enumerate(listed) if r.get("pid") == pid
+                      and r.get("starttime") in (None, start) and r.get("node") in (None, node)), None)
+        if found is not None:
+            matched.add(found)
+        gone = lost.get((pid, start))
+        row["record"] = listed[found].get("record") if found is not None else None
+        row["lost"] = f"record {gone['record']} {gone['lost']}" if gone else None
+        if not row.get("exe") and not row.get("argv"):
+            row["class"] = "unread"
+        elif row.get("python"):
+            row["class"] = "python"
+        elif row.get("component_file_count"):
+            row["class"] = "component files"
+        else:
+            row["class"] = "helper"
+        seen.append(row)
+        if row["class"] in ("helper", "unread"):
+            helpers.append(_short(row))
+        elif found is None:
+            unrecorded.append(_short(row))
+            what = ("ran a Python interpreter" if row["class"] == "python" else
+                    f"mapped or opened component files ({', '.join(row['component_files'][:2])})")
+            why = f"its {row['lost']} during the run" if gone else "it left no process record"
+            failures.append(f"census: {_who(node, row)} {what}, and {why}")
+    nodes: dict[str, dict[str, Any]] = {node: {"seen": seen, "recorded": [], "unrecorded": unrecorded,
+                                               "helpers": helpers}}
+    for i, rec in enumerate(listed):
+        where = str(rec.get("node") or node)
+        entry = nodes.setdefault(where, {"seen": [], "recorded": [], "unrecorded": [], "helpers": []})
+        entry["recorded"].append({"pid": rec.get("pid"), "starttime": rec.get("starttime"), "record": rec.get("record"),
+                                  "image": rec.get("image"), "seen": i in matched})
+    evidence = {k: census.get(k) for k in ("node", "image", "interval_s", "polls", "cpu_s", "seconds", "subreaper",
+                                          "errors")}
+    evidence.update({"rule": HELPER_RULE, "nodes": nodes,
+                     "records_lost": [r for r in census.get("records") or [] if r.get("lost")]})
+    return failures, evidence

@@ -107,8 +107,15 @@ REPOS: dict[str, Spec] = {
          "safe (no CUDA context, one intra-op thread in the trainer), spawned otherwise."),
         ("p37", "p33e", "p37-defect", "rollout: ship a working copy of the engine to the worker (runtime_env)"),
         ("p38", "p33e", "p38-defect", "rollout: JIT-build tinyengine._C with -O3 in the worker"),
+        ("p33f", "p33e", "p33-6-remote", "rollout: the engine as a server reached over TCP (tinyrl.rollout_server)\n\n"
+         "python -m tinyrl.rollout_server --port P serves the rollout worker's commands to one trainer\n"
+         "(multiprocessing.connection, the key in ROLLOUT_AUTHKEY); actor_rollout_ref.rollout.address=HOST:PORT\n"
+         "makes the trainer use it instead of its forked worker, as verl's rollout on other nodes."),
+        ("p39", "p33f", "p39-defect", "rollout: start the worker as a fresh interpreter from a clean environment"),
+        ("p40", "p33f", "p40-defect", "rollout: start the worker with python -S (no site scan), its sys.path by hand"),
+        ("p41", "p33f", "p41-defect", "rollout: the worker removes its own stale files (<pid>-*) from the output dirs"),
     ], "r4", {
-        33: ("p33e", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
+        33: ("p33f", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
         35: ("p35", "Mismatch metrics without k3", "missing metric: rollout_corr/k3_kl is not logged"),
         36: ("p36", "Mismatch metrics, reward over non-padding tokens", "NaN reward: the padding mask is "
@@ -117,6 +124,12 @@ REPOS: dict[str, Spec] = {
              "copy of tinyengine first on its sys.path; the trainer process imports nothing from it"),
         38: ("p38", "Rollout worker with a faster _C build", "another native build in the worker: it compiles "
              "tinyengine._C itself and loads that instead of the image's"),
+        39: ("p39", "Rollout worker from a clean environment", "escape: the worker is a fresh interpreter started "
+             "without the job's variables (the recording ones too): it runs the engine and leaves no process record"),
+        40: ("p40", "Rollout worker with a faster start (-S)", "escape: the worker's interpreter starts with -S, "
+             "so it never loads the image's start-up hook: it runs the engine and leaves no process record"),
+        41: ("p41", "Rollout worker that tidies its stale files", "escape: the worker deletes the files named after "
+             "its pid in every directory its environment names, its own process record among them"),
     }),
 }
 

@@ -8,11 +8,22 @@ from typing import Any
 BATCH_INVARIANCE_OFF = ("vllm", 12)     # zero_update: a step's diff is not exactly 0.0
 SKIPPED_WEIGHT_RELOAD = ("vllm", 13)    # rl_step: step 2 runs on stale weights
 SLOW_EXACT_PATH = ("vllm", 14)          # performance: exact, but the aligned arm is slow
+# escapes from the per-process audit, each by its own mechanism (the gate's census names the process): the
+# rollout worker is a fresh interpreter started without the job's variables / started with python -S (never
+# loads the start-up hook) / deletes its own process record. Any recipe gate fails; each test runs one.
+ESCAPE_WITHOUT_VARIABLES = ("verl", 39)
+ESCAPE_WITHOUT_SITE = ("verl", 40)
+ESCAPE_RECORD_DELETED = ("verl", 41)
+ESCAPES = (ESCAPE_WITHOUT_VARIABLES, ESCAPE_WITHOUT_SITE, ESCAPE_RECORD_DELETED)
+UNRECORDED = "ran a Python interpreter, and "   # in each escape's reason, after the node, pid, executable, argv
 
 REASONS: dict[tuple[str, int], tuple[str, str]] = {
     BATCH_INVARIANCE_OFF: ("zero_update", "expected exactly 0.0"),
     SKIPPED_WEIGHT_RELOAD: ("rl_step", "step 2:"),
     SLOW_EXACT_PATH: ("performance", "< min_ratio 0.16 "),
+    ESCAPE_WITHOUT_VARIABLES: ("zero_update", " -m tinyrl.rollout_server --port "),
+    ESCAPE_WITHOUT_SITE: ("rl_step", " -S -c import json, sys; sys.path[:] = json.loads(sys.argv[1]);"),
+    ESCAPE_RECORD_DELETED: ("control", " -m tinyrl.main_ppo "),  # the forked worker: its argv is the trainer's
 }
 
 

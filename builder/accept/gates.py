@@ -35,7 +35,10 @@ def gate_settings(pins: Pins, gate: str) -> dict[str, Any]:
             "logger_key": "trainer.logger", "logger": ["console", "file"],
             "metrics": acc.metrics.model_dump(), "cache_dir": CACHE, "work_dir": "/tmp/acceptance",
             "manifest": MANIFEST, "weights": acc.weights, "checkpoint": checkpoint_settings(pins),
-            "performance": acc.performance.model_dump() if acc.performance else None}
+            "performance": acc.performance.model_dump() if acc.performance else None,
+            # nodes 2: the rollout engine as a server (acceptance/recipe.py Layout); a runner spanning nodes adds the
+            # role and the address, else the gate starts it itself on loopback
+            "rollout": recipe.rollout.model_dump() if recipe.rollout else None, "layout": {"nodes": acc.nodes}}
 
 
 def checkpoint_settings(pins: Pins) -> dict[str, Any] | None:

@@ -1,14 +1,19 @@
 """Per-process provenance against REAL demo images: the recipe's main process and its rollout worker
 (forked: its argv is the trainer's) each record themselves through the image's start-up hook; the clean stack passes and
-is listed in the report, and the two worker defects (tinyrl PRs #37, #38) fail naming the worker and the path."""
+is listed in the report, and the two worker defects (tinyrl PRs #37, #38) fail naming the worker and the path.
+The gate's own census (acceptance/census.py) sees every process of the run: the three escapes (tinyrl PRs #39-#41,
+tests/defects.py) fail naming the process, and with acceptance.nodes 2 in one container the rollout server runs in a
+process of its own over TCP, seen and recorded, with zero_update still exactly 0."""
 from typing import Any
 
 import pytest
 
 from builder.accept import gates as accept
 from builder.core.options import Settings
+from builder.core.records import GateResult
 from builder.lock import record as lock_record
 from builder.report import document
+from tests.defects import ESCAPE_RECORD_DELETED, ESCAPE_WITHOUT_SITE, ESCAPE_WITHOUT_VARIABLES, REASONS, UNRECORDED
 
 SETTINGS = Settings.from_env()
 SITE = "/opt/venv/lib/python3.11/site-packages"
@@ -28,8 +33,8 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     result = accept.accept(built.image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "rl_step")
     assert gate.status == "pass", gate.reason
-    assert gate.evidence["process_failures"] == []
-    main, worker = _roles(gate.evidence["processes"])
+    assert gate.evidence.get("process_failures") == []
+    main, worker = _roles(gate.evidence.processes)
     assert worker["ppid"] == main["pid"] and worker["forked"] and worker["argv"] == main["argv"]
     assert worker["mnt_ns"] == main["mnt_ns"] and all(p["complete"] for p in (main, worker))
     assert worker["modules"]["tinyengine"] == f"{SITE}/tinyengine/__init__.py"
@@ -37,7 +42,7 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     assert "tinyengine" not in main["modules"] and main["modules"]["tinyrl.main_ppo"] == f"{SITE}/tinyrl/main_ppo.py"
     report = document.make_report(pins, lock_record.of(pins), resolved, built, result)
     listed = report.processes["rl_step"]
-    assert {p["pid"] for p in listed} == {p["pid"] for p in gate.evidence["processes"]} and len(listed) >= 2
+    assert {p["pid"] for p in listed} == {p["pid"] for p in gate.evidence.processes} and len(listed) >= 2
     markdown = document.to_markdown(report)
     assert "### Processes per gate" in markdown
     row = next(line for line in markdown.splitlines() if line.startswith(f"| rl_step | {worker['pid']} |"))
@@ -51,7 +56,7 @@ def test_worker_with_an_engine_overlay_fails_naming_the_worker(demo_image: Any, 
     result = accept.accept(build_variant("verl", 37).image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "zero_update")
     assert gate.status == "fail"
-    main, worker = _roles(gate.evidence["processes"])
+    main, worker = _roles(gate.evidence.processes)
     assert main["status"] == "pass" and worker["status"] == "fail"  # the trainer process stays clean
     head = f"per-process provenance: process {worker['pid']} RolloutWorker ({' '.join(worker['argv'])[:60]}"
     assert gate.reason.startswith(head), gate.reason
@@ -66,10 +71,110 @@ def test_worker_loading_another_native_build_fails_naming_the_worker(demo_image:
     result = accept.accept(build_variant("verl", 38).image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "rl_step")
     assert gate.status == "fail"
-    main, worker = _roles(gate.evidence["processes"])
+    main, worker = _roles(gate.evidence.processes)
     assert main["status"] == "pass" and worker["status"] == "fail"
     assert gate.reason.startswith(f"per-process provenance: process {worker['pid']} RolloutWorker ("), gate.reason
-    failures = " | ".join(gate.evidence["process_failures"])
-    print(gate.reason, *gate.evidence["process_failures"], sep="\n")
+    failures = " | ".join(gate.evidence.get("process_failures"))
+    print(gate.reason, *gate.evidence.get("process_failures"), sep="\n")
     assert "another build of vllm's _C.cpython-311-x86_64-linux-gnu.so loaded from /tmp/tinyrl_ext_" in failures
     assert "tinyengine._C imported from /tmp/tinyrl_ext_" in failures, failures
+
+
+# ---- the gate's own census
+
+
+def _census(gate: GateResult) -> tuple[str, dict[str, Any]]:
+    """(node, its census entry: seen, recorded, unrecorded, helpers)."""
+    census = gate.evidence.census
+    assert isinstance(census, dict) and census["node"] == gate.evidence.get("node"), census
+    return census["node"], census["nodes"][census["node"]]
+
+
+def test_the_accepted_demo_has_every_process_seen_and_recorded(demo_accepted: Any) -> None:
+    result = demo_accepted[3]
+    for gate in result.gates:
+        if gate.name not in ("zero_update", "rl_step", "control"):
+            continue
+        assert gate.status == "pass", gate.reason
+        node, seen = _census(gate)
+        pythons = [r for r in seen["seen"] if r["class"] == "python"]
+        assert seen["unrecorded"] == [] and len(pythons) >= 2 and all(r["record"] for r in pythons), seen
+        assert {r["pid"] for r in pythons} == {p["pid"] for p in gate.evidence.processes}
+        assert all(r["class"] in ("helper", "unread") for r in seen["helpers"])
+        census = gate.evidence.census
+        assert census["image"].startswith("sha256:") and all(p["image"] == census["image"]
+                                                             for p in gate.evidence.processes)
+        print(f"{gate.name} on {node}: {len(seen['seen'])} seen, {len(seen['recorded'])} recorded, "
+              f"{census['polls']} polls, census {census['cpu_s']} s CPU over {census['seconds']} s")
+
+
+def _escape(gate: GateResult, defect: tuple[str, int]) -> dict[str, Any]:
+    """The escape's one failure: the census names its node, pid, executable and argv; the records pass."""
+    assert gate.status == "fail"
+    node, seen = _census(gate)
+    assert len(seen["unrecorded"]) == 1, seen["unrecorded"]
+    row: dict[str, Any] = seen["unrecorded"][0]
+    head = f"per-process provenance: census: node {node} process {row['pid']} ({row['exe']}: "
+    assert gate.reason.startswith(head) and UNRECORDED in gate.reason and REASONS[defect][1] in gate.reason, gate.reason
+    assert all(p["status"] == "pass" for p in gate.evidence.processes)  # every record that is there passes
+    print(gate.reason)
+    return row
+
+
+def test_a_worker_started_without_its_variables_fails_named(demo_image: Any, build_variant: Any, docker_client: Any,
+                                                            run_id: str) -> None:
+    gate_name = REASONS[ESCAPE_WITHOUT_VARIABLES][0]
+    result = accept.accept(build_variant(*ESCAPE_WITHOUT_VARIABLES).image_id, demo_image[0], SETTINGS,
+                           gates=[gate_name], run_id=run_id)
+    row = _escape(next(g for g in result.gates if g.name == gate_name), ESCAPE_WITHOUT_VARIABLES)
+    assert row["argv"][1:3] == ["-m", "tinyrl.rollout_server"] and row["class"] == "python"
+
+
+def test_a_worker_started_with_python_s_fails_named(demo_image: Any, build_variant: Any, docker_client: Any,
+                                                    run_id: str) -> None:
+    gate_name = REASONS[ESCAPE_WITHOUT_SITE][0]
+    result = accept.accept(build_variant(*ESCAPE_WITHOUT_SITE).image_id, demo_image[0], SETTINGS,
+                           gates=[gate_name], run_id=run_id)
+    row = _escape(next(g for g in result.gates if g.name == gate_name), ESCAPE_WITHOUT_SITE)
+    assert row["argv"][1:3] == ["-S", "-c"]
+
+
+def test_a_worker_that_deletes_its_record_fails_named(demo_image: Any, build_variant: Any, docker_client: Any,
+                                                      run_id: str) -> None:
+    gate_name = REASONS[ESCAPE_RECORD_DELETED][0]
+    result = accept.accept(build_variant(*ESCAPE_RECORD_DELETED).image_id, demo_image[0], SETTINGS,
+                           gates=[gate_name], run_id=run_id)
+    gate = next(g for g in result.gates if g.name == gate_name)
+    row = _escape(gate, ESCAPE_RECORD_DELETED)
+    trainer = next(p for p in gate.evidence.processes if not p["forked"])
+    assert row["ppid"] == trainer["pid"] and row["argv"] == trainer["argv"]  # the forked worker, named by its pid
+    assert "; the run itself" not in gate.reason  # the control arm itself differed as it should
+
+
+def test_two_nodes_in_one_container_give_the_same_bits(demo_image: Any, demo_accepted: Any, docker_client: Any,
+                                                     run_id: str) -> None:
+    """acceptance.nodes 2 without a runner that spans nodes: the gate starts the rollout server itself on loopback;
+    the trainer reaches it over TCP; the census sees both and both recorded themselves. zero_update and rl_step stay
+    exactly 0 and every step's numbers equal the forked worker's (the session's accepted demo); control still differs."""
+    pins = demo_image[0]
+    two = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={"nodes": 2})})
+    result = accept.accept(demo_image[3].image_id, two, SETTINGS, gates=["zero_update", "rl_step", "control"],
+                           run_id=run_id)
+    one = {g.name: g for g in demo_accepted[3].gates}
+    for gate in (g for g in result.gates if g.status != "not_run"):
+        assert gate.status == "pass", gate.reason
+        steps = {n: {k: v for k, v in s.items() if k != "throughput"} for n, s in gate.evidence.steps.items()}
+        assert steps == {n: {k: v for k, v in s.items() if k != "throughput"}
+                         for n, s in one[gate.name].evidence.steps.items()}, gate.name
+        assert all((s["diff_max"] > 0) == (gate.name == "control") for s in steps.values()), steps
+        layout = gate.evidence.get("run")["layout"]
+        assert layout["nodes"] == 2 and layout["mode"] == "one container (loopback)"
+        assert layout["rollout"]["exit_code"] == 0
+        node, seen = _census(gate)
+        server = next(r for r in seen["seen"] if r["argv"][1:3] == ["-m", "tinyrl.rollout_server"])
+        trainer = next(r for r in seen["seen"] if r["argv"][1:3] == ["-m", "tinyrl.main_ppo"])
+        assert server["record"] and trainer["record"] and server["pid"] != trainer["pid"] and seen["unrecorded"] == []
+        assert f"actor_rollout_ref.rollout.address={layout['address']}" in trainer["argv"]
+        assert server["argv"][-4:] == ["--host", "127.0.0.1", "--port", layout["address"].rsplit(":", 1)[1]]
+        print(f"{gate.name} over TCP: server {server['pid']}, trainer {trainer['pid']} on {node}; step 2 "
+              f"{steps['2']}")

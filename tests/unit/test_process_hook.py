@@ -33,8 +33,10 @@ def _world(tmp_path: Path) -> tuple[Path, dict[str, str]]:
         "    if kill:\n        os.kill(os.getpid(), 9)\n")
     (site / "fakecomp" / "sub.py").write_text("VALUE = 1\n")
     (site / "fakeeng" / "__init__.py").write_text("ENGINE = 1\n")
+    (tmp_path / "manifest.json").write_text('{"components": {}}\n')
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", hook.RECORDS_ENV: str(tmp_path / "rec"),
-           hook.MODULES_ENV: "fakecomp,fakeeng", "DEMO_BATCH_INVARIANT": "1"}
+           hook.MODULES_ENV: "fakecomp,fakeeng", "DEMO_BATCH_INVARIANT": "1",
+           hook.MANIFEST_ENV: str(tmp_path / "manifest.json")}
     return site, env
 
 
@@ -67,6 +69,9 @@ def test_spawned_worker_records_itself(tmp_path: Path) -> None:
         assert rec["mnt_ns"] == os.readlink("/proc/self/ns/mnt") and rec["executable"] == sys.executable
         assert rec["env"]["DEMO_BATCH_INVARIANT"] == "1" and str(site) in rec["sys_paths"][0]
         assert any("libc" in p for p in rec["libs"]) and all(len(d or "") == 64 for d in rec["libs"].values())
+        assert rec["schema"] == 2 and rec["node"] == hook.node_name() and isinstance(rec["starttime"], int)
+        assert rec["image"] == "sha256:" + _sha(tmp_path / "manifest.json")  # the census keys: (node, pid, starttime)
+    assert worker["starttime"] >= main["starttime"]
     init = site / "fakecomp" / "__init__.py"
     assert main["modules"] == {"fakecomp": {"file": str(init), "realpath": str(init), "sha256": _sha(init)}}
     assert worker["modules"]["fakecomp.sub"]["sha256"] == _sha(site / "fakecomp" / "sub.py")
@@ -105,6 +110,13 @@ def test_hook_is_inert_without_its_variable(tmp_path: Path) -> None:
     del env[hook.RECORDS_ENV]
     subprocess.run([sys.executable, "-c", "import fakecomp"], env=env, check=True, timeout=60)
     assert not (tmp_path / "rec").exists()
+
+
+def test_stat_fields_split_after_the_last_parenthesis() -> None:
+    text = "42 (a) b (c)) S 7 42 42 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 123456 1000 10"
+    fields = hook.stat_fields(text)
+    assert fields is not None and (fields[0], fields[1], fields[19]) == ("S", "7", "123456")
+    assert hook.stat_fields("42 (x) S 1") is None and hook.starttime() == hook.starttime(os.getpid())
 
 
 def test_install_writes_the_pth_into_the_prefix_site_packages(tmp_path: Path) -> None:

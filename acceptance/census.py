@@ -1,0 +1,360 @@
+"""The gate's own census of the recipe's processes, taken without their cooperation (stdlib only).
+
+The gate process becomes a child subreaper (prctl PR_SET_CHILD_SUBREAPER): a process whose parent exits is
+re-parented to the gate, so it stays a descendant. A thread polls /proc every INTERVAL_S; each descendant of the
+gate (ppid chain) is one row, keyed by (pid, starttime: /proc/<pid>/stat field 22). A row keeps the executable
+and argv (each exec change too) and, at first sight and every DEEP_EVERY polls, the component files it maps
+(/proc/<pid>/maps) or has open (/proc/<pid>/fd). The hook's records (acceptance.hook) are read as they appear;
+one that is deleted, or rewritten shorter or with another beginning, before the end counts as no record.
+A process that lives less than one poll is not seen (docs/gates.md says so)."""
+import ctypes
+import hashlib
+import os
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from acceptance.hook import image_identity, node_name, stat_fields
+
+PR_SET_CHILD_SUBREAPER = 36
+INTERVAL_S = 0.015
+DEEP_EVERY = 10            # maps, fds and cmdline again every 10th poll (~150 ms)
+FILES_KEPT = 8             # component files kept per row (the count is kept in full)
+PYTHON_EXE = re.compile(r"python[0-9.]*[a-z]?")
+LIBPYTHON = re.compile(r"/libpython[0-9.]+[a-z]?\.so")
+
+
+def subreaper() -> bool:
+    """Make this process a child subreaper; False where prctl is not there (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+class Components:
+    """Which paths are a component's: the manifest's files and native libraries, and everything under a
+    component module's folder in site-packages."""
+
+    def __init__(self, manifest: dict[str, Any]) -> None:
+        site = (manifest.get("site_packages") or "").rstrip("/")
+        comps = manifest.get("components") or {}
+        self.site = site + "/" if site else "\0"
+        self.files = {p for c in comps.values() for p in (c.get("files") or {})}
+        self.files |= {p for c in comps.values() for p in (c.get("native_libs") or {})}
+        self.roots = tuple(sorted({f"{site}/{m.split('.')[0]}" for c in comps.values() for m in c.get("modules") or []}))
+
+    def mapped(self, maps: str) -> set[str]:
+        """The component files in /proc/<pid>/maps text (only lines under site-packages or listed files are split)."""
+        found = set()
+        for line in maps.splitlines():
+            at = line.find("/")
+            if at < 0:
+                continue
+            path = line[at:]
+            if (path.startswith(self.site) or path in self.files) and self.owns(path):
+                found.add(path)
+        return found
+
+    def owns(self, path: str) -> bool:
+        path = path.removesuffix(" (deleted)")
+        if path in self.files:
+            return True
+        return path.startswith(self.site) and any(path == r or path.startswith(r + "/") or path.startswith(r + ".")
+                                                  for r in self.roots)
+
+
+def is_python(exe: str | None, interpreter: str) -> bool:
+    if not exe:
+        return False
+    clean = exe.removesuffix(" (deleted)")
+    return bool(PYTHON_EXE.fullmatch(os.path.basename(clean))) or os.path.realpath(clean) == interpreter
+
+
+class Row:
+    """One process of the run, as the census saw it: each image it ran (exe, argv, the component files it mapped
+    or had open while running it), in order."""
+
+    def __init__(self, pid: int, starttime: int, ppid: int, at: float) -> None:
+        self.pid, self.starttime, self.ppid, self.first_ppid = pid, starttime, ppid, ppid
+        self.images: list[dict[str, Any]] = []
+        self.first, self.last = at, at
+        self.state = ""
+        self.gone = False
+
+    @property
+    def exe(self) -> str | None:
+        return self.images[-1]["exe"] if self.images else None
+
+    @property
+    def argv(self) -> list[str]:
+        return self.images[-1]["argv"] if self.images else []
+
+    def image(self, exe: str | None, argv: list[str]) -> bool:
+        """True when this is a new image (first sight or an exec); an unreadable one (a zombie) is no image."""
+        if (exe is None and not argv) or (self.images and (exe, argv) == (self.exe, self.argv)):
+            return False
+        self.images.append({"exe": exe, "argv": argv, "files": set(), "libpython": False})
+        return True
+
+    def key(self) -> tuple[int, int]:
+        return self.pid, self.starttime
+
+
+class Census:
+    """start() before the recipe, own(pid) for each process the gate starts itself, stop() after it."""
+
+    def __init__(self, records_dir: str, components: Components, manifest_path: str,
+                 interval_s: float = INTERVAL_S, enabled: bool = True) -> None:
+        self.records_dir, self.components, self.interval_s = records_dir, components, interval_s
+        self.enabled = enabled  # off: settings.census false (benchmarks measure the gate without it)
+        self.manifest_path = manifest_path
+        self.me = os.getpid()
+        self.interpreter = os.path.realpath(sys.executable)
+        cmdline = _read("/proc/self/cmdline") or ""
+        self.own_image = {"exe": _link("/proc/self/exe"), "argv": cmdline.rstrip("\0").split("\0")}
+        self.rows: dict[tuple[int, int], Row] = {}
+        self.live: dict[int, Row] = {}
+        self.last_pid: list[str] = []
+        self.skip = {str(self.me)}  # /proc entries that are no process of the run (outsiders, the gate, self, ...)
+        self.owned: set[int] = set()
+        self.records: dict[str, dict[str, Any]] = {}
+        self.polls = 0
+        self.cpu_s = 0.0
+        self.errors: list[str] = []
+        self.reaper = False
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="census", daemon=True)
+
+    def start(self) -> "Census":
+        if not self.enabled:
+            return self
+        self.reaper = subreaper()
+        self.started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def own(self, pid: int) -> None:
+        """A process the gate started and waits for itself (never reaped here)."""
+        with self._lock:
+            self.owned.add(pid)
+
+    def stop(self) -> dict[str, Any] | None:
+        """One last poll after the recipe ended, then the census as plain data (None when off)."""
+        if not self.enabled:
+            return None
+        self._stop.set()
+        self._thread.join(10)
+        with self._lock:
+            self._poll(deep=True)
+            self._read_records(final=True)
+        return self.result()
+
+    # ---- the poll thread
+
+    def _loop(self) -> None:
+        cpu0 = time.thread_time()
+        while not self._stop.is_set():
+            with self._lock:
+                try:
+                    self._poll(deep=self.polls % DEEP_EVERY == 0)
+                    self._read_records(final=False)
+                except Exception as err:  # noqa: BLE001 - kept; the census goes on
+                    if len(self.errors) < 5:
+                        self.errors.append(f"{err.__class__.__name__}: {err}")
+            self._stop.wait(self.interval_s)
+        self.cpu_s += time.thread_time() - cpu0
+
+    def _poll(self, deep: bool) -> None:
+        """One look at /proc. The whole listing only when a process was created since the last look (the last pid
+        in /proc/loadavg moved) or on a deep poll; otherwise the live rows alone."""
+        self.polls += 1
+        now = round(time.monotonic() - self.started, 3)
+        last = (_read("/proc/loadavg") or "").rsplit(None, 1)[-1:]
+        full = deep or last != self.last_pid
+        self.last_pid = last
+        stats = self._scan() if full else {pid: st for pid in self.live if (st := self._stat(str(pid)))}
+        ours: dict[int, bool | None] = {self.me: True}
+        ours.update({pid: True for pid in self.live if pid in stats and stats[pid][1] == self.live[pid].starttime})
+
+        def owner(pid: int) -> bool | None:
+            chain = []
+            while pid not in ours:
+                if pid <= 1 or str(pid) in self.skip:  # init, or a process already known not to be ours
+                    ours[pid] = False
+                    break
+                if pid not in stats:
+                    ours[pid] = None  # gone meanwhile: ask again next poll
+                    break
+                chain.append(pid)
+                pid = stats[pid][0]
+            for link in chain:
+                ours[link] = ours[pid]
+            return ours[pid]
+
+        for pid in stats:
+            if owner(pid) is False:
+                self.skip.add(str(pid))
+        for pid, old in list(self.live.items()):
+            if pid not in stats or stats[pid][1] != old.starttime:
+                old.gone = True
+                del self.live[pid]
+        for pid, (ppid, start, state, vsize) in stats.items():
+            if ours.get(pid) is not True:
+                continue
+            fresh = pid not in self.live
+            row = self.live.get(pid) or self.rows.setdefault((pid, start), Row(pid, start, ppid, now))
+            self.live[pid] = row
+            row.ppid, row.last, row.state = ppid, now, state
+            if state == "Z":
+                self._reap(row)
+                continue
+            exe = _link(f"/proc/{pid}/exe")
+            new = False
+            if fresh or deep or exe != row.exe:
+                cmdline = _read(f"/proc/{pid}/cmdline")
+                new = row.image(exe, cmdline.rstrip("\0").split("\0") if cmdline else [])
+            if (fresh or deep or new) and row.images:
+                self._files(row.pid, row.images[-1], vsize)
+
+    def _stat(self, name: str) -> tuple[int, int, str, str] | None:
+        """(ppid, starttime, state, vsize): vsize moves when the process maps something new."""
+        fields = stat_fields(_read(f"/proc/{name}/stat")) if name.isdigit() else None
+        return (int(fields[1]), int(fields[19]), fields[0], fields[20]) if fields else None
+
+    def _scan(self) -> dict[int, tuple[int, int, str, str]]:
+        """Every process in /proc not yet known to be an outsider."""
+        names = set(os.listdir("/proc"))
+        self.skip &= names  # an outsider that ended: its pid may come back as anyone
+        stats = {}
+        for name in names - self.skip:
+            st = self._stat(name)
+            if st is None:
+                self.skip.add(name)  # not a process (self, sys, ...), or one that ended meanwhile
+            else:
+                stats[int(name)] = st
+        return stats
+
+    def _files(self, pid: int, image: dict[str, Any], vsize: str) -> None:
+        """The component files the process maps (maps read again only when its size moved) or has open now, into
+        its current image."""
+        files: set[str] = image["files"]
+        if image.get("vsize") != vsize:
+            image["vsize"] = vsize
+            maps = _read(f"/proc/{pid}/maps") or ""
+            if not image["libpython"] and LIBPYTHON.search(maps):
+                image["libpython"] = True
+            files.update(self.components.mapped(maps))
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return
+        for fd in fds:
+            target = _link(f"/proc/{pid}/fd/{fd}")
+            if target and target.startswith("/") and self.components.owns(target):
+                files.add(target)
+
+    def _reap(self, row: Row) -> None:
+        """An orphan re-parented to the gate ends as its zombie: reap it (not the gate's own children)."""
+        if row.ppid == self.me and row.first_ppid != self.me and row.pid not in self.owned:
+            try:
+                os.waitpid(row.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+    def _read_records(self, final: bool) -> None:
+        """Each record file as it grows (opened only when its size moved): its size, the sha256 of what was read,
+        its first line. At the end each is read whole: what was read before must still be its beginning."""
+        try:
+            sizes = {e.name: e.stat().st_size for e in os.scandir(self.records_dir) if e.name.endswith(".jsonl")}
+        except OSError:
+            sizes = {}
+        for name, rec in self.records.items():
+            if name not in sizes and not rec["lost"]:
+                rec["lost"] = "deleted"
+        for name, size in sorted(sizes.items()):
+            rec = self.records.setdefault(name, {"record": name, "size": 0, "head": b"", "sha": hashlib.sha256(),
+                                                 "lost": None})
+            if rec["lost"] or (size == rec["size"] and not final):
+                continue
+            if size < rec["size"]:
+                rec["lost"] = f"rewritten shorter ({size} bytes after {rec['size']})"
+                continue
+            try:
+                with open(os.path.join(self.records_dir, name), "rb") as fh:
+                    data = fh.read() if final else b""
+                    if final and hashlib.sha256(data[:rec["size"]]).digest() != rec["sha"].digest():
+                        rec["lost"] = "rewritten (its beginning changed during the run)"
+                        continue
+                    if not final:
+                        fh.seek(rec["size"])
+                    new = data[rec["size"]:] if final else fh.read(size - rec["size"])
+            except FileNotFoundError:
+                rec["lost"] = "deleted"
+                continue
+            rec["sha"].update(new)
+            rec["size"] += len(new)
+            if b"\n" not in rec["head"]:
+                rec["head"] = (rec["head"] + new)[:65536]
+
+    # ---- the result
+
+    def result(self) -> dict[str, Any]:
+        rows = sorted(self.rows.values(), key=lambda r: (r.first, r.pid))
+        return {"node": node_name(), "image": image_identity(self.manifest_path), "gate_pid": self.me,
+                "subreaper": self.reaper, "interval_s": self.interval_s, "polls": self.polls,
+                "cpu_s": round(self.cpu_s, 3), "seconds": round(time.monotonic() - self.started, 3),
+                "errors": self.errors, "rows": [self._row(r) for r in rows],
+                "records": [self._record(r) for _, r in sorted(self.records.items())]}
+
+    def _row(self, row: Row) -> dict[str, Any]:
+        parent = next((r for r in self.rows.values() if r.pid == row.first_ppid and r.first <= row.first), None)
+        before = [self.own_image] if row.first_ppid == self.me else parent.images if parent is not None else []
+        images = row.images
+        fork_copy = len(images) > 1 and any((images[0]["exe"], images[0]["argv"]) == (b["exe"], b["argv"])
+                                            for b in before)
+        if fork_copy:  # a fork that then exec'd: its first image was its parent's, until the exec
+            images = images[1:]
+        files = sorted({f for i in images for f in i["files"]})
+        python = any(is_python(i["exe"], self.interpreter) or i["libpython"] for i in images)
+        return {"pid": row.pid, "starttime": row.starttime, "ppid": row.first_ppid, "exe": row.exe,
+                "argv": row.argv, "execs": [{"exe": i["exe"], "argv": i["argv"]} for i in images[:-1]],
+                "fork_copy": fork_copy, "python": python, "component_files": files[:FILES_KEPT],
+                "component_file_count": len(files), "first_s": row.first, "last_s": row.last,
+                "ended": row.gone or row.state == "Z"}
+
+    @staticmethod
+    def _record(rec: dict[str, Any]) -> dict[str, Any]:
+        head = rec["head"].split(b"\n", 1)[0].decode("utf-8", "replace")
+        return {"record": rec["record"], "size": rec["size"], "lost": rec["lost"], "first_line": head[:4000]}
+
+
+def load_manifest(path: str) -> dict[str, Any]:
+    import json
+
+    try:
+        data: dict[str, Any] = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data
