@@ -27,13 +27,19 @@ PYTHON_EXE = re.compile(r"python[0-9.]*[a-z]?")
 LIBPYTHON = re.compile(r"/libpython[0-9.]+[a-z]?\.so")
 
 
-def subreaper() -> bool:
-    """Make this process a child subreaper; False where prctl is not there (not Linux)."""
+def subreaper(on: bool = True) -> bool:
+    """Make this process a child subreaper (or no longer one); False where prctl is not there (not Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
+
+
+def ticks_now() -> int:
+    """Now, in the clock ticks after boot that /proc/<pid>/stat's starttime counts."""
+    uptime = (_read("/proc/uptime") or "0").split()[0]
+    return int(float(uptime) * os.sysconf("SC_CLK_TCK"))
 
 
 def _read(path: str) -> str | None:
@@ -143,6 +149,7 @@ class Census:
         self.errors: list[str] = []
         self.reaper = False
         self.started = time.monotonic()
+        self.since = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="census", daemon=True)
@@ -152,6 +159,7 @@ class Census:
             return self
         self.reaper = subreaper()
         self.started = time.monotonic()
+        self.since = ticks_now() - 1  # a descendant older than the census is no process of this run
         self._thread.start()
         return self
 
@@ -169,6 +177,8 @@ class Census:
         with self._lock:
             self._poll(deep=True)
             self._read_records(final=True)
+        if self.reaper:
+            subreaper(False)
         return self.result()
 
     # ---- the poll thread
@@ -214,7 +224,8 @@ class Census:
             return ours[pid]
 
         for pid in stats:
-            if owner(pid) is False:
+            if owner(pid) is False or (ours[pid] and pid not in self.live and stats[pid][1] < self.since):
+                ours[pid] = False
                 self.skip.add(str(pid))
         for pid, old in list(self.live.items()):
             if pid not in stats or stats[pid][1] != old.starttime:

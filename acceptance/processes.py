@@ -201,9 +201,11 @@ def _lost_by_process(records: list[dict[str, Any]]) -> dict[tuple[Any, Any], dic
         try:
             head = json.loads(rec.get("first_line") or "")
         except ValueError:
-            continue
+            head = None
         if isinstance(head, dict) and head.get("kind") == "process":
             out[(head.get("pid"), head.get("starttime"))] = rec
+        elif str(rec.get("record")).partition("-")[0].isdigit():  # gone before its first line was read: <pid>-*.jsonl
+            out[(int(str(rec["record"]).partition("-")[0]), None)] = rec
     return out
 
 
@@ -222,7 +224,7 @@ def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[
                       and r.get("starttime") in (None, start) and r.get("node") in (None, node)), None)
         if found is not None:
             matched.add(found)
-        gone = lost.get((pid, start))
+        gone = lost.get((pid, start)) or lost.get((pid, None))
         row["record"] = listed[found].get("record") if found is not None else None
         row["lost"] = f"record {gone['record']} {gone['lost']}" if gone else None
         if not row.get("exe") and not row.get("argv"):

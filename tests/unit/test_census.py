@@ -92,6 +92,17 @@ def test_recorded_worker_and_helpers_pass_and_rows_match_records(tmp_path: Path)
     print(f"census: {raw['polls']} polls, {raw['cpu_s']} s CPU over {raw['seconds']} s")
 
 
+def test_a_process_older_than_the_census_is_none_of_the_run(tmp_path: Path) -> None:
+    older = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(3)"])  # e.g. another test's daemon
+    try:
+        time.sleep(0.05)
+        failures, evidence, _, _ = _take(tmp_path, "worker")
+    finally:
+        older.kill()
+        older.wait()
+    assert failures == [] and older.pid not in {r["pid"] for r in evidence["nodes"][hook.node_name()]["seen"]}
+
+
 def _escape(tmp_path: Path, mode: str, word: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
     failures, evidence, _, _ = _take(tmp_path, mode)
     row = _row(evidence, word)
@@ -117,8 +128,9 @@ def test_a_record_deleted_during_the_run_counts_as_none(tmp_path: Path) -> None:
     reason, row, evidence = _escape(tmp_path, "delete", "glob.glob")
     lost = evidence["records_lost"]
     if lost:  # the census read it before it went: named as such
-        assert lost[0]["lost"] == "deleted" and reason.endswith("during the run"), (lost, reason)
-        assert json.loads(lost[0]["first_line"])["pid"] == row["pid"]
+        assert lost[0]["lost"] == "deleted" and reason.endswith("deleted during the run"), (lost, reason)
+        assert lost[0]["record"].startswith(f"{row['pid']}-")  # its first line, if read, names the same pid
+        assert not lost[0]["first_line"] or json.loads(lost[0]["first_line"])["pid"] == row["pid"]
     else:
         assert reason.endswith("it left no process record")
 
