@@ -85,8 +85,7 @@ class Layout:
             raise ValueError(f"settings.layout.address: expected HOST:PORT, got {self.address!r}")
         self.host, self.port = host, int(port)
         self.key = str(given.get("authkey") or (secrets.token_hex(16) if self.one_container() else hashlib.sha256(
-            f"truepolicy-rollout|{gate}|{self.address}|{os.environ.get('SLURM_JOB_ID', '')}|"
-            f"{os.environ.get('SLURM_STEP_ID', '')}".encode()).hexdigest()))
+            f"truepolicy-rollout|{gate}|{self.address}|{os.environ.get('SLURM_JOB_ID', '')}".encode()).hexdigest()))
 
     def split(self) -> bool:
         return self.nodes > 1
