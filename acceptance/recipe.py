@@ -53,6 +53,9 @@ def command(settings: dict[str, Any], lr: float, log_path: str,
     return argv, env
 
 
+STEP_PORT_ENV = "TRUEPOLICY_STEP_PORT"  # the port Slurm reserved for the step (srun --resv-ports), set by the runner
+
+
 class Layout:
     """Where the recipe's parts run (settings.layout): nodes 1, the recipe alone; nodes 2, the rollout engine in
     its own process reached over TCP. role trainer or rollout: this container is one of two nodes (the role given,
@@ -65,6 +68,9 @@ class Layout:
         self.rollout: dict[str, Any] = settings.get("rollout") or {}
         self.role: str | None = given.get("role")
         self.address: str | None = given.get("address")
+        port = os.environ.get(STEP_PORT_ENV, "")
+        if not self.address and given.get("rollout_host") and port.isdigit():  # a Slurm step: the rollout node's
+            self.address = f"{given['rollout_host']}:{port}"                # address, the step's reserved port
         if self.nodes < 2:
             return
         if not self.rollout.get("entry"):

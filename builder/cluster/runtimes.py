@@ -27,7 +27,8 @@ class GateSpec:
 
 
 # Every task knows its rank and node inside the container, and the port its step reserved (--resv-ports).
-RANK_ENV = ('--set-env=SLURM_PROCID="$SLURM_PROCID" --set-env=SLURMD_NODENAME="$SLURMD_NODENAME" '
+RANK_ENV = ('--set-env=SLURM_PROCID="$SLURM_PROCID" --set-env=SLURM_NTASKS="$SLURM_NTASKS" '
+            '--set-env=SLURM_JOB_ID="$SLURM_JOB_ID" --set-env=SLURMD_NODENAME="$SLURMD_NODENAME" '
             '--set-env=TRUEPOLICY_STEP_PORT="${SLURM_STEP_RESV_PORTS%%-*}"')
 
 

@@ -51,6 +51,7 @@ RX = {
     "base_image": rf"{reference.NAME}(:{reference.TAG})?@{reference.SHA256}",
     "python": r"3\.[0-9]{1,2}",
     "abs_path": r"(/[A-Za-z0-9_.+@-]+)+",
+    "node_path": r"(/([A-Za-z0-9_.+@-]|%n)+)+",  # an absolute path where %n stands for the node's name
     # normalised, to a file: no '.' or '..' segment, no '//', no trailing '/', not '/' itself
     "file_path": r"(/(?!\.\.?(/|$))[A-Za-z0-9_.+@-]+)+",
     "rel_path": r"[A-Za-z0-9_.+@][A-Za-z0-9_.+@-]*(/[A-Za-z0-9_.+@-]+)*",
@@ -679,7 +680,8 @@ class Slurm(Strict):
     allocation_limit_s: Annotated[int, _ranged(60, 7 * 86_400, "seconds"), _range_schema(60, 7 * 86_400)] | None = None
     # node-local disk (enroot's/pyxis' cache): each node copies the .sqsh there by sha256 under a lock, checks it
     # and mounts that copy; default: every node mounts the shared file
-    node_local_dir: Annotated[str, _schema("abs_path"), AfterValidator(_check("abs_path", "an absolute path"))] | None = None
+    node_local_dir: Annotated[str, _schema("node_path"), AfterValidator(_check(
+        "node_path", "an absolute path (%n: the node's name)"))] | None = None
     srun_args: list[SrunArg] = []
     # a directory the submit host and the compute nodes share; default <cache>/cluster-images
     shared_dir: Annotated[str, _schema("abs_path"), AfterValidator(_check("abs_path", "an absolute path"))] | None = None
