@@ -16,6 +16,10 @@ WEIGHT_GATES = ("zero_update", "rl_step")
 
 
 def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    if name == "replay":  # `builder replay` through the same door as the gates (settings: {"bundle": {...}})
+        from acceptance import replay as again
+
+        return again.as_gate(settings)
     if int((settings.get("layout") or {}).get("nodes") or 1) > 1:
         from acceptance.recipe import Layout
 
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m acceptance")
     sub = parser.add_subparsers(dest="command", required=True)
     gate = sub.add_parser("gate", help="run one gate")
-    gate.add_argument("name", choices=GATES)
+    gate.add_argument("name", choices=(*GATES, "replay"))
     gate.add_argument("--settings", required=True, help="settings as JSON, or @file")
     again = sub.add_parser("replay", help="replay a gate's bundle (acceptance/replay.py)")
     again.add_argument("--bundle", required=True, help="the bundle's JSON file")
