@@ -229,11 +229,13 @@ def replay(report_json: Path, settings: Settings, gate: str | None = None, image
     pins = load_pins(Path(report.sources.pins_path))
     plan = runners.replay_plan(report, pins, settings, slurm)
     target = image or report.image_id
+    started = time.monotonic()
     with log.step(f"replay {name} on {target}"):
-        result = runners.replay(plan, pins, target, settings, engine.connect(settings), bundle)
+        result, image_id = runners.replay(plan, pins, target, settings, engine.connect(settings), bundle)
     if result.status == "inconclusive":
         raise BadInput(f"{report_json.parent / replay_stage.bundle_file(name)}: {result.reason}")
-    return replay_stage.verdict(name, summary, result.evidence.as_dict())
+    ran = {**result.evidence.as_dict(), "image": image_id, "seconds": round(time.monotonic() - started, 1)}
+    return replay_stage.verdict(name, summary, ran)
 
 
 def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from builder.pins.model import Pins, check_mounts
 
 
 def _docker(place: DockerPlace, pins: Pins, image: str, expected_id: str | None, settings: Settings,
-            client: Client) -> tuple[GateRunner, str, Pulled | None]:
+            client: Client, run_id: str | None) -> tuple[GateRunner, str, Pulled | None]:
     pulled = None
     if place.engine_url:  # another engine: its own client, for this acceptance only
         client = engine.connect(replace(settings, docker_host=place.engine_url))
@@ -39,15 +39,16 @@ def _docker(place: DockerPlace, pins: Pins, image: str, expected_id: str | None,
     full_id = engine.image_id(client, image)
     if full_id is None:
         raise BadInput(f"image {image}: not found in the Docker engine")
-    return DockerRunner(client, pins, full_id, uuid.uuid4().hex[:12]), full_id, pulled
+    return DockerRunner(client, pins, full_id, run_id or uuid.uuid4().hex[:12]), full_id, pulled
 
 
 def open_runner(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
-                client: Client) -> tuple[GateRunner, str, Pulled | None]:
-    """(the runner, the image ID its gates run, what was pulled by digest) for the plan's place."""
+                client: Client, run_id: str | None = None) -> tuple[GateRunner, str, Pulled | None]:
+    """(the runner, the image ID its gates run, what was pulled by digest) for the plan's place. `run_id` labels
+    a Docker runner's containers (default: a fresh one)."""
     if isinstance(plan.place, SlurmPlace):
         return cluster.open_runner(plan, pins, image, expected_id, settings, client)
-    return _docker(plan.place, pins, image, expected_id, settings, client)
+    return _docker(plan.place, pins, image, expected_id, settings, client, run_id)
 
 
 def accept(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
@@ -66,12 +67,14 @@ def replay_plan(report: Report, pins: Pins, settings: Settings, slurm: bool | No
 
 
 def replay(plan: AcceptancePlan, pins: Pins, image: str, settings: Settings, client: Client,
-           bundle: dict[str, Any]) -> GateResult:
-    """One `replay` step through the plan's runner: the in-image `python -m acceptance gate replay`."""
-    runner, _, _ = open_runner(plan, pins, image, None, settings, client)
+           bundle: dict[str, Any]) -> tuple[GateResult, str]:
+    """One `replay` step through the plan's runner (the in-image `python -m acceptance gate replay`): its result
+    and the image ID it ran. A Docker replay's container carries the settings' run ID (BUILDER_RUN_ID) and is
+    removed at the end, also on error or interrupt."""
+    runner, image_id, _ = open_runner(plan, pins, image, None, settings, client, settings.run_id)
     limit = plan.gate("provenance").timeout_s
     try:
         result, _ = runner.run("replay", {"bundle": bundle, "timeout_s": limit, "work_dir": "/tmp/acceptance"}, limit)
     finally:
         runner.close()
-    return result
+    return result, image_id
