@@ -53,6 +53,7 @@ def command(settings: dict[str, Any], lr: float, log_path: str,
     return argv, env
 
 
+NODE_ENV = "TRUEPOLICY_NODE_ENV"  # the names of the recipe's variables that the node's own environment set
 STEP_PORT_ENV = "TRUEPOLICY_STEP_PORT"  # the port Slurm reserved for the step (srun --resv-ports), set by the runner
 
 
@@ -90,8 +91,9 @@ class Layout:
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"settings.layout.address: expected HOST:PORT, got {self.address!r}")
         self.host, self.port = host, int(port)
-        self.key = str(given.get("authkey") or (secrets.token_hex(16) if self.one_container() else hashlib.sha256(
-            f"truepolicy-rollout|{gate}|{self.address}|{os.environ.get('SLURM_JOB_ID', '')}".encode()).hexdigest()))
+        named = f"truepolicy-rollout|{settings.get('gate') or gate}|{self.address}|{os.environ.get('SLURM_JOB_ID', '')}"
+        self.key = str(given.get("authkey") or (secrets.token_hex(16) if self.one_container() else
+                                                hashlib.sha256(named.encode()).hexdigest()))
 
     def split(self) -> bool:
         return self.nodes > 1
@@ -244,6 +246,8 @@ def serve(settings: dict[str, Any], gate: str) -> tuple[int | None, dict[str, An
     work.mkdir(parents=True, exist_ok=True)
     records = work / f"{gate}.rollout.processes"
     env = _base_env(settings, arm_env, records, layout)
+    node_env = {k: os.environ[k] for k in os.environ.get(NODE_ENV, "").split(",") if k and k in os.environ}
+    env.update(node_env)  # a worker starts in its node's environment (as Ray's workers in their raylet's): it wins
     argv = layout.server_argv()
     seen = _census(settings, records).start()
     try:
@@ -257,7 +261,7 @@ def serve(settings: dict[str, Any], gate: str) -> tuple[int | None, dict[str, An
             console = _stream(proc, out)
     finally:
         taken = seen.stop()
-    facts = {"argv": argv, "arm_env": dict(arm_env), "recipe_env": settings.get("env") or {},
+    facts = {"argv": argv, "arm_env": dict(arm_env), "recipe_env": settings.get("env") or {}, "node_env": node_env,
              "exit_code": proc.returncode, "error": m.last_error(console) if proc.returncode else None,
              "processes_dir": str(records), "layout": layout.facts(), "census": taken}
     return proc.returncode, facts, console[-TAIL:]

@@ -28,12 +28,16 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Resolve, build, accept, report and publish a unified RL-stack image.")
 
 PinsArg = typer.Argument(..., help="pins file (YAML)")
-Offline = typer.Option(False, "--offline", rich_help_panel="Sources", help="use the mirror cache only; fetch nothing")
-AllowMoved = typer.Option(False, "--allow-moved-pr", rich_help_panel="Sources", help="accept a pinned commit the PR head moved past")
-SigningKey = typer.Option(None, "--key", rich_help_panel="Output", help="ed25519 private key (PEM) that signs the attestations "
-                          "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
-EngineOpt = typer.Option(None, "--engine", rich_help_panel="Where the gates run", help="run the gates on this Docker engine (unix://, tcp://, ssh://); "
-                         "it pulls the image by digest (default: the pins' acceptance.engine, else DOCKER_HOST)")
+Offline = typer.Option(False, "--offline", rich_help_panel="Sources",
+                       help="use the mirror cache only; fetch nothing")
+AllowMoved = typer.Option(False, "--allow-moved-pr", rich_help_panel="Sources",
+                          help="accept a pinned commit the PR head moved past")
+SigningKey = typer.Option(None, "--key", rich_help_panel="Output",
+                          help="ed25519 private key (PEM) that signs the attestations "
+                               "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
+EngineOpt = typer.Option(None, "--engine", rich_help_panel="Where the gates run",
+                         help="run the gates on this Docker engine (unix://, tcp://, ssh://); it pulls the image by "
+                              "digest (default: the pins' acceptance.engine, else DOCKER_HOST)")
 
 # The help groups options in panels: what to accept, where the gates run, sources, output.
 WHAT, WHERE, SOURCES, OUTPUT = "What to accept", "Where the gates run", "Sources", "Output"

@@ -73,7 +73,9 @@ def _main(argv: list[str]) -> int:
 
         try:  # installs what is missing (apt-get); a missing piece is one line saying what to do, never a traceback
             with log.step("demo: slurm cluster"):
-                os.environ["SLURM_CONF"] = str(cluster.start(settings=settings).conf)  # this process and its children
+                found = cluster.start(settings=settings)
+                os.environ["SLURM_CONF"] = str(found.conf)  # this process and its children
+            pins = prepare.cluster_pins(pins, found.local_pattern())
         except BuilderError as err:
             print(fit(f"error: {err}"), file=sys.stderr)
             return err.exit_code

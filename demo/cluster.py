@@ -108,6 +108,7 @@ SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={PORTS['slurmctld']}
 SlurmdPort={PORTS['slurmd']}
 MpiParams=ports={RESV_PORTS}
+TaskProlog={r}/etc/taskprolog
 SlurmdParameters=config_overrides
 CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 AuthType=auth/munge
@@ -180,6 +181,10 @@ def configure(c: Cluster) -> None:
     memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20) // 2
     _write(c.conf, slurm_conf(c, socket.gethostname().split(".")[0], os.cpu_count() or 1, memory_mb))
     _write(c.root / "etc" / "slurmdbd.conf", slurmdbd_conf(c), 0o600)
+    # a site's TaskProlog: what <root>/nodes/<node>/taskprolog.env says (`export NAME=value` lines) reaches that
+    # node's tasks; empty unless a test plants a node whose environment differs
+    _write(c.root / "etc" / "taskprolog", f'#!/bin/sh\nf="{c.root}/nodes/$SLURMD_NODENAME/taskprolog.env"\n'
+           '[ -f "$f" ] && cat "$f"\nexit 0\n', 0o755)
 
 
 def _alive(c: Cluster, daemon: str) -> int | None:

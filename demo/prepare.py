@@ -111,3 +111,14 @@ def add_pr_commit(repo_path: Path, pr: int, path: str, content: str, message: st
     oid = repo.create_commit(None, sig, sig, message, tree, [head.id])
     ref.set_target(oid)
     return str(oid)
+
+
+def cluster_pins(pins_path: Path, node_local: str) -> Path:
+    """pins/demo-cluster.local.yaml: the demo pins with the recipe across two nodes (the rollout engine on another
+    node than the trainer) and the .sqsh staged to each node's local disk (`node_local`, %n the node)."""
+    data = yaml.safe_load(pins_path.read_text())
+    data["acceptance"]["nodes"] = 2
+    data["acceptance"].setdefault("slurm", {})["node_local_dir"] = node_local
+    out = pins_path.with_name("demo-cluster.local.yaml")
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out

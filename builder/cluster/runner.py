@@ -253,13 +253,20 @@ def _merge_roles(result: GateResult, others: list[dict[str, Any] | None], nodes:
     census = dict(evidence.get("census") or {})
     status, reasons = result.status, [] if result.status == "pass" else [result.reason]
     ranks = []
+    mine = (evidence.get("census") or {}).get("image") if isinstance(evidence.get("census"), dict) else None
     for rank, other in enumerate(others, start=1):
         node = nodes[rank].name if rank < len(nodes) else f"rank {rank}"
         if other is None:
             status = "fail"
             reasons.insert(0, f"node {node} (rank {rank}): the rollout role printed no result")
             continue
-        census.update((other.get("evidence") or {}).get("census") or {})
+        theirs = ((other.get("evidence") or {}).get("census") or {})
+        census["nodes"] = {**(census.get("nodes") or {}), **(theirs.get("nodes") or {})}  # per node: seen, recorded
+        census["images"] = {**(census.get("images") or {}), node: theirs.get("image")}
+        if mine and theirs.get("image") and theirs.get("image") != mine:  # every node must run the same image
+            status = "fail"
+            reasons.insert(0, f"node {node} (rank {rank}) runs image {str(theirs.get('image'))[:16]}..., rank 0 "
+                              f"({nodes[0].name if nodes else 'rank 0'}) runs {str(mine)[:16]}...")
         ranks.append({"rank": rank, "node": node, "role": other.get("role"), "status": other.get("status"),
                       "reason": other.get("reason"), "evidence": other.get("evidence")})
         if other.get("status") == "fail":

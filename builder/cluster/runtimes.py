@@ -63,6 +63,8 @@ class Charliecloud:
         that: a read-only flag set in a more privileged namespace is locked for ch-run's (mount(2), MNT_LOCK_READONLY)."""
         sets = " ".join(q(f"--set-env={k}={v}") for k, v in sorted(spec.env.items()))
         passes = " ".join(f'${{{k}+"--set-env={k}=${k}"}}' for k in spec.pass_env)
+        if spec.pass_env:  # which of them the node's environment set (the rollout role lets them win)
+            passes += ' --set-env="TRUEPOLICY_NODE_ENV=' + "".join(f"${{{k}+{k},}}" for k in spec.pass_env) + '"'
         binds = " ".join(q(f"--bind={src}:{dst}") for src, dst in spec.mounts)
         run = (f'exec ch-run --private-tmp --unset-env="*" --set-env="{spec.env_file}" {sets} {RANK_ENV} {passes} '
                f'--env-no-expand --bind="$out:{WORK}" {binds} --cd=/tmp "{spec.sqsh}" -- "$@"')

@@ -111,6 +111,7 @@ class Evidence(BaseModel):
     jit: Any = None             # what the JIT compilers added or changed during the run
     processes: Any = None
     census: Any = None          # per node: the processes seen and recorded
+    ranks: Any = None           # a recipe across nodes: every other rank's role, status and evidence
     seconds: Any = None
     timeout_s: Any = None
     # the provenance gate's (acceptance/provenance.py)

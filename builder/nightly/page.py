@@ -70,7 +70,7 @@ def report_facts(report: Report, run_dir: Path) -> dict[str, Any]:
     diff = _json(run_dir / DIFF)
     tp = report.acceptance.throughput if report.acceptance else {}
     where = html_mod.runner(report)
-    gate_facts = html_mod.container(report).get("gates") or {}
+    gate_facts = html_mod.container(report).gates
     control = next((g for g in report.gates if g.name == "control"), None)
     perf = next((html_mod.plain(g.evidence) for g in report.gates if g.name == "performance"), {})
     pulled = report.acceptance.pulled if report.acceptance else None

@@ -19,8 +19,16 @@ from builder.accept import replay
 from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
-from builder.core.records import (AcceptanceResult, BuiltImage, CompatPin, Evidence, GateResult, PublishReceipt, Report,
-                                  ResolvedSources)
+from builder.core.records import (
+    AcceptanceResult,
+    BuiltImage,
+    CompatPin,
+    Evidence,
+    GateResult,
+    PublishReceipt,
+    Report,
+    ResolvedSources,
+)
 from builder.core.safetext import clip
 from builder.image.render import sha_tag
 from builder.lock.record import Lock
@@ -106,24 +114,30 @@ def make_report(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltIm
     )
 
 
-PROCESS_KEYS = ("pid", "ppid", "name", "argv", "executable", "mnt_ns", "modules", "libs", "complete", "status",
+PROCESS_KEYS = ("pid", "ppid", "name", "argv", "executable", "mnt_ns", "modules", "libs", "complete", "status", "node",
                 "failures")
 
 
 def gate_processes(gates: list[GateResult]) -> dict[str, list[dict[str, Any]]]:
     """Per recipe gate, the Python processes its recipe ran, as the per-process hook recorded them
-    (acceptance.processes); the performance gate: those of every run, each with its run."""
+    (acceptance.processes), every node's (a recipe across nodes: the other ranks' too); the performance gate:
+    those of every run, each with its run."""
     out: dict[str, list[dict[str, Any]]] = {}
+
+    def keep(gate: str, listed: Any, **extra: Any) -> None:
+        if isinstance(listed, list):
+            out.setdefault(gate, []).extend({**{k: p.get(k) for k in PROCESS_KEYS}, **extra}
+                                            for p in listed if isinstance(p, dict))
+
     for gate in gates:
         ev = gate.evidence
-        listed = ev.get("processes") or (ev.get("failed_run") or {}).get("processes")
-        if isinstance(listed, list):
-            out[gate.name] = [{k: p.get(k) for k in PROCESS_KEYS} for p in listed if isinstance(p, dict)]
-        for run in ev.get("runs") or []:
-            if isinstance(run, dict) and isinstance(run.get("processes"), list):
-                out.setdefault(gate.name, []).extend({**{k: p.get(k) for k in PROCESS_KEYS},
-                                                      "run": f"{run.get('arm')} {run.get('run')}"}
-                                                     for p in run["processes"] if isinstance(p, dict))
+        keep(gate.name, ev.processes or (ev.get("failed_run") or {}).get("processes"))
+        for rank in ev.ranks or []:
+            if isinstance(rank, dict):
+                keep(gate.name, (rank.get("evidence") or {}).get("processes"))
+        for run in ev.runs or []:
+            if isinstance(run, dict):
+                keep(gate.name, run.get("processes"), run=f"{run.get('arm')} {run.get('run')}")
     return out
 
 
@@ -135,13 +149,14 @@ def _processes_markdown(processes: dict[str, list[dict[str, Any]]]) -> list[str]
         for p in listed:
             modules = p.get("modules") or {}
             dirs = sorted({os.path.dirname(str(v)) for v in modules.values() if v})
-            rows.append([gate + (f" ({p['run']})" if p.get("run") else ""), p.get("pid"), p.get("ppid"),
+            rows.append([gate + (f" ({p['run']})" if p.get("run") else ""), p.get("node") or "-", p.get("pid"),
+                         p.get("ppid"),
                          p.get("name") or "-", clip(" ".join(str(a) for a in p.get("argv") or []), 120),
                          p.get("mnt_ns"), f"{len(modules)} from {', '.join(dirs)[:160] or '-'}", p.get("libs"),
                          "complete" if p.get("complete") else "partial (killed?)",
                          p.get("status") if not p.get("failures") else f"fail: {p['failures'][0]}"])
     return ["", "### Processes per gate", "",
-            *_table(["Gate", "PID", "Parent", "Name", "Command", "Mount ns", "Component modules", "Libraries",
+            *_table(["Gate", "Node", "PID", "Parent", "Name", "Command", "Mount ns", "Component modules", "Libraries",
                      "Record", "Status"], rows)]
 
 
@@ -291,6 +306,7 @@ def to_markdown(report: Report) -> str:
                     f" {show['control']}, ratio {show['ratio']}."]
         out += _runs_table(tp.get("runs") or [])
     out += _processes_markdown(report.processes)
+    out += census_markdown(report.gates)
     out += ["", "### Build", ""]
     b = report.build
     if b:
@@ -378,21 +394,32 @@ def cluster_markdown(report: Report) -> list[str]:
     out += _table(["Node", "sha256 seen", "Mounted file", "Staging", "Check", "GPUs"],
                   [[n.name, _code((n.sqsh_sha256 or "")[:16]), _code(n.sqsh_path or "-"), n.staged or "shared file",
                     f"{n.check.get('seconds')} s, step {n.check.get('step')}", n.gpus or "none"] for n in facts.nodes])
-    rows = [[label, f.get("job_id"), _code(f.get("step") or "-"), f.get("node"), f.get("state"), f.get("exit_code"),
+    for gate in report.gates:  # what a node's own environment set for the recipe (a site prolog, ...)
+        for rank in gate.evidence.ranks or []:
+            node_env = ((rank.get("evidence") or {}).get("run") or {}).get("node_env") if isinstance(rank, dict) else None
+            if node_env:
+                out.append(f"- {gate.name}: node {rank.get('node')} set " + ", ".join(
+                    f"`{k}={v}`" for k, v in sorted(node_env.items())) + " (its own environment won over the arm's)")
+        rows = [[label, f.get("job_id"), _code(f.get("step") or "-"), f.get("node"), f.get("state"), f.get("exit_code"),
              f.get("seconds")] for label, f in facts.steps() if f.get("step") or f.get("job_id")]
     out += [""] + _table(["Gate", "Job", "Step", "Node(s)", "Slurm state", "Exit code", "Seconds"], rows)
-    return out + census_markdown(report.gates)
+    return out
+
+
+def _count(value: Any) -> int:
+    return len(value) if isinstance(value, (list, dict)) else int(value or 0) if isinstance(value, int) else 0
 
 
 def census_markdown(gates: list[GateResult]) -> list[str]:
     """Per gate and node: the processes the census saw, those that recorded, and those that did not."""
     rows = []
     for gate in gates:
-        for node, seen in sorted((gate.evidence.census or {}).items()):
+        census = gate.evidence.census if isinstance(gate.evidence.census, dict) else {}
+        for node, seen in sorted((census.get("nodes") or {}).items()):
             if not isinstance(seen, dict):
                 continue
-            missing = seen.get("unrecorded") or []
-            rows.append([gate.name, node, len(seen.get("seen") or []), len(seen.get("recorded") or []),
+            missing = [p for p in seen.get("unrecorded") or [] if isinstance(p, dict)]
+            rows.append([gate.name, node, _count(seen.get("seen")), _count(seen.get("recorded")),
                          "; ".join(f"{p.get('pid')} {p.get('exe')}" for p in missing[:3]) or "none"])
     return ["", "#### Processes per gate and node (census)", ""] + _table(
         ["Gate", "Node", "Seen", "Recorded", "Unrecorded"], rows) if rows else []

@@ -16,7 +16,7 @@ from markupsafe import Markup
 
 from builder.core import resources
 from builder.core.imageref import split_digest
-from builder.core.records import GateResult, Report
+from builder.core.records import GateResult, Report, RunnerFacts
 from builder.report.document import readable_evidence
 
 FAILING = ("fail", "inconclusive")
@@ -98,13 +98,13 @@ def plain(value: Any) -> dict[str, Any]:
     return dumped if isinstance(dumped, dict) else {}
 
 
-def container(report: Report) -> dict[str, Any]:
-    return plain(report.acceptance.container) if report.acceptance else {}
+def container(report: Report) -> RunnerFacts:
+    return report.acceptance.container if report.acceptance else RunnerFacts()
 
 
 def gate_rows(report: Report) -> list[dict[str, Any]]:
     """Per gate: status, required, reason, the evidence chosen for reading, and its wall seconds."""
-    facts = container(report).get("gates") or {}
+    facts = container(report).gates
     return [{"name": g.name, "status": g.status, "required": g.name in report.required_gates, "reason": g.reason,
              "evidence": readable_evidence(g.evidence), "seconds": gate_seconds(g, facts)}
             for g in report.gates]
@@ -112,7 +112,7 @@ def gate_rows(report: Report) -> list[dict[str, Any]]:
 
 def gate_seconds(gate: GateResult, facts: dict[str, Any]) -> float | None:
     """A gate's wall time: the runner's clock around it, else what the suite measured inside the container."""
-    for value in ((facts.get(gate.name) or {}).get("seconds"), plain(gate.evidence).get("seconds")):
+    for value in ((facts.get(gate.name) or {}).get("seconds"), gate.evidence.seconds):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     return None
@@ -124,11 +124,8 @@ def runner(report: Report) -> dict[str, Any]:
     facts = container(report)
     pulled = report.acceptance.pulled if report.acceptance else None
     host = pulled.engine.host if pulled and pulled.engine else None
-    nodes = [str(n["name"]) for n in facts.get("nodes") or [] if isinstance(n, dict) and n.get("name")]
-    sqsh = facts.get("sqsh")
-    return {"kind": facts.get("runner") or "unknown", "node": ", ".join(nodes) or facts.get("node") or host or "this host",
-            "engine": facts.get("engine") or "unknown",
-            "sqsh_sha256": facts.get("sqsh_sha256") or (sqsh.get("sha256") if isinstance(sqsh, dict) else None)}
+    return {"kind": facts.runner, "node": ", ".join(n.name for n in facts.nodes) or host or "this host",
+            "engine": facts.engine or "unknown", "sqsh_sha256": facts.sqsh.sha256 if facts.sqsh else None}
 
 
 def report_html(report: Report) -> str:

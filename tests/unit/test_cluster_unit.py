@@ -37,8 +37,10 @@ def test_charliecloud_data_mounts_are_read_only_binds_in_a_namespace_of_the_task
     spec = runtimes.GateSpec(**{**SPEC.__dict__, "mounts": (("/models/m", "/data/model"),), "pass_env": ("DEMO_X",)})
     script = runtimes.Charliecloud().argv(spec)[2]
     assert script.count("exec unshare --user --map-root-user --mount /bin/sh -c") == 1
-    assert "mount --bind /models/m /models/m && mount -o remount,bind,ro /models/m" in script.replace("'", "").replace("\\", "")
-    assert "--bind=/models/m:/data/model" in script.replace("'", "").replace("\\", "").replace("\\", "") and '${DEMO_X+"--set-env=DEMO_X=$DEMO_X"}' in script
+    plain = script.replace("'", "").replace("\\", "")
+    assert "mount --bind /models/m /models/m && mount -o remount,bind,ro /models/m" in plain
+    assert "--bind=/models/m:/data/model" in plain
+    assert '${DEMO_X+"--set-env=DEMO_X=$DEMO_X"}' in script and "TRUEPOLICY_NODE_ENV=${DEMO_X+DEMO_X,}" in script
 
 
 def test_enroot_uses_pyxis_documented_flags_only() -> None:
@@ -116,7 +118,8 @@ def test_the_slurm_flags_are_gone_from_the_commands() -> None:
 
 def test_no_module_above_the_runners_names_a_runner_kind() -> None:
     """Only the runners, their factory and the plan know the kinds; the rest read typed facts."""
-    allowed = {"builder/accept/docker_runner.py", "builder/accept/gates.py", "builder/accept/runc_runner.py", "builder/accept/runner.py",
+    allowed = {"builder/accept/docker_runner.py", "builder/accept/gates.py", "builder/accept/runc_runner.py",
+               "builder/accept/runner.py",
                "builder/accept/plan.py", "builder/cluster/runner.py", "builder/cluster/runtimes.py",
                "builder/cluster/slurm.py", "builder/cluster/nodecheck.py", "builder/cluster/accept.py",
                "builder/runners/factory.py", "builder/cli.py"}

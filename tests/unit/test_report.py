@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from builder.core.errors import BadInput
-from builder.core.records import GateStatus, Report
+from builder.core.records import Evidence, GateResult, GateStatus, Report
 from builder.image.render import sha_tag
 from builder.lock import record as lock_record
 from builder.report import document as report
@@ -106,7 +106,7 @@ def test_manifest_commit_other_than_pinned_is_not_accepted(report_inputs: MakeRe
 
 def test_uncaptured_layers_read_unknown(report_inputs: MakeReportInputs) -> None:
     rep = make(report_inputs, acceptance=False, build=False)
-    layers = rep.run_manifest
+    layers = rep.run_manifest.layers()
     assert list(layers) == ["source", "installed_packages", "native_libraries", "jit_caches", "container", "run",
                             "native_build"]
     assert layers["jit_caches"] == "unknown"
@@ -127,7 +127,7 @@ def test_captured_layers_come_from_manifest_and_evidence(report_inputs: MakeRepo
     manifest = {"python": "/opt/venv/bin/python", "site_packages": "/opt/venv/lib/python3.11/site-packages",
                 "components": {"megatron": {"commit": pins.components["megatron"].commit, "version": "0.3.0",
                                             "files": {"/a.py": "00"}, "native_libs": {}}}}
-    layers = make(report_inputs, manifest=manifest).run_manifest
+    layers = make(report_inputs, manifest=manifest).run_manifest.layers()
     installed, native = layers["installed_packages"], layers["native_libraries"]
     assert installed["megatron"]["version"] == "0.3.0" and installed["megatron"]["files_in_manifest"] == 1
     assert installed["vllm"]["version"] == "0.2.0" and installed["vllm"]["files_in_manifest"] == 9  # provenance
@@ -143,7 +143,7 @@ def test_captured_layers_come_from_manifest_and_evidence(report_inputs: MakeRepo
 
 
 def test_provenance_not_run_leaves_its_items_unknown(report_inputs: MakeReportInputs) -> None:
-    layers = make(report_inputs, statuses={"provenance": None}).run_manifest
+    layers = make(report_inputs, statuses={"provenance": None}).run_manifest.layers()
     assert layers["installed_packages"]["vllm"]["version"] == "unknown"
     assert layers["native_libraries"]["vllm"]["loaded"] == "unknown"
     assert layers["run"]["python_version"] == "unknown"
@@ -192,7 +192,7 @@ def test_markdown_has_one_image_block_a_seven_column_pr_table_and_readable_evide
 def test_readable_evidence_keeps_whole_items_and_says_what_is_left_out() -> None:
     evidence = {"components": {f"component{i}": {"version": "1.0", "stamp": {"commit": "ab" * 20}}
                                for i in range(20)}}
-    text = report.readable_evidence(evidence, limit=120)
+    text = report.readable_evidence(Evidence.model_validate(evidence), limit=120)
     assert len(text) <= 120 and text.endswith("more in report.json")
     assert all(part.startswith("component") and part.endswith(" at " + "ab" * 6)
                for part in text.split("; ")[:-1]), text
@@ -256,20 +256,25 @@ def test_run_manifest_records_gpus_or_none(report_inputs: MakeReportInputs) -> N
     assert gpu.facts() == "none"  # this host's torch sees no GPU
     pins, sources, built, result = report_inputs()
     assert result is not None
-    prov = next(g for g in result.gates if g.name == "provenance")
-    prov.evidence["gpu"] = "none"
-    assert report.make_report(pins, lock_record.of(pins), sources, built, result).run_manifest.layers()["run"]["gpus"] == "none"
+
+    def with_gpu(value: Any) -> Any:  # records are frozen: a new provenance gate with (or without) its GPU facts
+        def one(g: GateResult) -> GateResult:
+            ev = {k: v for k, v in g.evidence.as_dict().items() if k != "gpu"}
+            return g.model_copy(update={"evidence": Evidence.model_validate(ev if value is None else {**ev, "gpu": value})})
+        return result.model_copy(update={"gates": [one(g) if g.name == "provenance" else g for g in result.gates]})
+
+    rep = report.make_report(pins, lock_record.of(pins), sources, built, with_gpu("none"))
+    assert rep.run_manifest.layers()["run"]["gpus"] == "none"
     facts = {"count": 1, "devices": [{"index": 0, "name": "NVIDIA H200", "compute_capability": "9.0"}],
              "driver": "580.159.04", "cuda_runtime": "13.0",
              "numerics": {"tf32_matmul": False, "deterministic_algorithms": False,
                           "env": {"CUBLAS_WORKSPACE_CONFIG": "unset"}}}
-    prov.evidence["gpu"] = facts
-    rep = report.make_report(pins, lock_record.of(pins), sources, built, result)
+    rep = report.make_report(pins, lock_record.of(pins), sources, built, with_gpu(facts))
     assert rep.run_manifest.layers()["run"]["gpus"] == facts
     md = report.to_markdown(rep)
     assert "| run | gpus.devices[0].name | NVIDIA H200 |" in md and "| run | gpus.driver | 580.159.04 |" in md
-    prov.evidence.pop("gpu")
-    assert report.make_report(pins, lock_record.of(pins), sources, built, result).run_manifest.layers()["run"]["gpus"] == "unknown"
+    again = report.make_report(pins, lock_record.of(pins), sources, built, with_gpu(None))
+    assert again.run_manifest.layers()["run"]["gpus"] == "unknown"
 
 
 def test_gpu_driver_version_from_the_kernel_module_line() -> None:
