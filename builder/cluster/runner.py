@@ -102,18 +102,8 @@ class SlurmRunner:
         for rank in range(self.place.nodes):  # every rank reads the same settings from its own output directory
             (out_dir / str(rank)).mkdir()
             (out_dir / str(rank) / "settings.json").write_text(json.dumps(settings))
-        env = {k: v.replace(CACHE_DIR, SCRATCH_CACHE, 1) for k, v in CACHE_ENV.items()}
-        spec = runtimes.GateSpec(sqsh=self._sqsh_on_node(), out_dir=str(out_dir) + "/$SLURM_PROCID",
-                                 env_file=f"{self.work}/environment-$SLURMD_NODENAME", env=env,
-                                 command=gate_runner.gate_command(self.pins, gate, settings,
-                                                                  f"{runtimes.WORK}/settings.json"),
-                                 mounts=tuple((m.source, m.target) for m in self.pins.acceptance.mounts),
-                                 pass_env=self._pass_env())
+        argv, spec = self.step_argv(gate, name, str(out_dir), timeout_s)
         n = self.place.nodes
-        argv = [f"--jobid={self.job}", f"-N{n}", f"-n{n}", "--ntasks-per-node=1", f"--job-name={name}",
-                f"--time={slurm.minutes(timeout_s)}", "--kill-on-bad-exit=1", f"--output={self.work}/{name}-%t.out",
-                f"--error={self.work}/{name}-%t.err", *(["--resv-ports=1"] if n > 1 else []),
-                *self.runtime.srun_args(spec), *self.place.srun_args, *self.runtime.argv(spec)]
         timed_out = False
         start = time.monotonic()
         proc = slurm.start_step(argv, subprocess.DEVNULL, subprocess.DEVNULL)
@@ -144,6 +134,22 @@ class SlurmRunner:
         code = _exit_code(record.get("ExitCode"), rc)
         result = gate_runner.result_from_output(gate, code, outs[0], errs[0], False, timeout_s)
         return _merge_roles(result, [gate_runner.last_json(o) for o in outs[1:]], self.nodes), facts
+
+    def step_argv(self, gate: str, name: str, out_dir: str, timeout_s: int) -> tuple[list[str], runtimes.GateSpec]:
+        """srun's arguments for one gate step (after `srun`) and its task's spec, from the job, the plan, the pins
+        and the runtime only: nothing runs (tests/unit/test_cluster_unit.py builds the pyxis line with it)."""
+        env = {k: v.replace(CACHE_DIR, SCRATCH_CACHE, 1) for k, v in CACHE_ENV.items()}
+        spec = runtimes.GateSpec(sqsh=self._sqsh_on_node(), out_dir=out_dir + "/$SLURM_PROCID",
+                                 env_file=f"{self.work}/environment-$SLURMD_NODENAME", env=env,
+                                 command=gate_runner.gate_command(self.pins, gate, {}, f"{runtimes.WORK}/settings.json"),
+                                 mounts=tuple((m.source, m.target) for m in self.pins.acceptance.mounts),
+                                 pass_env=self._pass_env())
+        n = self.place.nodes
+        argv = [f"--jobid={self.job}", f"-N{n}", f"-n{n}", "--ntasks-per-node=1", f"--job-name={name}",
+                f"--time={slurm.minutes(timeout_s)}", "--kill-on-bad-exit=1", f"--output={self.work}/{name}-%t.out",
+                f"--error={self.work}/{name}-%t.err", *(["--resv-ports=1"] if n > 1 else []),
+                *self.runtime.srun_args(spec), *self.place.srun_args, *self.runtime.argv(spec)]
+        return argv, spec
 
     def _ended(self, record: dict[str, str], name: str, timed_out: bool, timeout_s: int, log_tail: str,
                facts: dict[str, Any]) -> GateResult | None:

@@ -147,3 +147,39 @@ def test_sqsh_dir_for_a_docker_accepted_report_is_refused(report_inputs: Any, tm
     with pytest.raises(BadInput, match=r"^--sqsh-dir: .* accepted by Docker gates"):
         pipeline.publish_report(paths["json"], Settings.from_env(), sqsh_dir=tmp_path / "elsewhere")
     assert paths["json"].read_bytes() == before
+
+
+def test_a_two_node_gate_step_under_pyxis_is_one_srun_line_of_documented_flags() -> None:
+    """The whole srun line of a two-node gate step with runtime enroot (SlurmRunner.step_argv, no cluster): one
+    task per node, the step's reserved port, pyxis' --container-* flags (the data mount read-only), the site's srun
+    flags, then the in-image gate. Only the line is checked: pyxis and enroot were never executed here."""
+    from builder.cluster.runner import SCRATCH_CACHE, SlurmRunner
+    from builder.core.constants import CACHE_DIR, CACHE_ENV
+    from builder.core.records import SqshFacts
+
+    pins = _pins(runtime="enroot", shared_dir="/shared", partition="gates", srun_args=["--constraint=a100"])
+    pins = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={
+        "nodes": 2, "mounts": [model.Mount(source="/models/m", target="/data/model")]})})
+    made = plan.make(pins, plan.Flags(slurm=True, gates=["zero_update"], timeout_s=600), Settings.from_env()).acceptance
+    runner = SlurmRunner(pins, made, SqshFacts(path="/shared/img.sqsh", sha256="ab" * 32), run_id="r1")
+    runner.job = "4242"
+    argv, spec = runner.step_argv("zero_update", "zero_update-1", "/shared/.runs/r1/zero_update-1", 600)
+    exports = ",".join(f"{k}={v.replace(CACHE_DIR, SCRATCH_CACHE, 1)}" for k, v in sorted(CACHE_ENV.items()))
+    assert ["srun", *argv] == [
+        "srun", "--jobid=4242", "-N2", "-n2", "--ntasks-per-node=1", "--job-name=zero_update-1", "--time=10",
+        "--kill-on-bad-exit=1", "--output=/shared/.runs/r1/zero_update-1-%t.out",
+        "--error=/shared/.runs/r1/zero_update-1-%t.err", "--resv-ports=1",
+        "--container-image=/shared/img.sqsh",
+        "--container-mounts=/shared/.runs/r1/zero_update-1/$SLURM_PROCID:/tmp/acceptance:rw+rprivate,"
+        "/models/m:/data/model:ro",
+        "--no-container-mount-home", "--container-readonly", "--container-workdir=/tmp",
+        f"--export=NONE,{exports},DEMO_BATCH_INVARIANT", "--constraint=a100",
+        "/opt/venv/bin/python", "-m", "acceptance", "gate", "zero_update", "--settings", "@/tmp/acceptance/settings.json"]
+    assert argv[-len(spec.command):] == spec.command  # the task is the gate itself: no shell, no ch-run
+    assert runner.describe()["isolation"]["executed"].startswith("no: not executed here")
+    one_node = _pins(runtime="enroot", shared_dir="/shared")
+    one = plan.make(one_node, plan.Flags(slurm=True, gates=["zero_update"]), Settings.from_env()).acceptance
+    single = SlurmRunner(one_node, one, SqshFacts(path="/shared/img.sqsh", sha256="ab" * 32), run_id="r1")
+    single.job = "4242"
+    line = single.step_argv("zero_update", "zero_update-1", "/shared/.runs/r1/zero_update-1", 600)[0]
+    assert line[1:4] == ["-N1", "-n1", "--ntasks-per-node=1"] and "--resv-ports=1" not in line
