@@ -60,7 +60,8 @@ def payload(report: Report, why: str, digest: str | None, gate: str, page: Path 
 def where(url: str) -> str:
     """The webhook as the log may name it: scheme and host, never the path or query (its secret)."""
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}/..."
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}/..."  # no user info either
 
 
 def post(url: str, message: dict[str, Any], timeout: float = SEND_TIMEOUT_S) -> str:

@@ -25,7 +25,7 @@ def reports(report_inputs: MakeReportInputs) -> MakeReport:
              image_id: str = "sha256:" + "ab" * 32) -> Report:
         pins, sources, built, result = report_inputs(statuses=statuses, image_id=image_id)
         if result is not None:
-            result.throughput = {**result.throughput, "ratio": ratio}
+            result = result.model_copy(update={"throughput": {**result.throughput, "ratio": ratio}})
         return report_mod.make_report(pins, lock_record.of(pins), sources, built, result)
 
     return make
