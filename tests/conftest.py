@@ -103,8 +103,9 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """`builder nightly A B C D --slurm`, run once for the session; the cluster tests read its reports. Each pins
     file has a name and repository of its own (no earlier run to compare with).
-    A: the demo pins, every gate: the good demo through the whole cluster flow (build, staged digest, the
-    session's one good .sqsh, Slurm gates, report); its run is the one test_cluster_publish publishes.
+    A: the demo pins, every gate, the recipe across both nodes (the rollout engine on n2): the good demo through the
+    whole cluster flow (build, staged digest, the session's one good .sqsh, Slurm gates, report); its run is the
+    one test_cluster_publish publishes.
     B: the slow PR (demo vllm PR 14), every gate: performance must fail.
     A and B run the performance gate FLEET_REPEATS times per arm.
     C, D: the zero_update and rl_step defects (tests/defects.py), each requiring (so running) only the gate its
@@ -129,6 +130,8 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
             data["name"] = names[key]
             data["image"] = {"repository": f"127.0.0.1:5000/fleet-{tag}/{names[key].split('-')[1]}", "tags": ["demo"]}
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}
+            if key == "a":  # the good demo across the two nodes: the rollout engine on n2, the trainer on n1
+                data["acceptance"]["nodes"] = 2
             if performance:  # two allocations share the 2 cores: CPU time per token spreads up to 2.7 (not 1.7)
                 data["acceptance"]["performance"]["max_spread"] = 5.0
                 # two runs per arm (four Slurm steps, not six): interleaving and the medians are the same code as

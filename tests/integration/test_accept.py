@@ -49,14 +49,14 @@ def test_clean_demo_stack_passes_every_gate(demo_accepted: DemoAccepted) -> None
     assert any("/tinyengine/_kernels." in p for p in prov["native_libs_loaded"]), prov["native_libs_loaded"]
     # the pins' native modules are imported by the gate itself (real vLLM's `import vllm` does not load vllm._C)
     assert set(prov["components"]["vllm"]["modules"]) == {"tinyengine", "tinyengine._C", "tinyengine._kernels"}
-    assert gates["control"].evidence["diff_max"] > 0  # the batch-invariance switch, read through _kernels
+    assert gates["control"].evidence.diff_max > 0  # the batch-invariance switch, read through _kernels
     assert 0 < result.throughput["ratio"]
-    runs = gates["performance"].evidence["runs"]  # 3 interleaved runs of each arm, each in its own container
+    runs = gates["performance"].evidence.runs  # 3 interleaved runs of each arm, each in its own container
     assert [(r["run"], r["arm"]) for r in runs] == [(i, a) for i in (1, 2, 3) for a in ("aligned", "control")]
     assert result.throughput["source"] == "performance gate: medians" and len(result.throughput["runs"]) == 6
-    assert len(result.container["gates"]["performance"]["runs"]) == 6
-    containers = [f for f in result.container["gates"].values() if "runs" not in f]
-    containers += result.container["gates"]["performance"]["runs"]
+    assert len(result.container.gates["performance"]["runs"]) == 6
+    containers = [f for f in result.container.gates.values() if "runs" not in f]
+    containers += result.container.gates["performance"]["runs"]
     assert len(containers) == 4 + 6
     for facts in containers:
         assert facts["network"] == "none" and facts["networks"] == ["none"]
@@ -119,7 +119,7 @@ def test_slow_batch_invariant_path_fails_performance(demo_image: DemoImage, buil
     assert gates["rl_step"].status == "pass", gates["rl_step"].reason
     gate = gates["performance"]
     assert gate.status == "fail", gate.reason
-    assert REASONS[SLOW_EXACT_PATH][1] in gate.reason and len(gate.evidence["runs"]) == 6
+    assert REASONS[SLOW_EXACT_PATH][1] in gate.reason and len(gate.evidence.runs) == 6
 
 
 def test_nan_reward_crash_names_the_cause(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient,
@@ -197,7 +197,7 @@ def test_host_directory_mounted_over_package_fails_provenance(demo_image: DemoIm
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert f"mount at {SITE}/tinyengine" in gate.reason
-    facts = result.container["gates"]["provenance"]
+    facts = result.container.gates["provenance"]
     assert facts["mounts"] == [{"source": str(tmp_path / "tinyengine"), "target": f"{SITE}/tinyengine", "rw": False}]
 
 
@@ -209,8 +209,8 @@ def test_hanging_gate_is_killed_at_timeout(demo_image: DemoImage, docker_client:
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
     assert gate.reason.startswith("timed out after 5 s")
-    assert result.container["gates"]["zero_update"]["timed_out"] is True
-    assert result.container["run_id"] == run_id
+    assert result.container.gates["zero_update"]["timed_out"] is True
+    assert result.container.run_id == run_id
     assert accept.leftover_containers(docker_client, run_id) == []
 
 
@@ -261,5 +261,5 @@ def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image: DemoImage
     result = accept.accept(built.image_id, broken, SETTINGS, gates=["control"], run_id=run_id)
     gate = _gates(result)["control"]
     assert gate.status == "inconclusive", gate.reason
-    assert gate.evidence["diff_max"] == 0.0
+    assert gate.evidence.diff_max == 0.0
     assert report.make_report(broken, lock_record.of(broken), resolved, built, result).verdict == "NOT ACCEPTED"

@@ -1,4 +1,5 @@
-"""The demo through --slurm on a real one-node cluster: the good demo ACCEPTED from its .sqsh, and the planted
+"""The demo through --slurm on a real two-node cluster: the good demo ACCEPTED from its .sqsh with the recipe across
+both nodes (the rollout engine on n2, the trainer on n1), and the planted
 defects (slow PR: performance; zero_update; rl_step) caught by the same gate with the same reason as under
 Docker (tests/test_accept.py asserts the same words, tests/defects.py, so the Docker gates are not run again
 here). One cluster for the session; all four are runs of the session's nightly fleet (conftest: slurm_fleet,
@@ -35,14 +36,20 @@ def test_good_demo_is_accepted_through_slurm(slurm_fleet: dict[str, Any]) -> Non
     assert report.acceptance is not None and report.acceptance.pulled is not None and report.build is not None
     assert report.acceptance.pulled.ref == report.build.staged  # the gates ran on the staged digest's image
     c = report.acceptance.container
-    assert c["runner"] == "slurm" and c["runtime"] == "charliecloud" and c["sqsh_sha256_node"] == c["sqsh_sha256"]
-    assert c["sqsh"]["image_id"] == report.image_id and c["sqsh"]["sha256"] == c["sqsh_sha256"]
-    runs = [f for f in c["gates"].values() if "runs" not in f] + c["gates"]["performance"]["runs"]
+    assert c.runner == "slurm" and c.runtime == "charliecloud" and c.sqsh is not None
+    assert [n.name for n in c.nodes] == ["n1", "n2"] and all(n.sqsh_sha256 == c.sqsh.sha256 for n in c.nodes)
+    assert c.sqsh.image_id == report.image_id and c.layout["nodes"] == 2  # the rollout engine on n2
+    runs = [f for f in c.gates.values() if "runs" not in f] + c.gates["performance"]["runs"]
     perf_runs = 2 * FLEET_REPEATS  # interleaved, aligned and control
     assert len(runs) == 4 + perf_runs and len({f["step"] for f in runs}) == 4 + perf_runs  # a fresh container per run
-    assert all(f["state"] == "COMPLETED" and f["exit_code"] == "0:0" and f["job_id"] == c["job_id"] for f in runs)
+    assert all(f["state"] == "COMPLETED" and f["exit_code"] == "0:0" and f["job_id"] == c.job_id for f in runs)
+    assert all(f["node"] == "n[1-2]" for f in runs)  # every gate's step spans both nodes
+    for gate in ("zero_update", "rl_step", "control"):  # each node's processes seen by the census, all recorded
+        census = found[gate].evidence.census
+        assert set(census["nodes"]) == {"n1", "n2"} and not any(n["unrecorded"] for n in census["nodes"].values())
     markdown = (run_dir / "report.md").read_text()
-    assert c["job_id"] in markdown and c["sqsh_sha256_node"] in markdown and f"`.sqsh` `{c['sqsh']['path']}`" in markdown
+    assert str(c.job_id) in markdown and c.sqsh.sha256[:16] in markdown and f"`.sqsh` `{c.sqsh.path}`" in markdown
+    assert "| zero_update | n2 |" in markdown  # the census table, per gate and node
 
 
 @pytest.mark.parametrize("key, defect", [("b", SLOW_EXACT_PATH), ("c", BATCH_INVARIANCE_OFF),
@@ -53,9 +60,9 @@ def test_planted_defect_fails_as_under_docker(slurm_fleet: dict[str, Any], key: 
     got = {g.name: g for g in report.gates}
     assert report.verdict == "NOT ACCEPTED" and got[gate].status == "fail", (got[gate].status, got[gate].reason)
     assert words in got[gate].reason, got[gate].reason
-    assert report.acceptance is not None and report.acceptance.container["runner"] == "slurm"
+    assert report.acceptance is not None and report.acceptance.container.runner == "slurm"
     if gate == "performance":  # the interleaved runs, each a Slurm step of its own; the exact gates pass
-        assert len(report.acceptance.container["gates"][gate]["runs"]) == 2 * FLEET_REPEATS
+        assert len(report.acceptance.container.gates[gate]["runs"]) == 2 * FLEET_REPEATS
         assert {n: g.status for n, g in got.items() if n != gate} == {n: "pass" for n in GATES if n != gate}
-    sqsh = report.acceptance.container["sqsh"]
-    assert sqsh["image_id"] == report.image_id and sqsh["compression"] == SETTINGS.squash_options
+    sqsh = report.acceptance.container.sqsh
+    assert sqsh is not None and sqsh.image_id == report.image_id and sqsh.compression == SETTINGS.squash_options

@@ -20,7 +20,7 @@ def _timeline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: bool, seco
     events: list[str] = []
     started = threading.Event()
 
-    def fake(rendered: Any, settings: Settings, nocache: bool, echo: bool) -> Any:
+    def fake(rendered: Any, settings: Settings, nocache: bool, echo: bool, client: Any = None) -> Any:
         events.append(f"start {rendered.tag}")
         started.set()
         time.sleep(0.4)
