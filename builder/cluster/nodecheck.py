@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.cluster.runtimes import Runtime
+from builder.cluster.runtimes import Runtime, q
 
 # OpenSSL's sha256 uses the CPU's SHA instructions (3.4x coreutils' sha256sum here); sha256sum where a node has none.
 SCRIPT = r"""n=${SLURMD_NODENAME:-$(hostname -s)}; src=$1; want=$2; work=$3; dir=$4
@@ -39,9 +39,17 @@ if [ "$h" = "$want" ]; then ENV && echo "env=$work/environment-$n"; fi
 """
 
 
-def script(runtime: Runtime) -> str:
+def script(runtime: Runtime, targets: list[str] | None = None) -> str:
+    """The check step's shell; `targets`: the data mounts' targets, each of which must be a directory in the image
+    (ch-run binds onto existing directories only: it cannot create one in a read-only SquashFS, /tmp aside)."""
     env = runtime.env_command('"$use"', '"$work/environment-$n"') or "true"
-    return SCRIPT.replace("VERSION", runtime.version_command()).replace("ENV", env)
+    text = SCRIPT.replace("VERSION", runtime.version_command()).replace("ENV", env)
+    probe = runtime.env_command('"$use"', "/dev/null")
+    for target in targets or []:
+        if probe and not target.startswith("/tmp/"):
+            inside = probe.replace("/bin/cat /etc/environment > /dev/null", f"/bin/sh -c '[ -d {q(target)} ]'")
+            text += f'if [ "$h" = "$want" ]; then {inside} || echo "missing_mount={target}"; fi\n'
+    return text
 
 
 def local_path(pattern: str, sha256: str) -> str:
@@ -95,6 +103,9 @@ def verdict(nodes: list[Node], want: str, expected: int, rc: int, complaint: str
         seen = ", ".join(n.name for n in nodes) or "none"
         return f"the .sqsh check step failed on the nodes (exit {rc}; answered: {seen}): {complaint or 'no output'}", False
     for node in nodes:
+        if node.facts.get("missing_mount"):
+            return (f"acceptance.mounts: target {node.facts['missing_mount']} is not a directory in the image on node "
+                    f"{node.name} (ch-run binds only onto directories the image has, or under /tmp)"), True
         if needs_env and not node.facts.get("env"):
             return f"could not read the image's /etc/environment on node {node.name}", False
     return None, False

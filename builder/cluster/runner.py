@@ -64,7 +64,8 @@ class SlurmRunner:
 
     def _check(self) -> None:
         assert self.job is not None
-        script = nodecheck.script(self.runtime)
+        targets = [m.target for m in self.pins.acceptance.mounts] + [s[1] for s in [self._scratch()] if s]
+        script = nodecheck.script(self.runtime, targets)
         argv = [f"--jobid={self.job}", f"-N{self.place.nodes}", "--ntasks-per-node=1", "--job-name=sqsh-check",
                 f"--time={slurm.minutes(self.place.check_s)}", f"--output={self.work}/check-%t.out",
                 f"--error={self.work}/check-%t.err", "/bin/sh", "-c", script, "check", self.sqsh.path,
@@ -143,6 +144,7 @@ class SlurmRunner:
                                  env_file=f"{self.work}/environment-$SLURMD_NODENAME", env=env,
                                  command=gate_runner.gate_command(self.pins, gate, {}, f"{runtimes.WORK}/settings.json"),
                                  mounts=tuple((m.source, m.target) for m in self.pins.acceptance.mounts),
+                                 scratch=self._scratch(),
                                  pass_env=self._pass_env())
         n = self.place.nodes
         argv = [f"--jobid={self.job}", f"-N{n}", f"-n{n}", "--ntasks-per-node=1", f"--job-name={name}",
@@ -204,6 +206,13 @@ class SlurmRunner:
         if not self.place.node_local_dir:
             return self.sqsh.path
         return nodecheck.local_path(self.place.node_local_dir, self.sqsh.sha256)
+
+    def _scratch(self) -> tuple[str, str] | None:
+        """Checkpoint mode's scratch (pins: acceptance.checkpoint.scratch at its dir), the only writable data mount."""
+        ckpt = self.pins.acceptance.checkpoint
+        if self.pins.acceptance.weights == "checkpoint" and ckpt is not None and ckpt.scratch:
+            return ckpt.scratch, ckpt.dir
+        return None
 
     def _pass_env(self) -> tuple[str, ...]:
         """The variables of a node's own environment (its Slurm task: TaskProlog exports included) that reach the

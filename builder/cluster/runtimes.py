@@ -24,6 +24,7 @@ class GateSpec:
     command: list[str]
     mounts: tuple[tuple[str, str], ...] = ()
     pass_env: tuple[str, ...] = ()
+    scratch: tuple[str, str] | None = None   # the checkpoint scratch (source, target): the one writable data mount
 
 
 # Every task knows its rank and node inside the container, and the port its step reserved (--resv-ports).
@@ -65,7 +66,8 @@ class Charliecloud:
         passes = " ".join(f'${{{k}+"--set-env={k}=${k}"}}' for k in spec.pass_env)
         if spec.pass_env:  # which of them the node's environment set (the rollout role lets them win)
             passes += ' --set-env="TRUEPOLICY_NODE_ENV=' + "".join(f"${{{k}+{k},}}" for k in spec.pass_env) + '"'
-        binds = " ".join(q(f"--bind={src}:{dst}") for src, dst in spec.mounts)
+        binds = " ".join(q(f"--bind={src}:{dst}") for src, dst in (*spec.mounts, *([spec.scratch] if spec.scratch
+                                                                                   else [])))
         run = (f'exec ch-run --private-tmp --unset-env="*" --set-env="{spec.env_file}" {sets} {RANK_ENV} {passes} '
                f'--env-no-expand --bind="$out:{WORK}" {binds} --cd=/tmp "{spec.sqsh}" -- "$@"')
         if spec.mounts:  # the inner shell runs in the new namespaces: read-only binds, then ch-run
@@ -100,7 +102,8 @@ class Enroot:
 
     def srun_args(self, spec: GateSpec) -> list[str]:
         exports = ",".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
-        mounts = ",".join([f"{spec.out_dir}:{WORK}:rw+rprivate", *(f"{src}:{dst}:ro" for src, dst in spec.mounts)])
+        mounts = ",".join([f"{spec.out_dir}:{WORK}:rw+rprivate", *(f"{src}:{dst}:ro" for src, dst in spec.mounts),
+                           *([f"{spec.scratch[0]}:{spec.scratch[1]}:rw"] if spec.scratch else [])])
         return [f"--container-image={spec.sqsh}", f"--container-mounts={mounts}",
                 "--no-container-mount-home", "--container-readonly", "--container-workdir=/tmp",
                 "--export=" + ",".join(["NONE", *([exports] if exports else []), *spec.pass_env])]

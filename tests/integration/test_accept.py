@@ -42,7 +42,7 @@ def test_clean_demo_stack_passes_every_gate(demo_accepted: DemoAccepted) -> None
     assert {n: g.status for n, g in gates.items()} == {n: "pass" for n in GATES}, \
         {n: g.reason for n, g in gates.items()}
     assert result.image_id == built.image_id
-    prov = gates["provenance"].evidence
+    prov = gates["provenance"].evidence.as_dict()
     assert set(prov["components"]) == {"vllm", "megatron", "verl"}
     assert any(p.endswith(".so") for p in prov["native_libs_loaded"])
     # the CMake-built extension (tinykernels fetched as a native input) is loaded and hash-checked

@@ -79,7 +79,7 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
     assert gates["performance"].status == "not_run"
     assert report.make_report(ckpt, lock_record.of(pins), resolved, built, result).verdict == "ACCEPTED"
     for name in ("zero_update", "rl_step"):
-        ev = gates[name].evidence
+        ev = gates[name].evidence.as_dict()
         assert all(role not in step for step in ev["steps"].values() for role in CHECKSUMS)  # not in the log
         argv = ev["run"]["argv"]
         assert "trainer.save_freq=1" in argv and "actor_rollout_ref.actor.weight_checksums=false" in argv

@@ -37,9 +37,18 @@ echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"fake gat
 """
 
 
-def tiny_sqsh(dest: Path, sleep: int) -> Path:
+WRITER = """#!/bin/sh
+# the data mount at /mnt must read and refuse a write; the checkpoint scratch at /home must take one
+read=$(cat /mnt/model.txt 2>&1)
+if echo x 2>/dev/null > /mnt/written; then ro="writable"; else ro="refused"; fi
+echo saved > /home/step-1 && saved=yes || saved=no
+echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"read=$read write=$ro saved=$saved\\", \\"evidence\\": {}}"
+"""
+
+
+def tiny_sqsh(dest: Path, sleep: int, python: str = FAKE) -> Path:
     """A SquashFS root with sh, sleep and the fake python; FAKE_SLEEP in its /etc/environment."""
-    root = dest / f"root-{sleep}"
+    root = dest / f"root-{sleep}-{len(python)}"
     for sub in ("bin", "usr/bin", "etc", "dev", "proc", "sys", "tmp", "home", "mnt"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for binary in ("/bin/sh", "/bin/sleep", "/bin/cat"):
@@ -51,9 +60,9 @@ def tiny_sqsh(dest: Path, sleep: int) -> Path:
     for name in ("passwd", "group", "hosts", "resolv.conf"):
         (root / "etc" / name).touch()
     (root / "etc" / "environment").write_text(f"FAKE_SLEEP={sleep}\nPATH=/bin:/usr/bin\n")
-    (root / "usr" / "bin" / "python").write_text(FAKE)
+    (root / "usr" / "bin" / "python").write_text(python)
     (root / "usr" / "bin" / "python").chmod(0o755)
-    out = dest / f"tiny-{sleep}.sqsh"
+    out = dest / f"tiny-{sleep}-{len(python)}.sqsh"
     subprocess.run(["mksquashfs", str(root), str(out), "-noappend", "-quiet", "-no-progress"], check=True,
                    capture_output=True)
     return out
@@ -298,3 +307,28 @@ def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins,
     assert described["isolation"]["network"].startswith("host:") and all(n["check"]["mb_per_s"]
                                                                          for n in described["nodes"])
     assert described["limits"]["allocation_s"] == 120 + plan.CHECK_S + plan.MARGIN_S
+
+
+def test_data_mounts_are_read_only_and_the_checkpoint_scratch_writable_under_slurm(
+        slurm_cluster: cluster.Cluster, pins: model.Pins, tmp_path: Path) -> None:
+    """ch-run binds read-write; the task's own user and mount namespace makes each data mount's source a read-only
+    bind first, so the gate reads the model and fails to write it; the checkpoint scratch takes the saves."""
+    sqsh = tiny_sqsh(tmp_path, 0, WRITER)
+    data, scratch = tmp_path / "model", tmp_path / "scratch"
+    data.mkdir()
+    scratch.mkdir()
+    (data / "model.txt").write_text("weights")
+    acc = pins.acceptance
+    ckpt = model.Checkpoint.model_validate({"overrides": {"trainer.save_freq": 1}, "layout": "global_step_{step}",
+                                             "scratch": str(scratch), "dir": "/home"})
+    mounted = pins.model_copy(update={"acceptance": acc.model_copy(update={
+        "mounts": [model.Mount(source=str(data), target="/mnt")], "weights": "checkpoint", "checkpoint": ckpt})})
+    result, _ = run_one(mounted, sqsh, tmp_path / "shared")
+    assert result.status == "pass" and result.reason == "read=weights write=refused saved=yes", (result.reason, result.log)
+    assert not (data / "written").exists() and (scratch / "step-1").read_text() == "saved\n"
+    missing = mounted.model_copy(update={"acceptance": mounted.acceptance.model_copy(update={
+        "mounts": [model.Mount(source=str(data), target="/models/seed")]})})
+    result, _ = run_one(missing, sqsh, tmp_path / "shared")
+    assert result.status == "fail" and result.reason.startswith("acceptance.mounts: target /models/seed is not a"), \
+        result.reason
+    nothing_left(sqsh)
