@@ -48,6 +48,19 @@ from builder.runners import factory as runners
 from builder.sources import resolve as sources
 
 
+class _Engine:
+    """A use case's one engine client: connected when a stage first needs it (so a refusal before that, a stale
+    lock or a bad report, never needs a reachable engine), then passed down to every stage of the use case."""
+
+    def __init__(self, settings: Settings, client: engine.Client | None = None) -> None:
+        self.settings, self._client = settings, client
+
+    def client(self) -> engine.Client:
+        if self._client is None:
+            self._client = engine.connect(self.settings)
+        return self._client
+
+
 @dataclass(frozen=True)
 class Run:
     """What an accept or run use case leaves behind: the report and the run directory holding it."""
@@ -106,10 +119,13 @@ def render_pins_only(pins: Pins) -> str:
     return render_stage.render_dockerfile(pins, lock_record.of(pins), None)
 
 
-def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, quiet: bool = False) -> BuiltImage:
+def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, quiet: bool = False,
+          client: engine.Client | None = None) -> BuiltImage:
+    """Build the rendered context on the engine (`client`: the calling use case's; the build use case connects)."""
     with log.step("build"):
         try:
-            return build_stage.build(rendered, settings, nocache=nocache, echo=not quiet)
+            return build_stage.build(rendered, settings, nocache=nocache, echo=not quiet,
+                                     client=_Engine(settings, client).client())
         finally:  # a rebuild renders again; the Dockerfile, context.sha256 and the log stay
             build_context.build_ended(Path(rendered.context_path))
 
@@ -133,13 +149,18 @@ def accept(pins: Pins, plan: Plan, settings: Settings) -> Run:
     """Resolve, build unless the plan names an image, accept where the plan says, write the report. A staged plan
     pushes the build by digest to the staging repository and acceptance pulls that digest. One engine client for
     the whole use case. The run directory is made only once there is a report to put in it."""
+    return _accept(pins, plan, settings, _Engine(settings))
+
+
+def _accept(pins: Pins, plan: Plan, settings: Settings, door: _Engine) -> Run:
+    """accept() on the calling use case's engine client (run, nightly)."""
     resolved = resolve(pins, settings, plan.offline, plan.allow_moved_pr)
-    client = engine.connect(settings)
     built = None
     image = plan.acceptance.image
     lock = checked_lock(pins, resolved, settings, plan.offline) if image is None else lock_record.of(pins)
+    client = door.client()  # after the lock check: a stale lock is refused (2) with the engine down too
     if image is None:
-        built = build(render(pins, lock, resolved, settings), settings, nocache=plan.nocache)
+        built = build(render(pins, lock, resolved, settings), settings, nocache=plan.nocache, client=client)
         image = built.image_id
         if plan.acceptance.stage:
             repo = staging.staging_repository(pins.image.repository, pins.image.staging)
@@ -160,27 +181,30 @@ def accept(pins: Pins, plan: Plan, settings: Settings) -> Run:
 
 def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
     """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when the plan asks.
-    NotAccepted (exit 1) unless ACCEPTED."""
-    done = accept(pins, plan, settings)
+    NotAccepted (exit 1) unless ACCEPTED. One engine client for all of it."""
+    door = _Engine(settings)
+    done = _accept(pins, plan, settings, door)
     log.info("timings: " + json.dumps(log.timings))
     report_json = done.run_dir / "report.json"
     done.require_accepted(pins.path)
     if plan.publish:
-        receipt = publish_report(report_json, settings, key=plan.key)
+        receipt = publish_report(report_json, settings, key=plan.key, client=door.client())
         log.info(f"published {receipt.repository}@{receipt.digest}")
         if plan.export and document.load(report_json).sqsh is None:  # a cluster acceptance placed its .sqsh
-            record = export_sqsh(report_json, settings)
+            record = export_sqsh(report_json, settings, client=door.client())
             log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     log.info(f"report: {done.run_dir / 'report.md'}")
     return done
 
 
 def publish_report(report_json: Path, settings: Settings, image: str | None = None, key: Path | None = None,
-                   attest_once: bool = False, sqsh_dir: Path | None = None) -> PublishReceipt:
+                   attest_once: bool = False, sqsh_dir: Path | None = None,
+                   client: engine.Client | None = None) -> PublishReceipt:
     """Promote (or push) the accepted digest, verify what the registry serves, attach attestations (with
     `attest_once`, none when the key attested this digest before). A cluster-accepted report's .sqsh goes
     beside it under the SHA tag (`sqsh_dir`, else acceptance.slurm.publish_dir, else where it was accepted),
-    checked before anything is promoted (builder/release/sqsh_place.py)."""
+    checked before anything is promoted (builder/release/sqsh_place.py). `client`: the calling use case's engine
+    client (run, nightly); without one the publish stage connects, after its refusals."""
     with log.step("publish"):
         report = document.load(report_json)
         checked = trust.check(report, str(report_json))  # the deliberate re-read of the pins and the lock
@@ -192,7 +216,7 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
             raise BadInput(f"--sqsh-dir: {report_json} was accepted by Docker gates; its .sqsh comes from export-sqsh")
         try:
             receipt = publish_stage.publish(report, report_json, pins, lock, settings, image=image, signing_key=key,
-                                            attest_once=attest_once)
+                                            attest_once=attest_once, client=client)
             if copy is not None:
                 sqsh_place.place(copy, document.load(report_json), report_json, receipt)
         finally:
@@ -202,14 +226,17 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
 
 
 def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
-                squash_options: str | None = None, smoke: bool = True) -> SqshExport:
+                squash_options: str | None = None, smoke: bool = True,
+                client: engine.Client | None = None) -> SqshExport:
     """The accepted image as an enroot .sqsh, checked file by file and (unless `smoke` is off) smoked, recorded
-    in the report."""
+    in the report. `client`: the calling use case's engine client (run); without one the export stage connects,
+    after its refusals (not accepted, a bad --out, not root) and only when the export is not cached."""
     with log.step("export .sqsh"):
         report = document.load(report_json)
         checked = trust.check(report, str(report_json))
         pins = checked[0] if checked else None
-        return sqsh.export(report, report_json, pins, settings, out=out, squash_options=squash_options, smoke=smoke)
+        return sqsh.export(report, report_json, pins, settings, out=out, client=client,
+                           squash_options=squash_options, smoke=smoke)
 
 
 def replay(report_json: Path, settings: Settings, gate: str | None = None, image: str | None = None,
@@ -231,7 +258,7 @@ def replay(report_json: Path, settings: Settings, gate: str | None = None, image
     target = image or report.image_id
     started = time.monotonic()
     with log.step(f"replay {name} on {target}"):
-        result, image_id = runners.replay(plan, pins, target, settings, engine.connect(settings), bundle)
+        result, image_id = runners.replay(plan, pins, target, settings, _Engine(settings).client(), bundle)
     if result.status == "inconclusive":
         raise BadInput(f"{report_json.parent / replay_stage.bundle_file(name)}: {result.reason}")
     ran = {**result.evidence.as_dict(), "image": image_id, "seconds": round(time.monotonic() - started, 1)}
@@ -247,12 +274,13 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     resolved = resolve(pins, settings)
     rendered = render(pins, checked_lock(pins, resolved, settings), resolved, settings)
     rendered = rendered.model_copy(update={"tag": rebuild.rebuild_tag(rendered.tag)})
+    client = _Engine(settings).client()
     with log.step("rebuild --nocache"):
         try:
-            built = build_stage.build(rendered, settings, nocache=True, echo=False)
+            built = build_stage.build(rendered, settings, nocache=True, echo=False, client=client)
         finally:
             build_context.build_ended(Path(rendered.context_path))
-    result = rebuild.record(report, report_json, built, build_stage.local_tag(rendered, settings), settings)
+    result = rebuild.record(report, report_json, built, build_stage.local_tag(rendered, settings), settings, client)
     if result["status"] != "same":
         raise NotAccepted(f"{report_json}: rebuild gives {result['rebuild']['manifest_digest']}, the report has "
                           f"{result['report']['manifest_digest']}; diff in {report_json}")
@@ -273,14 +301,16 @@ def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None 
         log.info(f"moved: {len(moved)} component(s)" if moved else "no PR head moved")
     history = history or History(settings.cache("history") / "runs.sqlite")
     previous = follow.previous(history, pins.name)
-    done = accept(pins, replace(plan, acceptance=replace(plan.acceptance, stage=True)), settings)
+    door = _Engine(settings)  # one engine client: acceptance, the image's manifest, publish
+    done = _accept(pins, replace(plan, acceptance=replace(plan.acceptance, stage=True)), settings, door)
     report, run_dir = done.report, done.run_dir
-    manifest = image_manifest(engine.connect(settings), report.image_id)
+    manifest = image_manifest(door.client(), report.image_id)
     fs.write_atomic(run_dir / "image-manifest.json", json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     accepted = report.verdict == "ACCEPTED"
     digest, tags = None, None
     if accepted and publish:
-        receipt = publish_report(run_dir / "report.json", settings, key=key, attest_once=True)  # never re-attest
+        receipt = publish_report(run_dir / "report.json", settings, key=key, attest_once=True,  # never re-attest
+                                 client=door.client())
         digest = receipt.digest
         tags = follow.move_tags(receipt.repository, digest, pins.nightly.retention, settings, today)
         report = document.load(run_dir / "report.json")
@@ -308,7 +338,7 @@ def gc(settings: Settings, older_than_s: float = housekeeping.WEEK_S,
        keep_runs: int = housekeeping.KEEP_RUNS) -> housekeeping.Freed:
     """Remove finished runs' contexts, builds, run dirs, logs, seeds, raw layers and run tags by the retention
     rule (builder/nightly/gc.py); what a live run holds stays."""
-    return housekeeping.gc(settings, older_than_s=older_than_s, keep_runs=keep_runs)
+    return housekeeping.gc(settings, older_than_s=older_than_s, keep_runs=keep_runs, client=_Engine(settings).client())
 
 
 def nightly_fleet(pins_paths: list[Path], flags: Flags, settings: Settings, jobs: int | None) -> int:

@@ -195,22 +195,26 @@ def key_lock(settings: Settings, rendered: RenderedBuild) -> contextlib.Abstract
                      waiting=lambda: log.info(f"docker build {rendered.tag}: waiting for another build of this run"))
 
 
-def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True) -> BuiltImage:
+def build(rendered: RenderedBuild, settings: Settings, nocache: bool = False, echo: bool = True,
+          client: engine.Client | None = None) -> BuiltImage:
     """Send the rendered context to the engine (network none), tag it with the sha tag, record it.
     Builds of different runs that share a cache and an engine run side by side, builds of one run one after
-    another (key_lock), a no-cache build alone (engine_lock)."""
+    another (key_lock), a no-cache build alone (engine_lock). `client`: the use case's engine client (a direct
+    caller, a test or a benchmark, leaves it out and the build connects)."""
     with engine_lock(settings, exclusive=nocache):
-        return build_locked(rendered, settings, nocache, echo)
+        return build_locked(rendered, settings, nocache, echo, client)
 
 
-def build_locked(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool) -> BuiltImage:
+def build_locked(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool,
+                 client: engine.Client | None = None) -> BuiltImage:
     """build() for a caller that holds engine_lock already (shared, or exclusive for nocache)."""
     with key_lock(settings, rendered):
-        return _build_keyed(rendered, settings, nocache, echo)
+        return _build_keyed(rendered, settings, nocache, echo, client)
 
 
-def _build_keyed(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool) -> BuiltImage:
-    client = engine.connect(settings)
+def _build_keyed(rendered: RenderedBuild, settings: Settings, nocache: bool, echo: bool,
+                 client: engine.Client | None) -> BuiltImage:
+    client = client or engine.connect(settings)  # direct callers only: a use case passes its client
     out_dir = Path(rendered.context_path).parent
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
     log_path = out_dir / f"build-{stamp}.log"

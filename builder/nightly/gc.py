@@ -175,15 +175,16 @@ def run_tags(client: engine.Client, settings: Settings, cutoff: float, freed: Fr
 
 
 def gc(settings: Settings, older_than_s: float = WEEK_S, keep_runs: int = KEEP_RUNS,
-       registry_host: str | None = None, now: float | None = None) -> Freed:
-    """Apply the retention rule (module docstring); never touches what a live run holds."""
+       registry_host: str | None = None, now: float | None = None, client: engine.Client | None = None) -> Freed:
+    """Apply the retention rule (module docstring); never touches what a live run holds. `client`: the use case's
+    engine client (a direct caller, a test, leaves it out and gc connects)."""
     cutoff = (time.time() if now is None else now) - older_than_s
     freed = Freed()
     with log.step("gc: cache (contexts, builds, runs, logs)"):
         contexts(settings, cutoff, freed)
         run_dirs(settings, cutoff, keep_runs, freed)
         logs(settings, cutoff, freed)
-    client = engine.connect(settings)
+    client = client or engine.connect(settings)  # direct callers only: the use case passes its client
     with log.step("gc: engine (compiler-cache seeds, run tags)"):
         seeds(client, settings, freed)
         run_tags(client, settings, cutoff, freed)

@@ -78,11 +78,14 @@ def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | Non
 
 
 def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | None, settings: Settings,
-            image: str | None = None, signing_key: Path | None = None, attest_once: bool = False) -> PublishReceipt:
+            image: str | None = None, signing_key: Path | None = None, attest_once: bool = False,
+            client: Client | None = None) -> PublishReceipt:
     """Give the accepted digest of an ACCEPTED report its release tags (promote from staging, or push the
     accepted local image), verify it through the registry API, attach signed attestations (only those the key
     has not attached already; with `attest_once`, none when it attested the digest before), record the receipt.
-    `pins`, `lock`: what `trust.check` re-read and checked against the report (the caller runs it first)."""
+    `pins`, `lock`: what `trust.check` re-read and checked against the report (the caller runs it first);
+    `client`: the calling use case's engine client (run, nightly); without one, publish connects once its refusals
+    (report, signature, registry) are behind it."""
     where = str(report_path)
     check_accepted(report, where)
     if pins is None or lock is None:
@@ -97,7 +100,7 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
     key = attest.signer(signing_key or settings.signing_key)
     check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
-    client = engine.connect(settings)
+    client = client or engine.connect(settings)  # `builder publish` itself: its one connect, after the refusals
     with staging.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
         served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
         before = staging.snapshot(registry, name, report.tags) if staged else {}

@@ -137,13 +137,13 @@ def rebuild_tag(tag: str) -> str:
     return str(ref.tagged(f"rebuild-{ref.tag}"[:128]))
 
 
-def record(report: Report, report_path: Path, built: BuiltImage, tag: str,
-           settings: Settings) -> dict[str, Any]:
+def record(report: Report, report_path: Path, built: BuiltImage, tag: str, settings: Settings,
+           client: engine.Client) -> dict[str, Any]:
     """Compare the rebuild with the report's image, drop the rebuild tag, write `rebuild` into the report."""
     try:
         result = compare(report, built.manifest_digest, built.image_id, settings, report_path)
     finally:
-        engine.remove_image(engine.connect(settings), tag)  # the rebuild tag only; an equal image keeps its own tag
+        engine.remove_image(client, tag)  # the rebuild tag only; an equal image keeps its own tag
     report = report.model_copy(update={"rebuild": result})
     paths = report_mod.write(report, report_path.parent)
     if paths["json"].resolve() != report_path.resolve():

@@ -310,7 +310,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
         report_mod.write(report, report_path.parent)
         log.info(f".sqsh {out} sha256:{hit.sha256}: already exported ({hit.seconds['cache hit']} s)")
         return hit
-    client = client or engine.connect(settings)
+    client = client or engine.connect(settings)  # `builder export-sqsh` itself: its one connect, after the refusals
 
     def smoked(made: Made) -> dict[str, Any]:
         if pins is None:
@@ -465,7 +465,7 @@ def _timed(times: dict[str, float], name: str) -> Iterator[None]:
     times[name] = round(time.monotonic() - start, 2)
 
 
-def export_candidate(image_id: str, out: Path, settings: Settings, client: Any = None,
+def export_candidate(image_id: str, out: Path, settings: Settings, client: Any,
                      base_image: str | None = None) -> SqshExport:
     """A candidate's .sqsh before acceptance (the cluster gates accept it), checked file by file against
     its layers, no smoke (the gates that follow run on it). The same image ID exported to the same file
@@ -492,7 +492,6 @@ def _export_candidate(image_id: str, out: Path, settings: Settings, client: Any,
                 record.mtimes) == (image_id, squash_options, version, stat.st_size, stat.st_mtime, MTIMES):
             log.info(f".sqsh {out}: exported before (sha256:{record.sha256[:16]}...)")
             return record
-    client = client or engine.connect(settings)
     made, digest, _ = _write(client, image_id, out, squash_options, settings,
                              base_layers(client, base_image) if base_image else None)
     record = _record(made, out, digest, squash_options, version, image_id, tag="candidate",
