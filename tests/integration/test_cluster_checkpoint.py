@@ -1,0 +1,63 @@
+"""Checkpoint mode under --slurm, as under Docker (tests/integration/test_accept_checkpoint.py): the initial model
+mounted read-only (the task's own namespace makes the bind read-only before ch-run binds it), the saves on the
+pins' scratch mount (the one writable data mount), and the planted checkpoint defects (#23 weight decay at lr 0,
+#24 a tensor the optimizer skips) failing their gates with the same words. ch-run binds only onto directories the
+image has, so the targets are the base's /mnt and /srv."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.accept import plan
+from builder.core.records import AcceptanceResult
+from builder.engine import client as engine
+from builder.pins import model as pins_mod
+from builder.pins.model import Pins
+from builder.runners import factory
+from demo import cluster
+from tests.conftest import SETTINGS
+from tests.defects import without_performance
+from tests.fixture_types import BuildVariant, DemoImage
+from tests.integration.test_accept_checkpoint import model_dir  # noqa: F401 - the session's initial model
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
+MODEL, SCRATCH = "/mnt", "/srv"
+
+
+def slurm_checkpoint_pins(pins: Pins, model: Path, scratch: Path, shared: Path) -> Pins:
+    data = pins.to_json_dict()
+    data["recipe"]["overrides"].update({"actor_rollout_ref.model.path": MODEL,
+                                        "actor_rollout_ref.actor.weight_checksums": False})
+    acc = data["acceptance"]
+    acc["weights"] = "checkpoint"
+    acc["checkpoint"] = {"overrides": {"trainer.save_freq": 1,
+                                       "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]},
+                         "layout": "global_step_{step}/actor/huggingface", "scratch": str(scratch), "dir": SCRATCH}
+    acc["mounts"] = [{"source": str(model), "target": MODEL}]
+    acc["slurm"] = {"shared_dir": str(shared)}
+    without_performance(data)
+    return pins_mod.validate(data, pins.directory)
+
+
+def run(pins: Pins, image_id: str, gates: list[str]) -> AcceptanceResult:
+    made = plan.make(pins, plan.Flags(slurm=True, gates=gates), SETTINGS).acceptance
+    return factory.accept(made, pins, image_id, None, SETTINGS, engine.connect(SETTINGS))
+
+
+def test_checkpoint_mode_under_slurm_reads_the_model_read_only_and_catches_both_defects(
+        slurm_cluster: cluster.Cluster, demo_image: DemoImage, build_variant: BuildVariant,
+        model_dir: Path, cluster_images: tuple[object, Path], tmp_path: Path) -> None:  # noqa: F811
+    pins, _, _, built = demo_image
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    ckpt = slurm_checkpoint_pins(pins, model_dir, scratch, cluster_images[1])
+    good = {g.name: g for g in run(ckpt, built.image_id, ["zero_update", "rl_step"]).gates}
+    assert good["zero_update"].status == "pass" and good["rl_step"].status == "pass", \
+        {n: g.reason for n, g in good.items()}
+    assert (scratch / "rl_step" / "global_step_2" / "actor" / "huggingface" / "pytorch_model.bin").is_file()
+    decay = {g.name: g for g in run(ckpt, build_variant("megatron", 23).image_id, ["zero_update"]).gates}
+    assert decay["zero_update"].status == "fail"
+    assert decay["zero_update"].reason.startswith("actor weights changed with lr 0 between initial and step 1")
+    skipped = {g.name: g for g in run(ckpt, build_variant("megatron", 24).image_id, ["rl_step"]).gates}
+    assert skipped["rl_step"].status == "fail" and "lm_head.weight" in skipped["rl_step"].reason
