@@ -27,11 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder.accept import gates  # noqa: E402
+from builder.accept import gates, plan  # noqa: E402
 from builder.accept.docker_runner import DockerRunner  # noqa: E402
 from builder.cluster import accept as cluster_accept  # noqa: E402
 from builder.cluster.runner import SlurmRunner  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
+from builder.core.records import SqshFacts  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.pins import model  # noqa: E402
 from builder.release import sqsh  # noqa: E402
@@ -59,12 +60,13 @@ def main() -> None:
     pins = model.load(args.pins)
     client = engine.connect(settings)
     image_id = engine.image_id(client, args.image_id) or args.image_id
-    opts = cluster_accept.options(pins, settings)
+    made = plan.make(pins, plan.Flags(slurm=True, gates=[args.gate]), settings).acceptance
+    assert isinstance(made.place, plan.SlurmPlace)
     start = time.monotonic()
-    record = sqsh.export_candidate(image_id, cluster_accept.sqsh_path(opts, image_id), settings, client,
+    record = sqsh.export_candidate(image_id, cluster_accept.sqsh_path(made.place, image_id), settings, client,
                                     pins.base.image)
     export_s = round(time.monotonic() - start, 1)
-    slurm = SlurmRunner(pins, Path(record.path), record.sha256, opts, args.repeats)
+    slurm = SlurmRunner(pins, made, SqshFacts(path=record.path, sha256=record.sha256, size=record.size))
     docker = DockerRunner(client, pins, image_id, uuid.uuid4().hex[:12])
     settings_json = gates.gate_settings(pins, args.gate)
     times: dict[str, list[float]] = {"docker": [], "slurm": []}
@@ -85,7 +87,7 @@ def main() -> None:
     out = {"gate": args.gate, "repeats": args.repeats, "seconds": times, "median": medians,
            "overhead_median_s": round(medians["slurm"] - medians["docker"], 2),
            "overheads_s": [round(s - d, 2) for s, d in zip(times["slurm"], times["docker"])],
-           "allocation_and_sha256_check_s": check_s, "sha256_check": slurm.node.get("check"),
+           "allocation_and_sha256_check_s": check_s, "sha256_check": [n.record()["check"] for n in slurm.nodes],
            "export_s": export_s, "sqsh_bytes": record.size}
     if args.flow:
         out["flow_s"] = {"make demo (python -m demo run)": timed_flow(["run"]),

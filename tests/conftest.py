@@ -206,7 +206,15 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory) -> MakeReportInputs:
 
     import yaml
 
-    from builder.core.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
+    from builder.core.records import (
+        AcceptanceResult,
+        BuiltImage,
+        Evidence,
+        GateResult,
+        ResolvedComponent,
+        ResolvedSources,
+        RunnerFacts,
+    )
     from builder.pins import model as pins_mod
 
     pins_dir = Path(__file__).resolve().parent.parent / "pins"
@@ -270,11 +278,12 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory) -> MakeReportInputs:
                            log_path="/tmp/build.log", cached=False) if build else None
         status: dict[str, GateStatus | None] = {g: "pass" for g in evidence}
         status.update(statuses or {})
-        gates = [GateResult(name=g, status=s, reason=f"{g} {s}", evidence=evidence[g], log="tail")
+        gates = [GateResult(name=g, status=s, reason=f"{g} {s}", evidence=Evidence.model_validate(evidence[g]), log="tail")
                  for g, s in status.items() if s is not None]
         result = AcceptanceResult(image_id=accepted_image or image_id, gates=gates,
-                                  container={"run_id": "c0ffee", "network": "none", "env": {"TRITON_CACHE_DIR": "/cache/triton"},
-                                             "tmpfs": {"/cache": "rw,exec"}},
+                                  container=RunnerFacts(run_id="c0ffee", network="none",
+                                                        env={"TRITON_CACHE_DIR": "/cache/triton"},
+                                                        tmpfs={"/cache": "rw,exec"}),
                                   environment={"engine": "20.10.24"},
                                   throughput={"metric": "perf/rollout_tokens_per_s", "aligned": 1234.5, "control": 1200.0,
                                               "ratio": 1.02875}) if acceptance else None

@@ -499,7 +499,7 @@ def usage_cases() -> list[Case]:
 
 def accepted_report(folder: Path) -> tuple[dict[str, Any], Path]:
     """An ACCEPTED report.json (as builder.report.document writes it) for a pins file in `folder`."""
-    from builder.core.records import AcceptanceResult, BuiltImage, GateResult, ResolvedComponent, ResolvedSources
+    from builder.core.records import AcceptanceResult, BuiltImage, Evidence, GateResult, ResolvedComponent, ResolvedSources
     from builder.lock import record as lock_record
     from builder.pins import model as pins_mod
     from builder.report import document as report_mod
@@ -521,7 +521,8 @@ def accepted_report(folder: Path) -> tuple[dict[str, Any], Path]:
                 "control": {"exit_code": 0, "diff_max": 0.0123},
                 "performance": {"runs": [{"run": r, "arm": arm, "status": "pass", "throughput": value}
                                          for r in (1, 2, 3) for arm, value in (("aligned", 450.0), ("control", 1000.0))]}}
-    gates = [GateResult(name=g, status="pass", reason=f"{g} pass", evidence=e) for g, e in evidence.items()]
+    gates = [GateResult(name=g, status="pass", reason=f"{g} pass", evidence=Evidence.model_validate(e))
+             for g, e in evidence.items()]
     built = BuiltImage(image_id=image, tags=[], size=1, created="", engine_version="", builder_version="",
                        context_sha256="", dockerfile_sha256="", stage_times={}, log_path="", cached=True)
     acceptance = AcceptanceResult(image_id=image, gates=gates)

@@ -294,7 +294,8 @@ def _merge_roles(result: GateResult, others: list[dict[str, Any] | None], nodes:
     served = all(o is not None and o.get("status") == "pass" for o in others)
     address = str(((evidence.get("run") or {}).get("layout") or {}).get("address") or "")
     named = bool(address) and address in result.reason + result.log  # the recipe says it could not reach the peer
-    if result.status == "fail" and not evidence.get("steps") and not served and named:  # the link, not the stack
+    ran = any(isinstance(r, dict) and r for r in (evidence.get("steps") or {}).values())  # a step logged metrics
+    if result.status == "fail" and not ran and not served and named:  # the link failed, not the stack
         peer = nodes[1].name if len(nodes) > 1 else "rank 1"
         status = "inconclusive"
         reasons.insert(0, f"the link between ranks failed: the trainer on {nodes[0].name if nodes else 'rank 0'} "

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,8 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(slurm_cluster: cluster.Cluster, demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> World:
+def world(slurm_cluster: cluster.Cluster, demo_pins: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     from demo.prepare import variant_pins
 
     tmp = tmp_path_factory.mktemp("cli-faults")

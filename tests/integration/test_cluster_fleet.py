@@ -27,10 +27,10 @@ def test_nightly_fleet_submits_every_run_to_slurm(slurm_fleet: dict[str, Any],
     assert {k: r.verdict for k, r in reports.items()} == {"a": "ACCEPTED", "b": "NOT ACCEPTED", "c": "NOT ACCEPTED",
                                                           "d": "NOT ACCEPTED"}
     facts = {k: r.acceptance.container for k, r in reports.items() if r.acceptance is not None}
-    assert len(facts) == 4 and all(f["runner"] == "slurm" for f in facts.values())
-    assert len({f["job_id"] for f in facts.values()}) == 4  # each run its own Slurm job
-    assert all(Path(f["sqsh"]["path"]).parent == cluster_images[1] for f in facts.values())
-    assert len({f["sqsh"]["path"] for f in facts.values()}) == 4  # four images, four exports
+    assert len(facts) == 4 and all(f.runner == "slurm" and f.sqsh is not None for f in facts.values())
+    assert len({f.job_id for f in facts.values()}) == 4  # each run its own Slurm job
+    assert all(Path(f.sqsh.path).parent == cluster_images[1] for f in facts.values() if f.sqsh)
+    assert len({f.sqsh.path for f in facts.values() if f.sqsh}) == 4  # four images, four exports
     history = History(SETTINGS.cache("history") / "runs.sqlite")
     rows = [r for n in slurm_fleet["names"].values() for r in history.runs(n)]
     assert len(rows) == 4

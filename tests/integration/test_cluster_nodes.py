@@ -5,6 +5,7 @@ and another port for the rollout rank (the link between ranks refused: inconclus
 followed by a passing run once the plant is gone."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def run(pins: Pins, image_id: str) -> AcceptanceResult:
 
 
 @pytest.fixture
-def prolog(slurm_cluster: cluster.Cluster) -> Path:
+def prolog(slurm_cluster: cluster.Cluster) -> Iterator[Path]:
     """n2's TaskProlog input (demo/cluster.py); emptied afterwards."""
     path = slurm_cluster.root / "nodes" / "n2" / "taskprolog.env"
     yield path

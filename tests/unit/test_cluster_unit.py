@@ -183,3 +183,29 @@ def test_a_two_node_gate_step_under_pyxis_is_one_srun_line_of_documented_flags()
     single.job = "4242"
     line = single.step_argv("zero_update", "zero_update-1", "/shared/.runs/r1/zero_update-1", 600)[0]
     assert line[1:4] == ["-N1", "-n1", "--ntasks-per-node=1"] and "--resv-ports=1" not in line
+
+
+def test_a_rank_that_failed_or_ran_another_image_fails_the_gate_and_only_a_named_link_is_inconclusive() -> None:
+    from builder.cluster import nodecheck
+    from builder.cluster.runner import _merge_roles
+    from builder.core.records import Evidence, GateResult
+
+    nodes = [nodecheck.Node("n1"), nodecheck.Node("n2")]
+    census = {"image": "sha256:aa", "nodes": {"n1": {"seen": [1], "recorded": [1], "unrecorded": []}}}
+    good = GateResult(name="zero_update", status="pass", reason="diff 0",
+                      evidence=Evidence.model_validate({"census": census, "steps": {"1": {"diff_max": 0.0}}}))
+    peer = {"role": "rollout", "status": "pass", "reason": "served",
+            "evidence": {"census": {"image": "sha256:aa", "nodes": {"n2": {"seen": [2], "recorded": [2]}}}}}
+    merged = _merge_roles(good, [peer], nodes)
+    assert merged.status == "pass" and set(merged.evidence.census["nodes"]) == {"n1", "n2"}
+    other = {**peer, "evidence": {"census": {"image": "sha256:bb", "nodes": {}}}}
+    assert _merge_roles(good, [other], nodes).reason.startswith("node n2 (rank 1) runs image sha256:bb")
+    assert _merge_roles(good, [None], nodes).reason.startswith("node n2 (rank 1): the rollout role printed no result")
+    layout = {"run": {"layout": {"address": "127.0.0.1:12001"}}, "steps": {"1": {}, "2": {}}}
+    crash = GateResult(name="zero_update", status="fail", reason="recipe exited with status 1; ImportError: x",
+                       evidence=Evidence.model_validate(layout))
+    assert _merge_roles(crash, [None], nodes).status == "fail"  # no step, no peer, but the link is not named
+    refused = crash.model_copy(update={"reason": "rollout server 127.0.0.1:12001: not reachable"})
+    link = _merge_roles(refused, [None], nodes)
+    assert link.status == "inconclusive" and link.reason.startswith(
+        "the link between ranks failed: the trainer on n1 never reached the rollout rank on n2 at 127.0.0.1:12001")

@@ -8,7 +8,7 @@ from typing import Any
 from builder.accept import gates, plan
 from builder.core.constants import GATES
 from builder.core.options import Settings
-from builder.core.records import GateResult
+from builder.core.records import Evidence, GateResult
 from builder.pins import model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ class Recording:
 
     def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
         self.ran.append(gate)
-        return GateResult(name=gate, status="pass", reason="recorded", evidence={}), {}
+        return GateResult(name=gate, status="pass", reason="recorded", evidence=Evidence()), {}
 
     def describe(self) -> dict[str, Any]:
         return {"runner": self.kind}

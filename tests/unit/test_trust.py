@@ -9,7 +9,7 @@ import yaml
 
 from builder.core import imageref as reference
 from builder.core.errors import BadInput
-from builder.core.records import GateResult, Report
+from builder.core.records import Evidence, GateResult, Report
 from builder.lock import record as lock_record
 from builder.pins import allowlist
 from builder.pins import model as pins_mod
@@ -52,7 +52,7 @@ def test_not_accepted_report_is_left_to_publish(tmp_path: Path) -> None:
     ("unknown_gate", {"exit_code": 0}, "no rule"),
 ])
 def test_derive_from_evidence(gate: str, evidence: dict[str, Any], why: str | None) -> None:
-    got = trust.derive(GateResult(name=gate, status="pass", reason="", evidence=evidence), steps=1)
+    got = trust.derive(GateResult(name=gate, status="pass", reason="", evidence=Evidence.model_validate(evidence)), steps=1)
     assert (got is None) if why is None else (got is not None and why in got), got
 
 
@@ -71,7 +71,8 @@ def _perf_runs(aligned: list[int], control: list[int], status: str = "pass") -> 
 ])
 def test_derive_performance_with_the_pins_bounds(evidence: dict[str, Any], why: str | None) -> None:
     spec = pins_mod.Performance(min_ratio=0.25, repeats=3, max_spread=3.0, reason="measured")
-    got = trust.derive(GateResult(name="performance", status="pass", reason="", evidence=evidence), 2, spec)
+    got = trust.derive(GateResult(name="performance", status="pass", reason="", evidence=Evidence.model_validate(evidence)), 2,
+                       spec)
     assert (got is None) if why is None else (got is not None and why in got), got
     unbounded = trust.derive(GateResult(name="performance", status="pass", reason=""), 2)
     assert unbounded is not None and "no acceptance.performance" in unbounded
