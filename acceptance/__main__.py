@@ -80,7 +80,7 @@ def run_gate(name: str, settings: dict[str, Any]) -> dict[str, Any]:
         if found is not None:  # a recipe that writes no capture gets no bundle
             evidence["replay"] = found
     if jit_dirs is not None and jit_before is not None:
-        evidence["jit"] = jitcache.compiled(jit_dirs, jit_before)
+        evidence["jit"] = jitcache.compiled(jit_dirs, jit_before, bool((settings.get("jit_cache") or {}).get("dir")))
     if name != "provenance":
         from acceptance.hook import node_name
 

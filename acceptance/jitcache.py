@@ -77,9 +77,13 @@ def _origin(paths: set[str], before: dict[str, str | None], after: dict[str, str
     return (CHANGED if changed else SHIPPED), changed
 
 
-def compiled(dirs: list[str], before: dict[str, str | None]) -> dict[str, Any]:
+FROM_CACHE = "from the node-local cache (this image, commits, GPU architecture and rank)"
+
+
+def compiled(dirs: list[str], before: dict[str, str | None], node_local: bool = False) -> dict[str, Any]:
     """The cache entries after a run, each with its origin judged by content against `before` (listing's):
-    shipped (the same bytes at start), changed during the run, or compiled / written during the run."""
+    shipped (the same bytes at start; with `node_local`, from the node-local cache), changed during the run, or
+    compiled / written during the run."""
     after = listing(dirs)
     entries: list[dict[str, Any]] = []
     claimed: set[str] = set()
@@ -89,6 +93,7 @@ def compiled(dirs: list[str], before: dict[str, str | None]) -> dict[str, Any]:
             if entry is not None:
                 folder = {p for p in (*after, *before) if os.path.dirname(p) == entry["entry"]}
                 entry["origin"], changed = _origin(folder, before, after, "compiled during the run")
+                entry["origin"] = FROM_CACHE if node_local and entry["origin"] == SHIPPED else entry["origin"]
                 if changed:
                     entry["changed"] = changed
                 entries.append(entry)
@@ -96,6 +101,7 @@ def compiled(dirs: list[str], before: dict[str, str | None]) -> dict[str, Any]:
     others = []
     for path in sorted(set(after) - claimed):
         origin, _ = _origin({path}, before, after, "written during the run")
+        origin = FROM_CACHE if node_local and origin == SHIPPED else origin
         others.append({"compiler": "unknown", "file": path, "sha256": after[path], "origin": origin})
     every = entries + others
     start = [{"file": p, "sha256": h} for p, h in sorted(before.items())]

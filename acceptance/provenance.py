@@ -53,14 +53,23 @@ class Checker:
         self.failures.append(message)
 
     def caches(self) -> None:
-        """Run before anything is imported: every compile cache starts empty (no inherited JIT artifacts)."""
+        """Run before anything is imported: every compile cache starts empty (no inherited JIT artifacts), but for a
+        node-local cache the runner isolated by image, commits, GPU architecture and rank (settings.jit_cache): its
+        entries were compiled by this very image on this node, and are listed with their sha256."""
         seen = {}
+        node_local = (self.settings.get("jit_cache") or {}).get("dir")
         for path in cache_dirs(self.settings):
             files = cache_files(path) if os.path.isdir(path) else []
             seen[path] = files
-            if files:
+            if files and not (node_local and (path + "/").startswith(node_local.rstrip("/") + "/")):
                 self.fail(f"compile cache {path} not empty at start: {files[:2]}")
         self.evidence["caches_at_start"] = seen
+        if node_local:
+            from acceptance import jitcache
+
+            listed = jitcache.listing([node_local])
+            self.evidence["jit_cache"] = {**(self.settings.get("jit_cache") or {}), "entries": len(listed),
+                                          "files": [{"file": f, "sha256": h} for f, h in sorted(listed.items())][:64]}
 
     def interpreter(self, manifest: dict[str, Any]) -> None:
         expected = manifest.get("python")
@@ -243,5 +252,7 @@ def check(settings: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
         return "fail", checker.failures[0] + more, checker.evidence
     count = sum(len(c.get("files") or {}) for c in manifest["components"].values())
     return ("pass", f"{len(manifest['components'])} components import from {site} with {count} manifest files and"
-            f" {len(checker.evidence['native_libs_loaded'])} loaded native libs matching; caches empty",
+            f" {len(checker.evidence['native_libs_loaded'])} loaded native libs matching; " + (
+                f"node-local JIT cache: {checker.evidence['jit_cache']['entries']} entries of this image"
+                if checker.evidence.get("jit_cache") else "caches empty"),
             checker.evidence)

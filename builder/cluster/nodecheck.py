@@ -19,6 +19,7 @@ hash() { if command -v openssl >/dev/null; then openssl dgst -sha256 -r "$1" | c
 s=$(date +%s.%N); use=$src; staged=shared
 if [ -n "$dir" ]; then
   dir=$(printf '%s' "$dir" | sed "s/%n/$n/g"); mkdir -p "$dir" || exit 3; use="$dir/$want.sqsh"
+  case ",$(findmnt -no OPTIONS --target "$dir" 2>/dev/null)," in *,noexec,*) echo "node=$n"; echo "noexec=$dir"; exit 4;; esac
   exec 9>"$dir/$want.lock"; flock 9
   if [ -f "$use" ]; then
     h=$(hash "$use"); staged=hit
@@ -34,7 +35,9 @@ echo "node=$n"; echo "path=$use"; echo "sha256=$h"; echo "staged=$staged"; echo 
 echo "size=$(stat -c %s "$src")"; echo "address=$(scontrol show node "$n" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p')"
 echo "version=$(VERSION | head -n1)"
 q="--query-gpu=name,driver_version,memory.total --format=csv,noheader"
-echo "gpus=$( (nvidia-smi $q 2>/dev/null || echo none) | tr '\n' ';' | sed 's/;$//')"
+g=$( (nvidia-smi $q 2>/dev/null || echo none) | tr '\n' ';' | sed 's/;$//'); echo "gpus=$g"
+a=$(printf '%s' "${g%%,*}" | tr -c 'A-Za-z0-9\n' '-' | sed 's/--*/-/g'); [ "$g" = none ] && a=cpu
+echo "arch=$a"; printf '%s' "$a" > "$work/arch-$n"
 if [ "$h" = "$want" ]; then ENV && echo "env=$work/environment-$n"; fi
 """
 
@@ -77,6 +80,8 @@ class Node:
         return {"name": self.name, "sqsh_sha256": f.get("sha256"), "sqsh_path": f.get("path"),
                 "staged": None if f.get("staged") == "shared" else f.get("staged"), "runtime_version": f.get("version"),
                 "gpus": f.get("gpus"), "environment": f.get("env"), "address": f.get("address"),
+                "cache_path": f"{f.get('path', '').rsplit('/', 1)[0]}/jit" if f.get("staged") not in (None, "shared")
+                else None,
                 "check": {"seconds": seconds, "bytes": size, "mb_per_s": round(size / 1e6 / seconds, 1) if seconds
                           else None, "step": self.step.get("JobID"), "state": self.step.get("State"),
                           "exit_code": self.step.get("ExitCode")}}
@@ -91,6 +96,9 @@ def verdict(nodes: list[Node], want: str, expected: int, rc: int, complaint: str
             needs_env: bool) -> tuple[str | None, bool]:
     """(why no gate can run, whether that is the image's failure rather than the cluster's) or (None, False)."""
     for node in nodes:
+        if node.facts.get("noexec"):
+            return (f"node {node.name}: its node-local directory {node.facts['noexec']} is mounted noexec (JIT "
+                    "caches there could not run)"), True
         got = node.facts.get("sha256") or ""
         staged = node.facts.get("staged") or ""
         if staged.startswith("stale:"):

@@ -10,6 +10,7 @@ Each gate's facts are Slurm's own record (sacct) of its step, per node. Limits c
 allocation running out or someone else's scancel makes the gate inconclusive; close() cancels exactly this job."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -100,6 +101,9 @@ class SlurmRunner:
         out_dir = self.work / name
         out_dir.mkdir()
         settings = {**settings, "cache_dir": SCRATCH_CACHE, "layout": self._layout()}
+        if self.place.node_local_dir:  # the node-local JIT cache the task binds at the cache directory
+            settings["jit_cache"] = {"dir": SCRATCH_CACHE, "key": self.jit_key(), "node_local": True,
+                                     "isolation": "image sha256, components' commits, GPU architecture, rank"}
         for rank in range(self.place.nodes):  # every rank reads the same settings from its own output directory
             (out_dir / str(rank)).mkdir()
             (out_dir / str(rank) / "settings.json").write_text(json.dumps(settings))
@@ -144,8 +148,7 @@ class SlurmRunner:
                                  env_file=f"{self.work}/environment-$SLURMD_NODENAME", env=env,
                                  command=gate_runner.gate_command(self.pins, gate, {}, f"{runtimes.WORK}/settings.json"),
                                  mounts=tuple((m.source, m.target) for m in self.pins.acceptance.mounts),
-                                 scratch=self._scratch(),
-                                 pass_env=self._pass_env())
+                                 scratch=self._scratch(), pass_env=self._pass_env(), cache=self._jit_dir())
         n = self.place.nodes
         argv = [f"--jobid={self.job}", f"-N{n}", f"-n{n}", "--ntasks-per-node=1", f"--job-name={name}",
                 f"--time={slurm.minutes(timeout_s)}", "--kill-on-bad-exit=1", f"--output={self.work}/{name}-%t.out",
@@ -206,6 +209,21 @@ class SlurmRunner:
         if not self.place.node_local_dir:
             return self.sqsh.path
         return nodecheck.local_path(self.place.node_local_dir, self.sqsh.sha256)
+
+    def jit_key(self) -> str:
+        """The node-local JIT cache's isolation: the image (.sqsh sha256), the components' commits; the node's GPU
+        architecture and the rank follow in the path (builder/cluster/nodecheck.py writes the architecture)."""
+        commits = ",".join(f"{n}={c.commit}" for n, c in sorted(self.pins.components.items()))
+        return f"{self.sqsh.sha256[:16]}-{hashlib.sha256(commits.encode()).hexdigest()[:12]}"
+
+    def _jit_dir(self) -> str | None:
+        """A task's JIT cache on its node's local disk, mounted at the container's cache directory (never noexec:
+        the node check refuses such a disk); none without node-local disk (a fresh cache per gate)."""
+        if not self.place.node_local_dir:
+            return None
+        local = self.place.node_local_dir.replace("%n", "$SLURMD_NODENAME")
+        arch = f'$(cat "{self.work}/arch-$SLURMD_NODENAME")'
+        return f"{local}/jit/{self.jit_key()}-{arch}/rank$SLURM_PROCID"
 
     def _scratch(self) -> tuple[str, str] | None:
         """Checkpoint mode's scratch (pins: acceptance.checkpoint.scratch at its dir), the only writable data mount."""

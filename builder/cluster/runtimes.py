@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 WORK = "/tmp/acceptance"   # the gate's output directory inside the container (the only host bind)
+CACHE = "/tmp/cache"       # the compile caches inside the container's private /tmp
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class GateSpec:
     mounts: tuple[tuple[str, str], ...] = ()
     pass_env: tuple[str, ...] = ()
     scratch: tuple[str, str] | None = None   # the checkpoint scratch (source, target): the one writable data mount
+    cache: str | None = None                 # the node-local JIT cache (a shell word on the node), at the cache dir
 
 
 # Every task knows its rank and node inside the container, and the port its step reserved (--resv-ports).
@@ -75,7 +77,10 @@ class Charliecloud:
                              for src, _ in spec.mounts)
             inner = f"{ro} && {run}"
             run = f"exec unshare --user --map-root-user --mount /bin/sh -c {q(inner)} gate \"$@\""
-        script = f'out="{spec.out_dir}"; mkdir -p "$out" || exit 3; export out; {run}'
+        if spec.cache:  # the node-local JIT cache at the container's cache directory (in its private /tmp)
+            run = run.replace(f'--bind="$out:{WORK}"', f'--bind="$out:{WORK}" --bind="$cache:{CACHE}"')
+        cache = f'cache="{spec.cache}"; mkdir -p "$cache" || exit 3; export cache; ' if spec.cache else ""
+        script = f'out="{spec.out_dir}"; mkdir -p "$out" || exit 3; export out; {cache}{run}'
         return ["/bin/sh", "-c", script, "gate", *spec.command]
 
     def version_command(self) -> str:

@@ -307,6 +307,7 @@ def to_markdown(report: Report) -> str:
         out += _runs_table(tp.get("runs") or [])
     out += _processes_markdown(report.processes)
     out += census_markdown(report.gates)
+    out += jit_markdown(report.gates)
     out += ["", "### Build", ""]
     b = report.build
     if b:
@@ -404,6 +405,20 @@ def cluster_markdown(report: Report) -> list[str]:
              f.get("seconds")] for label, f in facts.steps() if f.get("step") or f.get("job_id")]
     out += [""] + _table(["Gate", "Job", "Step", "Node(s)", "Slurm state", "Exit code", "Seconds"], rows)
     return out
+
+
+def jit_markdown(gates: list[GateResult]) -> list[str]:
+    """Per gate, each compile-cache entry and where it came from: the node-local cache (this image, commits, GPU
+    architecture, rank), the image, compiled or changed during the run."""
+    rows = []
+    for gate in gates:
+        jit = gate.evidence.jit if isinstance(gate.evidence.jit, dict) else {}
+        for entry in jit.get("entries") or []:
+            if isinstance(entry, dict):
+                rows.append([gate.name, entry.get("kernel") or _code(str(entry.get("file") or "")[-80:]),
+                             entry.get("compiler"), entry.get("origin")])
+    return ["", "#### JIT kernels per gate", ""] + _table(["Gate", "Kernel or file", "Compiler", "Origin"], rows) \
+        if rows else []
 
 
 def _count(value: Any) -> int:

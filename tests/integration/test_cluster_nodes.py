@@ -78,3 +78,47 @@ def test_the_link_between_ranks_refused_is_inconclusive_naming_both_ends(
                                   "on n2 at 127.0.0.1:"), gate.reason
     prolog.unlink()
     assert next(g for g in run(two, built.image_id).gates if g.name == "zero_update").status == "pass"
+
+
+def test_jit_caches_live_on_node_local_disk_isolated_by_image_commits_arch_and_rank(
+        slurm_cluster: cluster.Cluster, demo_image: DemoImage, cluster_images: tuple[object, Path],
+        tmp_path: Path) -> None:
+    """A cache entry this image left on the node is used and reported as from the node-local cache; one planted
+    under another image's key is never seen; a noexec node-local disk is refused naming the node."""
+    pins, _, _, built = demo_image
+    data = two_node_pins(pins, cluster_images[1]).to_json_dict()
+    data["acceptance"]["nodes"] = 1
+    data["acceptance"]["slurm"]["node_local_dir"] = str(tmp_path / "%n")
+    one = pins_mod.validate(data, pins.directory)
+    made = plan.make(one, plan.Flags(slurm=True, gates=["provenance", "zero_update"]), SETTINGS).acceptance
+    runner, image_id, _ = factory.open_runner(made, one, built.image_id, None, SETTINGS, engine.connect(SETTINGS))
+    key = runner.jit_key()  # type: ignore[attr-defined]
+    runner.close()
+    for node in ("n1", "n2"):
+        (tmp_path / node / "jit" / f"{key}-cpu" / "rank0").mkdir(parents=True)
+        (tmp_path / node / "jit" / f"{key}-cpu" / "rank0" / "kernel.bin").write_bytes(b"this image's kernel")
+        foreign = tmp_path / node / "jit" / f"{'f' * 16}-{key[17:]}-cpu" / "rank0"
+        foreign.mkdir(parents=True)
+        (foreign / "foreign.bin").write_bytes(b"another image's kernel")
+    result = factory.accept(made, one, built.image_id, None, SETTINGS, engine.connect(SETTINGS))
+    gates = {g.name: g for g in result.gates}
+    assert gates["provenance"].status == "pass", gates["provenance"].reason
+    listed = gates["provenance"].evidence.get("jit_cache")
+    assert listed["entries"] == 1 and listed["files"][0]["file"].endswith("/kernel.bin"), listed
+    entries = gates["zero_update"].evidence.jit["entries"]
+    assert [(e["file"].rsplit("/", 1)[1], e["origin"]) for e in entries] == [
+        ("kernel.bin", "from the node-local cache (this image, commits, GPU architecture and rank)")]
+    assert "foreign" not in str(result.gates)
+    noexec = tmp_path / "noexec"
+    noexec.mkdir()
+    import subprocess
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,size=16m", "tmpfs", str(noexec)], check=True)
+    try:
+        data["acceptance"]["slurm"]["node_local_dir"] = str(noexec / "%n")
+        bad = pins_mod.validate(data, pins.directory)
+        made = plan.make(bad, plan.Flags(slurm=True, gates=["provenance"]), SETTINGS).acceptance
+        gate = factory.accept(made, bad, built.image_id, None, SETTINGS, engine.connect(SETTINGS)).gates[0]
+        assert gate.status == "fail" and "is mounted noexec" in gate.reason and gate.reason.startswith("node n"), \
+            gate.reason
+    finally:
+        subprocess.run(["umount", str(noexec)], check=False)
