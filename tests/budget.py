@@ -20,15 +20,14 @@ SLOW_FIXTURES = {"base_image", "demo_image", "build_variant", "demo_accepted", "
 # `make test` runs pytest-xdist workers with --dist loadgroup. Each group runs on one worker; the session fixtures
 # that can be shared (tests/shared.py: the base image, the demo pins, image, acceptance and staged push) are made
 # once for all workers. "apart": the fault matrix on parts of its own (its own dockerd, registry and disk).
-# "cluster": the one-node Slurm cluster and its fleet (one cluster per host), and, to even out the four workers'
-# time, the demo stack on the host (torch) and the four nightly runs at once. "engine" and "release": the other
+# "cluster": the two-node Slurm cluster, its fleet and every cluster test (one cluster per host: its ports). "engine"
+# and "release": the other
 # slow or Docker tests on the shared engine and registry, split by file so that the two take about as long. The
 # fast tests go to whichever worker is free. A group's tests run one after another: the longest group bounds
 # `make test` (the fresh-clone run's table lists each group's seconds).
 APART = ("tests/integration/test_fault_matrix.py",)
 GROUPS = {"apart": APART,
-          "cluster": ("tests/integration/test_cluster_", "tests/integration/test_demo_stack.py",
-                      "tests/integration/test_weights.py", "tests/integration/test_concurrency.py"),
+          "cluster": ("tests/integration/test_cluster_",),
           "release": tuple(f"tests/integration/test_{name}.py" for name in (
               "publish", "publish_lock_edit", "promote", "sqsh", "nightly", "run", "reproducible", "second_engine", "gc",
               "trusted_keys", "trip_ups", "lock_failures", "install"))}
