@@ -45,7 +45,7 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     assert {p["pid"] for p in listed} == {p["pid"] for p in gate.evidence.processes} and len(listed) >= 2
     markdown = document.to_markdown(report)
     assert "### Processes per gate" in markdown
-    row = next(line for line in markdown.splitlines() if line.startswith(f"| rl_step | {worker['pid']} |"))
+    row = next(line for line in markdown.splitlines() if line.startswith("| rl_step |") and f"| {worker['pid']} |" in line)
     assert f"| {main['pid']} | RolloutWorker |" in row and "| complete | pass |" in row, row
     print("\n".join(line for line in markdown.splitlines() if line.startswith("| rl_step |")))
 
