@@ -6,6 +6,7 @@ here). One cluster for the session; all four are runs of the session's nightly f
 tests/test_cluster_fleet.py), each from its own .sqsh."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +67,26 @@ def test_planted_defect_fails_as_under_docker(slurm_fleet: dict[str, Any], key: 
         assert {n: g.status for n, g in got.items() if n != gate} == {n: "pass" for n in GATES if n != gate}
     sqsh = report.acceptance.container.sqsh
     assert sqsh is not None and sqsh.image_id == report.image_id and sqsh.compression == SETTINGS.squash_options
+
+
+def test_a_cluster_accepted_run_replays_under_slurm_where_it_ran(slurm_fleet: dict[str, Any]) -> None:
+    """`builder replay` of the fleet's ACCEPTED cluster run: nothing failed (exit 0, no step); `--gate control`
+    replays the control arm's bundle as a Slurm step from the same .sqsh (the report's own place) and exits 0 when
+    its difference reproduces exactly."""
+    import subprocess
+    import sys
+
+    report_json = slurm_fleet["runs"]["a"] / "report.json"
+    accepted = fleet_report(slurm_fleet, "a").acceptance
+    assert accepted is not None and accepted.container.sqsh is not None
+    env = {**os.environ, "BUILDER_SLURM_SHARED_DIR": str(Path(accepted.container.sqsh.path).parent)}  # its export
+    done = subprocess.run([sys.executable, "-m", "builder", "replay", str(report_json)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("nothing failed: ACCEPTED"), done.stdout + done.stderr
+    before = set(subprocess.run(["sacct", "-n", "-X", "-o", "JobID"], capture_output=True, text=True).stdout.split())
+    again = subprocess.run([sys.executable, "-m", "builder", "replay", str(report_json), "--gate", "control"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "control: the recorded difference reproduces exactly" in again.stdout
+    after = set(subprocess.run(["sacct", "-n", "-X", "-o", "JobID"], capture_output=True, text=True).stdout.split())
+    assert after - before, "the replay ran no Slurm job"  # it ran where the report's gates ran
