@@ -13,7 +13,7 @@ before anything is submitted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder.core.constants import GATES
@@ -120,7 +120,6 @@ class Flags:
     export: bool = False
     follow_prs: bool = False
     today: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def gate_plans(pins: Pins, asked: Sequence[str], timeout_s: int | None) -> tuple[GatePlan, ...]:
