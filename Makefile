@@ -39,9 +39,9 @@ demo:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
 	$(PYTHON) -m demo run --setup-seconds $$(( $$(date +%s) - start ))
 
-# The whole cluster flow after `make demo`'s set-up: a one-node Slurm cluster (demo/cluster.py; it installs
+# The whole cluster flow after `make demo`'s set-up: a two-node Slurm cluster (demo/cluster.py; it installs
 # slurm-wlm, slurmdbd, munge, mariadb-server and charliecloud-runtime with apt-get when missing, as setup installs
-# Docker), the candidate exported to .sqsh, every gate as a Slurm step through Charliecloud, publish.
+# Docker), the candidate exported to .sqsh, every gate as a Slurm step across both nodes (the rollout on n2), publish.
 demo-cluster:
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup || exit $$?; \
 	$(PYTHON) -m demo run --slurm --setup-seconds $$(( $$(date +%s) - start ))
