@@ -76,10 +76,6 @@ class AcceptancePlan:
     place: Place
     image: str | None = None      # None: the run builds it; an image ID, or REPOSITORY@sha256:... to pull
     stage: bool = False           # push the build to staging by digest and accept the pulled digest
-    nodes: int = 1
-
-    def selected(self) -> list[str]:
-        return [g.name for g in self.gates if g.run]
 
     def gate(self, name: str) -> GatePlan:
         return next(g for g in self.gates if g.name == name)
@@ -174,13 +170,8 @@ def make(pins: Pins, flags: Flags, settings: Settings) -> Plan:
     gates = gate_plans(pins, list(flags.gates), flags.timeout_s)
     place: Place = slurm_place(pins, gates, settings) if flags.slurm else DockerPlace(engine_url)
     acceptance = AcceptancePlan(gates=gates, place=place, image=flags.image,
-                                stage=flags.image is None and (flags.stage or bool(engine_url)),
-                                nodes=pins.acceptance.nodes)
+                                stage=flags.image is None and (flags.stage or bool(engine_url)))
     return Plan(acceptance=acceptance, offline=flags.offline, allow_moved_pr=flags.allow_moved_pr,
                 nocache=flags.nocache, out=flags.out, key=flags.key or settings.signing_key, publish=flags.publish,
                 export=flags.export, follow_prs=flags.follow_prs, today=flags.today)
 
-
-def for_image(pins: Pins, image: str, settings: Settings, gates: Sequence[str] = ()) -> AcceptancePlan:
-    """The Docker plan for an image already here (tests, the smoke and replay's defaults)."""
-    return make(pins, Flags(image=image, gates=gates), settings).acceptance
