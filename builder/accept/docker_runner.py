@@ -4,17 +4,19 @@ always removed. Everything Docker goes through builder/engine."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from builder.accept.runner import ARG_MAX, SETTINGS_FILE, gate_command, result_from_output
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import CACHE_ENV, LABEL_PREFIX
+from builder.core.errors import BadInput
 from builder.core.records import GateResult
 from builder.engine import client as engine
 from builder.engine import containers
 from builder.engine.client import Client
 from builder.engine.containers import Bind, ContainerSpec
-from builder.pins.model import Pins
+from builder.pins.model import Pins, check_mounts
 
 LABEL = f"{LABEL_PREFIX}.acceptance"          # value: the run id; on every acceptance container
 TMPFS = {CACHE: "rw,exec,nosuid,nodev,size=2g", "/tmp": "rw,exec,nosuid,nodev,size=1g"}
@@ -57,6 +59,16 @@ class DockerRunner:
     def close(self) -> None:
         for container_id in containers.labelled(self.client, f"{LABEL}={self.run_id}"):
             containers.remove(self.client, container_id)
+
+
+def for_image(client: Client, pins: Pins, image: str, run_id: str | None = None) -> tuple[DockerRunner, str]:
+    """The runner of an image this engine has, and its full ID; BadInput when the pins' mounts would expose the
+    engine's data root or the engine has no such image. `run_id` labels its containers (default: a fresh one)."""
+    check_mounts(pins, engine.facts(client).get("data_root"))  # the engine's own data root, wherever it is
+    full_id = engine.image_id(client, image)
+    if full_id is None:
+        raise BadInput(f"image {image}: not found in the Docker engine")
+    return DockerRunner(client, pins, full_id, run_id or uuid.uuid4().hex[:12]), full_id
 
 
 def leftover_containers(client: Client, run_id: str | None = None) -> list[str]:

@@ -5,11 +5,11 @@ ran the gates (builder/runners/factory.py opens it)."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from acceptance import perf as perf_rule
+from builder.accept import docker_runner
 from builder.accept.docker_runner import LABEL, TMPFS, DockerRunner, leftover_containers
 from builder.accept.plan import AcceptancePlan, Flags
 from builder.accept.plan import make as make_plan
@@ -17,11 +17,10 @@ from builder.accept.runner import GateRunner
 from builder.core import log
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import MANIFEST
-from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import AcceptanceResult, Evidence, GateResult, Pulled, RunnerFacts
 from builder.engine import client as engine
-from builder.pins.model import Pins, check_mounts
+from builder.pins.model import Pins
 
 __all__ = ["LABEL", "TMPFS", "DockerRunner", "leftover_containers", "accept", "accept_with"]
 
@@ -145,10 +144,5 @@ def accept(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] |
     """The Docker convenience (tests, benchmarks): the selected gates (default: the pins' required gates) in fresh
     containers of a local image on the settings' engine, every container labelled io.truepolicy.acceptance=<run_id>."""
     plan = make_plan(pins, Flags(image=image_id, gates=list(gates or ()), timeout_s=timeout_s), settings).acceptance
-    client = engine.connect(settings)
-    check_mounts(pins, engine.facts(client).get("data_root"))  # the engine's own data root, wherever it is
-    full_id = engine.image_id(client, image_id)
-    if full_id is None:
-        raise BadInput(f"image {image_id}: not found in the Docker engine")
-    runner = DockerRunner(client, pins, full_id, run_id or uuid.uuid4().hex[:12])
+    runner, full_id = docker_runner.for_image(engine.connect(settings), pins, image_id, run_id)
     return accept_with(runner, full_id, plan, pins)

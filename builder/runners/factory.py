@@ -3,25 +3,22 @@ another engine, pulled by digest), or a Slurm cluster from the candidate's .sqsh
 never learn which one ran; the runner describes itself in the report's typed `RunnerFacts`."""
 from __future__ import annotations
 
-import uuid
 from dataclasses import replace
 from typing import Any
 
-from builder.accept import gates
-from builder.accept.docker_runner import DockerRunner
+from builder.accept import docker_runner, gates
 from builder.accept.plan import AcceptancePlan, DockerPlace, Flags, SlurmPlace
 from builder.accept.plan import make as make_plan
 from builder.accept.runner import GateRunner
 from builder.cluster import accept as cluster
 from builder.core import log
-from builder.core.errors import BadInput
 from builder.core.imageref import by_digest
 from builder.core.options import Settings
 from builder.core.records import AcceptanceResult, EngineFacts, GateResult, Pulled, Report
 from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
-from builder.pins.model import Pins, check_mounts
+from builder.pins.model import Pins
 
 
 def _docker(place: DockerPlace, pins: Pins, image: str, expected_id: str | None, settings: Settings,
@@ -35,11 +32,8 @@ def _docker(place: DockerPlace, pins: Pins, image: str, expected_id: str | None,
         pulled = pulled.model_copy(update={"engine": EngineFacts(**who, url=place.engine_url or "DOCKER_HOST")})
         log.info(f"acceptance engine {who['host']} ({who['id']}, Docker {who['version']}, gpus {who['gpus']})")
         image = pulled.image_id
-    check_mounts(pins, engine.facts(client).get("data_root"))  # the engine's own data root, wherever it is
-    full_id = engine.image_id(client, image)
-    if full_id is None:
-        raise BadInput(f"image {image}: not found in the Docker engine")
-    return DockerRunner(client, pins, full_id, run_id or uuid.uuid4().hex[:12]), full_id, pulled
+    runner, full_id = docker_runner.for_image(client, pins, image, run_id)
+    return runner, full_id, pulled
 
 
 def open_runner(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
