@@ -47,10 +47,9 @@ def script(runtime: Runtime, targets: list[str] | None = None) -> str:
     (ch-run binds onto existing directories only: it cannot create one in a read-only SquashFS, /tmp aside)."""
     env = runtime.env_command('"$use"', '"$work/environment-$n"') or "true"
     text = SCRIPT.replace("VERSION", runtime.version_command()).replace("ENV", env)
-    probe = runtime.env_command('"$use"', "/dev/null")
     for target in targets or []:
-        if probe and not target.startswith("/tmp/"):
-            inside = probe.replace("/bin/cat /etc/environment > /dev/null", f"/bin/sh -c '[ -d {q(target)} ]'")
+        inside = runtime.image_command('"$use"', f"/bin/sh -c '[ -d {q(target)} ]'")
+        if inside and not target.startswith("/tmp/"):
             text += f'if [ "$h" = "$want" ]; then {inside} || echo "missing_mount={target}"; fi\n'
     return text
 

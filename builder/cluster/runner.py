@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from builder.accept import runner as gate_runner
@@ -26,8 +27,7 @@ from builder.core.constants import CACHE_DIR, CACHE_ENV
 from builder.core.records import Evidence, GateResult, SqshFacts
 from builder.pins.model import Pins
 
-SCRATCH_CACHE = "/tmp/cache"   # the compile caches inside the container's private /tmp (fresh per gate)
-TAIL = 6000
+SCRATCH_CACHE = runtimes.CACHE  # the compile caches inside the container's private /tmp (fresh per gate)
 
 
 class SlurmRunner:
@@ -123,16 +123,14 @@ class SlurmRunner:
             self.live = None
         seconds = round(time.monotonic() - start, 3)
         record = slurm.step_record(self.job, name)
-        outs = [(self.work / f"{name}-{t}.out").read_text(errors="replace") if (self.work / f"{name}-{t}.out").exists()
-                else "" for t in range(n)]
-        errs = [(self.work / f"{name}-{t}.err").read_text(errors="replace") if (self.work / f"{name}-{t}.err").exists()
-                else "" for t in range(n)]
+        outs = [_text(self.work / f"{name}-{t}.out") for t in range(n)]
+        errs = [_text(self.work / f"{name}-{t}.err") for t in range(n)]
         facts = {"job_id": self.job, "step": record.get("JobID"), "step_name": name, "state": record.get("State"),
                  "exit_code": record.get("ExitCode"), "srun_exit": rc, "node": record.get("NodeList"),
                  "seconds": seconds, "argv": ["srun", *argv[:-len(spec.command)]] + spec.command[:4],
                  "nodes": [x.name for x in self.nodes]}
         shutil.rmtree(out_dir, ignore_errors=True)
-        log_tail = (errs[0] + outs[0])[-TAIL:]
+        log_tail = (errs[0] + outs[0])[-gate_runner.TAIL:]
         ended = self._ended(record, name, timed_out, timeout_s, log_tail, facts)
         if ended is not None:
             return ended, facts
@@ -234,7 +232,7 @@ class SlurmRunner:
 
     def _pass_env(self) -> tuple[str, ...]:
         """The variables of a node's own environment (its Slurm task: TaskProlog exports included) that reach the
-        container: the names the recipe's arms set, and the numeric families; the report shows them per process."""
+        container: the names the recipe's env and both arms set; the report shows them per node and process."""
         recipe = self.pins.recipe
         return tuple(sorted({*recipe.env, *recipe.aligned_env, *recipe.control_env}))
 
@@ -320,6 +318,11 @@ def _merge_roles(result: GateResult, others: list[dict[str, Any] | None], nodes:
                           f"never reached the rollout rank on {peer} at {address}")
     return GateResult(name=result.name, status=status, reason="; ".join(reasons) or result.reason,
                       evidence=Evidence.model_validate(evidence), log=result.log)
+
+
+def _text(path: Path) -> str:
+    """A task's output file ("" when Slurm wrote none: a task that never started)."""
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 def _exit_code(text: str | None, rc: int) -> int:

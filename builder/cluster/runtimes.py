@@ -44,6 +44,8 @@ class Runtime(Protocol):
 
     def version_command(self) -> str: ...                       # a shell command printing the version
 
+    def image_command(self, sqsh: str, command: str) -> str | None: ...  # a shell command run in the image, on a node
+
     def env_command(self, sqsh: str, dest: str) -> str | None: ...  # writes the image's environment to dest
 
     def isolation(self) -> dict[str, str]: ...
@@ -70,6 +72,8 @@ class Charliecloud:
             passes += ' --set-env="TRUEPOLICY_NODE_ENV=' + "".join(f"${{{k}+{k},}}" for k in spec.pass_env) + '"'
         binds = " ".join(q(f"--bind={src}:{dst}") for src, dst in (*spec.mounts, *([spec.scratch] if spec.scratch
                                                                                    else [])))
+        if spec.cache:  # the node-local JIT cache at the container's cache directory (in its private /tmp)
+            binds = f'--bind="$cache:{CACHE}" {binds}'
         run = (f'exec ch-run --private-tmp --unset-env="*" --set-env="{spec.env_file}" {sets} {RANK_ENV} {passes} '
                f'--env-no-expand --bind="$out:{WORK}" {binds} --cd=/tmp "{spec.sqsh}" -- "$@"')
         if spec.mounts:  # the inner shell runs in the new namespaces: read-only binds, then ch-run
@@ -77,8 +81,6 @@ class Charliecloud:
                              for src, _ in spec.mounts)
             inner = f"{ro} && {run}"
             run = f"exec unshare --user --map-root-user --mount /bin/sh -c {q(inner)} gate \"$@\""
-        if spec.cache:  # the node-local JIT cache at the container's cache directory (in its private /tmp)
-            run = run.replace(f'--bind="$out:{WORK}"', f'--bind="$out:{WORK}" --bind="$cache:{CACHE}"')
         cache = f'cache="{spec.cache}"; mkdir -p "$cache" || exit 3; export cache; ' if spec.cache else ""
         script = f'out="{spec.out_dir}"; mkdir -p "$out" || exit 3; export out; {cache}{run}'
         return ["/bin/sh", "-c", script, "gate", *spec.command]
@@ -86,8 +88,11 @@ class Charliecloud:
     def version_command(self) -> str:
         return "ch-run --version 2>&1"
 
+    def image_command(self, sqsh: str, command: str) -> str | None:
+        return f"ch-run --unset-env='*' {sqsh} -- {command}"  # sqsh, command: shell words of the node check
+
     def env_command(self, sqsh: str, dest: str) -> str | None:
-        return f"ch-run --unset-env='*' {sqsh} -- /bin/cat /etc/environment > {dest}"  # shell words of the check
+        return f"{self.image_command(sqsh, '/bin/cat /etc/environment')} > {dest}"
 
     def isolation(self) -> dict[str, str]:
         return {"network": "host: ch-run shares the host's network namespace (no network isolation)",
@@ -118,6 +123,9 @@ class Enroot:
 
     def version_command(self) -> str:
         return "enroot version 2>&1"
+
+    def image_command(self, sqsh: str, command: str) -> str | None:
+        return None  # the node check runs no command in the image: enroot creates mount points itself
 
     def env_command(self, sqsh: str, dest: str) -> str | None:
         return None  # enroot applies the image's /etc/environment itself
