@@ -252,7 +252,7 @@ def replay(report_json: Path, settings: Settings, gate: str | None = None, image
     name, summary = replay_stage.choose(report.gates, gate, str(report_json))
     if not summary.get("differs"):
         return [f"{name}: {summary.get('note') or 'nothing to replay: the gate saw no difference'}"], 0
-    bundle = json.loads(replay_stage.load_bundle(report_json.parent, name))
+    bundle = replay_stage.load_bundle(report_json.parent, name)
     pins = load_pins(Path(report.sources.pins_path))
     plan = runners.replay_plan(report, pins, settings, slurm)
     target = image or report.image_id

@@ -55,13 +55,15 @@ def choose(gates: list[GateResult], gate: str | None, report_path: str) -> tuple
     return name, found[name]
 
 
-def load_bundle(run_dir: Path, gate: str) -> bytes:
+def load_bundle(run_dir: Path, gate: str) -> dict[str, Any]:
+    """The gate's bundle as the report wrote it; BadInput (exit 2) when it is missing or not a JSON object."""
     path = run_dir / bundle_file(gate)
     try:
-        data = path.read_bytes()
-        json.loads(data)
+        data = json.loads(path.read_bytes())
     except (OSError, ValueError) as err:
         raise BadInput(f"{path}: expected the replay bundle of {gate} written with the report ({err})") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: expected the replay bundle of {gate} written with the report (a JSON object)")
     return data
 
 
