@@ -63,12 +63,15 @@ def load(directory: str) -> list[dict[str, Any]]:
     return sorted(recs, key=lambda r: (r.get("time") or 0, r.get("pid") or 0))
 
 
+def command_line(argv: list[Any] | None) -> str:
+    """A process's argv for a reason line, clipped at ARGV_CHARS."""
+    text = " ".join(str(a) for a in argv or [])
+    return text[:ARGV_CHARS] + "..." if len(text) > ARGV_CHARS else text
+
+
 def who(rec: dict[str, Any]) -> str:
-    argv = " ".join(str(a) for a in rec.get("argv") or [])
-    if len(argv) > ARGV_CHARS:
-        argv = argv[:ARGV_CHARS] + "..."
     name = f" {rec['name']}" if rec.get("name") and rec["name"] != "MainProcess" else ""
-    return f"process {rec.get('pid')}{name} ({argv})"
+    return f"process {rec.get('pid')}{name} ({command_line(rec.get('argv'))})"
 
 
 def _under(path: str, dirs: list[str]) -> str | None:
@@ -187,9 +190,7 @@ def _short(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _who(node: str, row: dict[str, Any]) -> str:
-    argv = " ".join(str(a) for a in row.get("argv") or [])
-    argv = argv[:ARGV_CHARS] + "..." if len(argv) > ARGV_CHARS else argv
-    return f"node {node} process {row['pid']} ({row.get('exe')}: {argv})"
+    return f"node {node} process {row['pid']} ({row.get('exe')}: {command_line(row.get('argv'))})"
 
 
 def _lost_by_process(records: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, Any]]:
