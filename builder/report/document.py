@@ -401,7 +401,7 @@ def cluster_markdown(report: Report) -> list[str]:
             if node_env:
                 out.append(f"- {gate.name}: node {rank.get('node')} set " + ", ".join(
                     f"`{k}={v}`" for k, v in sorted(node_env.items())) + " (its own environment won over the arm's)")
-        rows = [[label, f.get("job_id"), _code(f.get("step") or "-"), f.get("node"), f.get("state"), f.get("exit_code"),
+    rows = [[label, f.get("job_id"), _code(f.get("step") or "-"), f.get("node"), f.get("state"), f.get("exit_code"),
              f.get("seconds")] for label, f in facts.steps() if f.get("step") or f.get("job_id")]
     out += [""] + _table(["Gate", "Job", "Step", "Node(s)", "Slurm state", "Exit code", "Seconds"], rows)
     return out
