@@ -60,12 +60,12 @@ class Cluster:
     def pid_file(self, daemon: str) -> Path:
         return self.root / "run" / f"{daemon}.pid"
 
-    def node_local(self, node: str) -> Path:
-        """A node's local disk (node-local staging and JIT caches): `local_pattern()` with %n as the node."""
-        return self.root / "nodes" / node / "local"
-
     def local_pattern(self) -> str:
+        """Every node's local disk (node-local staging and JIT caches), `%n` the node, as acceptance.slurm takes it."""
         return str(self.root / "nodes" / "%n" / "local")
+
+    def node_local(self, node: str) -> Path:
+        return Path(self.local_pattern().replace("%n", node))
 
     def env(self) -> dict[str, str]:
         """What a client (srun, sbatch, sacct, scancel, the builder) needs to reach this cluster."""
@@ -258,13 +258,6 @@ def node_states(c: Cluster) -> dict[str, str]:
                           check=False)
     pairs = [line.split() for line in proc.stdout.splitlines() if line.strip()] if proc.returncode == 0 else []
     return {p[0]: p[1] for p in pairs if len(p) == 2}
-
-
-def node_state(c: Cluster) -> str:
-    """The state all nodes share, else the first one that differs (a fault test's node)."""
-    states = node_states(c)
-    plain = {s.rstrip("*~#") for s in states.values()}
-    return plain.pop() if len(plain) == 1 else next((s for s in states.values() if s.rstrip("*~#") != "idle"), "")
 
 
 def resume_node(c: Cluster) -> None:
