@@ -502,36 +502,31 @@ def _format(value: Any) -> str:
     return str(value)
 
 
+def _program_first(value: list[str]) -> list[str]:
+    if value[0].startswith("-"):
+        raise ValueError(f"expected a program as the first word, got {show(value[0])}")
+    return value
+
+
+Command = Annotated[list[Token], Field(min_length=1), AfterValidator(_program_first)]  # a program, then its words
+
+
 class Rollout(Strict):
     """recipe.rollout: the rollout engine as a server of its own, for acceptance.nodes 2. The rollout node runs
     `entry --host HOST --port PORT`; the trainer gets `address_key=HOST:PORT`; both read the shared key from
     `authkey_env`."""
-    entry: Annotated[list[Token], Field(min_length=1)]
+    entry: Command
     address_key: OverrideKey = "actor_rollout_ref.rollout.address"
     authkey_env: EnvName = "ROLLOUT_AUTHKEY"
 
-    @field_validator("entry")
-    @classmethod
-    def _entry(cls, value: list[str]) -> list[str]:
-        if value[0].startswith("-"):
-            raise ValueError(f"expected a program as the first word, got {show(value[0])}")
-        return value
-
 
 class Recipe(Strict):
-    entry: Annotated[list[Token], Field(min_length=1)]
+    entry: Command
     overrides: dict[OverrideKey, OverrideValue] = {}
     env: Env = {}
     aligned_env: Annotated[Env, Field(min_length=1)]
     control_env: Annotated[Env, Field(min_length=1)]
     rollout: Rollout | None = None  # the rollout engine on a node of its own (acceptance.nodes 2)
-
-    @field_validator("entry")
-    @classmethod
-    def _entry(cls, value: list[str]) -> list[str]:
-        if value[0].startswith("-"):
-            raise ValueError(f"expected a program as the first word, got {show(value[0])}")
-        return value
 
 
 class Metrics(Strict):
