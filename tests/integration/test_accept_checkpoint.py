@@ -37,11 +37,13 @@ def model_dir(demo_image: DemoImage, docker_client: DockerClient, tmp_path_facto
     return out / "seed-1"
 
 
-def checkpoint_pins(pins: Pins, model_dir: Path, scratch: Path | None = None) -> Pins:
+def checkpoint_pins(pins: Pins, model_dir: Path, scratch: Path | None = None, model: str = MODEL,
+                    scratch_dir: str = "/scratch/checkpoints") -> Pins:
     """The demo pins in checkpoint mode: verl's save options from the pins, the demo loop's checksum
-    metrics off, the initial model mounted read-only where the recipe's model path points."""
+    metrics off, the initial model mounted read-only at `model`, where the recipe's model path points; with
+    `scratch`, the saves on that host directory mounted at `scratch_dir`."""
     data = pins.to_json_dict()
-    data["recipe"]["overrides"].update({"actor_rollout_ref.model.path": MODEL,
+    data["recipe"]["overrides"].update({"actor_rollout_ref.model.path": model,
                                         "actor_rollout_ref.actor.weight_checksums": False})
     acc = data["acceptance"]
     acc["weights"] = "checkpoint"
@@ -50,8 +52,8 @@ def checkpoint_pins(pins: Pins, model_dir: Path, scratch: Path | None = None) ->
                          "dir_key": "trainer.default_local_dir", "layout": "global_step_{step}/actor/huggingface",
                          "model_path_key": "actor_rollout_ref.model.path"}
     if scratch is not None:
-        acc["checkpoint"].update({"scratch": str(scratch), "dir": "/scratch/checkpoints"})
-    acc["mounts"] = [{"source": str(model_dir), "target": MODEL}]
+        acc["checkpoint"].update({"scratch": str(scratch), "dir": scratch_dir})
+    acc["mounts"] = [{"source": str(model_dir), "target": model}]
     without_performance(data)  # these tests are about weights read from checkpoints, not about speed
     return pins_mod.validate(data, pins.directory)
 

@@ -17,26 +17,21 @@ from builder.pins.model import Pins
 from builder.runners import factory
 from demo import cluster
 from tests.conftest import SETTINGS
-from tests.defects import without_performance
 from tests.fixture_types import BuildVariant, DemoImage
-from tests.integration.test_accept_checkpoint import model_dir  # noqa: F401 - the session's initial model
+from tests.integration.test_accept_checkpoint import (
+    checkpoint_pins,
+    model_dir,  # noqa: F401 - the session's initial model
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 MODEL, SCRATCH = "/mnt", "/srv"
 
 
 def slurm_checkpoint_pins(pins: Pins, model: Path, scratch: Path, shared: Path) -> Pins:
-    data = pins.to_json_dict()
-    data["recipe"]["overrides"].update({"actor_rollout_ref.model.path": MODEL,
-                                        "actor_rollout_ref.actor.weight_checksums": False})
-    acc = data["acceptance"]
-    acc["weights"] = "checkpoint"
-    acc["checkpoint"] = {"overrides": {"trainer.save_freq": 1,
-                                       "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]},
-                         "layout": "global_step_{step}/actor/huggingface", "scratch": str(scratch), "dir": SCRATCH}
-    acc["mounts"] = [{"source": str(model), "target": MODEL}]
-    acc["slurm"] = {"shared_dir": str(shared)}
-    without_performance(data)
+    """Docker's checkpoint pins (test_accept_checkpoint.checkpoint_pins) with mount targets the image has, and the
+    cluster's shared directory."""
+    data = checkpoint_pins(pins, model, scratch, model=MODEL, scratch_dir=SCRATCH).to_json_dict()
+    data["acceptance"]["slurm"] = {"shared_dir": str(shared)}
     return pins_mod.validate(data, pins.directory)
 
 

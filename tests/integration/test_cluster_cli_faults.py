@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,34 +25,17 @@ import yaml
 
 from builder.cluster import slurm
 from demo import cluster
+from tests.integration.test_cluster_faults import tiny_root
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.docker]
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = "127.0.0.1:5000"
 REPOSITORY = "tests/cli-faults"
-FAKE = """#!/bin/sh
-# python -m acceptance gate GATE --settings @FILE
-sleep "${FAKE_SLEEP:-0}"
-echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"fake gate ran\\", \\"evidence\\": {}}"
-"""
 
 
 def tiny_image(dest: Path, sleep: int, python_bin: str) -> str:
-    """A Docker image of sh, sleep, cat and the fake python at the pins' python_bin (docker import of a tree)."""
-    root = dest / f"root-{sleep}"
-    for sub in ("bin", "etc", "dev", "proc", "sys", "tmp", "home", "mnt", python_bin.rsplit("/", 1)[0].lstrip("/")):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    for binary in ("/bin/sh", "/bin/sleep", "/bin/cat"):
-        shutil.copy(binary, root / "bin")
-        libs = subprocess.run(["ldd", binary], capture_output=True, text=True, check=False).stdout
-        for lib in [w for w in libs.split() if w.startswith("/")]:
-            (root / lib[1:]).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(lib, root / lib[1:])
-    for name in ("passwd", "group", "hosts", "resolv.conf"):
-        (root / "etc" / name).touch()
-    (root / "etc" / "environment").write_text(f"FAKE_SLEEP={sleep}\nPATH=/bin:/usr/bin\n")
-    (root / python_bin.lstrip("/")).write_text(FAKE)
-    (root / python_bin.lstrip("/")).chmod(0o755)
+    """A Docker image of tiny_root (tests/integration/test_cluster_faults.py): docker import of the tree."""
+    root = tiny_root(dest / f"root-{sleep}", sleep, python_bin)
     tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True).stdout
     changes = ["--change", f"ENV FAKE_SLEEP={sleep}", "--change", "ENV PATH=/bin:/usr/bin"]  # the export's environment
     return subprocess.run(["docker", "import", *changes, "-", f"builder-tests/tiny-gates:{sleep}"], input=tar,

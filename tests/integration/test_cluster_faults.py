@@ -41,10 +41,10 @@ echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"read=$re
 """
 
 
-def tiny_sqsh(dest: Path, sleep: int, python: str = FAKE) -> Path:
-    """A SquashFS root with sh, sleep and the fake python; FAKE_SLEEP in its /etc/environment."""
-    root = dest / f"root-{sleep}-{len(python)}"
-    for sub in ("bin", "usr/bin", "etc", "dev", "proc", "sys", "tmp", "home", "mnt"):
+def tiny_root(root: Path, sleep: int, python_bin: str, python: str = FAKE) -> Path:
+    """A root of the host's sh, sleep and cat (with their libraries), the fake python at `python_bin`, FAKE_SLEEP
+    in its /etc/environment."""
+    for sub in ("bin", "etc", "dev", "proc", "sys", "tmp", "home", "mnt", python_bin.rsplit("/", 1)[0].lstrip("/")):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for binary in ("/bin/sh", "/bin/sleep", "/bin/cat"):
         shutil.copy(binary, root / "bin")
@@ -55,8 +55,14 @@ def tiny_sqsh(dest: Path, sleep: int, python: str = FAKE) -> Path:
     for name in ("passwd", "group", "hosts", "resolv.conf"):
         (root / "etc" / name).touch()
     (root / "etc" / "environment").write_text(f"FAKE_SLEEP={sleep}\nPATH=/bin:/usr/bin\n")
-    (root / "usr" / "bin" / "python").write_text(python)
-    (root / "usr" / "bin" / "python").chmod(0o755)
+    (root / python_bin.lstrip("/")).write_text(python)
+    (root / python_bin.lstrip("/")).chmod(0o755)
+    return root
+
+
+def tiny_sqsh(dest: Path, sleep: int, python: str = FAKE) -> Path:
+    """A SquashFS of tiny_root, its python at /usr/bin/python."""
+    root = tiny_root(dest / f"root-{sleep}-{len(python)}", sleep, "/usr/bin/python", python)
     out = dest / f"tiny-{sleep}-{len(python)}.sqsh"
     subprocess.run(["mksquashfs", str(root), str(out), "-noappend", "-quiet", "-no-progress"], check=True,
                    capture_output=True)
