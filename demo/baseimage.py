@@ -90,7 +90,11 @@ CONFIG = ['ENV LANG="C.UTF-8" VIRTUAL_ENV="/opt/venv"'
           ' PIP_DISABLE_PIP_VERSION_CHECK="1" PIP_NO_CACHE_DIR="1"',
           'CMD ["/bin/bash"]', 'WORKDIR /']
 # Inputs of the wheel lock (the lock pins the full resolved set).
-BASE_REQUIREMENTS = ["torch==2.13.0+cpu", "setuptools==84.2.1", "wheel==0.48.0"]
+# torch's whole dependency closure, each at one version: the demo lock (pins/locks/demo.lock) records what the
+# base provides, so a new release of any of them on the index (filelock 4.3.2 did it) must not change a fresh base
+BASE_REQUIREMENTS = ["torch==2.13.0+cpu", "setuptools==84.2.1", "wheel==0.48.0", "filelock==4.3.1",
+                     "fsspec==2026.9.0", "jinja2==3.1.6", "markupsafe==3.0.4", "mpmath==1.3.0", "networkx==3.6.1",
+                     "packaging==26.4", "sympy==1.14.0", "typing-extensions==4.16.0"]
 TARGET_PYTHON = "3.11"
 
 
