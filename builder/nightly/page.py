@@ -8,9 +8,12 @@ night is a red square in the strip at the top, a red band across every chart and
 for a regression is orange. A row whose report file is gone (`builder gc`) keeps what its history row says
 and reads "report gone". What the page takes from each report is kept in `page-cache.json` beside the history
 (keyed by the report file's size and mtime), so a page of 365 nights reads 365 reports once, not per render.
+Each section's charts are kept in `page-charts/` beside it, under the sha256 of what they draw: a render (every
+nightly writes the page of every name) draws only the sections whose nights changed.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -36,6 +39,8 @@ TIMINGS = "timings.json"  # the run's step seconds (core/log.py timings), writte
 DIFF = "nightly-diff.json"
 CACHE = "page-cache.json"
 CACHE_FORMAT = 2
+CHARTS = "page-charts"  # each section's SVG under the sha256 of what it draws (ChartCache)
+CHART_FORMAT = 1  # part of that key: a change to how charts() draws makes every stored chart a miss
 PAGE = "history.html"
 DEFAULT_LAST = 365
 MARKERS_UP_TO = 90  # nights: beyond this the lines carry no per-night marker (the SVG stays small)
@@ -301,19 +306,64 @@ def newest_comparison(history: History, night_list: list[Night], settings: Setti
         return None, f"no comparison: {str(exc)[:200]}"
 
 
-def section(history: History, name: str, last: int, cache: FactsCache, settings: Settings) -> Section:
+class ChartCache:
+    """page-charts/<sha256>.svg beside the history: a section's charts under the sha256 of what they draw (the
+    trend data, each night's state, row ID and start, CHART_FORMAT). A render draws only what it does not find,
+    and removes what it no longer draws; a cache it cannot read or write only costs the drawing."""
+
+    def __init__(self, where: Path):
+        self.where = where
+        self.used: set[str] = set()
+
+    @staticmethod
+    def key(night_list: list[Night]) -> str:
+        drawn = [CHART_FORMAT, trends(night_list), [[n.state, n.row.id, n.row.started] for n in night_list]]
+        return hashlib.sha256(json.dumps(drawn, sort_keys=True, default=str).encode()).hexdigest()
+
+    def chart(self, night_list: list[Night]) -> str:
+        if not night_list:
+            return ""
+        key = self.key(night_list)
+        self.used.add(key)
+        path = self.where / f"{key}.svg"
+        try:
+            return path.read_text()
+        except OSError:
+            pass
+        drawn = charts(night_list)
+        try:
+            self.where.mkdir(parents=True, exist_ok=True)
+            fs.write_atomic(path, drawn)
+        except OSError:
+            pass  # a read-only history still renders
+        return drawn
+
+    def prune(self) -> None:
+        """Remove the charts this render did not draw (another name's render keeps its own on its next run)."""
+        try:
+            stale = [p for p in self.where.glob("*.svg") if p.stem not in self.used]
+        except OSError:
+            return
+        for path in stale:
+            path.unlink(missing_ok=True)
+
+
+def section(history: History, name: str, last: int, cache: FactsCache, settings: Settings,
+            drawn: ChartCache) -> Section:
     night_list = nights(history, name, last, cache)
     gates = [g for g in GATES if any(g in n.statuses() for n in night_list)]
     gates += sorted({g for n in night_list for g in n.statuses()} - set(gates))
     diff, note = newest_comparison(history, night_list, settings)
-    return Section(name, night_list, gates, charts(night_list), diff, note)
+    return Section(name, night_list, gates, drawn.chart(night_list), diff, note)
 
 
 def render(history: History, settings: Settings, names: list[str] | None = None, last: int = DEFAULT_LAST) -> str:
     """The page for these pins names (default: every name in the history), the last `last` nights of each."""
-    cache = FactsCache(history.path.parent / CACHE)
-    sections = [section(history, n, last, cache, settings) for n in (names or history.names())]
+    cache, drawn = FactsCache(history.path.parent / CACHE), ChartCache(history.path.parent / CHARTS)
+    sections = [section(history, n, last, cache, settings, drawn) for n in (names or history.names())]
     cache.save()
+    if names is None:  # a page of every name: what it did not draw is no longer on any page
+        drawn.prune()
     return html_mod.render("history.html.j2", sections=sections, last=last, history=str(history.path),
                            generated=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 

@@ -142,3 +142,27 @@ def test_the_command_writes_the_page_and_prints_its_path(base: Report, tmp_path:
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(out) and out.read_text().count('<tr id="night-') == 2
+
+
+def test_charts_are_drawn_once_per_change_of_what_they_show(base: Report, local: Settings, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every nightly renders every name's section: a section whose nights did not change reuses its stored SVG, a new
+    night draws that section again, and a render of every name removes the charts no section draws any more."""
+    history, _ = _history(base, tmp_path)
+    drawn: list[int] = []
+    draw = page.charts
+
+    def counted(nights: list[page.Night]) -> str:
+        drawn.append(len(nights))
+        return draw(nights)
+
+    monkeypatch.setattr(page, "charts", counted)
+    first = page.render(history, local)
+    second = page.render(history, local)
+    assert drawn == [6] and second.split("generated", 1)[0] == first.split("generated", 1)[0]
+    stored = list((history.path.parent / page.CHARTS).glob("*.svg"))
+    assert len(stored) == 1 and stored[0].read_text() in second
+    write_nights(base, demo_plans(GOOD, SLOW, DEFECT, FIXED)[:1], tmp_path / "more", history)  # a seventh night
+    third = page.render(history, local)
+    assert drawn == [6, 7] and third != second
+    assert [p.name for p in (history.path.parent / page.CHARTS).glob("*.svg")] != [stored[0].name]  # the old one went
