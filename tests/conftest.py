@@ -106,7 +106,7 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     A: the demo pins, every gate, the recipe across both nodes (the rollout engine on n2): the good demo through the
     whole cluster flow (build, staged digest, the session's one good .sqsh, Slurm gates, report); its run is the
     one test_cluster_publish publishes.
-    B: the slow PR (demo vllm PR 14), every gate: performance must fail.
+    B: the slow PR (demo vllm PR 14), the performance gate alone: it must fail.
     A and B run the performance gate FLEET_REPEATS times per arm.
     C, D: the zero_update and rl_step defects (tests/defects.py), each requiring (so running) only the gate its
     defect fails. The four run at once; the cluster runs two allocations at a time (one core each).
@@ -132,15 +132,15 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}
             if key == "a":  # the good demo across the two nodes: the rollout engine on n2, the trainer on n1
                 data["acceptance"]["nodes"] = 2
+            if defect is not None:  # B, C, D: the defect's own gate only (A and the Docker tests show the others pass)
+                data["acceptance"]["required_gates"] = [REASONS[defect][0]]
             if performance:  # two allocations share the 2 cores: CPU time per token spreads up to 2.7 (not 1.7)
                 data["acceptance"]["performance"]["max_spread"] = 5.0
                 # two runs per arm (four Slurm steps, not six): interleaving and the medians are the same code as
                 # with three (acceptance/perf.py), and the Docker acceptance keeps the demo's three
                 data["acceptance"]["performance"]["repeats"] = FLEET_REPEATS
-            else:  # C, D: the defect's own gate only (the Docker tests show the others pass): the gates that run
-                assert defect is not None
+            else:  # C, D: no performance section (naming it would make it required)
                 data["acceptance"].pop("performance", None)
-                data["acceptance"]["required_gates"] = [REASONS[defect][0]]
         component, pr = defect or (None, None)
         return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins, lock=defect is not None,
                             share_cache=True)  # the demo's layers: each variant builds only from its change

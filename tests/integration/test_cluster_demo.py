@@ -62,9 +62,10 @@ def test_planted_defect_fails_as_under_docker(slurm_fleet: dict[str, Any], key: 
     assert report.verdict == "NOT ACCEPTED" and got[gate].status == "fail", (got[gate].status, got[gate].reason)
     assert words in got[gate].reason, got[gate].reason
     assert report.acceptance is not None and report.acceptance.container.runner == "slurm"
-    if gate == "performance":  # the interleaved runs, each a Slurm step of its own; the exact gates pass
+    if gate == "performance":  # the interleaved runs, each a Slurm step of its own
         assert len(report.acceptance.container.gates[gate]["runs"]) == 2 * FLEET_REPEATS
-        assert {n: g.status for n, g in got.items() if n != gate} == {n: "pass" for n in GATES if n != gate}
+    # each defect's run requires (so runs) only its own gate; the others pass in A and under Docker
+    assert {n: g.status for n, g in got.items() if n != gate} == {n: "not_run" for n in GATES if n != gate}
     sqsh = report.acceptance.container.sqsh
     assert sqsh is not None and sqsh.image_id == report.image_id and sqsh.compression == SETTINGS.squash_options
 
