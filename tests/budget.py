@@ -27,7 +27,10 @@ SLOW_FIXTURES = {"base_image", "demo_image", "build_variant", "demo_accepted", "
 # `make test` (the fresh-clone run's table lists each group's seconds).
 APART = ("tests/integration/test_fault_matrix.py",)
 GROUPS = {"apart": APART,
-          "cluster": ("tests/integration/test_cluster_",),
+          # for balance (the cluster tests wait on Slurm a lot): test_concurrency's four Docker nightlies, and the
+          # Docker checkpoint tests, whose model and defect images (#23, #24) test_cluster_checkpoint reuses here
+          "cluster": ("tests/integration/test_cluster_", "tests/integration/test_concurrency.py",
+                      "tests/integration/test_accept_checkpoint.py"),
           "release": tuple(f"tests/integration/test_{name}.py" for name in (
               "publish", "publish_lock_edit", "promote", "sqsh", "nightly", "run", "reproducible", "second_engine", "gc",
               "trusted_keys", "trip_ups", "lock_failures", "install"))}

@@ -260,6 +260,11 @@ def test_a_signal_while_salloc_is_pending_cancels_the_pending_job(world: World,
             time.sleep(0.2)
 
     try:
+        deadline = time.monotonic() + 60  # an earlier test's job may still be completing on a node: wait it out
+        while (state := slurm.job_state(other)).get("JobState") != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert state.get("JobState") == "RUNNING", f"someone else's job never ran: {state.get('JobState')} " \
+            f"({state.get('Reason')})"
         code, errors, _ = accept(world, "quick", world.tmp / "pending", during=when_pending)
         assert code == 130 and len(errors) == 1, errors
         assert jobs.ids and slurm.job_state(other).get("JobState") == "RUNNING"  # someone else's: untouched
