@@ -65,7 +65,7 @@ def docker_client() -> DockerClient:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator["Cluster"]:
-    """A one-node Slurm cluster on this host (demo/cluster.py) for the whole session, reached through
+    """The two-node Slurm cluster on this host (n1, n2) (demo/cluster.py) for the whole session, reached through
     SLURM_CONF; stopped at the end of the session, also on failure."""
     import shutil
 
