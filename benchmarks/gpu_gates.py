@@ -315,7 +315,8 @@ def run(out: Path, repeats: int) -> int:
                 runs[metric][arm].append(ev["throughput"])
                 print(f"performance {arm} run {index}: {status}: {reason}")
     for metric in metrics:
-        status, reason, _ = perf.decide(runs[metric]["aligned"], runs[metric]["control"], min_ratio, max_spread, metric)
+        rule = perf.Rule(min_ratio=min_ratio, max_spread=max_spread, max_pairs=repeats)
+        status, reason, _ = perf.decide(runs[metric]["aligned"], runs[metric]["control"], rule, metric)
         print(f"\n== performance on {metric} (the demo pins' CPU-measured min_ratio {min_ratio}, max_spread"
               f" {max_spread}): {status}: {reason}")
     print("\n== kernels: a row computed alone vs inside a batch of 256, and engine vs trainer (GPU)")

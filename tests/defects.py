@@ -20,7 +20,7 @@ UNRECORDED = "ran a Python interpreter, and "   # in each escape's reason, after
 REASONS: dict[tuple[str, int], tuple[str, str]] = {
     BATCH_INVARIANCE_OFF: ("zero_update", "expected exactly 0.0"),
     SKIPPED_WEIGHT_RELOAD: ("rl_step", "step 2:"),
-    SLOW_EXACT_PATH: ("performance", "< min_ratio 0.2"),  # both wordings: from the medians, or from the bounds
+    SLOW_EXACT_PATH: ("performance", "is < min_ratio 0.2"),  # the sequential rule's upper bound
     ESCAPE_WITHOUT_VARIABLES: ("zero_update", " -m tinyrl.rollout_server --port "),
     ESCAPE_WITHOUT_SITE: ("rl_step", " -S -c import json, sys; sys.path[:] = json.loads(sys.argv[1]);"),
     ESCAPE_RECORD_DELETED: ("control", " -m tinyrl.main_ppo "),  # the forked worker: its argv is the trainer's

@@ -51,12 +51,13 @@ def checkpoint_settings(pins: Pins) -> dict[str, Any] | None:
 
 
 def run_performance(runner: GateRunner, pins: Pins, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
-    """The performance gate: `repeats` runs of each arm, interleaved (aligned, control, aligned, ...), each in
-    a fresh container; a run that fails fails the gate, otherwise acceptance.perf decides on the medians."""
+    """The performance gate: pairs of runs (aligned, then control), each in a fresh container, until the sequential
+    rule (acceptance.perf) decides, from `min_pairs` on, or `repeats` pairs ran; a run that fails fails the gate."""
     perf = pins.acceptance.performance
     if perf is None:
         return GateResult(name="performance", status="not_run", reason="no acceptance.performance in the pins"), {}
     metric = pins.acceptance.performance_metric()
+    rule = perf.rule()
     runs: list[dict[str, Any]] = []
     facts: dict[str, Any] = {"runs": []}
     for index in range(1, perf.repeats + 1):
@@ -76,25 +77,29 @@ def run_performance(runner: GateRunner, pins: Pins, timeout_s: int) -> tuple[Gat
                                   status="inconclusive" if result.status == "inconclusive" else "fail",
                                   reason=f"{arm} run {index}: {result.reason}",
                                   evidence=Evidence.model_validate(failed), log=result.log), facts
-    status, reason, evidence = perf_rule.decide([r for r in runs if r["arm"] == "aligned"],
-                                                [r for r in runs if r["arm"] == "control"],
-                                                perf.min_ratio, perf.max_spread, metric)
+        status, reason, evidence = perf_rule.decide([r for r in runs if r["arm"] == "aligned"],
+                                                    [r for r in runs if r["arm"] == "control"], rule, metric)
+        if (status != "inconclusive" and index >= rule.min_pairs) or evidence["pairs"] == 0:
+            break
+        if index < perf.repeats:
+            log.info(f"  performance after {index} pair(s): not decided yet, another pair")
     evidence.update({"runs": runs, "repeats": perf.repeats, "min_ratio_reason": perf.reason})
+    log.info(f"  performance: {status} after {evidence['pairs']} pair(s) ({evidence['stopped']})")
     return GateResult(name="performance", status=status, reason=reason,
                       evidence=Evidence.model_validate(evidence)), facts
 
 
 def throughput(gates: list[GateResult], metric: str) -> dict[str, Any]:
     """Rollout throughput of the aligned arm and the control arm, and their ratio: the performance gate's
-    medians and every run when it ran, else the rl_step and control gates' single runs."""
+    medians, its pairs' ratio and every run when it ran, else the rl_step and control gates' single runs."""
     by_name = {g.name: g for g in gates}
     perf = by_name.get("performance")
     if perf is not None and isinstance(perf.evidence.aligned, dict):
         ev = perf.evidence
         return {"metric": ev.metric or metric, "aligned": ev.aligned.get("median") if ev.aligned else None,
                 "control": (ev.control or {}).get("median"), "ratio": ev.ratio,
-                "source": "performance gate: medians", "min_ratio": ev.min_ratio,
-                "max_spread": ev.max_spread, "runs": ev.runs or []}
+                "source": "performance gate: pairs", "min_ratio": ev.min_ratio, "confidence": ev.confidence,
+                "pairs": ev.pairs, "stopped": ev.stopped, "max_spread": ev.max_spread, "runs": ev.runs or []}
     aligned = by_name["rl_step"].evidence.get("throughput") if "rl_step" in by_name else None
     control = by_name["control"].evidence.get("throughput") if "control" in by_name else None
     numbers = all(isinstance(v, (int, float)) for v in (aligned, control))

@@ -95,8 +95,11 @@ class Evidence(BaseModel):
     steps: Any = None           # per step: the metrics the decision used
     diff_max: Any = None
     k3_kl: Any = None
-    ratio: Any = None              # performance: aligned / control medians
+    ratio: Any = None              # performance: the geometric mean of the pairs' ratios
     min_ratio: Any = None
+    pairs: Any = None              # performance: how many pairs ran, and why the gate stopped
+    stopped: Any = None
+    confidence: Any = None
     max_spread: Any = None
     metric: Any = None
     aligned: Any = None         # performance: one arm's runs, median, spread

@@ -57,10 +57,11 @@ def performance(report: Report, previous_ratio: float | None, threshold: float) 
     if not aligned or not control or not previous_ratio or previous_ratio <= 0:
         return None
     floor = previous_ratio * (1 - threshold)
-    bound = tp.get("max_spread")
+    bound, confidence = tp.get("max_spread"), tp.get("confidence")
     max_spread = float(bound) if isinstance(bound, (int, float)) else 1.5
-    status, reason, evidence = perf_rule.decide(aligned, control, floor, max_spread,
-                                                str(tp.get("metric") or "throughput"))
+    rule = perf_rule.Rule(min_ratio=floor, max_spread=max_spread, max_pairs=len(aligned),
+                          confidence=float(confidence) if isinstance(confidence, (int, float)) else 0.95)
+    status, reason, evidence = perf_rule.decide(aligned, control, rule, str(tp.get("metric") or "throughput"))
     return {"status": status, "reason": reason, "floor": floor, "previous_ratio": previous_ratio,
             "ratio": evidence["ratio"], "max_spread": max_spread,
             "aligned": evidence["aligned"]["runs"], "control": evidence["control"]["runs"]}

@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from acceptance import perf as perf_rule
 from builder.core import imageref as reference
 from builder.core.constants import COMPONENTS, DEFAULT_REQUIRED, GATES, METRICS
 from builder.core.errors import BadInput
@@ -89,6 +90,7 @@ STEPS = (2, 100_000)       # the gate timeout bounds the wall time
 TIMEOUT_S = (1, 86_400)
 GPUS = (0, 64)
 REPEATS = (1, 50)           # performance runs per arm
+MIN_PAIRS = (2, 50)         # performance pairs before the gate may stop
 LR = (0.0, 10.0)            # the rl_step learning rate: finite, > 0 and at most 10
 SHAREABLE = ("url", "commit", "distribution")
 # host paths a gate must never see: the whole host, the engine, kernel interfaces, devices
@@ -635,17 +637,32 @@ class Checkpoint(Strict):
 
 
 class Performance(Strict):
-    """The performance gate: both arms run `repeats` times, interleaved, each in a fresh container; a run's value
-    is the median of its steps' `metric`. It passes when median(aligned) / median(control) over the runs is at
-    least `min_ratio`, and is inconclusive when an arm's spread (max / min over its runs) is over `max_spread`.
-    `reason` says where min_ratio comes from."""
+    """The performance gate: pairs of runs (aligned, then control), each in a fresh container; a run's value is the
+    median of its steps' `metric`. A sequential test on the pairs' ratios (acceptance/perf.py) stops with pass when
+    its lower bound at `confidence` is at least `min_ratio`, with fail when its upper bound is below it, and runs
+    another pair otherwise: at least `min_pairs`, at most `repeats` pairs, then inconclusive. `max_spread` only
+    names an arm as noisy in that reason. `reason` says where min_ratio comes from."""
     metric: Metric | None = None    # default: acceptance.metrics.throughput
     min_ratio: Annotated[float, BeforeValidator(_number), Field(gt=0, le=100)]
     repeats: Annotated[int, _ranged(*REPEATS, "runs per arm"), _range_schema(*REPEATS)] = 3
+    min_pairs: Annotated[int, _ranged(*MIN_PAIRS, "pairs before the gate may stop"), _range_schema(*MIN_PAIRS)] = 2
+    confidence: Annotated[float, BeforeValidator(_number), Field(ge=0.5, le=0.999)] = 0.95
     max_spread: Annotated[float, BeforeValidator(_number), Field(ge=1, le=100)] = 1.5
     # steps of each run (default acceptance.steps); a run's value is the median of its steps' metric
     steps: Annotated[int, _ranged(*STEPS, "a step count"), _range_schema(*STEPS)] | None = None
     reason: Reason
+
+    @model_validator(mode="after")
+    def _pairs(self) -> "Performance":
+        if self.min_pairs > self.repeats:
+            raise ValueError(f"min_pairs: expected at most repeats ({self.repeats}), got {self.min_pairs}")
+        return self
+
+    def rule(self, min_ratio: float | None = None) -> perf_rule.Rule:
+        """The sequential rule's settings (min_ratio: another floor, as nightly's regression flag uses)."""
+        return perf_rule.Rule(min_ratio=self.min_ratio if min_ratio is None else min_ratio,
+                              confidence=self.confidence, min_pairs=self.min_pairs, max_pairs=self.repeats,
+                              max_spread=self.max_spread)
 
 
 SRUN_OWN = ("--jobid", "--job-name", "--time", "--container-", "--export", "--output", "--error", "--input",

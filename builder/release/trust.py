@@ -57,15 +57,17 @@ def _steps_zero(evidence: Evidence, steps: int) -> str | None:
 
 
 def _performance(ev: Evidence, spec: pins_mod.Performance | None) -> str | None:
-    """The performance gate's rule again, on the evidence's runs with the pins' min_ratio and max_spread."""
+    """The performance gate's rule again, on the evidence's runs with the pins' settings: min_pairs to repeats
+    pairs, every run passing, and a pass on them."""
     if spec is None:
         return "the pins name no acceptance.performance"
     runs = [r for r in ev.runs or [] if isinstance(r, dict)]
     arms = {arm: [r for r in runs if r.get("arm") == arm] for arm in ("aligned", "control")}
     for arm, own in arms.items():
-        if len(own) != spec.repeats or any(r.get("status") != "pass" for r in own):
-            return f"{arm}: expected {spec.repeats} passing runs, got {show([r.get('status') for r in own])}"
-    status, reason, _ = perf_rule.decide(arms["aligned"], arms["control"], spec.min_ratio, spec.max_spread)
+        if not spec.min_pairs <= len(own) <= spec.repeats or any(r.get("status") != "pass" for r in own):
+            return (f"{arm}: expected {spec.min_pairs} to {spec.repeats} passing runs, got "
+                    f"{show([r.get('status') for r in own])}")
+    status, reason, _ = perf_rule.decide(arms["aligned"], arms["control"], spec.rule())
     return None if status == "pass" else f"the runs read {status}: {reason}"
 
 

@@ -302,8 +302,10 @@ def to_markdown(report: Report) -> str:
     if tp:
         show = {k: UNKNOWN if tp.get(k) is None else _num(tp[k]) for k in ("metric", "aligned", "control", "ratio")}
         source = f" ({tp['source']})" if tp.get("source") else ""
+        pairs = (f" over {tp['pairs']} pairs ({tp['stopped']}; the ratio is their geometric mean, aligned and "
+                 "control the arms' medians)" if tp.get("pairs") else "")
         out += ["", f"Rollout throughput (`{show['metric']}`){source}: aligned {show['aligned']}, control"
-                    f" {show['control']}, ratio {show['ratio']}."]
+                    f" {show['control']}, ratio {show['ratio']}{pairs}."]
         out += _runs_table(tp.get("runs") or [])
     out += _processes_markdown(report.processes)
     out += census_markdown(report.gates)

@@ -51,13 +51,16 @@ def test_clean_demo_stack_passes_every_gate(demo_accepted: DemoAccepted) -> None
     assert set(prov["components"]["vllm"]["modules"]) == {"tinyengine", "tinyengine._C", "tinyengine._kernels"}
     assert gates["control"].evidence.diff_max > 0  # the batch-invariance switch, read through _kernels
     assert 0 < result.throughput["ratio"]
-    runs = gates["performance"].evidence.runs  # 3 interleaved runs of each arm, each in its own container
-    assert [(r["run"], r["arm"]) for r in runs] == [(i, a) for i in (1, 2, 3) for a in ("aligned", "control")]
-    assert result.throughput["source"] == "performance gate: medians" and len(result.throughput["runs"]) == 6
-    assert len(result.container.gates["performance"]["runs"]) == 6
+    perf = gates["performance"].evidence  # pairs (aligned, control), each run in its own container, until decided
+    pairs = perf.pairs
+    assert 2 <= pairs <= 4 and perf.stopped == f"decided after {pairs} pairs", perf.stopped
+    runs = perf.runs
+    assert [(r["run"], r["arm"]) for r in runs] == [(i, a) for i in range(1, pairs + 1) for a in ("aligned", "control")]
+    assert result.throughput["source"] == "performance gate: pairs" and len(result.throughput["runs"]) == 2 * pairs
+    assert len(result.container.gates["performance"]["runs"]) == 2 * pairs
     containers = [f for f in result.container.gates.values() if "runs" not in f]
     containers += result.container.gates["performance"]["runs"]
-    assert len(containers) == 4 + 6
+    assert len(containers) == 4 + 2 * pairs
     for facts in containers:
         assert facts["network"] == "none" and facts["networks"] == ["none"]
         assert facts["mounts"] == [] and set(facts["tmpfs"]) == {"/cache", "/tmp"}
@@ -119,7 +122,7 @@ def test_slow_batch_invariant_path_fails_performance(demo_image: DemoImage, buil
     assert gates["rl_step"].status == "pass", gates["rl_step"].reason
     gate = gates["performance"]
     assert gate.status == "fail", gate.reason
-    assert REASONS[SLOW_EXACT_PATH][1] in gate.reason and len(gate.evidence.runs) == 6
+    assert REASONS[SLOW_EXACT_PATH][1] in gate.reason and len(gate.evidence.runs) == 2 * gate.evidence.pairs
 
 
 def test_nan_reward_crash_names_the_cause(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient,
