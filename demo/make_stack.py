@@ -53,6 +53,8 @@ REPOS: dict[str, Spec] = {
         ("p14", "p11c", "p14-slow", "batch_invariant: recompute the prefix at each decode step (no KV cache)\n\n"
          "Every token goes through the prefill path: batch-invariant by construction."),
         ("p15", "p11c", "p15-defect", "kernels: extra helpers from tinyextra (declared in csrc/extra)"),
+        ("p16", "p11c", "p16-selfcheck", "batch_invariant: check each decode step's MLP against a second pass\n\n"
+         "A determinism self-check of the fixed reduction order: still exact, about 1.2x the decode CPU time."),
     ], "e4", {
         11: ("p11c", "Batch-invariant inference (DEMO_BATCH_INVARIANT)", None),
         12: ("p12", "Batch-invariant inference, faster path", "batch invariance broken: the switch is read "
@@ -63,6 +65,7 @@ REPOS: dict[str, Spec] = {
              "step recomputes the whole prefix; correct, several times slower"),
         15: ("p15", "Batch-invariant inference, extra kernel helpers", "undeclared native input: tinyextra is "
              "fetched from a CMake subdirectory the lock does not read, so the offline build fails naming it"),
+        16: ("p16", "Batch-invariant inference with a decode self-check", None),
     }),
     "tinycore": ("megatron", [
         ("c1", None, "c1-initial", "Initial tinycore: full-sequence forward, backward, AdamW\n\n"

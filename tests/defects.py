@@ -8,6 +8,7 @@ from typing import Any
 BATCH_INVARIANCE_OFF = ("vllm", 12)     # zero_update: a step's diff is not exactly 0.0
 SKIPPED_WEIGHT_RELOAD = ("vllm", 13)    # rl_step: step 2 runs on stale weights
 SLOW_EXACT_PATH = ("vllm", 14)          # performance: exact, but the aligned arm is slow
+SLIGHTLY_SLOWER_PATH = ("vllm", 16)     # performance: exact and about 1.2x slower: it must still pass
 # escapes from the per-process audit, each by its own mechanism (the gate's census names the process): the
 # rollout worker is a fresh interpreter started without the job's variables / started with python -S (never
 # loads the start-up hook) / deletes its own process record. Any recipe gate fails; each test runs one.

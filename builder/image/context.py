@@ -1,6 +1,6 @@
 """The build context: one deterministic tar the tool makes itself (no directory sent as is).
 
-Layout: Dockerfile, constraints.in, delivery/{pins.json,components.json,dockerfile.sha256},
+Layout: Dockerfile, constraints.in, delivery/{pins.json (the build inputs: identity.py),components.json,dockerfile.sha256},
 provenance/<component>.json, image_scripts/, lock/{runtime,build}.lock (the lock's requirement lines only: its
 header of commits and base digest is bound by the report's lock_sha256, and kept out of the build so that a
 moved component pin with the same resolved set keeps the deps layer), wheels/, acceptance/ (the suite),
@@ -23,12 +23,13 @@ from builder.core import resources
 from builder.core.constants import BUILDER_VERSION, COMPONENTS, SOURCE_DATE_EPOCH
 from builder.core.options import Settings
 from builder.core.records import ResolvedSources
+from builder.image import identity
 from builder.lock import native
 from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.sources import resolve as sources_mod
 
-PROVENANCE = ("commit", "tree", "pr", "url", "target")
+PROVENANCE = ("commit", "tree", "pr", "url")
 SKIP = ("__pycache__", ".pyc", ".pyo")
 
 ACCEPTANCE_PYPROJECT = """[build-system]
@@ -76,7 +77,7 @@ def small_files(pins: Pins, lock: Lock, dockerfile: str, dockerfile_sha: str, de
     files: dict[str, bytes | Path] = {
         "Dockerfile": dockerfile.encode(),
         "constraints.in": "".join(f"{name}\n" for name in sorted(pins.build.constraints)).encode(),
-        "delivery/pins.json": _json(pins.to_json_dict()),
+        "delivery/pins.json": _json(identity.build_inputs(pins)),  # build inputs only
         "delivery/components.json": _json(delivery),
         "delivery/dockerfile.sha256": f"{dockerfile_sha}\n".encode(),
         "lock/runtime.lock": lock.runtime.encode(),

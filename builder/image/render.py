@@ -17,7 +17,7 @@ from builder.core.constants import BUILDER_VERSION, CACHE_KEY_LABEL, COMPONENTS,
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import RenderedBuild, ResolvedSources
-from builder.image import context, dockerfile
+from builder.image import context, dockerfile, identity
 from builder.lock import native, wheels
 from builder.lock.record import Lock
 from builder.pins.model import Pins
@@ -75,17 +75,21 @@ def _tree(sources: ResolvedSources | None, name: str) -> str:
     return sources.components[name].tree if sources else UNRESOLVED
 
 
-def labels(pins: Pins, sources: ResolvedSources | None) -> dict[str, str]:
+def labels(pins: Pins, sources: ResolvedSources | None, base_digest: str | None = None) -> dict[str, str]:
+    """The image's labels, from build inputs only (identity.py): no pins name, no repository; the source
+    annotation only for a network remote; the base digest is the platform manifest's (base_digest, when the pins
+    name an index)."""
     verl = pins.components["verl"]
     out = {
-        "org.opencontainers.image.source": verl.url,
         "org.opencontainers.image.revision": verl.commit,
         "org.opencontainers.image.created": created(sources),
         "org.opencontainers.image.version": sha_tag(pins),
         "org.opencontainers.image.base.name": pins.base.name,
-        "org.opencontainers.image.base.digest": pins.base.digest,
-        "org.opencontainers.image.title": pins.name,
+        "org.opencontainers.image.base.digest": base_digest or pins.base.digest,
     }
+    source = identity.source_url(verl.url)
+    if source is not None:
+        out["org.opencontainers.image.source"] = source
     for name in COMPONENTS:
         comp = pins.components[name]
         out[f"{LABEL_PREFIX}.{name}.commit"] = comp.commit
@@ -167,7 +171,7 @@ def render_dockerfile(pins: Pins, lock: Lock, sources: ResolvedSources | None) -
     prefixes = [("acceptance", "/install/acceptance")]
     prefixes += ([("build", "/install/deps")] if deps else []) + [("build", c["prefix"]) for c in comps]
     data = {
-        "builder_version": BUILDER_VERSION, "pins_name": pins.name, "base_image": pins.base.image,
+        "builder_version": BUILDER_VERSION, "base_image": pins.base.image,
         "python": pins.base.python_bin, "venv": venv_root(pins), "build_env": dict(pins.build.env),
         "source_date_epoch": SOURCE_DATE_EPOCH, "deps": deps, "build_deps": build_deps, "components": comps,
         "prefixes": prefixes, "labels": labels(pins, sources),
@@ -194,19 +198,24 @@ def delivery_components(pins: Pins, lock: Lock, sources: ResolvedSources, render
     locked = lock.native
     comps = {}
     for c in component_entries(pins, sources, locked=locked):
-        comps[c["name"]] = {k: c[k] for k in ("commit", "tree", "pr", "url", "target", "distribution", "modules",
-                                              "scm_version")}
+        comps[c["name"]] = {k: c[k] for k in ("commit", "tree", "pr", "url", "distribution", "modules", "scm_version")}
         comps[c["name"]]["native"] = native_record(pins, c["name"], locked)
     return {"components": comps, "base": {"image": pins.base.image, "name": pins.base.name,
                                           "digest": pins.base.digest},
             "base_records": locked.base_records, "relaxed": locked.relaxed, "direct_urls": locked.direct,
-            "builder_version": BUILDER_VERSION, "python": pins.base.python_bin, "tag": rendered_tag}
+            "builder_version": BUILDER_VERSION, "python": pins.base.python_bin, "tag": rendered_tag}  # the SHA tag
+
+
+def dockerfile_sha256(pins: Pins, text: str) -> str:
+    """The Dockerfile's sha256 as the image and the report record it: with the run's cache key masked (the
+    key's label never reaches the image: engine/normalize.py drops it), so that it names only build inputs."""
+    return hashlib.sha256(text.replace(cache_key(pins), "<cache-key>").encode()).hexdigest()
 
 
 def render(pins: Pins, lock: Lock, sources: ResolvedSources, settings: Settings) -> RenderedBuild:
     """Render the Dockerfile and assemble the context tar."""
     text = render_dockerfile(pins, lock, sources)
-    text_sha = hashlib.sha256(text.encode()).hexdigest()
+    text_sha = dockerfile_sha256(pins, text)
     tag = image_ref(pins)
     wheelhouse = None
     if lock.entries:
@@ -214,7 +223,7 @@ def render(pins: Pins, lock: Lock, sources: ResolvedSources, settings: Settings)
                                           wheels.Target.from_base(pins.base.python, pins.base.platform), settings)
     locked = lock.native
     path, context_sha = context.assemble(pins, lock, sources, settings, text, text_sha,
-                                         delivery_components(pins, lock, sources, tag), wheelhouse,
+                                         delivery_components(pins, lock, sources, sha_tag(pins)), wheelhouse,
                                          {name: toolchain(name, locked) for name in locked.cmake})
     return RenderedBuild(dockerfile=text, dockerfile_sha256=text_sha, context_path=str(path),
                          context_sha256=context_sha, labels=labels(pins, sources), tag=tag,

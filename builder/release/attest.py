@@ -10,8 +10,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -76,10 +79,31 @@ def locked_wheels(lock: Lock) -> list[dict[str, Any]]:
     return out
 
 
+def git_uri(remote: str, ref: str) -> str:
+    """An RFC 3986 URI for a git remote at a ref (SPDX download location style): `git+https://...@ref`,
+    `git+ssh://...`, and `git+file:///abs/path@ref` for a path (a building machine's path belongs in the
+    provenance, which records where the sources came from; never in the image)."""
+    parts = urlsplit(remote)
+    if parts.scheme and parts.scheme != "file" and len(parts.scheme) > 1:
+        return f"git+{remote}@{ref}"
+    scp = re.fullmatch(r"([\w.-]+@)?([\w.-]+):(?!//)(.+)", remote)
+    if scp and not parts.scheme:
+        return f"git+ssh://{scp.group(1) or ''}{scp.group(2)}/{scp.group(3).lstrip('/')}@{ref}"
+    path = Path(parts.path if parts.scheme == "file" else remote)
+    return f"git+{quote(path.absolute().as_uri(), safe=':/%')}@{ref}"
+
+
+def utc_timestamp(text: str) -> str:
+    """An in-toto Timestamp: RFC 3339 in UTC with `Z` (a naive time is read as UTC)."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def native_inputs(pins: Pins, lock: Lock) -> list[dict[str, Any]]:
     """One resolved dependency per native build input the lock names (a git commit and tree)."""
     return [{"name": f"native:{i.component}/{i.name}",
-             "uri": f"git+{absolute_url(i.url, pins.component_url(i.component))}@{i.ref}",
+             "uri": git_uri(absolute_url(i.url, pins.component_url(i.component)), i.ref),
              "digest": {"gitCommit": i.commit, "gitTree": i.tree},
              "annotations": {"component": i.component, "git_tag": i.ref, "declared": i.declared,
                              "received_as": i.receive, "export_sha256": i.export_sha256}}
@@ -89,7 +113,7 @@ def native_inputs(pins: Pins, lock: Lock) -> list[dict[str, Any]]:
 def provenance(report: Report, pins: Pins, lock: Lock, pins_data: bytes) -> dict[str, Any]:
     """SLSA provenance v1 predicate."""
     lock = lock_of_run(report, lock)
-    deps = [{"name": name, "uri": f"git+{c.url}@refs/pull/{c.pr}/head",
+    deps = [{"name": name, "uri": git_uri(c.url, f"refs/pull/{c.pr}/head"),
              "digest": {"gitCommit": c.commit, "gitTree": c.tree},
              "annotations": {"pr": c.pr, "target": c.target, "merge_base": c.merge_base,
                              "export_sha256": c.export_sha256}}
@@ -113,8 +137,9 @@ def provenance(report: Report, pins: Pins, lock: Lock, pins_data: bytes) -> dict
         "runDetails": {
             "builder": {"id": BUILDER_ID, "version": {"rl-image-builder": BUILDER_VERSION,
                                                       "docker-engine": build.engine_version if build else "unknown"}},
-            "metadata": {"invocationId": f"{report.name}@{report.created}", "startedOn": report.sources.resolved_at,
-                         "finishedOn": report.created},
+            "metadata": {"invocationId": f"{report.name}@{report.created}",
+                         "startedOn": utc_timestamp(report.sources.resolved_at),
+                         "finishedOn": utc_timestamp(report.created)},
             "byproducts": [{"name": "image-config", "digest": {"sha256": hex_of(report.image_id)}}],
         },
     }

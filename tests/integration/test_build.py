@@ -13,7 +13,7 @@ from builder.core.errors import BuildFailed, InfraError
 from builder.core.options import PACKAGE, Settings
 from builder.core.records import BuiltImage
 from builder.engine import client as engine
-from builder.image import build, dockerfile, render
+from builder.image import build, dockerfile, identity, render
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.pins.model import Pins
@@ -58,7 +58,8 @@ def test_labels_and_manifest(demo_image: DemoImage, docker_client: DockerClient)
     assert manifest["schema"] == 1
     assert manifest["dockerfile_sha256"] == rendered.dockerfile_sha256 == built.dockerfile_sha256
     assert manifest["base"] == {"image": pins.base.image, "digest": pins.base.digest}
-    assert manifest["pins"] == pins.to_json_dict()
+    assert manifest["pins"] == identity.build_inputs(pins)  # the build inputs only: no name, repository or recipe
+    assert labels.get("org.opencontainers.image.title") != pins.name and pins.name not in json.dumps(manifest)
     assert manifest["python"] == pins.base.python_bin
     for name in COMPONENTS:
         comp, res = manifest["components"][name], resolved.components[name]

@@ -157,7 +157,7 @@ def test_refs_history_and_packaging(stack: tuple[Path, dict[str, Any]]) -> None:
         else:
             version = pyproject.split('version = "')[1].split('"')[0]
             assert f'__version__ = "{version}"' in init
-    assert {n for n in st["repos"]["tinyengine"]["prs"]} == {"11", "12", "13", "14", "15"}
+    assert {n for n in st["repos"]["tinyengine"]["prs"]} == {"11", "12", "13", "14", "15", "16"}
     assert {n for n in st["repos"]["tinycore"]["prs"]} == {"22", "23", "24"}
     assert {n for n in st["repos"]["tinyrl"]["prs"]} == {"33", "34", "35", "36", "37", "38", "39", "40", "41"}
 

@@ -3,6 +3,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -207,3 +208,86 @@ def test_publish_refuses_without_a_valid_signed_acceptance(records: Records, key
     expected = {"another key": "signature", "missing": "no signed acceptance result", "another image": "subject",
                 "edited report": "FAILED", "not accepted": "FAILED"}[tamper]
     assert expected in str(err.value), str(err.value)
+
+
+# ---- the attestations and labels as the specs type them (independent validators)
+
+RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+
+
+def spec_problems(stmts: list[dict[str, Any]], labels: dict[str, str]) -> list[str]:
+    """What the in-toto Statement/SLSA v1/test-result protos (strict), CycloneDX 1.6 strict, RFC 3986 and RFC 3339
+    say is wrong with the three statements and the image labels; [] when nothing."""
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+    from google.protobuf import json_format
+    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+    from in_toto_attestation.predicates.test_result.v0 import test_result_pb2
+    from in_toto_attestation.v1 import statement_pb2
+    from rfc3986 import uri_reference, validators
+
+    problems: list[str] = []
+    uri = validators.Validator().require_presence_of("scheme").check_validity_of("scheme", "host", "path", "query",
+                                                                                 "fragment")
+
+    def check_uri(where: str, value: str) -> None:
+        try:
+            uri.validate(uri_reference(value))
+        except Exception as exc:  # the validator's own error types
+            problems.append(f"{where}: {value!r} is not an RFC 3986 URI ({type(exc).__name__})")
+
+    protos = {attest.PROVENANCE_TYPE: provenance_pb2.Provenance, attest.TEST_RESULT_TYPE: test_result_pb2.TestResult}
+    for stmt in stmts:
+        try:
+            json_format.ParseDict(stmt, statement_pb2.Statement(), ignore_unknown_fields=False)
+            if stmt["predicateType"] in protos:
+                json_format.ParseDict(stmt["predicate"], protos[stmt["predicateType"]](), ignore_unknown_fields=False)
+        except json_format.ParseError as exc:
+            problems.append(f"{stmt['predicateType']}: {exc}")
+        if stmt["predicateType"] == attest.SBOM_TYPE:
+            error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(stmt["predicate"]))
+            if error is not None:
+                problems.append(f"sbom: {error}")
+        if stmt["predicateType"] == attest.PROVENANCE_TYPE:
+            for dep in stmt["predicate"]["buildDefinition"]["resolvedDependencies"]:
+                check_uri(f"resolvedDependencies[{dep['name']}].uri", dep["uri"])
+            for key, value in stmt["predicate"]["runDetails"]["metadata"].items():
+                if key.endswith("On") and not RFC3339_UTC.fullmatch(value):
+                    problems.append(f"runDetails.metadata.{key}: {value!r} is not RFC 3339 UTC with Z")
+    if "org.opencontainers.image.source" in labels:
+        check_uri("label org.opencontainers.image.source", labels["org.opencontainers.image.source"])
+    if not RFC3339_UTC.fullmatch(labels["org.opencontainers.image.created"]):
+        problems.append("label org.opencontainers.image.created is not RFC 3339 UTC")
+    return problems
+
+
+def _statements_and_labels(records: Records) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    from builder.image import render
+
+    pins, rep = records()
+    stmts = attest.statements(rep, pins, lock_record.of(pins), MANIFEST, "127.0.0.1:5000/demo/unified", DIGEST)
+    return stmts, render.labels(pins, rep.sources)
+
+
+def test_attestations_and_labels_pass_the_independent_validators(records: Records) -> None:
+    stmts, labels = _statements_and_labels(records)
+    assert spec_problems(stmts, labels) == []
+    prov = stmts[0]["predicate"]
+    uris = [d["uri"] for d in prov["buildDefinition"]["resolvedDependencies"]]
+    assert any(u.startswith("git+file:///") and u.endswith("@refs/pull/11/head") for u in uris), uris
+    assert prov["runDetails"]["metadata"]["startedOn"] == "2026-11-01T00:00:00Z"
+
+
+@pytest.mark.parametrize("plant", ["scheme-less uri", "offset timestamp", "number for a string", "source label"])
+def test_a_field_of_the_wrong_type_fails_the_validators(records: Records, plant: str) -> None:
+    stmts, labels = _statements_and_labels(records)
+    prov = stmts[0]["predicate"]
+    if plant == "scheme-less uri":
+        prov["buildDefinition"]["resolvedDependencies"][0]["uri"] = "git+/abs/path/tinyengine.git@refs/pull/11/head"
+    elif plant == "offset timestamp":
+        prov["runDetails"]["metadata"]["startedOn"] = "2026-12-04T04:28:56+00:00"
+    elif plant == "number for a string":
+        stmts[2]["predicate"]["passedTests"] = [1]
+    else:
+        labels["org.opencontainers.image.source"] = "demo-stack/tinyrl.git"
+    assert spec_problems(stmts, labels) != []

@@ -1,7 +1,7 @@
 """Stamp an installed component with its provenance: <dist-info>/BUILDER_PROVENANCE.json, added to RECORD.
 
 usage: stamp.py --prefix P --distribution D PROVENANCE_JSON
-(PROVENANCE_JSON: {component, commit, tree, pr, url, target}, written by the tool into the context)
+(PROVENANCE_JSON: {component, commit, tree, pr, url}, written by the tool into the context)
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("provenance")
     args = parser.parse_args(argv)
     data = json.load(open(args.provenance))
-    missing = sorted({"component", "commit", "tree", "pr", "url", "target"} - set(data))
+    missing = sorted({"component", "commit", "tree", "pr", "url"} - set(data))
     if missing:
         raise SystemExit(f"{args.provenance}: missing {missing}")
     info = find_dist_info(args.distribution, site_dirs(args.prefix))

@@ -61,8 +61,7 @@ def main(components_json: str, pins_json: str, dockerfile_sha_file: str, out: st
     for name, comp in sorted(spec["components"].items()):
         dist = metadata.distribution(comp["distribution"])
         files, native = installed_files(dist, site)
-        components[name] = {**{k: comp[k] for k in ("commit", "tree", "pr", "url", "target", "distribution",
-                                                     "modules")},
+        components[name] = {**{k: comp[k] for k in ("commit", "tree", "pr", "url", "distribution", "modules")},
                             "version": dist.version, "version_from_vcs": bool(comp.get("scm_version")),
                             "files": files, "native_libs": native}
         if comp.get("native"):  # build knobs and the native inputs it was built from (commit, tree, export sha256)

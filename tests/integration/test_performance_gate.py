@@ -1,0 +1,68 @@
+"""The sequential performance gate on real images: a 1.2x slower exact path (demo vllm PR 16, a decode self-check)
+still passes; beside a bounded load of CPU, memory copies and disk writes, that benign change is never failed and
+the several-times-slower path (PR 14) is never passed."""
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder.accept import gates as accept
+from builder.core.options import Settings
+from tests.defects import SLIGHTLY_SLOWER_PATH, SLOW_EXACT_PATH
+from tests.fixture_types import BuildVariant, DemoImage
+
+pytestmark = pytest.mark.docker
+SETTINGS = Settings.from_env()
+LOAD_S = 120  # the load ends by itself after this, whatever the test does
+
+# three loads, each one process: a busy loop, 256 MB buffers copied again and again, 32 MB files written and synced
+LOADS = {
+    "cpu": "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n",
+    "memory": "import time\nend = time.time() + {s}\na = bytearray(256 << 20)\n"
+              "while time.time() < end: b = bytes(a); a[:] = b\n",
+    "disk": "import os, time\nend = time.time() + {s}\nblock = os.urandom(1 << 20)\n"
+            "while time.time() < end:\n    with open({path!r}, 'wb') as f:\n"
+            "        for _ in range(32): f.write(block)\n        f.flush(); os.fsync(f.fileno())\n",
+}
+
+
+@pytest.fixture
+def load(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = [subprocess.Popen([sys.executable, "-c", code.format(s=LOAD_S, path=str(tmp_path / "load.bin"))])
+             for code in LOADS.values()]
+    time.sleep(1)  # the buffers are allocated, the loops running
+    assert all(p.poll() is None for p in procs)
+    yield procs
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_a_1_2x_slower_exact_path_passes(demo_image: DemoImage, build_variant: BuildVariant, run_id: str) -> None:
+    """PR 16 runs each decode step's MLP twice (about 1.2x the rollout's CPU time): the pairs' ratio stays far
+    above min_ratio 0.2, so the gate passes, and it stops as soon as the bounds decide."""
+    result = accept.accept(build_variant(*SLIGHTLY_SLOWER_PATH).image_id, demo_image[0], SETTINGS,
+                           gates=["performance"], run_id=run_id)
+    gate = next(g for g in result.gates if g.name == "performance")
+    assert gate.status == "pass", gate.reason
+    assert gate.evidence.stopped == f"decided after {gate.evidence.pairs} pairs"
+    assert len(gate.evidence.runs) == 2 * gate.evidence.pairs and "the lower bound is >= min_ratio 0.2" in gate.reason
+
+
+@pytest.mark.parametrize("variant, never", [(SLIGHTLY_SLOWER_PATH, "fail"), (SLOW_EXACT_PATH, "pass")],
+                         ids=["benign-never-fails", "slow-never-passes"])
+def test_load_never_flips_the_verdict(demo_image: DemoImage, build_variant: BuildVariant, run_id: str,
+                                      load: list[subprocess.Popen[bytes]], variant: tuple[str, int],
+                                      never: str) -> None:
+    """Beside a busy loop, 256 MB memory copies and synced disk writes (bounded: LOAD_S), the benign change ends
+    pass or inconclusive and the slow path fail or inconclusive: load costs pairs, never a wrong verdict."""
+    image = build_variant(*variant).image_id
+    result = accept.accept(image, demo_image[0], SETTINGS, gates=["performance"], run_id=run_id)
+    gate = next(g for g in result.gates if g.name == "performance")
+    assert all(p.poll() is None for p in load), "the load ended before the gate did"
+    assert gate.status in ("pass", "fail", "inconclusive") and gate.status != never, gate.reason
+    if gate.status == "inconclusive":
+        assert gate.evidence.stopped == "maximum of pairs reached" and "spread" in gate.reason
