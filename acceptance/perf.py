@@ -97,6 +97,17 @@ def stops_at(ratios: list[float], rule: Rule) -> int:
     return next((n for n in range(1, len(ratios) + 1) if verdict(ratios[:n], rule)), len(ratios))
 
 
+def band(aligned: list[Any], control: list[Any], confidence: float) -> dict[str, float] | None:
+    """{'ratio', 'low', 'high'}: the pairs' ratio and its bounds at `confidence` (one pair: a point), as the gate
+    decides; None when a run lacks its value or the arms are not pairs."""
+    a, c = arm(aligned)["runs"], arm(control)["runs"]
+    if not a or len(a) != len(c) or None in a or None in c:
+        return None
+    ratios = [x / y for x, y in zip(a, c, strict=True)]
+    ratio, low, high = bounds(ratios, confidence) if len(ratios) > 1 else (ratios[0],) * 3
+    return {"ratio": ratio, "low": low, "high": high}
+
+
 def _show(values: list[float | None]) -> str:
     return ", ".join("missing" if v is None else f"{v:.4g}" for v in values)
 

@@ -170,20 +170,25 @@ def _runs(report: Report) -> tuple[list[Any], list[Any]] | None:
     return (aligned, control) if aligned and control else None
 
 
+def _confidence(report: Report) -> float:
+    tp = report.acceptance.throughput if report.acceptance else {}
+    value = tp.get("confidence")
+    return float(value) if isinstance(value, (int, float)) else perf_rule.Rule(min_ratio=1).confidence
+
+
 def noise(old: Report, new: Report) -> dict[str, Any]:
-    """Whether the throughput ratio moved by more than the performance gate's noise: each run's band is
-    [worst aligned / best control, best aligned / worst control] over its interleaved runs (acceptance.perf);
-    bands that overlap mean the difference is within the noise."""
+    """Whether the throughput ratio moved by more than the performance gate's noise: each run's band is the
+    gate's own bounds on its pairs' ratios (acceptance.perf, at the run's confidence); bands that overlap mean the
+    difference is within the noise."""
     a, b = _runs(old), _runs(new)
     if a is None or b is None:
         return {"verdict": "unknown", "reason": "a run has no performance gate runs (per-arm throughputs) to judge"}
     bands = []
-    for aligned, control in (a, b):
-        arm_a, arm_c = perf_rule.arm(aligned), perf_rule.arm(control)
-        if arm_a["median"] is None or arm_c["median"] is None:
-            return {"verdict": "unknown", "reason": "a performance run lacks its throughput"}
-        bands.append({"ratio": arm_a["median"] / arm_c["median"], "low": min(arm_a["runs"]) / max(arm_c["runs"]),
-                      "high": max(arm_a["runs"]) / min(arm_c["runs"])})
+    for report, (aligned, control) in ((old, a), (new, b)):
+        found = perf_rule.band(aligned, control, _confidence(report))
+        if found is None:
+            return {"verdict": "unknown", "reason": "a performance run lacks its throughput or its pair"}
+        bands.append(found)
     old_band, new_band = bands
     within = old_band["low"] <= new_band["high"] and new_band["low"] <= old_band["high"]
     shown = (f"ratio {old_band['ratio']:.4g} [{old_band['low']:.4g}, {old_band['high']:.4g}] -> "

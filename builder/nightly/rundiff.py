@@ -3,8 +3,8 @@
 `compare(...)` returns the JSON-able diff; `to_markdown(diff)` renders nightly-diff.md.  The regression
 flag goes up when a gate that passed before reads anything else now, or when the throughput ratio
 (aligned / control) drops by more than the pins' threshold. With the performance gate's runs, the drop is
-judged by the gate's own noise-aware rule (acceptance.perf: medians, spread bound): a run too noisy to judge
-is noted, not flagged. Without runs (older reports), the single ratios are compared.
+judged by the gate's own sequential rule (acceptance.perf: bounds on the pairs' ratios): a run too noisy to
+judge is noted, not flagged. Without runs (older reports), the single ratios are compared.
 """
 from __future__ import annotations
 

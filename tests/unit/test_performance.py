@@ -91,6 +91,16 @@ def test_more_pairs_narrow_the_bounds() -> None:
     assert widths == sorted(widths, reverse=True) and widths[-1] < widths[0] / 3
 
 
+def test_compare_band_is_the_gates_bounds() -> None:
+    # nightly compare's noise band is the gate's own bounds on the pairs (one rule); one pair is a point
+    aligned, control = [4638, 9430, 4840], [2.527e+04, 1.619e+04, 2.472e+04]
+    band = perf.band(aligned, control, 0.95)
+    ev = perf.decide(aligned, control, rule(0.2))[2]
+    assert band == {"ratio": ev["ratio"], **ev["bounds"]} and band["low"] < 0.315 < band["high"]
+    assert perf.band([3000], [10000], 0.95) == {"ratio": 0.3, "low": 0.3, "high": 0.3}
+    assert perf.band([3000, None], [10000, 9000], 0.95) is None and perf.band([3000], [1, 2], 0.95) is None
+
+
 def test_near_the_threshold_stays_open_until_the_maximum() -> None:
     status, _, ev = perf.decide([2050, 1950, 2000, 2010], [10000] * 4, rule(0.2, max_pairs=4))
     assert status == "inconclusive" and ev["pairs"] == 4
