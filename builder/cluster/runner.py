@@ -159,17 +159,19 @@ class SlurmRunner:
         """The gate's end when Slurm or the builder ended its step, else None."""
         gate = name.rsplit("-", 1)[0]
         state = (record.get("State") or "").split(" ")[0]
+        if state == "COMPLETED" and not timed_out:  # the step ran to its end: nothing ended it (no more calls)
+            return None
         job = slurm.job_state(self.job or "")
         facts["job_state"] = job.get("JobState")
         names = [x.name for x in self.nodes]
         failed = state == "NODE_FAIL" or job.get("JobState") == "NODE_FAIL" or _node_down(job)
         down: list[str] = []
         deadline = time.monotonic() + (10 if failed else 0)
-        while True:  # slurmdbd records the node's event a moment after the job saw it
+        for pause in slurm.pauses():  # slurmdbd records the node's event a moment after the job saw it
             down = sorted(set(_down_nodes(names)) | set(slurm.down_since(names, job.get("StartTime", ""))))
             if down or time.monotonic() >= deadline:
                 break
-            time.sleep(0.5)
+            time.sleep(pause)
         if failed or down:
             self.ended = f"node failure: allocation {self.job} lost node(s) {', '.join(down) or facts['node']}"
             return GateResult(name=gate, status="inconclusive", reason=f"node failure: node(s) "
@@ -264,9 +266,11 @@ class SlurmRunner:
         if self.job is not None:
             slurm.cancel(self.job)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and slurm.job_state(self.job).get("JobState") in (
-                    "RUNNING", "PENDING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
-                time.sleep(0.2)
+            for pause in slurm.pauses():
+                if time.monotonic() >= deadline or slurm.job_state(self.job).get("JobState") not in (
+                        "RUNNING", "PENDING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
+                    break
+                time.sleep(pause)
         if self.live is not None:
             try:
                 self.live.wait(timeout=30)
@@ -340,7 +344,8 @@ def _node_down(job: dict[str, str]) -> bool:
 
 def _down_nodes(names: list[str]) -> list[str]:
     """The allocation's nodes Slurm has set down (a drain is not a failure: running steps go on)."""
-    return [n for n in names if slurm.node_state(n).split("+")[0].rstrip("*~#") in ("down", "fail", "failing")]
+    states = slurm.node_states(names)
+    return [n for n in names if states.get(n, "").split("+")[0].rstrip("*~#") in ("down", "fail", "failing")]
 
 
 def _partition(job: str | None) -> str | None:

@@ -1,7 +1,10 @@
 """The Slurm client commands, as a user runs them: `salloc --no-shell` for one allocation per acceptance,
 `srun --jobid` for each step, `sacct` for Slurm's own record of every step, `scancel` by job ID. No SSH,
 no REST. The site's `SLURM_CONF` (or /etc/slurm/slurm.conf) says which cluster; a client that cannot
-reach slurmctld or munged is InfraError (exit 3)."""
+reach slurmctld or munged is InfraError (exit 3).
+
+Sites throttle clients that poll (slurmctld's RPC rate limit, sacct's load on slurmdbd): the builder waits on srun
+itself and polls only with `pauses()`, never more often than once a second; CALLS counts every client command."""
 from __future__ import annotations
 
 import os
@@ -10,6 +13,8 @@ import re
 import shutil
 import subprocess
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,6 +25,18 @@ FINAL = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "PREEMPTED"
          "DEADLINE")
 
 
+CALLS: Counter[str] = Counter()  # client commands run, by name (benchmarks/bench_cluster.py: per gate)
+
+
+def pauses(first: float = 1.0, most: float = 5.0) -> Iterator[float]:
+    """The pauses between two polls of a Slurm client: from `first` (never under 1 s), half again each time, up to
+    `most`."""
+    pause = max(1.0, first)
+    while True:
+        yield pause
+        pause = min(max(most, 1.0), pause * 1.5)
+
+
 def with_user(argv: list[str]) -> list[str]:
     """The command under `env USER=<this uid's name>`: the caller's environment (SLURM_CONF, ...) is
     inherited, and ch-run, which srun starts with it, refuses to start without USER."""
@@ -27,6 +44,8 @@ def with_user(argv: list[str]) -> list[str]:
 
 
 def tool(name: str) -> str:
+    """The client command's path (counted in CALLS: each lookup starts one)."""
+    CALLS[name] += 1
     path = shutil.which(name)
     if not path:
         raise InfraError(f"{name}: not found; --slurm needs the Slurm client commands (apt-get install slurm-client)")
@@ -93,11 +112,12 @@ def records(job: str) -> list[dict[str, str]]:
 def step_record(job: str, name: str, wait_s: float = 10) -> dict[str, str]:
     """The step named `name` once its state is final (accounting lags the step by a moment)."""
     deadline = time.monotonic() + wait_s
-    while True:
+    for pause in pauses():
         rows = [r for r in records(job) if r["JobName"] == name and "." in r["JobID"]]
         if rows and rows[-1]["State"].split()[0] in FINAL or time.monotonic() > deadline:
             return rows[-1] if rows else {}
-        time.sleep(0.2)
+        time.sleep(pause)
+    raise AssertionError("pauses() never ends")
 
 
 def job_state(job: str) -> dict[str, str]:
@@ -109,11 +129,15 @@ def job_state(job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
 
 
-def node_state(node: str) -> str:
-    """`sinfo -n NODE`: the node's state ("idle", "mixed", "down*", "drained", ...), "" when unknown."""
-    proc = subprocess.run([tool("sinfo"), "-h", "-N", "-n", node, "-o", "%T"], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, check=False, timeout=30)
-    return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
+def node_states(nodes: list[str]) -> dict[str, str]:
+    """`sinfo -n NODES`, one call: each node's state ("idle", "mixed", "down*", "drained", ...); a node Slurm did
+    not list is missing."""
+    if not nodes:
+        return {}
+    proc = subprocess.run([tool("sinfo"), "-h", "-N", "-n", ",".join(nodes), "-o", "%N %T"], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, check=False, timeout=30)
+    rows = [line.split() for line in proc.stdout.splitlines()] if proc.returncode == 0 else []
+    return {row[0]: row[1] for row in rows if len(row) == 2}
 
 
 def down_since(nodes: list[str], since: str) -> list[str]:
