@@ -25,7 +25,7 @@ from builder.core.errors import BadInput, NotAccepted, Regression, StaleLock
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Report, ResolvedSources, SqshExport
 from builder.engine import client as engine
-from builder.engine import infra, staging
+from builder.engine import infra, platforms, staging
 from builder.image import build as build_stage
 from builder.image import context as build_context
 from builder.image import render as render_stage
@@ -99,7 +99,8 @@ def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_p
 
 def checked_lock(pins: Pins, resolved: ResolvedSources, settings: Settings, offline: bool = False) -> Lock:
     """The pins' lock, read once; BadInput (exit 2, the line `lock --check` prints) when it is stale for the
-    pins: nothing is rendered or built from it."""
+    pins: nothing is rendered or built from it. A base pinned by an index without base.platform is refused first."""
+    platforms.resolve(pins.base.image, pins.base.platform, settings)
     lock = lock_record.of(pins)
     try:
         lockfile.check_fresh(settings, pins, resolved, lock, offline)
@@ -109,8 +110,12 @@ def checked_lock(pins: Pins, resolved: ResolvedSources, settings: Settings, offl
 
 
 def render(pins: Pins, lock: Lock, resolved: ResolvedSources, settings: Settings) -> RenderedBuild:
+    """The base resolved to base.platform's manifest (an index without it: exit 2, nothing built), then render."""
     with log.step("render"):
-        return render_stage.render(pins, lock, resolved, settings)
+        base = platforms.resolve(pins.base.image, pins.base.platform, settings)
+        if base.index_digest:
+            log.info(f"base: index {base.index_digest} -> {pins.base.platform} manifest {base.digest}")
+        return render_stage.render(pins, lock, resolved, settings, base)
 
 
 def render_pins_only(pins: Pins) -> str:

@@ -63,6 +63,8 @@ class RenderedBuild(Record):
     tag: str
     layer_epochs: list[int] = []  # source date of each layer the runtime stage adds (normalisation clamps to it)
     cache_key: str = ""  # which run this is (render.cache_key): its builds run one at a time
+    base_digest: str = ""  # the base's platform manifest the Dockerfile names (engine/platforms.py)
+    base_index_digest: str | None = None  # the index the pins named, when they named one (never in the image)
 
 
 class BuiltImage(Record):
@@ -82,6 +84,8 @@ class BuiltImage(Record):
     raw_image_id: str = ""          # what the engine's build produced
     manifest_digest: str = ""       # registry manifest digest of the normalised image
     source_date: str = ""           # every added mtime clamped to it; config created
+    base_digest: str = ""           # the base's platform manifest (its index's digest below, when pinned by one)
+    base_index_digest: str | None = None
     staged: MaybeRef = None         # <staging repository>@<manifest digest> once pushed
     cached_stages: list[str] = []   # stages this run reused (engine cache hits, a stored normalisation)
 
@@ -297,7 +301,8 @@ class ContainerLayer(Layer):
     registry_digest: str = "unknown"
     platform: str = "unknown"
     base_image: str = "unknown"
-    base_digest: str = "unknown"
+    base_digest: str = "unknown"        # the platform manifest the build used
+    base_index_digest: str | None = None  # the multi-arch index the pins named, if they named one
 
 
 class RunLayer(Layer):

@@ -22,6 +22,7 @@ from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
 from builder.core.records import Pulled, Report
 from builder.core.safetext import show
+from builder.engine import platforms
 from builder.engine.normalize import MANIFEST_TYPE, blob_path
 from builder.engine.registry import Registry, split_repository
 
@@ -35,12 +36,21 @@ def staging_repository(repository: str, staging: str | None = None) -> str:
     return staging or f"{repository}-staging"
 
 
-def base_of(labels: dict[str, str], settings: Settings) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The base image's config and its manifest's layer descriptors, from its registry by digest."""
+def base_of(labels: dict[str, str], settings: Settings,
+            platform: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The base image's config and its manifest's layer descriptors, from its registry by digest. The label names
+    the platform manifest (render resolves an index: engine/platforms.py); an index there is taken to `platform`'s
+    entry, or refused in one line without one."""
     host, name = split_repository(labels[BASE_NAME])
     reg = Registry.from_settings(host, settings)
+    where = f"{labels[BASE_NAME]}@{labels[BASE_DIGEST]}"
     try:
         manifest = json.loads(reg.manifest_by_digest(name, labels[BASE_DIGEST]))
+        if "manifests" in manifest:
+            if platform is None:
+                raise BuildFailed(f"base image {where}: an index; expected the platform manifest's digest in "
+                                  f"{BASE_DIGEST} (builder render resolves the index to base.platform's entry)")
+            manifest = json.loads(reg.manifest_by_digest(name, platforms.choose(manifest, platform, where)))
         config = json.loads(reg.blob(name, manifest["config"]["digest"]))
     except PublishError as err:
         raise BuildFailed(f"base image {labels[BASE_NAME]}@{labels[BASE_DIGEST]}: {err}") from None

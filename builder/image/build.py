@@ -258,8 +258,9 @@ def _build_keyed(rendered: RenderedBuild, settings: Settings, nocache: bool, ech
         size=int(attrs.get("Size") or 0),
         created=str(attrs.get("Created", "")), engine_version=engine.engine_version(client),
         builder_version=BUILDER_VERSION, context_sha256=rendered.context_sha256,
-        dockerfile_sha256=rendered.dockerfile_sha256,
-        stage_times=times, cached_stages=reused, log_path=result.log_path, cached=all_cached(result.steps),
+        dockerfile_sha256=rendered.dockerfile_sha256, base_digest=rendered.base_digest,
+        base_index_digest=rendered.base_index_digest, stage_times=times, cached_stages=reused,
+        log_path=result.log_path, cached=all_cached(result.steps),
         isolation=checked)
     steps = [{"step": s.index, "instruction": s.instruction, "seconds": s.seconds, "cached": s.cached,
               "image": s.image} for s in result.steps]

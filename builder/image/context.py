@@ -77,7 +77,7 @@ def small_files(pins: Pins, lock: Lock, dockerfile: str, dockerfile_sha: str, de
     files: dict[str, bytes | Path] = {
         "Dockerfile": dockerfile.encode(),
         "constraints.in": "".join(f"{name}\n" for name in sorted(pins.build.constraints)).encode(),
-        "delivery/pins.json": _json(identity.build_inputs(pins)),  # build inputs only
+        "delivery/pins.json": _json(identity.build_inputs(pins, delivery["base"]["image"])),  # build inputs only
         "delivery/components.json": _json(delivery),
         "delivery/dockerfile.sha256": f"{dockerfile_sha}\n".encode(),
         "lock/runtime.lock": lock.runtime.encode(),

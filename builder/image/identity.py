@@ -21,12 +21,15 @@ EXCLUDED = ("name", "image", "recipe", "acceptance", "nightly", "build.lock", "c
             "components.*.target")
 
 
-def build_inputs(pins: Pins) -> dict[str, Any]:
-    """The pins' build inputs as JSON (what /opt/delivery/pins.json holds): nothing of EXCLUDED."""
+def build_inputs(pins: Pins, base_image: str | None = None) -> dict[str, Any]:
+    """The pins' build inputs as JSON (what /opt/delivery/pins.json holds): nothing of EXCLUDED. `base_image`: the
+    base by its platform manifest, when the pins name an index (the index digest stays outside the image)."""
     data = pins.to_json_dict()
+    base = {k: data["base"][k] for k in ("image", "platform", "python", "python_bin")}
+    base["image"] = base_image or base["image"]
     return {
         "schema_version": data["schema_version"],
-        "base": {k: data["base"][k] for k in ("image", "platform", "python", "python_bin")},
+        "base": base,
         "components": {name: {k: data["components"][name][k] for k in COMPONENT_INPUTS} for name in COMPONENTS},
         "build": {"env": data["build"]["env"], "constraints": data["build"]["constraints"]},
     }

@@ -17,6 +17,7 @@ from builder.core.constants import BUILDER_VERSION, CACHE_KEY_LABEL, COMPONENTS,
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import RenderedBuild, ResolvedSources
+from builder.engine.platforms import BaseManifest
 from builder.image import context, dockerfile, identity
 from builder.lock import native, wheels
 from builder.lock.record import Lock
@@ -160,9 +161,10 @@ def component_entries(pins: Pins, sources: ResolvedSources | None,
     return out
 
 
-def render_dockerfile(pins: Pins, lock: Lock, sources: ResolvedSources | None) -> str:
+def render_dockerfile(pins: Pins, lock: Lock, sources: ResolvedSources | None, base: BaseManifest | None = None) -> str:
     """The Dockerfile text; with sources None the tree and created labels read "unresolved"
-    (a review render of pins whose repositories are not reachable; never built)."""
+    (a review render of pins whose repositories are not reachable; never built). `base`: the base resolved to its
+    platform manifest (engine/platforms.py), named in FROM; None: the pinned digest as written."""
     if not dockerfile.pinned_base(str(pins.base.image)):  # defence in depth behind pins validation
         raise BadInput(f"base.image: expected name@sha256:<64 hex>, got {pins.base.image[:80]!r}")
     deps, build_deps = bool(lock.runtime), bool(lock.build)
@@ -171,10 +173,10 @@ def render_dockerfile(pins: Pins, lock: Lock, sources: ResolvedSources | None) -
     prefixes = [("acceptance", "/install/acceptance")]
     prefixes += ([("build", "/install/deps")] if deps else []) + [("build", c["prefix"]) for c in comps]
     data = {
-        "builder_version": BUILDER_VERSION, "base_image": pins.base.image,
+        "builder_version": BUILDER_VERSION, "base_image": base.reference if base else pins.base.image,
         "python": pins.base.python_bin, "venv": venv_root(pins), "build_env": dict(pins.build.env),
         "source_date_epoch": SOURCE_DATE_EPOCH, "deps": deps, "build_deps": build_deps, "components": comps,
-        "prefixes": prefixes, "labels": labels(pins, sources),
+        "prefixes": prefixes, "labels": labels(pins, sources, base.digest if base else None),
         "cache_key_label": CACHE_KEY_LABEL, "cache_key": cache_key(pins),
     }
     return dockerfile.render_text(data)
@@ -193,15 +195,16 @@ def native_record(pins: Pins, name: str, locked: native.Locked) -> dict[str, Any
             "inputs": [i.record() for i in locked.of(name)]}
 
 
-def delivery_components(pins: Pins, lock: Lock, sources: ResolvedSources, rendered_tag: str) -> dict[str, Any]:
-    """What smoke.py and write_manifest.py check and record inside the image."""
+def delivery_components(pins: Pins, lock: Lock, sources: ResolvedSources, rendered_tag: str,
+                        base: BaseManifest | None = None) -> dict[str, Any]:
+    """What smoke.py and write_manifest.py check and record inside the image (the base by its platform manifest)."""
     locked = lock.native
     comps = {}
     for c in component_entries(pins, sources, locked=locked):
         comps[c["name"]] = {k: c[k] for k in ("commit", "tree", "pr", "url", "distribution", "modules", "scm_version")}
         comps[c["name"]]["native"] = native_record(pins, c["name"], locked)
-    return {"components": comps, "base": {"image": pins.base.image, "name": pins.base.name,
-                                          "digest": pins.base.digest},
+    image, digest = (base.reference, base.digest) if base else (pins.base.image, pins.base.digest)
+    return {"components": comps, "base": {"image": image, "name": pins.base.name, "digest": digest},
             "base_records": locked.base_records, "relaxed": locked.relaxed, "direct_urls": locked.direct,
             "builder_version": BUILDER_VERSION, "python": pins.base.python_bin, "tag": rendered_tag}  # the SHA tag
 
@@ -212,9 +215,10 @@ def dockerfile_sha256(pins: Pins, text: str) -> str:
     return hashlib.sha256(text.replace(cache_key(pins), "<cache-key>").encode()).hexdigest()
 
 
-def render(pins: Pins, lock: Lock, sources: ResolvedSources, settings: Settings) -> RenderedBuild:
-    """Render the Dockerfile and assemble the context tar."""
-    text = render_dockerfile(pins, lock, sources)
+def render(pins: Pins, lock: Lock, sources: ResolvedSources, settings: Settings,
+           base: BaseManifest | None = None) -> RenderedBuild:
+    """Render the Dockerfile and assemble the context tar (`base`: the pipeline's resolved platform manifest)."""
+    text = render_dockerfile(pins, lock, sources, base)
     text_sha = dockerfile_sha256(pins, text)
     tag = image_ref(pins)
     wheelhouse = None
@@ -223,8 +227,10 @@ def render(pins: Pins, lock: Lock, sources: ResolvedSources, settings: Settings)
                                           wheels.Target.from_base(pins.base.python, pins.base.platform), settings)
     locked = lock.native
     path, context_sha = context.assemble(pins, lock, sources, settings, text, text_sha,
-                                         delivery_components(pins, lock, sources, sha_tag(pins)), wheelhouse,
+                                         delivery_components(pins, lock, sources, sha_tag(pins), base), wheelhouse,
                                          {name: toolchain(name, locked) for name in locked.cmake})
     return RenderedBuild(dockerfile=text, dockerfile_sha256=text_sha, context_path=str(path),
-                         context_sha256=context_sha, labels=labels(pins, sources), tag=tag,
+                         context_sha256=context_sha, labels=labels(pins, sources, base.digest if base else None),
+                         tag=tag, base_digest=base.digest if base else pins.base.digest,
+                         base_index_digest=base.index_digest if base else None,
                          layer_epochs=layer_epochs(sources, bool(lock.runtime)), cache_key=cache_key(pins))

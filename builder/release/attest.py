@@ -119,10 +119,13 @@ def provenance(report: Report, pins: Pins, lock: Lock, pins_data: bytes) -> dict
                              "export_sha256": c.export_sha256}}
             for name, c in report.sources.components.items()]
     base = ImageRef(pins.base.image)
-    deps.append({"name": "base", "uri": f"oci://{base.name}", "digest": {"sha256": hex_of(str(base.digest))}})
+    build = report.build
+    platform_digest = build.base_digest if build and build.base_digest else str(base.digest)
+    index = build.base_index_digest if build else None  # an index pinned: both digests recorded, the build used this
+    deps.append({"name": "base", "uri": f"oci://{base.name}", "digest": {"sha256": hex_of(platform_digest)},
+                 **({"annotations": {"index_digest": index, "platform": pins.base.platform}} if index else {})})
     deps += native_inputs(pins, lock)
     deps += locked_wheels(lock)
-    build = report.build
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,

@@ -285,6 +285,7 @@ def to_markdown(report: Report) -> str:
         ["Registry digest", _code(digest) if pub else digest],
         ["Tags", ", ".join(f"`{t}`" for t in report.tags) or UNKNOWN], ["Platform", report.platform],
         ["Base image", _code(report.base_image)], ["Base digest", _code(base_digest)],
+        *([["Base index digest", _code(index)]] if (index := report.run_manifest.container.base_index_digest) else []),
         ["Lock sha256", _code(report.lock_sha256)]])
     out += ["", "### Pull requests in this image", ""]
     rows: list[list[Any]] = [

@@ -120,7 +120,8 @@ def container_layer(pins: Pins, build: BuiltImage | None, acceptance: Acceptance
         "registry_digest": publish.digest if publish else (pulled.digest if pulled else UNKNOWN),
         "pulled": str(pulled.ref) if pulled else UNKNOWN,
         "platform": publish.platform if publish and publish.platform != UNKNOWN else pins.base.platform,
-        "base_image": base.name, "base_digest": base.digest or UNKNOWN,
+        "base_image": base.name, "base_digest": (build.base_digest if build and build.base_digest else base.digest)
+        or UNKNOWN, "base_index_digest": build.base_index_digest if build else None,
         "produced_by": "Dockerfile build from exported commits (builder)" if build else UNKNOWN,
         "build": build.model_dump(exclude={"log_path"}) if build else UNKNOWN,
         "acceptance": acceptance.container.model_dump(mode="json", exclude={"env", "gates"}) if acceptance else UNKNOWN,

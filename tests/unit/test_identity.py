@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from builder.core.records import ResolvedComponent, ResolvedSources
+from builder.engine.platforms import BaseManifest
 from builder.image import context, identity, render
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
@@ -56,7 +57,7 @@ EXCLUDED: dict[str, Edit] = {
 }
 
 
-def _rendered(tmp: Path, edit: Edit | None = None, where: str = "a") -> dict[str, bytes]:
+def _rendered(tmp: Path, edit: Edit | None = None, where: str = "a", base: BaseManifest | None = None) -> dict[str, bytes]:
     """Every context file but the sources and wheels, the Dockerfile and the labels, for the demo pins edited."""
     data = copy.deepcopy(DEMO)
     data["base"]["image"] = "127.0.0.1:5000/demo/base@sha256:" + "cd" * 32
@@ -78,13 +79,13 @@ def _rendered(tmp: Path, edit: Edit | None = None, where: str = "a") -> dict[str
     sources = ResolvedSources(pins_path=str(pins.path), pins_sha256=pins.sha256, resolved_at="2026-11-01T00:00:00Z",
                               components=comps)
     locked = lock_record.of(pins)
-    text = render.render_dockerfile(pins, locked, sources)
-    delivery = render.delivery_components(pins, locked, sources, render.sha_tag(pins))
+    text = render.render_dockerfile(pins, locked, sources, base)
+    delivery = render.delivery_components(pins, locked, sources, render.sha_tag(pins), base)
     files = context.small_files(pins, locked, text, render.dockerfile_sha256(pins, text), delivery, None)
     out = {k: v for k, v in files.items() if isinstance(v, bytes)}
     # the build file itself is not in the image; its cache-key label is dropped by engine/normalize.py
     out["Dockerfile"] = text.replace(render.cache_key(pins), "<cache-key>").encode()
-    out["labels"] = repr(sorted(render.labels(pins, sources).items())).encode()
+    out["labels"] = repr(sorted(render.labels(pins, sources, base.digest if base else None).items())).encode()
     return out
 
 
@@ -121,3 +122,15 @@ def test_the_image_names_no_pins_name_no_repository_and_no_path(tmp_path: Path) 
                                          ("file:///srv/mirrors/verl.git", None)])
 def test_the_source_label_is_a_url_or_absent(remote: str, url: str | None) -> None:
     assert identity.source_url(remote) == url
+
+
+def test_one_platform_manifest_pinned_by_its_index_or_by_itself_gives_one_image(tmp_path: Path) -> None:
+    """The index digest stays outside the image: pinned by the index (resolved to its amd64 entry, the demo's
+    manifest), the context is the one the platform manifest's pin gives; another platform manifest changes it."""
+    index = "127.0.0.1:5000/demo/base@sha256:" + "1e" * 32
+    resolved = BaseManifest("127.0.0.1:5000/demo/base", "sha256:" + "cd" * 32, index_digest="sha256:" + "1e" * 32)
+    by_index = _rendered(tmp_path, _set("base.image", index), base=resolved)
+    assert by_index == _rendered(tmp_path, where="b")
+    assert b"1e1e1e1e" not in b"".join(by_index.values())
+    other = BaseManifest(resolved.name, "sha256:" + "ab" * 32, index_digest=resolved.index_digest)
+    assert _rendered(tmp_path, _set("base.image", index), where="c", base=other) != by_index
