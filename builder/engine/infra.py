@@ -263,8 +263,23 @@ def ensure_tools(settings: Settings) -> Info:
     return {"squashfs-tools": "installed"}
 
 
+def missing_packages(engine_answers: bool) -> list[str]:
+    """The Debian packages set-up would install, one apt-get round for all: the engine (unless one answers), the
+    registry, the host tools and debootstrap (the demo base's; a second round costs another `apt-get update`)."""
+    wanted = {"docker.io": engine_answers or shutil.which("dockerd"),
+              "docker-registry": registry_answers() or Path(REGISTRY_BIN).exists(),
+              "squashfs-tools": shutil.which("mksquashfs") and shutil.which("unsquashfs"),
+              "debootstrap": shutil.which("debootstrap")}
+    return [package for package, found in wanted.items() if not found]
+
+
 def ensure_all(settings: Settings) -> Info:
-    """Engine, registry, host tools; returns {'engine': {...}, 'registry': {...}, 'tools': {...}}."""
+    """Engine, registry, host tools (what is missing installed in one apt-get round first); returns
+    {'engine': {...}, 'registry': {...}, 'tools': {...}}."""
+    missing = missing_packages(_engine_answers(settings))
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        with fs.locked(settings.cache("logs") / ".apt.lock"), log.step("setup: packages"):
+            commands.apt_install(settings.run_log("apt"), *missing)
     with log.step("setup: docker engine"):
         found_engine = ensure_engine(settings)
     with log.step("setup: registry"):
