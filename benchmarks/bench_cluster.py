@@ -6,7 +6,8 @@ PINS: the demo's local pins (pins/demo.local.yaml after `make demo`); IMAGE_ID: 
 exported (or reused) into <cache>/cluster-images; the one-node cluster of demo/cluster.py is started if needed.
 Runs the gate `repeats` times in each place, alternating Docker and Slurm, and prints JSON: each side's median
 seconds per gate, the overhead (goal: at most 2 s median, the sha256 check apart), and the check's seconds and
-MB/s. `--flow` also times `python -m demo run` against `python -m demo run --slurm` (minutes).
+MB/s, and the builder's Slurm client calls (slurm.CALLS) for the allocation, per gate (goal: at most 10) and the
+close. `--flow` also times `python -m demo run` against `python -m demo run --slurm` (minutes).
 
 Measured 2026-12-01 on the shared 2-core host (benchmarks/README.md): before, provenance median 4.49 s in Docker and
 8.19 s under Slurm + ch-run, overhead 3.7 s (every .pyc of the .sqsh was stale: its files all had one time). After the
@@ -24,12 +25,14 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder.accept import gates, plan  # noqa: E402
 from builder.accept.docker_runner import DockerRunner  # noqa: E402
 from builder.cluster import accept as cluster_accept  # noqa: E402
+from builder.cluster import slurm as client_calls  # noqa: E402
 from builder.cluster.runner import SlurmRunner  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.core.records import SqshFacts  # noqa: E402
@@ -37,6 +40,11 @@ from builder.engine import client as engine  # noqa: E402
 from builder.pins import model  # noqa: E402
 from builder.release import sqsh  # noqa: E402
 from demo import cluster  # noqa: E402
+
+
+def _since(before: dict[str, int]) -> dict[str, int]:
+    """The Slurm client commands the builder ran since `before` (slurm.CALLS), by name."""
+    return {k: v - before.get(k, 0) for k, v in client_calls.CALLS.items() if v - before.get(k, 0)}
 
 
 def timed_flow(argv: list[str]) -> dict[str, float]:
@@ -70,25 +78,32 @@ def main() -> None:
     docker = DockerRunner(client, pins, image_id, uuid.uuid4().hex[:12])
     settings_json = gates.gate_settings(pins, args.gate)
     times: dict[str, list[float]] = {"docker": [], "slurm": []}
+    calls: dict[str, Any] = {"per_gate": []}
     try:
-        start = time.monotonic()
+        start, before = time.monotonic(), dict(client_calls.CALLS)
         slurm._allocate()  # the allocation and the one-time sha256 check, timed apart
         check_s = round(time.monotonic() - start, 2)
+        calls["allocation_and_check"] = _since(before)
         for _ in range(args.repeats):
             for name, runner in (("docker", docker), ("slurm", slurm)):
-                start = time.monotonic()
+                start, before = time.monotonic(), dict(client_calls.CALLS)
                 result, _ = runner.run(args.gate, settings_json, pins.acceptance.timeout_s)
                 times[name].append(round(time.monotonic() - start, 2))
+                if name == "slurm":
+                    calls["per_gate"].append(_since(before))
                 assert result.status == "pass", (name, result.reason)
     finally:
+        before = dict(client_calls.CALLS)
         slurm.close()
+        calls["close"] = _since(before)
         docker.close()
+    calls["most_per_gate"] = max(sum(c.values()) for c in calls["per_gate"])
     medians = {k: statistics.median(v) for k, v in times.items()}
     out = {"gate": args.gate, "repeats": args.repeats, "seconds": times, "median": medians,
            "overhead_median_s": round(medians["slurm"] - medians["docker"], 2),
            "overheads_s": [round(s - d, 2) for s, d in zip(times["slurm"], times["docker"])],
            "allocation_and_sha256_check_s": check_s, "sha256_check": [n.record()["check"] for n in slurm.nodes],
-           "export_s": export_s, "sqsh_bytes": record.size}
+           "export_s": export_s, "sqsh_bytes": record.size, "client_calls": calls}
     if args.flow:
         out["flow_s"] = {"make demo (python -m demo run)": timed_flow(["run"]),
                          "make demo-cluster (python -m demo run --slurm)": timed_flow(["run", "--slurm"])}

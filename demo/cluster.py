@@ -196,12 +196,13 @@ def _alive(c: Cluster, daemon: str) -> int | None:
     return pid
 
 
-def _wait(what: str, check: object, seconds: float, logs: Path | None = None) -> None:
+def _wait(what: str, check: object, seconds: float, logs: Path | None = None, every: float = 0.2) -> None:
+    """Until check() holds, every `every` seconds (at least 1 s where check() runs Slurm clients: slurm.pauses)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if check():  # type: ignore[operator]
             return
-        time.sleep(0.2)
+        time.sleep(every)
     raise InfraError(f"local cluster: {what} not ready after {seconds:.0f} s" + (f"; its log in {logs}" if logs else ""))
 
 
@@ -281,7 +282,7 @@ def start(root: Path | None = None, settings: Settings | None = None) -> Cluster
         return set(states) == set(NODES) and all(s.rstrip("*~#") in ("idle", "mixed", "allocated")
                                                  for s in states.values())
 
-    _wait("node idle", ready, 90, c.root / "log")
+    _wait("node idle", ready, 90, c.root / "log", every=1.0)
     return c
 
 

@@ -87,7 +87,10 @@ class Jobs:
         self.thread.start()
 
     def _watch(self) -> None:
-        while not self.stop.is_set():
+        """Every second (a site throttles faster clients: slurm.pauses), the builder's jobs and their pids."""
+        for pause in slurm.pauses(most=1.0):
+            if self.stop.is_set():
+                return
             out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, check=False).stdout
             for line in out.splitlines():
                 job, _, name = line.partition(" ")
@@ -99,7 +102,7 @@ class Jobs:
                         pid = row.split()[0] if row.split() else ""
                         if pid.isdigit() and (start := _start(int(pid))):
                             self.pids.add((int(pid), start))
-            time.sleep(0.2)
+            self.stop.wait(pause)
 
     def left(self) -> tuple[list[str], list[int]]:
         self.stop.set()
@@ -147,7 +150,9 @@ def when_gate_runs(action: Callable[[str], object]) -> Callable[[subprocess.Pope
     """action(job ID) as soon as a gate step (not the node check) of the builder's job runs."""
     def watch(proc: subprocess.Popen[str]) -> None:
         deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
+        for pause in slurm.pauses(most=1.0):
+            if time.monotonic() >= deadline or proc.poll() is not None:
+                return
             steps = subprocess.run(["squeue", "-h", "-s", "-o", "%i %j"], capture_output=True, text=True,
                                    check=False).stdout.splitlines()
             running = [s.split()[0] for s in steps if s.strip() and "provenance-" in s]
@@ -155,7 +160,7 @@ def when_gate_runs(action: Callable[[str], object]) -> Callable[[subprocess.Pope
                 time.sleep(1)
                 action(running[0].split(".")[0])
                 return
-            time.sleep(0.2)
+            time.sleep(pause)
     return watch
 
 
@@ -250,19 +255,23 @@ def test_a_signal_while_salloc_is_pending_cancels_the_pending_job(world: World,
 
     def when_pending(proc: subprocess.Popen[str]) -> None:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
+        for pause in slurm.pauses(most=1.0):
+            if time.monotonic() >= deadline or proc.poll() is not None:
+                return
             out = subprocess.run(["squeue", "-h", "-t", "PD", "-o", "%j"], capture_output=True, text=True,
                                  check=False).stdout
             if "builder-accept-" in out:
                 time.sleep(0.5)
                 proc.send_signal(signal.SIGINT)
                 return
-            time.sleep(0.2)
+            time.sleep(pause)
 
     try:
         deadline = time.monotonic() + 60  # an earlier test's job may still be completing on a node: wait it out
-        while (state := slurm.job_state(other)).get("JobState") != "RUNNING" and time.monotonic() < deadline:
-            time.sleep(0.5)
+        for pause in slurm.pauses():
+            if (state := slurm.job_state(other)).get("JobState") == "RUNNING" or time.monotonic() >= deadline:
+                break
+            time.sleep(pause)
         assert state.get("JobState") == "RUNNING", f"someone else's job never ran: {state.get('JobState')} " \
             f"({state.get('Reason')})"
         code, errors, _ = accept(world, "quick", world.tmp / "pending", during=when_pending)

@@ -94,12 +94,14 @@ def runner(pins: model.Pins, sqsh: Path, tmp_path: Path, sha256: str | None = No
 
 def nothing_left(sqsh: Path) -> None:
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    for pause in slurm.pauses():
         queue = slurm.call(["squeue", "-h", "-o", "%i %j"], "squeue").strip()
         procs = subprocess.run(["pgrep", "-f", f"ch-run.*{sqsh.name}"], capture_output=True, text=True).stdout
-        if not queue and not procs.strip():
-            return
-        time.sleep(0.5)
+        if not queue and not procs.strip() or time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+    if not queue and not procs.strip():
+        return
     raise AssertionError(f"left behind: squeue {queue!r}, ch-run processes {procs!r}")
 
 
