@@ -291,3 +291,21 @@ def test_a_field_of_the_wrong_type_fails_the_validators(records: Records, plant:
     else:
         labels["org.opencontainers.image.source"] = "demo-stack/tinyrl.git"
     assert spec_problems(stmts, labels) != []
+
+
+def test_an_index_pinned_base_records_both_digests_outside_the_image(records: Records) -> None:
+    """The provenance's base dependency is the platform manifest the build used; the pinned index and the platform
+    are its annotations (the report's container layer and build record carry both too)."""
+    from builder.report import manifest as manifest_layers
+
+    pins, report = records()
+    assert report.build is not None
+    index, platform_digest = "sha256:" + "1e" * 32, "sha256:" + "ab" * 32
+    build = report.build.model_copy(update={"base_digest": platform_digest, "base_index_digest": index})
+    report = report.model_copy(update={"build": build})
+    stmts = attest.statements(report, pins, lock_record.of(pins), MANIFEST, "127.0.0.1:5000/demo/unified", DIGEST)
+    base = {d["name"]: d for d in stmts[0]["predicate"]["buildDefinition"]["resolvedDependencies"]}["base"]
+    assert base["digest"] == {"sha256": "ab" * 32}  # not the pinned digest
+    assert base["annotations"] == {"index_digest": index, "platform": pins.base.platform}
+    layer = manifest_layers.container_layer(pins, build, None, None)
+    assert (layer["base_digest"], layer["base_index_digest"]) == (platform_digest, index)
