@@ -117,6 +117,13 @@ REPOS: dict[str, Spec] = {
         ("p39", "p33f", "p39-defect", "rollout: start the worker as a fresh interpreter from a clean environment"),
         ("p40", "p33f", "p40-defect", "rollout: start the worker with python -S (no site scan), its sys.path by hand"),
         ("p41", "p33f", "p41-defect", "rollout: the worker removes its own stale files (<pid>-*) from the output dirs"),
+        # PR 42, a series for `builder bisect` (docs/bisect.md): a build failure at s3 (fixed at s4), the defect at s5
+        ("s1", "p33f", "p42-1-notes", "docs: NOTES.md for the bisect series"),
+        ("s2", "s1", "p42-2-notes", "docs: the rollout server serves one trainer"),
+        ("s3", "s2", "p42-3-packaging", "packaging: ship tinyrl.plugins (the directory is not there yet)"),
+        ("s4", "s3", "p42-4-packaging-fix", "packaging: only tinyrl again"),
+        ("s5", "s4", "p42-5-defect", "main_ppo: old_log_prob from the plain forward (simpler)"),
+        ("s6", "s5", "p42-6-notes", "docs: a note on old_log_prob"),
     ], "r4", {
         33: ("p33f", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
@@ -133,6 +140,8 @@ REPOS: dict[str, Spec] = {
              "so it never loads the image's start-up hook: it runs the engine and leaves no process record"),
         41: ("p41", "Rollout worker that tidies its stale files", "escape: the worker deletes the files named after "
              "its pid in every directory its environment names, its own process record among them"),
+        42: ("s6", "A series of small commits (bisect demo)", "old_log_prob from the plain forward at s5 (zero_update "
+             "differs); s3 does not build (fixed at s4)"),
     }),
 }
 
