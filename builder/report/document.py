@@ -141,7 +141,7 @@ def gate_processes(gates: list[GateResult]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _processes_markdown(processes: dict[str, list[dict[str, Any]]]) -> list[str]:
+def processes_markdown(processes: dict[str, list[dict[str, Any]]]) -> list[str]:
     if not processes:
         return []
     rows = []
@@ -163,7 +163,7 @@ def _processes_markdown(processes: dict[str, list[dict[str, Any]]]) -> list[str]
 # ---------------------------------------------------------------- markdown
 
 
-def _native_markdown(data: dict[str, Any]) -> list[str]:
+def native_markdown(data: dict[str, Any]) -> list[str]:
     inputs = data.get("inputs")
     out = ["", "### Native build inputs", ""]
     if isinstance(inputs, list) and inputs:
@@ -308,7 +308,7 @@ def to_markdown(report: Report) -> str:
         out += ["", f"Rollout throughput (`{show['metric']}`){source}: aligned {show['aligned']}, control"
                     f" {show['control']}, ratio {show['ratio']}{pairs}."]
         out += _runs_table(tp.get("runs") or [])
-    out += _processes_markdown(report.processes)
+    out += processes_markdown(report.processes)
     out += census_markdown(report.gates)
     out += jit_markdown(report.gates)
     out += ["", "### Build", ""]
@@ -321,7 +321,7 @@ def to_markdown(report: Report) -> str:
                         f"{b.size / 1e6:.1f} MB", times, "yes" if b.cached else "no"]])
     else:
         out += ["unknown (no build record: acceptance ran on an existing image)"]
-    out += _native_markdown(report.run_manifest.native_build)
+    out += native_markdown(report.run_manifest.native_build)
     out += ["", "### Compatibility pins", ""]
     out += _table(["Package", "Version", "Reason"], [[c.package, c.version, c.reason]
                                                       for c in report.compat]) if report.compat else ["none"]
@@ -331,17 +331,22 @@ def to_markdown(report: Report) -> str:
                       [[pub.repository, ", ".join(pub.tags), _code(pub.digest), _code(pub.config_digest),
                         pub.platform, "yes" if pub.verified else "no", pub.pushed_at]])
     if report.rebuild:
-        out += _rebuild_section(report.rebuild)
+        out += rebuild_markdown(report.rebuild)
     out += sqsh_markdown(report)
     out += cluster_markdown(report)
     out += ["", "<details><summary>Run manifest (six layers; unknown = not captured)</summary>", ""]
+    out += run_manifest_markdown(report)
+    out += ["", "</details>", ""]
+    return "\n".join(out)
+
+
+def run_manifest_markdown(report: Report) -> list[str]:
+    """The run manifest's six layers, one row per item (a long value clipped to 160 characters)."""
     rows = []
     for layer, content in report.run_manifest.layers().items():
         for key, value in _flat(content):
             rows.append([layer, key or "-", value if len(_cell(value)) <= 160 else _cell(value)[:157] + "..."])
-    out += _table(["Layer", "Item", "Value"], rows)
-    out += ["", "</details>", ""]
-    return "\n".join(out)
+    return _table(["Layer", "Item", "Value"], rows)
 
 
 def replay_markdown(gates: list[GateResult]) -> list[str]:
@@ -372,7 +377,7 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
                           r.get("seconds")] for r in runs])]
 
 
-def _rebuild_section(result: dict[str, Any]) -> list[str]:
+def rebuild_markdown(result: dict[str, Any]) -> list[str]:
     """The report.md section: the verdict of the rebuild and the first differing paths per layer."""
     out = ["", "### Rebuild check (`builder rebuild --check`)", "",
            f"{result['status']}: report {result['report']['manifest_digest']}, "
@@ -381,6 +386,8 @@ def _rebuild_section(result: dict[str, Any]) -> list[str]:
         out += ["", f"- layer {layer['index']}: {layer['files']} paths differ"]
         out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]
     return out
+
+
 def cluster_markdown(report: Report) -> list[str]:
     """Where the gates ran when they mounted a .sqsh (a cluster): per node what it saw of the image, then Slurm's
     record of every step, then per gate and node the processes the census saw and the ones that recorded."""

@@ -12,11 +12,13 @@ import re
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from builder.core import resources
 from builder.core.imageref import split_digest
 from builder.core.records import GateResult, Report, RunnerFacts
+from builder.report import document
 from builder.report.document import readable_evidence
 
 FAILING = ("fail", "inconclusive")
@@ -128,7 +130,34 @@ def runner(report: Report) -> dict[str, Any]:
             "engine": facts.engine or "unknown", "sqsh_sha256": facts.sqsh.sha256 if facts.sqsh else None}
 
 
+@functools.cache
+def _markdown() -> MarkdownIt:
+    """CommonMark with tables; raw HTML in a report's text is escaped, never passed through, and no emphasis
+    (a path's `__init__` stays as written)."""
+    return MarkdownIt("commonmark", {"html": False}).enable("table").disable("emphasis")
+
+
+def sections(report: Report) -> list[tuple[str, Markup]]:
+    """The Markdown report's evidence sections, each as (id, HTML) from the same functions that write report.md:
+    replay bundles (linked), processes per gate, census, JIT kernels, native inputs, the .sqsh, the cluster's
+    per-node table and steps, the rebuild check and the run manifest. A section with nothing to say is left out."""
+    parts = {
+        "replay": document.replay_markdown(report.gates),
+        "processes": document.processes_markdown(report.processes),
+        "census": document.census_markdown(report.gates),
+        "jit": document.jit_markdown(report.gates),
+        "native": document.native_markdown(report.run_manifest.native_build),
+        "sqsh": document.sqsh_markdown(report),
+        "cluster": document.cluster_markdown(report),
+        "rebuild": document.rebuild_markdown(report.rebuild) if report.rebuild else [],
+        "manifest": ["", "### Run manifest (six layers; unknown = not captured)", "",
+                     *document.run_manifest_markdown(report)],
+    }
+    return [(name, Markup(_markdown().render("\n".join(lines) + "\n"))) for name, lines in parts.items() if lines]
+
+
 def report_html(report: Report) -> str:
     tp = report.acceptance.throughput if report.acceptance else {}
     return render("report.html.j2", report=report, gates=gate_rows(report), runner=runner(report), throughput=tp,
-                  digest=report.publish.digest if report.publish else None)
+                  digest=report.publish.digest if report.publish else None, sections=sections(report),
+                  base=report.run_manifest.container)
