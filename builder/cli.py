@@ -322,7 +322,7 @@ def keygen(private: Path = typer.Argument(..., help="private key file to write (
 
 
 @app.command()
-def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>"),
+def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>, or REPOSITORY:TAG (resolved once)"),
            key: list[Path] = typer.Option(..., "--key", help="trusted ed25519 public key (PEM); repeat for several "
                                           "(any of them trusted)"),
            require_all_keys: bool = typer.Option(False, "--require-all-keys",
@@ -338,7 +338,7 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
     for line in (outcome.untrusted, outcome.foreign):
         if line:
             typer.echo(fit(line))
-    typer.echo(f"VERIFIED {reference}")
+    typer.echo(f"VERIFIED {outcome.reference}")
 
 
 @app.command()

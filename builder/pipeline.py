@@ -18,8 +18,8 @@ from typing import Any
 
 from builder.accept import replay as replay_stage
 from builder.accept.plan import Flags, Plan
+from builder.core import faults, log
 from builder.core import files as fs
-from builder.core import log
 from builder.core.constants import MANIFEST
 from builder.core.errors import BadInput, NotAccepted, Regression, StaleLock
 from builder.core.options import Settings
@@ -38,7 +38,7 @@ from builder.nightly import gc as housekeeping
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
-from builder.release import attest, dsse, rebuild, sqsh, sqsh_place, trust
+from builder.release import attest, dsse, journal, rebuild, sqsh, sqsh_place, trust
 from builder.release import publish as publish_stage
 from builder.release import verify as verify_stage
 from builder.report import document
@@ -144,6 +144,7 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
     if not check:
         lockfile.start_lock_file(pins_path)
     pins = load_pins(pins_path)
+    platforms.resolve(pins.base.image, pins.base.platform, settings)  # an index without the platform: exit 2 first
     with log.step("lock: resolve sources"):
         resolved = sources.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
     return lockfile.lock(pins, resolved, settings, check=check, resolver_name=resolver, build_sdists=build_sdists,
@@ -204,12 +205,13 @@ def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
 
 def publish_report(report_json: Path, settings: Settings, image: str | None = None, key: Path | None = None,
                    attest_once: bool = False, sqsh_dir: Path | None = None,
-                   client: engine.Client | None = None) -> PublishReceipt:
+                   client: engine.Client | None = None, nightly: list[str] | None = None) -> PublishReceipt:
     """Promote (or push) the accepted digest, verify what the registry serves, attach attestations (with
     `attest_once`, none when the key attested this digest before). A cluster-accepted report's .sqsh goes
     beside it under the SHA tag (`sqsh_dir`, else acceptance.slurm.publish_dir, else where it was accepted),
     checked before anything is promoted (builder/release/sqsh_place.py). `client`: the calling use case's engine
-    client (run, nightly); without one the publish stage connects, after its refusals."""
+    client (run, nightly); without one the publish stage connects, after its refusals. `nightly`: tags moved after
+    the report's own (builder/release/journal.py keeps them in the intent); the journal goes once all is done."""
     with log.step("publish"):
         report = document.load(report_json)
         checked = trust.check(report, str(report_json))  # the deliberate re-read of the pins and the lock
@@ -221,9 +223,12 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
             raise BadInput(f"--sqsh-dir: {report_json} was accepted by Docker gates; its .sqsh comes from export-sqsh")
         try:
             receipt = publish_stage.publish(report, report_json, pins, lock, settings, image=image, signing_key=key,
-                                            attest_once=attest_once, client=client)
+                                            attest_once=attest_once, client=client, nightly=nightly,
+                                            sqsh=copy.journal() if copy is not None else None)
             if copy is not None:
+                faults.point("publish: sqsh")
                 sqsh_place.place(copy, document.load(report_json), report_json, receipt)
+            journal.remove(report.repository, settings)  # the receipt, the .sqsh and the nightly tags are done
         finally:
             if copy is not None:
                 copy.discard()
@@ -315,7 +320,7 @@ def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None 
     digest, tags = None, None
     if accepted and publish:
         receipt = publish_report(run_dir / "report.json", settings, key=key, attest_once=True,  # never re-attest
-                                 client=door.client())
+                                 client=door.client(), nightly=follow.nightly_tags(today))
         digest = receipt.digest
         tags = follow.move_tags(receipt.repository, digest, pins.nightly.retention, settings, today)
         report = document.load(run_dir / "report.json")

@@ -196,7 +196,8 @@ def _registry_config_text(data_dir: Path) -> str:
         "storage": {
             "filesystem": {"rootdirectory": str(data_dir)},
             "delete": {"enabled": True},
-            "maintenance": {"uploadpurging": {"enabled": False}},
+            # upload sessions a killed push left open (the publish journal cancels its own on the next command)
+            "maintenance": {"uploadpurging": {"enabled": True, "age": "24h", "interval": "1h", "dryrun": False}},
         },
         "http": {"addr": registry_url(), "headers": {"X-Content-Type-Options": ["nosniff"]}},
     }

@@ -3,8 +3,9 @@
 - `push`: the normalised image (builder/engine/normalize.py) goes to the staging repository by digest; base
   layers are never uploaded (HEAD, else a cross-repository mount from the base repository).
 - `pull`: acceptance pulls `<staging>@<digest>` into an engine and checks the pulled image ID.
-- `promote`: release tags are PUT with the very manifest bytes served at the accepted digest, after
-  every blob is mounted from staging; nothing else can receive a release tag.
+- `promote`: the accepted digest goes into the release repository by digest (every blob mounted from staging),
+  then release tags are PUT with those very manifest bytes, the SHA tag first; nothing else can receive a release
+  tag. builder/release/publish.py attests between the two steps.
 """
 from __future__ import annotations
 
@@ -125,12 +126,10 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
     return Pulled(ref=image, digest=digest, image_id=image_id)
 
 
-def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], settings: Settings,
-            pushed: dict[str, str] | None = None) -> dict[str, Any]:
-    """Give the accepted staged digest its release tags: mount every blob from staging, PUT the manifest
-    bytes served at that digest under each tag, the first tag (the SHA tag) last. All or nothing: when any
-    step fails or the run is interrupted, every tag moved so far is put back where it was (builder/release
-    /publish.py then stops). Returns {digest, pushed: {tag: digest}}."""
+def release_manifest(staged_ref: str, image_id: str, repository: str, settings: Settings) -> tuple[bytes, str]:
+    """Step 1 of a release: mount every blob of the accepted staged digest from staging and PUT its very manifest
+    bytes into the release repository by digest (no tag), then check the registry serves it; returns (bytes,
+    media type)."""
     staged = ImageRef(staged_ref, need_domain=True, need_digest=True)
     s_host, s_name, digest = staged.registry, staged.repository, str(staged.digest)
     host, name = split_repository(repository)
@@ -146,13 +145,26 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], se
     for desc in [*doc["layers"], doc["config"]]:
         if not reg.has_blob(name, desc["digest"]) and not reg.mount_blob(name, desc["digest"], s_name):
             raise PublishError(f"{repository}: could not mount blob {desc['digest']} from {staged.name}")
-    order = [*tags[1:], *tags[:1]]  # the SHA tag last: it exists only once every other tag moved
-    before = snapshot(reg, name, order)
-    pushed = {} if pushed is None else pushed  # filled as tags land
     media_type = doc.get("mediaType") or MANIFEST_TYPE
-    existed = reg.tag_digest(name, digest) is not None
+    reg.put_manifest(name, digest, manifest, media_type)
+    faults.point("publish: manifest")
+    if reg.tag_digest(name, digest) != digest:
+        raise PublishError(f"{repository}@{digest}: not served after the push")
+    return manifest, media_type
+
+
+def move_tags(reg: Registry, repository: str, manifest: bytes, media_type: str, tags: list[str],
+              pushed: dict[str, str] | None = None) -> dict[str, str]:
+    """Step 3 and 4 of a release: PUT the manifest (already in the repository by digest) under each tag in the
+    order given: the SHA tag first, a moving tag only after it. All or nothing against errors Python sees: every
+    tag moved so far goes back where it was (a SIGKILL leaves the publish journal, builder/release/journal.py)."""
+    _, name = split_repository(repository)
+    digest = digest_of(manifest)
+    before = snapshot(reg, name, tags)
+    pushed = {} if pushed is None else pushed  # filled as tags land
+    existed = True  # the digest is in the repository by now; a rollback never deletes it
     try:
-        for i, tag in enumerate(order):
+        for i, tag in enumerate(tags):
             faults.point(f"promote tag {i}")
             pushed[tag] = reg.put_manifest(name, tag, manifest, media_type)
             if reg.tag_digest(name, tag) != digest:
@@ -161,7 +173,17 @@ def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], se
         rollback(reg, repository, {t: before[t] for t in pushed}, digest, existed)
         pushed.clear()
         raise
-    return {"digest": digest, "pushed": pushed}
+    return pushed
+
+
+def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], settings: Settings,
+            pushed: dict[str, str] | None = None) -> dict[str, Any]:
+    """Give the accepted staged digest its release tags: the manifest by digest first (`release_manifest`),
+    then the tags in order, the first tag (the SHA tag) first (`move_tags`). Returns {digest, pushed}."""
+    manifest, media_type = release_manifest(staged_ref, image_id, repository, settings)
+    reg = Registry.from_settings(split_repository(repository)[0], settings)
+    moved = move_tags(reg, repository, manifest, media_type, tags, pushed)
+    return {"digest": digest_of(manifest), "pushed": moved}
 
 
 @contextmanager
@@ -187,7 +209,7 @@ def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] 
     """Put each moved tag back on the manifest it served before. A tag that did not exist goes with the new
     manifest, deleted by digest, unless the repository held that digest before (`existed`). A registry that does
     not answer is tried again for ROLLBACK_RETRY_S (a restart); what could not be undone is logged instead of
-    raising over the error that led here (the SHA tag, written last, then was never moved)."""
+    raising over the error that led here (each tag then serves its old digest or the new, whole one)."""
     _, name = split_repository(repository)
     deadline = time.monotonic() + ROLLBACK_RETRY_S
     for tag, prev in moved.items():

@@ -22,7 +22,7 @@ from builder.engine.registry import Registry, get_json, split_repository
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
-from builder.release import referrers
+from builder.release import journal
 from builder.report import document as report_mod
 from builder.sources import mirror
 
@@ -83,22 +83,26 @@ def commit_log(report: Report, previous: Report | None, settings: Settings,
     return out
 
 
+def nightly_tags(today: str | None = None) -> list[str]:
+    """`nightly` and `nightly-<today>` (UTC), in the order they move."""
+    return [NIGHTLY, f"nightly-{today or time.strftime('%Y%m%d', time.gmtime())}"]
+
+
 def move_tags(repository: str, digest: str, retention: int, settings: Settings,
               today: str | None = None) -> dict[str, Any]:
-    """Point `nightly` and `nightly-<today>` at digest (same manifest bytes), then prune dated tags beyond
-    `retention`.  A registry that cannot delete a tag alone loses the old manifest instead, but only when
+    """Point `nightly` and `nightly-<today>` at digest (same manifest bytes; publish moved them already, after the
+    release's own tags, builder/release/publish.py), then prune dated tags beyond `retention`.  A registry that
+    cannot delete a tag alone loses the old manifest instead, but only when
     no tag that stays (nightly, a kept nightly-*, a human tag) serves it."""
     host, name = split_repository(repository)
     reg = Registry.from_settings(host, settings)
     got = reg.manifest(name, digest)
     if got["computed"] != digest:
         raise PublishError(f"{repository}@{digest}: registry serves {got['computed']}")
-    dated = f"nightly-{today or time.strftime('%Y%m%d', time.gmtime())}"
-    config = json.loads(got["content"]).get("config", {}).get("digest", "")
+    tags = nightly_tags(today)
     with staging.repository_lock(repository, settings):
-        # through promote: both tags or neither (`nightly` written last, rolled back on a failure)
-        staging.promote(f"{repository}@{digest}", config, repository, [NIGHTLY, dated], settings)
-        return {"digest": digest, "added": [NIGHTLY, dated], "pruned": prune(reg, name, retention)}
+        staging.move_tags(reg, repository, bytes(got["content"]), str(got["media_type"]), tags)  # both or neither
+        return {"digest": digest, "added": tags, "pruned": prune(reg, name, retention)}
 
 
 def prune(reg: Registry, name: str, retention: int) -> list[str]:
@@ -128,12 +132,7 @@ def _sha_tag(tag: str) -> bool:
 
 
 def _delete_with_referrers(reg: Registry, name: str, digest: str) -> None:
-    for desc in referrers.discover(reg, name, digest):
-        reg.delete_manifest(name, desc["digest"])
-    index = reg.tag_digest(name, referrers.fallback_tag(digest))
-    if index:
-        reg.delete_manifest(name, index)
-    reg.delete_manifest(name, digest)
+    journal.delete_with_referrers(reg, name, digest)
 
 
 @dataclass(frozen=True)

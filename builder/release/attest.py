@@ -196,12 +196,14 @@ def signer(key_path: Path | None) -> Ed25519PrivateKey | None:
 
 
 def attach_all(report: Report, pins: Pins, lock: Lock, repository: str, digest: str, image_manifest: dict[str, Any],
-               key: Ed25519PrivateKey, registry: Registry, once: bool = False) -> list[dict[str, Any]]:
+               key: Ed25519PrivateKey, registry: Registry, once: bool = False,
+               note: referrers.Note | None = None) -> list[dict[str, Any]]:
     """Sign the three statements and attach them to repository@digest; returns the artifact descriptors.
     Idempotent per key: a statement this key already attached to the digest (equal apart from its timestamps,
     see `stable`) is not attached again; with `once`, nothing is attached when the key already attached all
     three predicate types (a nightly on an unchanged digest).  On a failed push the artifacts already pushed
-    are deleted and PublishError is raised."""
+    are deleted and PublishError is raised. `note(kind, value)` hears of each upload session and artifact before
+    it is written (the publish journal)."""
     _, name = split_repository(repository)
     kid = dsse.key_id(key.public_key())[:16]
     existing = attached_by(registry, name, digest, key.public_key())
@@ -220,7 +222,7 @@ def attach_all(report: Report, pins: Pins, lock: Lock, repository: str, digest: 
     pushed: list[dict[str, Any]] = []
     try:
         for predicate_type, envelope in todo:
-            pushed.append(referrers.attach(registry, name, subject, envelope, predicate_type))
+            pushed.append(referrers.attach(registry, name, subject, envelope, predicate_type, note))
     except PublishError:
         for desc in pushed:
             registry.delete_manifest(name, desc["digest"])

@@ -13,11 +13,10 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from builder.core import faults, log
 from builder.core import files as fs
-from builder.core import log
-from builder.core.constants import MANIFEST
-from builder.core.errors import PublishError
-from builder.core.imageref import ImageRef
+from builder.core.errors import InfraError, PublishError
+from builder.core.imageref import ImageRef, hex_of
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
@@ -26,7 +25,7 @@ from builder.engine.client import Client
 from builder.engine.registry import Registry, mask, split_repository, verify_tag
 from builder.lock.record import Lock
 from builder.pins.model import Pins
-from builder.release import attest, trust
+from builder.release import attest, journal, referrers, trust, verify
 from builder.report import document as report_mod
 
 
@@ -79,61 +78,94 @@ def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | Non
 
 def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | None, settings: Settings,
             image: str | None = None, signing_key: Path | None = None, attest_once: bool = False,
-            client: Client | None = None) -> PublishReceipt:
-    """Give the accepted digest of an ACCEPTED report its release tags (promote from staging, or push the
-    accepted local image), verify it through the registry API, attach signed attestations (only those the key
-    has not attached already; with `attest_once`, none when it attested the digest before), record the receipt.
+            client: Client | None = None, sqsh: journal.SqshMove | None = None,
+            nightly: list[str] | None = None) -> PublishReceipt:
+    """Release the accepted digest of an ACCEPTED report, in one order (docs/release.md): 1. the manifest by digest
+    (promoted from staging, or the accepted local image pushed to staging first), verified; 2. with a key, the
+    signed attestations attached (only those the key has not attached already; with `attest_once`, none when it
+    attested the digest before), read back and verified; 3. the SHA tag; 4. the other tags, then `nightly` tags;
+    then the receipt. A journal in the cache (builder/release/journal.py) records the intent before the first
+    registry write; the caller removes it (`journal.remove`) once the .sqsh (`sqsh`) is placed.
     `pins`, `lock`: what `trust.check` re-read and checked against the report (the caller runs it first);
-    `client`: the calling use case's engine client (run, nightly); without one, publish connects once its refusals
-    (report, signature, registry) are behind it."""
+    `client`: the calling use case's engine client (run, nightly); without one, publish connects only for a local
+    image (a report accepted without staging)."""
     where = str(report_path)
     check_accepted(report, where)
     if pins is None or lock is None:
         raise PublishError(f"{where}: no pins and lock checked against the report; refusing")
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")
-    auth = settings.registry_auth
-    secrets = [auth[1]] if auth else []
     host, name = split_repository(report.repository)
     registry = Registry.from_settings(host, settings)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
     key = attest.signer(signing_key or settings.signing_key)
     check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
-    client = client or engine.connect(settings)  # `builder publish` itself: its one connect, after the refusals
+    tags = [*report.tags, *(t for t in nightly or [] if t not in report.tags)]
     with staging.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
-        served_before = {registry.tag_digest(name, tag) for tag in report.tags} - {None}
-        before = staging.snapshot(registry, name, report.tags) if staged else {}
-        existed = staged is not None and registry.tag_digest(name, str(staged.digest)) is not None
-        pushed: dict[str, str] = {}
+        journal.recover(report.repository, settings, registry, receipt_after_kill,
+                        str(staged.digest) if staged else None)
+        if staged is None:  # accepted on a local image ID: the engine pushes it to staging, by a tag there
+            staged = _push_local(client or engine.connect(settings), report, image, where, settings)
+        digest = str(staged.digest)
+        plan = journal.Journal(repository=report.repository, report=str(report_path.absolute()), digest=digest,
+                               media_type="", existed=registry.tag_digest(name, digest) is not None, sqsh=sqsh,
+                               tags=[journal.TagMove(tag=t, old=registry.tag_digest(name, t), new=digest)
+                                     for t in report.tags],
+                               nightly=[t for t in tags if t not in report.tags])
+        journal.write(plan, settings)
+        moved = False
         try:
-            if staged:  # promote: the accepted digest gets the tags (blob mount + manifest PUT); all or nothing
-                with log.step(f"promote {staged} -> {report.repository}"):
-                    staging.promote(staged, report.image_id, report.repository, report.tags, settings, pushed)
-            else:  # accepted on a local image ID: the engine pushes that image
-                _push_local(client, report, image, where, auth, secrets, registry, pushed)
-            facts = [verify_tag(registry, name, tag, pushed[tag], report.image_id, report.platform)
-                     for tag in report.tags]
-            digests = sorted({f["digest"] for f in facts})
-            if len(digests) != 1:
-                raise PublishError(f"{report.repository}: tags {', '.join(report.tags)} serve different digests {digests}")
-            with log.step(f"attest {report.repository}@{digests[0][:19]}"):
-                attestations = attest_published(report, pins, lock, client, registry, digests[0], key,
-                                                attest_once)
-        except BaseException as err:
-            if staged and pushed:  # promote finished, a later step did not: the tags go back (when reachable)
-                staging.rollback(registry, report.repository, {t: before[t] for t in pushed},
-                                 str(staged.digest), existed)
-            elif isinstance(err, PublishError):
-                withdraw(registry, name, set(pushed.values()) - served_before)
+            with log.step(f"release {staged} -> {report.repository}@{digest[:19]}"):
+                manifest, plan.media_type = staging.release_manifest(str(staged), report.image_id,
+                                                                     report.repository, settings)
+                facts = verify_tag(registry, name, digest, digest, report.image_id, report.platform)
+            plan.phase = "attest"
+            journal.write(plan, settings)
+            with log.step(f"attest {report.repository}@{digest[:19]}"):
+                attestations = attest_published(report, pins, lock, registry, digest, key, attest_once, plan,
+                                                settings)
+            plan.phase = "tags"
+            journal.write(plan, settings)
+            moved = True
+            with log.step(f"tag {report.repository}: {', '.join(tags)}"):
+                staging.move_tags(registry, report.repository, manifest, plan.media_type, tags)
+                for tag in tags:
+                    verify_tag(registry, name, tag, digest, report.image_id, report.platform)
+        except BaseException:  # Python saw it (SIGTERM included): every tag moved back, the new digest withdrawn
+            if not plan.existed:
+                withdraw(registry, name, digest, plan.artifacts)
+            journal.remove(report.repository, settings)
             raise
-    receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digests[0],
-                             config_digest=facts[0]["config_digest"], verified=True, platform=facts[0]["platform"],
-                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=attestations)
-    record_receipt(report, receipt, report_path)
+        finally:
+            if not moved:
+                journal.cancel_uploads(registry, plan)
+        plan.phase = "receipt"
+        journal.write(plan, settings)
+        faults.point("publish: receipt")
+        receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digest,
+                                 config_digest=facts["config_digest"], verified=True, platform=facts["platform"],
+                                 pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                 attestations=attestations)
+        record_receipt(report, receipt, report_path)
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
     return receipt
+
+
+def receipt_after_kill(report_path: Path, digest: str, tags: list[str], settings: Settings) -> None:
+    """The receipt a killed publish did not write, from what the registry serves (journal recovery)."""
+    report = report_mod.load(report_path)
+    if report.publish is not None and report.publish.digest == digest:
+        return
+    host, name = split_repository(report.repository)
+    registry = Registry.from_settings(host, settings)
+    facts = verify_tag(registry, name, tags[0], digest, report.image_id, report.platform)
+    found = [d["digest"] for d in referrers.discover(registry, name, digest)]
+    receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digest,
+                             config_digest=facts["config_digest"], verified=True, platform=facts["platform"],
+                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=found)
+    record_receipt(report, receipt, report_path)
 
 
 def check_signed_acceptance(report: Report, report_path: Path, key: Ed25519PrivateKey | None,
@@ -159,36 +191,62 @@ def check_signed_acceptance(report: Report, report_path: Path, key: Ed25519Priva
                            " result; refusing")
 
 
-def attest_published(report: Report, pins: Pins, lock: Lock, client: Client, registry: Registry, digest: str,
-                     key: Ed25519PrivateKey | None, once: bool = False) -> list[str]:
-    """Signed attestations for the pushed digest (builder/release/attest.py); none without a key."""
+def attest_published(report: Report, pins: Pins, lock: Lock, registry: Registry, digest: str,
+                     key: Ed25519PrivateKey | None, once: bool, plan: journal.Journal,
+                     settings: Settings) -> list[str]:
+    """Signed attestations for the released digest (builder/release/attest.py), read back from the referrers
+    index and verified with the key before any tag moves; none without a key. The image's delivery manifest is
+    read from the registry's layers (no container)."""
     if key is None:
         return []
-    manifest = json.loads(engine.read_file(client, report.image_id, MANIFEST) or b"{}")
-    return [d["digest"] for d in attest.attach_all(report, pins, lock, report.repository, digest, manifest, key,
-                                                   registry, once=once)]
+    _, name = split_repository(report.repository)
+    manifest = verify.image_facts(registry, name, digest)[1]
+
+    def note(kind: str, value: str) -> None:  # the journal learns each upload session and artifact first
+        (plan.uploads if kind == "upload" else plan.artifacts).append(value)
+        journal.write(plan, settings)
+
+    attached = attest.attach_all(report, pins, lock, report.repository, digest, manifest, key, registry, once=once,
+                                 note=note)
+    found = {t for t, _ in attest.attached_by(registry, name, digest, key.public_key()).values()}
+    missing = [t for t in attest.PREDICATE_TYPES if t not in found]
+    if missing:
+        raise PublishError(f"{report.repository}@{digest}: read back, no verified {', '.join(missing)} by the key; "
+                           "no tag moved")
+    return [d["digest"] for d in attached]
 
 
-def _push_local(client: Client, report: Report, image: str | None, where: str, auth: tuple[str, str] | None,
-                secrets: list[str], registry: Registry, pushed: dict[str, str]) -> None:
+def _push_local(client: Client, report: Report, image: str | None, where: str, settings: Settings) -> ImageRef:
+    """The accepted local image, pushed by the engine to the staging repository under a tag of its own there
+    (the engine pushes tags only); the release then promotes that digest like any staged one."""
     found = local_image(client, report, image, where)
-    for tag in report.tags:
-        if not engine.tag(client, found, f"{report.repository}:{tag}"):
-            raise PublishError(f"{where}: could not tag {found} as {report.repository}:{tag}")
-        with log.step(f"push {report.repository}:{tag}"):
+    auth = settings.registry_auth
+    secrets = [auth[1]] if auth else []
+    stage = staging.staging_repository(report.repository)
+    tag = f"publish-{hex_of(found)[:16]}"
+    if not engine.tag(client, found, f"{stage}:{tag}"):
+        raise PublishError(f"{where}: could not tag {found} as {stage}:{tag}")
+    try:
+        with log.step(f"push {stage}:{tag}"):
             try:
-                pushed[tag] = _push(client, report.repository, tag, auth, secrets)
+                digest = _push(client, stage, tag, auth, secrets)
             except PublishError:
-                registry.ping()  # a registry gone meanwhile is InfraError (exit 3), not a refused push
+                Registry.from_settings(split_repository(stage)[0], settings).ping()  # gone: InfraError (exit 3)
                 raise
+    finally:
+        engine.untag(client, f"{stage}:{tag}")
+    return ImageRef(f"{stage}@{digest}")
 
 
-def withdraw(registry: Registry, name: str, digests: set[str]) -> None:
-    """Nothing half-published: delete the manifests this publish added (never one a tag served before)."""
-    for digest in sorted(digests):
-        gone = registry.delete_manifest(name, digest)
-        log.info(f"withdrew {registry.host}/{name}@{digest}" if gone else
-                 f"could not withdraw {registry.host}/{name}@{digest}; delete it by hand")
+def withdraw(registry: Registry, name: str, digest: str, artifacts: list[str]) -> None:
+    """Nothing half-published: delete the manifest this publish added by digest (never one the repository held
+    before) with the attestations on it."""
+    try:
+        gone = journal.delete_with_referrers(registry, name, digest, artifacts)
+    except (PublishError, InfraError):  # the registry that failed the publish: the next command's journal
+        gone = False
+    log.info(f"withdrew {registry.host}/{name}@{digest}" if gone else
+             f"could not withdraw {registry.host}/{name}@{digest}; delete it by hand")
 
 
 def record_receipt(report: Report, receipt: PublishReceipt, report_path: Path) -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
+from builder.core import faults
 from builder.core.errors import PublishError
 from builder.core.imageref import digest_of, hex_of
-from builder.engine.registry import Registry, get_json, push_blob, put_manifest
+from builder.engine.registry import Registry, get_json, put_manifest
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -32,11 +35,20 @@ def _descriptor(media_type: str, data: bytes, digest: str) -> dict[str, Any]:
     return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
 
-def attach(reg: Registry, name: str, subject: dict[str, Any], envelope: bytes, predicate_type: str) -> dict[str, Any]:
+Note = Callable[[str, str], None]  # ("upload", session location) or ("artifact", digest), told before the write
+
+
+def _quiet(kind: str, value: str) -> None:
+    pass
+
+
+def attach(reg: Registry, name: str, subject: dict[str, Any], envelope: bytes, predicate_type: str,
+           note: Note | None = None) -> dict[str, Any]:
     """Push one envelope as an artifact whose subject is `subject` (a descriptor of the image manifest);
     returns the artifact's descriptor (as listed in a referrers index)."""
-    empty = push_blob(reg, name, EMPTY_DATA)
-    layer = push_blob(reg, name, envelope)
+    note = note or _quiet
+    empty = upload(reg, name, EMPTY_DATA, note)
+    layer = upload(reg, name, envelope, note)
     annotations = {PREDICATE_ANNOTATION: predicate_type,
                    "org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     manifest = {
@@ -48,11 +60,34 @@ def attach(reg: Registry, name: str, subject: dict[str, Any], envelope: bytes, p
     data = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
 
     digest = digest_of(data)
+    note("artifact", digest)
     resp = put_manifest(reg, name, digest, data, OCI_MANIFEST)
+    faults.point("publish: artifact")
     descriptor = {**_descriptor(OCI_MANIFEST, data, digest), "artifactType": DSSE_TYPE, "annotations": annotations}
     if resp.headers.get("OCI-Subject") != subject["digest"] and not _answers_referrers(reg, name, subject["digest"]):
         _add_to_fallback_index(reg, name, subject["digest"], descriptor)
     return descriptor
+
+
+def upload(reg: Registry, name: str, data: bytes, note: Note) -> str:
+    """A blob unless the registry has it: POST a session (its location noted first), then PUT it whole."""
+    digest = digest_of(data)
+    if reg.has_blob(name, digest):
+        return digest
+    start = reg._request("POST", f"/v2/{name}/blobs/uploads/")
+    location = start.headers.get("Location", "")
+    if start.status_code != 202 or not location:
+        raise PublishError(f"registry {reg.host}: blob upload to {name} answered {start.status_code}, expected 202")
+    path = urlsplit(location)
+    target = path.path + (f"?{path.query}" if path.query else "")
+    note("upload", target)
+    faults.point("publish: blob upload")
+    sep = "&" if "?" in target else "?"
+    done = reg._request("PUT", f"{target}{sep}digest={digest}", data=data,
+                        headers={"Content-Type": "application/octet-stream"})
+    if done.status_code != 201:
+        raise PublishError(f"registry {reg.host}: blob {digest} upload answered {done.status_code}, expected 201")
+    return digest
 
 
 def _answers_referrers(reg: Registry, name: str, digest: str) -> bool:

@@ -23,7 +23,8 @@ from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report, SqshExport
 from builder.engine import staging
 from builder.engine.registry import Registry, split_repository
-from builder.release import publish
+from builder.release import journal, publish
+from builder.release.journal import SqshMove
 from builder.report import document as report_mod
 
 
@@ -37,6 +38,10 @@ class Copy:
 
     def discard(self) -> None:
         self.part.unlink(missing_ok=True)
+
+    def journal(self) -> SqshMove:
+        """The placement as the publish journal records it (the next command finishes it after a kill)."""
+        return SqshMove(part=str(self.part), dest=str(self.dest), sha256=self.record.sha256)
 
 
 def accepted(report: Report) -> dict[str, str] | None:
@@ -122,8 +127,7 @@ def registry_image(report: Report, settings: Settings, where: str) -> str:
 
 def place(copy: Copy, report: Report, report_path: Path, receipt: PublishReceipt) -> SqshExport:
     """After the promotion: the copy into place, its `.sha256` beside it, the record in the report."""
-    copy.part.replace(copy.dest)
-    fs.write_atomic(copy.dest.with_name(copy.dest.name + ".sha256"), f"{copy.record.sha256}  {copy.dest.name}\n")
+    journal.install(copy.part, copy.dest, copy.record.sha256)
     record = copy.record.model_copy(update={
         "path": str(copy.dest), "tag": report.tags[0], "registry_digest": receipt.digest,
         "smoke": {"status": "not_run", "reason": "the cluster gates ran on this file"},

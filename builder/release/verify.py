@@ -49,12 +49,25 @@ class Outcome:
 
 
 def parse_reference(ref: str) -> tuple[str, str, str]:
-    """'host/name@sha256:<hex>' -> (host, name, digest)."""
+    """'host/name@sha256:<hex>' -> (host, name, digest); 'host/name:tag' -> (host, name, "") (resolved later)."""
     try:
-        image = ImageRef(ref, need_domain=True, need_digest=True)
+        image = ImageRef(ref, need_domain=True)
+        if image.digest is None and image.tag is None:
+            raise ValueError("neither a digest nor a tag")
     except ValueError as exc:
-        raise BadInput(f"{show(ref, 120)}: expected REPOSITORY@sha256:<64 hex> ({exc})") from None
-    return image.registry, image.repository, str(image.digest)
+        raise BadInput(f"{show(ref, 120)}: expected REPOSITORY@sha256:<64 hex> or REPOSITORY:TAG ({exc})") from None
+    return image.registry, image.repository, str(image.digest) if image.digest else ""
+
+
+def resolve(reg: Registry, ref: str) -> str:
+    """The digest `ref`'s tag serves now, read once; its digest when it names one (then the tag is not asked)."""
+    image = ImageRef(ref, need_domain=True)
+    if image.digest is not None:
+        return str(image.digest)
+    digest = reg.tag_digest(image.repository, str(image.tag))
+    if digest is None:
+        raise AttestationError("image", f"{ref}: no such tag in the registry")
+    return digest
 
 
 def image_facts(reg: Registry, name: str, digest: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -92,7 +105,13 @@ def verify(ref: str, keys: Sequence[Ed25519PublicKey], settings: Settings, requi
     host, name, digest = parse_reference(ref)
     reg = Registry.from_settings(host, settings)
     reg.ping()
+    tagged = "" if digest else ref
+    if tagged:  # a tag: resolved once, then only the digest is verified (a tag may move meanwhile)
+        digest = resolve(reg, tagged)
+        ref = str(ImageRef(tagged, need_domain=True).at(digest))
     out = Outcome(reference=ref)
+    if tagged:
+        out.passed.append(f"tag: {tagged} serves {digest}")
     found = referrers.discover(reg, name, digest)
     if not found:
         raise AttestationError("attestations", f"no attestations refer to {ref}")

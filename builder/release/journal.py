@@ -1,0 +1,172 @@
+"""The publish journal: what a publish intends, in the cache, keyed by repository like the promote lock.
+
+Written before the first registry write and removed once the receipt, the .sqsh and the nightly tags are done.
+The next publish, run or nightly on the repository reads it first (under the lock) and says in one line what it
+did: from the `tags` phase on the image is whole and attested, so the tags are finished (no key needed); before
+it, a publish of the same digest resumes and any other abandons (upload sessions cancelled, a digest that no tag
+serves deleted with its attestations). Nothing a tag serves is ever deleted.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from builder.core import files as fs
+from builder.core import log
+from builder.core.errors import PublishError
+from builder.core.options import Settings
+from builder.engine.registry import Registry, split_repository
+from builder.release import referrers
+
+PHASES = ("manifest", "attest", "tags", "receipt")  # from "tags" on: finish, never abandon
+
+
+class TagMove(BaseModel):
+    tag: str
+    old: str | None = None
+    new: str
+
+
+class SqshMove(BaseModel):
+    part: str
+    dest: str
+    sha256: str
+
+
+class Journal(BaseModel):
+    repository: str
+    report: str
+    digest: str
+    media_type: str
+    phase: str = "manifest"
+    existed: bool = False  # the repository held the digest before: never delete it
+    tags: list[TagMove] = Field(default_factory=list)  # in the order they move: the SHA tag first
+    uploads: list[str] = Field(default_factory=list)  # upload session locations opened
+    artifacts: list[str] = Field(default_factory=list)  # attestation manifests pushed
+    sqsh: SqshMove | None = None
+    nightly: list[str] = Field(default_factory=list)
+
+
+def path_of(repository: str, settings: Settings) -> Path:
+    name = hashlib.sha256(repository.encode()).hexdigest()[:24]
+    return settings.cache("locks") / f"publish-{name}.json"
+
+
+def write(journal: Journal, settings: Settings) -> None:
+    fs.write_atomic(path_of(journal.repository, settings), journal.model_dump_json(indent=1) + "\n")
+
+
+def read(repository: str, settings: Settings) -> Journal | None:
+    path = path_of(repository, settings)
+    try:
+        return Journal.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        log.info(f"publish journal {path} unreadable; removed")
+        path.unlink(missing_ok=True)
+        return None
+
+
+def remove(repository: str, settings: Settings) -> None:
+    path_of(repository, settings).unlink(missing_ok=True)
+
+
+Receipt = Callable[[Path, str, list[str], Settings], None]  # (report.json, digest, tags, settings)
+
+
+def recover(repository: str, settings: Settings, reg: Registry, receipt: Receipt, digest: str | None = None) -> str:
+    """Finish or undo what a killed publish on `repository` began (call under the repository lock); return the
+    one line printed, or "" when there was nothing. `receipt` writes a missing receipt (publish's);
+    `digest`: what the calling publish is about to publish."""
+    journal = read(repository, settings)
+    if journal is None:
+        return ""
+    _, name = split_repository(repository)
+    cancel_uploads(reg, journal)
+    if PHASES.index(journal.phase) >= PHASES.index("tags"):
+        line = finish(reg, name, journal, settings, receipt)
+    elif journal.digest == digest:
+        line = f"resumed the publish of {repository}@{journal.digest} that a killed run began (no tag had moved)"
+    else:
+        line = abandon(reg, name, journal)
+    remove(repository, settings)
+    log.info(line)
+    return line
+
+
+def cancel_uploads(reg: Registry, journal: Journal) -> None:
+    for location in journal.uploads:
+        try:
+            reg._request("DELETE", location)
+        except Exception:  # a session the registry already closed or purged
+            pass
+
+
+def finish(reg: Registry, name: str, journal: Journal, settings: Settings, receipt: Receipt) -> str:
+    """Every tag (SHA tag first, then the others, then the nightly tags) onto the digest; the receipt; the .sqsh."""
+    manifest = reg.manifest_by_digest(name, journal.digest)
+    moved = [m.tag for m in journal.tags] + journal.nightly
+    for tag in moved:
+        if reg.tag_digest(name, tag) != journal.digest:
+            reg.put_manifest(name, tag, manifest, journal.media_type)
+    done = [f"tags {', '.join(moved)}"]
+    if _receipt(journal, settings, receipt):
+        done.append("receipt")
+    if journal.sqsh is not None and _place_sqsh(journal.sqsh):
+        done.append(".sqsh")
+    return (f"finished the publish of {journal.repository}@{journal.digest} that a killed run began: "
+            + ", ".join(done))
+
+
+def abandon(reg: Registry, name: str, journal: Journal) -> str:
+    """No tag had moved: delete what that publish added and no tag serves (where the registry allows)."""
+    served = {reg.tag_digest(name, m.tag) for m in journal.tags} | {reg.tag_digest(name, t) for t in journal.nightly}
+    if journal.existed or journal.digest in served:
+        return (f"abandoned the publish of {journal.repository}@{journal.digest} that a killed run began "
+                "(no tag had moved; the digest was there before, kept)")
+    gone = delete_with_referrers(reg, name, journal.digest, journal.artifacts)
+    what = "deleted it and its attestations" if gone else "this registry refuses DELETE: left unreferenced by tags"
+    return f"abandoned the publish of {journal.repository}@{journal.digest} that a killed run began (no tag had moved; {what})"
+
+
+def delete_with_referrers(reg: Registry, name: str, digest: str, artifacts: list[str] | None = None) -> bool:
+    """Delete a manifest no tag serves with every attestation on it and its referrers-tag index."""
+    found = {d["digest"] for d in referrers.discover(reg, name, digest)} | set(artifacts or [])
+    for artifact in sorted(found):
+        reg.delete_manifest(name, artifact)
+    index = reg.tag_digest(name, referrers.fallback_tag(digest))
+    if index:
+        reg.delete_manifest(name, index)
+    return reg.delete_manifest(name, digest) or reg.tag_digest(name, digest) is None
+
+
+def _receipt(journal: Journal, settings: Settings, receipt: Receipt) -> bool:
+    """Write the receipt into the report when it lacks this digest's (the report file may be gone)."""
+    path = Path(journal.report)
+    if not path.is_file():
+        return False
+    try:
+        receipt(path, journal.digest, [m.tag for m in journal.tags], settings)
+    except PublishError as err:
+        log.info(f"{path}: no receipt written: {err}")
+        return False
+    return True
+
+
+def _place_sqsh(move: SqshMove) -> bool:
+    part, dest = Path(move.part), Path(move.dest)
+    if not part.is_file() or fs.sha256_file(part) != move.sha256:
+        part.unlink(missing_ok=True)
+        return False
+    install(part, dest, move.sha256)
+    return True
+
+
+def install(part: Path, dest: Path, sha256: str) -> None:
+    """A checked .sqsh part file into place and its `.sha256` beside it."""
+    part.replace(dest)
+    fs.write_atomic(dest.with_name(dest.name + ".sha256"), f"{sha256}  {dest.name}\n")
