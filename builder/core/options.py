@@ -13,7 +13,7 @@ import shlex
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.core import files as fs
@@ -47,6 +47,22 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BUILDER_REGISTRY_USERNAME", "unset", "basic auth for push and verify (with the password: both or "
              "neither); never written to the image, report or logs"),
     Variable("BUILDER_REGISTRY_PASSWORD", "unset", "the password of `BUILDER_REGISTRY_USERNAME`"),
+    Variable("BUILDER_REGISTRY_HOST", "the pins' `image.repository` host", "the one registry host that "
+             "`BUILDER_REGISTRY_*` credentials are sent to; every other host gets Docker's or containers' "
+             "credentials (registries.md)"),
+    Variable("DOCKER_CONFIG", "`~/.docker`", "Docker's config directory: `config.json`'s `auths`, `credsStore` and "
+             "`credHelpers` give a host's registry credentials"),
+    Variable("REGISTRY_AUTH_FILE", "unset", "containers' `auth.json`, read after Docker's config"),
+    Variable("BUILDER_REGISTRY_CERTS_D", "`/etc/docker/certs.d`", "per-host TLS: `<host[:port]>/*.crt` CAs, "
+             "`*.cert`/`*.key` client certificates, as Docker reads them"),
+    Variable("BUILDER_REGISTRY_CA_BUNDLE", "unset", "a PEM CA bundle trusted for every registry beside the default "
+             "roots; else `REQUESTS_CA_BUNDLE`, else `SSL_CERT_FILE`"),
+    Variable("REQUESTS_CA_BUNDLE", "unset", "a CA bundle for registries when `BUILDER_REGISTRY_CA_BUNDLE` is unset"),
+    Variable("SSL_CERT_FILE", "unset", "a CA bundle for registries when neither of the above is set"),
+    Variable("BUILDER_INSECURE_REGISTRIES", "unset", "space-separated `host[:port]`s spoken to as Docker's "
+             "`insecure-registries`: HTTPS without verification, then plain HTTP; loopback hosts are plain HTTP"),
+    Variable("BUILDER_KEY_PASSPHRASE", "unset", "the passphrase of an encrypted signing key (PKCS#8)"),
+    Variable("BUILDER_KEY_PASSPHRASE_FILE", "unset", "a file holding that passphrase (its first line)"),
     Variable("BUILDER_INDEX_URL", "pip's own default index", "package index `builder lock` resolves and downloads "
              "from (the host's pip configuration never chooses it: lock.md)"),
     Variable("BUILDER_FIND_LINKS", "unset", "wheel folders (or pages), space-separated, that `builder lock` and "
@@ -139,6 +155,34 @@ def _find_links(env: Mapping[str, str]) -> tuple[str, ...]:
         if "://" not in link and not Path(link).is_dir():
             raise BadInput(f"BUILDER_FIND_LINKS: expected folders or URLs, {link[:80]!r} is not a folder")
     return links
+
+
+def _ca_bundle(env: Mapping[str, str]) -> Path | None:
+    found = [(name, value) for name, value in (("BUILDER_REGISTRY_CA_BUNDLE", env.get("BUILDER_REGISTRY_CA_BUNDLE")),
+                                               ("REQUESTS_CA_BUNDLE", env.get("REQUESTS_CA_BUNDLE")),
+                                               ("SSL_CERT_FILE", env.get("SSL_CERT_FILE"))) if value]
+    if not found:
+        return None
+    name, value = found[0]
+    if not Path(value).is_file():
+        raise BadInput(f"{name}: expected a PEM CA bundle file, {value[:80]!r} is not a file")
+    return Path(value)
+
+
+def _passphrase(env: Mapping[str, str]) -> str | None:
+    """The signing key's passphrase: BUILDER_KEY_PASSPHRASE, else the first line of BUILDER_KEY_PASSPHRASE_FILE."""
+    if env.get("BUILDER_KEY_PASSPHRASE"):
+        return env["BUILDER_KEY_PASSPHRASE"]
+    named = env.get("BUILDER_KEY_PASSPHRASE_FILE", "")
+    if not named:
+        return None
+    try:
+        lines = Path(named).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        raise BadInput(f"BUILDER_KEY_PASSPHRASE_FILE: cannot read {named[:80]!r} as a text file") from None
+    if not lines or not lines[0]:
+        raise BadInput(f"BUILDER_KEY_PASSPHRASE_FILE: {named[:80]!r} is empty; expected the passphrase on its first line")
+    return lines[0]
 
 
 def _on_off(env: Mapping[str, str], name: str) -> bool:
@@ -301,6 +345,20 @@ class Settings:
     run_id: str = PROCESS_RUN_ID
     progress_every_s: float = 30.0  # a long phase's progress lines: at most one this often
     slurm_shared_dir: Path | None = None  # the site's shared directory for .sqsh files (pins may name another)
+    registry_host: str | None = None  # the host BUILDER_REGISTRY_* belong to (else: the release's, for_release)
+    docker_config: Path | None = None  # DOCKER_CONFIG, else ~/.docker
+    registry_auth_file: Path | None = None  # REGISTRY_AUTH_FILE (containers' auth.json)
+    certs_d: Path = Path("/etc/docker/certs.d")
+    ca_bundle: Path | None = None  # BUILDER_REGISTRY_CA_BUNDLE, REQUESTS_CA_BUNDLE or SSL_CERT_FILE
+    insecure_registries: tuple[str, ...] = ()
+    key_passphrase: str | None = None  # BUILDER_KEY_PASSPHRASE or the first line of BUILDER_KEY_PASSPHRASE_FILE
+
+    def for_release(self, repository: str) -> Settings:
+        """These settings with the release repository's host owning BUILDER_REGISTRY_* (unless
+        BUILDER_REGISTRY_HOST named one)."""
+        if self.registry_host or "/" not in repository:
+            return self
+        return replace(self, registry_host=repository.split("/", 1)[0])
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -332,6 +390,13 @@ class Settings:
             run_id=_run_id(env),
             progress_every_s=_seconds(env, "BUILDER_PROGRESS_EVERY", 30.0),
             slurm_shared_dir=_abs_dir(env, "BUILDER_SLURM_SHARED_DIR"),
+            registry_host=env.get("BUILDER_REGISTRY_HOST") or None,
+            docker_config=Path(env["DOCKER_CONFIG"]) if env.get("DOCKER_CONFIG") else None,
+            registry_auth_file=Path(env["REGISTRY_AUTH_FILE"]) if env.get("REGISTRY_AUTH_FILE") else None,
+            certs_d=Path(env.get("BUILDER_REGISTRY_CERTS_D") or "/etc/docker/certs.d"),
+            ca_bundle=_ca_bundle(env),
+            insecure_registries=tuple(env.get("BUILDER_INSECURE_REGISTRIES", "").split()),
+            key_passphrase=_passphrase(env),
         )
 
     def index_args(self) -> list[str]:

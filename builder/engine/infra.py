@@ -178,14 +178,9 @@ def _ensure_engine(settings: Settings) -> Info:
 
 
 def registry_answers(timeout: float = 2.0) -> bool:
-    import requests  # lazy: slow to import; start-up
+    from builder.engine import registry  # lazy: requests is slow to import; start-up
 
-    session = requests.Session()
-    session.trust_env = False  # never through a proxy
-    try:
-        return session.get(f"http://{registry_url()}/v2/", timeout=timeout).status_code == 200
-    except requests.RequestException:
-        return False
+    return registry.answers(registry_url(), timeout)
 
 
 def _registry_config_text(data_dir: Path) -> str:

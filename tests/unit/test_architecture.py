@@ -18,7 +18,7 @@ IN_CONTAINER = (BUILDER / "engine" / "scripts", BUILDER / "lock" / "scripts")
 # The stage packages, lowest first: a module may import only from its own package or from one listed
 # before it. cli and pipeline are the two top-level modules above every package.
 ORDER = ("core", "pins", "engine", "sources", "lock", "image", "accept", "report", "release", "cluster", "runners", "nightly",
-         "pipeline", "cli", "__main__")
+         "bisect", "pipeline", "cli", "__main__")
 
 
 def modules() -> dict[str, Path]:
@@ -236,6 +236,26 @@ def test_the_engine_door_check_catches_a_planted_sdk_use() -> None:
     found = sdk_offenders(planted)
     assert found[0] == "builder.accept.x: imports the Docker SDK" and "client.images.get" in found[1]
     assert len(found) == 2
+
+
+# modules that may open an HTTP session: the registry's one door, the lock's index downloads, the nightly webhook
+HTTP_DOORS = ("builder.engine.registry.transport", "builder.lock.download", "builder.nightly.notify")
+HTTP_OPEN = re.compile(r"requests\.(Session|get|post|put|head|delete|patch|request)\(")
+
+
+def http_offenders(sources: dict[str, str]) -> list[str]:
+    return [f"{name}:{n}: {line.strip()}" for name, source in sources.items() if name not in HTTP_DOORS
+            for n, line in enumerate(source.splitlines(), 1) if HTTP_OPEN.search(line)]
+
+
+def test_only_the_registry_door_opens_registry_sessions() -> None:
+    """One door to registries: no module but builder/engine/registry/transport.py opens a session to one."""
+    assert http_offenders({name: path.read_text() for name, path in modules().items()}) == []
+
+
+def test_the_registry_door_check_catches_a_planted_session() -> None:
+    planted = {"builder.engine.infra": "s = requests.Session()\n", "builder.engine.registry.transport": "requests.get(u)\n"}
+    assert http_offenders(planted) == ["builder.engine.infra:1: s = requests.Session()"]
 
 
 def test_only_options_reads_the_environment() -> None:

@@ -1,8 +1,8 @@
-"""Registry HTTP API v2 client: read back what a registry serves for a tag and verify it ourselves.
+"""Registry HTTP API v2 operations (go-containerregistry's remote): read back what a registry serves for a tag
+and verify it ourselves; write blobs and manifests.
 
 The registry's word (the Docker-Content-Digest header) is never taken alone: the manifest bytes are
-hashed here and the config blob is fetched and hashed too.  Basic auth only (htpasswd registries);
-a registry that asks for a bearer token is refused with a clear message.
+hashed here and the config blob is fetched and hashed too. Auth and TLS are the transport's.
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import requests
 from builder.core.errors import InfraError, PublishError
 from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
+from builder.engine.registry.keychain import Credential, Keychain, api_host
+from builder.engine.registry.transport import TLS, Transport, is_loopback
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.manifest.v1+json",
@@ -45,41 +47,29 @@ def mask(text: str, secrets: list[str]) -> str:
 
 
 class Registry:
-    """One registry host; `auth` is (username, password) or None."""
+    """One registry host; `auth` is (username, password) or None (the keychain's, through from_settings)."""
 
     def __init__(self, host: str, auth: tuple[str, str] | None = None, scheme: str | None = None,
-                 timeout_s: float = 30.0):
+                 timeout_s: float = 30.0, credential: Credential | None = None, tls: TLS | None = None):
         self.host = host
         self.timeout_s = timeout_s
-        # loopback registries speak plain HTTP (as the Docker engine assumes for 127.0.0.0/8)
-        local = host.startswith(("127.", "localhost"))
-        self.base = f"{scheme or ('http' if local else 'https')}://{host}"
-        self.session = requests.Session()
-        self.session.trust_env = False  # no proxies from the environment, no netrc
-        self.session.auth = auth
-        self.secrets = [auth[1]] if auth else []
+        cred = credential or (Credential(*auth) if auth else None)
+        how = tls or (TLS(scheme="http", verify=False) if is_loopback(host) else TLS())
+        if scheme:
+            how = TLS(scheme=scheme, verify=how.verify, cert=how.cert, insecure=how.insecure)
+        self.transport = Transport(api_host(host), cred, how, timeout_s)
+        self.base = self.transport.base
+        self.session = self.transport.session
+        self.secrets = self.transport.secrets
 
     @classmethod
     def from_settings(cls, host: str, settings: Settings) -> Registry:
-        """The registry at host with the settings' credentials and timeout."""
-        return cls(host, settings.registry_auth, timeout_s=settings.registry_timeout_s)
+        """The registry at host with that host's own credentials (keychain), its TLS and the settings' timeout."""
+        return cls(host, timeout_s=settings.registry_timeout_s, credential=Keychain(settings).resolve(host),
+                   tls=TLS.for_host(api_host(host), settings))
 
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        url = self.base + path
-        try:
-            resp = self.session.request(method, url, timeout=self.timeout_s, allow_redirects=True, **kwargs)
-        except requests.RequestException as exc:
-            raise InfraError(mask(f"registry {self.host}: unreachable ({type(exc).__name__}); is it running?",
-                                  self.secrets)) from None
-        if resp.status_code >= 500:
-            raise InfraError(f"registry {self.host}: {method} {_path_of(path)[:120]} answered {resp.status_code}"[:250])
-        if resp.status_code == 401:
-            challenge = resp.headers.get("WWW-Authenticate", "")
-            raise PublishError(f"registry {self.host}: {method} {path}: 401 unauthorized"
-                               + (" (bearer token auth is not supported; use basic auth)"
-                                  if challenge.lower().startswith("bearer") else
-                                  "; set BUILDER_REGISTRY_USERNAME / BUILDER_REGISTRY_PASSWORD"))
-        return resp
+        return self.transport.request(method, path, **kwargs)
 
     def ping(self) -> None:
         """InfraError when nothing answers /v2/ like a registry."""
@@ -116,8 +106,13 @@ class Registry:
         return [str(t) for t in (resp.json().get("tags") or [])] if resp.status_code == 200 else []
 
     def delete_manifest(self, name: str, digest: str) -> bool:
-        """DELETE a manifest by digest (every tag on it goes too); True when the registry accepted."""
-        return self._request("DELETE", f"/v2/{name}/manifests/{digest}").status_code == 202
+        """DELETE a manifest by digest (every tag on it goes too); True when the registry accepted.
+        A registry that refuses deletes (405: GHCR, Docker Hub, or `storage.delete` off) is one PublishError line."""
+        status = self._request("DELETE", f"/v2/{name}/manifests/{digest}").status_code
+        if status in (405, 501):
+            raise DeleteRefused(f"registry {self.host}: DELETE refused ({status}): {self.host}/{name}@{digest} "
+                                "could not be removed; remove it in the registry's own interface")
+        return status == 202
 
     def blob(self, name: str, digest: str) -> bytes:
         """GET a blob and check its sha256 against the digest asked for."""
@@ -197,8 +192,19 @@ class Registry:
         return bytes(got["content"])
 
 
-def _path_of(url: str) -> str:
+class DeleteRefused(PublishError):
+    """The registry does not delete manifests (405); the line names what stays."""
 
+
+def answers(host: str, timeout: float = 2.0) -> bool:
+    """Whether something answers GET /v2/ on a loopback registry like a registry (200), never through a proxy."""
+    try:
+        return Registry(host, timeout_s=timeout)._request("GET", "/v2/").status_code == 200
+    except (InfraError, PublishError):
+        return False
+
+
+def _path_of(url: str) -> str:
     parts = urlsplit(url)
     return parts.path + (f"?{parts.query}" if parts.query else "")
 
@@ -243,14 +249,9 @@ def push_blob(reg: Registry, name: str, data: bytes) -> str:
     if start.status_code != 202 or "Location" not in start.headers:
         raise PublishError(f"registry {reg.host}: blob upload to {name} answered {start.status_code}, expected 202")
     location = start.headers["Location"]
-    if location.startswith("/"):
-        location = reg.base + location
     sep = "&" if "?" in location else "?"
-    try:
-        done = reg.session.put(f"{location}{sep}digest={digest}", data=data, timeout=reg.timeout_s,
-                               headers={"Content-Type": "application/octet-stream"})
-    except requests.RequestException as exc:
-        raise InfraError(f"registry {reg.host}: unreachable ({type(exc).__name__})") from None
+    done = reg._request("PUT", f"{location}{sep}digest={digest}", data=data,
+                        headers={"Content-Type": "application/octet-stream"})
     if done.status_code != 201:
         raise PublishError(f"registry {reg.host}: blob {digest} upload answered {done.status_code}, expected 201")
     return digest
