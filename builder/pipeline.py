@@ -35,6 +35,7 @@ from builder.lock.record import Lock
 from builder.nightly import compare as compare_mod
 from builder.nightly import fleet, follow, notify, page, rundiff
 from builder.nightly import gc as housekeeping
+from builder.nightly import history as history_mod
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
@@ -154,8 +155,11 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
 def accept(pins: Pins, plan: Plan, settings: Settings) -> Run:
     """Resolve, build unless the plan names an image, accept where the plan says, write the report. A staged plan
     pushes the build by digest to the staging repository and acceptance pulls that digest. One engine client for
-    the whole use case. The run directory is made only once there is a report to put in it."""
-    return _accept(pins, plan, settings, _Engine(settings))
+    the whole use case. The run directory is made only once there is a report to put in it. The run joins the
+    history as a run by hand."""
+    done = _accept(pins, plan, settings, _Engine(settings))
+    history_mod.record_by_hand(_history(settings), done.report, done.run_dir / "report.json")
+    return done
 
 
 def _accept(pins: Pins, plan: Plan, settings: Settings, door: _Engine) -> Run:
@@ -192,13 +196,18 @@ def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
     done = _accept(pins, plan, settings, door)
     log.info("timings: " + json.dumps(log.timings))
     report_json = done.run_dir / "report.json"
-    done.require_accepted(pins.path)
-    if plan.publish:
-        receipt = publish_report(report_json, settings, key=plan.key, client=door.client())
-        log.info(f"published {receipt.repository}@{receipt.digest}")
-        if plan.export and document.load(report_json).sqsh is None:  # a cluster acceptance placed its .sqsh
-            record = export_sqsh(report_json, settings, client=door.client())
-            log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
+    digest = None
+    try:
+        done.require_accepted(pins.path)
+        if plan.publish:
+            receipt = publish_report(report_json, settings, key=plan.key, client=door.client())
+            log.info(f"published {receipt.repository}@{receipt.digest}")
+            digest = receipt.digest
+            if plan.export and document.load(report_json).sqsh is None:  # a cluster acceptance placed its .sqsh
+                record = export_sqsh(report_json, settings, client=door.client())
+                log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
+    finally:  # the run joins the history as a run by hand, accepted or not, published or not
+        history_mod.record_by_hand(_history(settings), document.load(report_json), report_json, digest)
     log.info(f"report: {done.run_dir / 'report.md'}")
     return done
 
@@ -332,7 +341,8 @@ def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None 
     flag = bool(diff["regression"]["flag"])
     code = (Regression.exit_code if flag else 0) if accepted else NotAccepted.exit_code
     history.add(pins.name, started, report.verdict, report.image_id, digest,
-                {n: c.commit for n, c in report.sources.components.items()}, run_dir / "report.json", code, flag)
+                {n: c.commit for n, c in report.sources.components.items()}, run_dir / "report.json", code, flag,
+                kind="nightly")
     nightly_page(history, run_dir, settings, flag, diff["regression"]["reasons"], digest)
     log.info(f"nightly: {diff['summary']}")
     for reason in diff["regression"]["reasons"]:

@@ -28,14 +28,14 @@ DIFF_GATES = ("zero_update", "rl_step", "control")
 
 
 def last_accepted(history: History, report: Report, report_path: Path) -> Path:
-    """The newest ACCEPTED run of the report's pins name before it (before its own row when the history has
-    it) whose report still exists; BadInput when there is none."""
+    """The newest ACCEPTED nightly run of the report's pins name before it (before its own row when the history
+    has it) whose report still exists; BadInput when there is none. A run by hand is never the baseline."""
     rows = history.runs(report.name)
     mine = next((i for i, r in enumerate(rows) if Path(r.report_path).resolve() == report_path.resolve()), len(rows))
     for row in reversed(rows[:mine]):
-        if row.verdict == "ACCEPTED" and Path(row.report_path).is_file():
+        if row.verdict == "ACCEPTED" and row.kind == "nightly" and Path(row.report_path).is_file():
             return Path(row.report_path)
-    raise BadInput(f"{LAST_ACCEPTED}: no accepted run of {report.name!r} before {report_path} in {history.path}")
+    raise BadInput(f"{LAST_ACCEPTED}: no accepted nightly run of {report.name!r} before {report_path} in {history.path}")
 
 
 def _side(report: Report, path: Path) -> dict[str, Any]:

@@ -7,8 +7,9 @@ engine shared by several caches keeps the others' things. Of the rest, gc remove
 
     contexts     builds/<sha>/context.tar that no live build holds (a build drops its own when it ends);
                  builds/<sha>/ whole (Dockerfile, context.sha256, logs) once older than the age
-    run dirs     runs/<name>-<time>/ older than the age, except the newest `keep_runs` of each pins name and
-                 its newest ACCEPTED one (nightly compares with it)
+    run dirs     runs/<name>-<time>/ older than the age, except the newest `keep_runs` of each pins name, its
+                 newest ACCEPTED one, and its newest ACCEPTED nightly run in the history (the nightly compares with
+                 it: runs by hand cannot push it out)
     logs         logs/<run id>/ of runs not live, older than the age
     seeds        compiler-cache seed images this cache's runs used and no live one holds, except the newest
     raw layers   builder-raw/layers manifests in the local registry that this cache's runs pushed and no
@@ -35,6 +36,7 @@ from builder.engine import infra, normalize
 from builder.engine.registry import Registry
 from builder.image import build as build_stage
 from builder.image import ccache, context
+from builder.nightly.history import History
 
 WEEK_S = 7 * 86400
 KEEP_RUNS = 20
@@ -105,7 +107,19 @@ def _verdict(run_dir: Path) -> str:
         return ""
 
 
+def nightly_baselines(settings: Settings) -> set[Path]:
+    """Per pins name in the history, the run directory of its newest ACCEPTED nightly run (none without a
+    history: gc never makes one)."""
+    path = settings.cache("history") / "runs.sqlite"
+    if not path.is_file():
+        return set()
+    history = History(path)
+    found = (history.last_accepted(name) for name in history.names())
+    return {Path(run.report_path).parent.resolve() for run in found if run is not None}
+
+
 def run_dirs(settings: Settings, cutoff: float, keep: int, freed: Freed) -> None:
+    baselines = nightly_baselines(settings)
     groups: dict[str, list[Path]] = {}
     for run_dir in settings.cache("runs").iterdir():
         if run_dir.is_dir():
@@ -114,7 +128,7 @@ def run_dirs(settings: Settings, cutoff: float, keep: int, freed: Freed) -> None
         dirs.sort(key=lambda d: d.stat().st_mtime, reverse=True)
         accepted = next((d for d in dirs if _verdict(d) == "ACCEPTED"), None)
         for run_dir in dirs[keep:]:
-            if run_dir != accepted and newest_mtime(run_dir) < cutoff:
+            if run_dir != accepted and run_dir.resolve() not in baselines and newest_mtime(run_dir) < cutoff:
                 freed.gone("runs", str(run_dir), size_of(run_dir))
                 _remove(run_dir)
 

@@ -97,7 +97,7 @@ def test_last_accepted_is_the_newest_accepted_night_before(nights: tuple[Setting
     assert json.loads(text)["old"]["path"] == str(paths[1])  # nights 3 to 5 were not accepted
     page = pipeline.compare(str(paths[5]), compare.LAST_ACCEPTED, local, fmt="html", history=history)
     assert page.startswith("<!DOCTYPE html>") and str(paths[1]) in page and "<script" not in page
-    with pytest.raises(BadInput, match="last-accepted: no accepted run"):
+    with pytest.raises(BadInput, match="last-accepted: no accepted nightly run"):
         pipeline.compare(compare.LAST_ACCEPTED, str(paths[0]), local, history=history)
     with pytest.raises(BadInput, match="at most one side"):
         pipeline.compare(compare.LAST_ACCEPTED, compare.LAST_ACCEPTED, local, history=history)
