@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import pipeline
+from builder import cli, pipeline
 from builder.core.errors import BadInput
 from builder.core.imageref import ImageRef, digest_of
 from builder.engine import platforms, registry, staging
@@ -124,3 +124,19 @@ def test_pinned_by_its_index_the_demo_builds_from_the_platform_manifest_into_the
     # the engine's base layers were checked against the platform manifest; an index there is taken to the platform
     assert staging.base_of({staging.BASE_NAME: name, staging.BASE_DIGEST: both}, SETTINGS, "linux/amd64") == \
         staging.base_of(rendered.labels, SETTINGS)
+
+
+def test_lock_and_build_refuse_an_index_without_the_platform_before_anything_else(
+        demo_image: DemoImage, indexes: tuple[str, str, str, str], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    name, _, arm_only, _ = indexes
+
+    def arm_only_index(data: dict[str, object]) -> None:
+        data["base"]["image"] = f"{name}@{arm_only}"  # type: ignore[index]
+    pins_path = variant_pins(tmp_path, edit=arm_only_index, pins_path=demo_image[0].path)
+    with pytest.raises(BadInput, match=r"no linux/amd64 entry \(it has linux/arm64/v8\)"):
+        pipeline.lock(pins_path, SETTINGS)  # before the base is read in a container
+    capsys.readouterr()
+    assert cli.run(["build", str(pins_path)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no linux/amd64 entry (it has linux/arm64/v8)" in errors[0], errors
