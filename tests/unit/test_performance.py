@@ -314,3 +314,33 @@ def test_nightly_passes_a_ratio_within_the_threshold(perf_report: MakeReport) ->
     old, new = perf_report([1000, 1000, 1000], [2000, 2000, 2000]), perf_report([990, 1000, 1010], [2000, 2000, 2000])
     diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
     assert not diff["regression"]["flag"] and diff["performance"]["status"] == "pass"
+
+
+class _Runs:
+    """A gate runner that answers the performance runs from a list of (aligned, control) throughputs."""
+
+    def __init__(self, pairs: list[tuple[float, float]]):
+        self.values = [v for pair in pairs for v in pair]
+        self.calls = 0
+
+    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+        value = self.values[self.calls]
+        self.calls += 1
+        return GateResult(name=gate, status="pass", reason=f"{settings['arm']} {value}",
+                          evidence=Evidence(throughput=value)), {}
+
+
+@pytest.mark.parametrize("pairs, status, ran", [
+    ([(3700, 10000), (3600, 9800), (3650, 10100), (3700, 9900)], "pass", 2),   # clear: stops at min_pairs
+    ([(1400, 10000), (1350, 9800), (1400, 10100), (1380, 9900)], "fail", 2),   # the slow path: stops at min_pairs
+    ([(3700, 10000), (2600, 9800), (3600, 10100), (3650, 9900)], "pass", 3),   # open after 2: a third decides
+    ([(4638, 25270), (9430, 16190), (4840, 24720), (4700, 25000)], "inconclusive", 4)])  # loaded: the maximum
+def test_the_gate_runs_pairs_until_the_rule_decides(demo_data: tuple[dict[str, Any], Path],
+                                                      pairs: list[tuple[float, float]], status: str, ran: int) -> None:
+    data, where = demo_data
+    pins = pins_mod.validate(data, where)  # the demo's min_ratio 0.2, min_pairs 2, at most 4 pairs
+    runner = _Runs(pairs)
+    result, facts = accept.run_performance(runner, pins, 60)  # type: ignore[arg-type]
+    assert (result.status, result.evidence.pairs, runner.calls) == (status, ran, 2 * ran), result.reason
+    assert len(facts["runs"]) == 2 * ran and result.evidence.stopped == (
+        "maximum of pairs reached" if status == "inconclusive" else f"decided after {ran} pairs")
