@@ -67,7 +67,7 @@ def main() -> int:
     if not args.no_cluster and results[0]["exit"] == 0:
         results.append(run("demo-cluster"))
     print(json.dumps(results, indent=1) if args.json else markdown(results))
-    return max(r["exit"] for r in results)
+    return max(int(r["exit"]) for r in results)
 
 
 if __name__ == "__main__":
