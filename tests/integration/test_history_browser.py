@@ -5,11 +5,18 @@ failing night is red at a glance (row border, strip square) as the browser compu
 derived from the session's real accepted report (conftest demo_accepted; tests/history_nights.py): classified new,
 recurring and fixed, compared (the moved commit, the changed layer), the webhook fired on the two flips.
 
+The report page (`builder report --format html`, with a cluster run's processes, census, JIT kernels, replay
+bundle and node) and the compare page (`builder compare A B --format html`) load the same way: no console error,
+nothing from elsewhere, a screenshot that is not blank (saved under .cache/screenshots/, ignored by git), and
+their key cells read back from the rendered DOM.
+
 One Chromium per module (about a second to start). Without Chromium the tests skip, except under CI, where they
 fail (.ci/run installs Debian's `chromium`)."""
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -24,6 +31,7 @@ from typing import Any
 
 import pytest
 import websocket
+from PIL import Image
 
 from builder import pipeline
 from builder.core.options import Settings
@@ -35,10 +43,12 @@ from builder.nightly.history import History
 from builder.report import document
 from tests.fixture_types import DemoAccepted, MakeReportInputs
 from tests.history_nights import SLOW_REASON, ZERO_REASON, AfterRow, Plan, demo_plans, webhook, write_nights
+from tests.rich_report import rich_report
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--remote-debugging-port=0", "--remote-allow-origins=*"]
 RED = "rgb(207, 34, 46)"  # #cf222e, the failing night's colour
+SCREENSHOTS = Path(__file__).resolve().parents[2] / ".cache" / "screenshots"  # .cache/ is git-ignored
 
 
 @dataclass
@@ -96,6 +106,21 @@ class Browser:
     def value(self, expression: str) -> Any:
         result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         return result["result"].get("value")
+
+    def screenshot(self, name: str) -> Image.Image:
+        """The whole page as PNG, saved as .cache/screenshots/<name>.png and returned decoded."""
+        shot = base64.b64decode(self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"])
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        (SCREENSHOTS / f"{name}.png").write_bytes(shot)
+        return Image.open(io.BytesIO(shot)).convert("RGB")
+
+
+def not_blank(image: Image.Image) -> bool:
+    """More than a background: at least 1% of the pixels differ from the top-left one, in more than 8 colours."""
+    small = image.resize((min(image.width, 400), min(image.height, 800)))
+    pixels = list(small.get_flattened_data())
+    other = sum(1 for p in pixels if p != pixels[0])
+    return other > len(pixels) // 100 and len(set(pixels)) > 8
 
 
 def _chromium_binary() -> str:
@@ -240,3 +265,52 @@ def test_the_demo_nights_from_the_real_report(browser: Browser, demo_accepted: D
     text = pipeline.compare(str(paths[1]), str(paths[2]), local, history=history)
     slow = document.load(paths[2]).sources.components["vllm"].commit
     assert f"`{slow[:12]}` | **yes**" in text and "sha256:5e5e5e5e5e5e" in text
+
+
+def _cells(browser: Browser, selector: str) -> list[list[str]]:
+    """The rows of the table `selector` as the browser laid them out: each cell's rendered text."""
+    return browser.value(f"[...document.querySelectorAll('{selector} tr')].map(r => [...r.cells].map("
+                         "c => c.innerText.trim()))") or []
+
+
+@pytest.mark.slow
+def test_the_report_page_in_chromium(browser: Browser, report_inputs: MakeReportInputs, tmp_path: Path) -> None:
+    report = rich_report(report_inputs)
+    failed = report.model_copy(update={"verdict": "NOT ACCEPTED", "reasons": ["required gate control: fail (planted)"]})
+    document.write(failed, tmp_path)
+    path = tmp_path / "report.html"
+    path.write_text(pipeline.report_html(tmp_path / "report.json"))
+    _checked(browser, path)
+    assert not_blank(browser.screenshot("report"))
+    assert not not_blank(Image.new("RGB", (400, 800), "white"))  # the check can fail: a blank page is caught
+    assert browser.value("document.getElementById('verdict').innerText") == "NOT ACCEPTED"
+    assert browser.value("getComputedStyle(document.getElementById('verdict')).backgroundColor") == RED
+    gates = {row[0]: row for row in _cells(browser, "#gates")[1:]}
+    assert set(gates) >= {g.name for g in report.gates} and gates["rl_step"][2] == "pass"
+    census = _cells(browser, "#section-census table")
+    assert ["rl_step", "n1", "3", "2", "77 /usr/bin/planted-helper"] in census
+    assert any(row[:2] == ["n1", "ab" * 8] for row in _cells(browser, "#section-cluster table"))
+    assert any("planted_kernel_k1" in row for row in _cells(browser, "#section-jit table"))
+    link = browser.value("document.querySelector('#section-replay a').href")
+    assert link == (tmp_path / "replay" / "rl_step.json").as_uri()
+
+
+@pytest.mark.slow
+def test_the_compare_page_in_chromium(browser: Browser, report_inputs: MakeReportInputs, settings: Settings,
+                                      tmp_path: Path) -> None:
+    pins, sources, built, result = report_inputs()
+    base = document.make_report(pins, lock_record.of(pins), sources, built, result)
+    history = History(tmp_path / "history" / "runs.sqlite")
+    paths = write_nights(base, _plans(4), tmp_path / "runs", history)  # night 4 fails performance
+    local = replace(settings, cache_root=tmp_path / "cache")
+    path = tmp_path / "compare.html"
+    path.write_text(pipeline.compare(str(paths[2]), str(paths[3]), local, fmt="html", history=history))
+    _checked(browser, path)
+    assert not_blank(browser.screenshot("compare"))
+    commits = {row[0]: row for row in _cells(browser, "table.compare-commits")[1:]}
+    new = document.load(paths[3]).sources.components["vllm"].commit
+    assert commits["vllm"][3] == new[:12] and commits["vllm"][4] == "yes"
+    assert commits["megatron"][4] == "no"
+    moved = browser.value("[...document.querySelectorAll('table.compare-evidence tr.flagged')].map("
+                          "r => r.cells[0].innerText)")
+    assert "performance" in moved
