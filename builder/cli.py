@@ -397,6 +397,49 @@ def compare(a: str = typer.Argument(..., help="report.json of the baseline, or l
     typer.echo(pipeline.compare(a, b, settings(), fmt=fmt))
 
 
+@app.command("bisect")
+def bisect_cmd(good: Optional[Path] = typer.Argument(None, help="GOOD: a pins file or a run's report.json"),
+               bad: Optional[Path] = typer.Argument(None, help="BAD: a pins file or a run's report.json"),
+               good_night: Optional[str] = typer.Option(None, "--good-night", help="GOOD from the nightly history: "
+                                                        "a run id, or a date YYYY-MM-DD (that day's latest night)"),
+               bad_night: Optional[str] = typer.Option(None, "--bad-night", help="BAD from the nightly history"),
+               name: Optional[str] = typer.Option(None, "--name", help="with --*-night: the pins name"),
+               gate: Optional[list[str]] = typer.Option(None, "--gate", rich_help_panel=WHAT,
+                                                        help="run only these gates (default: those that fail in BAD)"),
+               max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, max=10_000,
+                                                       help="at most this many builds; then exit 1 naming the range "
+                                                            "that is left (a rerun resumes)"),
+               json_out: Optional[Path] = typer.Option(None, "--json", rich_help_panel=OUTPUT,
+                                                       help="also write the answer as JSON here"),
+               out: Optional[Path] = typer.Option(None, "--out", rich_help_panel=OUTPUT,
+                                                  help="bisect directory: state file, steps' reports, answer (default: "
+                                                       "one per GOOD and BAD under the cache, so a rerun resumes)"),
+               slurm: bool = SlurmOpt, offline: bool = Offline) -> None:
+    """The first bad commit between GOOD and BAD across the three repositories: which component, then a binary
+    search over its commits (skipping what does not build); exit 0 when a commit or range is named, 1 when BAD
+    passes, GOOD fails or --max-steps runs out, 2 bad input, 3 infrastructure, 130 interrupted (resumable)."""
+    from builder.accept.plan import Flags  # lazy: start-up
+    from builder.bisect.sides import night  # lazy: start-up
+    from builder.nightly.history import History  # lazy: start-up
+
+    config = settings()
+    if (good is None) == (good_night is None) or (bad is None) == (bad_night is None):
+        raise BadInput("bisect: expected GOOD (or --good-night) and BAD (or --bad-night), one of each")
+    where = History(config.cache("history") / "runs.sqlite") if good_night or bad_night else None
+    if where is not None:
+        good = good or night(where, name, str(good_night), "--good-night")
+        bad = bad or night(where, name, str(bad_night), "--bad-night")
+    assert good is not None and bad is not None  # one of each, checked above
+    from builder import pipeline  # lazy: start-up
+
+    answer = pipeline.bisect(good, bad, config, Flags(gates=gate or (), slurm=slurm, offline=offline, out=out),
+                             json_path=json_out, max_steps=max_steps)
+    first = answer.get("first_bad")
+    typer.echo(f"first bad: {first['component']} {first['commit']} (PR #{first['pr']}) {first['subject']}; "
+               f"{first['gate']}: {first['reason']}" if first else
+               f"first bad: one of {', '.join(c[:12] for c in answer['range'])} (skipped commits border it)")
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code. The one place errors become exit codes: a BuilderError
     prints its one line (its details after it) and gives its code; a usage error is one `error:` line,

@@ -489,3 +489,72 @@ def nightly_page(history: History, run_dir: Path, settings: Settings, flag: bool
 
 def _history(settings: Settings) -> History:
     return History(settings.cache("history") / "runs.sqlite")
+
+
+# ---------------------------------------------------------------- bisect: the first bad commit between two runs
+
+
+def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, json_path: Path | None = None,
+           max_steps: int | None = None) -> dict[str, Any]:
+    """`builder bisect GOOD BAD` (builder/bisect/): each candidate built from BAD's pins with only the commits
+    changed, under this bisect's local names (builder-run/<run id>), gated by the gates that failed in BAD (or
+    `flags.gates`), and removed at the end. The state file in the bisect directory makes a rerun resume."""
+    import hashlib  # lazy: only bisect needs it
+
+    from builder.accept.plan import make as make_plan  # lazy: only bisect needs it
+    from builder.bisect import answer as answers  # lazy: only bisect needs it
+    from builder.bisect import session, sides  # lazy: only bisect needs it
+    from builder.bisect.search import Step, Verdict  # lazy: only bisect needs it
+    from builder.core.errors import BuildFailed  # lazy: only bisect needs it
+    from builder.sources import mirror  # lazy: only bisect needs it
+
+    good, bad = sides.load(good_path, "GOOD"), sides.load(bad_path, "BAD")
+    key = hashlib.sha256(f"{good.label}\n{bad.label}".encode()).hexdigest()[:12]
+    out_dir = flags.out or settings.cache("bisect", f"{bad.pins.name}-{key}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = out_dir / answers.STATE
+    run_id = json.loads(state.read_text()).get("run_id", settings.run_id) if state.is_file() else settings.run_id
+    settings = replace(settings, run_id=run_id)
+    door, gates, made = _Engine(settings), list(flags.gates), []
+    resolved_bad = sources.resolve(bad.pins, settings, bisect=True)
+    heads = {n: c.target_head for n, c in resolved_bad.components.items()}
+
+    def probe(commits: dict[str, str], why: str) -> Step:
+        pins = sides.candidate_pins(bad.pins, commits, out_dir)
+        started = time.monotonic()
+        try:
+            resolved = sources.resolve(pins, settings, flags.offline, bisect=True)
+            built = build(render(pins, checked_lock(pins, resolved, settings), resolved, settings), settings,
+                          quiet=True, client=door.client())
+        except (BadInput, BuildFailed) as exc:
+            return Step(commits, "skip", why, time.monotonic() - started, 0.0, "build",
+                        str(exc).splitlines()[0][:300])
+        made.extend(built.tags)
+        build_s, started = time.monotonic() - started, time.monotonic()
+        plan = make_plan(pins, replace(flags, gates=gates or list(pins.acceptance.required_gates)), settings).acceptance
+        result = runners.accept(plan, pins, built.image_id, built.image_id, settings, door.client())
+        report = document.make_report(pins, lock_record.of(pins), resolved, built, result)
+        run_dir = out_dir / f"step-{hashlib.sha256(repr(sorted(commits.items())).encode()).hexdigest()[:10]}"
+        document.write(report, run_dir)
+        failed = [g for g in result.gates if g.status == "fail"]
+        inconclusive = [g for g in result.gates if g.status == "inconclusive"]
+        if failed and not gates:
+            gates.extend(g.name for g in failed)  # BAD's failing gates: the only ones later steps run
+        verdict: Verdict = "bad" if failed else "skip" if inconclusive else "good"
+        first = (failed or inconclusive)[:1]
+        return Step(commits, verdict, why, build_s, time.monotonic() - started,
+                    first[0].name if first else "", first[0].reason if first else "", str(run_dir))
+
+    try:
+        answer = session.run(good, bad, probe, lambda n: mirror.open_mirror(settings, bad.pins.component_url(n)),
+                             heads, out_dir, run_id, max_steps)
+    finally:
+        client = door.client() if made else None
+        for tag in made if client else []:
+            engine.untag(client, tag)
+    if answer.get("companion"):
+        answer["companion_pins"] = str(sides.candidate_pins(bad.pins, answer["companion"], out_dir, "first-bad.yaml").path)
+    paths = answers.write(answer, out_dir, json_path)
+    log.info(f"bisect: {paths['md']}")
+    return answer
+

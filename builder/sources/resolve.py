@@ -32,13 +32,15 @@ from builder.sources import treetar as export
 MAX_DEPTH = 8  # submodule nesting
 
 
-def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_pr: bool = False) -> ResolvedSources:
+def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_pr: bool = False,
+            bisect: bool = False) -> ResolvedSources:
+    """`bisect`: also a commit on the target branch or one the PR head no longer reaches (builder bisect)."""
     components = {}
     for name in COMPONENTS:
         with log.step(f"resolve {name}"):
             try:
                 components[name] = resolve_component(settings, name, pins.components[name], pins.component_url(name),
-                                                     offline, allow_moved_pr)
+                                                     offline, allow_moved_pr, bisect)
             except BadInput as exc:  # name the pins file too: `<pins>: components.<name>...`
                 raise BadInput(f"{pins.path}: {exc}" if pins.path else str(exc)) from None
     return ResolvedSources(
@@ -47,7 +49,7 @@ def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_p
 
 
 def resolve_component(settings: Settings, name: str, pin: Component, url: str, offline: bool = False,
-                      allow_moved_pr: bool = False) -> ResolvedComponent:
+                      allow_moved_pr: bool = False, bisect: bool = False) -> ResolvedComponent:
     where = f"components.{name}"
     target_ref, pr_ref = f"refs/heads/{pin.target}", f"refs/pull/{pin.pr}/head"
     if offline and not mirror.mirror_path(settings, url).exists():
@@ -69,13 +71,15 @@ def resolve_component(settings: Settings, name: str, pin: Component, url: str, o
     pr_head, target_head = found[pr_ref], found[target_ref]
     assert pr_head is not None and target_head is not None
     moved = pr_head != commit.id
-    if moved and not repo.descendant_of(pr_head, commit.id):
+    if moved and bisect:  # still a commit of this repository, its tree exported and checked below
+        log.info(f"{name}: bisect candidate {pin.commit[:12]} (PR #{pin.pr} head {str(pr_head)[:12]})")
+    elif moved and not repo.descendant_of(pr_head, commit.id):
         raise BadInput(f"{where}.commit: commit {pin.commit} is not on PR #{pin.pr} (head {pr_head})")
-    if moved and (commit.id == target_head or repo.descendant_of(target_head, commit.id)):
+    if moved and not bisect and (commit.id == target_head or repo.descendant_of(target_head, commit.id)):
         raise BadInput(f"{where}.commit: commit {pin.commit} is on {pin.target} (tip {str(target_head)[:12]}), not a"
                        f" commit of PR #{pin.pr}; --allow-moved-pr takes only the PR's commits, between merge-base"
                        f" {repo.merge_base(pr_head, target_head)} and head {pr_head}")
-    if moved:
+    if moved and not bisect:
         ahead = repo.ahead_behind(pr_head, commit.id)[0]
         log.info(f"{name}: PR #{pin.pr} head moved {ahead} commit(s) past the pinned {pin.commit[:12]}"
                  f" (now {str(pr_head)[:12]})")

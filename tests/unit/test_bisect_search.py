@@ -1,0 +1,103 @@
+"""builder bisect's search without builds: a probe that knows which commits are bad, skipped or unbuildable."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from builder.bisect import answer, commits, search
+from builder.bisect.search import Search, Step, Verdict
+from builder.core.errors import BadInput
+
+SERIES = [f"c{i}" for i in range(16)]  # c0 is GOOD's commit; c1..c15 the range, c15 BAD's
+
+
+def probe_for(first_bad: dict[str, int], skip: set[str] = frozenset(), together: bool = False,
+              calls: list[dict[str, str]] | None = None) -> search.Probe:
+    """bad when a component is at or past its first bad index (all of them with `together`, else any)."""
+    def probe(cs: dict[str, str], why: str) -> Step:
+        if calls is not None:
+            calls.append(cs)
+        if any(c in skip for c in cs.values()):
+            return Step(cs, "skip", why, gate="build", reason="does not build")
+        hits = [int(cs[n][1:]) >= i for n, i in first_bad.items()]
+        verdict: Verdict = "bad" if (all(hits) if together else any(hits)) else "good"
+        return Step(cs, verdict, why, gate="zero_update" if verdict == "bad" else "", reason="diff 1e-3")
+    return probe
+
+
+GOOD = {"vllm": "c0", "megatron": "c0", "verl": "c0"}
+BAD = {"vllm": "c0", "megatron": "c0", "verl": "c15"}
+
+
+def test_names_the_planted_commit_within_the_bound() -> None:
+    calls: list[dict[str, str]] = []
+    s = Search(probe_for({"verl": 7}, calls=calls))
+    found = search.bisect(s, "verl", BAD, "c0", SERIES[1:])
+    assert (found.first_bad, found.last_good) == ("c7", "c6")
+    assert len(calls) <= math.ceil(math.log2(15))
+
+
+def test_first_commit_of_the_range_bad_and_good_is_last_good() -> None:
+    found = search.bisect(Search(probe_for({"verl": 1})), "verl", BAD, "c0", SERIES[1:])
+    assert (found.first_bad, found.last_good) == ("c1", "c0")
+
+
+def test_a_skipped_commit_is_stepped_around() -> None:
+    calls: list[dict[str, str]] = []
+    s = Search(probe_for({"verl": 10}, skip={"c8"}, calls=calls))
+    found = search.bisect(s, "verl", BAD, "c0", SERIES[1:])
+    assert found.first_bad == "c10" and len(calls) <= math.ceil(math.log2(15)) + 1
+
+
+def test_skips_bordering_the_answer_name_a_range() -> None:
+    found = search.bisect(Search(probe_for({"verl": 9}, skip={"c8"})), "verl", BAD, "c0", SERIES[1:])
+    assert found.first_bad is None and found.candidates == ["c8", "c9"] and found.skipped == ["c8"]
+    assert found.last_good == "c7"
+
+
+def test_which_component_and_the_two_repository_case() -> None:
+    bad = {"vllm": "c0", "megatron": "c15", "verl": "c15"}
+    one = search.culprits(Search(probe_for({"verl": 5})), GOOD, bad)
+    assert one.components == ["verl"] and not one.together
+    both = search.culprits(Search(probe_for({"megatron": 4, "verl": 9}, together=True)), GOOD, bad)
+    assert both.components == ["megatron", "verl"] and both.together and both.held == "BAD"
+    assert "together" in both.note
+
+
+def test_max_steps_names_the_range_left_and_a_rerun_resumes(tmp_path: Path) -> None:
+    calls: list[dict[str, str]] = []
+    first = Search(probe_for({"verl": 7}, calls=calls), max_steps=2)
+    with pytest.raises(search.OutOfSteps, match="first bad commit among"):
+        search.bisect(first, "verl", BAD, "c0", SERIES[1:])
+    state = tmp_path / answer.STATE
+    answer.save_state(state, "g", "b", "run", list(first.done.values()))
+    calls.clear()
+    again = Search(probe_for({"verl": 7}, calls=calls), answer.load_state(state, "g", "b"))
+    assert search.bisect(again, "verl", BAD, "c0", SERIES[1:]).first_bad == "c7"
+    assert len(calls) == len(again.done) - 2  # the two saved steps were not probed again
+    with pytest.raises(BadInput, match="another bisect"):
+        answer.load_state(state, "g", "other")
+
+
+def test_range_along_first_parents_and_after_a_force_push(tmp_path: Path) -> None:
+    repo = pygit2.init_repository(str(tmp_path / "r.git"), bare=True)
+    sig = pygit2.Signature("A", "a@example.invalid", 1735725600, 0)
+    tree = repo.TreeBuilder().write()
+
+    def commit(msg: str, *parents: str) -> str:
+        return str(repo.create_commit(None, sig, sig, msg + "\n", tree, [pygit2.Oid(hex=p) for p in parents]))
+
+    main = commit("main")
+    a = commit("a", main)
+    b = commit("b", a)
+    c = commit("c", b)
+    got = commits.commit_range(repo, "verl", a, c, main)
+    assert [x.subject for x in got.commits] == ["b", "c"] and got.note == ""
+    pushed = commit("c'", commit("b'", main))  # a force-push: a is no ancestor of the new head
+    moved = commits.commit_range(repo, "verl", a, pushed, main)
+    assert [x.sha for x in moved.commits][0] == main and "force-push" in moved.note
+    with pytest.raises(BadInput, match="BAD: components.verl.commit"):
+        commits.commit_range(repo, "verl", a, "f" * 40, main)
