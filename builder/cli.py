@@ -313,11 +313,17 @@ def gc(older_than_days: float = typer.Option(7.0, "--older-than-days", min=0.0,
 @app.command()
 def keygen(private: Path = typer.Argument(..., help="private key file to write (mode 0600)"),
            public: Optional[Path] = typer.Option(None, "--public", help="public key file (default: PRIVATE.pub)"),
+           encrypt: bool = typer.Option(False, "--encrypt", help="encrypt the private key (PKCS#8) with the "
+                                        "passphrase of BUILDER_KEY_PASSPHRASE or BUILDER_KEY_PASSPHRASE_FILE"),
+           ecdsa: bool = typer.Option(False, "--ecdsa", help="an ECDSA P-256 key (as cosign makes) instead of ed25519"),
            ) -> None:
-    """Write an ed25519 key pair for signing attestations; prints the public key path and key ID."""
+    """Write an ed25519 (or P-256) key pair for signing attestations; prints the public key path and key ID."""
     from builder import pipeline  # lazy: start-up
 
-    public, kid = pipeline.keygen(private, public)
+    passphrase = Settings.from_env().key_passphrase if encrypt else None
+    if encrypt and not passphrase:
+        raise BadInput("--encrypt: set BUILDER_KEY_PASSPHRASE or BUILDER_KEY_PASSPHRASE_FILE (never an argument)")
+    public, kid = pipeline.keygen(private, public, "ecdsa-p256" if ecdsa else "ed25519", passphrase)
     typer.echo(f"public key {public} (key ID {kid})")
 
 

@@ -164,6 +164,7 @@ def accept(pins: Pins, plan: Plan, settings: Settings) -> Run:
 
 def _accept(pins: Pins, plan: Plan, settings: Settings, door: _Engine) -> Run:
     """accept() on the calling use case's engine client (run, nightly)."""
+    settings = settings.for_release(pins.image.repository)  # BUILDER_REGISTRY_* belong to the release's host
     resolved = resolve(pins, settings, plan.offline, plan.allow_moved_pr)
     built = None
     image = plan.acceptance.image
@@ -184,7 +185,7 @@ def _accept(pins: Pins, plan: Plan, settings: Settings, door: _Engine) -> Run:
     run_dir = run_directory(plan.out, pins.name, settings)
     paths = document.write(report, run_dir)
     if plan.key is not None:  # publish requires this signature over the acceptance result
-        attest.sign_acceptance(report, pins, dsse.load_private(plan.key), run_dir)
+        attest.sign_acceptance(report, pins, dsse.load_private(plan.key, settings.key_passphrase), run_dir)
     _print_verdict(report, paths)
     return Run(report, run_dir)
 
@@ -192,6 +193,9 @@ def _accept(pins: Pins, plan: Plan, settings: Settings, door: _Engine) -> Run:
 def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
     """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when the plan asks.
     NotAccepted (exit 1) unless ACCEPTED. One engine client for all of it."""
+    settings = settings.for_release(pins.image.repository)
+    if plan.publish:  # a key that cannot be read (wrong passphrase) stops the run before anything is built
+        attest.signer(plan.key or settings.signing_key, settings.key_passphrase)
     door = _Engine(settings)
     done = _accept(pins, plan, settings, door)
     log.info("timings: " + json.dumps(log.timings))
@@ -223,6 +227,8 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
     the report's own (builder/release/journal.py keeps them in the intent); the journal goes once all is done."""
     with log.step("publish"):
         report = document.load(report_json)
+        settings = settings.for_release(report.repository)
+        attest.signer(key or settings.signing_key, settings.key_passphrase)  # before any step: exit 2 when unreadable
         checked = trust.check(report, str(report_json))  # the deliberate re-read of the pins and the lock
         pins, lock = checked if checked else (None, None)
         pinned = pins.acceptance.slurm.publish_dir if pins and pins.acceptance.slurm else None
@@ -288,6 +294,7 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     """Rebuild the report's pins with no cache under a separate tag and compare digests; the result is
     written into the report. NotAccepted (exit 1) when the digests differ."""
     report = document.load(report_json)
+    settings = settings.for_release(report.repository)
     rebuild.recorded_digest(report, report_json)
     pins = load_pins(Path(report.sources.pins_path))
     resolved = resolve(pins, settings)
@@ -389,10 +396,11 @@ def report_text(report_json: Path, fmt: str) -> str:
     return document.to_markdown(report)
 
 
-def keygen(private: Path, public: Path | None = None) -> tuple[Path, str]:
-    """An ed25519 key pair (private mode 0600); returns (public key path, key ID)."""
+def keygen(private: Path, public: Path | None = None, kind: str = "ed25519",
+           passphrase: str | None = None) -> tuple[Path, str]:
+    """An ed25519 or P-256 key pair (private mode 0600, encrypted with a passphrase); returns (public key path, key ID)."""
     public = public or private.with_name(private.name + ".pub")
-    return public, dsse.keygen(private, public)
+    return public, dsse.keygen(private, public, kind, passphrase)
 
 
 def verify(reference: str, keys: list[Path], settings: Settings, require_all_keys: bool = False) -> verify_stage.Outcome:

@@ -183,9 +183,11 @@ def import_file(client: Client, path: Path, repository: str, tag: str) -> str:
         return import_stream(client, iter(lambda: src.read(1 << 20), b""), repository, tag, [])
 
 
-def push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None) -> Iterator[dict[str, Any]]:
-    """The engine's push stream of `repository:tag` (decoded items; errors arrive as `error` items)."""
-    auth_config = {"username": auth[0], "password": auth[1]} if auth else None
+def push(client: Client, repository: str, tag: str,
+         auth: tuple[str, str] | dict[str, str] | None) -> Iterator[dict[str, Any]]:
+    """The engine's push stream of `repository:tag` (decoded items; errors arrive as `error` items); `auth` is a
+    (username, password) pair or the registry keychain's auth_config of that host."""
+    auth_config = auth if isinstance(auth, dict) else {"username": auth[0], "password": auth[1]} if auth else None
     items: Iterator[dict[str, Any]] = client.api.push(repository, tag=tag, stream=True, decode=True,
                                                      auth_config=auth_config)
     return items

@@ -43,6 +43,7 @@ from builder.core.errors import BuildFailed
 from builder.core.imageref import ImageRef, digest_of, hex_of
 from builder.core.options import Settings
 from builder.engine.registry import Registry
+from builder.engine.registry import auth_config as registry_auth_config
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
@@ -328,8 +329,7 @@ def raw_manifest_via_registry(client: Any, raw_image_id: str, host: str, setting
 
     repository, name = f"{host}/{RAW_REPOSITORY}", hex_of(raw_image_id)
     fs.hold(raw_hold_path(settings, name))  # this run reads its layers back: `builder gc` spares the manifest
-    auth = settings.registry_auth
-    auth_config = {"username": auth[0], "password": auth[1]} if auth else None
+    auth_config = registry_auth_config(host, settings)  # that host's own credentials only
     tagged = bool(client.api.inspect_image(raw_image_id).get("RepoTags"))
     if not client.api.tag(raw_image_id, repository, name, force=True):
         raise BuildFailed(f"{repository}:{name}: the engine refused to tag {raw_image_id}")

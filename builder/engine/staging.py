@@ -25,7 +25,8 @@ from builder.core.records import Pulled, Report
 from builder.core.safetext import show
 from builder.engine import platforms
 from builder.engine.normalize import MANIFEST_TYPE, blob_path
-from builder.engine.registry import Registry, split_repository
+from builder.engine.registry import Registry, copy_blobs, split_repository
+from builder.engine.registry import auth_config as registry_auth_config
 
 ROLLBACK_RETRY_S = 15.0
 BASE_NAME = "org.opencontainers.image.base.name"
@@ -70,9 +71,11 @@ def push(manifest_digest: str, repository: str, base_name: str, settings: Settin
     reg.ping()
     manifest = blob_path(settings, manifest_digest).read_bytes()
     doc = json.loads(manifest)
-    counts = {"uploaded": 0, "mounted": 0, "present": 0}
+    counts = {"uploaded": 0, "mounted": 0, "present": 0, "copied": 0}
     with log.step(f"push {repository}@{manifest_digest[:19]}"):
-        for digest in [d["digest"] for d in doc["layers"]] + [doc["config"]["digest"]]:
+        base_blobs = []
+        for blob in [*doc["layers"], doc["config"]]:
+            digest = blob["digest"]
             path = blob_path(settings, digest)
             if reg.has_blob(name, digest):
                 counts["present"] += 1
@@ -81,9 +84,15 @@ def push(manifest_digest: str, repository: str, base_name: str, settings: Settin
                 counts["uploaded"] += 1
             elif base_host == host and reg.mount_blob(name, digest, base_repo):
                 counts["mounted"] += 1
-            else:
+            elif base_host == host:
                 raise PublishError(f"{repository}: base layer {digest} is not in the registry and cannot be "
-                                   f"mounted from {base_name}; base layers are never re-uploaded")
+                                   f"mounted from {base_name}")
+            else:
+                base_blobs.append(blob)
+        if base_blobs:  # a base on another registry: its layers copied from there, never rebuilt here
+            moved = copy_blobs(Registry.from_settings(base_host, settings), base_repo, reg, name, base_blobs,
+                               progress=log.info)
+            counts["copied"] += moved["copied"] + moved["mounted"]
         reg.put_manifest(name, manifest_digest, manifest, MANIFEST_TYPE)
         if tag:
             reg.put_manifest(name, tag, manifest, MANIFEST_TYPE)
@@ -103,8 +112,7 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
         raise BadInput(f"--image {show(ref, 120)}: expected REPOSITORY@sha256:<64 hex> ({exc})") from None
     host, name, digest, repository = image.registry, image.repository, str(image.digest), image.name
     reg = Registry.from_settings(host, settings)
-    auth = settings.registry_auth
-    auth_config = {"username": auth[0], "password": auth[1]} if auth else None
+    auth_config = registry_auth_config(host, settings)  # that host's own credentials only
     with log.step(f"pull {ref}"):  # the registry's answers first; an engine that has the digest needs no transfer
         reg.ping()
         if reg.tag_digest(name, digest) is None:

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
 from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import BUILDER_VERSION, TOOL_URI
@@ -177,7 +175,7 @@ def statements(report: Report, pins: Pins, lock: Lock, image_manifest: dict[str,
 ACCEPTANCE_ENVELOPE = "acceptance.dsse.json"  # beside report.json: the signed test result over the image ID
 
 
-def sign_acceptance(report: Report, pins: Pins, key: Ed25519PrivateKey, run_dir: Path) -> Path:
+def sign_acceptance(report: Report, pins: Pins, key: dsse.PrivateKey, run_dir: Path) -> Path:
     """At acceptance time: the in-toto test result, subject = the accepted image's config digest (its ID),
     DSSE-signed; publish requires it (and a matching key) before any release tag."""
     stmt = statement(report.repository, report.image_id, TEST_RESULT_TYPE, test_result(report, pins, pins_bytes(report)))
@@ -187,16 +185,16 @@ def sign_acceptance(report: Report, pins: Pins, key: Ed25519PrivateKey, run_dir:
     return path
 
 
-def signer(key_path: Path | None) -> Ed25519PrivateKey | None:
+def signer(key_path: Path | None, passphrase: str | None = None) -> dsse.PrivateKey | None:
     """The signing key, loaded before anything is pushed (BadInput when unreadable); None: say so."""
     if key_path is None:
         log.info("not attested: no signing key (--key or BUILDER_SIGNING_KEY); `builder verify` will fail")
         return None
-    return dsse.load_private(key_path)
+    return dsse.load_private(key_path, passphrase)
 
 
 def attach_all(report: Report, pins: Pins, lock: Lock, repository: str, digest: str, image_manifest: dict[str, Any],
-               key: Ed25519PrivateKey, registry: Registry, once: bool = False,
+               key: dsse.PrivateKey, registry: Registry, once: bool = False,
                note: referrers.Note | None = None) -> list[dict[str, Any]]:
     """Sign the three statements and attach them to repository@digest; returns the artifact descriptors.
     Idempotent per key: a statement this key already attached to the digest (equal apart from its timestamps,
@@ -256,7 +254,7 @@ def stable(stmt: dict[str, Any]) -> bytes:
 
 
 def attached_by(registry: Registry, name: str, digest: str,
-                public_key: Ed25519PublicKey) -> dict[bytes, tuple[str, dict[str, Any]]]:
+                public_key: dsse.PublicKey) -> dict[bytes, tuple[str, dict[str, Any]]]:
     """{stable statement: (predicate type, descriptor)} of the envelopes `public_key` signed for `digest`
     that are attached to it; unreadable envelopes and others' envelopes are passed over."""
     out: dict[bytes, tuple[str, dict[str, Any]]] = {}
@@ -272,7 +270,7 @@ def attached_by(registry: Registry, name: str, digest: str,
 # ---------------------------------------------------------------- checks shared with builder verify
 
 
-def open_statement(envelope: dict[str, Any], public_key: Ed25519PublicKey, digest: str,
+def open_statement(envelope: dict[str, Any], public_key: dsse.PublicKey, digest: str,
                    subject: bool = True) -> dict[str, Any]:
     """The statement of a signed envelope whose subject is `digest` (not checked with subject=False);
     AttestationError naming the check."""
@@ -292,7 +290,7 @@ def open_statement(envelope: dict[str, Any], public_key: Ed25519PublicKey, diges
     return stmt
 
 
-def verify_test_result(envelope: dict[str, Any], public_key: Ed25519PublicKey, digest: str) -> dict[str, Any]:
+def verify_test_result(envelope: dict[str, Any], public_key: dsse.PublicKey, digest: str) -> dict[str, Any]:
     """A signed in-toto test result for `digest` that reads PASSED; returns its predicate.
     Raises AttestationError('signature' | 'subject' | 'statement' | 'test result', ...)."""
     stmt = open_statement(envelope, public_key, digest)

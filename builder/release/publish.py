@@ -11,8 +11,6 @@ import json
 import time
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.errors import InfraError, PublishError
@@ -22,10 +20,10 @@ from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
-from builder.engine.registry import Registry, mask, split_repository, verify_tag
+from builder.engine.registry import Registry, auth_config, mask, split_repository, verify_tag
 from builder.lock.record import Lock
 from builder.pins.model import Pins
-from builder.release import attest, journal, referrers, trust, verify
+from builder.release import attest, dsse, journal, referrers, trust, verify
 from builder.report import document as report_mod
 
 
@@ -57,7 +55,7 @@ def local_image(client: Client, report: Report, image: str | None, where: str) -
     return found
 
 
-def _push(client: Client, repository: str, tag: str, auth: tuple[str, str] | None, secrets: list[str]) -> str:
+def _push(client: Client, repository: str, tag: str, auth: dict[str, str] | None, secrets: list[str]) -> str:
     """Push one tag; return the digest the engine reported.  Any error -> PublishError."""
     digest, errors = "", []  # type: str, list[str]
     try:
@@ -98,7 +96,7 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
     host, name = split_repository(report.repository)
     registry = Registry.from_settings(host, settings)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
-    key = attest.signer(signing_key or settings.signing_key)
+    key = attest.signer(signing_key or settings.signing_key, settings.key_passphrase)
     check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
     tags = [*report.tags, *(t for t in nightly or [] if t not in report.tags)]
@@ -134,7 +132,7 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
                     verify_tag(registry, name, tag, digest, report.image_id, report.platform)
         except BaseException:  # Python saw it (SIGTERM included): every tag moved back, the new digest withdrawn
             if not plan.existed:
-                withdraw(registry, name, digest, plan.artifacts)
+                withdraw(registry, name, digest, plan.artifacts, tags)
             journal.remove(report.repository, settings)
             raise
         finally:
@@ -168,7 +166,7 @@ def receipt_after_kill(report_path: Path, digest: str, tags: list[str], settings
     record_receipt(report, receipt, report_path)
 
 
-def check_signed_acceptance(report: Report, report_path: Path, key: Ed25519PrivateKey | None,
+def check_signed_acceptance(report: Report, report_path: Path, key: dsse.PrivateKey | None,
                             where: str) -> None:
     """With a signing key, the acceptance result must carry a valid signature by it, over this image, reading
     PASSED and listing every required gate as passed (builder/release/trust.py); an edited report.json cannot pass."""
@@ -192,7 +190,7 @@ def check_signed_acceptance(report: Report, report_path: Path, key: Ed25519Priva
 
 
 def attest_published(report: Report, pins: Pins, lock: Lock, registry: Registry, digest: str,
-                     key: Ed25519PrivateKey | None, once: bool, plan: journal.Journal,
+                     key: dsse.PrivateKey | None, once: bool, plan: journal.Journal,
                      settings: Settings) -> list[str]:
     """Signed attestations for the released digest (builder/release/attest.py), read back from the referrers
     index and verified with the key before any tag moves; none without a key. The image's delivery manifest is
@@ -220,9 +218,9 @@ def _push_local(client: Client, report: Report, image: str | None, where: str, s
     """The accepted local image, pushed by the engine to the staging repository under a tag of its own there
     (the engine pushes tags only); the release then promotes that digest like any staged one."""
     found = local_image(client, report, image, where)
-    auth = settings.registry_auth
-    secrets = [auth[1]] if auth else []
     stage = staging.staging_repository(report.repository)
+    auth = auth_config(split_repository(stage)[0], settings)  # that host's own credentials only
+    secrets = list(auth.values()) if auth else []
     tag = f"publish-{hex_of(found)[:16]}"
     if not engine.tag(client, found, f"{stage}:{tag}"):
         raise PublishError(f"{where}: could not tag {found} as {stage}:{tag}")
@@ -238,10 +236,13 @@ def _push_local(client: Client, report: Report, image: str | None, where: str, s
     return ImageRef(f"{stage}@{digest}")
 
 
-def withdraw(registry: Registry, name: str, digest: str, artifacts: list[str]) -> None:
+def withdraw(registry: Registry, name: str, digest: str, artifacts: list[str], tags: list[str]) -> None:
     """Nothing half-published: delete the manifest this publish added by digest (never one the repository held
-    before) with the attestations on it."""
+    before, never one a tag serves: a rollback that could not reach the registry) with the attestations on it."""
     try:
+        if digest in {registry.tag_digest(name, t) for t in tags}:
+            log.info(f"kept {registry.host}/{name}@{digest}: a tag serves it (the rollback could not move it back)")
+            return
         gone = journal.delete_with_referrers(registry, name, digest, artifacts)
     except (PublishError, InfraError):  # the registry that failed the publish: the next command's journal
         gone = False

@@ -17,8 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from builder.core.constants import LABEL_PREFIX, MANIFEST
 from builder.core.errors import AttestationError, BadInput, PublishError
 from builder.core.imageref import ImageRef, split_digest
@@ -99,7 +97,7 @@ def _file_in_layer(reg: Registry, name: str, digest: str, path: str) -> bytes | 
     return None
 
 
-def verify(ref: str, keys: Sequence[Ed25519PublicKey], settings: Settings, require_all_keys: bool = False) -> Outcome:
+def verify(ref: str, keys: Sequence[dsse.PublicKey], settings: Settings, require_all_keys: bool = False) -> Outcome:
     """Select the envelopes a trusted key signed for this digest and run every check on them;
     AttestationError names the first that fails.  Other envelopes are listed, never a failure."""
     host, name, digest = parse_reference(ref)
@@ -179,7 +177,7 @@ class Selection:
                 f"({'; '.join(subjects[:SHOWN_IDS])}{more})")
 
 
-def select(reg: Registry, name: str, digest: str, found: list[dict[str, Any]], keys: Sequence[Ed25519PublicKey]) -> Selection:
+def select(reg: Registry, name: str, digest: str, found: list[dict[str, Any]], keys: Sequence[dsse.PublicKey]) -> Selection:
     """Sort each referrer into trusted / untrusted / another subject (see Selection); an unreadable or malformed
     referrer is untrusted, never an error: anyone with push rights can attach one."""
     sel = Selection()
@@ -234,7 +232,7 @@ def _other_subject(stmt: dict[str, Any], digest: str) -> str:
     return ", ".join(f"{algo}:{escape(str(s))[:12]}" for s in subjects) or "no subject"
 
 
-def _keys(keys: Sequence[Ed25519PublicKey]) -> str:
+def _keys(keys: Sequence[dsse.PublicKey]) -> str:
     ids = [dsse.key_id(k)[:16] for k in keys]
     return f"key {ids[0]}" if len(ids) == 1 else f"any of keys {', '.join(ids)}"
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from builder.core.constants import LABEL_PREFIX
 from builder.core.records import Report
@@ -31,7 +30,7 @@ PINS = ROOT / "pins" / "demo.yaml"
 HOST = "127.0.0.1:5000"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar"
 pytestmark = pytest.mark.docker
-Keys = dict[str, tuple[Ed25519PrivateKey, Ed25519PublicKey, Path]]  # name -> (private, public, public key path)
+Keys = dict[str, tuple[dsse.PrivateKey, dsse.PublicKey, Path]]  # name -> (private, public, public key path)
 Image = tuple[Registry, str, str]  # (registry, repository name, digest)
 
 
@@ -111,7 +110,7 @@ def image(report: Report, request: pytest.FixtureRequest) -> Iterator[Image]:
     reg.delete_manifest(name, digest)
 
 
-def publish(report: Report, image: Image, key: Ed25519PrivateKey, once: bool = False) -> list[dict[str, Any]]:
+def publish(report: Report, image: Image, key: dsse.PrivateKey, once: bool = False) -> list[dict[str, Any]]:
     """What `builder publish` does after the tags verify: attach the three signed statements."""
     reg, name, digest = image
     pins = report_pins()

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from builder.core.errors import AttestationError, BadInput
 from builder.core.records import Report
@@ -22,7 +21,7 @@ from tests.fixture_types import MakeReportInputs
 DIGEST = "sha256:" + "12" * 32
 OTHER = "sha256:" + "34" * 32
 PINS = Path(__file__).resolve().parents[2] / "pins" / "demo.yaml"
-Keys = dict[str, tuple[Ed25519PrivateKey, Ed25519PublicKey]]
+Keys = dict[str, tuple[dsse.PrivateKey, dsse.PublicKey]]
 Records = Callable[..., tuple[Pins, Report]]  # keyword overrides as report_inputs takes them
 
 
