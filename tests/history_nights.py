@@ -125,6 +125,7 @@ class Hook:
     received: list[dict[str, Any]] = field(default_factory=list)
     status: int = 200
     delay_s: float = 0.0
+    trickle_s: float = 0.0  # > 0: the answer goes out one byte per trickle_s (no single read ever waits long)
 
 
 @contextmanager
@@ -137,6 +138,12 @@ def webhook() -> Iterator[Hook]:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             state.received.append(json.loads(body))
             time.sleep(state.delay_s)
+            if state.trickle_s:
+                for byte in f"HTTP/1.1 {state.status} OK\r\nContent-Length: 0\r\n\r\n".encode():
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(state.trickle_s)
+                return
             self.send_response(state.status)
             self.end_headers()
 

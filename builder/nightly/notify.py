@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,7 +66,21 @@ def where(url: str) -> str:
 
 
 def post(url: str, message: dict[str, Any], timeout: float = SEND_TIMEOUT_S) -> str:
-    """POST the message; the one line to log (never raises)."""
+    """POST the message within `timeout` seconds in all: connecting, sending and every read together (requests'
+    own timeout bounds each socket operation only, so a server trickling its answer a byte at a time would hold
+    the nightly forever). The send runs in a daemon thread; past the deadline it is left to its own per-operation
+    timeout. The one line to log (never raises)."""
+    answer: list[str] = []
+    sender = threading.Thread(target=lambda: answer.append(_send(url, message, timeout)), daemon=True,
+                              name="notify-webhook")
+    sender.start()
+    sender.join(timeout)
+    if not answer:
+        return f"notify: webhook {where(url)} not sent (no answer within {timeout:g} s); verdict and exit code stand"
+    return answer[0]
+
+
+def _send(url: str, message: dict[str, Any], timeout: float) -> str:
     try:
         response = requests.post(url, json=message, timeout=timeout)
     except requests.RequestException as exc:
