@@ -10,21 +10,20 @@ A process that lives less than one poll is not seen (docs/gates.md says so)."""
 import ctypes
 import hashlib
 import os
-import re
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from acceptance.hook import image_identity, node_name, stat_fields
+from acceptance.hook import image_identity, mark, node_name, stat_fields
+from acceptance.interpreters import Interpreters
 
 PR_SET_CHILD_SUBREAPER = 36
 INTERVAL_S = 0.015
 DEEP_EVERY = 10            # maps, fds and cmdline again every 10th poll (~150 ms)
 FILES_KEPT = 8             # component files kept per row (the count is kept in full)
-PYTHON_EXE = re.compile(r"python[0-9.]*[a-z]?")
-LIBPYTHON = re.compile(r"/libpython[0-9.]+[a-z]?\.so")
+NO_ASLR = 0x0040000        # personality(2) ADDR_NO_RANDOMIZE: exec addresses repeat, so marks do too
 
 
 def subreaper(on: bool = True) -> bool:
@@ -55,6 +54,24 @@ def _link(path: str) -> str | None:
         return os.readlink(path)
     except OSError:
         return None
+
+
+def _denied(path: str) -> bool:
+    """True when path exists but this process may not read it (EACCES/EPERM): another user, or not dumpable."""
+    try:
+        os.readlink(path) if path.endswith("/exe") else os.listdir(path) if path.endswith("/fd") else open(path).close()
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _uid(pid: int) -> int | None:
+    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
 
 
 class Components:
@@ -89,13 +106,6 @@ class Components:
                                                   for r in self.roots)
 
 
-def is_python(exe: str | None, interpreter: str) -> bool:
-    if not exe:
-        return False
-    clean = exe.removesuffix(" (deleted)")
-    return bool(PYTHON_EXE.fullmatch(os.path.basename(clean))) or os.path.realpath(clean) == interpreter
-
-
 class Row:
     """One process of the run, as the census saw it: each image it ran (exe, argv, the component files it mapped
     or had open while running it), in order."""
@@ -105,6 +115,7 @@ class Row:
         self.images: list[dict[str, Any]] = []
         self.first, self.last = at, at
         self.state = ""
+        self.addrs = ""
         self.gone = False
 
     @property
@@ -115,11 +126,19 @@ class Row:
     def argv(self) -> list[str]:
         return self.images[-1]["argv"] if self.images else []
 
-    def image(self, exe: str | None, argv: list[str]) -> bool:
-        """True when this is a new image (first sight or an exec); an unreadable one (a zombie) is no image."""
-        if (exe is None and not argv) or (self.images and (exe, argv) == (self.exe, self.argv)):
+    @property
+    def mark(self) -> str | None:
+        return self.images[-1]["mark"] if self.images else None
+
+    def image(self, exe: str | None, argv: list[str], mark: str | None = None) -> bool:
+        """True when this is a new image (first sight or an exec: the mark moved, or without marks exe or argv
+        did); an unreadable one (a zombie) is no image. A new title under the same mark only renames it."""
+        if exe is None and not argv:
             return False
-        self.images.append({"exe": exe, "argv": argv, "files": set(), "libpython": False})
+        if self.images and (mark == self.mark if mark else (exe, argv) == (self.exe, self.argv)):
+            self.images[-1]["argv"] = argv or self.argv
+            return False
+        self.images.append({"exe": exe, "argv": argv, "mark": mark, "files": set(), "why": None})
         return True
 
     def key(self) -> tuple[int, int]:
@@ -135,9 +154,12 @@ class Census:
         self.enabled = enabled  # off: settings.census false (benchmarks measure the gate without it)
         self.manifest_path = manifest_path
         self.me = os.getpid()
-        self.interpreter = os.path.realpath(sys.executable)
+        self.interpreters = Interpreters(load_manifest(manifest_path), os.path.realpath(sys.executable))
+        self.aslr = (_read("/proc/sys/kernel/randomize_va_space") or "").strip()
+        self.denied: dict[tuple[int, int], dict[str, Any]] = {}
         cmdline = _read("/proc/self/cmdline") or ""
-        self.own_image = {"exe": _link("/proc/self/exe"), "argv": cmdline.rstrip("\0").split("\0")}
+        self.own_image = {"exe": _link("/proc/self/exe"), "argv": cmdline.rstrip("\0").split("\0"),
+                          "mark": mark(stat_fields(_read("/proc/self/stat")), _stat_exe("self"))}
         self.rows: dict[tuple[int, int], Row] = {}
         self.live: dict[int, Row] = {}
         self.last_pid: list[str] = []
@@ -231,7 +253,7 @@ class Census:
             if pid not in stats or stats[pid][1] != old.starttime:
                 old.gone = True
                 del self.live[pid]
-        for pid, (ppid, start, state, vsize) in stats.items():
+        for pid, (ppid, start, state, vsize, addrs) in stats.items():
             if ours.get(pid) is not True:
                 continue
             fresh = pid not in self.live
@@ -243,18 +265,43 @@ class Census:
                 continue
             exe = _link(f"/proc/{pid}/exe")
             new = False
-            if fresh or deep or exe != row.exe:
-                cmdline = _read(f"/proc/{pid}/cmdline")
-                new = row.image(exe, cmdline.rstrip("\0").split("\0") if cmdline else [])
+            if fresh or deep or exe != row.exe or addrs != row.addrs:
+                new = self._look(row, exe, addrs)
             if (fresh or deep or new) and row.images:
-                self._files(row.pid, row.images[-1], vsize)
+                self._files(row, row.images[-1], vsize)
 
-    def _stat(self, name: str) -> tuple[int, int, str, str] | None:
-        """(ppid, starttime, state, vsize): vsize moves when the process maps something new."""
+    def _look(self, row: Row, exe: str | None, addrs: str) -> bool:
+        """Read what the process runs now: its mark (exe identity + stat fields 48-51, read again after the exe so
+        that an exec in between is never half seen), argv, why it is an interpreter, its personality."""
+        fields = stat_fields(_read(f"/proc/{row.pid}/stat"))
+        now = mark(fields, _stat_exe(row.pid))
+        if now is not None and (fields is None or ":".join(fields[45:49]) != addrs):
+            return False  # it exec'd while we looked: the next poll sees the new program whole
+        row.addrs = addrs
+        if exe is None and _denied(f"/proc/{row.pid}/exe"):
+            self._deny(row, "exe")
+        cmdline = _read(f"/proc/{row.pid}/cmdline")
+        if not row.image(exe, cmdline.rstrip("\0").split("\0") if cmdline else [], now):
+            return False
+        image = row.images[-1]
+        image["why"] = self.interpreters.why(row.pid, exe, None)
+        personality = (_read(f"/proc/{row.pid}/personality") or "0").strip() or "0"
+        image["no_aslr"] = bool(int(personality, 16) & NO_ASLR)
+        return True
+
+    def _deny(self, row: Row, what: str) -> None:
+        """A descendant whose exe, maps or fds this census may not read: unaccounted (fails the gate)."""
+        entry = self.denied.setdefault(row.key(), {"uid": _uid(row.pid), "unreadable": []})
+        if what not in entry["unreadable"]:
+            entry["unreadable"].append(what)
+
+    def _stat(self, name: str) -> tuple[int, int, str, str, str] | None:
+        """(ppid, starttime, state, vsize, stat fields 48-51): vsize moves when the process maps something new,
+        fields 48-51 on every exec."""
         fields = stat_fields(_read(f"/proc/{name}/stat")) if name.isdigit() else None
-        return (int(fields[1]), int(fields[19]), fields[0], fields[20]) if fields else None
+        return (int(fields[1]), int(fields[19]), fields[0], fields[20], ":".join(fields[45:49])) if fields else None
 
-    def _scan(self) -> dict[int, tuple[int, int, str, str]]:
+    def _scan(self) -> dict[int, tuple[int, int, str, str, str]]:
         """Every process in /proc not yet known to be an outsider."""
         names = set(os.listdir("/proc"))
         self.skip &= names  # an outsider that ended: its pid may come back as anyone
@@ -267,18 +314,23 @@ class Census:
                 stats[int(name)] = st
         return stats
 
-    def _files(self, pid: int, image: dict[str, Any], vsize: str) -> None:
+    def _files(self, row: Row, image: dict[str, Any], vsize: str) -> None:
         """The component files the process maps (maps read again only when its size moved) or has open now, into
-        its current image."""
-        files: set[str] = image["files"]
+        its current image; with the maps, why it is an interpreter (the loader's program, a libpython)."""
+        pid, files = row.pid, image["files"]
         if image.get("vsize") != vsize:
             image["vsize"] = vsize
-            maps = _read(f"/proc/{pid}/maps") or ""
-            if not image["libpython"] and LIBPYTHON.search(maps):
-                image["libpython"] = True
-            files.update(self.components.mapped(maps))
+            maps = _read(f"/proc/{pid}/maps")
+            if maps is None and _denied(f"/proc/{pid}/maps"):
+                self._deny(row, "maps")
+            if not image["why"] and maps:
+                image["why"] = self.interpreters.why(pid, image["exe"], maps)
+            files.update(self.components.mapped(maps or ""))
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
+        except PermissionError:
+            self._deny(row, "fds")
+            return
         except OSError:
             return
         for fd in fds:
@@ -335,6 +387,7 @@ class Census:
         rows = sorted(self.rows.values(), key=lambda r: (r.first, r.pid))
         return {"node": node_name(), "image": image_identity(self.manifest_path), "gate_pid": self.me,
                 "subreaper": self.reaper, "interval_s": self.interval_s, "polls": self.polls,
+                "randomize_va_space": self.aslr,
                 "cpu_s": round(self.cpu_s, 3), "seconds": round(time.monotonic() - self.started, 3),
                 "errors": self.errors, "rows": [self._row(r) for r in rows],
                 "records": [self._record(r) for _, r in sorted(self.records.items())]}
@@ -343,15 +396,19 @@ class Census:
         parent = next((r for r in self.rows.values() if r.pid == row.first_ppid and r.first <= row.first), None)
         before = [self.own_image] if row.first_ppid == self.me else parent.images if parent is not None else []
         images = row.images
-        fork_copy = len(images) > 1 and any((images[0]["exe"], images[0]["argv"]) == (b["exe"], b["argv"])
-                                            for b in before)
+        fork_copy = len(images) > 1 and any(_same(images[0], b) for b in before)
         if fork_copy:  # a fork that then exec'd: its first image was its parent's, until the exec
             images = images[1:]
         files = sorted({f for i in images for f in i["files"]})
-        python = any(is_python(i["exe"], self.interpreter) or i["libpython"] for i in images)
+        why = next((i["why"] for i in images if i["why"]), None)
+        denied = self.denied.get(row.key())
         return {"pid": row.pid, "starttime": row.starttime, "ppid": row.first_ppid, "exe": row.exe,
                 "argv": row.argv, "execs": [{"exe": i["exe"], "argv": i["argv"]} for i in images[:-1]],
-                "fork_copy": fork_copy, "python": python, "component_files": files[:FILES_KEPT],
+                "fork_copy": fork_copy, "python": why is not None, "why": why,
+                "images": [{"mark": i["mark"], "why": i["why"], "exe": i["exe"],
+                            "component_files": len(i["files"])} for i in images],
+                "no_aslr": any(i.get("no_aslr") for i in images), "uid": denied["uid"] if denied else None,
+                "unreadable": denied["unreadable"] if denied else [], "component_files": files[:FILES_KEPT],
                 "component_file_count": len(files), "first_s": row.first, "last_s": row.last,
                 "ended": row.gone or row.state == "Z"}
 
@@ -359,6 +416,20 @@ class Census:
     def _record(rec: dict[str, Any]) -> dict[str, Any]:
         head = rec["head"].split(b"\n", 1)[0].decode("utf-8", "replace")
         return {"record": rec["record"], "size": rec["size"], "lost": rec["lost"], "first_line": head[:4000]}
+
+
+def _stat_exe(pid: int | str) -> os.stat_result | None:
+    try:
+        return os.stat(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def _same(image: dict[str, Any], other: dict[str, Any]) -> bool:
+    """The same program: by mark where both have one, else by executable and argv."""
+    if image.get("mark") and other.get("mark"):
+        return bool(image["mark"] == other["mark"])
+    return (image["exe"], image["argv"]) == (other["exe"], other["argv"])
 
 
 def load_manifest(path: str) -> dict[str, Any]:

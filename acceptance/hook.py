@@ -4,7 +4,8 @@ site-packages) and inert unless RECORDS_ENV names a directory. Stdlib only; noth
 Each process appends JSON lines to <dir>/<pid>-<ns>.jsonl, one os.write per line, as it goes (so os._exit,
 a crash or SIGKILL leave what was seen so far):
   {"kind": "process", pid, ppid, argv, executable, exe, mnt_ns, sys_path, env, forked, time,
-   starttime, node, image}                          first line (schema 2 added the last three; 1 lacks them)
+   starttime, node, image, mark}                    first line (schema 2 added starttime, node, image;
+                                                    schema 3 mark: the program it was written for, mark())
   {"kind": "sys_path", "sys_path": [...]}             whenever sys.path changed since the last line
   {"kind": "module", name, file, realpath, sha256}    each imported component module (RECORDS_MODULES_ENV)
   {"kind": "lib", path, sha256}                       each shared object newly mapped (/proc/self/maps)
@@ -27,7 +28,7 @@ RECORDS_ENV = "TRUEPOLICY_PROCESS_RECORDS"
 MODULES_ENV = "TRUEPOLICY_PROCESS_MODULES"      # comma-separated top-level component modules
 MANIFEST_ENV = "TRUEPOLICY_PROCESS_MANIFEST"    # the image's manifest: its sha256 is the image identity
 IMAGE_MANIFEST = "/opt/delivery/manifest.json"
-SCHEMA = 2
+SCHEMA = 3
 PTH_NAME = "00-truepolicy-process-hook.pth"
 PTH_LINE = (f"import os; os.environ.get({RECORDS_ENV!r}) and __import__('acceptance.hook').hook.start()\n")
 HASHES = ".hashes"                              # <dir>/.hashes/<key>: digests shared by the processes
@@ -98,6 +99,23 @@ def starttime(pid: int | str = "self") -> int | None:
     return int(fields[19]) if fields else None
 
 
+def mark(fields: list[str] | None, exe: os.stat_result | None) -> str | None:
+    """The program a process runs now: its executable's device and inode, and /proc/<pid>/stat fields 48-51
+    (arg_start, arg_end, env_start, env_end), which every exec moves (address-space randomisation) and nothing
+    else does. None when either is unreadable."""
+    if not fields or len(fields) < 49 or exe is None:
+        return None
+    return f"{exe.st_dev}:{exe.st_ino}:" + ":".join(fields[45:49])
+
+
+def mark_of(pid: int | str = "self") -> str | None:
+    try:
+        exe = os.stat(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    return mark(stat_fields(_read(f"/proc/{pid}/stat")), exe)
+
+
 def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
 
@@ -137,6 +155,7 @@ class Recorder:
                     "executable": sys.executable, "exe": _link("/proc/self/exe"),
                     "mnt_ns": _link("/proc/self/ns/mnt"), "sys_path": self.path, "env": numeric_env(),
                     "forked": forked, "time": time.time(), "starttime": starttime(), "node": node_name(),
+                    "mark": mark_of(),
                     "image": f"sha256:{manifest}" if manifest else None})
 
     def write(self, entry: dict[str, object]) -> None:

@@ -19,10 +19,12 @@ from acceptance.hook import MANIFEST_ENV, MODULES_ENV, RECORDS_ENV, image_identi
 
 ARGV_CHARS = 240
 HELPER_RULE = ("a process needs no record when none of its images (after a fork's copy of its parent, until its exec)"
-               " was a Python interpreter (its executable python*, the gate's interpreter, or a libpython mapped)"
-               " and it mapped or opened no component file (the manifest's files and native libraries, a component"
-               " module's folder in site-packages); one seen only after it ended (no executable, no argv) is listed"
-               " as unread")
+               " was a Python interpreter (by content: the image's interpreters by device and inode or sha256, an"
+               " ELF carrying the Python runtime, the program the dynamic loader mapped, a libpython mapped; or named"
+               " python*) and it mapped or opened no component file (the manifest's files and native libraries, a"
+               " component module's folder in site-packages), the census could read its exe, maps and fds, and it"
+               " ran with address-space randomisation; one seen only after it ended (no executable, no argv) is"
+               " listed as unread")
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def judge(recs: list[dict[str, Any]], manifest: dict[str, Any], expected_ns: str
         failures += reasons
         listed.append({"pid": rec.get("pid"), "ppid": rec.get("ppid"), "name": rec.get("name"),
                        "starttime": rec.get("starttime"), "node": rec.get("node"), "image": rec.get("image"),
-                       "record": rec.get("record"),
+                       "record": rec.get("record"), "mark": rec.get("mark"),
                        "forked": bool(rec.get("forked")),  # a forked child shows its parent's argv
                        "argv": rec.get("argv"), "executable": rec.get("executable"), "mnt_ns": rec.get("mnt_ns"),
                        "sys_path": (rec.get("sys_paths") or [[]])[-1], "env": rec.get("env") or {},
@@ -186,7 +188,8 @@ def check(directory: str, settings: dict[str, Any], lost: set[str] | frozenset[s
 
 
 def _short(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in ("node", "pid", "starttime", "ppid", "exe", "argv", "class", "record", "lost")}
+    return {k: row.get(k) for k in ("node", "pid", "starttime", "ppid", "exe", "argv", "class", "why", "record",
+                                    "lost", "uid")}
 
 
 def _who(node: str, row: dict[str, Any]) -> str:
@@ -210,6 +213,21 @@ def _lost_by_process(records: list[dict[str, Any]]) -> dict[tuple[Any, Any], dic
     return out
 
 
+def _unmarked(node: str, row: dict[str, Any], recs: list[dict[str, Any]]) -> list[str]:
+    """A record belongs to the program it was written for (its mark): each program the process ran that is an
+    interpreter or used component files needs a record with its mark. Records without marks (schema 1-2) and
+    programs the census could not mark are judged by (pid, starttime) alone."""
+    marks = {r.get("mark") for r in recs if r.get("mark")}
+    if not marks:
+        return []
+    out = []
+    for image in row.get("images") or []:
+        if image.get("mark") and image["mark"] not in marks and (image.get("why") or image.get("component_files")):
+            out.append(f"census: {_who(node, row)} exec'd {image.get('exe')} after its record (that program, mark"
+                       f" {image['mark']}, is {image.get('why') or 'using component files'} and left no record)")
+    return out
+
+
 def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
     """(failures, the census evidence): every process the census saw against the records kept (`listed`, from
     judge()), matched on (node, pid, starttime); a schema 1 record (no node, no starttime) matches on pid."""
@@ -218,16 +236,30 @@ def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[
     failures: list[str] = []
     seen, unrecorded, helpers = [], [], []
     matched: set[int] = set()
+    if str(census.get("randomize_va_space")) == "0":
+        failures.append(f"census: node {node} runs with kernel.randomize_va_space 0: a record cannot be told from a"
+                        " later exec of the same program, so no process is accounted for")
     for census_row in census.get("rows") or []:
         row = {"node": node, "image": census.get("image"), **census_row}
         pid, start = row["pid"], row["starttime"]
-        found = next((i for i, r in enumerate(listed) if r.get("pid") == pid
-                      and r.get("starttime") in (None, start) and r.get("node") in (None, node)), None)
-        if found is not None:
-            matched.add(found)
+        mine = [i for i, r in enumerate(listed) if r.get("pid") == pid
+                and r.get("starttime") in (None, start) and r.get("node") in (None, node)]
+        found = mine[0] if mine else None
+        matched.update(mine)
         gone = lost.get((pid, start)) or lost.get((pid, None))
         row["record"] = listed[found].get("record") if found is not None else None
         row["lost"] = f"record {gone['record']} {gone['lost']}" if gone else None
+        if row.get("unreadable"):
+            row["class"] = "unreadable"
+            seen.append(row)
+            unrecorded.append(_short(row))
+            failures.append(f"census: node {node} process {pid} (uid {row.get('uid')}: {command_line(row.get('argv'))})"
+                            f" could not be read (its {', '.join(row['unreadable'])}: permission denied), so it is"
+                            " unaccounted")
+            continue
+        if row.get("no_aslr"):
+            failures.append(f"census: {_who(node, row)} ran with ADDR_NO_RANDOMIZE (its personality): its record"
+                            " cannot be told from a later exec of the same program, so it is unaccounted")
         if not row.get("exe") and not row.get("argv"):
             row["class"] = "unread"
         elif row.get("python"):
@@ -245,6 +277,9 @@ def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[
                     f"mapped or opened component files ({', '.join(row['component_files'][:2])})")
             why = f"its {row['lost']} during the run" if gone else "it left no process record"
             failures.append(f"census: {_who(node, row)} {what}, and {why}")
+        elif unmarked := _unmarked(node, row, [listed[i] for i in mine]):
+            unrecorded.append(_short(row))
+            failures += unmarked
     nodes: dict[str, dict[str, Any]] = {node: {"seen": seen, "recorded": [], "unrecorded": unrecorded,
                                                "helpers": helpers}}
     for i, rec in enumerate(listed):
@@ -253,7 +288,7 @@ def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[
         entry["recorded"].append({"pid": rec.get("pid"), "starttime": rec.get("starttime"), "record": rec.get("record"),
                                   "image": rec.get("image"), "seen": i in matched})
     evidence = {k: census.get(k) for k in ("node", "image", "interval_s", "polls", "cpu_s", "seconds", "subreaper",
-                                          "errors")}
+                                          "errors", "randomize_va_space")}
     evidence.update({"rule": HELPER_RULE, "nodes": nodes,
                      "records_lost": [r for r in census.get("records") or [] if r.get("lost")]})
     return failures, evidence

@@ -28,6 +28,7 @@ from builder.core.records import (
     PublishReceipt,
     Report,
     ResolvedSources,
+    number,
 )
 from builder.core.safetext import clip
 from builder.image.render import sha_tag
@@ -222,16 +223,12 @@ def _num(value: Any) -> Any:
     return f"{value:.4g}" if isinstance(value, float) and value not in (0.0,) else value
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _step_facts(steps: dict[str, Any]) -> list[str]:
     """Per-step metrics as the largest value over the steps; weights: in how many steps they changed."""
     rows = [s for s in steps.values() if isinstance(s, dict)]
     out = []
     for metric in ("diff_max", "k3_kl"):
-        values = [s[metric] for s in rows if _number(s.get(metric))]
+        values = [s[metric] for s in rows if number(s.get(metric)) is not None]
         if values:
             out.append(f"{metric} max {_num(max(values))} over {len(values)} steps")
     pairs = [(s["weights_before"], s["weights_after"]) for s in rows if s.get("weights_before") and s.get("weights_after")]
@@ -248,9 +245,9 @@ def readable_evidence(ev: Evidence, limit: int = 300) -> str:
         parts += _step_facts(ev.steps)
     numbers = {"ratio": ev.ratio, "min_ratio": ev.min_ratio, "diff_max": ev.diff_max, "k3_kl": ev.k3_kl,
                "throughput": ev.throughput}
-    parts += [f"{key} {_num(value)}" for key, value in numbers.items() if _number(value)]
+    parts += [f"{key} {_num(value)}" for key, value in numbers.items() if number(value) is not None]
     for arm, stats in (("aligned", ev.aligned), ("control", ev.control)):
-        if isinstance(stats, dict) and _number(stats.get("median")):
+        if isinstance(stats, dict) and number(stats.get("median")) is not None:
             parts.append(f"{arm} median {_num(stats['median'])}, spread {_num(stats.get('spread'))}")
     if isinstance(ev.weights, list):
         parts.append(f"{len(ev.weights)} distinct weight checksum(s)")
@@ -444,10 +441,16 @@ def census_markdown(gates: list[GateResult]) -> list[str]:
             if not isinstance(seen, dict):
                 continue
             missing = [p for p in seen.get("unrecorded") or [] if isinstance(p, dict)]
+            every = seen.get("seen") if isinstance(seen.get("seen"), list) else []
+            python = [p for p in every if isinstance(p, dict) and p.get("python")]
             rows.append([gate.name, node, _count(seen.get("seen")), _count(seen.get("recorded")),
-                         "; ".join(f"{p.get('pid')} {p.get('exe')}" for p in missing[:3]) or "none"])
-    return ["", "#### Processes per gate and node (census)", ""] + _table(
-        ["Gate", "Node", "Seen", "Recorded", "Unrecorded"], rows) if rows else []
+                         "; ".join(f"{p.get('pid')} {p.get('why') or 'python'}" for p in python[:6]) or "none",
+                         "; ".join(f"{p.get('pid')} {p.get('exe')} ({p.get('class')})" for p in missing[:3]) or "none"])
+    return ["", "#### Processes per gate and node (census)", "",
+            "Why a process counts as an interpreter: identity (an interpreter of the image, by device and inode or"
+            " sha256), elf (carries the Python runtime), loader (the program the dynamic loader mapped), libpython"
+            " (maps one), name (python*).", ""] + _table(
+        ["Gate", "Node", "Seen", "Recorded", "Interpreters (why)", "Unrecorded"], rows) if rows else []
 
 
 def sqsh_markdown(report: Report) -> list[str]:

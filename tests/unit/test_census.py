@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from acceptance import census, hook, processes
+from acceptance import census, hook, interpreters, processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +32,16 @@ elif mode == "delete":
 elif mode == "orphan":
     subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(0.6)"])  # its parent ends first
     os._exit(0)
+elif mode == "renamed":  # a copy of the interpreter under another name, as a job's runtime environment makes
+    import shutil; shutil.copy(os.path.realpath(sys.executable), "engine")
+    subprocess.run(["./engine", "-S", "-c", wait], check=True)
+elif mode == "loader":  # the interpreter started through the dynamic loader: the exe is ld.so
+    subprocess.run(["/lib64/ld-linux-x86-64.so.2", "/usr/bin/python3.11", "-S", "-c", wait], check=True)
+elif mode == "preexec":  # preexec_fn runs the hook's fork handler (a record), then the child execs python -S
+    subprocess.run([sys.executable, "-S", "-c", wait], preexec_fn=lambda: None, check=True)
+elif mode == "undumpable":  # a worker that makes itself unreadable (exe, maps, fds: EACCES), argv stays readable
+    subprocess.run([sys.executable, "-c", "import ctypes, time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "
+                    "time.sleep(0.5)"], check=True)
 elif mode == "opener":
     subprocess.run(["sh", "-c", "exec 3<" + os.path.dirname(fakecomp.__file__) + "/__init__.py; sleep 0.4 3<&-"], check=True)
 subprocess.run(["sh", "-c", "sleep 0.3"], check=True)  # a helper: no interpreter, no component file
@@ -44,8 +54,10 @@ def _world(tmp_path: Path) -> tuple[dict[str, str], dict[str, Any], Path]:
     (site / "fakecomp").mkdir(parents=True)
     (site / "sitecustomize.py").write_text(hook.PTH_LINE)
     (site / "fakecomp" / "__init__.py").write_text("VALUE = 1\n")
+    real = os.path.realpath(sys.executable)
     manifest = {"site_packages": str(site), "components": {"comp": {"modules": ["fakecomp"], "native_libs": {},
-                "files": {str(site / "fakecomp" / "__init__.py"): "0" * 64}}}}
+                "files": {str(site / "fakecomp" / "__init__.py"): "0" * 64}}},
+                "interpreters": [{"path": real, "sha256": interpreters.sha256(real)}]}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     records = tmp_path / "rec"
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", hook.RECORDS_ENV: str(records),
@@ -140,6 +152,46 @@ def test_an_orphan_stays_a_descendant_of_the_gate(tmp_path: Path) -> None:
     assert row["python"] and row["ended"]  # seen whether first under the recipe or re-parented to the gate
 
 
+def test_a_renamed_copy_of_the_interpreter_fails_by_its_content(tmp_path: Path) -> None:
+    reason, row, _ = _escape(tmp_path, "renamed", "./engine")
+    assert row["python"] and row["why"] == "identity" and row["exe"].endswith("/engine"), row  # its sha256
+    assert reason.endswith("ran a Python interpreter, and it left no process record")
+
+
+def test_the_interpreter_started_through_the_loader_fails(tmp_path: Path) -> None:
+    if not os.path.exists("/usr/bin/python3.11"):
+        import pytest
+
+        pytest.skip("no Debian python3.11 here")
+    reason, row, _ = _escape(tmp_path, "loader", "ld-linux")
+    assert row["python"] and row["why"] == "loader" and "ld-linux" in row["exe"], row
+
+
+def test_an_exec_after_the_fork_handler_s_record_fails(tmp_path: Path) -> None:
+    reason, row, evidence = _escape(tmp_path, "preexec", "-S")
+    assert row["record"] and row["python"], row  # a record (pid, starttime) of the fork: not the program it became
+    assert "exec'd" in reason and "after its record (that program, mark" in reason, reason
+
+
+def test_a_process_the_census_cannot_read_fails_closed(tmp_path: Path) -> None:
+    """The census runs without CAP_SYS_PTRACE (as in a Docker container: setpriv drops it from the bounding set, so
+    root's capabilities after exec lack it); the worker turns PR_SET_DUMPABLE off. It is named with uid and argv."""
+    import pytest
+
+    if not os.path.exists("/usr/bin/setpriv") or os.geteuid() != 0:
+        pytest.skip("needs root and setpriv to run a census without CAP_SYS_PTRACE")
+    driver = ("import json, sys; from pathlib import Path; sys.path.insert(0, sys.argv[2]); "
+              "from test_census import _take; print(json.dumps(_take(Path(sys.argv[1]), 'undumpable')[0]))")
+    out = subprocess.run(["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", sys.executable, "-c",
+                          driver, str(tmp_path), str(Path(__file__).parent)], capture_output=True, text=True,
+                         timeout=60, cwd=str(ROOT))
+    assert out.returncode == 0, out.stderr[-2000:]
+    failures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(failures) == 1 and " (uid 0: " in failures[0] and "prctl(4, 0, 0, 0, 0)" in failures[0], failures
+    assert "could not be read (its " in failures[0] and "permission denied), so it is unaccounted" in failures[0]
+    print(failures[0])
+
+
 def test_a_helper_that_opens_a_component_file_fails(tmp_path: Path) -> None:
     reason, row, _ = _escape(tmp_path, "opener", "exec 3<")
     assert not row["python"] and row["class"] == "component files"
@@ -159,6 +211,8 @@ def test_a_fork_that_execs_a_helper_is_judged_by_what_it_exec_d() -> None:
     child.image("/usr/bin/uname", ["uname", "-p"])
     worker = census.Row(102, 7, 100, 0.1)
     worker.image("/usr/bin/python3.11", ["python", "-m", "trainer"])  # a fork that never execs: Python
+    for row in (parent, child, worker):
+        row.images[0]["why"] = "identity"  # what _look finds for the image's interpreter
     seen.rows = {r.key(): r for r in (parent, child, worker)}
     rows = {r["pid"]: r for r in seen.result()["rows"]}
     assert rows[101]["fork_copy"] and not rows[101]["python"] and rows[101]["component_file_count"] == 0

@@ -69,7 +69,8 @@ def test_spawned_worker_records_itself(tmp_path: Path) -> None:
         assert rec["mnt_ns"] == os.readlink("/proc/self/ns/mnt") and rec["executable"] == sys.executable
         assert rec["env"]["DEMO_BATCH_INVARIANT"] == "1" and str(site) in rec["sys_paths"][0]
         assert any("libc" in p for p in rec["libs"]) and all(len(d or "") == 64 for d in rec["libs"].values())
-        assert rec["schema"] == 2 and rec["node"] == hook.node_name() and isinstance(rec["starttime"], int)
+        assert rec["schema"] == 3 and rec["node"] == hook.node_name() and isinstance(rec["starttime"], int)
+        assert rec["mark"].count(":") == 5  # exe device and inode, stat fields 48-51 (hook.mark)
         assert rec["image"] == "sha256:" + _sha(tmp_path / "manifest.json")  # the census keys: (node, pid, starttime)
     assert worker["starttime"] >= main["starttime"]
     init = site / "fakecomp" / "__init__.py"
