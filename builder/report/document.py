@@ -441,8 +441,8 @@ def census_markdown(gates: list[GateResult]) -> list[str]:
             if not isinstance(seen, dict):
                 continue
             missing = [p for p in seen.get("unrecorded") or [] if isinstance(p, dict)]
-            every = seen.get("seen") if isinstance(seen.get("seen"), list) else []
-            python = [p for p in every if isinstance(p, dict) and p.get("python")]
+            every = seen.get("seen")
+            python = [p for p in every if isinstance(p, dict) and p.get("python")] if isinstance(every, list) else []
             rows.append([gate.name, node, _count(seen.get("seen")), _count(seen.get("recorded")),
                          "; ".join(f"{p.get('pid')} {p.get('why') or 'python'}" for p in python[:6]) or "none",
                          "; ".join(f"{p.get('pid')} {p.get('exe')} ({p.get('class')})" for p in missing[:3]) or "none"])
