@@ -138,6 +138,11 @@ class Evidence(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+def number(value: Any) -> float | None:
+    """A value of a record's free-form part (evidence, timings) as a number, or None: a bool is not one."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _evidence(value: Any) -> Any:
     return Evidence() if value is None else value
 

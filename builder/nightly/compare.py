@@ -16,7 +16,7 @@ from typing import Any
 from acceptance import perf as perf_rule
 from builder.core.errors import BadInput
 from builder.core.options import Settings
-from builder.core.records import Report
+from builder.core.records import Report, number
 from builder.engine import normalize
 from builder.nightly.history import History
 from builder.report import document
@@ -107,23 +107,20 @@ def layers(old: Report, new: Report, settings: Settings) -> dict[str, Any]:
     return {"known": True, "rows": rows, "changed": sum(r["changed"] for r in rows), "note": None}
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
 
 def diff_max(evidence: dict[str, Any]) -> float | None:
     """The largest logprob difference a gate recorded: over its steps, else its own diff_max."""
     steps = evidence.get("steps")
-    values = [_number(s.get("diff_max")) for s in steps.values() if isinstance(s, dict)] if isinstance(steps, dict) else []
+    values = [number(s.get("diff_max")) for s in steps.values() if isinstance(s, dict)] if isinstance(steps, dict) else []
     found = [v for v in values if v is not None]
-    return max(found) if found else _number(evidence.get("diff_max"))
+    return max(found) if found else number(evidence.get("diff_max"))
 
 
 def _arm(evidence: dict[str, Any], name: str) -> str | None:
     stats = evidence.get(name)
-    if not isinstance(stats, dict) or _number(stats.get("median")) is None:
+    if not isinstance(stats, dict) or number(stats.get("median")) is None:
         return None
-    spread = _number(stats.get("spread"))
+    spread = number(stats.get("spread"))
     return f"{stats['median']:.4g} (spread {spread:.3g})" if spread is not None else f"{stats['median']:.4g}"
 
 
@@ -137,7 +134,7 @@ def gate_items(report: Report) -> dict[str, dict[str, Any]]:
             items["diff max"] = diff_max(ev)
         if gate.name == "performance":
             items["aligned median"], items["control median"] = _arm(ev, "aligned"), _arm(ev, "control")
-            items["ratio"] = _number(ev.get("ratio"))
+            items["ratio"] = number(ev.get("ratio"))
         jit = ev.get("jit")
         if isinstance(jit, dict):
             items["JIT kernels"] = ", ".join(jit.get("kernels") or []) or f"{jit.get('count', 0)} entries, no kernel"

@@ -27,7 +27,7 @@ from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
 from builder.core.options import Settings
-from builder.core.records import Report
+from builder.core.records import Report, number
 from builder.nightly import compare as compare_mod
 from builder.nightly.history import History, Run
 from builder.report import document
@@ -47,9 +47,6 @@ MARKERS_UP_TO = 90  # nights: beyond this the lines carry no per-night marker (t
 REASON_CHARS = 300
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
 
 def _json(path: Path) -> dict[str, Any]:
     try:
@@ -63,11 +60,11 @@ def stage_seconds(report: Report, timings: dict[str, Any]) -> dict[str, float | 
     """Resolve and lock from the run's step timings, build and normalise from the build record, export from
     the .sqsh record (None: not recorded, e.g. no lock step in a nightly, no export)."""
     b = report.build.stage_times if report.build else {}
-    lock = [v for k, v in timings.items() if k.startswith("lock") and _number(v) is not None]
+    lock = [v for k, v in timings.items() if k.startswith("lock") and number(v) is not None]
     export = [v for k, v in (report.sqsh.seconds if report.sqsh else {}).items() if k not in ("mtime", "reused layers")]
-    return {"resolve": _number(timings.get("resolve sources")), "lock": sum(lock) if lock else None,
-            "build": _number(b.get("total")) or _number(timings.get("build")),
-            "normalise": _number(b.get("normalise")), "export": sum(export) if export else None}
+    return {"resolve": number(timings.get("resolve sources")), "lock": sum(lock) if lock else None,
+            "build": number(b.get("total")) or number(timings.get("build")),
+            "normalise": number(b.get("normalise")), "export": sum(export) if export else None}
 
 
 def report_facts(report: Report, run_dir: Path) -> dict[str, Any]:
@@ -95,8 +92,8 @@ def report_facts(report: Report, run_dir: Path) -> dict[str, Any]:
         "sqsh": report.sqsh.sha256 if report.sqsh else where["sqsh_sha256"],
         "sqsh_size": report.sqsh.size if report.sqsh else None,
         "runner": where,
-        "ratio": _number(tp.get("ratio")) or _number(perf.get("ratio")),
-        "min_ratio": _number(tp.get("min_ratio")) or _number(perf.get("min_ratio")),
+        "ratio": number(tp.get("ratio")) or number(perf.get("ratio")),
+        "min_ratio": number(tp.get("min_ratio")) or number(perf.get("min_ratio")),
         "control_diff": compare_mod.diff_max(html_mod.plain(control.evidence)) if control else None,
         "image_size": report.build.size if report.build else None,
         "stages": stage_seconds(report, _json(run_dir / TIMINGS)),

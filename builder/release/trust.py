@@ -21,7 +21,7 @@ from typing import Any
 
 from acceptance import perf as perf_rule
 from builder.core.errors import BadInput
-from builder.core.records import Evidence, GateResult, Report
+from builder.core.records import Evidence, GateResult, Report, number
 from builder.core.safetext import show
 from builder.lock import record
 from builder.lock.record import Lock
@@ -35,11 +35,6 @@ def _fail(where: str, field: str, text: str) -> BadInput:
     return BadInput(f"{where}: {field}: {text}; refusing to publish")
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
 
 def _steps_zero(evidence: Evidence, steps: int) -> str | None:
     table = evidence.steps
@@ -50,7 +45,7 @@ def _steps_zero(evidence: Evidence, steps: int) -> str | None:
         if not isinstance(row, dict):
             return f"step {step} missing"
         for role in ("diff_max", "k3_kl"):
-            value = _number(row.get(role))
+            value = number(row.get(role))
             if value is None or value != 0.0:
                 return f"step {step}: {role} is {show(row.get(role))}, not exactly 0"
     return None
@@ -93,7 +88,7 @@ def derive(gate: GateResult, steps: int, performance: pins_mod.Performance | Non
         table = ev.steps or {}
         for step in range(1, steps + 1):
             for role in ("reward", "loss"):
-                value = _number(table[str(step)].get(role))
+                value = number(table[str(step)].get(role))
                 if value is None or not math.isfinite(value):
                     return f"step {step}: {role} is {show(table[str(step)].get(role))}, not a finite number"
         first = table["1"]
@@ -102,7 +97,7 @@ def derive(gate: GateResult, steps: int, performance: pins_mod.Performance | Non
             return f"step 1 weights {show(before)} -> {show(after)}: expected a change with lr > 0"
         return None
     if gate.name == "control":
-        value = _number(ev.diff_max)
+        value = number(ev.diff_max)
         if value is None or not math.isfinite(value) or value <= 0:
             return f"diff_max is {show(ev.diff_max)}: the control arm must show a mismatch > 0"
         return None

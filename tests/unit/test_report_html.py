@@ -7,6 +7,7 @@ import html
 import re
 from typing import Any
 
+from builder.core.records import number
 from builder.report import document
 from builder.report import html as html_mod
 from tests.fixture_types import MakeReportInputs
@@ -56,3 +57,8 @@ def test_markup_in_a_report_is_escaped(report_inputs: MakeReportInputs) -> None:
     hostile = report.model_copy(update={"processes": {"rl_step": [{**PROCESS, "argv": ["<script>x()</script>"]}]}})
     page = html_mod.report_html(hostile)
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_one_number_reader_for_every_free_form_value() -> None:
+    """records.number: the one reader the page, compare, trust and the report use (a bool is not a number)."""
+    assert [number(v) for v in (3, 0.5, True, "1", None)] == [3.0, 0.5, None, None, None]
