@@ -42,8 +42,9 @@ def run(target: str) -> dict[str, Any]:
             phases[found.group(1)] = float(found.group(2))
     steps = [(m.group(1), float(m.group(2))) for m in STEP.finditer(text) if m.group(1).startswith(STEPS)]
     pairs = [{"status": m.group(1), "pairs": int(m.group(2)), "stopped": m.group(3)} for m in PAIRS.finditer(text)]
+    error = next((line for line in text.splitlines() if line.startswith("error:")), None)
     return {"target": target, "exit": proc.returncode, "seconds": round(time.monotonic() - start, 1),
-            "phases": phases, "steps": steps, "performance": pairs, "accepted": "ACCEPTED" in text}
+            "phases": phases, "steps": steps, "performance": pairs, "accepted": "ACCEPTED" in text, "error": error}
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
@@ -51,6 +52,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
     for r in results:
         lines.append(f"| **make {r['target']}** | **total** (exit {r['exit']}, "
                      f"{'ACCEPTED' if r['accepted'] else 'not accepted'}) | **{r['seconds']}** |")
+        lines += [f"| | {r['error']} | |"] if r["error"] else []
         lines += [f"| | {name} | {seconds:.1f} |" for name, seconds in r["phases"].items()]
         lines += [f"| | - {name} | {seconds:.1f} |" for name, seconds in r["steps"]]
         lines += [f"| | performance gate: {p['status']} after {p['pairs']} pair(s), {p['stopped']} | |"
