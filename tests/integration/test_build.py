@@ -61,6 +61,7 @@ def test_labels_and_manifest(demo_image: DemoImage, docker_client: DockerClient)
     assert manifest["pins"] == identity.build_inputs(pins)  # the build inputs only: no name, repository or recipe
     assert labels.get("org.opencontainers.image.title") != pins.name and pins.name not in json.dumps(manifest)
     assert manifest["python"] == pins.base.python_bin
+    assert any(manifest["python"] in i["names"] and len(i["sha256"]) == 64 for i in manifest["interpreters"])
     for name in COMPONENTS:
         comp, res = manifest["components"][name], resolved.components[name]
         assert (comp["commit"], comp["tree"], comp["pr"]) == (res.commit, res.tree, res.pr)

@@ -16,7 +16,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import record_hash, sha256_file, site_dirs  # noqa: E402
 
-from acceptance.procfs import startup_hooks  # the suite is installed before this step; one definition
+from acceptance.interpreters import PYTHON_NAME, carries_runtime  # the suite is installed before this step
+from acceptance.procfs import startup_hooks
 
 
 def is_native(path: str) -> bool:
@@ -42,6 +43,40 @@ def installed_files(dist: metadata.Distribution, site: str) -> tuple[dict[str, s
         if is_native(path):
             native[path] = digest
     return dict(sorted(files.items())), dict(sorted(native.items()))
+
+
+BIN_DIRS = ("/usr/local/bin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+def interpreters() -> list[dict[str, Any]]:
+    """Every Python interpreter of the image: each program in the bin folders (the venv's and the system's) that
+    is named python* or is an ELF carrying the Python runtime, by its real file, with its sha256 and the names
+    that lead to it. The census tells an interpreter by these (acceptance/interpreters.py)."""
+    found: dict[str, set[str]] = {}
+    for folder in sorted({os.path.join(sys.prefix, "bin"), os.path.join(sys.base_prefix, "bin"), *BIN_DIRS}):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            real = os.path.realpath(path)
+            if os.path.isfile(real) and (real in found or PYTHON_NAME.fullmatch(name) or carries_runtime(real)):
+                if PYTHON_NAME.fullmatch(name) and not carries_runtime(real) and not _links_libpython(real):
+                    continue  # python3-config and the like: scripts, no interpreter
+                found.setdefault(real, set()).add(path)
+    return [{"path": real, "sha256": sha256_file(real), "names": sorted(names)} for real, names in sorted(found.items())]
+
+
+def _links_libpython(path: str) -> bool:
+    """An ELF whose dynamic section names a libpython (an interpreter built --enable-shared)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(1 << 16) if fh.read(4) == b"\x7fELF" else b""
+            fh.seek(0)
+            return b"libpython" in (fh.read() if data else b"")
+    except OSError:
+        return False
 
 
 def distributions() -> dict[str, str]:
@@ -83,6 +118,7 @@ def main(components_json: str, pins_json: str, dockerfile_sha_file: str, out: st
         "python": spec["python"],
         "site_packages": site,
         "startup_hooks": startup_hooks(sys.path),
+        "interpreters": interpreters(),
         "tag": spec["tag"],
         "base_records": spec.get("base_records") or {},
         "relaxed": spec.get("relaxed") or [],
