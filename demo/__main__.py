@@ -3,7 +3,7 @@
 - prepare: engine + registry, base image, demo repositories, pins/demo.local.yaml; prints its path
 - base:    only the demo base image; prints its digest reference
 - run:     prepare, then `builder run pins/demo.local.yaml --publish` (the default); `run --slurm`: the gates
-           on the one-node Slurm cluster of demo/cluster.py (started here if not running), from the .sqsh
+           on the two-node Slurm cluster of demo/cluster.py (started here if not running), from the .sqsh
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A one-node Slurm cluster on this host: what a site provides, for the demo and the tests (not the tool).
+"""A two-node Slurm cluster on this host (n1, n2: two slurmd): what a site provides, for the demo and the tests
+(not the tool).
 
 `python -m demo.cluster start|stop|status [DIR]` (default DIR: <cache>/cluster, the builder's cache: the checkout's
 `.cache` or `$BUILDER_CACHE`). `start` first installs the Debian packages of what is missing (slurm-wlm, slurmdbd,
@@ -6,10 +7,11 @@ munge, mariadb-server, charliecloud-runtime) as `builder setup` installs Docker:
 what cannot be installed is one line saying what to do. Everything lives under DIR:
 a munge key and `munged` on its own socket, a private MariaDB (`mariadbd`, 127.0.0.1 only, its own data
 directory) behind `slurmdbd` so that `sacct` reads jobs and steps from Slurm's own accounting record, and
-`slurmctld` + `slurmd` from a generated `slurm.conf` naming this host with its real CPU count,
+`slurmctld` + two `slurmd` from a generated `slurm.conf` naming this host, each node with the host's whole CPU count
+(so the CPUs do not add up: docs/cluster.md says why that is harmless),
 `ProctrackType=proctrack/linuxproc`, `TaskPlugin=task/none`. Every daemon listens on 127.0.0.1 only
 (`CommunicationParameters=NoInAddrAny,NoCtldInAddrAny`; MariaDB `--bind-address`). Clients find it through
-`SLURM_CONF=DIR/etc/slurm.conf` (`env()`). `start` waits until the node is idle; `stop` ends the daemons it
+`SLURM_CONF=DIR/etc/slurm.conf` (`env()`). `start` waits until the nodes are idle; `stop` ends the daemons it
 started (by their pid files) and leaves the state for the next start.
 """
 from __future__ import annotations

@@ -38,9 +38,9 @@ def load(spec: Path, which: str) -> Side:
 
 def night(history: History, name: str | None, night_spec: str, which: str) -> Path:
     """The report.json of a nightly run: `night_spec` a run id, or a date (YYYY-MM-DD: that day's latest night).
-    Exit 2 naming the night when there is none or its report is gone."""
+    Exit 2 naming the night when there is none or its report is gone. Runs by hand are no nights."""
     names = [name] if name else history.names()
-    rows = [r for n in names for r in history.runs(n)]
+    rows = [r for n in names for r in history.runs(n) if r.kind == "nightly"]
     if night_spec.isdigit():
         hits = [r for r in rows if r.id == int(night_spec)]
     else:

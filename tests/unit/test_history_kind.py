@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.bisect import sides
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import Report
@@ -106,3 +107,14 @@ def test_gc_keeps_the_newest_accepted_nightly_run_behind_runs_by_hand(base: Repo
     assert sorted(freed.removed["runs"]) == [str(d) for d in dirs[1:3]]
     assert dirs[0].is_dir() and dirs[3].is_dir()  # the nightly baseline, and the newest (also the newest accepted)
     assert json.loads((dirs[0] / "report.json").read_text())["verdict"] == "ACCEPTED"
+
+
+def test_bisect_names_no_run_by_hand(base: Report, tmp_path: Path) -> None:
+    history = History(tmp_path / "h" / "runs.sqlite")
+    nightly = _write(base, tmp_path / "n1")
+    history.add(base.name, "2026-11-01T03:00:00Z", "ACCEPTED", base.image_id, None, {}, nightly, 0, False)
+    history_mod.record_by_hand(history, base.model_copy(update={"created": "2026-11-01T09:00:00Z"}),
+                               _write(base, tmp_path / "h1"))
+    assert sides.night(history, None, "2026-11-01", "GOOD") == nightly  # the day's latest night, not the later hand run
+    with pytest.raises(BadInput, match="no night '2'"):
+        sides.night(history, None, "2", "BAD")
