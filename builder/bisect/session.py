@@ -10,6 +10,7 @@ from typing import Any
 
 import pygit2
 
+from builder.accept.replay import bundle_file
 from builder.bisect import answer as answers
 from builder.bisect import commits as ranges
 from builder.bisect import search as searching
@@ -78,6 +79,7 @@ def _answer(good: Side, bad: Side, who: searching.Culprits, notes: list[str],
                  "author": c.author, "repo": bad.pins.component_url(hit.component),
                  "gate": step.gate if step else "", "reason": step.reason if step else ""}
     last = by_sha.get(hit.last_good)
+    replay = str(Path(step.run_dir) / bundle_file(step.gate)) if step and step.gate else ""
     checks = 2 + (len([s for s in order if s.why.endswith("back to GOOD")]))
     n = max(len(s.commits) for s, _ in found)
     skipped = sorted({c for _, f in found for c in f.skipped})
@@ -85,7 +87,7 @@ def _answer(good: Side, bad: Side, who: searching.Culprits, notes: list[str],
         "good": good.label, "bad": bad.label, "notes": notes, "components": who.components, "together": who.together,
         "first_bad": first, "range": [] if hit.first_bad else hit.candidates,
         "last_good": {"component": hit.component, "commit": hit.last_good, "subject": last.subject if last else "GOOD"},
-        "companion": companion, "companion_pins": "", "replay": step.run_dir if step else "",
+        "companion": companion, "companion_pins": "", "replay": replay,
         "other_differences": differences(good, bad), "skipped": skipped,
         "steps": [s.as_dict() for s in order], "builds": len(order),
         "bound": searching.steps_left(n - 1) * len(found) + len(skipped) + checks,

@@ -1,0 +1,79 @@
+"""`builder bisect` on the demo stack: tinyrl PR 42's series (s3 does not build, s5 plants the defect) named
+exactly under Docker, after an interrupt and a resume; nothing it built is left tagged; BAD passing is exit 1.
+One series, builds of the verl layer and after only (the other layers cached), only the zero_update gate.
+
+Over 60 s (about 90 s on a busy 2-core host): seven builds of the verl layer and after (BAD, GOOD, four steps, BAD
+passing) and six zero_update runs are the fewest that show a skipped build, the exact commit and a resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pygit2
+import pytest
+
+from builder.core.options import Settings
+from builder.engine import client as engine
+from demo.prepare import variant_pins
+from tests.fixture_types import DockerClient
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.docker
+
+
+def bisect_argv(good: Path, bad: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "builder.cli", "bisect", str(good), str(bad), "--gate", "zero_update",
+            "--out", str(out), "--json", str(out / "answer.json")]
+
+
+def series(bad: Path) -> dict[str, str]:
+    """s1..s6 of demo PR 42 by their subjects' first word and position (oldest first)."""
+    repo = pygit2.Repository(str(bad.parent / "demo-stack" / "tinyrl.git"))
+    head = repo.references["refs/pull/42/head"].resolve().target
+    shas = []
+    for _ in range(6):
+        shas.append(str(head))
+        head = repo[head].parent_ids[0]
+    return {f"s{6 - i}": sha for i, sha in enumerate(shas)}
+
+
+def test_bisect_names_the_planted_commit_after_an_interrupt_and_resume(demo_pins: Path, tmp_path: Path,
+                                                                      docker_client: DockerClient) -> None:
+    good = variant_pins(tmp_path / "good", pins_path=demo_pins)
+    bad = variant_pins(tmp_path / "bad", "verl", 42, pins_path=demo_pins)
+    out, log = tmp_path / "out", tmp_path / "first.log"
+    with open(log, "w") as fh:
+        first = subprocess.Popen(bisect_argv(good, bad, out), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while "bisect: verl" not in log.read_text() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        first.send_signal(signal.SIGINT)
+        assert first.wait(120) == 130, log.read_text()[-2000:]
+    state = json.loads((out / "bisect-state.json").read_text())
+    done = len(state["steps"])
+    assert done >= 3 and [s["why"] for s in state["steps"][:2]] == ["BAD", "GOOD"]
+
+    again = subprocess.run(bisect_argv(good, bad, out), cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ))
+    assert again.returncode == 0, again.stderr[-2000:]
+    s = series(bad)
+    answer = json.loads((out / "answer.json").read_text())
+    assert answer["first_bad"]["commit"] == s["s5"] and answer["first_bad"]["component"] == "verl"
+    assert answer["first_bad"]["pr"] == 42 and answer["first_bad"]["gate"] == "zero_update"
+    assert answer["first_bad"]["subject"] == "main_ppo: old_log_prob from the plain forward (simpler)"
+    assert answer["last_good"]["commit"] == s["s4"] and answer["skipped"] == [s["s3"]]
+    assert answer["builds"] <= answer["bound"] == 6  # ceil(log2 6) + 1 skipped + GOOD and BAD
+    assert f"first bad: verl {s['s5']}" in again.stdout
+    assert "bisect: BAD" not in again.stderr  # resumed: the steps before the interrupt are not built again
+    assert (out / "first-bad.yaml").is_file() and (Path(answer["replay"])).is_file()
+    client = engine.connect(Settings.from_env())
+    assert not [t for i in client.images.list() for t in i.tags if state["run_id"] in t]
+
+    same = subprocess.run(bisect_argv(good, good, tmp_path / "same"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert same.returncode == 1 and "BAD passes: nothing to bisect" in same.stderr
