@@ -307,7 +307,8 @@ def gc(older_than_days: float = typer.Option(7.0, "--older-than-days", min=0.0,
     from builder import pipeline  # lazy: start-up
 
     freed = pipeline.gc(settings(), older_than_s=older_than_days * 86400, keep_runs=keep_runs)
-    typer.echo(json.dumps({"removed": freed.removed, "kept_live": freed.kept_live, "bytes": freed.bytes}, indent=2))
+    typer.echo(json.dumps({"removed": freed.removed, "kept_live": freed.kept_live, "bytes": freed.bytes,
+                           "refused": freed.refused}, indent=2))
 
 
 @app.command()

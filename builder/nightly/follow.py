@@ -120,6 +120,8 @@ def prune(reg: Registry, name: str, retention: int) -> list[str]:
             pruned.append(tag)  # OCI 1.1 tag deletion
         elif digest and digest not in keep:
             _delete_with_referrers(reg, name, digest)
+            if f"{reg.host}/{name}@{digest}" in reg.refused:  # said in one line by the registry client
+                continue
             pruned.append(tag)
             log.info(f"pruned {reg.host}/{name}:{tag} ({digest}, with every tag and attestation on it)")
         else:

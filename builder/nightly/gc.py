@@ -48,6 +48,7 @@ class Freed:
     removed: dict[str, list[str]] = field(default_factory=dict)
     kept_live: dict[str, list[str]] = field(default_factory=dict)
     bytes: int = 0
+    refused: list[str] = field(default_factory=list)  # what the registry would not delete (405)
 
     def gone(self, kind: str, what: str, size: int = 0) -> None:
         self.removed.setdefault(kind, []).append(what)
@@ -169,6 +170,7 @@ def raw_layers(settings: Settings, host: str, freed: Freed) -> None:
         if digest and reg.delete_manifest(normalize.RAW_REPOSITORY, digest):
             freed.gone("raw layers", f"{host}/{normalize.RAW_REPOSITORY}:{tag}")
             held.unlink(missing_ok=True)
+    freed.refused += reg.refused
 
 
 def run_tags(client: engine.Client, settings: Settings, cutoff: float, freed: Freed) -> None:

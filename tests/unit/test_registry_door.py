@@ -23,7 +23,6 @@ from builder.core.errors import BadInput, InfraError, PublishError
 from builder.core.options import Settings
 from builder.engine import registry
 from builder.engine.registry import TLS, Keychain, Registry, Transport, copy_blobs
-from builder.engine.registry.operations import DeleteRefused
 from builder.engine.registry.transport import scope_of
 from tests.fake_registry import Fake, World
 
@@ -114,12 +113,15 @@ def test_basic_where_asked_and_a_wrong_password_is_one_line(fake: Fake) -> None:
     assert "401 unauthorized: the credentials refused" in str(err.value) and SECRET not in str(err.value)
 
 
-def test_delete_refused_names_what_stays(fake: Fake) -> None:
+def test_delete_refused_names_what_stays(fake: Fake, capfd: pytest.CaptureFixture[str]) -> None:
     fake.world.delete_refused = True
-    with pytest.raises(DeleteRefused, match=r"DELETE refused \(405\): .*demo/a@sha256:00"):
-        Registry(fake.host).delete_manifest("demo/a", "sha256:" + "00" * 32)
-    fake.world.delete_refused = False  # planted: a registry that deletes answers 404 here, no refusal
-    assert Registry(fake.host).delete_manifest("demo/a", "sha256:" + "00" * 32) is False
+    reg = Registry(fake.host)
+    assert reg.delete_manifest("demo/a", "sha256:" + "00" * 32) is False
+    assert reg.refused == [f"{fake.host}/demo/a@sha256:{'00' * 32}"]
+    assert "DELETE refused (405): " + reg.refused[0] + " could not be removed" in "".join(capfd.readouterr())
+    fake.world.delete_refused = False  # a registry that deletes (404 here: nothing there) refuses nothing
+    reg = Registry(fake.host)
+    assert reg.delete_manifest("demo/a", "sha256:" + "00" * 32) is False and reg.refused == []
 
 
 # ---------------------------------------------------------------- credentials per host

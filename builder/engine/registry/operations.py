@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from builder.core import log
 from builder.core.errors import InfraError, PublishError
 from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
@@ -61,6 +62,7 @@ class Registry:
         self.base = self.transport.base
         self.session = self.transport.session
         self.secrets = self.transport.secrets
+        self.refused: list[str] = []  # what a DELETE could not remove (405)
 
     @classmethod
     def from_settings(cls, host: str, settings: Settings) -> Registry:
@@ -107,11 +109,13 @@ class Registry:
 
     def delete_manifest(self, name: str, digest: str) -> bool:
         """DELETE a manifest by digest (every tag on it goes too); True when the registry accepted.
-        A registry that refuses deletes (405: GHCR, Docker Hub, or `storage.delete` off) is one PublishError line."""
+        A registry that refuses deletes (405: GHCR, Docker Hub, or `storage.delete` off) gives one line naming
+        what stays, and `refused` keeps it for gc's and prune's answers."""
         status = self._request("DELETE", f"/v2/{name}/manifests/{digest}").status_code
         if status in (405, 501):
-            raise DeleteRefused(f"registry {self.host}: DELETE refused ({status}): {self.host}/{name}@{digest} "
-                                "could not be removed; remove it in the registry's own interface")
+            self.refused.append(f"{self.host}/{name}@{digest}")
+            log.info(f"registry {self.host}: DELETE refused ({status}): {self.host}/{name}@{digest} could not be "
+                     "removed; remove it in the registry's own interface")
         return status == 202
 
     def blob(self, name: str, digest: str) -> bytes:
@@ -190,10 +194,6 @@ class Registry:
         if got["computed"] != digest:
             raise PublishError(f"registry {self.host}: {name}@{digest} serves bytes hashing to {got['computed']}")
         return bytes(got["content"])
-
-
-class DeleteRefused(PublishError):
-    """The registry does not delete manifests (405); the line names what stays."""
 
 
 def answers(host: str, timeout: float = 2.0) -> bool:
