@@ -268,8 +268,10 @@ def untag(client: Client, tag: str) -> bool:
 class _Progress:
     """Follows the classic builder's stream: steps, cache hits, per-step timings, the log file."""
 
-    def __init__(self, log_file: IO[str], echo: bool, quiet: log.Progress | None = None):
+    def __init__(self, log_file: IO[str], echo: bool, quiet: log.Progress | None = None,
+                 records: tuple[str, ...] = ()):
         self.log_file, self.echo = log_file, echo
+        self.records = records  # lines starting with one of these are records: the log file's, never the console's
         self.quiet = quiet  # not echoing: a progress line at most every so often (builder/core/log.py)
         self.steps: list[Step] = []
         self.tail: list[str] = []
@@ -282,11 +284,13 @@ class _Progress:
     def line(self, text: str) -> None:
         self.log_file.write(text + "\n")
         self.log_file.flush()
+        record = next((r for r in self.records if text.startswith(r)), None)
+        shown = f"{record.strip()} record ({len(text)} bytes): in the build log" if record else text
         if self.echo:
-            print(text, file=sys.stderr, flush=True)
-        self.tail = (self.tail + [text])[-20:]
+            print(shown, file=sys.stderr, flush=True)
+        self.tail = (self.tail + [shown])[-20:]
         if self.quiet:
-            self.quiet.feed(text)
+            self.quiet.feed(shown)
         match = STEP_RX.match(text)
         now = time.monotonic()
         if match:
@@ -333,14 +337,16 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def build(client: Client, context_fileobj: IO[bytes], tag: str, log_path: Path, nocache: bool = False,
-          echo: bool = True, buildargs: dict[str, str] | None = None, every: float = log.EVERY_S) -> BuildResult:
+          echo: bool = True, buildargs: dict[str, str] | None = None, every: float = log.EVERY_S,
+          records: tuple[str, ...] = ()) -> BuildResult:
     """Build a custom context tar; stream each line to stderr (echo) or a progress line at most every `every`
-    seconds, and every line to log_path; BuildFailed names the failing step (its instruction) and the log, with
-    the last 20 lines as details. The tag is set only on success."""
+    seconds, and every line to log_path (a line starting with one of `records`, a machine record such as the
+    build's BUILD-ENV, goes to log_path only: the console gets one line saying so); BuildFailed names the failing
+    step (its instruction) and the log, with the last 20 lines as details. The tag is set only on success."""
     before = inspect_image(client, tag)
     log_path = Path(log_path)
     with open(log_path, "w") as log_file:
-        progress = _Progress(log_file, echo, None if echo else log.Progress(f"build {tag}", log_path, every))
+        progress = _Progress(log_file, echo, None if echo else log.Progress(f"build {tag}", log_path, every), records)
         try:
             stream = client.api.build(fileobj=context_fileobj, custom_context=True, tag=tag, rm=True,
                                       forcerm=True, pull=False, nocache=nocache, network_mode="none",

@@ -224,7 +224,8 @@ def _build_keyed(rendered: RenderedBuild, settings: Settings, nocache: bool, ech
     with log.step(f"docker build {rendered.tag}"), open(rendered.context_path, "rb") as context:
         try:
             result = engine.build(client, context, tag, log_path, nocache=nocache, echo=echo,
-                                  buildargs={ccache.ARG: seed.tag}, every=settings.progress_every_s)
+                                  buildargs={ccache.ARG: seed.tag}, every=settings.progress_every_s,
+                                  records=(MARKER,))  # BUILD-ENV: the build log and the report, not the console
         except BuildFailed as failed:  # a component that compiled before the failing step keeps its cache
             try:
                 kept = ccache.harvest(client, seed, list(failed.steps))
