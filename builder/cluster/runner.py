@@ -28,6 +28,7 @@ from builder.core.records import Evidence, GateResult, SqshFacts
 from builder.pins.model import Pins
 
 SCRATCH_CACHE = runtimes.CACHE  # the compile caches inside the container's private /tmp (fresh per gate)
+RANK_LOG_MAX = 256 * 1024  # characters of each rank's log kept with the run (its end: where a failure shows)
 
 
 class SlurmRunner:
@@ -130,13 +131,21 @@ class SlurmRunner:
                  "seconds": seconds, "argv": ["srun", *argv[:-len(spec.command)]] + spec.command[:4],
                  "nodes": [x.name for x in self.nodes]}
         shutil.rmtree(out_dir, ignore_errors=True)
+        logs = self._rank_logs(outs, errs)
         log_tail = (errs[0] + outs[0])[-gate_runner.TAIL:]
         ended = self._ended(record, name, timed_out, timeout_s, log_tail, facts)
         if ended is not None:
-            return ended, facts
+            return _with_logs(ended, logs), facts
         code = _exit_code(record.get("ExitCode"), rc)
         result = gate_runner.result_from_output(gate, code, outs[0], errs[0], False, timeout_s)
-        return _merge_roles(result, [gate_runner.last_json(o) for o in outs[1:]], self.nodes), facts
+        return _with_logs(_merge_roles(result, [gate_runner.last_json(o) for o in outs[1:]], self.nodes), logs), facts
+
+    def _rank_logs(self, outs: list[str], errs: list[str]) -> dict[str, str]:
+        """Every rank's log (its stderr, then its stdout; the last RANK_LOG_MAX characters), by "rank<N> <node>":
+        the rollout server's lines on n2 are kept with the run, not only rank 0's."""
+        names = [x.name for x in self.nodes]
+        return {f"rank{t} {names[t] if t < len(names) else '?'}": (errs[t] + outs[t])[-RANK_LOG_MAX:]
+                for t in range(len(outs))}
 
     def step_argv(self, gate: str, name: str, out_dir: str, timeout_s: int) -> tuple[list[str], runtimes.GateSpec]:
         """srun's arguments for one gate step (after `srun`) and its task's spec, from the job, the plan, the pins
@@ -322,6 +331,12 @@ def _merge_roles(result: GateResult, others: list[dict[str, Any] | None], nodes:
                           f"never reached the rollout rank on {peer} at {address}")
     return GateResult(name=result.name, status=status, reason="; ".join(reasons) or result.reason,
                       evidence=Evidence.model_validate(evidence), log=result.log)
+
+
+def _with_logs(result: GateResult, logs: dict[str, str]) -> GateResult:
+    """The gate's result with every rank's log in its evidence (the report writes each to a file of its own)."""
+    return result.model_copy(update={"evidence": Evidence.model_validate({**result.evidence.as_dict(),
+                                                                         "rank_logs": logs})})
 
 
 def _text(path: Path) -> str:

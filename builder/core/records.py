@@ -119,6 +119,7 @@ class Evidence(BaseModel):
     processes: Any = None
     census: Any = None          # per node: the processes seen and recorded
     ranks: Any = None           # a recipe across nodes: every other rank's role, status and evidence
+    rank_logs: dict[str, str] | None = None  # Slurm: per rank ("rank1 n2") its log; in report.json the file's path
     seconds: Any = None
     timeout_s: Any = None
     # the provenance gate's (acceptance/provenance.py)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -296,6 +297,7 @@ def to_markdown(report: Report) -> str:
                     g.reason, readable_evidence(g.evidence)] for g in report.gates])
     out += ["", "Each gate's full evidence is in report.json (`gates[].evidence`)."]
     out += replay_markdown(report.gates)
+    out += rank_logs_markdown(report.gates)
     tp = report.acceptance.throughput if report.acceptance else {}
     if tp:
         show = {k: UNKNOWN if tp.get(k) is None else _num(tp[k]) for k in ("metric", "aligned", "control", "ratio")}
@@ -506,6 +508,45 @@ def _atomic_write(path: Path, text: str) -> None:
         os.chmod(tmp, 0o644)
 
 
+LOGS_DIR = "logs"
+
+
+def log_file(gate: str, rank: str) -> str:
+    """A rank's log in the run directory: logs/<gate>/<rank>.log ("rank1 n2" -> rank1-n2.log)."""
+    return f"{LOGS_DIR}/{re.sub(r'[^A-Za-z0-9_.-]+', '-', gate)}/{re.sub(r'[^A-Za-z0-9_.-]+', '-', rank)}.log"
+
+
+def with_rank_log_files(report: Report) -> tuple[Report, dict[str, str]]:
+    """The report with each rank's log (evidence.rank_logs) replaced by its file's path, and the files to write
+    (path -> text). A path already there (a report written again) stays."""
+    files: dict[str, str] = {}
+
+    def split(gates: list[GateResult]) -> list[GateResult]:
+        out = []
+        for gate in gates:
+            logs = gate.evidence.rank_logs
+            if not logs or all(v == log_file(gate.name, k) for k, v in logs.items()):
+                out.append(gate)
+                continue
+            paths = {rank: log_file(gate.name, rank) for rank in logs}
+            files.update({paths[rank]: text for rank, text in logs.items() if text != paths[rank]})
+            evidence = Evidence.model_validate({**gate.evidence.as_dict(), "rank_logs": paths})
+            out.append(gate.model_copy(update={"evidence": evidence}))
+        return out
+
+    update: dict[str, Any] = {"gates": split(report.gates)}
+    if report.acceptance is not None:
+        update["acceptance"] = report.acceptance.model_copy(update={"gates": split(report.acceptance.gates)})
+    return (report.model_copy(update=update), files) if files else (report, {})
+
+
+def rank_logs_markdown(gates: list[GateResult]) -> list[str]:
+    """Per gate that ran on several ranks: a link to each rank's log, kept beside the report."""
+    out = [f"- {g.name}: " + ", ".join(f"[{rank}]({path})" for rank, path in g.evidence.rank_logs.items())
+           for g in gates if g.evidence.rank_logs]
+    return ["", "Rank logs (every rank's stderr then stdout):", "", *out] if out else []
+
+
 def with_replay_files(report: Report) -> tuple[Report, dict[str, dict[str, Any]]]:
     """The report pointing at replay/<gate>.json for each bundle of a difference, and those bundles."""
     gates, bundles = replay.split(report.gates)
@@ -525,6 +566,11 @@ def write(report: Report, outdir: str | Path) -> dict[str, Path]:
              "ctrf": outdir / "ctrf.json"}
     fs.sweep_parts(outdir)  # what a killed run left, once for the four files
     report, bundles = with_replay_files(report)
+    report, logs = with_rank_log_files(report)
+    for name, text in logs.items():
+        paths[name] = outdir / name
+        paths[name].parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(paths[name], text)
     for gate, bundle in bundles.items():
         paths[f"replay_{gate}"] = outdir / replay.bundle_file(gate)
         paths[f"replay_{gate}"].parent.mkdir(exist_ok=True)

@@ -139,10 +139,11 @@ def _markdown() -> MarkdownIt:
 
 def sections(report: Report) -> list[tuple[str, Markup]]:
     """The Markdown report's evidence sections, each as (id, HTML) from the same functions that write report.md:
-    replay bundles (linked), processes per gate, census, JIT kernels, native inputs, the .sqsh, the cluster's
+    replay bundles and every rank's log (linked), processes per gate, census, JIT kernels, native inputs, the .sqsh, the cluster's
     per-node table and steps, the rebuild check and the run manifest. A section with nothing to say is left out."""
     parts = {
         "replay": document.replay_markdown(report.gates),
+        "logs": document.rank_logs_markdown(report.gates),
         "processes": document.processes_markdown(report.processes),
         "census": document.census_markdown(report.gates),
         "jit": document.jit_markdown(report.gates),

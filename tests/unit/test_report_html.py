@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import html
 import re
+from pathlib import Path
 from typing import Any
 
-from builder.core.records import number
+from builder.core.records import Evidence, number
 from builder.report import document
 from builder.report import html as html_mod
 from tests.fixture_types import MakeReportInputs
@@ -62,3 +63,23 @@ def test_markup_in_a_report_is_escaped(report_inputs: MakeReportInputs) -> None:
 def test_one_number_reader_for_every_free_form_value() -> None:
     """records.number: the one reader the page, compare, trust and the report use (a bool is not a number)."""
     assert [number(v) for v in (3, 0.5, True, "1", None)] == [3.0, 0.5, None, None, None]
+
+
+def test_every_ranks_log_is_written_beside_the_report_and_linked(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
+    """Under --slurm every rank's log comes back in the evidence (builder/cluster/runner.py); the report writes each
+    to logs/<gate>/<rank>.log, keeps the path, and links it from report.md and the HTML page."""
+    report = rich_report(report_inputs)
+    logs = {"rank0 n1": "trainer: step 1\n", "rank1 n2": "rollout server: serving 2 processes (planted)\n"}
+    gates = [g.model_copy(update={"evidence": Evidence.model_validate({**g.evidence.as_dict(), "rank_logs": logs})})
+             if g.name == "rl_step" else g for g in report.gates]
+    paths = document.write(report.model_copy(update={"gates": gates}), tmp_path)
+    assert (tmp_path / "logs" / "rl_step" / "rank1-n2.log").read_text() == logs["rank1 n2"]
+    assert paths["logs/rl_step/rank0-n1.log"] == tmp_path / "logs" / "rl_step" / "rank0-n1.log"
+    stored = document.load(tmp_path / "report.json")
+    kept = next(g for g in stored.gates if g.name == "rl_step").evidence.rank_logs
+    assert kept == {"rank0 n1": "logs/rl_step/rank0-n1.log", "rank1 n2": "logs/rl_step/rank1-n2.log"}
+    assert "serving 2 processes" not in (tmp_path / "report.json").read_text()
+    assert "[rank1 n2](logs/rl_step/rank1-n2.log)" in (tmp_path / "report.md").read_text()
+    assert '<a href="logs/rl_step/rank1-n2.log">rank1 n2</a>' in html_mod.report_html(stored)
+    document.write(stored, tmp_path)  # written again: the paths stay, the files too
+    assert (tmp_path / "logs" / "rl_step" / "rank1-n2.log").read_text() == logs["rank1 n2"]
