@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.cluster.runtimes import Runtime, q
+from builder.cluster.runtimes import UNMOUNT, Runtime, overlay_root, q
 
 # OpenSSL's sha256 uses the CPU's SHA instructions (3.4x coreutils' sha256sum here); sha256sum where a node has none.
 SCRIPT = r"""n=${SLURMD_NODENAME:-$(hostname -s)}; src=$1; want=$2; work=$3; dir=$4
@@ -43,14 +43,17 @@ if [ "$h" = "$want" ]; then ENV && echo "env=$work/environment-$n"; fi
 
 
 def script(runtime: Runtime, targets: list[str] | None = None) -> str:
-    """The check step's shell; `targets`: the data mounts' targets, each of which must be a directory in the image
-    (ch-run binds onto existing directories only: it cannot create one in a read-only SquashFS, /tmp aside)."""
+    """The check step's shell; `targets`: the data mounts' targets, each of which must be a directory in the root the
+    gates see: ch-run binds onto existing directories only, so the gate's task (runtimes.overlay_root) puts the
+    .sqsh under a read-only overlayfs holding the targets as mount points; the check makes that root once."""
     env = runtime.env_command('"$use"', '"$work/environment-$n"') or "true"
     text = SCRIPT.replace("VERSION", runtime.version_command()).replace("ENV", env)
-    for target in targets or []:
-        inside = runtime.image_command('"$use"', f"/bin/sh -c '[ -d {q(target)} ]'")
-        if inside and not target.startswith("/tmp/"):
-            text += f'if [ "$h" = "$want" ]; then {inside} || echo "missing_mount={target}"; fi\n'
+    checks = [runtime.image_command('"$w/root"', f"/bin/sh -c '[ -d {q(t)} ]'") for t in targets or []]
+    if targets and all(checks):
+        inner = f'rc=3; {overlay_root("$1", targets)} && {{ {" && ".join(str(c) for c in checks)}; rc=$?; }}; ' \
+                f'{UNMOUNT}; exit $rc'
+        text += (f'if [ "$h" = "$want" ]; then unshare --user --map-root-user --mount /bin/sh -c {q(inner)} check '
+                 f'"$use" || echo "missing_mount={",".join(targets)}"; fi\n')
     return text
 
 
@@ -111,8 +114,9 @@ def verdict(nodes: list[Node], want: str, expected: int, rc: int, complaint: str
         return f"the .sqsh check step failed on the nodes (exit {rc}; answered: {seen}): {complaint or 'no output'}", False
     for node in nodes:
         if node.facts.get("missing_mount"):
-            return (f"acceptance.mounts: target {node.facts['missing_mount']} is not a directory in the image on node "
-                    f"{node.name} (ch-run binds only onto directories the image has, or under /tmp)"), True
+            return (f"acceptance.mounts: could not make the mount points {node.facts['missing_mount']} on node "
+                    f"{node.name} (ch-run binds only onto directories; the task mounts the .sqsh with squashfuse under a"
+                    " read-only overlayfs in its own namespace: it needs squashfuse, /dev/fuse and Linux >= 5.11)"), False
         if needs_env and not node.facts.get("env"):
             return f"could not read the image's /etc/environment on node {node.name}", False
     return None, False

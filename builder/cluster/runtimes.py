@@ -74,13 +74,17 @@ class Charliecloud:
                                                                                    else [])))
         if spec.cache:  # the node-local JIT cache at the container's cache directory (in its private /tmp)
             binds = f'--bind="$cache:{CACHE}" {binds}'
-        run = (f'exec ch-run --private-tmp --unset-env="*" --set-env="{spec.env_file}" {sets} {RANK_ENV} {passes} '
-               f'--env-no-expand --bind="$out:{WORK}" {binds} --cd=/tmp "{spec.sqsh}" -- "$@"')
-        if spec.mounts:  # the inner shell runs in the new namespaces: read-only binds, then ch-run
-            ro = " && ".join(f"mount --bind {q(src)} {q(src)} && mount -o remount,bind,ro {q(src)}"
-                             for src, _ in spec.mounts)
-            inner = f"{ro} && {run}"
+        targets = [dst for _, dst in (*spec.mounts, *([spec.scratch] if spec.scratch else []))]
+        image = '"$w/root"' if targets else f'"{spec.sqsh}"'
+        run = (f'ch-run --private-tmp --unset-env="*" --set-env="{spec.env_file}" {sets} {RANK_ENV} {passes} '
+               f'--env-no-expand --bind="$out:{WORK}" {binds} --cd=/tmp {image} -- "$@"')
+        if targets:  # the inner shell runs in the new namespaces: the root with mount points, read-only binds, ch-run
+            ro = "".join(f" && mount --bind {q(src)} {q(src)} && mount -o remount,bind,ro {q(src)}"
+                         for src, _ in spec.mounts)
+            inner = f"rc=3; {overlay_root(spec.sqsh, targets)}{ro} && {{ {run}; rc=$?; }}; {UNMOUNT}; exit $rc"
             run = f"exec unshare --user --map-root-user --mount /bin/sh -c {q(inner)} gate \"$@\""
+        else:
+            run = f"exec {run}"
         cache = f'cache="{spec.cache}"; mkdir -p "$cache" || exit 3; export cache; ' if spec.cache else ""
         script = f'out="{spec.out_dir}"; mkdir -p "$out" || exit 3; export out; {cache}{run}'
         return ["/bin/sh", "-c", script, "gate", *spec.command]
@@ -135,6 +139,20 @@ class Enroot:
                 "home": "not mounted (--no-container-mount-home)",
                 "host_mounts": f"the gate's output directory at {WORK}; enroot.conf and hooks of the site",
                 "image": "read-only (--container-readonly)", "executed": "no: not executed here (no pyxis/enroot)"}
+
+
+# the task's own mounts go before its namespace does: squashfuse exits once its mount is gone
+UNMOUNT = 'umount "$w/root" && umount "$w/img" && rm -rf "$w"'
+
+
+def overlay_root(sqsh: str, targets: list[str]) -> str:
+    """Shell (in the task's user and mount namespace) making "$w/root": the .sqsh mounted with squashfuse under a
+    read-only overlayfs (unprivileged from Linux 5.11, no upper layer) whose first lower layer holds only the mount targets as
+    empty directories. ch-run binds only onto directories the image has; this way a data mount's target (a site's
+    /models/...) exists without being added to the image, as pyxis/enroot create mount points."""
+    points = " ".join(f'"$w/pts"{q(t)}' for t in targets)
+    return (f'w=$(mktemp -d) && mkdir -p "$w/img" "$w/root" {points} && squashfuse "{sqsh}" "$w/img" && '
+            'mount -t overlay overlay -o "lowerdir=$w/pts:$w/img" "$w/root"')
 
 
 RUNTIMES: dict[str, type[Charliecloud] | type[Enroot]] = {"charliecloud": Charliecloud, "enroot": Enroot}

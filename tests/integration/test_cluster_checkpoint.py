@@ -1,8 +1,9 @@
 """Checkpoint mode under --slurm, as under Docker (tests/integration/test_accept_checkpoint.py): the initial model
 mounted read-only (the task's own namespace makes the bind read-only before ch-run binds it), the saves on the
 pins' scratch mount (the one writable data mount), and the planted checkpoint defects (#23 weight decay at lr 0,
-#24 a tensor the optimizer skips) failing their gates with the same words. ch-run binds only onto directories the
-image has, so the targets are the base's /mnt and /srv."""
+#24 a tensor the optimizer skips) failing their gates with the same words. The mount targets are Docker's
+(/models/tinyrl-seed-1, /scratch/checkpoints), which the image does not have: the task's read-only overlayfs over the
+.sqsh makes them (builder/cluster/runtimes.py overlay_root), as pyxis/enroot create mount points."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,13 +25,12 @@ from tests.integration.test_accept_checkpoint import (
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
-MODEL, SCRATCH = "/mnt", "/srv"
 
 
 def slurm_checkpoint_pins(pins: Pins, model: Path, scratch: Path, shared: Path) -> Pins:
-    """Docker's checkpoint pins (test_accept_checkpoint.checkpoint_pins) with mount targets the image has, and the
-    cluster's shared directory."""
-    data = checkpoint_pins(pins, model, scratch, model=MODEL, scratch_dir=SCRATCH).to_json_dict()
+    """Docker's checkpoint pins (test_accept_checkpoint.checkpoint_pins), the same mount targets, and the cluster's
+    shared directory."""
+    data = checkpoint_pins(pins, model, scratch).to_json_dict()
     data["acceptance"]["slurm"] = {"shared_dir": str(shared)}
     return pins_mod.validate(data, pins.directory)
 
