@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from acceptance.hook import image_identity, mark, node_name, stat_fields
-from acceptance.interpreters import Interpreters
+from acceptance.interpreters import Interpreters, file_key, sha256
 
 PR_SET_CHILD_SUBREAPER = 36
 INTERVAL_S = 0.015
@@ -56,6 +56,13 @@ def _link(path: str) -> str | None:
         return None
 
 
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
 def _denied(path: str) -> bool:
     """True when path exists but this process may not read it (EACCES/EPERM): another user, or not dumpable."""
     try:
@@ -75,19 +82,23 @@ def _uid(pid: int) -> int | None:
 
 
 class Components:
-    """Which paths are a component's: the manifest's files and native libraries, and everything under a
-    component module's folder in site-packages."""
+    """Which paths are a component's: the manifest's files and native libraries, everything under a component
+    module's folder in site-packages, and, wherever it lies, any file whose content (sha256) is a component
+    file's (hashed only when its size is one of theirs; empty files never count)."""
 
     def __init__(self, manifest: dict[str, Any]) -> None:
         site = (manifest.get("site_packages") or "").rstrip("/")
         comps = manifest.get("components") or {}
         self.site = site + "/" if site else "\0"
-        self.files = {p for c in comps.values() for p in (c.get("files") or {})}
-        self.files |= {p for c in comps.values() for p in (c.get("native_libs") or {})}
+        hashes = {p: d for c in comps.values() for k in ("files", "native_libs") for p, d in (c.get(k) or {}).items()}
+        self.files = set(hashes)
+        self.digests = set(hashes.values())
+        self.sizes = {st.st_size for p in hashes if (st := _stat(p)) is not None and st.st_size > 0}
+        self.verdicts: dict[tuple[int, int, int, int], bool] = {}
         self.roots = tuple(sorted({f"{site}/{m.split('.')[0]}" for c in comps.values() for m in c.get("modules") or []}))
 
     def mapped(self, maps: str) -> set[str]:
-        """The component files in /proc/<pid>/maps text (only lines under site-packages or listed files are split)."""
+        """The component files in /proc/<pid>/maps text: by path, or a shared object elsewhere by content."""
         found = set()
         for line in maps.splitlines():
             at = line.find("/")
@@ -96,14 +107,29 @@ class Components:
             path = line[at:]
             if (path.startswith(self.site) or path in self.files) and self.owns(path):
                 found.add(path)
+            elif path.endswith(".so") or ".so." in path.rsplit("/", 1)[-1]:
+                if self.same_content(path):
+                    found.add(path)
         return found
 
     def owns(self, path: str) -> bool:
         path = path.removesuffix(" (deleted)")
         if path in self.files:
             return True
-        return path.startswith(self.site) and any(path == r or path.startswith(r + "/") or path.startswith(r + ".")
-                                                  for r in self.roots)
+        if path.startswith(self.site) and any(path == r or path.startswith(r + "/") or path.startswith(r + ".")
+                                              for r in self.roots):
+            return True
+        return self.same_content(path)
+
+    def same_content(self, path: str) -> bool:
+        """A copy of a component file, wherever it lies (cached by device, inode, size and mtime)."""
+        st = _stat(path)
+        if st is None or st.st_size not in self.sizes:
+            return False
+        key = file_key(st)
+        if key not in self.verdicts:
+            self.verdicts[key] = sha256(path) in self.digests
+        return self.verdicts[key]
 
 
 class Row:
@@ -275,8 +301,8 @@ class Census:
         that an exec in between is never half seen), argv, why it is an interpreter, its personality."""
         fields = stat_fields(_read(f"/proc/{row.pid}/stat"))
         now = mark(fields, _stat_exe(row.pid))
-        if now is not None and (fields is None or ":".join(fields[45:49]) != addrs):
-            return False  # it exec'd while we looked: the next poll sees the new program whole
+        if now is not None and (fields is None or ":".join(fields[45:49]) != addrs or "0" in addrs.split(":")):
+            return False  # it exec'd while we looked (or is inside execve, no arguments yet): look again next poll
         row.addrs = addrs
         if exe is None and _denied(f"/proc/{row.pid}/exe"):
             self._deny(row, "exe")

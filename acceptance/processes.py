@@ -88,6 +88,7 @@ def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | 
     files = {p: d for c in comps.values() for p, d in (c.get("files") or {}).items()}
     native = {p: (n, d) for n, c in comps.items() for p, d in (c.get("native_libs") or {}).items()}
     by_base = {os.path.basename(p): n for p, (n, _) in native.items()}
+    by_digest = {d: n for n, c in comps.items() for d in (c.get("native_libs") or {}).values()}
     roots = {f"{site}/{m.split('.')[0]}": n for n, c in comps.items() for m in c.get("modules") or []}
     me, out = who(rec), []
     if rec.get("pid") is None:
@@ -118,6 +119,8 @@ def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | 
                 out.append(f"{me}: {native[clean][0]} native library {path} sha256 {digest} differs from the manifest")
         elif owner:
             out.append(f"{me}: {roots[owner]} native library {path} is not in the manifest")
+        elif digest and digest in by_digest:  # a component's file by content, under another path or name
+            out.append(f"{me}: a copy of {by_digest[digest]}'s native library loaded from {path}, not the manifest's")
         elif os.path.basename(clean) in by_base and not clean.startswith(site + "/"):  # torch/_C...so is torch's
             out.append(f"{me}: another build of {by_base[os.path.basename(clean)]}'s "
                        f"{os.path.basename(clean)} loaded from {path}, not in the manifest")

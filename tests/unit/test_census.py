@@ -42,6 +42,9 @@ elif mode == "preexec":  # preexec_fn runs the hook's fork handler (a record), t
 elif mode == "undumpable":  # a worker that makes itself unreadable (exe, maps, fds: EACCES), argv stays readable
     subprocess.run([sys.executable, "-c", "import ctypes, time; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); "
                     "time.sleep(0.5)"], check=True)
+elif mode == "copy":  # a copy of a component file elsewhere, under another name, opened by a helper
+    import shutil; shutil.copy(fakecomp.__file__, "notes.txt")
+    subprocess.run(["sh", "-c", "exec 3<notes.txt; sleep 0.4 3<&-"], check=True)
 elif mode == "opener":
     subprocess.run(["sh", "-c", "exec 3<" + os.path.dirname(fakecomp.__file__) + "/__init__.py; sleep 0.4 3<&-"], check=True)
 subprocess.run(["sh", "-c", "sleep 0.3"], check=True)  # a helper: no interpreter, no component file
@@ -56,7 +59,8 @@ def _world(tmp_path: Path) -> tuple[dict[str, str], dict[str, Any], Path]:
     (site / "fakecomp" / "__init__.py").write_text("VALUE = 1\n")
     real = os.path.realpath(sys.executable)
     manifest = {"site_packages": str(site), "components": {"comp": {"modules": ["fakecomp"], "native_libs": {},
-                "files": {str(site / "fakecomp" / "__init__.py"): "0" * 64}}},
+                "files": {str(site / "fakecomp" / "__init__.py"): interpreters.sha256(str(site / "fakecomp" /
+                                                                                      "__init__.py"))}}},
                 "interpreters": [{"path": real, "sha256": interpreters.sha256(real)}]}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     records = tmp_path / "rec"
@@ -192,6 +196,11 @@ def test_a_process_the_census_cannot_read_fails_closed(tmp_path: Path) -> None:
     print(failures[0])
 
 
+def test_a_copy_of_a_component_file_anywhere_counts_by_its_content(tmp_path: Path) -> None:
+    reason, row, _ = _escape(tmp_path, "copy", "notes.txt")
+    assert row["class"] == "component files" and row["component_files"][0].endswith("/notes.txt"), row
+
+
 def test_a_helper_that_opens_a_component_file_fails(tmp_path: Path) -> None:
     reason, row, _ = _escape(tmp_path, "opener", "exec 3<")
     assert not row["python"] and row["class"] == "component files"
@@ -259,6 +268,13 @@ def test_a_record_from_another_image_fails() -> None:
     failures = processes.judge_one(rec, {"site_packages": "/s", "components": {}}, None, [], [], "sha256:" + "a" * 64)
     assert failures == [f"process 5 (python): ran in image sha256:{'b' * 64} (its manifest's sha256), not the gate's "
                         f"sha256:{'a' * 64}"]
+
+
+def test_a_copy_of_a_component_native_library_fails_by_its_sha256() -> None:
+    manifest = {"site_packages": "/s", "components": {"vllm": {"native_libs": {"/s/eng/_C.so": "c" * 64}}}}
+    rec = {"pid": 5, "argv": ["python"], "mnt_ns": None, "modules": {}, "libs": {"/opt/other/libfast.so": "c" * 64}}
+    assert processes.judge_one(rec, manifest, None, [], []) == [
+        "process 5 (python): a copy of vllm's native library loaded from /opt/other/libfast.so, not the manifest's"]
 
 
 def test_recipe_gate_verdict_takes_the_census(tmp_path: Path) -> None:
