@@ -101,7 +101,7 @@ def resolve(pins: Pins, settings: Settings, offline: bool = False, allow_moved_p
 def checked_lock(pins: Pins, resolved: ResolvedSources, settings: Settings, offline: bool = False) -> Lock:
     """The pins' lock, read once; BadInput (exit 2, the line `lock --check` prints) when it is stale for the
     pins: nothing is rendered or built from it. A base pinned by an index without base.platform is refused first."""
-    platforms.resolve(pins.base.image, pins.base.platform, settings)
+    platforms.refuse_missing_platform(pins.base.image, pins.base.platform, settings)
     lock = lock_record.of(pins)
     try:
         lockfile.check_fresh(settings, pins, resolved, lock, offline)
@@ -145,7 +145,7 @@ def lock(pins_path: Path, settings: Settings, check: bool = False, offline: bool
     if not check:
         lockfile.start_lock_file(pins_path)
     pins = load_pins(pins_path)
-    platforms.resolve(pins.base.image, pins.base.platform, settings)  # an index without the platform: exit 2 first
+    platforms.refuse_missing_platform(pins.base.image, pins.base.platform, settings)  # exit 2 before anything
     with log.step("lock: resolve sources"):
         resolved = sources.resolve(pins, settings, offline=offline, allow_moved_pr=allow_moved_pr)
     return lockfile.lock(pins, resolved, settings, check=check, resolver_name=resolver, build_sdists=build_sdists,

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from builder.core.errors import BadInput, BuildFailed, PublishError
+from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
 from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.engine.registry import INDEX_TYPES, Registry
@@ -98,6 +98,16 @@ def resolve(image: str, platform: str, settings: Settings) -> BaseManifest:
             raise BuildFailed(f"base image {base.reference}: {err}") from None
     check_config(reg, ref.repository, body, platform, base.reference)
     return base
+
+
+def refuse_missing_platform(image: str, platform: str, settings: Settings) -> None:
+    """Before the lock and the build: a base whose index has no base.platform entry, or whose config names another
+    platform, is refused (BadInput, exit 2). A base that cannot be read here (the registry down, a base only in the
+    local engine) is left to the steps that read it, with their own errors."""
+    try:
+        resolve(image, platform, settings)
+    except (BuildFailed, InfraError, PublishError):
+        return
 
 
 def check_config(reg: Registry, name: str, manifest: dict[str, Any], platform: str, where: str) -> None:
