@@ -360,7 +360,9 @@ def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML)
             key: Optional[Path] = SigningKey,
             jobs: Optional[int] = typer.Option(None, "--jobs", help="with several pins files: how many run at once "
                                                "(1..64; default 1, with --slurm all: the cluster schedules the gates)"),
-            slurm: bool = SlurmOpt) -> None:
+            slurm: bool = SlurmOpt,
+            bisect_red: bool = typer.Option(False, "--bisect", help="when a gate flips from pass to fail against "
+                                            "the last accepted night: `builder bisect` it (docs/bisect.md)")) -> None:
     """Rebuild and accept, then diff with the last accepted run of the same pins name.
     Exit codes as `run`, plus 4 when accepted but a regression flag is up; several pins files run in
     parallel processes (at most --jobs at once) and the most severe exit code is the fleet's. With --slurm
@@ -376,7 +378,7 @@ def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML)
     plan = make_plan(pins, flags)
     from builder import pipeline  # lazy: start-up
 
-    pipeline.nightly(pins, plan, settings())
+    pipeline.nightly(pins, plan, settings(), bisect_red=bisect_red)
 
 
 @app.command()
@@ -426,18 +428,14 @@ def bisect_cmd(good: Optional[Path] = typer.Argument(None, help="GOOD: a pins fi
     search over its commits (skipping what does not build); exit 0 when a commit or range is named, 1 when BAD
     passes, GOOD fails or --max-steps runs out, 2 bad input, 3 infrastructure, 130 interrupted (resumable)."""
     from builder.accept.plan import Flags  # lazy: start-up
-    from builder.bisect.sides import night  # lazy: start-up
-    from builder.nightly.history import History  # lazy: start-up
 
     config = settings()
     if (good is None) == (good_night is None) or (bad is None) == (bad_night is None):
         raise BadInput("bisect: expected GOOD (or --good-night) and BAD (or --bad-night), one of each")
-    where = History(config.cache("history") / "runs.sqlite") if good_night or bad_night else None
-    if where is not None:
-        good = good or night(where, name, str(good_night), "--good-night")
-        bad = bad or night(where, name, str(bad_night), "--bad-night")
-    assert good is not None and bad is not None  # one of each, checked above
     from builder import pipeline  # lazy: start-up
+
+    good = good or pipeline.bisect_night(config, name, str(good_night), "--good-night")
+    bad = bad or pipeline.bisect_night(config, name, str(bad_night), "--bad-night")
 
     answer = pipeline.bisect(good, bad, config, Flags(gates=gate or (), slurm=slurm, offline=offline, out=out),
                              json_path=json_out, max_steps=max_steps)

@@ -314,9 +314,11 @@ def rebuild_check(report_json: Path, settings: Settings) -> dict[str, Any]:
     return result
 
 
-def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None = None) -> Run:
+def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None = None,
+            bisect_red: bool = False) -> Run:
     """Follow PR heads (when the plan asks), run, diff with the last accepted run of the same pins name, move the
-    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag."""
+    nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag.
+    `bisect_red`: a gate that flipped from pass to fail against the last accepted night starts `builder bisect`."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     pins_path = pins.path
     moved: list[dict[str, Any]] = []
@@ -350,7 +352,8 @@ def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None 
     history.add(pins.name, started, report.verdict, report.image_id, digest,
                 {n: c.commit for n, c in report.sources.components.items()}, run_dir / "report.json", code, flag,
                 kind="nightly")
-    nightly_page(history, run_dir, settings, flag, diff["regression"]["reasons"], digest)
+    first_bad = "" if accepted or not bisect_red else _nightly_bisect(history, pins.name, run_dir, settings, plan)
+    nightly_page(history, run_dir, settings, flag, diff["regression"]["reasons"], digest, first_bad)
     log.info(f"nightly: {diff['summary']}")
     for reason in diff["regression"]["reasons"]:
         log.info(f"regression: {reason}")
@@ -467,7 +470,7 @@ def report_html(report_json: Path) -> str:
 
 
 def nightly_page(history: History, run_dir: Path, settings: Settings, flag: bool, reasons: list[str],
-                 digest: str | None) -> Path | None:
+                 digest: str | None, first_bad: str = "") -> Path | None:
     """After a nightly's row: its step timings and lock copy beside the report, the history page beside the rows
     (and a copy in the run directory), then the notification when the verdict flipped or a regression flag went
     up. A page or a notification that fails never changes the nightly's verdict or exit code: one line each."""
@@ -491,7 +494,7 @@ def nightly_page(history: History, run_dir: Path, settings: Settings, flag: bool
         before = document.load(previous.report_path) if previous else None
     except BadInput:
         before = None  # its report is gone: the message names no fixed gate
-    notify.notify(settings, previous, before, report, flag, reasons, digest, where)
+    notify.notify(settings, previous, before, report, flag, reasons, digest, where, first_bad=first_bad)
     return where
 
 
@@ -566,3 +569,39 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     log.info(f"bisect: {paths['md']}")
     return answer
 
+
+def bisect_night(settings: Settings, name: str | None, night: str, which: str) -> Path:
+    """The report.json of a night of the history (`night`: a run id or a date); exit 2 naming a night that is
+    not there or whose report is gone."""
+    from builder.bisect import sides  # lazy: only bisect needs it
+
+    return sides.night(_history(settings), name, night, which)
+
+
+def _nightly_bisect(history: History, name: str, run_dir: Path, settings: Settings, plan: Plan) -> str:
+    """`nightly --bisect`: bisect from the last accepted night to this one over the gates that flipped from pass
+    to fail (into bisect/ beside the report); what it names, for the page and the message. A bisect that cannot
+    run or ends without an answer is one line: the nightly's verdict and exit code stand."""
+    from builder.accept.plan import SlurmPlace  # lazy: only nightly --bisect needs it
+    from builder.core.errors import BuilderError  # lazy: only nightly --bisect needs it
+
+    last = history.last_accepted(name)
+    if last is None:
+        log.info("nightly --bisect: no accepted night to bisect from")
+        return ""
+    before = {g.name: g.status for g in document.load(last.report_path).gates}
+    flipped = [g.name for g in document.load(run_dir / "report.json").gates
+               if g.status == "fail" and before.get(g.name) == "pass"]
+    if not flipped:
+        log.info("nightly --bisect: no gate flipped from pass to fail; nothing to bisect")
+        return ""
+    flags = Flags(gates=flipped, slurm=isinstance(plan.acceptance.place, SlurmPlace), out=run_dir / page.BISECT)
+    try:
+        answer = bisect(Path(last.report_path), run_dir / "report.json", settings, flags)
+    except BuilderError as exc:
+        log.info(f"nightly --bisect: {exc.headline()}; the verdict stands")
+        return ""
+    first = answer.get("first_bad")
+    if first:
+        return f"{first['component']} {first['commit'][:12]} (PR #{first['pr']}) {first['subject']}: {first['gate']}"
+    return "one of " + ", ".join(c[:12] for c in answer.get("range", []))

@@ -49,10 +49,12 @@ def gate_line(report: Report, previous: Report | None, reasons: list[str]) -> st
     return "; ".join(fixed or reasons or ["-"])[:500]
 
 
-def payload(report: Report, why: str, digest: str | None, gate: str, page: Path | None) -> dict[str, Any]:
+def payload(report: Report, why: str, digest: str | None, gate: str, page: Path | None,
+            first_bad: str = "") -> dict[str, Any]:
     colour = COLOURS["flag"] if why.startswith("regression") else COLOURS[report.verdict]
     prs = ", ".join(f"{n} #{c.pr} {c.commit[:12]}" for n, c in report.sources.components.items())
     fields = [("digest", digest or report.image_id), ("PRs", prs), ("gate", gate), ("page", str(page or "-"))]
+    fields += [("first bad commit", first_bad)] if first_bad else []  # named by `nightly --bisect`
     return {"text": f"nightly {report.name}: {report.verdict}: {why}",
             "attachments": [{"color": colour, "fallback": f"nightly {report.name}: {why}",
                              "fields": [{"title": t, "value": v, "short": t == "digest"} for t, v in fields]}]}
@@ -106,12 +108,13 @@ def run_command(command: str, message: dict[str, Any], timeout: float = SEND_TIM
 
 
 def notify(settings: Settings, previous: Run | None, previous_report: Report | None, report: Report, flag: bool,
-           reasons: list[str], digest: str | None, page: Path | None, timeout: float = SEND_TIMEOUT_S) -> list[str]:
+           reasons: list[str], digest: str | None, page: Path | None, timeout: float = SEND_TIMEOUT_S,
+           first_bad: str = "") -> list[str]:
     """Send the message to each configured target when there is an event; the lines logged (one per target)."""
     why = event(previous, report.verdict, flag)
     if why is None or not (settings.notify_url or settings.notify_command):
         return []
-    message = payload(report, why, digest, gate_line(report, previous_report, reasons), page)
+    message = payload(report, why, digest, gate_line(report, previous_report, reasons), page, first_bad)
     lines = []
     if settings.notify_url:
         lines.append(post(settings.notify_url, message, timeout))

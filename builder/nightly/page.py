@@ -42,6 +42,7 @@ CACHE_FORMAT = 2
 CHARTS = "page-charts"  # each section's SVG under the sha256 of what it draws (ChartCache)
 CHART_FORMAT = 1  # part of that key: a change to how charts() draws makes every stored chart a miss
 PAGE = "history.html"
+BISECT = "bisect"  # `nightly --bisect`: the bisect directory beside a red night's report
 DEFAULT_LAST = 365
 MARKERS_UP_TO = 90  # nights: beyond this the lines carry no per-night marker (the SVG stays small)
 REASON_CHARS = 300
@@ -156,6 +157,19 @@ class Night:
 
     def statuses(self) -> dict[str, str]:
         return {g["name"]: g["status"] for g in (self.facts or {}).get("gates", [])}
+
+    @property
+    def first_bad(self) -> dict[str, str] | None:
+        """What `builder nightly --bisect` named for this night (bisect/ beside its report), else None."""
+        path = Path(self.row.report_path).parent / BISECT / "bisect.json"
+        try:
+            first = json.loads(path.read_text()).get("first_bad") if path.is_file() else None
+        except (OSError, ValueError):
+            return None
+        if not isinstance(first, dict):
+            return None
+        return {"component": str(first.get("component")), "commit": str(first.get("commit")),
+                "gate": str(first.get("gate")), "md": str(path.with_suffix(".md"))}
 
     def cells(self, gates: list[str]) -> list[dict[str, Any] | None]:
         """This night's gate results in the page's column order (None: the gate is not in its report)."""

@@ -1,20 +1,32 @@
 """builder bisect's search without builds: a probe that knows which commits are bad, skipped or unbuildable."""
 from __future__ import annotations
 
+import json
 import math
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pygit2
 import pytest
 
+from builder import pipeline
 from builder.bisect import answer, commits, search
 from builder.bisect.search import Search, Step, Verdict
+from builder.core import files as fs
 from builder.core.errors import BadInput
+from builder.core.options import Settings
+from builder.lock import record as lock_record
+from builder.nightly import notify, page
+from builder.nightly.history import History
+from builder.report import document
+from tests.fixture_types import MakeReportInputs
+from tests.history_nights import demo_plans, write_nights
 
 SERIES = [f"c{i}" for i in range(16)]  # c0 is GOOD's commit; c1..c15 the range, c15 BAD's
 
 
-def probe_for(first_bad: dict[str, int], skip: set[str] = frozenset(), together: bool = False,
+def probe_for(first_bad: dict[str, int], skip: frozenset[str] = frozenset(), together: bool = False,
               calls: list[dict[str, str]] | None = None) -> search.Probe:
     """bad when a component is at or past its first bad index (all of them with `together`, else any)."""
     def probe(cs: dict[str, str], why: str) -> Step:
@@ -47,13 +59,13 @@ def test_first_commit_of_the_range_bad_and_good_is_last_good() -> None:
 
 def test_a_skipped_commit_is_stepped_around() -> None:
     calls: list[dict[str, str]] = []
-    s = Search(probe_for({"verl": 10}, skip={"c8"}, calls=calls))
+    s = Search(probe_for({"verl": 10}, skip=frozenset({"c8"}), calls=calls))
     found = search.bisect(s, "verl", BAD, "c0", SERIES[1:])
     assert found.first_bad == "c10" and len(calls) <= math.ceil(math.log2(15)) + 1
 
 
 def test_skips_bordering_the_answer_name_a_range() -> None:
-    found = search.bisect(Search(probe_for({"verl": 9}, skip={"c8"})), "verl", BAD, "c0", SERIES[1:])
+    found = search.bisect(Search(probe_for({"verl": 9}, skip=frozenset({"c8"}))), "verl", BAD, "c0", SERIES[1:])
     assert found.first_bad is None and found.candidates == ["c8", "c9"] and found.skipped == ["c8"]
     assert found.last_good == "c7"
 
@@ -101,3 +113,24 @@ def test_range_along_first_parents_and_after_a_force_push(tmp_path: Path) -> Non
     assert [x.sha for x in moved.commits][0] == main and "force-push" in moved.note
     with pytest.raises(BadInput, match="BAD: components.verl.commit"):
         commits.commit_range(repo, "verl", a, "f" * 40, main)
+
+
+def test_the_history_row_links_the_first_bad_commit_and_the_message_names_it(report_inputs: MakeReportInputs,
+                                                                              settings: Settings,
+                                                                              tmp_path: Path) -> None:
+    pins, sources, built, result = report_inputs()
+    base = document.make_report(pins, lock_record.of(pins), sources, built, result)
+    history = History(tmp_path / "history" / "runs.sqlite")
+    paths = write_nights(base, demo_plans(*(c * 20 for c in ("a1", "b2", "c3", "d4"))), tmp_path / "runs", history)
+    red = paths[2]  # the first failing night
+    first = {"component": "verl", "commit": "e" * 40, "pr": 42, "subject": "s5", "gate": "zero_update"}
+    (red.parent / page.BISECT).mkdir()
+    fs.write_atomic(red.parent / page.BISECT / "bisect.json", json.dumps({"first_bad": first}))
+    text = pipeline.history_page(replace(settings, cache_root=tmp_path / "cache"), history=history).read_text()
+    rows = dict(re.findall(r'<tr id="night-(\d+)"(.*?)</tr>', text, re.S))
+    assert [n for n, r in sorted(rows.items()) if "first bad: verl eeeeeeeeee (zero_update)" in r] == ["3"]
+    assert str(red.parent / page.BISECT / "bisect.md") in rows["3"]
+    message = notify.payload(base, "verdict flipped", None, "-", None, "verl eeeeeeeeeeee (PR #42) s5: zero_update")
+    fields = {f["title"]: f["value"] for f in message["attachments"][0]["fields"]}
+    assert fields["first bad commit"].startswith("verl eeeeeeeeeeee")
+    assert "first bad commit" not in str(notify.payload(base, "verdict flipped", None, "-", None))
