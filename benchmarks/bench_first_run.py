@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 STEP = re.compile(r"<== (.+?) \((\d+(?:\.\d+)?) s\)")
 PHASE = re.compile(r"^\s{2}(\S.*?)\s+(\d+(?:\.\d+)?) s$")
 PAIRS = re.compile(r"performance: (\w+) after (\d+) pair\(s\) \((.*)\)")
-STEPS = ("apt-get install", "setup: ", "base: ", "docker save", "tree", "apply", "mksquashfs", "read back",
-         "slurm: ", "gate ")
+STEPS = ("apt-get install", "setup: ", "start ", "base: ", "export .sqsh", "sqsh: ", "copy the accepted", "slurm: ",
+         "gate ")
 
 
 def run(target: str) -> dict[str, Any]:
