@@ -26,6 +26,7 @@ from builder.engine.registry import Registry, split_repository
 from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.release import dsse, referrers, sbom
+from builder.report import results
 from builder.sources.resolve import absolute_url
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -147,9 +148,11 @@ def provenance(report: Report, pins: Pins, lock: Lock, pins_data: bytes) -> dict
 
 
 def test_result(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
-    """in-toto test-result v0.1: PASSED only for ACCEPTED; inconclusive and not run count as warned."""
+    """in-toto test-result v0.1: PASSED only for ACCEPTED; inconclusive and not run count as warned. Its tests
+    are the acceptance suite of results.suites, the list junit.xml and ctrf.json are written from: it is signed at
+    acceptance, before a .sqsh is placed, so the placement suite (sqsh_smoke) is not in it."""
     recipe = json.dumps(pins.recipe.model_dump(mode="json"), sort_keys=True).encode()
-    status = {g.name: g.status for g in report.gates}
+    status = {c.name: c.status for c in results.suites(report)[results.ACCEPTANCE]}
     return {
         "result": "PASSED" if report.verdict == "ACCEPTED" else "FAILED",
         "configuration": [

@@ -1,4 +1,5 @@
-"""CTRF (Common Test Report Format, ctrf.io) JSON of the acceptance gates, beside junit.xml."""
+"""CTRF (Common Test Report Format, ctrf.io) JSON of the run's test results (builder/report/results.py: the
+gates, and the .sqsh smoke once placed), beside junit.xml."""
 from __future__ import annotations
 
 import calendar
@@ -7,6 +8,7 @@ from typing import Any
 
 from builder import __version__ as BUILDER_VERSION
 from builder.core.records import Report
+from builder.report import results
 
 STATUS = {"pass": "passed", "fail": "failed", "not_run": "skipped", "inconclusive": "other"}
 
@@ -19,15 +21,15 @@ def _epoch_ms(stamp: str) -> int:
 
 
 def to_ctrf(report: Report) -> dict[str, Any]:
+    """ctrf.json: every case of results.suites (extra.suite names its suite), the same cases as junit.xml."""
     tests = []
-    for gate in report.gates:
-        seconds = gate.evidence.seconds
-        test = {"name": gate.name, "status": STATUS[gate.status],
-                "duration": int(seconds * 1000) if isinstance(seconds, (int, float)) else 0,
-                "message": gate.reason, "extra": {"suite": "acceptance", "required": gate.name in report.required_gates,
-                                                  "builder_status": gate.status}}
-        if gate.status in ("fail", "inconclusive") and gate.log:
-            test["trace"] = gate.log[-4000:]
+    for case in (c for cases in results.suites(report).values() for c in cases):
+        test = {"name": case.name, "status": STATUS[case.status], "suite": [case.suite],
+                "duration": int(case.seconds * 1000) if case.seconds is not None else 0,
+                "message": case.reason, "extra": {"suite": case.suite, "required": case.required,
+                                                  "builder_status": case.status}}
+        if case.status in ("fail", "inconclusive") and case.log:
+            test["trace"] = case.log[-4000:]
         tests.append(test)
     stop = _epoch_ms(report.created)
     start = stop - sum(int(str(t["duration"])) for t in tests) if stop else 0

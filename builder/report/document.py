@@ -37,6 +37,7 @@ from builder.lock.record import Lock
 from builder.pins.inputfile import read_text
 from builder.pins.model import Pins
 from builder.report import manifest as manifest_layers
+from builder.report import results
 from builder.report.ctrf import to_ctrf
 from builder.report.manifest import UNKNOWN as UNKNOWN  # re-exported: report_mod.UNKNOWN
 
@@ -471,32 +472,36 @@ def sqsh_markdown(report: Report) -> list[str]:
 
 
 def to_junit(report: Report) -> str:
-    gates = report.gates
-    if report.sqsh:  # the .sqsh beside the registry digest: its smoke is one more testcase
-        gates = gates + [GateResult(name="sqsh_smoke", status=report.sqsh.smoke.get("status", "not_run"),
-                                    reason=str(report.sqsh.smoke.get("reason", "")),
-                                    evidence=Evidence.model_validate(report.sqsh.smoke))]
-    count = {s: sum(g.status == s for g in gates) for s in SEVERITY}
-    suite = ET.Element("testsuite", name="acceptance", tests=str(len(gates)), failures=str(count["fail"]),
-                       errors=str(count["inconclusive"]), skipped=str(count["not_run"]))
-    props = ET.SubElement(suite, "properties")
-    for key, value in (("verdict", report.verdict), ("image_id", report.image_id), ("name", report.name)):
-        ET.SubElement(props, "property", name=key, value=value)
-    for key in ("sha256", "size", "compression", "registry_digest", "tag") if report.sqsh else ():
-        ET.SubElement(props, "property", name=f"sqsh_{key}", value=str(getattr(report.sqsh, key)))
-    for g in gates:
-        case = ET.SubElement(suite, "testcase", classname="acceptance", name=g.name)
-        detail = json.dumps(g.evidence.model_dump(mode="json"), indent=1, sort_keys=True) + ("\n" + g.log if g.log else "")
-        if g.status == "fail":
-            ET.SubElement(case, "failure", message=g.reason or "failed", type="fail").text = detail
-        elif g.status == "inconclusive":
-            ET.SubElement(case, "error", message=g.reason or "inconclusive", type="inconclusive").text = detail
-        elif g.status == "not_run":
-            ET.SubElement(case, "skipped", message=g.reason or "not run")
-        else:
-            ET.SubElement(case, "system-out").text = detail
-    ET.indent(suite)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+    """junit.xml: <testsuites> with one <testsuite> per suite of results.suites (acceptance: the gates; placement:
+    the .sqsh smoke), the same cases as ctrf.json."""
+    listed = results.suites(report)
+    every = [c for cases in listed.values() for c in cases]
+
+    def counts(cases: list[results.Case]) -> dict[str, str]:
+        return {"tests": str(len(cases)), "failures": str(sum(c.status == "fail" for c in cases)),
+                "errors": str(sum(c.status == "inconclusive" for c in cases)),
+                "skipped": str(sum(c.status == "not_run" for c in cases))}
+
+    root = ET.Element("testsuites", {"name": report.name, **counts(every)})
+    for name, cases in listed.items():
+        suite = ET.SubElement(root, "testsuite", {"name": name, **counts(cases)})
+        props = ET.SubElement(suite, "properties")
+        for key, value in (("verdict", report.verdict), ("image_id", report.image_id), ("name", report.name)):
+            ET.SubElement(props, "property", name=key, value=value)
+        for key in ("sha256", "size", "compression", "registry_digest", "tag") if name == results.PLACEMENT else ():
+            ET.SubElement(props, "property", name=f"sqsh_{key}", value=str(getattr(report.sqsh, key)))
+        for c in cases:
+            case = ET.SubElement(suite, "testcase", classname=name, name=c.name)
+            if c.status == "fail":
+                ET.SubElement(case, "failure", message=c.reason or "failed", type="fail").text = c.detail
+            elif c.status == "inconclusive":
+                ET.SubElement(case, "error", message=c.reason or "inconclusive", type="inconclusive").text = c.detail
+            elif c.status == "not_run":
+                ET.SubElement(case, "skipped", message=c.reason or "not run")
+            else:
+                ET.SubElement(case, "system-out").text = c.detail
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
 # ---------------------------------------------------------------- files
