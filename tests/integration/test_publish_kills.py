@@ -1,0 +1,224 @@
+"""A release that a kill cannot split (docs/release.md): `builder publish --key` is SIGKILLed at each phase
+boundary (the fail points of builder/core/faults.py) and at random moments; straight after each kill every
+release tag serves its old digest or the new one, a tag serves the new one only once its three attestations
+verify, and the moving tag only after the SHA tag. The next publish reads the journal, says in one line what it
+did, and leaves a verified release with no journal and no part file behind.
+
+Bounded: one accepted report (the session's accepted demo image and its staged digest), 5 phase cells and
+RANDOM_KILLS random kills, each a killed publish and its recovering rerun (about 2-3 s each).
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from builder.core.imageref import ImageRef
+from builder.core.records import EngineFacts, Pulled
+from builder.engine.registry import Registry, split_repository
+from builder.lock import record as lock_record
+from builder.pins import model as pins_mod
+from builder.release import attest, dsse, journal, verify
+from builder.report import document as report_mod
+from demo.prepare import variant_pins
+from tests.conftest import SETTINGS
+from tests.fixture_types import DemoAccepted
+
+pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parents[2]
+RANDOM_KILLS = 10
+RUN_TIMEOUT_S = 120
+
+
+@dataclass
+class Release:
+    report: Path
+    key: Path
+    repository: str
+    name: str
+    tags: list[str]  # the SHA tag first, then the moving tag
+    old: str  # the digest every tag serves before each trial
+    new: str  # the accepted digest
+    reg: Registry
+
+
+@pytest.fixture(scope="module")
+def release(demo_accepted: DemoAccepted, staged_demo: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """An ACCEPTED, signed report of the session's accepted demo image, as if acceptance had pulled the session's
+    staged digest; its release repository (this module's own) has both tags on the base image (the old release)."""
+    pins, resolved, built, result = demo_accepted
+    tmp = tmp_path_factory.mktemp("kills")
+    repository = f"127.0.0.1:5000/tests-kills/unified-{time.time_ns()}"
+    ref = ImageRef(staged_demo)
+    pulled = Pulled(ref=ref, digest=built.manifest_digest, image_id=built.image_id, engine=EngineFacts(id="local"))
+    acceptance = result.model_copy(update={"pulled": pulled})
+
+    def edit(data: dict[str, object]) -> None:
+        data["image"].update(repository=repository, tags=["demo"])  # type: ignore[attr-defined]
+
+    release_pins = pins_mod.load(variant_pins(tmp / "pins", edit=edit, pins_path=pins.path))
+    resolved = resolved.model_copy(update={"pins_path": str(release_pins.path), "pins_sha256": release_pins.sha256})
+    report = report_mod.make_report(release_pins, lock_record.of(release_pins), resolved,
+                                    built.model_copy(update={"staged": ref}), acceptance)
+    run_dir = tmp / "run"
+    report_json = report_mod.write(report, run_dir)["json"]
+    tags = list(report.tags)  # the SHA tag, then `demo`
+    assert len(tags) == 2 and tags[1] == "demo", tags
+    key = tmp / "key.pem"
+    dsse.keygen(key, tmp / "key.pub")
+    attest.sign_acceptance(report, release_pins, dsse.load_private(key), run_dir)
+    host, name = split_repository(repository)
+    reg = Registry(host)
+    base_host_name, _, base_digest = str(pins.base.image).partition("@")
+    body = reg.manifest_by_digest(split_repository(base_host_name)[1], base_digest)
+    old = old_release(reg, name, split_repository(base_host_name)[1], body, tags)
+    yield Release(report_json, key, repository, name, tags, old, built.manifest_digest, reg)
+    journal.delete_with_referrers(reg, name, built.manifest_digest)
+    reg.delete_manifest(name, old)
+
+
+def old_release(reg: Registry, name: str, base_name: str, body: bytes, tags: list[str]) -> str:
+    import json
+
+    doc = json.loads(body)
+    for desc in [*doc["layers"], doc["config"]]:
+        assert reg.has_blob(name, desc["digest"]) or reg.mount_blob(name, desc["digest"], base_name)
+    for tag in tags:
+        old = reg.put_manifest(name, tag, body, doc["mediaType"])
+    return old
+
+
+def reset(rel: Release) -> None:
+    """Both tags back on the old release, the new digest gone with its attestations: a first publish again."""
+    body = rel.reg.manifest_by_digest(rel.name, rel.old)
+    for tag in rel.tags:
+        rel.reg.put_manifest(rel.name, tag, body, "application/vnd.oci.image.manifest.v1+json"
+                             if b"vnd.oci" in body[:200] else "application/vnd.docker.distribution.manifest.v2+json")
+    journal.delete_with_referrers(rel.reg, rel.name, rel.new)
+    assert rel.reg.tag_digest(rel.name, rel.new) is None
+    publish = report_mod.load(rel.report).publish
+    if publish is not None:  # the receipt of the previous trial goes: the report reads "not published" again
+        report_mod.write(report_mod.load(rel.report).model_copy(update={"publish": None}), rel.report.parent)
+
+
+def env(rel: Release, failpoint: str = "", hold: Path | None = None) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("BUILDER_FAILPOINT")}
+    out.update(PYTHONPATH=str(ROOT), BUILDER_SIGNING_KEY=str(rel.key))
+    if failpoint:
+        out.update(BUILDER_FAILPOINT=failpoint, BUILDER_FAILPOINT_HOLD=str(hold))
+    return out
+
+
+def check_invariant(rel: Release, when: str) -> dict[str, str | None]:
+    """Each tag on old or new; new only when attested (all three, verified with the key); the moving tag on new
+    only when the SHA tag serves it."""
+    served = {t: rel.reg.tag_digest(rel.name, t) for t in rel.tags}
+    public = dsse.load_public(rel.key.with_suffix(".pub"))
+    for tag, digest in served.items():
+        assert digest in (rel.old, rel.new), f"{when}: {tag} serves {digest}, neither old nor new"
+        if digest == rel.new:
+            types = {t for t, _ in attest.attached_by(rel.reg, rel.name, rel.new, public).values()}
+            assert types >= set(attest.PREDICATE_TYPES), f"{when}: {tag} serves the new digest with only {types}"
+    if any(served[t] == rel.new for t in rel.tags[1:]):
+        assert served[rel.tags[0]] == rel.new, f"{when}: a moving tag moved before the SHA tag: {served}"
+    return served
+
+
+def recovered(rel: Release, when: str) -> str:
+    """The rerun: exit 0, one journal line (when a journal was left), a verified release, nothing left behind."""
+    left = journal.read(rel.repository, SETTINGS)
+    rerun = subprocess.run([sys.executable, "-m", "builder", "publish", str(rel.report)], cwd=ROOT, env=env(rel),
+                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert rerun.returncode == 0, f"{when}: {rerun.stderr[-3000:]}"
+    lines = [ln for ln in rerun.stderr.splitlines() if "that a killed run began" in ln]
+    assert len(lines) == (1 if left else 0), f"{when}: {lines}"
+    assert journal.read(rel.repository, SETTINGS) is None, f"{when}: the journal outlived the rerun"
+    assert all(rel.reg.tag_digest(rel.name, t) == rel.new for t in rel.tags)
+    outcome = verify.verify(f"{rel.repository}:{rel.tags[1]}", [dsse.load_public(rel.key.with_suffix(".pub"))],
+                            SETTINGS)
+    assert outcome.reference == f"{rel.repository}@{rel.new}"
+    published = report_mod.load(rel.report).publish
+    assert published is not None and published.digest == rel.new, f"{when}: the report disagrees with the registry"
+    parts = [p.name for p in rel.report.parent.iterdir() if ".part" in p.name]
+    assert parts == [], parts
+    return lines[0] if lines else ""
+
+
+def kill_at(rel: Release, failpoint: str, tmp_path: Path) -> str:
+    hold = tmp_path / "hold"
+    hold.touch()
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "publish", str(rel.report)], cwd=ROOT,
+                            env=env(rel, failpoint, hold), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(f"failpoint {failpoint}"):
+            break
+    else:
+        proc.wait()
+        pytest.fail(f"never reached {failpoint!r}: {''.join(seen[-20:])}")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    hold.unlink()
+    check_invariant(rel, f"killed at {failpoint}")
+    return recovered(rel, failpoint)
+
+
+# fail point -> what the rerun must say it did
+PHASES = {
+    "publish: manifest": "resumed",  # after the manifest PUT by digest, before any attestation
+    "publish: blob upload": "resumed",  # an upload session opened, its PUT not sent
+    "publish: artifact": "resumed",  # an attestation artifact pushed, its referrers index not yet
+    "promote tag 1": "finished",  # the SHA tag moved, the moving tag not yet
+    "publish: receipt": "finished",  # every tag moved, the receipt not written
+}
+
+
+@pytest.mark.parametrize("failpoint", list(PHASES))
+def test_kill_at_phase_boundary(release: Release, failpoint: str, tmp_path: Path) -> None:
+    reset(release)
+    line = kill_at(release, failpoint, tmp_path)
+    assert line.startswith(PHASES[failpoint]) or f" {PHASES[failpoint]} " in line, line
+
+
+def test_abandoned_when_another_digest_publishes(release: Release, tmp_path: Path) -> None:
+    """A journal of a killed publish of another digest, before its tags: abandoned, its digest deleted."""
+    reset(release)
+    journal.write(journal.Journal(repository=release.repository, report=str(tmp_path / "gone.json"),
+                                  digest="sha256:" + "0" * 64, media_type="", phase="attest",
+                                  tags=[journal.TagMove(tag=t, old=release.old, new="sha256:" + "0" * 64)
+                                        for t in release.tags]), SETTINGS)
+    line = recovered(release, "another digest")
+    assert "abandoned" in line, line
+
+
+def test_random_kills(release: Release, tmp_path: Path) -> None:
+    """RANDOM_KILLS SIGKILLs at random moments of a whole publish (its length measured first)."""
+    reset(release)
+    start = time.monotonic()
+    recovered(release, "a clean publish")
+    length = time.monotonic() - start
+    rng = random.Random(os.environ.get("BUILDER_KILL_SEED", "51"))
+    phases: dict[str, int] = {}
+    for i in range(RANDOM_KILLS):
+        reset(release)
+        proc = subprocess.Popen([sys.executable, "-m", "builder", "publish", str(release.report)], cwd=ROOT,
+                                env=env(release), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.3 * length, length))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        check_invariant(release, f"random kill {i}")
+        left = journal.read(release.repository, SETTINGS)
+        phases[left.phase if left else "none"] = phases.get(left.phase if left else "none", 0) + 1
+        recovered(release, f"random kill {i}")
+    print(f"random kills by the journal's phase: {phases}")  # `none`: before the journal, or after it went
