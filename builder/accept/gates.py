@@ -130,14 +130,14 @@ def accept_with(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: P
     finally:
         runner.close()
     where = runner.describe()
-    limits = {**where.pop("limits", {}), "gate_timeout_s": {g.name: g.timeout_s for g in plan.gates if g.run}}
+    limits = where.limits.model_copy(update={"gate_timeout_s": {g.name: g.timeout_s for g in plan.gates if g.run}})
     prov = next((g for g in results if g.name == "provenance" and g.status != "not_run"), None)
-    environment: dict[str, Any] = {"runner": where.get("runner"), "engine": where.get("engine")}
+    environment: dict[str, Any] = {"runner": where.runner, "engine": where.engine}
     if prov is not None:
         environment.update({"interpreter": prov.evidence.get("interpreter"),
                             "numeric_env": prov.evidence.get("environment"), "gpu": prov.evidence.get("gpu")})
     container = RunnerFacts.model_validate({
-        **where, "image_id": image_id, "run_id": runner.run_id, "limits": limits,
+        **where.model_dump(), "image_id": image_id, "run_id": runner.run_id, "limits": limits.model_dump(),
         "mounts": [m.model_dump() for m in pins.acceptance.mounts], "gpus": pins.acceptance.gpus,
         "gates": facts, "weights": pins.acceptance.weights, "checkpoint": checkpoint_settings(pins)})
     return AcceptanceResult(image_id=image_id, container=container, gates=results, environment=environment,

@@ -17,7 +17,7 @@ from builder.accept.docker_runner import TMPFS
 from builder.accept.runner import gate_command, result_from_output
 from builder.core.constants import CACHE_ENV
 from builder.core.errors import InfraError
-from builder.core.records import GateResult
+from builder.core.records import GateResult, RunnerFacts
 from builder.pins.model import Pins
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what Docker gives an image without PATH
@@ -101,9 +101,9 @@ class RuncRunner:
             facts["timed_out"] = True
         return result_from_output(gate, rc, stdout, stderr, timed_out, timeout_s), facts
 
-    def describe(self) -> dict[str, Any]:
-        return {"runner": "runc", "engine": self.version, "network": "none (a network namespace with loopback only)",
-                "home": "tmpfs (HOME is the empty cache tmpfs)", "tmpfs": TMPFS, "env": CACHE_ENV}
+    def describe(self) -> RunnerFacts:
+        return RunnerFacts(runner="runc", engine=self.version, network="none (a network namespace with loopback only)",
+                           home="tmpfs (HOME is the empty cache tmpfs)", tmpfs=TMPFS, env=CACHE_ENV)
 
     def close(self) -> None:
         """Each run deletes its own container (`run` waits for it)."""

@@ -24,7 +24,7 @@ from builder.accept.plan import AcceptancePlan, SlurmPlace
 from builder.cluster import nodecheck, runtimes, slurm
 from builder.core import log
 from builder.core.constants import CACHE_DIR, CACHE_ENV
-from builder.core.records import Evidence, GateResult, SqshFacts
+from builder.core.records import Evidence, GateResult, RunnerFacts, SqshFacts
 from builder.pins.model import Pins
 
 SCRATCH_CACHE = runtimes.CACHE  # the compile caches inside the container's private /tmp (fresh per gate)
@@ -257,16 +257,17 @@ class SlurmRunner:
 
     # ---- the report and the end --------------------------------------------------------------
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> RunnerFacts:
         version = self.nodes[0].runtime_version if self.nodes else None
-        return {"runner": self.kind, "engine": f"Slurm cluster {self.cluster}, {self.runtime.name} {version}",
-                "runtime": self.runtime.name, "runtime_version": version, "isolation": self.runtime.isolation(),
-                "cluster": self.cluster, "job_id": self.job, "partition": self.place.partition or _partition(self.job),
-                "nodes": [x.record() for x in self.nodes], "sqsh": self.sqsh.model_dump(),
-                "srun_args": list(self.place.srun_args), "network": self.runtime.isolation()["network"],
-                "layout": self._layout(),
-                "limits": {"allocation_s": self.place.allocation_s, "allocation_limit_s": self.place.allocation_limit_s,
-                           "check_s": self.place.check_s, "margin_s": self.place.margin_s}}
+        isolation = self.runtime.isolation()
+        return RunnerFacts.model_validate({
+            "runner": self.kind, "engine": f"Slurm cluster {self.cluster}, {self.runtime.name} {version}",
+            "runtime": self.runtime.name, "runtime_version": version, "isolation": isolation,
+            "cluster": self.cluster, "job_id": self.job, "partition": self.place.partition or _partition(self.job),
+            "nodes": [x.record() for x in self.nodes], "sqsh": self.sqsh.model_dump(),
+            "srun_args": list(self.place.srun_args), "network": isolation["network"], "layout": self._layout(),
+            "limits": {"allocation_s": self.place.allocation_s, "allocation_limit_s": self.place.allocation_limit_s,
+                       "check_s": self.place.check_s, "margin_s": self.place.margin_s}})
 
     def close(self) -> None:
         """Cancel this runner's job (exactly its ID) and wait until Slurm no longer lists it."""

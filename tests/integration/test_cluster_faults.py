@@ -134,7 +134,7 @@ def test_every_node_hashes_its_node_local_copy_filled_under_a_lock_then_reused(
         finally:
             r.close()
         assert result.status == "pass", (result.reason, result.log)
-        seen = {n["name"]: n for n in r.describe()["nodes"]}
+        seen = {n.name: n.model_dump() for n in r.describe().nodes}
         assert set(seen) == {"n1", "n2"} and all(n["sqsh_sha256"] == want for n in seen.values())
         assert all(n["staged"] == expected and n["sqsh_path"] == f"{tmp_path}/nodes/{name}/{want}.sqsh"
                    for name, n in seen.items()), seen
@@ -161,7 +161,7 @@ def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins,
         r.run("provenance", {"gate": "provenance"}, 60)
     finally:
         r.close()
-    described = r.describe()
+    described = r.describe().model_dump(mode="json")
     json.dumps(described)
     assert described["isolation"]["network"].startswith("host:") and all(n["check"]["mb_per_s"]
                                                                          for n in described["nodes"])

@@ -176,7 +176,7 @@ def test_a_two_node_gate_step_under_pyxis_is_one_srun_line_of_documented_flags()
         f"--export=NONE,{exports},DEMO_BATCH_INVARIANT", "--constraint=a100",
         "/opt/venv/bin/python", "-m", "acceptance", "gate", "zero_update", "--settings", "@/tmp/acceptance/settings.json"]
     assert argv[-len(spec.command):] == spec.command  # the task is the gate itself: no shell, no ch-run
-    assert runner.describe()["isolation"]["executed"].startswith("no: not executed here")
+    assert runner.describe().isolation["executed"].startswith("no: not executed here")
     one_node = _pins(runtime="enroot", shared_dir="/shared")
     one = plan.make(one_node, plan.Flags(slurm=True, gates=["zero_update"]), Settings.from_env()).acceptance
     single = SlurmRunner(one_node, one, SqshFacts(path="/shared/img.sqsh", sha256="ab" * 32), run_id="r1")

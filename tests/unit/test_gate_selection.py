@@ -8,7 +8,7 @@ from typing import Any
 from builder.accept import gates, plan
 from builder.core.constants import GATES
 from builder.core.options import Settings
-from builder.core.records import Evidence, GateResult
+from builder.core.records import Evidence, GateResult, RunnerFacts
 from builder.pins import model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +27,8 @@ class Recording:
         self.ran.append(gate)
         return GateResult(name=gate, status="pass", reason="recorded", evidence=Evidence()), {}
 
-    def describe(self) -> dict[str, Any]:
-        return {"runner": self.kind}
+    def describe(self) -> RunnerFacts:
+        return RunnerFacts(runner=self.kind)
 
     def close(self) -> None:
         """Nothing to remove."""
