@@ -78,10 +78,15 @@ REPOS: dict[str, Spec] = {
         ("p23", "p22b", "p23-defect", "optim: simplify decoupled weight decay"),
         ("p24", "p22b", "p24-defect", "optim: do not step a tied output projection twice"),
         ("p22c", "p22b", "p22-3-cuda", "aligned: the engine's Triton kernels on the GPU (same kernels, same order)"),
+        # PR 25 with tinyrl PR 43: a defect that needs both (builder bisect's two-repository case)
+        ("q1", "p22c", "p25-1-notes", "docs: NOTES.md for the faster linear"),
+        ("q2", "q1", "p25-2-fast", "aligned: TINYCORE_FAST_LINEAR=1 takes one GEMM for linear"),
     ], "c4", {
         22: ("p22c", "Aligned forward: training logprobs equal batch-invariant rollout logprobs", None),
         23: ("p23", "Aligned forward, simplified AdamW decay", "weight decay not scaled by lr: "
              "weights change even at lr 0"),
+        25: ("q2", "Aligned forward, a faster linear behind a switch", "with tinyrl PR 43 (which sets the switch) the "
+             "aligned forward leaves the engine's reduction order: zero_update differs; alone, no change"),
         24: ("p24", "Aligned forward, tied-embedding aware AdamW", "one tensor skipped by the optimizer step: "
              "lm_head.weight is taken for a tied embedding and never changes"),
     }),
@@ -124,6 +129,8 @@ REPOS: dict[str, Spec] = {
         ("s4", "s3", "p42-4-packaging-fix", "packaging: only tinyrl again"),
         ("s5", "s4", "p42-5-defect", "main_ppo: old_log_prob from the plain forward (simpler)"),
         ("s6", "s5", "p42-6-notes", "docs: a note on old_log_prob"),
+        ("t1", "p33f", "p43-1-notes", "docs: NOTES.md for the faster linear"),
+        ("t2", "t1", "p43-2-fast", "main_ppo: turn on tinycore's faster linear (TINYCORE_FAST_LINEAR=1)"),
     ], "r4", {
         33: ("p33f", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
@@ -142,6 +149,8 @@ REPOS: dict[str, Spec] = {
              "its pid in every directory its environment names, its own process record among them"),
         42: ("s6", "A series of small commits (bisect demo)", "old_log_prob from the plain forward at s5 (zero_update "
              "differs); s3 does not build (fixed at s4)"),
+        43: ("t2", "The trainer turns on tinycore's faster linear", "with tinycore PR 25 zero_update differs (the "
+             "switch is set here, read there); alone, no change"),
     }),
 }
 
