@@ -173,8 +173,13 @@ def start(folder: Path, tokens: Tokens, procs: list[subprocess.Popen[bytes]]) ->
         (certs_d / f"{NAME}:{ports[kind]}").mkdir(parents=True)
         (certs_d / f"{NAME}:{ports[kind]}" / "ca.crt").write_bytes(pem(ca))
     for kind in "abc":
-        wait_for(lambda k=kind: socket.create_connection(("127.0.0.1", ports[k]), 1).close() or True, f"registry {kind}", 20)
+        wait_for(lambda k=kind: listening(ports[k]), f"registry {kind}", 20)
     return {"folder": folder, "ports": ports, "tokens": tokens, "certs_d": certs_d, "ca": folder / "ca.crt"}
+
+
+def listening(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), 1):
+        return True
 
 
 def settings(world: dict[str, Any], host: str, **env: str) -> Settings:
@@ -189,7 +194,7 @@ def publish(reg: Registry, name: str, tag: str) -> str:
     config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []},
                          "config": {}, "seed": uuid.uuid4().hex}).encode()
     layer = os.urandom(1 << 16)
-    manifest = {"schemaVersion": 2, "mediaType": MANIFEST,
+    manifest: dict[str, Any] = {"schemaVersion": 2, "mediaType": MANIFEST,
                 "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": len(config),
                            "digest": push_blob(reg, name, config)},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "size": len(layer),
@@ -204,7 +209,7 @@ def tags_of(world: dict[str, Any], host: str, name: str) -> list[str]:
     return Registry.from_settings(host, settings(world, host)).tags(name)
 
 
-def one_line(err: pytest.ExceptionInfo[Exception], host: str) -> str:
+def one_line(err: pytest.ExceptionInfo[PublishError] | pytest.ExceptionInfo[InfraError], host: str) -> str:
     line = str(err.value)
     assert "\n" not in line and host in line and PASSWORD not in line and "is it running" not in line, line
     return line
@@ -218,9 +223,9 @@ def test_tls_htpasswd_publishes_and_refuses_in_one_line(world: dict[str, Any]) -
         publish(Registry.from_settings(host, wrong), "demo/wrong", "x")
     assert "the credentials refused" in one_line(err, host)
     unknown = settings(world, host, BUILDER_REGISTRY_CERTS_D=str(world["folder"] / "none"))
-    with pytest.raises(InfraError) as err:  # planted: the CA is nowhere the tool looks
+    with pytest.raises(InfraError) as tls_err:  # planted: the CA is nowhere the tool looks
         publish(Registry.from_settings(host, unknown), "demo/unknown", "x")
-    assert f"certs.d/{host}/ca.crt" in one_line(err, host)
+    assert f"certs.d/{host}/ca.crt" in one_line(tls_err, host)
     with pytest.raises(InfraError):  # the plain registry (c) under its name: not HTTPS and not named insecure
         publish(Registry.from_settings(f"{NAME}:{world['ports']['c']}", unknown), "demo/plain", "x")
     named = settings(world, host, BUILDER_REGISTRY_CA_BUNDLE=str(world["ca"]), BUILDER_REGISTRY_CERTS_D="/nonexistent")
