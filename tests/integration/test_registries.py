@@ -6,6 +6,7 @@ Each refusal is one line naming the host, and nothing is published; an expired t
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -173,7 +174,8 @@ def start(folder: Path, tokens: Tokens, procs: list[subprocess.Popen[bytes]]) ->
         (certs_d / f"{NAME}:{ports[kind]}").mkdir(parents=True)
         (certs_d / f"{NAME}:{ports[kind]}" / "ca.crt").write_bytes(pem(ca))
     for kind in "abc":
-        wait_for(lambda k=kind: listening(ports[k]), f"registry {kind}", 20)
+        port = ports[kind]
+        wait_for(functools.partial(listening, port), f"registry {kind}", 20)
     return {"folder": folder, "ports": ports, "tokens": tokens, "certs_d": certs_d, "ca": folder / "ca.crt"}
 
 
