@@ -258,6 +258,7 @@ def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
     after its refusals (not accepted, a bad --out, not root) and only when the export is not cached."""
     with log.step("export .sqsh"):
         report = document.load(report_json)
+        settings = settings.for_release(report.repository)
         checked = trust.check(report, str(report_json))
         pins = checked[0] if checked else None
         return sqsh.export(report, report_json, pins, settings, out=out, client=client,
@@ -320,6 +321,7 @@ def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None 
     nightly tags. NotAccepted (1) when not accepted, Regression (4) when accepted with a regression flag.
     `bisect_red`: a gate that flipped from pass to fail against the last accepted night starts `builder bisect`."""
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    settings = settings.for_release(pins.image.repository)  # BUILDER_REGISTRY_* belong to the release's host
     pins_path = pins.path
     moved: list[dict[str, Any]] = []
     publish, key, today = plan.publish, plan.key, plan.today
@@ -409,6 +411,7 @@ def keygen(private: Path, public: Path | None = None, kind: str = "ed25519",
 def verify(reference: str, keys: list[Path], settings: Settings, require_all_keys: bool = False) -> verify_stage.Outcome:
     """What the trusted keys signed for REPOSITORY@sha256:...; AttestationError naming the first failed check."""
     publics = [dsse.load_public(k) for k in keys]
+    settings = settings.for_release(reference.split("@")[0])  # BUILDER_REGISTRY_* belong to the reference's host
     return verify_stage.verify(reference, publics, settings, require_all_keys=require_all_keys)
 
 
