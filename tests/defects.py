@@ -16,6 +16,13 @@ ESCAPE_WITHOUT_VARIABLES = ("verl", 39)
 ESCAPE_WITHOUT_SITE = ("verl", 40)
 ESCAPE_RECORD_DELETED = ("verl", 41)
 ESCAPES = (ESCAPE_WITHOUT_VARIABLES, ESCAPE_WITHOUT_SITE, ESCAPE_RECORD_DELETED)
+# issue 47's escapes, by content (the census names each process): the worker on a renamed copy of the interpreter
+# (class 1), a server that turns PR_SET_DUMPABLE off (class 2: unreadable), a record written by the fork handler
+# before the child execs python -S (class 3). Docker tests only so far (tests/integration/test_accept_processes.py).
+ESCAPE_RENAMED_INTERPRETER = ("verl", 47)
+ESCAPE_UNREADABLE = ("verl", 48)
+ESCAPE_EXEC_AFTER_RECORD = ("verl", 49)
+CONTENT_ESCAPES = (ESCAPE_RENAMED_INTERPRETER, ESCAPE_UNREADABLE, ESCAPE_EXEC_AFTER_RECORD)
 UNRECORDED = "ran a Python interpreter, and "   # in each escape's reason, after the node, pid, executable, argv
 
 REASONS: dict[tuple[str, int], tuple[str, str]] = {
@@ -25,6 +32,9 @@ REASONS: dict[tuple[str, int], tuple[str, str]] = {
     ESCAPE_WITHOUT_VARIABLES: ("zero_update", " -m tinyrl.rollout_server --port "),
     ESCAPE_WITHOUT_SITE: ("rl_step", " -S -c import json, sys; sys.path[:] = json.loads(sys.argv[1]);"),
     ESCAPE_RECORD_DELETED: ("control", " -m tinyrl.main_ppo "),  # the forked worker: its argv is the trainer's
+    ESCAPE_RENAMED_INTERPRETER: ("zero_update", "/rollout-engine -c import json, sys;"),
+    ESCAPE_UNREADABLE: ("rl_step", "could not be read (its exe"),
+    ESCAPE_EXEC_AFTER_RECORD: ("control", "after its record (that program, mark "),
 }
 
 
