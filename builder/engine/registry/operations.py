@@ -17,7 +17,7 @@ from builder.core import log
 from builder.core.errors import InfraError, PublishError
 from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
-from builder.engine.registry.keychain import Credential, Keychain, api_host
+from builder.engine.registry.keychain import Credential, Keychain, api_host, api_name
 from builder.engine.registry.transport import TLS, Transport, is_loopback
 
 MANIFEST_TYPES = (
@@ -30,14 +30,15 @@ INDEX_TYPES = MANIFEST_TYPES[1], MANIFEST_TYPES[3]
 
 
 def split_repository(repository: str) -> tuple[str, str]:
-    """'127.0.0.1:5000/demo/unified' -> ('127.0.0.1:5000', 'demo/unified')."""
+    """'127.0.0.1:5000/demo/unified' -> ('127.0.0.1:5000', 'demo/unified'); Docker Hub's bare names are
+    `library/<name>` ('docker.io/ubuntu' -> ('docker.io', 'library/ubuntu'))."""
     try:
         ref = ImageRef(repository, need_domain=True)
     except ValueError:
         ref = None
     if ref is None or ref.tag or ref.digest:
         raise PublishError(f"image.repository {repository!r}: expected host[:port]/name with an explicit registry host")
-    return ref.registry, ref.repository
+    return ref.registry, api_name(ref.registry, ref.repository)
 
 
 def mask(text: str, secrets: list[str]) -> str:
