@@ -133,12 +133,40 @@ def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | 
     return out
 
 
+def owner(path: str, digest: str | None, manifest: dict[str, Any], mounts: list[str], jit_dirs: list[str],
+          by_sha: dict[str, dict[str, Any]] | None = None) -> str | None:
+    """Whose a mapped native library is: "<distribution> <version>" (the image's RECORD files: by path on the image
+    root, by sha256 on a mount), "jit" (a JIT cache), "base image" (on the image root outside site-packages); None:
+    a library in site-packages or on a mount that belongs to no distribution. Older manifests (no native_owners)
+    attribute nothing: "unknown"."""
+    owners = manifest.get("native_owners")
+    if not isinstance(owners, dict):
+        return "unknown"
+    clean = path.removesuffix(" (deleted)")
+    if _under(clean, jit_dirs):
+        return "jit"
+    mounted = _under(clean, [m for m in mounts if m != clean])
+    entry = owners.get(clean) if not mounted and clean == path else None
+    if entry is None and digest:
+        by_sha = by_sha if by_sha is not None else {str(e.get("sha256")): e for e in owners.values()}
+        entry = by_sha.get(digest)
+    if entry is not None:
+        return f"{entry.get('distribution')} {entry.get('version')}"
+    site = (manifest.get("site_packages") or "").rstrip("/")
+    return None if mounted or clean != path or (site and clean.startswith(site + "/")) else "base image"
+
+
 def judge(recs: list[dict[str, Any]], manifest: dict[str, Any], expected_ns: str | None,
           mounts: list[str], jit_dirs: list[str], image: str | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """(failures over every process, the process list for the report)."""
     failures, listed = [], []
+    owners = manifest.get("native_owners")
+    by_sha = {str(e.get("sha256")): e for e in owners.values()} if isinstance(owners, dict) else {}
     for rec in recs:
         reasons = judge_one(rec, manifest, expected_ns, mounts, jit_dirs, image)
+        libraries = {p: owner(p, d, manifest, mounts, jit_dirs, by_sha) for p, d in (rec.get("libs") or {}).items()}
+        reasons += [f"{who(rec)}: native library {p} belongs to no distribution of the image and not to the base"
+                    for p, o in libraries.items() if o is None and not any(p in r for r in reasons)]
         failures += reasons
         listed.append({"pid": rec.get("pid"), "ppid": rec.get("ppid"), "name": rec.get("name"),
                        "starttime": rec.get("starttime"), "node": rec.get("node"), "image": rec.get("image"),
@@ -147,7 +175,7 @@ def judge(recs: list[dict[str, Any]], manifest: dict[str, Any], expected_ns: str
                        "argv": rec.get("argv"), "executable": rec.get("executable"), "mnt_ns": rec.get("mnt_ns"),
                        "sys_path": (rec.get("sys_paths") or [[]])[-1], "env": rec.get("env") or {},
                        "modules": {n: m.get("realpath") for n, m in sorted((rec.get("modules") or {}).items())},
-                       "libs": len(rec.get("libs") or {}), "complete": rec.get("complete"),
+                       "libs": len(rec.get("libs") or {}), "libraries": libraries, "complete": rec.get("complete"),
                        "problems": rec.get("problems") or [], "status": "fail" if reasons else "pass",
                        "failures": reasons[:5]})
     if not recs:

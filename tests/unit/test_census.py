@@ -277,6 +277,24 @@ def test_a_copy_of_a_component_native_library_fails_by_its_sha256() -> None:
         "process 5 (python): a copy of vllm's native library loaded from /opt/other/libfast.so, not the manifest's"]
 
 
+def test_every_mapped_native_library_is_attributed_or_named() -> None:
+    site = "/opt/venv/lib/python3.11/site-packages"
+    manifest = {"site_packages": site, "components": {}, "native_owners": {
+        f"{site}/torch/lib/libtorch_cpu.so": {"distribution": "torch", "version": "2.11.0", "sha256": "a" * 64}}}
+    libs = {f"{site}/torch/lib/libtorch_cpu.so": "a" * 64, "/usr/lib/x86_64-linux-gnu/libc.so.6": "b" * 64,
+            "/tmp/copy/libtorch_cpu.so": "a" * 64, "/cache/jit/k.so": "c" * 64}
+    rec = {"pid": 5, "argv": ["python"], "mnt_ns": None, "modules": {}, "libs": libs}
+    failures, listed = processes.judge([rec], manifest, None, ["/tmp", "/cache"], ["/cache"])
+    assert failures == ["process 5 (python): native library /tmp/copy/libtorch_cpu.so is not in the manifest (from"
+                        " the mount at /tmp, not the image)"] and listed[0]["libraries"] == {
+        f"{site}/torch/lib/libtorch_cpu.so": "torch 2.11.0", "/usr/lib/x86_64-linux-gnu/libc.so.6": "base image",
+        "/tmp/copy/libtorch_cpu.so": "torch 2.11.0", "/cache/jit/k.so": "jit"}  # on a mount: by its sha256
+    stray = {**rec, "libs": {f"{site}/fastlib/_x.so": "d" * 64}}  # in site-packages, in no RECORD
+    failures, listed = processes.judge([stray], manifest, None, [], [])
+    assert failures == [f"process 5 (python): native library {site}/fastlib/_x.so belongs to no distribution of the"
+                        " image and not to the base"] and listed[0]["libraries"] == {f"{site}/fastlib/_x.so": None}
+
+
 def test_recipe_gate_verdict_takes_the_census(tmp_path: Path) -> None:
     from acceptance.__main__ import by_process
 

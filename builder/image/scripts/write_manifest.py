@@ -5,6 +5,7 @@ Every file a component's RECORD lists is hashed on disk; a hash that disagrees w
 """
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -79,6 +80,21 @@ def _links_libpython(path: str) -> bool:
         return False
 
 
+def native_owners() -> dict[str, dict[str, str]]:
+    """Every native library a distribution's RECORD lists, by real path: {path: {distribution, version, sha256}},
+    the sha256 RECORD's own (checked against the file for the components above, pip checked the rest at install)."""
+    owners: dict[str, dict[str, str]] = {}
+    for dist in metadata.distributions():
+        info = os.path.dirname(str(dist._path)) if hasattr(dist, "_path") else ""
+        for row in csv.reader(io.StringIO(dist.read_text("RECORD") or "")):
+            if len(row) > 1 and row[0] and is_native(row[0]) and row[1].startswith("sha256="):
+                raw = base64.urlsafe_b64decode(row[1][7:] + "=" * (-len(row[1][7:]) % 4))
+                path = os.path.realpath(os.path.join(info, row[0]))
+                owners.setdefault(path, {"distribution": dist.metadata["Name"], "version": dist.version,
+                                         "sha256": raw.hex()})
+    return dict(sorted(owners.items()))
+
+
 def distributions() -> dict[str, str]:
     """Every Python distribution importable in this image: {name: version}, first on sys.path wins."""
     found: dict[str, str] = {}
@@ -119,6 +135,7 @@ def main(components_json: str, pins_json: str, dockerfile_sha_file: str, out: st
         "site_packages": site,
         "startup_hooks": startup_hooks(sys.path),
         "interpreters": interpreters(),
+        "native_owners": native_owners(),
         "tag": spec["tag"],
         "base_records": spec.get("base_records") or {},
         "relaxed": spec.get("relaxed") or [],
