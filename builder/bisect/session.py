@@ -79,6 +79,10 @@ def _answer(good: Side, bad: Side, who: searching.Culprits, notes: list[str],
                  "author": c.author, "repo": bad.pins.component_url(hit.component),
                  "gate": step.gate if step else "", "reason": step.reason if step else ""}
     last = by_sha.get(hit.last_good)
+    for _, other in found[1:]:  # the two-repository case: each component's own first bad commit
+        named = by_sha.get(other.first_bad or "")
+        notes.append(f"{other.component}: first bad {named.sha[:12]} {named.subject}" if named else
+                     f"{other.component}: first bad one of {', '.join(c[:12] for c in other.candidates)}")
     replay = str(Path(step.run_dir) / bundle_file(step.gate)) if step and step.gate else ""
     checks = 2 + (len([s for s in order if s.why.endswith("back to GOOD")]))
     n = max(len(s.commits) for s, _ in found)
