@@ -24,8 +24,7 @@ def _script() -> str:
 def test_concurrent_jobs_fill_a_node_local_copy_once(tmp_path: Path) -> None:
     src = tmp_path / "shared" / "image.sqsh"
     src.parent.mkdir()
-    with open(src, "wb") as out:
-        out.write(os.urandom(SIZE))
+    src.write_bytes(os.urandom(SIZE))
     want = hashlib.sha256(src.read_bytes()).hexdigest()
     local = tmp_path / "nodes" / "%n"
     stubs = tmp_path / "bin"  # no cluster here: scontrol (the node's address) answers nothing at once
