@@ -356,6 +356,7 @@ class Report(Record):
     created: str = ""
     rebuild: dict[str, Any] | None = None  # `builder rebuild --check`: digests compared, per-layer file diff
     processes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)  # per recipe gate: the processes it ran
+    lock_lines: dict[str, str] = Field(default_factory=dict)  # distribution of a loaded native library -> lock line
 
 
 RECORDS: tuple[type[BaseModel], ...] = (

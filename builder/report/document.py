@@ -114,11 +114,45 @@ def make_report(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltIm
         repository=pins.image.repository, tags=image_tags(pins), required_gates=required, gates=gates,
         compat=[CompatPin(**c.model_dump()) for c in pins.compat], lock_sha256=lock.sha256,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), processes=gate_processes(gates),
+        lock_lines=lock_lines(gate_processes(gates), lock),
     )
 
 
 PROCESS_KEYS = ("pid", "ppid", "name", "argv", "executable", "mnt_ns", "modules", "libs", "complete", "status", "node",
-                "failures")
+                "failures", "libraries")
+NOT_DISTRIBUTIONS = ("jit", "base image", "unknown")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_lines(processes: dict[str, list[dict[str, Any]]], lock: Lock) -> dict[str, str]:
+    """For each distribution that owns a native library some process loaded (acceptance.processes.owner): its line
+    in the lock (`name==version`), "base image" (the base's own distributions), or a component's source."""
+    names = {str(o).rsplit(" ", 1)[0] for listed in processes.values() for p in listed
+             for o in (p.get("libraries") or {}).values() if o and o not in NOT_DISTRIBUTIONS}
+    lines = {_norm(ln.split("==")[0].strip()): ln.split(" \\")[0].split("  #")[0].strip() for ln in lock.runtime.splitlines()
+             if "==" in ln and not ln.lstrip().startswith(("#", "--"))}
+    base = {_norm(b) for b in lock.native.base_records}
+    return {n: lines.get(_norm(n)) or ("base image" if _norm(n) in base else "not in the lock: a component, built from"
+                                       " its commit") for n in sorted(names)}
+
+
+def libraries_markdown(report: Report) -> list[str]:
+    """Per gate and process, the native libraries it mapped by owning distribution, with the lock line."""
+    rows = []
+    for gate, listed in report.processes.items():
+        for p in listed:
+            owned: dict[str, list[str]] = {}
+            for path, who in (p.get("libraries") or {}).items():
+                owned.setdefault(str(who) if who else "none (fails)", []).append(os.path.basename(str(path)))
+            for who, names in sorted(owned.items()):
+                name = who.rsplit(" ", 1)[0]
+                rows.append([gate, p.get("pid"), who, f"{len(names)}: {clip(', '.join(sorted(names)), 160)}",
+                             report.lock_lines.get(name, "-") if who not in NOT_DISTRIBUTIONS else who])
+    return ["", "### Native libraries per process", "", *_table(
+        ["Gate", "PID", "Owner", "Libraries mapped", "Lock line"], rows)] if rows else []
 
 
 def gate_processes(gates: list[GateResult]) -> dict[str, list[dict[str, Any]]]:
@@ -309,6 +343,7 @@ def to_markdown(report: Report) -> str:
                     f" {show['control']}, ratio {show['ratio']}{pairs}."]
         out += _runs_table(tp.get("runs") or [])
     out += processes_markdown(report.processes)
+    out += libraries_markdown(report)
     out += census_markdown(report.gates)
     out += jit_markdown(report.gates)
     out += ["", "### Build", ""]
