@@ -285,3 +285,13 @@ def test_base_on_another_registry_is_copied_once(world: dict[str, Any]) -> None:
     assert first["copied"] == 2 and first["bytes"] > 1 << 16
     again = copy_blobs(token_base, "demo/base", rel, "demo/rel", blobs)
     assert again["present"] == 2 and again["bytes"] == 0  # a second copy moves 0 bytes
+
+
+def test_no_secret_in_the_registries_logs_or_files(world: dict[str, Any], capfd: pytest.CaptureFixture[str]) -> None:
+    """After the publishes above (and their refusals): the password is in no log, cache or printed line."""
+    host = f"{NAME}:{world['ports']['a']}"
+    publish(Registry.from_settings(host, settings(world, host)), "demo/grep", "ok")
+    files = [p for p in world["folder"].rglob("*") if p.is_file() and p.name != "htpasswd" and
+             p.stat().st_size < 1 << 20]
+    texts = [p.read_bytes().decode("utf-8", "replace") for p in files] + list(capfd.readouterr())
+    assert len(files) >= 3 and all(PASSWORD not in text for text in texts)
