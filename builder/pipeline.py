@@ -518,7 +518,7 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     from builder.accept.plan import make as make_plan  # lazy: only bisect needs it
     from builder.bisect import answer as answers  # lazy: only bisect needs it
     from builder.bisect import session, sides  # lazy: only bisect needs it
-    from builder.bisect.search import Step, Verdict  # lazy: only bisect needs it
+    from builder.bisect.search import INCONCLUSIVE_TRIES, Step, Verdict  # lazy: only bisect needs it
     from builder.core.errors import BuildFailed  # lazy: only bisect needs it
     from builder.sources import mirror  # lazy: only bisect needs it
 
@@ -530,34 +530,45 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     run_id = json.loads(state.read_text()).get("run_id", settings.run_id) if state.is_file() else settings.run_id
     settings = replace(settings, run_id=run_id)
     door, gates, made = _Engine(settings), list(flags.gates), []
+    if state.is_file() and not gates:  # resumed: BAD's failing gates from its saved step
+        gates += next((s.get("failed", []) for s in json.loads(state.read_text())["steps"] if s["why"] == "BAD"), [])
     resolved_bad = sources.resolve(bad.pins, settings, bisect=True)
     heads = {n: c.target_head for n, c in resolved_bad.components.items()}
 
     def probe(commits: dict[str, str], why: str) -> Step:
         pins = sides.candidate_pins(bad.pins, commits, out_dir)
         started = time.monotonic()
+        built = None
         try:
             resolved = sources.resolve(pins, settings, flags.offline, bisect=True)
             built = build(render(pins, checked_lock(pins, resolved, settings), resolved, settings), settings,
                           quiet=True, client=door.client())
+            image = built.image_id
         except (BadInput, BuildFailed) as exc:
-            return Step(commits, "skip", why, time.monotonic() - started, 0.0, "build",
-                        str(exc).splitlines()[0][:300])
-        made.extend(built.tags)
+            image = good.image_id if why == "GOOD" and good.image_id else ""  # GOOD's commits gone: its image
+            if not image or engine.image_id(door.client(), image) is None:
+                return Step(commits, "skip", why, time.monotonic() - started, 0.0, "build",
+                            str(exc).splitlines()[0][:300])
+            log.info(f"bisect: GOOD does not resolve or build ({str(exc)[:200]}): its stored image {image[:19]}")
+            resolved = document.load(Path(good.label)).sources
+        made.extend(built.tags if built else [])
         build_s, started = time.monotonic() - started, time.monotonic()
         plan = make_plan(pins, replace(flags, gates=gates or list(pins.acceptance.required_gates)), settings).acceptance
-        result = runners.accept(plan, pins, built.image_id, built.image_id, settings, door.client())
+        for _ in range(INCONCLUSIVE_TRIES):  # only an inconclusive (noisy) gate runs again
+            result = runners.accept(plan, pins, image, image, settings, door.client())
+            failed = [g for g in result.gates if g.status == "fail"]
+            inconclusive = [g for g in result.gates if g.status == "inconclusive"]
+            if failed or not inconclusive:
+                break
         report = document.make_report(pins, lock_record.of(pins), resolved, built, result)
         run_dir = out_dir / f"step-{hashlib.sha256(repr(sorted(commits.items())).encode()).hexdigest()[:10]}"
         document.write(report, run_dir)
-        failed = [g for g in result.gates if g.status == "fail"]
-        inconclusive = [g for g in result.gates if g.status == "inconclusive"]
         if failed and not gates:
             gates.extend(g.name for g in failed)  # BAD's failing gates: the only ones later steps run
         verdict: Verdict = "bad" if failed else "skip" if inconclusive else "good"
         first = (failed or inconclusive)[:1]
-        return Step(commits, verdict, why, build_s, time.monotonic() - started,
-                    first[0].name if first else "", first[0].reason if first else "", str(run_dir))
+        return Step(commits, verdict, why, build_s, time.monotonic() - started, first[0].name if first else "",
+                    first[0].reason if first else "", str(run_dir), [g.name for g in failed])
 
     try:
         answer = session.run(good, bad, probe, lambda n: mirror.open_mirror(settings, bad.pins.component_url(n)),

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 Verdict = Literal["good", "bad", "skip"]
+INCONCLUSIVE_TRIES = 3  # a step whose gates are inconclusive (the performance gate's noise) runs them this often
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class Step:
     gate: str = ""                # the first gate that failed (bad), or the stage that failed (skip)
     reason: str = ""              # its one-line reason
     run_dir: str = ""             # the step's report (bad: the replay bundle beside it)
+    failed: list[str] = field(default_factory=list)  # every gate that failed (BAD's: the gates later steps run)
 
     def key(self) -> str:
         return key_of(self.commits)
