@@ -30,10 +30,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
 
+from builder import pipeline
 from builder.core.errors import InfraError, PublishError
 from builder.core.options import Settings
 from builder.engine.registry import Registry, copy_blobs, push_blob, put_manifest, verify_tag
 from tests.faultstack import REGISTRY_BIN, free_port, wait_for
+from tests.fixture_types import DockerClient, MakeReportInputs
+from tests.integration.test_publish import report_for, tiny_images  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.docker  # real registry processes: one xdist group with the engine's tests
 NAME = "registry.test"
@@ -295,3 +298,27 @@ def test_no_secret_in_the_registries_logs_or_files(world: dict[str, Any], capfd:
              p.stat().st_size < 1 << 20]
     texts = [p.read_bytes().decode("utf-8", "replace") for p in files] + list(capfd.readouterr())
     assert len(files) >= 3 and all(PASSWORD not in text for text in texts)
+
+
+def test_builder_publish_through_token_auth_with_only_a_docker_config(
+        world: dict[str, Any], report_inputs: MakeReportInputs, docker_client: DockerClient,
+        tiny_images: dict[str, str], tmp_path: Path) -> None:  # noqa: F811 (the imported fixture)
+    """`builder publish` of a report to the TLS + token registry with the credentials only in Docker's config.json:
+    the engine pushes with that host's auth_config, the tool promotes and verifies through the token flow."""
+    host = f"{NAME}:{world['ports']['b']}"
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    auth = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    (docker / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    only_config = Settings.from_env({"BUILDER_CACHE": str(world["folder"] / "cache"), "DOCKER_CONFIG": str(docker),
+                                     "BUILDER_REGISTRY_CERTS_D": str(world["certs_d"]),
+                                     "BUILDER_INDEX_URL": "http://127.0.0.1:9/simple"})
+    rep, paths = report_for(report_inputs, tmp_path / "run", f"{host}/demo/unified", tiny_images["a"], docker_client)
+    receipt = pipeline.publish_report(paths["json"], only_config)
+    reg = Registry.from_settings(host, only_config)
+    assert reg.tag_digest("demo/unified", rep.tags[0]) == receipt.digest
+    (docker / "config.json").write_text(json.dumps({"auths": {}}))  # planted: no credential for the host
+    _, bad = report_for(report_inputs, tmp_path / "bad", f"{host}/demo/nocreds", tiny_images["b"], docker_client)
+    with pytest.raises(PublishError, match=f"registry {host}: .*no credentials for {host}|token service .* refused"):
+        pipeline.publish_report(bad["json"], only_config)
+    assert reg.tags("demo/nocreds") == []
