@@ -11,7 +11,7 @@ import pygit2
 import pytest
 
 from builder import pipeline
-from builder.bisect import answer, commits, search
+from builder.bisect import answer, commits, search, session, sides
 from builder.bisect.search import Search, Step, Verdict
 from builder.core import files as fs
 from builder.core.errors import BadInput
@@ -134,3 +134,31 @@ def test_the_history_row_links_the_first_bad_commit_and_the_message_names_it(rep
     fields = {f["title"]: f["value"] for f in message["attachments"][0]["fields"]}
     assert fields["first bad commit"].startswith("verl eeeeeeeeeeee")
     assert "first bad commit" not in str(notify.payload(base, "verdict flipped", None, "-", None))
+
+
+def test_a_session_names_both_components_of_a_two_repository_defect(report_inputs: MakeReportInputs,
+                                                                     tmp_path: Path) -> None:
+    pins = report_inputs()[0]
+    repo = pygit2.init_repository(str(tmp_path / "r.git"), bare=True)
+    sig = pygit2.Signature("A", "a@example.invalid", 1735725600, 0)
+    tree = repo.TreeBuilder().write()
+    sha: dict[str, str] = {}
+    for name, parent in (("main", None), ("g", "main"), ("q1", "g"), ("q2", "q1"), ("t1", "g"), ("t2", "t1")):
+        parents = [pygit2.Oid(hex=sha[parent])] if parent else []
+        sha[name] = str(repo.create_commit(None, sig, sig, f"{name}: subject\n", tree, parents))
+    good = sides.Side("good.yaml", pins, {"vllm": sha["g"], "megatron": sha["g"], "verl": sha["g"]}, None)
+    bad = sides.Side("bad.yaml", pins, {"vllm": sha["g"], "megatron": sha["q2"], "verl": sha["t2"]}, None)
+    calls: list[str] = []
+
+    def probe(cs: dict[str, str], why: str) -> Step:
+        calls.append(why)
+        verdict: Verdict = "bad" if cs["megatron"] == sha["q2"] and cs["verl"] == sha["t2"] else "good"
+        return Step(cs, verdict, why, gate="zero_update" if verdict == "bad" else "", reason="differs")
+
+    got = session.run(good, bad, probe, lambda n: repo, {n: sha["main"] for n in good.commits}, tmp_path, "r", None)
+    assert got["together"] and got["components"] == ["megatron", "verl"]
+    assert got["first_bad"]["commit"] == sha["q2"] and got["first_bad"]["subject"] == "q2: subject"
+    assert any(n.startswith(f"verl: first bad {sha['t2'][:12]}") for n in got["notes"])
+    assert calls == ["BAD", "GOOD", "megatron back to GOOD", "verl back to GOOD", "megatron 1/2", "verl 1/2"]
+    assert got["builds"] <= got["bound"]
+    assert "first bad commit: megatron" in answer.to_markdown(got).lower()
