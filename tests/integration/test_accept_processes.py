@@ -13,7 +13,17 @@ from builder.core.options import Settings
 from builder.core.records import GateResult
 from builder.lock import record as lock_record
 from builder.report import document
-from tests.defects import ESCAPE_RECORD_DELETED, ESCAPE_WITHOUT_SITE, ESCAPE_WITHOUT_VARIABLES, REASONS, UNRECORDED
+from tests.defects import (
+    CONTENT_ESCAPES,
+    ESCAPE_EXEC_AFTER_RECORD,
+    ESCAPE_RECORD_DELETED,
+    ESCAPE_RENAMED_INTERPRETER,
+    ESCAPE_UNREADABLE,
+    ESCAPE_WITHOUT_SITE,
+    ESCAPE_WITHOUT_VARIABLES,
+    REASONS,
+    UNRECORDED,
+)
 
 SETTINGS = Settings.from_env()
 SITE = "/opt/venv/lib/python3.11/site-packages"
@@ -40,11 +50,15 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     assert worker["modules"]["tinyengine"] == f"{SITE}/tinyengine/__init__.py"
     assert worker["modules"]["tinyengine._C"].startswith(f"{SITE}/tinyengine/_C.")
     assert "tinyengine" not in main["modules"] and main["modules"]["tinyrl.main_ppo"] == f"{SITE}/tinyrl/main_ppo.py"
+    for proc in (main, worker):  # every mapped native library attributed: torch's by its RECORD, libc to the base
+        owners = set(proc["libraries"].values())
+        assert None not in owners and any(str(o).startswith("torch ") for o in owners) and "base image" in owners
     report = document.make_report(pins, lock_record.of(pins), resolved, built, result)
     listed = report.processes["rl_step"]
     assert {p["pid"] for p in listed} == {p["pid"] for p in gate.evidence.processes} and len(listed) >= 2
     markdown = document.to_markdown(report)
-    assert "### Processes per gate" in markdown
+    assert "### Processes per gate" in markdown and "### Native libraries per process" in markdown
+    assert f"| rl_step | {worker['pid']} | torch " in markdown  # which of torch's libraries the worker loaded
     row = next(line for line in markdown.splitlines() if line.startswith("| rl_step |") and f"| {worker['pid']} |" in line)
     assert f"| {main['pid']} | RolloutWorker |" in row and "| complete | pass |" in row, row
     print("\n".join(line for line in markdown.splitlines() if line.startswith("| rl_step |")))
@@ -149,6 +163,28 @@ def test_a_worker_that_deletes_its_record_fails_named(demo_image: Any, build_var
     trainer = next(p for p in gate.evidence.processes if not p["forked"])
     assert row["ppid"] == trainer["pid"] and row["argv"] == trainer["argv"]  # the forked worker, named by its pid
     assert "; the run itself" not in gate.reason  # the control arm itself differed as it should
+
+
+@pytest.mark.parametrize("defect", CONTENT_ESCAPES, ids=[f"{c}-{pr}" for c, pr in CONTENT_ESCAPES])
+def test_an_escape_by_content_fails_naming_the_process(defect: tuple[str, int], demo_image: Any, build_variant: Any,
+                                                       docker_client: Any, run_id: str) -> None:
+    """Issue 47's classes 1-3 under Docker: a renamed copy of the interpreter (by its sha256), a server that
+    turns PR_SET_DUMPABLE off (unreadable: fail closed, with its uid), a fork handler's record before an exec."""
+    gate_name, words = REASONS[defect]
+    result = accept.accept(build_variant(*defect).image_id, demo_image[0], SETTINGS, gates=[gate_name], run_id=run_id)
+    gate = next(g for g in result.gates if g.name == gate_name)
+    assert gate.status == "fail" and words in gate.reason, gate.reason
+    node, seen = _census(gate)
+    assert len(seen["unrecorded"]) == 1, seen["unrecorded"]
+    row: dict[str, Any] = seen["unrecorded"][0]
+    assert gate.reason.startswith(f"per-process provenance: census: node {node} process {row['pid']} ("), gate.reason
+    if defect == ESCAPE_RENAMED_INTERPRETER:
+        assert row["class"] == "python" and row["why"] == "identity" and row["exe"].endswith("/rollout-engine"), row
+    elif defect == ESCAPE_UNREADABLE:
+        assert row["class"] == "unreadable" and f"(uid {row['uid']}: " in gate.reason, row
+    elif defect == ESCAPE_EXEC_AFTER_RECORD:
+        assert row["record"] and row["argv"][1:3] == ["-S", "-c"], row  # a record of the fork, not of python -S
+    print(gate.reason)
 
 
 def test_two_nodes_in_one_container_give_the_same_bits(demo_image: Any, demo_accepted: Any, docker_client: Any,
