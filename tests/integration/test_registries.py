@@ -317,6 +317,10 @@ def test_builder_publish_through_token_auth_with_only_a_docker_config(
     receipt = pipeline.publish_report(paths["json"], only_config)
     reg = Registry.from_settings(host, only_config)
     assert reg.tag_digest("demo/unified", rep.tags[0]) == receipt.digest
+    seen = subprocess.run(["skopeo", "inspect", "--raw", f"--cert-dir={world['certs_d']}/{host}",
+                           f"--creds={USER}:{PASSWORD}", f"docker://{host}/demo/unified:{rep.tags[0]}"],
+                          capture_output=True, check=True).stdout  # an independent client, the same credentials
+    assert "sha256:" + hashlib.sha256(seen).hexdigest() == receipt.digest
     (docker / "config.json").write_text(json.dumps({"auths": {}}))  # planted: no credential for the host
     _, bad = report_for(report_inputs, tmp_path / "bad", f"{host}/demo/nocreds", tiny_images["b"], docker_client)
     with pytest.raises(PublishError, match=f"registry {host}: .*no credentials for {host}|token service .* refused"):
