@@ -19,9 +19,10 @@ from typing import Any
 
 from builder.core import faults, resources
 from builder.core.errors import BadInput, BuilderError, BuildFailed, InfraError
-from builder.core.imageref import by_digest
+from builder.core.imageref import ImageRef, by_digest
 from builder.core.options import Settings
 from builder.engine import client as engine
+from builder.engine import registry
 
 WORK = "/tmp/lock"
 MARKER = "@@builder-lock-result@@"
@@ -131,7 +132,8 @@ def run(settings: Settings, image: str, python: str, script: str, archives: list
         container = client.containers.create(image, **spec)
     except docker.errors.ImageNotFound:
         # as a build's FROM does: a base pinned by digest is pulled (its content is checked against the digest)
-        if not engine.pull_by_digest(client, image):
+        if not engine.pull_by_digest(client, image, registry.auth_config(ImageRef(image).registry or "docker.io",
+                                                                         settings)):
             raise BadInput(f"base.image: {image} is not in the local engine (pull or build it first)") from None
         container = client.containers.create(image, **spec)
     try:

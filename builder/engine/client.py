@@ -193,16 +193,16 @@ def push(client: Client, repository: str, tag: str,
     return items
 
 
-def pull_by_digest(client: Client, ref: str) -> bool:
-    """Pull `repository@sha256:...` (the engine checks the content against the digest); False when `ref`
-    names no digest or the registry does not serve it."""
+def pull_by_digest(client: Client, ref: str, auth: dict[str, str] | None = None) -> bool:
+    """Pull `repository@sha256:...` (the engine checks the content against the digest) with `auth`, the registry
+    keychain's auth_config of its host; False when `ref` names no digest or the registry does not serve it."""
     import docker  # lazy: docker SDK, slow to import; start-up
 
     image = ImageRef(ref)
     if not image.digest:
         return False
     try:
-        client.api.pull(image.name, tag=image.digest)
+        client.api.pull(image.name, tag=image.digest, auth_config=auth)
     except docker.errors.APIError:
         return False
     return inspect_image(client, ref) is not None
