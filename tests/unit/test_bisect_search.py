@@ -162,3 +162,22 @@ def test_a_session_names_both_components_of_a_two_repository_defect(report_input
     assert calls == ["BAD", "GOOD", "megatron back to GOOD", "verl back to GOOD", "megatron 1/2", "verl 1/2"]
     assert got["builds"] <= got["bound"]
     assert "first bad commit: megatron" in answer.to_markdown(got).lower()
+
+
+def test_nights_by_date_or_id_and_a_gone_report_is_bad_input(tmp_path: Path) -> None:
+    history = History(tmp_path / "runs.sqlite")
+    kept = tmp_path / "kept" / "report.json"
+    kept.parent.mkdir()
+    kept.write_text("{}")
+    history.add("demo", "2026-12-01T02:00:00Z", "ACCEPTED", "sha256:a", None, {}, kept, 0, False)
+    gone = history.add("demo", "2026-12-02T02:00:00Z", "NOT ACCEPTED", "sha256:b", None, {}, tmp_path / "gone.json",
+                       1, False)
+    history.add("demo", "2026-12-01T09:00:00Z", "ACCEPTED", "sha256:c", None, {}, kept, 0, False, kind="hand")
+    assert sides.night(history, "demo", "2026-12-01", "--good-night") == kept
+    assert sides.night(history, None, "1", "--good-night") == kept
+    with pytest.raises(BadInput, match="no night '3'"):  # the run by hand
+        sides.night(history, "demo", "3", "--good-night")
+    with pytest.raises(BadInput, match=rf"--bad-night: night {gone} \(2026-12-02T02:00:00Z\) of demo: its report .* is gone"):
+        sides.night(history, "demo", "2026-12-02", "--bad-night")
+    with pytest.raises(BadInput, match="--bad-night: no night '2026-12-03'"):
+        sides.night(history, "demo", "2026-12-03", "--bad-night")
