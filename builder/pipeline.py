@@ -411,7 +411,7 @@ def keygen(private: Path, public: Path | None = None, kind: str = "ed25519",
 def verify(reference: str, keys: list[Path], settings: Settings, require_all_keys: bool = False) -> verify_stage.Outcome:
     """What the trusted keys signed for REPOSITORY@sha256:...; AttestationError naming the first failed check."""
     publics = [dsse.load_public(k) for k in keys]
-    settings = settings.for_release(reference.split("@")[0])  # BUILDER_REGISTRY_* belong to the reference's host
+    settings = settings.for_release(reference)  # BUILDER_REGISTRY_* belong to the reference's host
     return verify_stage.verify(reference, publics, settings, require_all_keys=require_all_keys)
 
 
