@@ -1,6 +1,8 @@
 """The sequential performance gate on real images: a 1.2x slower exact path (demo vllm PR 16, a decode self-check)
-still passes; beside a bounded load of CPU, memory copies and disk writes, that benign change is never failed and
-the several-times-slower path (PR 14) is never passed."""
+still passes; beside a bounded load of CPU, memory copies and disk writes, that benign change is never failed.
+(The slow PR 14 under the same load was checked once, 2026-12-04: fail or inconclusive, never pass; it is not a
+test here for the budget: its slow runs under load took 100 s. tests/unit/test_performance.py decides the loaded
+runs quoted in issue 49, and test_accept.py fails PR 14 on a quiet machine.)"""
 import subprocess
 import sys
 import time
@@ -11,12 +13,12 @@ import pytest
 
 from builder.accept import gates as accept
 from builder.core.options import Settings
-from tests.defects import SLIGHTLY_SLOWER_PATH, SLOW_EXACT_PATH
+from tests.defects import SLIGHTLY_SLOWER_PATH
 from tests.fixture_types import BuildVariant, DemoImage
 
 pytestmark = pytest.mark.docker
 SETTINGS = Settings.from_env()
-LOAD_S = 120  # the load ends by itself after this, whatever the test does
+LOAD_S = 400  # the load ends by itself after this, whatever the test does (teardown kills it first)
 
 # three loads, each one process: a busy loop, 256 MB buffers copied again and again, 32 MB files written and synced
 LOADS = {
@@ -43,7 +45,8 @@ def load(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def test_a_1_2x_slower_exact_path_passes(demo_image: DemoImage, build_variant: BuildVariant, run_id: str) -> None:
     """PR 16 runs each decode step's MLP twice (about 1.2x the rollout's CPU time): the pairs' ratio stays far
-    above min_ratio 0.2, so the gate passes, and it stops as soon as the bounds decide."""
+    above min_ratio 0.2, so the gate passes, and it stops as soon as the bounds decide. Over 60 s on a loaded host
+    (130 s once): it builds the PR 16 variant (the engine stage and all after it), which the load test reuses."""
     result = accept.accept(build_variant(*SLIGHTLY_SLOWER_PATH).image_id, demo_image[0], SETTINGS,
                            gates=["performance"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "performance")
@@ -52,17 +55,14 @@ def test_a_1_2x_slower_exact_path_passes(demo_image: DemoImage, build_variant: B
     assert len(gate.evidence.runs) == 2 * gate.evidence.pairs and "the lower bound is >= min_ratio 0.2" in gate.reason
 
 
-@pytest.mark.parametrize("variant, never", [(SLIGHTLY_SLOWER_PATH, "fail"), (SLOW_EXACT_PATH, "pass")],
-                         ids=["benign-never-fails", "slow-never-passes"])
-def test_load_never_flips_the_verdict(demo_image: DemoImage, build_variant: BuildVariant, run_id: str,
-                                      load: list[subprocess.Popen[bytes]], variant: tuple[str, int],
-                                      never: str) -> None:
-    """Beside a busy loop, 256 MB memory copies and synced disk writes (bounded: LOAD_S), the benign change ends
-    pass or inconclusive and the slow path fail or inconclusive: load costs pairs, never a wrong verdict."""
-    image = build_variant(*variant).image_id
+def test_load_never_fails_the_benign_change(demo_image: DemoImage, build_variant: BuildVariant, run_id: str,
+                                            load: list[subprocess.Popen[bytes]]) -> None:
+    """Beside a busy loop, 256 MB memory copies and synced disk writes (bounded: LOAD_S), the benign change (PR 16,
+    built by the test above) ends pass or inconclusive: load costs pairs, never a wrong verdict."""
+    image = build_variant(*SLIGHTLY_SLOWER_PATH).image_id
     result = accept.accept(image, demo_image[0], SETTINGS, gates=["performance"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "performance")
     assert all(p.poll() is None for p in load), "the load ended before the gate did"
-    assert gate.status in ("pass", "fail", "inconclusive") and gate.status != never, gate.reason
+    assert gate.status in ("pass", "inconclusive"), gate.reason
     if gate.status == "inconclusive":
         assert gate.evidence.stopped == "maximum of pairs reached" and "spread" in gate.reason
