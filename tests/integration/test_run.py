@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import requests
 
+from builder import pipeline
 from builder.core.options import Settings
 from builder.engine.registry import Registry, split_repository
 from builder.image.render import sha_tag
+from builder.nightly.history import History
 from demo.prepare import variant_pins
 from tests.defects import without_performance
 from tests.fixture_types import DockerClient
@@ -88,6 +90,14 @@ def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins: Path, tmp_pat
     pins = pins_mod.load(pins_path)
     untag.append(f"{pins.image.repository}:{sha_tag(pins)}")
     assert served(pins.image.repository, sha_tag(pins)) == 404
+    # the run by hand is in the history (so the first `builder history` after `make demo` shows it), marked so
+    settings = Settings.from_env()
+    history = History(settings.cache("history") / "runs.sqlite")
+    row = next(r for r in history.runs(pins.name) if r.report_path == str(tmp_path / "run" / "report.json"))
+    assert (row.kind, row.verdict, row.exit_code) == ("hand", "NOT ACCEPTED", 1)
+    page_text = pipeline.history_page(settings, names=[pins.name], out=tmp_path / "page.html",
+                                      history=history).read_text()
+    assert f'id="night-{row.id}"' in page_text and 'data-kind="hand"' in page_text
 
 
 def test_run_bad_input_exits_2(tmp_path: Path) -> None:
