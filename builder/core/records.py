@@ -266,6 +266,7 @@ class PublishReceipt(Record):
     pushed_at: str
     platform: str = "unknown"          # os/architecture of the config blob the registry serves
     attestations: list[str] = Field(default_factory=list)  # digests of the signed artifacts referring to it
+    index: str | None = None  # repository@digest of the multi-arch index it was published in (builder/release/multiarch.py)
 
 
 class SqshExport(Record):
