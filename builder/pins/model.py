@@ -755,6 +755,19 @@ class Nightly(Strict):
     retention: Annotated[int, BeforeValidator(_no_bool), Field(strict=True, ge=1)] = 7
 
 
+def _unique_distributions(values: list["RuntimeLibrary"]) -> list["RuntimeLibrary"]:
+    _unique([v.distribution.lower() for v in values])
+    return values
+
+
+class RuntimeLibrary(Strict):
+    """A native runtime library the report records on its own (six layers): by distribution, with its import root
+    where it has one, or the component whose build it is a native input of (FlashAttention, DeepGEMM in vLLM)."""
+    distribution: Distribution
+    import_root: Module | None = None
+    built_into: Literal["vllm", "megatron", "verl"] | None = None
+
+
 class Pins(Strict):
     schema_version: Annotated[Literal[1], BeforeValidator(_int_only)]
     name: Name
@@ -769,6 +782,8 @@ class Pins(Strict):
     # components must differ in url, commit and distribution unless named here (the report shows it)
     shared: Annotated[list[Shareable], AfterValidator(_unique)] = []
     nightly: Nightly = Nightly()
+    # native runtime libraries the report records each with its six layers (docs/gates.md)
+    runtime_libraries: Annotated[list[RuntimeLibrary], AfterValidator(_unique_distributions)] = []
 
     _path: Path = PrivateAttr(default=Path())
     _sha256: str = PrivateAttr(default="")
