@@ -211,7 +211,8 @@ def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a ru
 
 
 @app.command()
-def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCEPTED run"),
+def publish(report_jsons: list[Path] = typer.Argument(..., help="report.json of an ACCEPTED run; several (one per "
+                                                      "platform, same commits): one multi-arch index"),
             image: Optional[str] = typer.Option(None, "--image", help="local image (default: the SHA tag)"),
             key: Optional[Path] = SigningKey,
             sqsh_dir: Optional[Path] = typer.Option(
@@ -221,7 +222,12 @@ def publish(report_json: Path = typer.Argument(..., help="report.json of an ACCE
     a cluster-accepted report's .sqsh (+ .sha256) is placed under the same SHA tag name."""
     from builder import pipeline  # lazy: start-up
 
-    receipt = pipeline.publish_report(report_json, settings(), image=image, key=key, sqsh_dir=sqsh_dir)
+    if len(report_jsons) > 1:  # one OCI index of the per-platform members (builder/release/multiarch.py)
+        if image or sqsh_dir:
+            raise BadInput(f"{'--image' if image else '--sqsh-dir'}: one report's option; publish them one at a time")
+        typer.echo(json.dumps({"index": pipeline.publish_index(report_jsons, settings(), key=key)}))
+        return
+    receipt = pipeline.publish_report(report_jsons[0], settings(), image=image, key=key, sqsh_dir=sqsh_dir)
     typer.echo(receipt.model_dump_json(indent=2))
 
 
@@ -334,12 +340,15 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
                                           "(any of them trusted)"),
            require_all_keys: bool = typer.Option(False, "--require-all-keys",
                                                  help="each --key must have signed all three attestations"),
+           platform: Optional[str] = typer.Option(None, "--platform", help="REFERENCE is a multi-arch index: "
+                                                  "verify its member for this os/arch[/variant] against that "
+                                                  "member's own acceptance"),
            ) -> None:
     """Check the attestations a trusted key signed for a published image; others are listed as untrusted.
     Exit 0 all pass, 1 naming the first failed check."""
     from builder import pipeline  # lazy: start-up
 
-    outcome = pipeline.verify(reference, key, settings(), require_all_keys=require_all_keys)
+    outcome = pipeline.verify(reference, key, settings(), require_all_keys=require_all_keys, platform=platform)
     for line in outcome.passed:
         typer.echo(f"ok  {line}")
     for line in (outcome.untrusted, outcome.foreign):

@@ -39,7 +39,7 @@ from builder.nightly import history as history_mod
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
-from builder.release import attest, dsse, journal, rebuild, sqsh, sqsh_place, trust
+from builder.release import attest, dsse, journal, multiarch, rebuild, sqsh, sqsh_place, trust
 from builder.release import publish as publish_stage
 from builder.release import verify as verify_stage
 from builder.report import document
@@ -250,6 +250,13 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
         return receipt
 
 
+def publish_index(report_jsons: list[Path], settings: Settings, key: Path | None = None) -> str:
+    """Several ACCEPTED per-platform reports of one release as one OCI index (builder/release/multiarch.py):
+    members by digest, the index, attestations, then the tags; returns `repository@<index digest>`."""
+    with log.step(f"publish index of {len(report_jsons)} platforms"):
+        return multiarch.publish_index(report_jsons, settings, signing_key=key)
+
+
 def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
                 squash_options: str | None = None, smoke: bool = True,
                 client: engine.Client | None = None) -> SqshExport:
@@ -408,10 +415,14 @@ def keygen(private: Path, public: Path | None = None, kind: str = "ed25519",
     return public, dsse.keygen(private, public, kind, passphrase)
 
 
-def verify(reference: str, keys: list[Path], settings: Settings, require_all_keys: bool = False) -> verify_stage.Outcome:
-    """What the trusted keys signed for REPOSITORY@sha256:...; AttestationError naming the first failed check."""
+def verify(reference: str, keys: list[Path], settings: Settings, require_all_keys: bool = False,
+           platform: str | None = None) -> verify_stage.Outcome:
+    """What the trusted keys signed for REPOSITORY@sha256:...; AttestationError naming the first failed check.
+    `platform`: the reference is a multi-arch index; its member for that platform is verified (multiarch.py)."""
     publics = [dsse.load_public(k) for k in keys]
     settings = settings.for_release(reference)  # BUILDER_REGISTRY_* belong to the reference's host
+    if platform is not None:
+        return multiarch.verify_platform(reference, platform, publics, settings, require_all_keys)
     return verify_stage.verify(reference, publics, settings, require_all_keys=require_all_keys)
 
 

@@ -115,11 +115,13 @@ def make_report(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltIm
         compat=[CompatPin(**c.model_dump()) for c in pins.compat], lock_sha256=lock.sha256,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), processes=gate_processes(gates),
         lock_lines=lock_lines(gate_processes(gates), lock),
+        runtime_libraries=runtime_libraries(pins, gate_processes(gates), lock, manifest,
+                                            build.image_id if build else (acceptance.image_id if acceptance else None)),
     )
 
 
 PROCESS_KEYS = ("pid", "ppid", "name", "argv", "executable", "mnt_ns", "modules", "libs", "complete", "status", "node",
-                "failures", "libraries")
+                "failures", "libraries", "library_sha256")
 NOT_DISTRIBUTIONS = ("jit", "base image", "unknown")
 
 
@@ -137,6 +139,44 @@ def lock_lines(processes: dict[str, list[dict[str, Any]]], lock: Lock) -> dict[s
     base = {_norm(b) for b in lock.native.base_records}
     return {n: lines.get(_norm(n)) or ("base image" if _norm(n) in base else "not in the lock: a component, built from"
                                        " its commit") for n in sorted(names)}
+
+
+def runtime_libraries(pins: Pins, processes: dict[str, list[dict[str, Any]]], lock: Lock,
+                      manifest: dict[str, Any] | None, image_id: str | None) -> list[dict[str, Any]]:
+    """Each runtime library the pins name, with the seed's six layers: source (its lock line, "base image", or the
+    commit of the component it is built into), installed package (import path, version), the native libraries
+    each process loaded (path, sha256), JIT kernels, the image and the run (gate, pid)."""
+    site = str((manifest or {}).get("site_packages") or "")
+    versions = {_norm(k): v for k, v in ((manifest or {}).get("distributions") or {}).items()}
+    comps = {name: getattr(pins.components, name) for name in ("vllm", "megatron", "verl")}
+    lines = lock_lines({"": [{"libraries": {"": f"{lib.distribution} -"}} for lib in pins.runtime_libraries]}, lock)
+    out = []
+    for lib in pins.runtime_libraries:
+        comp = comps[lib.built_into] if lib.built_into else None
+        owner = _norm(comp.distribution if comp else lib.distribution)
+        loaded = [{"gate": gate, "pid": p.get("pid"), "path": path, "sha256": (p.get("library_sha256") or {}).get(path)}
+                  for gate, listed in processes.items() for p in listed
+                  for path, who in (p.get("libraries") or {}).items() if who and _norm(str(who).rsplit(" ", 1)[0]) == owner]
+        source = (f"native input of {lib.built_into} (built from commit {comp.commit})" if comp
+                  else lines.get(lib.distribution, "-"))
+        root = (lib.import_root or "").replace(".", "/")
+        out.append({"distribution": lib.distribution, "built_into": lib.built_into, "source": source,
+                    "installed": {"import_path": f"{site}/{root}" if site and root else None,
+                                  "version": versions.get(owner)},
+                    "loaded": loaded, "jit": "none recorded", "image": image_id,
+                    "run": sorted({f"{x['gate']} pid {x['pid']}" for x in loaded})})
+    return out
+
+
+def runtime_libraries_markdown(report: Report) -> list[str]:
+    rows = [[r["distribution"] + (f" (in {r['built_into']})" if r.get("built_into") else ""), r["source"],
+             f"{(r.get('installed') or {}).get('import_path') or '-'} {(r.get('installed') or {}).get('version') or ''}",
+             f"{len(r.get('loaded') or [])}: " + clip(", ".join(sorted({os.path.basename(str(x["path"]))
+                                                                      for x in r.get("loaded") or []})), 160),
+             r.get("jit"), "this image" if r.get("image") else "-", "; ".join(r.get("run") or []) or "not loaded"]
+            for r in report.runtime_libraries]
+    return ["", "### Runtime libraries (six layers)", "", *_table(
+        ["Library", "Source", "Installed", "Loaded", "JIT", "Image", "Run"], rows)] if rows else []
 
 
 def libraries_markdown(report: Report) -> list[str]:
@@ -316,6 +356,7 @@ def to_markdown(report: Report) -> str:
     out += _table(["Item", "Value"], [
         ["Repository", _code(report.repository)], ["Image ID", _code(report.image_id)],
         ["Registry digest", _code(digest) if pub else digest],
+        *([["Published in index", _code(pub.index)]] if pub and pub.index else []),
         ["Tags", ", ".join(f"`{t}`" for t in report.tags) or UNKNOWN], ["Platform", report.platform],
         ["Base image", _code(report.base_image)], ["Base digest", _code(base_digest)],
         *([["Base index digest", _code(index)]] if (index := report.run_manifest.container.base_index_digest) else []),
@@ -344,6 +385,7 @@ def to_markdown(report: Report) -> str:
         out += _runs_table(tp.get("runs") or [])
     out += processes_markdown(report.processes)
     out += libraries_markdown(report)
+    out += runtime_libraries_markdown(report)
     out += census_markdown(report.gates)
     out += jit_markdown(report.gates)
     out += ["", "### Build", ""]
