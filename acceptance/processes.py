@@ -175,7 +175,10 @@ def judge(recs: list[dict[str, Any]], manifest: dict[str, Any], expected_ns: str
                        "argv": rec.get("argv"), "executable": rec.get("executable"), "mnt_ns": rec.get("mnt_ns"),
                        "sys_path": (rec.get("sys_paths") or [[]])[-1], "env": rec.get("env") or {},
                        "modules": {n: m.get("realpath") for n, m in sorted((rec.get("modules") or {}).items())},
-                       "libs": len(rec.get("libs") or {}), "libraries": libraries, "complete": rec.get("complete"),
+                       "libs": len(rec.get("libs") or {}), "libraries": libraries,
+                       "library_sha256": {p: d for p, d in (rec.get("libs") or {}).items()
+                                          if libraries.get(p) not in (None, "base image", "jit", "unknown")},
+                       "complete": rec.get("complete"),
                        "problems": rec.get("problems") or [], "status": "fail" if reasons else "pass",
                        "failures": reasons[:5]})
     if not recs:

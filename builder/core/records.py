@@ -358,6 +358,7 @@ class Report(Record):
     rebuild: dict[str, Any] | None = None  # `builder rebuild --check`: digests compared, per-layer file diff
     processes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)  # per recipe gate: the processes it ran
     lock_lines: dict[str, str] = Field(default_factory=dict)  # distribution of a loaded native library -> lock line
+    runtime_libraries: list[dict[str, Any]] = Field(default_factory=list)  # the pins' named ones: six layers each
 
 
 RECORDS: tuple[type[BaseModel], ...] = (

@@ -146,6 +146,7 @@ def sections(report: Report) -> list[tuple[str, Markup]]:
         "logs": document.rank_logs_markdown(report.gates),
         "processes": document.processes_markdown(report.processes),
         "libraries": document.libraries_markdown(report),
+        "runtime_libraries": document.runtime_libraries_markdown(report),
         "census": document.census_markdown(report.gates),
         "jit": document.jit_markdown(report.gates),
         "native": document.native_markdown(report.run_manifest.native_build),

@@ -22,3 +22,23 @@ def test_lock_lines_and_the_table_name_each_owner() -> None:
     assert "| rl_step | 7 | torch 2.11.0 | 2: libc10.so, libtorch_cpu.so | base image |" in table, table
     assert "| rl_step | 7 | numpy 2.3.0 | 1: _multiarray_umath.so | numpy==2.3.0 --hash=sha256:" in table
     assert "| rl_step | 7 | none (fails) | 1: libfast.so | - |" in table
+
+
+def test_a_named_runtime_library_gets_its_six_layers() -> None:
+    comp = SimpleNamespace(distribution="tinyengine", commit="c" * 40)
+    pins = SimpleNamespace(components=SimpleNamespace(vllm=comp, megatron=comp, verl=comp), runtime_libraries=[
+        SimpleNamespace(distribution="torch", import_root="torch", built_into=None),
+        SimpleNamespace(distribution="flash-attention", import_root=None, built_into="vllm")])
+    lock = SimpleNamespace(runtime="", native=SimpleNamespace(base_records={"torch": {}}))
+    processes = {**PROCESSES, "zero_update": [{"pid": 9, "libraries": {f"{SITE}/tinyengine/_C.so": "tinyengine 0.2"},
+                                               "library_sha256": {f"{SITE}/tinyengine/_C.so": "e" * 64}}]}
+    manifest = {"site_packages": SITE, "distributions": {"torch": "2.11.0", "tinyengine": "0.2"}}
+    torch, flash = document.runtime_libraries(cast(Any, pins), processes, cast(Any, lock), manifest, "sha256:" + "1" * 64)
+    assert torch["source"] == "base image" and torch["installed"] == {"import_path": f"{SITE}/torch", "version": "2.11.0"}
+    assert sorted(x["path"].rsplit("/", 1)[1] for x in torch["loaded"]) == ["libc10.so", "libtorch_cpu.so"]
+    assert torch["run"] == ["rl_step pid 7"] and torch["image"] == "sha256:" + "1" * 64 and torch["jit"]
+    assert flash["source"] == f"native input of vllm (built from commit {'c' * 40})"
+    assert flash["loaded"] == [{"gate": "zero_update", "pid": 9, "path": f"{SITE}/tinyengine/_C.so", "sha256": "e" * 64}]
+    report = SimpleNamespace(runtime_libraries=[torch, flash])
+    table = "\n".join(document.runtime_libraries_markdown(cast(Any, report)))
+    assert "| torch | base image | " in table and "| flash-attention (in vllm) | native input of vllm" in table, table
