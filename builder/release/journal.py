@@ -90,7 +90,9 @@ def recover(repository: str, settings: Settings, reg: Registry, receipt: Receipt
     if PHASES.index(journal.phase) >= PHASES.index("tags"):
         line = finish(reg, name, journal, settings, receipt)
     elif journal.digest == digest:
-        line = f"resumed the publish of {repository}@{journal.digest} that a killed run began (no tag had moved)"
+        dropped = drop_unindexed(reg, name, journal)
+        line = (f"resumed the publish of {repository}@{journal.digest} that a killed run began (no tag had moved"
+                + (f"; deleted {dropped} attestation(s) no index listed)" if dropped else ")"))
     else:
         line = abandon(reg, name, journal)
     remove(repository, settings)
@@ -131,6 +133,12 @@ def abandon(reg: Registry, name: str, journal: Journal) -> str:
     gone = delete_with_referrers(reg, name, journal.digest, journal.artifacts)
     what = "deleted it and its attestations" if gone else "this registry refuses DELETE: left unreferenced by tags"
     return f"abandoned the publish of {journal.repository}@{journal.digest} that a killed run began (no tag had moved; {what})"
+
+
+def drop_unindexed(reg: Registry, name: str, journal: Journal) -> int:
+    """Delete the artifacts the killed publish pushed that no referrers index lists (killed before the index PUT)."""
+    listed = {d["digest"] for d in referrers.discover(reg, name, journal.digest)}
+    return sum(reg.delete_manifest(name, a) for a in journal.artifacts if a not in listed)
 
 
 def delete_with_referrers(reg: Registry, name: str, digest: str, artifacts: list[str] | None = None) -> bool:

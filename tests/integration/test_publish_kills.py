@@ -26,7 +26,7 @@ from builder.core.records import EngineFacts, Pulled
 from builder.engine.registry import Registry, split_repository
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
-from builder.release import attest, dsse, journal, verify
+from builder.release import attest, dsse, journal, referrers, verify
 from builder.report import document as report_mod
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS
@@ -142,6 +142,9 @@ def recovered(rel: Release, when: str) -> str:
     lines = [ln for ln in rerun.stderr.splitlines() if "that a killed run began" in ln]
     assert len(lines) == (1 if left else 0), f"{when}: {lines}"
     assert journal.read(rel.repository, SETTINGS) is None, f"{when}: the journal outlived the rerun"
+    listed = {d["digest"] for d in referrers.discover(rel.reg, rel.name, rel.new)}
+    orphans = [a for a in (left.artifacts if left else []) if a not in listed and rel.reg.tag_digest(rel.name, a)]
+    assert orphans == [], f"{when}: attestations no index lists: {orphans}"
     assert all(rel.reg.tag_digest(rel.name, t) == rel.new for t in rel.tags)
     outcome = verify.verify(f"{rel.repository}:{rel.tags[1]}", [dsse.load_public(rel.key.with_suffix(".pub"))],
                             SETTINGS)
