@@ -160,9 +160,14 @@ def runtime_libraries(pins: Pins, processes: dict[str, list[dict[str, Any]]], lo
         source = (f"native input of {lib.built_into} (built from commit {comp.commit})" if comp
                   else lines.get(lib.distribution, "-"))
         root = (lib.import_root or "").replace(".", "/")
+        where = f"{site}/{root}" if site and root else next(  # no manifest kept: where its libraries were loaded
+            (str(x["path"]).split(f"/{root}/")[0] + f"/{root}" for x in loaded if root and f"/{root}/" in str(x["path"])),
+            None)
+        owned = [str(who) for listed in processes.values() for p in listed for who in (p.get("libraries") or {}).values()
+                 if who and _norm(str(who).rsplit(" ", 1)[0]) == owner]
         out.append({"distribution": lib.distribution, "built_into": lib.built_into, "source": source,
-                    "installed": {"import_path": f"{site}/{root}" if site and root else None,
-                                  "version": versions.get(owner)},
+                    "installed": {"import_path": where,
+                                  "version": versions.get(owner) or (owned[0].rsplit(" ", 1)[-1] if owned else None)},
                     "loaded": loaded, "jit": "none recorded", "image": image_id,
                     "run": sorted({f"{x['gate']} pid {x['pid']}" for x in loaded})})
     return out

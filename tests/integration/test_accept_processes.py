@@ -59,6 +59,9 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     markdown = document.to_markdown(report)
     assert "### Processes per gate" in markdown and "### Native libraries per process" in markdown
     assert f"| rl_step | {worker['pid']} | torch " in markdown  # which of torch's libraries the worker loaded
+    torch = next(r for r in report.runtime_libraries if r["distribution"] == "torch")  # the pins name it
+    assert torch["source"] == "base image" and torch["installed"]["import_path"] == f"{SITE}/torch"
+    assert {x["pid"] for x in torch["loaded"]} == {main["pid"], worker["pid"]} and all(x["sha256"] for x in torch["loaded"])
     row = next(line for line in markdown.splitlines() if line.startswith("| rl_step |") and f"| {worker['pid']} |" in line)
     assert f"| {main['pid']} | RolloutWorker |" in row and "| complete | pass |" in row, row
     print("\n".join(line for line in markdown.splitlines() if line.startswith("| rl_step |")))
