@@ -45,6 +45,9 @@ elif mode == "undumpable":  # a worker that makes itself unreadable (exe, maps, 
 elif mode == "copy":  # a copy of a component file elsewhere, under another name, opened by a helper
     import shutil; shutil.copy(fakecomp.__file__, "notes.txt")
     subprocess.run(["sh", "-c", "exec 3<notes.txt; sleep 0.4 3<&-"], check=True)
+elif mode == "short":  # a short worker past the floor (docs/gates.md): no hook, imports the component, 30 ms
+    subprocess.run([sys.executable, "-S", "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); import fakecomp; "
+                    "time.sleep(0.03)", os.path.dirname(os.path.dirname(fakecomp.__file__))], check=True)
 elif mode == "opener":
     subprocess.run(["sh", "-c", "exec 3<" + os.path.dirname(fakecomp.__file__) + "/__init__.py; sleep 0.4 3<&-"], check=True)
 subprocess.run(["sh", "-c", "sleep 0.3"], check=True)  # a helper: no interpreter, no component file
@@ -199,6 +202,11 @@ def test_a_process_the_census_cannot_read_fails_closed(tmp_path: Path) -> None:
 def test_a_copy_of_a_component_file_anywhere_counts_by_its_content(tmp_path: Path) -> None:
     reason, row, _ = _escape(tmp_path, "copy", "notes.txt")
     assert row["class"] == "component files" and row["component_files"][0].endswith("/notes.txt"), row
+
+
+def test_a_short_worker_past_the_floor_that_imports_a_component_fails(tmp_path: Path) -> None:
+    reason, row, _ = _escape(tmp_path, "short", "import fakecomp")
+    assert row["python"] and row["ended"] and reason.endswith("ran a Python interpreter, and it left no process record")
 
 
 def test_a_helper_that_opens_a_component_file_fails(tmp_path: Path) -> None:
