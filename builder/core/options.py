@@ -83,7 +83,8 @@ VARIABLES: tuple[Variable, ...] = (
              "build's steps and `[n/m]` counts, the demo base's debootstrap, apt and compiles)"),
     Variable("BUILDER_GIT_CONFIG", "unset", "a git config file included in every fetch, e.g. `url.<base>.insteadOf` "
              "mirrors (submodules too); see sources.md"),
-    Variable("BUILDER_SIGNING_KEY", "unset", "ed25519 private key (PEM) that signs the acceptance result and the "
+    Variable("BUILDER_SIGNING_KEY", "unset", "ed25519 or ECDSA P-256 private key (PKCS#8 PEM, encrypted with "
+             "`BUILDER_KEY_PASSPHRASE` allowed) that signs the acceptance result and the "
              "attestations on publish (`--key` overrides it)"),
     Variable("BUILDER_NOTIFY_URL", "unset", "webhook that `builder nightly` POSTs a Slack-compatible JSON message to when "
              "the verdict flips or a regression flag goes up (nightly.md); `http://` or `https://`; a failure is "
