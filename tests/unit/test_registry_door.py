@@ -227,6 +227,11 @@ def test_unknown_ca_is_named_and_certs_d_trusts_it(tmp_path: Path) -> None:
         (tmp_path / "certs.d" / "registry.test:5443" / "ca.crt").write_bytes(ca.read_bytes())
         tls = TLS.for_host("registry.test:5443", s)
         assert Transport(server.host, None, tls).request("GET", "/v2/").status_code == 200
+        folder = tmp_path / "certs.d" / "registry.test:5443"
+        (folder / "client.cert").write_text("x")
+        assert TLS.for_host("registry.test:5443", s).cert is None  # a .cert without its .key is no client certificate
+        (folder / "client.key").write_text("y")
+        assert TLS.for_host("registry.test:5443", s).cert == (str(folder / "client.cert"), str(folder / "client.key"))
         bundle = settings(tmp_path, SSL_CERT_FILE=str(ca))  # read through the settings
         assert Transport(server.host, None, TLS.for_host("other:1", bundle)).request("GET", "/v2/").status_code == 200
         insecure = settings(tmp_path, BUILDER_INSECURE_REGISTRIES="other:1")
