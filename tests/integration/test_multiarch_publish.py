@@ -1,0 +1,112 @@
+"""builder publish of several per-platform reports into one OCI index, against the local registry (127.0.0.1:5000):
+two tiny local images (amd64; arm64/v8 with a static aarch64 executable), each with an ACCEPTED report whose pins
+and lock publish re-reads; the arm64 one is accepted on provenance only (the emulated member). A few seconds."""
+import hashlib
+import io
+import json
+import tarfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder import cli, pipeline
+from builder.core.errors import AttestationError, BadInput
+from builder.core.imageref import digest_of
+from builder.engine.registry import Registry
+from builder.release import multiarch, referrers
+from builder.report import document as report
+from tests.conftest import SETTINGS
+from tests.fixture_types import DockerClient, MakeReportInputs
+from tests.integration.test_multiarch_base import aarch64_exit_elf
+from tests.unit.test_multiarch import member
+
+pytestmark = pytest.mark.docker
+
+
+def _layer(name: str, data: bytes, mode: int) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(data), mode, 0
+        tar.addfile(info, io.BytesIO(data))
+    return raw.getvalue()
+
+
+def load_image(client: DockerClient, tag: str, layer: bytes, platform: dict[str, str]) -> str:
+    """A one-layer image of that platform, loaded as `docker save` writes it (import would say amd64); its ID."""
+    config = json.dumps({**platform, "config": {"Cmd": ["/bin/true"]},
+                         "rootfs": {"type": "layers", "diff_ids": [digest_of(layer)]}}).encode()
+    name = hashlib.sha256(config).hexdigest() + ".json"
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for path, data in ((name, config), ("layer/layer.tar", layer), ("manifest.json", json.dumps(
+                [{"Config": name, "RepoTags": [tag], "Layers": ["layer/layer.tar"]}]).encode())):
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    client.images.load(out.getvalue())
+    return str(client.images.get(tag).id)
+
+
+@pytest.fixture(scope="module")
+def platform_images(docker_client: DockerClient) -> Iterator[dict[str, str]]:
+    """{platform: image ID} of the two members; removed at the end."""
+    ids = {"linux/amd64": load_image(docker_client, "builder-tests/multiarch:amd64",
+                                     _layer("hello.txt", b"amd64 member\n", 0o644),
+                                     {"architecture": "amd64", "os": "linux"}),
+           "linux/arm64": load_image(docker_client, "builder-tests/multiarch:arm64",
+                                     _layer("bin/true", aarch64_exit_elf(), 0o755),
+                                     {"architecture": "arm64", "variant": "v8", "os": "linux"})}
+    yield ids
+    for image_id in ids.values():
+        try:
+            docker_client.images.remove(image_id, force=True)
+        except Exception:  # already gone
+            pass
+
+
+def test_two_accepted_platforms_publish_one_index(report_inputs: MakeReportInputs, tmp_path: Path,
+                                                  platform_images: dict[str, str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    repo = f"127.0.0.1:5000/tests/multiarch-{uuid.uuid4().hex[:8]}"
+    amd = member(report_inputs, tmp_path, "linux/amd64", repository=repo, image_id=platform_images["linux/amd64"])
+    arm = member(report_inputs, tmp_path, "linux/arm64", required=["provenance"], repository=repo,
+                 image_id=platform_images["linux/arm64"])
+    reg, name = Registry("127.0.0.1:5000"), repo.split("/", 1)[1]
+    # refused before anything is published: the same report twice is one platform twice (exit 2, one line)
+    assert cli.run(["publish", str(arm.path), str(arm.path)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()
+    assert len(line) == 1 and "platform linux/arm64/v8 again" in line[0] and "one report per platform" in line[0]
+    assert reg.tag_digest(name, "demo") is None and reg.tag_digest(name, amd.report.tags[0]) is None
+    at = pipeline.publish_index([amd.path, arm.path], SETTINGS)
+    digest = at.split("@")[1]
+    index = json.loads(reg.manifest_by_digest(name, digest))
+    assert index["mediaType"] == referrers.OCI_INDEX
+    reports = {m.platform: report.load(m.path) for m in (amd, arm)}
+    # exactly the accepted members, by the digests their receipts name, with their platforms and gates
+    assert [(e["digest"], e["platform"]) for e in index["manifests"]] == [
+        (reports[amd.platform].publish.digest, {"os": "linux", "architecture": "amd64"}),  # type: ignore[union-attr]
+        (reports[arm.platform].publish.digest, {"os": "linux", "architecture": "arm64", "variant": "v8"})]  # type: ignore[union-attr]
+    assert index["manifests"][1]["annotations"]["dev.rl-image-builder.accepted-on"] == "provenance"
+    for tag in amd.report.tags:  # the SHA tag and demo serve the index
+        assert reg.tag_digest(name, tag) == digest
+    for m in (amd, arm):  # each platform's report names the index, in report.json and report.md
+        rep = reports[m.platform]
+        assert rep.publish is not None and rep.publish.index == at and rep.publish.platform == m.report.platform
+        assert f"| Published in index | `{at}` |" in (m.path.parent / "report.md").read_text()
+        record = json.loads((m.path.parent / multiarch.RECORD_FILE).read_text())
+        assert record["index"] == at
+    arm_rec = record["members"][1]
+    assert arm_rec["accepted_on"] == ["provenance"] and {g["gate"] for g in arm_rec["not_required"]} == {
+        "zero_update", "rl_step", "control", "performance"}
+    # verify --platform: a missing platform names those the index has; a member digest is not an index
+    with pytest.raises(BadInput, match=r"--platform: the index .* has no linux/ppc64le entry \(it has linux/amd64, "
+                                       r"linux/arm64/v8\)"):
+        multiarch.verify_platform(at, "linux/ppc64le", [], SETTINGS)
+    member_ref = f"{repo}@{index['manifests'][0]['digest']}"
+    with pytest.raises(BadInput, match="is one image .*not an index; verify it without --platform"):
+        multiarch.verify_platform(member_ref, "linux/amd64", [], SETTINGS)
+    with pytest.raises(AttestationError, match="no record of .* signed by a trusted key"):
+        multiarch.verify_platform(at, "linux/arm64", [], SETTINGS)  # published without a key: no signed record
