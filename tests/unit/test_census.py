@@ -48,6 +48,8 @@ elif mode == "copy":  # a copy of a component file elsewhere, under another name
 elif mode == "short":  # a short worker past the floor (docs/gates.md): no hook, imports the component, 30 ms
     subprocess.run([sys.executable, "-S", "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); import fakecomp; "
                     "time.sleep(0.03)", os.path.dirname(os.path.dirname(fakecomp.__file__))], check=True)
+elif mode == "no-aslr":  # personality(ADDR_NO_RANDOMIZE), no privilege needed: exec addresses (the mark) repeat
+    subprocess.run(["setarch", "-R", sys.executable, "-c", wait], check=True)
 elif mode == "opener":
     subprocess.run(["sh", "-c", "exec 3<" + os.path.dirname(fakecomp.__file__) + "/__init__.py; sleep 0.4 3<&-"], check=True)
 subprocess.run(["sh", "-c", "sleep 0.3"], check=True)  # a helper: no interpreter, no component file
@@ -207,6 +209,29 @@ def test_a_copy_of_a_component_file_anywhere_counts_by_its_content(tmp_path: Pat
 def test_a_short_worker_past_the_floor_that_imports_a_component_fails(tmp_path: Path) -> None:
     reason, row, _ = _escape(tmp_path, "short", "import fakecomp")
     assert row["python"] and row["ended"] and reason.endswith("ran a Python interpreter, and it left no process record")
+
+
+def test_a_process_without_address_randomisation_is_unaccounted(tmp_path: Path) -> None:
+    import shutil
+
+    import pytest
+
+    if not shutil.which("setarch"):
+        pytest.skip("no setarch here")
+    failures, evidence, _, _ = _take(tmp_path, "no-aslr")
+    row = _row(evidence, "time.sleep(0.4)")
+    assert row["no_aslr"] and row["record"], row  # recorded (the hook ran), and still unaccounted
+    assert failures == [f"census: node {hook.node_name()} process {row['pid']} ({row['exe']}: "
+                        f"{processes.command_line(row['argv'])}) ran with ADDR_NO_RANDOMIZE (its personality): its"
+                        " record cannot be told from a later exec of the same program, so it is unaccounted"], failures
+
+
+def test_a_node_without_address_randomisation_accounts_for_no_process() -> None:
+    raw: dict[str, Any] = {"node": "n1", "image": None, "records": [], "rows": [], "randomize_va_space": "0"}
+    failures, evidence = processes.compare(raw, [])
+    assert failures == ["census: node n1 runs with kernel.randomize_va_space 0: a record cannot be told from a later"
+                        " exec of the same program, so no process is accounted for"]
+    assert evidence["randomize_va_space"] == "0"
 
 
 def test_a_helper_that_opens_a_component_file_fails(tmp_path: Path) -> None:
