@@ -262,7 +262,7 @@ def read_record(registry: Registry, name: str, digest: str, public_key: dsse.Pub
     for desc in referrers.discover(registry, name, digest):
         if (desc.get("annotations") or {}).get(referrers.PREDICATE_ANNOTATION) != RECORD_TYPE:
             continue
-        envelope, _ = referrers.fetch_envelope(registry, name, desc)
+        _, envelope = referrers.fetch_envelope(registry, name, desc)
         try:
             stmt = attest.open_statement(envelope, public_key, digest)
         except AttestationError:  # another key's envelope, or one for another subject: not this record

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from builder import cli, pipeline
+from builder.core.constants import LABEL_PREFIX
 from builder.core.errors import AttestationError, BadInput
 from builder.core.imageref import digest_of
 from builder.engine.registry import Registry
-from builder.release import multiarch, referrers
+from builder.release import attest, dsse, multiarch, referrers
 from builder.report import document as report
 from tests.conftest import SETTINGS
 from tests.fixture_types import DockerClient, MakeReportInputs
@@ -25,18 +26,28 @@ from tests.unit.test_multiarch import member
 pytestmark = pytest.mark.docker
 
 
+COMMITS = {name: hashlib.sha1(name.encode()).hexdigest() for name in ("vllm", "megatron", "verl")}  # report_inputs'
+DISTS = {"vllm": "tinyengine", "megatron": "tinycore", "verl": "tinyrl"}
+DELIVERY = json.dumps({  # the delivery manifest attest and verify read from the layers
+    "components": {n: {"commit": c, "tree": hashlib.sha1(f"tree{n}".encode()).hexdigest(), "distribution": DISTS[n],
+                       "version": "0.1.0"} for n, c in COMMITS.items()},
+    "distributions": {d: "0.1.0" for d in DISTS.values()}}).encode()
+
+
 def _layer(name: str, data: bytes, mode: int) -> bytes:
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w") as tar:
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime = len(data), mode, 0
-        tar.addfile(info, io.BytesIO(data))
+        for path, body, bits in ((name, data, mode), ("opt/delivery/manifest.json", DELIVERY, 0o644)):
+            info = tarfile.TarInfo(path)
+            info.size, info.mode, info.mtime = len(body), bits, 0
+            tar.addfile(info, io.BytesIO(body))
     return raw.getvalue()
 
 
 def load_image(client: DockerClient, tag: str, layer: bytes, platform: dict[str, str]) -> str:
     """A one-layer image of that platform, loaded as `docker save` writes it (import would say amd64); its ID."""
-    config = json.dumps({**platform, "config": {"Cmd": ["/bin/true"]},
+    labels = {f"{LABEL_PREFIX}.{n}.commit": c for n, c in COMMITS.items()}
+    config = json.dumps({**platform, "config": {"Cmd": ["/bin/true"], "Labels": labels},
                          "rootfs": {"type": "layers", "diff_ids": [digest_of(layer)]}}).encode()
     name = hashlib.sha256(config).hexdigest() + ".json"
     out = io.BytesIO()
@@ -110,3 +121,46 @@ def test_two_accepted_platforms_publish_one_index(report_inputs: MakeReportInput
         multiarch.verify_platform(member_ref, "linux/amd64", [], SETTINGS)
     with pytest.raises(AttestationError, match="no record of .* signed by a trusted key"):
         multiarch.verify_platform(at, "linux/arm64", [], SETTINGS)  # published without a key: no signed record
+
+
+def test_a_signed_index_verifies_each_member_against_its_own_acceptance(
+        report_inputs: MakeReportInputs, tmp_path: Path, platform_images: dict[str, str]) -> None:
+    """With a key: each member's three attestations and the index's signed record; `builder verify --platform`
+    checks the arm64 member and says it was accepted on provenance only."""
+    repo = f"127.0.0.1:5000/tests/multiarch-{uuid.uuid4().hex[:8]}"
+    key, pub = tmp_path / "key.pem", tmp_path / "key.pub"
+    dsse.keygen(key, pub)
+    members = [member(report_inputs, tmp_path, "linux/amd64", repository=repo, image_id=platform_images["linux/amd64"]),
+               member(report_inputs, tmp_path, "linux/arm64", required=["provenance"], repository=repo,
+                      image_id=platform_images["linux/arm64"])]
+    for m in members:
+        attest.sign_acceptance(m.report, m.pins, dsse.load_private(key), m.path.parent)
+    at = pipeline.publish_index([m.path for m in members], SETTINGS, key=key)
+    out = pipeline.verify(at.split("@")[0] + ":demo", [pub], SETTINGS, platform="linux/arm64")
+    arm = report.load(members[1].path).publish
+    assert arm is not None and out.reference == f"{repo}@{arm.digest}"
+    assert out.passed[0].endswith(f"its linux/arm64 member is {arm.digest}")
+    assert "test result: PASSED (1)" in out.passed
+    assert out.passed[-1].startswith("member gates: accepted on provenance (its own signed test result); "
+                                     "not required: zero_update not_run")
+    full = pipeline.verify(at, [pub], SETTINGS, platform="linux/amd64").passed[-1]
+    assert full.startswith("member gates: accepted on provenance, ") and full.endswith("; every gate")
+    # planted: an index whose signed record says the arm64 member also passed rl_step; its own test result did not
+    reg, name = Registry("127.0.0.1:5000"), repo.split("/", 1)[1]
+    index = json.loads(reg.manifest_by_digest(name, at.split("@")[1]))
+    index["annotations"] = {"forged": "1"}
+    body = json.dumps(index).encode()
+    forged = digest_of(body)
+    reg.put_manifest(name, forged, body, referrers.OCI_INDEX)
+    record = json.loads((members[1].path.parent / multiarch.RECORD_FILE).read_text())["members"]
+    record[1]["accepted_on"] = ["provenance", "rl_step"]
+    envelope = json.dumps(dsse.sign(multiarch.record_statement(repo, forged, record), dsse.load_private(key))).encode()
+    referrers.attach(reg, name, {"mediaType": referrers.OCI_INDEX, "digest": forged, "size": len(body)}, envelope,
+                     multiarch.RECORD_TYPE)
+    with pytest.raises(AttestationError, match=r"the record says rl_step passed; .*'s signed test result passed "
+                                               r"provenance$"):
+        multiarch.verify_platform(f"{repo}@{forged}", "linux/arm64", [dsse.load_public(pub)], SETTINGS)
+    other = tmp_path / "other.pub"
+    dsse.keygen(tmp_path / "other.pem", other)
+    with pytest.raises(AttestationError, match="no record of .* signed by a trusted key"):
+        multiarch.verify_platform(at, "linux/arm64", [dsse.load_public(other)], SETTINGS)
