@@ -3,10 +3,13 @@ local cluster. The candidates are tiny images made here (sh, sleep and a `python
 a passing result line), so each run costs seconds; their pins require the provenance gate only and span both nodes.
 
 Every row asserts the CLI's own exit code, exactly one `error:` line on stderr, no job of the run left in squeue,
-no process of the job left (the pids Slurm listed for the job while it ran, `scontrol listpids`, each checked by its
-start time), nothing published (the release tag unmoved in the registry, no .sqsh placed) and a passing rerun."""
+no process of the job left (the pids Slurm listed for the job while it ran, `scontrol listpids JOB NODE` asked of
+each node's slurmd: both run on this host, and scontrol lists one node's only; at least one pid per node where a
+gate ran, each checked by its start time), nothing published (`builder publish` of the run's report refused, the
+release tag unmoved in the registry, no .sqsh placed) and a passing rerun."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -82,6 +85,7 @@ class Jobs:
     def __init__(self) -> None:
         self.ids: set[str] = set()
         self.pids: set[tuple[int, str]] = set()
+        self.nodes: dict[str, set[int]] = {}  # per node: the pids its slurmd listed
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
@@ -96,12 +100,14 @@ class Jobs:
                 job, _, name = line.partition(" ")
                 if name.startswith("builder-accept-"):
                     self.ids.add(job)
-                    listed = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True,
-                                            check=False).stdout
-                    for row in listed.splitlines()[1:]:
-                        pid = row.split()[0] if row.split() else ""
-                        if pid.isdigit() and (start := _start(int(pid))):
-                            self.pids.add((int(pid), start))
+                    for node in cluster.NODES:  # each slurmd lists its own node's pids only
+                        listed = subprocess.run(["scontrol", "listpids", job, node], capture_output=True, text=True,
+                                                check=False).stdout
+                        for row in listed.splitlines()[1:]:
+                            pid = row.split()[0] if row.split() else ""
+                            if pid.isdigit() and (start := _start(int(pid))):
+                                self.pids.add((int(pid), start))
+                                self.nodes.setdefault(node, set()).add(int(pid))
             self.stop.wait(pause)
 
     def left(self) -> tuple[list[str], list[int]]:
@@ -170,10 +176,25 @@ def gate(run: Path) -> dict[str, Any]:
     return found
 
 
-def settled(world: World, jobs: Jobs, tag_before: str | None) -> None:
-    """Nothing of the run left, nothing published, and a rerun passes."""
+def publish(world: World, run: Path) -> tuple[int, list[str]]:
+    """`builder publish` of the run's report, as the next step of a release would run it."""
+    done = subprocess.run([sys.executable, "-m", "builder", "publish", str(run / "report.json")], env=world.env,
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return done.returncode, [line for line in done.stderr.splitlines() if line.startswith("error:")]
+
+
+def settled(world: World, jobs: Jobs, tag_before: str | None, run: Path | None = None, ran: bool = False) -> None:
+    """Nothing of the run left, nothing published (the publish of its report refused: `run`, where the run wrote
+    one), and a rerun passes. `ran`: a gate ran on both nodes, so each node's slurmd listed at least one pid."""
     left_jobs, left_pids = jobs.left()
     assert left_jobs == [] and left_pids == [], (left_jobs, left_pids)
+    if ran:  # each node's own pids: some on every node, none listed for two (one node's list asked twice)
+        assert {node: bool(jobs.nodes.get(node)) for node in cluster.NODES} == dict.fromkeys(cluster.NODES, True), \
+            jobs.nodes
+        assert set.intersection(*(jobs.nodes[node] for node in cluster.NODES)) == set(), jobs.nodes
+    if run is not None:
+        code, errors = publish(world, run)
+        assert code == 1 and len(errors) == 1 and "only an ACCEPTED image is published" in errors[0], errors
     assert tag_digest("demo") == tag_before and list(world.published.glob("*.sqsh")) == []
     code, errors, run = accept(world, "quick", world.tmp / f"rerun-{time.monotonic_ns()}")
     assert code == 0 and errors == [], errors
@@ -236,7 +257,9 @@ def test_a_fault_mid_gate_ends_as_the_table_says(world: World, slurm_cluster: cl
                  "over its limit": ("fail", "timed out: over the gate's time limit of 3 s"),
                  "someone's scancel": ("inconclusive", "cancelled outside the builder")}[row]
         assert found["status"] == words[0] and found["reason"].startswith(words[1]), found["reason"]
-    settled(world, jobs, before)
+        settled(world, jobs, before, run, ran=True)
+        return
+    settled(world, jobs, before, ran=True)  # drained: accepted (nothing to refuse); a signal: no report
 
 
 def _with_proc(holder: list[subprocess.Popen[str]], watch: Callable[[subprocess.Popen[str]], None],
@@ -292,7 +315,7 @@ def test_the_allocation_running_out_mid_gate_is_inconclusive(world: World, slurm
     assert code == 1 and len(errors) == 1 and "not accepted" in errors[0], errors
     found = gate(run)
     assert found["status"] == "inconclusive" and found["reason"].startswith("the allocation ran out"), found["reason"]
-    settled(world, jobs, before)
+    settled(world, jobs, before, run, ran=True)
 
 
 def test_a_stale_copy_on_one_node_fails_naming_the_node(world: World, slurm_cluster: cluster.Cluster,
@@ -315,4 +338,5 @@ def test_a_stale_copy_on_one_node_fails_naming_the_node(world: World, slurm_clus
     assert code == 1 and len(errors) == 1
     assert gate(run)["reason"].startswith("node n2: its node-local copy"), gate(run)["reason"]
     assert not copy.exists()
-    settled(local, jobs, before)
+    settled(local, jobs, before, run)
+    assert copy.is_file() and hashlib.sha256(copy.read_bytes()).hexdigest() == want  # the rerun filled it again
