@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.core import log
+from builder.core import faults, log
+from builder.core import files as fs
 from builder.core.constants import TOOL_URI
 from builder.core.errors import AttestationError, BadInput, PublishError
 from builder.core.imageref import ImageRef
@@ -162,7 +163,7 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
         publish.check_signed_acceptance(m.report, m.path, key, str(m.path))
     tags = list(first.tags)
     with staging.repository_lock(first.repository, settings):
-        journal.recover(first.repository, settings, registry, publish.receipt_after_kill)
+        journal.recover(first.repository, settings, registry, receipts_after_kill)
         staged = [staging.accepted_ref(m.report, str(m.path)) or publish._push_local(
             engine.connect(settings), m.report, None, str(m.path), settings) for m in members]
         bodies = [_staged_manifest(registry, ref) for ref in staged]
@@ -190,6 +191,10 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
                         for m, ref in zip(members, staged)]
             if key is not None:
                 _attest_index(registry, name, first.repository, digest, len(index), records, key, plan, settings)
+            at = f"{first.repository}@{digest}"
+            for m in members:  # what a killed run's receipts are written from (receipts_after_kill)
+                fs.write_atomic(m.path.parent / RECORD_FILE, json.dumps(
+                    {"index": at, "tags": tags, "members": records}, indent=1) + "\n")
             plan.phase = "tags"
             journal.write(plan, settings)
             moved = True
@@ -208,11 +213,9 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
                 journal.cancel_uploads(registry, plan)
         plan.phase = "receipt"
         journal.write(plan, settings)
-        at = f"{first.repository}@{digest}"
+        faults.point("publish index: receipt")
         for m, receipt in zip(members, receipts):
             publish.record_receipt(m.report, receipt.model_copy(update={"index": at}), m.path)
-            (m.path.parent / RECORD_FILE).write_text(json.dumps(
-                {"index": at, "tags": tags, "members": records}, indent=1) + "\n")
         journal.remove(first.repository, settings)
     for rec in records:
         cut = ", ".join(f"{g['gate']} {g['status']}" for g in rec["not_required"])
@@ -220,6 +223,30 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
                  + (f"; not required: {cut}" if cut else ""))
     log.info(f"published index {at} ({len(members)} platforms); tags {', '.join(tags)}")
     return at
+
+
+def receipts_after_kill(report_path: Path, digest: str, tags: list[str], settings: Settings) -> None:
+    """The receipts a killed index publish did not write (journal recovery; the journal names the first
+    member's report): from the index record beside it, each member's, read back from the registry."""
+    try:
+        record = json.loads((report_path.parent / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        record = {}
+    if not str(record.get("index", "")).endswith(f"@{digest}"):  # a one-platform publish's journal
+        publish.receipt_after_kill(report_path, digest, tags, settings)
+        return
+    for rec in record["members"]:
+        path = Path(rec["report"])
+        rep = report_mod.load(path)
+        if rep.publish is not None and rep.publish.index == record["index"]:
+            continue
+        host, name = split_repository(rep.repository)
+        facts = verify_tag(Registry.from_settings(host, settings), name, rec["digest"], rec["digest"], rep.image_id,
+                           rep.platform)
+        publish.record_receipt(rep, PublishReceipt(
+            repository=ImageRef(rep.repository), tags=tags, digest=rec["digest"], config_digest=facts["config_digest"],
+            verified=True, platform=facts["platform"], pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            index=record["index"]), path)
 
 
 def _staged_manifest(registry: Registry, ref: ImageRef) -> tuple[bytes, str]:

@@ -4,6 +4,10 @@ and lock publish re-reads; the arm64 one is accepted on provenance only (the emu
 import hashlib
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -24,6 +28,7 @@ from tests.integration.test_multiarch_base import aarch64_exit_elf
 from tests.unit.test_multiarch import member
 
 pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parents[2]
 
 
 COMMITS = {name: hashlib.sha1(name.encode()).hexdigest() for name in ("vllm", "megatron", "verl")}  # report_inputs'
@@ -164,3 +169,40 @@ def test_a_signed_index_verifies_each_member_against_its_own_acceptance(
     dsse.keygen(tmp_path / "other.pem", other)
     with pytest.raises(AttestationError, match="no record of .* signed by a trusted key"):
         multiarch.verify_platform(at, "linux/arm64", [dsse.load_public(other)], SETTINGS)
+
+
+def test_a_killed_index_publish_is_finished_by_the_next(report_inputs: MakeReportInputs, tmp_path: Path,
+                                                         platform_images: dict[str, str]) -> None:
+    """SIGKILL after the tags moved onto the index, before the receipts: the next publish reads the journal,
+    finishes the tags and writes each member's receipt naming the index (from the record beside the report)."""
+    repo = f"127.0.0.1:5000/tests/multiarch-{uuid.uuid4().hex[:8]}"
+    members = [member(report_inputs, tmp_path, "linux/amd64", repository=repo, image_id=platform_images["linux/amd64"]),
+               member(report_inputs, tmp_path, "linux/arm64", required=["provenance"], repository=repo,
+                      image_id=platform_images["linux/arm64"])]
+    argv = [sys.executable, "-m", "builder", "publish", *(str(m.path) for m in members)]
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("BUILDER_FAILPOINT")}, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**env, "BUILDER_FAILPOINT": "publish index: receipt", "BUILDER_FAILPOINT_HOLD": str(hold)})
+    assert proc.stderr is not None
+    seen: list[str] = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("failpoint publish index: receipt"):
+            break
+    else:
+        pytest.fail("never reached the fail point: " + "".join(seen[-10:]))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    hold.unlink()
+    assert all(report.load(m.path).publish is None for m in members)  # killed before any receipt
+    rerun = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    at = json.loads(rerun.stdout)["index"]
+    assert f"finished the publish of {at} that a killed run began: tags " in rerun.stderr
+    assert ", receipt" in rerun.stderr.split("finished the publish", 1)[1].splitlines()[0]
+    for m in members:
+        got = report.load(m.path).publish
+        assert got is not None and got.index == at
