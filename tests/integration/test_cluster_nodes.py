@@ -83,8 +83,9 @@ def test_the_link_between_ranks_refused_is_inconclusive_naming_both_ends(
 def test_jit_caches_live_on_node_local_disk_isolated_by_image_commits_arch_and_rank(
         slurm_cluster: cluster.Cluster, demo_image: DemoImage, cluster_images: tuple[object, Path],
         tmp_path: Path) -> None:
-    """A cache entry this image left on the node is used and reported as from the node-local cache; one planted
-    under another image's key is never seen; a noexec node-local disk is refused naming the node."""
+    """A cache entry this image left on the node is used and reported as from the node-local cache; those planted
+    under another image's key, under this image with other commits, and under another rank are never seen; a
+    noexec node-local disk is refused naming the node."""
     pins, _, _, built = demo_image
     data = two_node_pins(pins, cluster_images[1]).to_json_dict()
     data["acceptance"]["nodes"] = 1
@@ -97,9 +98,11 @@ def test_jit_caches_live_on_node_local_disk_isolated_by_image_commits_arch_and_r
     for node in ("n1", "n2"):
         (tmp_path / node / "jit" / f"{key}-cpu" / "rank0").mkdir(parents=True)
         (tmp_path / node / "jit" / f"{key}-cpu" / "rank0" / "kernel.bin").write_bytes(b"this image's kernel")
-        foreign = tmp_path / node / "jit" / f"{'f' * 16}-{key[17:]}-cpu" / "rank0"
-        foreign.mkdir(parents=True)
-        (foreign / "foreign.bin").write_bytes(b"another image's kernel")
+        for where, name in ((f"{'f' * 16}-{key[17:]}-cpu/rank0", "foreign.bin"),  # another image
+                            (f"{key[:16]}-{'0' * 12}-cpu/rank0", "foreign-commits.bin"),  # this image, other commits
+                            (f"{key}-cpu/rank1", "foreign-rank.bin")):  # this image and commits, another rank
+            (tmp_path / node / "jit" / where).mkdir(parents=True)
+            (tmp_path / node / "jit" / where / name).write_bytes(b"a kernel of another image, commits or rank")
     result = factory.accept(made, one, built.image_id, None, SETTINGS, engine.connect(SETTINGS))
     gates = {g.name: g for g in result.gates}
     assert gates["provenance"].status == "pass", gates["provenance"].reason

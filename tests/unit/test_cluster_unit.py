@@ -209,3 +209,22 @@ def test_a_rank_that_failed_or_ran_another_image_fails_the_gate_and_only_a_named
     link = _merge_roles(refused, [None], nodes)
     assert link.status == "inconclusive" and link.reason.startswith(
         "the link between ranks failed: the trainer on n1 never reached the rollout rank on n2 at 127.0.0.1:12001")
+
+
+def test_the_node_local_jit_cache_is_keyed_by_image_commits_arch_and_rank() -> None:
+    """The JIT cache path names the image (.sqsh sha256), the components' commits (any one moved: another key), the
+    node's GPU architecture and the rank; tests/integration/test_cluster_nodes.py shows the isolation on the cluster."""
+    from builder.cluster.runner import SlurmRunner
+    from builder.core.records import SqshFacts
+
+    pins = _pins(shared_dir="/shared", node_local_dir="/local/%n")
+    made = plan.make(pins, plan.Flags(slurm=True, gates=["zero_update"]), Settings.from_env()).acceptance
+    image = SqshFacts(path="/shared/img.sqsh", sha256="ab" * 32)
+    moved = pins.model_copy(update={"components": pins.components.model_copy(update={
+        "verl": pins.components["verl"].model_copy(update={"commit": "0" * 40})})})
+    keys = [SlurmRunner(p, made, image, run_id="r1").jit_key() for p in (pins, moved)]
+    other_image = SlurmRunner(pins, made, SqshFacts(path="/shared/b.sqsh", sha256="cd" * 32), run_id="r1").jit_key()
+    assert len({*keys, other_image}) == 3 and keys[0].startswith("ab" * 8)
+    path = SlurmRunner(pins, made, image, run_id="r1")._jit_dir()
+    assert path is not None and path.startswith(f"/local/$SLURMD_NODENAME/jit/{keys[0]}-$(cat ")
+    assert path.endswith("/rank$SLURM_PROCID") and "arch-$SLURMD_NODENAME" in path
