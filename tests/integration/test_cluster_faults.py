@@ -120,6 +120,8 @@ def test_gate_passes_and_slurm_record_is_reported(slurm_cluster: cluster.Cluster
     assert result.status == "pass", (result.reason, result.log)
     assert facts["state"] == "COMPLETED" and facts["nodes"] == ["n1", "n2"] and facts["node"] == "n[1-2]"
     assert facts["exit_code"] == "0:0" and facts["step"].startswith(f"{facts['job_id']}.")
+    logs = result.evidence.rank_logs or {}  # every rank's log is kept, not only rank 0's
+    assert set(logs) == {"rank0 n1", "rank1 n2"} and '"reason": "fake gate ran"' in logs["rank1 n2"], logs
     nothing_left(images["quick"])
 
 
