@@ -2,7 +2,7 @@
 exactly under Docker, after an interrupt and a resume; nothing it built is left tagged; BAD passing is exit 1.
 One series, builds of the verl layer and after only (the other layers cached), only the zero_update gate.
 
-Over 60 s (about 90 s on a busy 2-core host): seven builds of the verl layer and after (BAD, GOOD, four steps, BAD
+Over 60 s (57 s to 93 s on this shared 2-core host): seven builds of the verl layer and after (BAD, GOOD, four steps, BAD
 passing) and six zero_update runs are the fewest that show a skipped build, the exact commit and a resume."""
 from __future__ import annotations
 
