@@ -245,6 +245,20 @@ def processes_markdown(processes: dict[str, list[dict[str, Any]]]) -> list[str]:
 # ---------------------------------------------------------------- markdown
 
 
+def build_isolation_markdown(build: BuiltImage | None) -> list[str]:
+    """What the build container saw (the BUILD-ENV record: in the build log and report.json's build.isolation,
+    not on the console): its network interfaces, how many mounts, and any isolation problem."""
+    seen = build.isolation if build else {}
+    if not seen:
+        return []
+    if not seen.get("checked"):
+        return ["", f"Build container isolation: not checked ({seen.get('reason') or UNKNOWN})."]
+    problems = "; ".join(str(p) for p in seen.get("problems") or []) or "none"
+    return ["", f"Build container isolation: network interfaces {', '.join(seen.get('net') or []) or 'none'}, "
+                f"{len(seen.get('mountinfo') or [])} mounts (the whole record in report.json: build.isolation), "
+                f"problems: {problems}."]
+
+
 def native_markdown(data: dict[str, Any]) -> list[str]:
     inputs = data.get("inputs")
     out = ["", "### Native build inputs", ""]
@@ -403,6 +417,7 @@ def to_markdown(report: Report) -> str:
                         f"{b.size / 1e6:.1f} MB", times, "yes" if b.cached else "no"]])
     else:
         out += ["unknown (no build record: acceptance ran on an existing image)"]
+    out += build_isolation_markdown(report.build)
     out += native_markdown(report.run_manifest.native_build)
     out += ["", "### Compatibility pins", ""]
     out += _table(["Package", "Version", "Reason"], [[c.package, c.version, c.reason]

@@ -149,6 +149,7 @@ def sections(report: Report) -> list[tuple[str, Markup]]:
         "runtime_libraries": document.runtime_libraries_markdown(report),
         "census": document.census_markdown(report.gates),
         "jit": document.jit_markdown(report.gates),
+        "build-isolation": document.build_isolation_markdown(report.build),
         "native": document.native_markdown(report.run_manifest.native_build),
         "sqsh": document.sqsh_markdown(report),
         "cluster": document.cluster_markdown(report),

@@ -40,6 +40,8 @@ def test_every_markdown_cell_is_on_the_html_page(report_inputs: MakeReportInputs
     for planted in ("planted-helper", "planted_kernel_k1", "tinyrl.main_ppo", "/local/n1/x.sqsh", "812.3"):
         assert planted in markdown and planted in text
     assert '<a href="replay/rl_step.json">replay/rl_step.json</a>' in page
+    isolation = "Build container isolation: network interfaces lo, 2 mounts"
+    assert isolation in markdown and isolation in text
     assert {f'id="section-{s}"' in page for s in ("replay", "processes", "census", "jit", "cluster", "manifest")} == {True}
 
 
