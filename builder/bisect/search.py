@@ -57,7 +57,7 @@ class Search:
     new_steps: int = 0
     on_step: Callable[[Step, int], None] = lambda step, left: None
 
-    def run(self, commits: dict[str, str], why: str, left: int = 0) -> Step:
+    def run(self, commits: dict[str, str], why: str, left: int = -1) -> Step:  # -1: a check, not a search step
         known = self.done.get(key_of(commits))
         if known is not None:
             return known

@@ -33,7 +33,8 @@ def run(good: Side, bad: Side, probe: Probe, repos: Callable[[str], pygit2.Repos
         order.append(step)
         answers.save_state(state, good.label, bad.label, run_id, order)
         log.info(f"bisect: {step.why}: {step.verdict} (build {step.build_s:.0f} s, gates {step.gate_s:.0f} s)"
-                 f"{': ' + step.gate + ': ' + step.reason if step.gate else ''}; at most {left} step(s) left")
+                 f"{': ' + step.gate + ': ' + step.reason if step.gate else ''}"
+                 f"{'; a check' if left < 0 else f'; at most {left} step(s) left'}")
 
     search = searching.Search(probe, done, max_steps, on_step=on_step)
     try:
@@ -44,11 +45,11 @@ def run(good: Side, bad: Side, probe: Probe, repos: Callable[[str], pygit2.Repos
 
 def _search(good: Side, bad: Side, search: searching.Search, repos: Callable[[str], pygit2.Repository],
             target_heads: dict[str, str], order: list[searching.Step]) -> dict[str, Any]:
-    bad_step = search.run(bad.commits, "BAD", 0)
+    bad_step = search.run(bad.commits, "BAD")
     if bad_step.verdict != "bad":
         raise NotAccepted(f"BAD passes: nothing to bisect ({bad.label})" if bad_step.verdict == "good" else
                           f"BAD does not build: {bad_step.gate}: {bad_step.reason}")
-    good_step = search.run(good.commits, "GOOD", 0)
+    good_step = search.run(good.commits, "GOOD")
     if good_step.verdict != "good":
         raise NotAccepted(f"GOOD fails: nothing to bisect ({good.label}: {good_step.gate}: {good_step.reason})")
     who = searching.culprits(search, good.commits, bad.commits)
