@@ -194,8 +194,8 @@ def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
     """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when the plan asks.
     NotAccepted (exit 1) unless ACCEPTED. One engine client for all of it."""
     settings = settings.for_release(pins.image.repository)
-    if plan.publish:  # a key that cannot be read (wrong passphrase) stops the run before anything is built
-        attest.signer(plan.key or settings.signing_key, settings.key_passphrase)
+    if plan.publish and (plan.key or settings.signing_key):  # an unreadable key (wrong passphrase) stops the run
+        attest.signer(plan.key or settings.signing_key, settings.key_passphrase)  # before anything is built
     door = _Engine(settings)
     done = _accept(pins, plan, settings, door)
     log.info("timings: " + json.dumps(log.timings))
@@ -228,7 +228,8 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
     with log.step("publish"):
         report = document.load(report_json)
         settings = settings.for_release(report.repository)
-        attest.signer(key or settings.signing_key, settings.key_passphrase)  # before any step: exit 2 when unreadable
+        if key or settings.signing_key:  # before any step: exit 2 when unreadable (no key: said where it matters)
+            attest.signer(key or settings.signing_key, settings.key_passphrase)
         checked = trust.check(report, str(report_json))  # the deliberate re-read of the pins and the lock
         pins, lock = checked if checked else (None, None)
         pinned = pins.acceptance.slurm.publish_dir if pins and pins.acceptance.slurm else None
@@ -607,7 +608,6 @@ def _nightly_bisect(history: History, name: str, run_dir: Path, settings: Settin
     """`nightly --bisect`: bisect from the last accepted night to this one over the gates that flipped from pass
     to fail (into bisect/ beside the report); what it names, for the page and the message. A bisect that cannot
     run or ends without an answer is one line: the nightly's verdict and exit code stand."""
-    from builder.accept.plan import SlurmPlace  # lazy: only nightly --bisect needs it
     from builder.core.errors import BuilderError  # lazy: only nightly --bisect needs it
 
     last = history.last_accepted(name)
@@ -620,7 +620,7 @@ def _nightly_bisect(history: History, name: str, run_dir: Path, settings: Settin
     if not flipped:
         log.info("nightly --bisect: no gate flipped from pass to fail; nothing to bisect")
         return ""
-    flags = Flags(gates=flipped, slurm=isinstance(plan.acceptance.place, SlurmPlace), out=run_dir / page.BISECT)
+    flags = Flags(gates=flipped, slurm=plan.acceptance.on_cluster, out=run_dir / page.BISECT)
     try:
         answer = bisect(Path(last.report_path), run_dir / "report.json", settings, flags)
     except BuilderError as exc:

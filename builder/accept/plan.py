@@ -80,6 +80,11 @@ class AcceptancePlan:
     def gate(self, name: str) -> GatePlan:
         return next(g for g in self.gates if g.name == name)
 
+    @property
+    def on_cluster(self) -> bool:
+        """The gates run as Slurm steps (a use case that plans again, as bisect, keeps the place by this)."""
+        return isinstance(self.place, SlurmPlace)
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -10,7 +10,6 @@ tag, then the other tags, onto the index; each member's report names the index. 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.constants import TOOL_URI
 from builder.core.errors import AttestationError, BadInput, PublishError
-from builder.core.imageref import ImageRef
+from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
@@ -134,7 +133,7 @@ def descriptor(manifest: bytes, media_type: str, platform: Platform, record: dic
     plat = {"os": platform.os, "architecture": platform.architecture}
     if platform.variant:
         plat["variant"] = platform.variant
-    return {"mediaType": media_type, "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(),
+    return {"mediaType": media_type, "digest": digest_of(manifest),
             "size": len(manifest), "platform": plat,
             "annotations": {"dev.rl-image-builder.accepted-on": ",".join(record["accepted_on"]),
                             "dev.rl-image-builder.not-required": ",".join(g["gate"] for g in record["not_required"])}}
@@ -170,7 +169,7 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
         records = [member_record(m, str(ref.digest)) for m, ref in zip(members, staged)]
         index = index_body([descriptor(body, media, m.platform, rec)
                             for (body, media), m, rec in zip(bodies, members, records)])
-        digest = "sha256:" + hashlib.sha256(index).hexdigest()
+        digest = digest_of(index)
         plan = journal.Journal(repository=first.repository, report=str(members[0].path.absolute()), digest=digest,
                                media_type=referrers.OCI_INDEX, existed=registry.tag_digest(name, digest) is not None,
                                tags=[journal.TagMove(tag=t, old=registry.tag_digest(name, t), new=digest)
