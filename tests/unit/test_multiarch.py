@@ -73,9 +73,9 @@ def test_other_commits_are_refused(report_inputs: MakeReportInputs, tmp_path: Pa
     comps["verl"] = comps["verl"].model_copy(update={"commit": "f" * 40})
     moved = dataclasses.replace(arm, pins=arm.pins.model_copy(update={"components": arm.pins.components.model_copy(
         update={"verl": comps["verl"]})}))
-    with pytest.raises(BadInput, match=r"components\.verl\.commit is f{40}, .* has [0-9a-f]{40}; an index holds one "
-                                       "release of the same three commits"):
+    with pytest.raises(BadInput, match=r"components\.verl\.commit is f{40}, .* has ") as err:  # a long path clips it
         multiarch.check_set([amd, moved])
+    assert "\n" not in str(err.value)
 
 
 def test_other_build_inputs_are_refused(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
