@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from acceptance.hook import image_identity, mark, node_name, stat_fields
-from acceptance.interpreters import Interpreters, file_key, sha256
+from acceptance.interpreters import Interpreters, file_key
+from acceptance.procfs import sha256
 
 PR_SET_CHILD_SUBREAPER = 36
 INTERVAL_S = 0.015

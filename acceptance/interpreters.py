@@ -8,11 +8,12 @@ In order, the first rule that holds is the reason the census gives (docs/gates.m
   libpython  it maps a libpython;
   name       its executable is named python* (kept: a name alone is enough to count, never needed).
 Every verdict is cached by (device, inode, size, mtime), so a file is read once a census."""
-import hashlib
 import mmap
 import os
 import re
 from typing import Any
+
+from acceptance.procfs import sha256
 
 RUNTIME = (b"\0_PyRuntime\0", b"\0Py_Initialize\0")
 ELF = b"\x7fELF"
@@ -24,17 +25,6 @@ Key = tuple[int, int, int, int]
 
 def file_key(st: os.stat_result) -> Key:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def sha256(path: str) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
 
 
 def carries_runtime(path: str) -> bool:

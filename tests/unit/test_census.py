@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from acceptance import census, hook, interpreters, processes
+from acceptance import census, hook, processes, procfs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,9 +64,9 @@ def _world(tmp_path: Path) -> tuple[dict[str, str], dict[str, Any], Path]:
     (site / "fakecomp" / "__init__.py").write_text("VALUE = 1\n")
     real = os.path.realpath(sys.executable)
     manifest = {"site_packages": str(site), "components": {"comp": {"modules": ["fakecomp"], "native_libs": {},
-                "files": {str(site / "fakecomp" / "__init__.py"): interpreters.sha256(str(site / "fakecomp" /
+                "files": {str(site / "fakecomp" / "__init__.py"): procfs.sha256(str(site / "fakecomp" /
                                                                                       "__init__.py"))}}},
-                "interpreters": [{"path": real, "sha256": interpreters.sha256(real)}]}
+                "interpreters": [{"path": real, "sha256": procfs.sha256(real)}]}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     records = tmp_path / "rec"
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}", hook.RECORDS_ENV: str(records),
