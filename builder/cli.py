@@ -136,7 +136,8 @@ def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: b
         return
     config = settings()
     resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
-    rendered = pipeline.render(pins, pipeline.checked_lock(pins, resolved, config, offline), resolved, config)
+    rendered = pipeline.render(pins, pipeline.checked_lock(pins, resolved, config, offline), resolved, config,
+                               review=True)
     log.info(f"context {rendered.context_path} sha256:{rendered.context_sha256}")
     sys.stdout.write(rendered.dockerfile)
 

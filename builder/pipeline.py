@@ -21,7 +21,7 @@ from builder.accept.plan import Flags, Plan
 from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.constants import MANIFEST
-from builder.core.errors import BadInput, NotAccepted, Regression, StaleLock
+from builder.core.errors import BadInput, BuildFailed, InfraError, NotAccepted, Regression, StaleLock
 from builder.core.options import Settings
 from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Report, ResolvedSources, SqshExport
 from builder.engine import client as engine
@@ -110,11 +110,20 @@ def checked_lock(pins: Pins, resolved: ResolvedSources, settings: Settings, offl
     return lock
 
 
-def render(pins: Pins, lock: Lock, resolved: ResolvedSources, settings: Settings) -> RenderedBuild:
-    """The base resolved to base.platform's manifest (an index without it: exit 2, nothing built), then render."""
+def render(pins: Pins, lock: Lock, resolved: ResolvedSources, settings: Settings,
+           review: bool = False) -> RenderedBuild:
+    """The base resolved to base.platform's manifest (an index without it: exit 2, nothing built), then render.
+    `review` (`builder render`, nothing is built): a base its registry cannot serve here is named in one line and
+    the Dockerfile names the pinned digest as written."""
     with log.step("render"):
-        base = platforms.resolve(pins.base.image, pins.base.platform, settings)
-        if base.index_digest:
+        try:
+            base: platforms.BaseManifest | None = platforms.resolve(pins.base.image, pins.base.platform, settings)
+        except (BuildFailed, InfraError) as err:
+            if not review:
+                raise
+            log.info(f"base: not read from its registry ({str(err)[:200]}); FROM names the pinned digest")
+            base = None
+        if base is not None and base.index_digest:
             log.info(f"base: index {base.index_digest} -> {pins.base.platform} manifest {base.digest}")
         return render_stage.render(pins, lock, resolved, settings, base)
 
