@@ -38,7 +38,7 @@ from tests.faultstack import REGISTRY_BIN, free_port, wait_for
 from tests.fixture_types import DockerClient, MakeReportInputs
 from tests.integration.test_publish import report_for, tiny_images  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.docker  # real registry processes: one xdist group with the engine's tests
+pytestmark = pytest.mark.docker  # real registry processes: one xdist group (release, tests/budget.py) for the /etc/hosts line
 NAME = "registry.test"
 USER, PASSWORD = "ci", "planted-Registry-Secret-5150"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
