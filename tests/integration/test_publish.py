@@ -406,6 +406,8 @@ def test_demo_image_accepted_report_and_publish(demo_accepted: DemoAccepted, tmp
     assert receipt.digest == head == computed and receipt.config_digest == built.image_id
     stored = report.load(paths["json"])
     assert stored.publish == receipt and f"`{receipt.digest}`" in paths["md"].read_text()
-    cases = ET.parse(paths["junit"]).getroot().findall("testcase")
+    top = ET.parse(paths["junit"]).getroot()  # <testsuites>: one <testsuite> per suite of results.suites
+    assert top.tag == "testsuites" and [s.get("name") for s in top.findall("testsuite")] == ["acceptance"]  # no .sqsh
+    cases = top.findall("testsuite/testcase")
     assert [c.get("name") for c in cases] == ["provenance", "zero_update", "rl_step", "control", "performance"]
     assert all(len(c.findall("failure") + c.findall("error") + c.findall("skipped")) == 0 for c in cases)
