@@ -562,9 +562,12 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
         built = None
         try:
             resolved = sources.resolve(pins, settings, flags.offline, bisect=True)
-            built = build(render(pins, checked_lock(pins, resolved, settings), resolved, settings), settings,
-                          quiet=True, client=door.client())
+            rendered = render(pins, checked_lock(pins, resolved, settings), resolved, settings)
+            built = build(rendered, settings, quiet=True, client=door.client())
             image = built.image_id
+            # only this bisect's own local name: the image may be another run's too (GOOD's commits are the demo's,
+            # the same image ID), whose tags (release tags, other runs' builder-run/ names) are not ours to remove
+            made.append(build_stage.local_tag(rendered, settings))
         except (BadInput, BuildFailed) as exc:
             image = good.image_id if why == "GOOD" and good.image_id else ""  # GOOD's commits gone: its image
             if not image or engine.image_id(door.client(), image) is None:
@@ -572,7 +575,6 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
                             str(exc).splitlines()[0][:300])
             log.info(f"bisect: GOOD does not resolve or build ({str(exc)[:200]}): its stored image {image[:19]}")
             resolved = document.load(Path(good.label)).sources
-        made.extend(built.tags if built else [])
         build_s, started = time.monotonic() - started, time.monotonic()
         plan = make_plan(pins, replace(flags, gates=gates or list(pins.acceptance.required_gates)), settings).acceptance
         for _ in range(INCONCLUSIVE_TRIES):  # only an inconclusive (noisy) gate runs again
