@@ -32,14 +32,18 @@ def write_report(pins: Pins, resolved: ResolvedSources, built: BuiltImage, out: 
 
 def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_pins: Path, docker_client: DockerClient,
                                                                       tmp_path: Path) -> None:
-    """On a copy of the demo under a name of its own in the demo's cache scope (its config differs, its layers are
-    the demo's cached ones): removing it leaves the demo image that other workers' tests run meanwhile."""
+    """On a copy of the demo with a build input (verl's install env) and a repository of its own, in the demo's
+    cache scope: it differs from the demo from the verl layer on, the layers before are the demo's cached ones. A
+    name of its own is not enough: the image holds build inputs only (builder/image/identity.py), so a renamed copy
+    is the demo image itself, whose tags and containers (other workers' gates) are not this test's to remove."""
     from demo.prepare import variant_pins
     from tests.conftest import _resolve_render_build
 
-    def own_name(data: dict[str, Any]) -> None:
+    def own_copy(data: dict[str, Any]) -> None:
         data["name"] = "demo-reproducible"
-    pins, resolved, rendered, built = _resolve_render_build(variant_pins(tmp_path / "pins", edit=own_name,
+        data["image"]["repository"] = data["image"]["repository"] + "-reproducible"  # its tags are not the demo's
+        data["components"]["verl"]["install"]["env"] = {"BUILDER_TEST_COPY": "reproducible"}
+    pins, resolved, rendered, built = _resolve_render_build(variant_pins(tmp_path / "pins", edit=own_copy,
                                                                          pins_path=demo_pins, share_cache=True))
     staged = staging.push(built.manifest_digest, staging.staging_repository(pins.image.repository, pins.image.staging),
                           pins.base.name, SETTINGS)

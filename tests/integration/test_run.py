@@ -157,10 +157,13 @@ def test_sigint_during_a_gate_removes_its_container(demo_pins: Path, tmp_path: P
         data["recipe"]["overrides"][data["acceptance"].get("steps_key", "trainer.total_training_steps")] = 100000
 
     pins_path = variant_pins(tmp_path / "pins", edit=long_run, pins_path=demo_pins)
-    image = run_cli("build", str(pins_path), "--quiet")
+    # a run ID of its own: the variant differs in acceptance and recipe only, so its image is the demo image
+    # (builder/image/identity.py), whose other names (release tags, other runs') are not this test's to remove
+    run_id = f"sigint-{random.getrandbits(48):012x}"
+    image = run_cli("build", str(pins_path), "--quiet", env={"BUILDER_RUN_ID": run_id})
     assert image.returncode == 0, image.stderr[-2000:]
     image_id = json.loads(image.stdout)["image_id"]
-    untag.extend(json.loads(image.stdout)["tags"])
+    untag.extend(t for t in json.loads(image.stdout)["tags"] if t.startswith(f"builder-run/{run_id}:"))
     proc = subprocess.Popen([sys.executable, "-m", "builder.cli", "accept", str(pins_path), "--image", image_id,
                              "--gate", "zero_update", "--out", str(tmp_path / "run")], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
