@@ -48,7 +48,11 @@ def test_bisect_names_the_planted_commit_after_an_interrupt_and_resume(demo_pins
     bad = variant_pins(tmp_path / "bad", "verl", 42, pins_path=demo_pins)
     out, log = tmp_path / "out", tmp_path / "first.log"
     with open(log, "w") as fh:
-        first = subprocess.Popen(bisect_argv(good, bad, out), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+        first = subprocess.Popen(bisect_argv(good, bad, out), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                 # SIGINT at its default in the child: a job started in the background (nohup,
+                                 # `cmd &` in a script, as CI runs) inherits it ignored, and Python then installs
+                                 # no handler: the interrupt would be lost and the bisect run to its end
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 300
         while "bisect: verl" not in log.read_text() and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
