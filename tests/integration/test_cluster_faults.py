@@ -33,10 +33,10 @@ echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"fake gat
 
 
 WRITER = """#!/bin/sh
-# the data mount at /mnt must read and refuse a write; the checkpoint scratch at /home must take one
-read=$(cat /mnt/model.txt 2>&1)
-if echo x 2>/dev/null > /mnt/written; then ro="writable"; else ro="refused"; fi
-echo saved > /home/step-1 && saved=yes || saved=no
+# the data mount at MODEL must read and refuse a write; the checkpoint scratch at SAVES must take one
+read=$(cat MODEL/model.txt 2>&1)
+if echo x 2>/dev/null > MODEL/written; then ro="writable"; else ro="refused"; fi
+echo saved > SAVES/step-1 && saved=yes || saved=no
 echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"read=$read write=$ro saved=$saved\\", \\"evidence\\": {}}"
 """
 
@@ -96,13 +96,14 @@ def nothing_left(sqsh: Path) -> None:
     deadline = time.monotonic() + 30
     for pause in slurm.pauses():
         queue = slurm.call(["squeue", "-h", "-o", "%i %j"], "squeue").strip()
-        procs = subprocess.run(["pgrep", "-f", f"ch-run.*{sqsh.name}"], capture_output=True, text=True).stdout
+        procs = subprocess.run(["pgrep", "-f", f"(ch-run|squashfuse).*{sqsh.name}"], capture_output=True,
+                               text=True).stdout
         if not queue and not procs.strip() or time.monotonic() >= deadline:
             break
         time.sleep(pause)
     if not queue and not procs.strip():
         return
-    raise AssertionError(f"left behind: squeue {queue!r}, ch-run processes {procs!r}")
+    raise AssertionError(f"left behind: squeue {queue!r}, ch-run or squashfuse processes {procs!r}")
 
 
 def run_one(pins: model.Pins, sqsh: Path, tmp_path: Path, timeout_s: int = 120, sha256: str | None = None,
@@ -173,23 +174,23 @@ def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins,
 def test_data_mounts_are_read_only_and_the_checkpoint_scratch_writable_under_slurm(
         slurm_cluster: cluster.Cluster, pins: model.Pins, tmp_path: Path) -> None:
     """ch-run binds read-write; the task's own user and mount namespace makes each data mount's source a read-only
-    bind first, so the gate reads the model and fails to write it; the checkpoint scratch takes the saves."""
-    sqsh = tiny_sqsh(tmp_path, 0, WRITER)
+    bind first, so the gate reads the model and fails to write it; the checkpoint scratch takes the saves. Targets
+    the image has (/mnt, /home) and targets it lacks (Docker's /models/..., /scratch/...: the task's read-only
+    overlayfs over the squashfuse-mounted .sqsh makes them, runtimes.overlay_root) alike; no squashfuse is left."""
     data, scratch = tmp_path / "model", tmp_path / "scratch"
     data.mkdir()
     scratch.mkdir()
     (data / "model.txt").write_text("weights")
     acc = pins.acceptance
-    ckpt = model.Checkpoint.model_validate({"overrides": {"trainer.save_freq": 1}, "layout": "global_step_{step}",
-                                             "scratch": str(scratch), "dir": "/home"})
-    mounted = pins.model_copy(update={"acceptance": acc.model_copy(update={
-        "mounts": [model.Mount(source=str(data), target="/mnt")], "weights": "checkpoint", "checkpoint": ckpt})})
-    result, _ = run_one(mounted, sqsh, tmp_path / "shared")
-    assert result.status == "pass" and result.reason == "read=weights write=refused saved=yes", (result.reason, result.log)
-    assert not (data / "written").exists() and (scratch / "step-1").read_text() == "saved\n"
-    missing = mounted.model_copy(update={"acceptance": mounted.acceptance.model_copy(update={
-        "mounts": [model.Mount(source=str(data), target="/models/seed")]})})
-    result, _ = run_one(missing, sqsh, tmp_path / "shared")
-    assert result.status == "fail" and result.reason.startswith("acceptance.mounts: target /models/seed is not a"), \
-        result.reason
-    nothing_left(sqsh)
+    for target, saves in (("/mnt", "/home"), ("/models/seed", "/scratch/checkpoints")):
+        sqsh = tiny_sqsh(tmp_path, 0, WRITER.replace("MODEL", target).replace("SAVES", saves))
+        ckpt = model.Checkpoint.model_validate({"overrides": {"trainer.save_freq": 1}, "layout": "global_step_{step}",
+                                                 "scratch": str(scratch), "dir": saves})
+        mounted = pins.model_copy(update={"acceptance": acc.model_copy(update={
+            "mounts": [model.Mount(source=str(data), target=target)], "weights": "checkpoint", "checkpoint": ckpt})})
+        result, _ = run_one(mounted, sqsh, tmp_path / "shared")
+        assert result.status == "pass" and result.reason == "read=weights write=refused saved=yes", \
+            (target, result.reason, result.log)
+        assert not (data / "written").exists() and (scratch / "step-1").read_text() == "saved\n", target
+        (scratch / "step-1").unlink()
+        nothing_left(sqsh)
