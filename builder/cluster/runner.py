@@ -168,9 +168,12 @@ class SlurmRunner:
         """The gate's end when Slurm or the builder ended its step, else None."""
         gate = name.rsplit("-", 1)[0]
         state = (record.get("State") or "").split(" ")[0]
-        if state == "COMPLETED" and not timed_out:  # the step ran to its end: nothing ended it (no more calls)
+        recorded = (record.get("JobState") or "").split(" ")[0]  # the job's own sacct row, read with the step's
+        if state == "COMPLETED" and not timed_out and recorded == "RUNNING":  # ran to its end (no more calls)
             return None
-        job = slurm.job_state(self.job or "")
+        job = slurm.job_state(self.job or "")  # a step COMPLETED under an ended job was killed with it: ask why
+        if not job.get("JobState") and recorded:  # Slurm forgot the job (MinJobAge): its accounting record
+            job["JobState"] = recorded
         facts["job_state"] = job.get("JobState")
         names = [x.name for x in self.nodes]
         failed = state == "NODE_FAIL" or job.get("JobState") == "NODE_FAIL" or _node_down(job)

@@ -110,12 +110,17 @@ def records(job: str) -> list[dict[str, str]]:
 
 
 def step_record(job: str, name: str, wait_s: float = 10) -> dict[str, str]:
-    """The step named `name` once its state is final (accounting lags the step by a moment)."""
+    """The step named `name` once its state is final (accounting lags the step by a moment), with the job's own
+    state from the same sacct call as JobState: a step Slurm killed when it ended the job (scancel, the allocation's
+    time limit) may be recorded COMPLETED 0:0, while the job's record says CANCELLED or TIMEOUT (slurmctld logs
+    the job's end before it kills the steps, so the job's row is never behind a killed step's)."""
     deadline = time.monotonic() + wait_s
     for pause in pauses():
-        rows = [r for r in records(job) if r["JobName"] == name and "." in r["JobID"]]
-        if rows and rows[-1]["State"].split()[0] in FINAL or time.monotonic() > deadline:
-            return rows[-1] if rows else {}
+        rows = records(job)
+        steps = [r for r in rows if r["JobName"] == name and "." in r["JobID"]]
+        if steps and steps[-1]["State"].split()[0] in FINAL or time.monotonic() > deadline:
+            mine = [r["State"] for r in rows if r["JobID"] == job]
+            return {**steps[-1], **({"JobState": mine[0]} if mine else {})} if steps else {}
         time.sleep(pause)
     raise AssertionError("pauses() never ends")
 
