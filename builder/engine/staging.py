@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -160,23 +160,29 @@ def release_manifest(staged_ref: str, image_id: str, repository: str, settings: 
 
 
 def move_tags(reg: Registry, repository: str, manifest: bytes, media_type: str, tags: list[str],
-              pushed: dict[str, str] | None = None) -> dict[str, str]:
+              pushed: dict[str, str] | None = None, check: Callable[[str], object] | None = None) -> dict[str, str]:
     """Step 3 and 4 of a release: PUT the manifest (already in the repository by digest) under each tag in the
-    order given: the SHA tag first, a moving tag only after it. All or nothing against errors Python sees: every
-    tag moved so far goes back where it was (a SIGKILL leaves the publish journal, builder/release/journal.py)."""
+    order given: the SHA tag first, a moving tag only once the tags before it serve the digest (read back, and
+    `check`ed: the caller's read-back of a tag, raising). All or nothing against errors Python sees, the read-backs
+    included: every tag whose PUT was sent goes back where it was, last first (a PUT whose answer was lost may
+    have landed; `rollback`). A SIGKILL leaves the publish journal (builder/release/journal.py)."""
     _, name = split_repository(repository)
     digest = digest_of(manifest)
     before = snapshot(reg, name, tags)
     pushed = {} if pushed is None else pushed  # filled as tags land
+    sent: list[str] = []  # every tag a PUT was sent for, in order, landed or not
     existed = True  # the digest is in the repository by now; a rollback never deletes it
     try:
         for i, tag in enumerate(tags):
             faults.point(f"promote tag {i}")
+            sent.append(tag)
             pushed[tag] = reg.put_manifest(name, tag, manifest, media_type)
             if reg.tag_digest(name, tag) != digest:
                 raise PublishError(f"{repository}:{tag}: does not serve {digest} after the push")
+            if check is not None:
+                check(tag)
     except BaseException:
-        rollback(reg, repository, {t: before[t] for t in pushed}, digest, existed)
+        rollback(reg, repository, {t: before[t] for t in sent}, digest, existed)
         pushed.clear()
         raise
     return pushed
@@ -212,13 +218,20 @@ def snapshot(reg: Registry, name: str, tags: list[str]) -> dict[str, tuple[bytes
 
 def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] | None], digest: str,
              existed: bool) -> None:
-    """Put each moved tag back on the manifest it served before. A tag that did not exist goes with the new
-    manifest, deleted by digest, unless the repository held that digest before (`existed`). A registry that does
-    not answer is tried again for ROLLBACK_RETRY_S (a restart); what could not be undone is logged instead of
-    raising over the error that led here (each tag then serves its old digest or the new, whole one)."""
+    """Put each moved tag back on the manifest it served before, in the reverse of the order they moved (the
+    moving tags before the SHA tag: a moving tag never serves the new digest while the SHA tag does not). A tag
+    that did not exist goes with the new manifest, deleted by digest, unless the repository held that digest
+    before (`existed`). A registry that does not answer is tried again for ROLLBACK_RETRY_S (a restart); a PUT
+    whose answer was lost counts when the tag is read back on its old digest. Once a tag cannot be put back, the
+    tags moved before it stay (each then serves its old digest or the new, whole one, a moving tag the new one
+    only with the SHA tag); what could not be undone is logged instead of raising over the error that led here."""
     _, name = split_repository(repository)
     deadline = time.monotonic() + ROLLBACK_RETRY_S
-    for tag, prev in moved.items():
+    stuck: str | None = None
+    for tag, prev in reversed(list(moved.items())):
+        if stuck is not None:
+            log.info(f"left {repository}:{tag} on {digest}: {stuck} could not be moved back after it")
+            continue
         while True:
             try:
                 if prev is not None:
@@ -226,18 +239,32 @@ def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] 
                     log.info(f"rolled back {repository}:{tag} to {_digest(prev[0])}")
                 elif not existed and reg.delete_manifest(name, digest):
                     log.info(f"rolled back {repository}:{tag} (it was new; {digest} removed)")
-                else:
+                elif _serves(reg, name, tag, digest):  # new, and the digest stays: the tag stays on it
                     log.info(f"could not roll back {repository}:{tag}; it serves {digest}")
+                    stuck = tag
                 break
             except InfraError as err:
+                if prev is not None and _serves(reg, name, tag, _digest(prev[0])):
+                    log.info(f"rolled back {repository}:{tag} to {_digest(prev[0])} (read back; the answer was lost)")
+                    break
                 if time.monotonic() < deadline:
                     time.sleep(1.0)
                     continue
                 log.info(f"could not roll back {repository}:{tag}: {err}")
+                stuck = tag
                 break
             except PublishError as err:
                 log.info(f"could not roll back {repository}:{tag}: {err}")
+                stuck = tag
                 break
+
+
+def _serves(reg: Registry, name: str, tag: str, digest: str) -> bool:
+    """Whether the tag serves the digest now, read back by HEAD; False when the registry does not say."""
+    try:
+        return reg.tag_digest(name, tag) == digest
+    except (InfraError, PublishError):
+        return False
 
 
 def _digest(data: bytes) -> str:

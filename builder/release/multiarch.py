@@ -198,10 +198,7 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
             journal.write(plan, settings)
             moved = True
             with log.step(f"tag {first.repository}: {', '.join(tags)} -> index {digest[:19]}"):
-                staging.move_tags(registry, first.repository, index, referrers.OCI_INDEX, tags)
-                for tag in tags:
-                    if registry.tag_digest(name, tag) != digest:
-                        raise PublishError(f"{first.repository}:{tag}: does not serve the index {digest} after the move")
+                staging.move_tags(registry, first.repository, index, referrers.OCI_INDEX, tags)  # each read back
         except BaseException:
             if not plan.existed:
                 publish.withdraw(registry, name, digest, plan.artifacts, tags)

@@ -127,9 +127,10 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
             journal.write(plan, settings)
             moved = True
             with log.step(f"tag {report.repository}: {', '.join(tags)}"):
-                staging.move_tags(registry, report.repository, manifest, plan.media_type, tags)
-                for tag in tags:
-                    verify_tag(registry, name, tag, digest, report.image_id, report.platform)
+                # each tag read back before the next moves; a failed read-back rolls every sent tag back
+                staging.move_tags(registry, report.repository, manifest, plan.media_type, tags,
+                                  check=lambda tag: verify_tag(registry, name, tag, digest, report.image_id,
+                                                               report.platform))
         except BaseException:  # Python saw it (SIGTERM included): every tag moved back, the new digest withdrawn
             if not plan.existed:
                 withdraw(registry, name, digest, plan.artifacts, tags)
