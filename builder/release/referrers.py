@@ -11,12 +11,11 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from builder.core import faults
 from builder.core.errors import PublishError
 from builder.core.imageref import digest_of, hex_of
-from builder.engine.registry import Registry, get_json, put_manifest
+from builder.engine.registry import Registry, get_json, push_blob, put_manifest
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -70,24 +69,11 @@ def attach(reg: Registry, name: str, subject: dict[str, Any], envelope: bytes, p
 
 
 def upload(reg: Registry, name: str, data: bytes, note: Note) -> str:
-    """A blob unless the registry has it: POST a session (its location noted first), then PUT it whole."""
-    digest = digest_of(data)
-    if reg.has_blob(name, digest):
-        return digest
-    start = reg._request("POST", f"/v2/{name}/blobs/uploads/")
-    location = start.headers.get("Location", "")
-    if start.status_code != 202 or not location:
-        raise PublishError(f"registry {reg.host}: blob upload to {name} answered {start.status_code}, expected 202")
-    path = urlsplit(location)
-    target = path.path + (f"?{path.query}" if path.query else "")
-    note("upload", target)
-    faults.point("publish: blob upload")
-    sep = "&" if "?" in target else "?"
-    done = reg._request("PUT", f"{target}{sep}digest={digest}", data=data,
-                        headers={"Content-Type": "application/octet-stream"})
-    if done.status_code != 201:
-        raise PublishError(f"registry {reg.host}: blob {digest} upload answered {done.status_code}, expected 201")
-    return digest
+    """A blob unless the registry has it: its upload session noted (and the fault point) before the PUT."""
+    def session(target: str) -> None:
+        note("upload", target)
+        faults.point("publish: blob upload")
+    return push_blob(reg, name, data, on_session=session)
 
 
 def _answers_referrers(reg: Registry, name: str, digest: str) -> bool:

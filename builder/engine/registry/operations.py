@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import IO, Any
 from urllib.parse import urlsplit
 
@@ -241,15 +242,19 @@ def verify_tag(reg: Registry, name: str, tag: str, pushed_digest: str, image_id:
             "media_type": media_type}
 
 
-def push_blob(reg: Registry, name: str, data: bytes) -> str:
-    """Upload a blob (monolithic POST then PUT) unless the registry has it; returns its digest."""
+def push_blob(reg: Registry, name: str, data: bytes, on_session: Callable[[str], None] | None = None) -> str:
+    """Upload a blob (monolithic POST then PUT) unless the registry has it; returns its digest. `on_session` is
+    told the upload session's path (path and query, as a later DELETE cancels it) before the PUT."""
     digest = digest_of(data)
     if reg._request("HEAD", f"/v2/{name}/blobs/{digest}").status_code == 200:
         return digest
     start = reg._request("POST", f"/v2/{name}/blobs/uploads/")
-    if start.status_code != 202 or "Location" not in start.headers:
+    location = start.headers.get("Location", "")
+    if start.status_code != 202 or not location:
         raise PublishError(f"registry {reg.host}: blob upload to {name} answered {start.status_code}, expected 202")
-    location = start.headers["Location"]
+    if on_session is not None:
+        path = urlsplit(location)
+        on_session(path.path + (f"?{path.query}" if path.query else ""))
     sep = "&" if "?" in location else "?"
     done = reg._request("PUT", f"{location}{sep}digest={digest}", data=data,
                         headers={"Content-Type": "application/octet-stream"})
