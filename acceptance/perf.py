@@ -92,11 +92,6 @@ def verdict(ratios: list[float], rule: Rule) -> Literal["pass", "fail"] | None:
     return "pass" if low >= rule.min_ratio else "fail" if high < rule.min_ratio else None
 
 
-def stops_at(ratios: list[float], rule: Rule) -> int:
-    """How many pairs the gate runs on these ratios: the first count that decides, else all of them."""
-    return next((n for n in range(1, len(ratios) + 1) if verdict(ratios[:n], rule)), len(ratios))
-
-
 def band(aligned: list[Any], control: list[Any], confidence: float) -> dict[str, float] | None:
     """{'ratio', 'low', 'high'}: the pairs' ratio and its bounds at `confidence` (one pair: a point), as the gate
     decides; None when a run lacks its value or the arms are not pairs."""
