@@ -118,6 +118,16 @@ def tar_bytes(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
     return buf.getvalue()
 
 
+def pull_base(client: engine.Client, image: str, settings: Settings) -> bool:
+    """Make the base `name@sha256:...` local: nothing when the engine has it, else pulled by digest (the engine
+    checks the content) with its own host's credentials only, the registry keychain's auth_config: never another
+    host's, never the SDK's own reading of config.json. False when the engine could not pull it."""
+    if engine.inspect_image(client, image) is not None:
+        return True
+    host = ImageRef(image).registry or "docker.io"
+    return engine.pull_by_digest(client, image, registry.auth_config(host, settings))
+
+
 def run(settings: Settings, image: str, python: str, script: str, archives: list[tuple[str, bytes]] | None = None,
         env: dict[str, str] | None = None, fetch: str | None = None, log_name: str = "base-container",
         args: list[str] | None = None) -> Result:
@@ -131,9 +141,7 @@ def run(settings: Settings, image: str, python: str, script: str, archives: list
     try:
         container = client.containers.create(image, **spec)
     except docker.errors.ImageNotFound:
-        # as a build's FROM does: a base pinned by digest is pulled (its content is checked against the digest)
-        if not engine.pull_by_digest(client, image, registry.auth_config(ImageRef(image).registry or "docker.io",
-                                                                         settings)):
+        if not pull_base(client, image, settings):  # as a build's FROM needs it
             raise BadInput(f"base.image: {image} is not in the local engine (pull or build it first)") from None
         container = client.containers.create(image, **spec)
     try:

@@ -19,8 +19,8 @@ from builder.core.errors import BuildFailed
 from builder.core.imageref import ImageRef
 from builder.core.options import PACKAGE, Settings
 from builder.core.records import BuiltImage, RenderedBuild
+from builder.engine import basecontainer, normalize, registry, staging
 from builder.engine import client as engine
-from builder.engine import normalize, registry, staging
 from builder.image import ccache
 from builder.image.dockerfile import instructions
 
@@ -218,6 +218,11 @@ def _build_keyed(rendered: RenderedBuild, settings: Settings, nocache: bool, ech
     out_dir = Path(rendered.context_path).parent
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{time.time_ns() % 10**9:09d}"
     log_path = out_dir / f"build-{stamp}.log"
+    base = f"{rendered.labels[staging.BASE_NAME]}@{rendered.labels[staging.BASE_DIGEST]}"
+    if not basecontainer.pull_base(client, base, settings):  # FROM: the base's own host's credentials only
+        host = ImageRef(base).registry or "docker.io"
+        raise BuildFailed(f"base image {base}: the engine could not pull it from {host}; check the credentials "
+                          f"for {host} (docker login {host})")
     # a no-cache build (rebuild --check) compiles everything itself: no compiler cache either
     seed = ccache.prepare(client, settings, rendered.labels, settings.compiler_cache and not nocache)
     tag = local_tag(rendered, settings)

@@ -240,6 +240,46 @@ def test_unknown_ca_is_named_and_certs_d_trusts_it(tmp_path: Path) -> None:
         server.close()
 
 
+class EngineAPI:
+    """The docker SDK's APIClient as pull_base uses it: images by reference, and every pull with its auth_config."""
+
+    def __init__(self, local: set[str]) -> None:
+        self.local, self.pulls = local, []  # type: set[str], list[tuple[str, dict[str, str] | None]]
+
+    def inspect_image(self, ref: str) -> dict[str, str]:
+        import docker.errors  # lazy: docker SDK, as the engine code
+
+        if ref not in self.local:
+            raise docker.errors.ImageNotFound(ref)
+        return {"Id": "sha256:" + "0" * 64}
+
+    def pull(self, name: str, tag: str, auth_config: dict[str, str] | None = None) -> None:
+        self.pulls.append((f"{name}@{tag}", auth_config))
+        self.local.add(f"{name}@{tag}")
+
+
+def test_the_builds_base_pull_gets_its_own_hosts_credentials_only(tmp_path: Path) -> None:
+    """FROM's base is pulled with the keychain's auth_config of the base's host: the release pair stays with the
+    release host, another host's config.json entry stays with that host; a local base is not pulled at all."""
+    from types import SimpleNamespace
+
+    from builder.engine.basecontainer import pull_base
+
+    docker_config(tmp_path, {"auths": {"base.test:5000": {"auth": b64("baseuser:basepass")},
+                                       "other.test": {"auth": b64("other:otherpass")}}})
+    s = settings(tmp_path, BUILDER_REGISTRY_USERNAME="ci", BUILDER_REGISTRY_PASSWORD=SECRET
+                 ).for_release("rel.test:5443/demo/rel")
+    digest = "@sha256:" + "1" * 64
+    api = EngineAPI({"local.test/demo/base" + digest})
+    client = SimpleNamespace(api=api)
+    assert pull_base(client, "local.test/demo/base" + digest, s) and api.pulls == []  # the engine has it
+    for host in ("base.test:5000", "rel.test:5443", "none.test"):
+        assert pull_base(client, f"{host}/demo/base{digest}", s)
+    assert api.pulls == [(f"base.test:5000/demo/base{digest}", {"username": "baseuser", "password": "basepass"}),
+                         (f"rel.test:5443/demo/base{digest}", {"username": "ci", "password": SECRET}),
+                         (f"none.test/demo/base{digest}", None)]
+
+
 # ---------------------------------------------------------------- the cross-registry copy
 
 
