@@ -13,13 +13,14 @@ before anything is submitted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
 from builder.core.imageref import by_digest
 from builder.core.options import Settings
+from builder.engine import platforms
 from builder.pins.model import TIMEOUT_S, Pins
 
 CHECK_S = 120    # the node check (hash the .sqsh, read the image's environment); one minute of Slurm's granularity
@@ -147,6 +148,15 @@ def gate_plans(pins: Pins, asked: Sequence[str], timeout_s: int | None) -> tuple
     return tuple(out)
 
 
+def on_this_engine(gates: tuple[GatePlan, ...], platform: str) -> tuple[GatePlan, ...]:
+    """On the local engine an image of another architecture runs emulated (binfmt): only provenance runs there. The
+    recipe gates read not_run, "needs a native <arch> node", never pass: a pins that requires one is not accepted."""
+    if not platforms.emulated(platform):
+        return gates
+    why = platforms.needs_native(platform)
+    return tuple(g if g.name == "provenance" else replace(g, run=False, why=why, runs=0) for g in gates)
+
+
 def slurm_place(pins: Pins, gates: tuple[GatePlan, ...], settings: Settings) -> SlurmPlace:
     """The cluster place: the allocation is what will run plus the check and the margin, within the site's cap."""
     site = pins.acceptance.slurm
@@ -173,6 +183,8 @@ def make(pins: Pins, flags: Flags, settings: Settings) -> Plan:
     if flags.image is not None and engine_url and by_digest(flags.image) is None:
         raise BadInput("--engine: expected --image REPOSITORY@sha256:<digest> (another engine pulls by digest)")
     gates = gate_plans(pins, list(flags.gates), flags.timeout_s)
+    if not flags.slurm and not engine_url:
+        gates = on_this_engine(gates, pins.base.platform)
     place: Place = slurm_place(pins, gates, settings) if flags.slurm else DockerPlace(engine_url)
     acceptance = AcceptancePlan(gates=gates, place=place, image=flags.image,
                                 stage=flags.image is None and (flags.stage or bool(engine_url)))

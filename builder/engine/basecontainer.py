@@ -22,7 +22,7 @@ from builder.core.errors import BadInput, BuilderError, BuildFailed, InfraError
 from builder.core.imageref import ImageRef, by_digest
 from builder.core.options import Settings
 from builder.engine import client as engine
-from builder.engine import registry
+from builder.engine import platforms, registry
 
 WORK = "/tmp/lock"
 MARKER = "@@builder-lock-result@@"
@@ -199,9 +199,10 @@ def read_base(settings: Settings, image: str, python_bin: str, pins_python: str,
         raise BadInput(f"base.platform: pinned {pins_platform}, the base's interpreter runs on {data['machine']}")
     if data["libc"][0] != "glibc":
         raise BadInput(f"base.image: expected a glibc base (manylinux wheels), found {data['libc'][0] or 'no libc'}")
-    if data["machine"] != host_platform.machine():
+    if not platforms.runs_here(data["machine"]):
         raise BadInput(f"base.platform: {pins_platform} base on a {host_platform.machine()} host:"
-                       " metadata and sdists are prepared in base containers, which must run here")
+                       " metadata and sdists are prepared in base containers, which must run here"
+                       " (natively, or emulated: register qemu-user-static's binfmt entry)")
     major, minor = (int(x) for x in data["libc"][1].split(".")[:2])
     return BaseInfo(image=image, python=data["python"], abi=_abi(data["soabi"], data["python"]),
                     machine=data["machine"], glibc=(major, minor), markers=data["markers"], dists=data["dists"],

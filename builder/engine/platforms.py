@@ -9,7 +9,9 @@ image. An index without the platform is refused before anything is built (exit 2
 from __future__ import annotations
 
 import json
+import platform as host_platform
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
@@ -18,6 +20,8 @@ from builder.core.options import Settings
 from builder.engine.registry import INDEX_TYPES, Registry
 
 DEFAULT_VARIANT = {"arm64": "v8", "arm": "v7"}  # what the engine assumes when a platform names none
+MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}  # an architecture's `uname -m`
+BINFMT = Path("/proc/sys/fs/binfmt_misc")  # qemu-user-static's entries, qemu-<machine>, when registered
 
 
 @dataclass(frozen=True)
@@ -119,3 +123,31 @@ def check_config(reg: Registry, name: str, manifest: dict[str, Any], platform: s
     if not Platform.parse(platform).matches(config):
         raise BadInput(f"base.platform: pinned {platform}, the base {where} is built for "
                        f"{Platform(str(config.get('os')), str(config.get('architecture')), str(config.get('variant') or ''))}")
+
+
+def host_architecture() -> str:
+    """This host's architecture as a platform names it (amd64, arm64): the local engine runs it natively."""
+    machine = host_platform.machine()
+    return next((arch for arch, m in MACHINES.items() if m == machine), machine)
+
+
+def emulated(platform: str) -> bool:
+    """An image of `platform` runs here under emulation (binfmt), not natively."""
+    return Platform.parse(platform).architecture != host_architecture()
+
+
+def runs_here(machine: str) -> bool:
+    """Programs for `machine` (uname -m) run on this host: natively, or through a registered binfmt entry."""
+    if machine == host_platform.machine():
+        return True
+    entry = BINFMT / f"qemu-{machine}"
+    try:
+        return entry.read_text().startswith("enabled")
+    except OSError:
+        return False
+
+
+def needs_native(platform: str) -> str:
+    """The reason a recipe gate is not run on an emulated platform (never pass: emulation says nothing of a node)."""
+    arch = Platform.parse(platform).architecture
+    return f"needs a native {arch} node (this {host_architecture()} engine runs {platform} under emulation)"
