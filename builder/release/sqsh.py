@@ -185,10 +185,11 @@ def check_equal(expected: dict[str, Entry], got: dict[str, Entry], where: str) -
 
 
 def default_out(report: Report, report_path: Path) -> Path:
-    """enroot's naming: <repository path with + for />+<SHA tag>.sqsh, next to the report."""
+    """enroot's naming with the platform: <repository path with + for />+<SHA tag>.<platform, / as ->.sqsh, next to
+    the report (a SHA tag may name a multi-arch index, so each platform's file says which it is)."""
     ref = ImageRef(report.repository)
     name = (ref.repository if ref.registry else "").replace("/", "+") or report.name
-    return report_path.parent / f"{name}+{report.tags[0]}.sqsh"
+    return report_path.parent / f"{name}+{report.tags[0]}.{report.platform.replace('/', '-')}.sqsh"
 
 
 @dataclass

@@ -455,7 +455,7 @@ def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh: tuple[Path, SqshExport
     rep = report.load(path)
     assert rep.sqsh == record and record.image_id == rep.image_id and record.tag == rep.tags[0]
     out = Path(record.path)
-    assert out.name == f"demo+unified+{rep.tags[0]}.sqsh" and out.stat().st_size == record.size
+    assert out.name == f"demo+unified+{rep.tags[0]}.linux-amd64.sqsh" and out.stat().st_size == record.size
     check = subprocess.run(["sha256sum", "-c", out.name + ".sha256"], cwd=out.parent, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert record.equivalence == "pass" and record.files > 1000 and record.compression == FAST

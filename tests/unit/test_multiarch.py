@@ -13,7 +13,7 @@ from builder.core.records import GateStatus
 from builder.engine.platforms import Platform
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
-from builder.release import multiarch, referrers
+from builder.release import multiarch, referrers, sqsh
 from builder.report import document as report
 from tests.fixture_types import MakeReportInputs
 
@@ -120,3 +120,12 @@ def test_the_index_holds_exactly_the_members_with_their_gates(report_inputs: Mak
     assert doc["manifests"][1]["annotations"] == {"dev.rl-image-builder.accepted-on": "provenance",
                                                   "dev.rl-image-builder.not-required":
                                                       "zero_update,rl_step,control,performance"}
+
+
+def test_each_platforms_exported_sqsh_name_says_its_platform(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
+    amd = member(report_inputs, tmp_path, "linux/amd64")
+    arm = member(report_inputs, tmp_path, "linux/arm64", required=["provenance"])
+    names = [sqsh.default_out(m.report, m.path).name for m in (amd, arm)]
+    tag = amd.report.tags[0]
+    assert names[0].endswith(f"+{tag}.linux-amd64.sqsh") and names[1].endswith(f"+{tag}.linux-arm64.sqsh")
+    assert sqsh.default_out(amd.report, amd.path).parent == amd.path.parent
