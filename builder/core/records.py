@@ -271,7 +271,7 @@ class PublishReceipt(Record):
 
 class SqshExport(Record):
     """The enroot .sqsh of the accepted image (builder/release/sqsh.py)."""
-    path: str
+    path: str                          # the file, kept by its sha256 (`sha256-<hex>.sqsh`; an older export's name)
     sha256: str
     size: int
     compression: str                   # mksquashfs options (options.SQUASH_OPTIONS by default)
@@ -289,6 +289,7 @@ class SqshExport(Record):
     smoke: dict[str, Any]              # provenance gate on the .sqsh contents
     seconds: dict[str, float]
     created: str
+    pointer: str = ""                  # the pointer under the SHA tag naming it when placed (sqsh_layout.py)
 
 
 class CompatPin(Record):

@@ -15,7 +15,9 @@ engine shared by several caches keeps the others' things. Of the rest, gc remove
     raw layers   builder-raw/layers manifests in the local registry that this cache's runs pushed and no
                  live one holds (the registry frees the blobs on its own garbage-collect)
     run tags     builder-run/<run id>:* of this cache's runs that ended before the age; then the image if unused;
-                 then the run's live/<run id>.lock
+                 then the run's live/<run id>.lock (a bisect's candidates are its run's local names: these)
+    bisect       bisect/<name>-<hash>/ (state file, candidates' pins and reports, answer) of bisects not live (the run
+                 id in its state file), older than the age
 
 `older_than_s` is the age (default a week); 0 frees everything no live run holds.
 """
@@ -37,6 +39,7 @@ from builder.engine.registry import Registry
 from builder.image import build as build_stage
 from builder.image import ccache, context
 from builder.nightly.history import History
+from builder.release import sqsh_layout
 
 WEEK_S = 7 * 86400
 KEEP_RUNS = 20
@@ -134,6 +137,21 @@ def run_dirs(settings: Settings, cutoff: float, keep: int, freed: Freed) -> None
                 _remove(run_dir)
 
 
+def bisect_dirs(settings: Settings, cutoff: float, freed: Freed) -> None:
+    for out_dir in sorted(settings.cache("bisect").iterdir()):
+        if not out_dir.is_dir():
+            continue
+        try:  # builder/bisect/answer.py's state file (bisect comes after nightly: it cannot be imported here)
+            run_id = str(json.loads((out_dir / "bisect-state.json").read_text()).get("run_id") or "")
+        except (OSError, ValueError, AttributeError):
+            run_id = ""
+        if run_id and live(settings, run_id):
+            freed.live("bisect", str(out_dir))
+        elif newest_mtime(out_dir) < cutoff:
+            freed.gone("bisect", str(out_dir), size_of(out_dir))
+            _remove(out_dir)
+
+
 def logs(settings: Settings, cutoff: float, freed: Freed) -> None:
     for run_log in settings.cache("logs").iterdir():
         if not run_log.is_dir() or run_log.name == "nightly":
@@ -143,6 +161,22 @@ def logs(settings: Settings, cutoff: float, freed: Freed) -> None:
         elif newest_mtime(run_log) < cutoff:
             freed.gone("logs", str(run_log), size_of(run_log))
             _remove(run_log)
+
+
+def sqsh_files(settings: Settings, cutoff: float, freed: Freed) -> None:
+    for directory, place in sqsh_layout.places(settings).items():
+        kept = sorted(directory.glob(f"{sqsh_layout.PREFIX}*.sqsh")) if directory.is_dir() else []
+        named = sqsh_layout.named(directory) if kept else set()
+        for blob in kept:
+            if blob.name not in named and blob.stat().st_mtime < cutoff:
+                freed.gone(".sqsh", str(blob), blob.stat().st_size)
+                blob.unlink()
+                sqsh_layout.sums_path(blob).unlink(missing_ok=True)
+        if not any(b.exists() for b in kept):  # nothing kept there any more: the directory is forgotten
+            place.unlink(missing_ok=True)
+    for rec in sqsh_layout.records(settings):  # a pointer removed (by hand, or its directory) needs no record
+        if not Path(rec.pointer).is_symlink():
+            sqsh_layout.forget(settings, rec.pointer)
 
 
 def seeds(client: engine.Client, settings: Settings, freed: Freed) -> None:
@@ -196,10 +230,12 @@ def gc(settings: Settings, older_than_s: float = WEEK_S, keep_runs: int = KEEP_R
     engine client (a direct caller, a test, leaves it out and gc connects)."""
     cutoff = (time.time() if now is None else now) - older_than_s
     freed = Freed()
-    with log.step("gc: cache (contexts, builds, runs, logs)"):
+    with log.step("gc: cache (contexts, builds, runs, bisects, logs)"):
         contexts(settings, cutoff, freed)
         run_dirs(settings, cutoff, keep_runs, freed)
+        bisect_dirs(settings, cutoff, freed)
         logs(settings, cutoff, freed)
+        sqsh_files(settings, cutoff, freed)
     client = client or engine.connect(settings)  # direct callers only: the use case passes its client
     with log.step("gc: engine (compiler-cache seeds, run tags)"):
         seeds(client, settings, freed)

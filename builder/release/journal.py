@@ -3,8 +3,10 @@
 Written before the first registry write and removed once the receipt, the .sqsh and the nightly tags are done.
 The next publish, run or nightly on the repository reads it first (under the lock) and says in one line what it
 did: from the `tags` phase on the image is whole and attested, so the tags are finished (no key needed); before
-it, a publish of the same digest resumes and any other abandons (upload sessions cancelled, a digest that no tag
-serves deleted with its attestations). Nothing a tag serves is ever deleted.
+it, the publish is finished when the caller can (`resume`: the key that signed it, the report, and its pins and
+lock still matching their recorded sha256) and abandoned otherwise (upload sessions cancelled, a digest that no
+tag serves deleted with its attestations, a kept .sqsh that no pointer names removed). Nothing a tag serves is
+ever deleted.
 """
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from pydantic import BaseModel, Field
 
 from builder.core import files as fs
 from builder.core import log
-from builder.core.errors import PublishError
+from builder.core.errors import BadInput, PublishError
 from builder.core.options import Settings
 from builder.engine.registry import Registry, split_repository
-from builder.release import referrers
+from builder.release import referrers, sqsh_layout
+from builder.release.sqsh_layout import SqshMove
 
 PHASES = ("manifest", "attest", "tags", "receipt")  # from "tags" on: finish, never abandon
 
@@ -28,12 +31,6 @@ class TagMove(BaseModel):
     tag: str
     old: str | None = None
     new: str
-
-
-class SqshMove(BaseModel):
-    part: str
-    dest: str
-    sha256: str
 
 
 class Journal(BaseModel):
@@ -48,6 +45,8 @@ class Journal(BaseModel):
     artifacts: list[str] = Field(default_factory=list)  # attestation manifests pushed
     sqsh: SqshMove | None = None
     nightly: list[str] = Field(default_factory=list)
+    platform: str = ""  # the image's (a .sqsh pointer follows it); "" for an index
+    signer: str = ""  # the key ID that attests it ("" without a key): only that key finishes it before its tags
 
 
 def path_of(repository: str, settings: Settings) -> Path:
@@ -76,12 +75,14 @@ def remove(repository: str, settings: Settings) -> None:
 
 
 Receipt = Callable[[Path, str, list[str], Settings], None]  # (report.json, digest, tags, settings)
+Resume = Callable[["Journal"], None]  # publishes the journal's report again; PublishError/BadInput: cannot
 
 
-def recover(repository: str, settings: Settings, reg: Registry, receipt: Receipt, digest: str | None = None) -> str:
+def recover(repository: str, settings: Settings, reg: Registry, receipt: Receipt, resume: Resume | None = None) -> str:
     """Finish or undo what a killed publish on `repository` began (call under the repository lock); return the
-    one line printed, or "" when there was nothing. `receipt` writes a missing receipt (publish's);
-    `digest`: what the calling publish is about to publish."""
+    one line printed, or "" when there was nothing. `receipt` writes a missing receipt (publish's); `resume`
+    finishes a publish killed before its tags (publish's: key, report, pins and lock at hand and matching), else
+    it is abandoned."""
     journal = read(repository, settings)
     if journal is None:
         return ""
@@ -89,12 +90,18 @@ def recover(repository: str, settings: Settings, reg: Registry, receipt: Receipt
     cancel_uploads(reg, journal)
     if PHASES.index(journal.phase) >= PHASES.index("tags"):
         line = finish(reg, name, journal, settings, receipt)
-    elif journal.digest == digest:
-        dropped = drop_unindexed(reg, name, journal)
-        line = (f"resumed the publish of {repository}@{journal.digest} that a killed run began (no tag had moved"
-                + (f"; deleted {dropped} attestation(s) no index listed)" if dropped else ")"))
     else:
-        line = abandon(reg, name, journal)
+        dropped = drop_unindexed(reg, name, journal)
+        why = "no way to finish an index publish here" if resume is None else ""
+        if resume is not None:
+            try:
+                resume(journal)
+            except (PublishError, BadInput) as err:
+                why = str(err)
+        cut = f"; deleted {dropped} attestation(s) no index listed" if dropped else ""
+        line = (abandon(reg, name, journal, why + cut) if why else
+                f"finished the publish of {repository}@{journal.digest} that a killed run began before its tags "
+                f"(the key, the report's pins and lock still match{cut})")
     remove(repository, settings)
     log.info(line)
     return line
@@ -118,21 +125,26 @@ def finish(reg: Registry, name: str, journal: Journal, settings: Settings, recei
     done = [f"tags {', '.join(moved)}"]
     if _receipt(journal, settings, receipt):
         done.append("receipt")
-    if journal.sqsh is not None and _place_sqsh(journal.sqsh):
+    if journal.sqsh is not None and _place_sqsh(journal, settings):
         done.append(".sqsh")
+    elif journal.sqsh is None and journal.platform and journal.tags:  # a pointer of another image's .sqsh goes
+        sqsh_layout.follow(settings, journal.repository, journal.tags[0].tag, journal.platform, journal.digest)
     return (f"finished the publish of {journal.repository}@{journal.digest} that a killed run began: "
             + ", ".join(done))
 
 
-def abandon(reg: Registry, name: str, journal: Journal) -> str:
-    """No tag had moved: delete what that publish added and no tag serves (where the registry allows)."""
+def abandon(reg: Registry, name: str, journal: Journal, why: str) -> str:
+    """No tag had moved and it cannot be finished (`why`): delete what that publish added and no tag serves (where
+    the registry allows), and its kept .sqsh that no pointer names."""
+    head = f"abandoned the publish of {journal.repository}@{journal.digest} that a killed run began ({why}; no tag had moved"
+    if journal.sqsh is not None:
+        sqsh_layout.drop_unnamed(Path(journal.sqsh.blob))
     served = {reg.tag_digest(name, m.tag) for m in journal.tags} | {reg.tag_digest(name, t) for t in journal.nightly}
     if journal.existed or journal.digest in served:
-        return (f"abandoned the publish of {journal.repository}@{journal.digest} that a killed run began "
-                "(no tag had moved; the digest was there before, kept)")
+        return f"{head}; the digest was there before, kept)"
     gone = delete_with_referrers(reg, name, journal.digest, journal.artifacts)
     what = "deleted it and its attestations" if gone else "this registry refuses DELETE: left unreferenced by tags"
-    return f"abandoned the publish of {journal.repository}@{journal.digest} that a killed run began (no tag had moved; {what})"
+    return f"{head}; {what})"
 
 
 def drop_unindexed(reg: Registry, name: str, journal: Journal) -> int:
@@ -165,16 +177,12 @@ def _receipt(journal: Journal, settings: Settings, receipt: Receipt) -> bool:
     return True
 
 
-def _place_sqsh(move: SqshMove) -> bool:
-    part, dest = Path(move.part), Path(move.dest)
-    if not part.is_file() or fs.sha256_file(part) != move.sha256:
-        part.unlink(missing_ok=True)
+def _place_sqsh(journal: Journal, settings: Settings) -> bool:
+    """The pointer onto the .sqsh the killed publish kept by digest (hashed again first), and the report's record."""
+    move = journal.sqsh
+    assert move is not None
+    if not sqsh_layout.flip(move, journal.repository, journal.digest, journal.platform, settings, check=True):
         return False
-    install(part, dest, move.sha256)
+    if Path(journal.report).is_file():
+        sqsh_layout.record_in_report(move, Path(journal.report))
     return True
-
-
-def install(part: Path, dest: Path, sha256: str) -> None:
-    """A checked .sqsh part file into place and its `.sha256` beside it."""
-    part.replace(dest)
-    fs.write_atomic(dest.with_name(dest.name + ".sha256"), f"{sha256}  {dest.name}\n")

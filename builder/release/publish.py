@@ -23,7 +23,8 @@ from builder.engine.client import Client
 from builder.engine.registry import Registry, auth_config, mask, split_repository, verify_tag
 from builder.lock.record import Lock
 from builder.pins.model import Pins
-from builder.release import attest, dsse, journal, referrers, trust, verify
+from builder.release import attest, dsse, journal, referrers, sqsh_layout, trust, verify
+from builder.release.sqsh_layout import SqshMove
 from builder.report import document as report_mod
 
 
@@ -76,7 +77,7 @@ def _push(client: Client, repository: str, tag: str, auth: dict[str, str] | None
 
 def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | None, settings: Settings,
             image: str | None = None, signing_key: Path | None = None, attest_once: bool = False,
-            client: Client | None = None, sqsh: journal.SqshMove | None = None,
+            client: Client | None = None, sqsh: SqshMove | None = None,
             nightly: list[str] | None = None) -> PublishReceipt:
     """Release the accepted digest of an ACCEPTED report, in one order (docs/release.md): 1. the manifest by digest
     (promoted from staging, or the accepted local image pushed to staging first), verified; 2. with a key, the
@@ -93,62 +94,103 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
         raise PublishError(f"{where}: no pins and lock checked against the report; refusing")
     if not report.tags or report.repository == report_mod.UNKNOWN:
         raise PublishError(f"{where}: the report names no repository or tags")
-    host, name = split_repository(report.repository)
+    host, _ = split_repository(report.repository)
     registry = Registry.from_settings(host, settings)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
     key = attest.signer(signing_key or settings.signing_key, settings.key_passphrase)
     check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
-    tags = [*report.tags, *(t for t in nightly or [] if t not in report.tags)]
     with staging.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
         journal.recover(report.repository, settings, registry, receipt_after_kill,
-                        str(staged.digest) if staged else None)
+                        lambda left: resume(left, registry, key, settings))
         if staged is None:  # accepted on a local image ID: the engine pushes it to staging, by a tag there
             staged = _push_local(client or engine.connect(settings), report, image, where, settings)
-        digest = str(staged.digest)
-        plan = journal.Journal(repository=report.repository, report=str(report_path.absolute()), digest=digest,
-                               media_type="", existed=registry.tag_digest(name, digest) is not None, sqsh=sqsh,
-                               tags=[journal.TagMove(tag=t, old=registry.tag_digest(name, t), new=digest)
-                                     for t in report.tags],
-                               nightly=[t for t in tags if t not in report.tags])
-        journal.write(plan, settings)
-        moved = False
-        try:
-            with log.step(f"release {staged} -> {report.repository}@{digest[:19]}"):
-                manifest, plan.media_type = staging.release_manifest(str(staged), report.image_id,
-                                                                     report.repository, settings)
-                facts = verify_tag(registry, name, digest, digest, report.image_id, report.platform)
-            plan.phase = "attest"
-            journal.write(plan, settings)
-            with log.step(f"attest {report.repository}@{digest[:19]}"):
-                attestations = attest_published(report, pins, lock, registry, digest, key, attest_once, plan,
-                                                settings)
-            plan.phase = "tags"
-            journal.write(plan, settings)
-            moved = True
-            with log.step(f"tag {report.repository}: {', '.join(tags)}"):
-                # each tag read back before the next moves; a failed read-back rolls every sent tag back
-                staging.move_tags(registry, report.repository, manifest, plan.media_type, tags,
-                                  check=lambda tag: verify_tag(registry, name, tag, digest, report.image_id,
-                                                               report.platform))
-        except BaseException:  # Python saw it (SIGTERM included): every tag moved back, the new digest withdrawn
-            if not plan.existed:
-                withdraw(registry, name, digest, plan.artifacts, tags)
-            journal.remove(report.repository, settings)
-            raise
-        finally:
-            if not moved:
-                journal.cancel_uploads(registry, plan)
-        plan.phase = "receipt"
-        journal.write(plan, settings)
-        faults.point("publish: receipt")
-        receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digest,
-                                 config_digest=facts["config_digest"], verified=True, platform=facts["platform"],
-                                 pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                 attestations=attestations)
-        record_receipt(report, receipt, report_path)
+        receipt = release(report, report_path, pins, lock, settings, registry, key, staged, attest_once, sqsh,
+                          nightly or [])
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
+    return receipt
+
+
+def resume(left: journal.Journal, registry: Registry, key: dsse.PrivateKey | None, settings: Settings) -> None:
+    """Finish a publish killed before its tags (journal recovery, under the repository lock): only with the key that
+    was attesting it, its report, and that report's pins and lock still matching their recorded sha256
+    (trust.check); PublishError or BadInput names what is missing, and the journal abandons it."""
+    if left.media_type == referrers.OCI_INDEX:
+        raise PublishError("an index publish: `builder publish` of all its reports finishes it")
+    if left.signer and (key is None or dsse.key_id(key.public_key()) != left.signer):
+        raise PublishError(f"the key {left.signer[:16]} that was attesting it is not at hand")
+    path = Path(left.report)
+    if not path.is_file():
+        raise PublishError(f"its report {path} is gone")
+    report = report_mod.load(path)
+    checked = trust.check(report, str(path))  # BadInput when the pins or the lock changed since
+    if checked is None:
+        raise PublishError(f"{path}: verdict is {report.verdict}")
+    staged = staging.accepted_ref(report, str(path)) or ImageRef(
+        f"{staging.staging_repository(report.repository)}@{left.digest}")
+    if str(staged.digest) != left.digest:
+        raise PublishError(f"{path} now names {staged.digest}")
+    check_signed_acceptance(report, path, key if left.signer else None, str(path))
+    release(report, path, *checked, settings, registry, key if left.signer else None, staged, False, left.sqsh,
+            left.nightly)
+    if left.sqsh is not None:  # the .sqsh the killed run kept, now its pointer (hashed again first)
+        if sqsh_layout.flip(left.sqsh, report.repository, left.digest, report.platform, settings, check=True):
+            sqsh_layout.record_in_report(left.sqsh, path)
+    journal.remove(report.repository, settings)
+
+
+def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings: Settings, registry: Registry,
+            key: dsse.PrivateKey | None, staged: ImageRef, attest_once: bool, sqsh: SqshMove | None,
+            nightly: list[str]) -> PublishReceipt:
+    """The journaled order itself (publish's docstring), under the repository lock, on a checked report."""
+    _, name = split_repository(report.repository)
+    tags = [*report.tags, *(t for t in nightly if t not in report.tags)]
+    digest = str(staged.digest)
+    plan = journal.Journal(repository=report.repository, report=str(report_path.absolute()), digest=digest,
+                           media_type="", existed=registry.tag_digest(name, digest) is not None, sqsh=sqsh,
+                           tags=[journal.TagMove(tag=t, old=registry.tag_digest(name, t), new=digest)
+                                 for t in report.tags],
+                           nightly=[t for t in tags if t not in report.tags], platform=report.platform,
+                           signer=dsse.key_id(key.public_key()) if key else "")
+    journal.write(plan, settings)
+    moved = False
+    try:
+        with log.step(f"release {staged} -> {report.repository}@{digest[:19]}"):
+            manifest, plan.media_type = staging.release_manifest(str(staged), report.image_id,
+                                                                 report.repository, settings)
+            facts = verify_tag(registry, name, digest, digest, report.image_id, report.platform)
+        plan.phase = "attest"
+        journal.write(plan, settings)
+        with log.step(f"attest {report.repository}@{digest[:19]}"):
+            attestations = attest_published(report, pins, lock, registry, digest, key, attest_once, plan,
+                                            settings)
+        plan.phase = "tags"
+        journal.write(plan, settings)
+        moved = True
+        with log.step(f"tag {report.repository}: {', '.join(tags)}"):
+            # each tag read back before the next moves; a failed read-back rolls every sent tag back
+            staging.move_tags(registry, report.repository, manifest, plan.media_type, tags,
+                              check=lambda tag: verify_tag(registry, name, tag, digest, report.image_id,
+                                                           report.platform))
+    except BaseException:  # Python saw it (SIGTERM included): every tag moved back, the new digest withdrawn
+        if not plan.existed:
+            withdraw(registry, name, digest, plan.artifacts, tags)
+        journal.remove(report.repository, settings)
+        raise
+    finally:
+        if not moved:
+            journal.cancel_uploads(registry, plan)
+    if sqsh is None:  # a .sqsh pointer of this tag and platform naming another image's file goes
+        sqsh_layout.follow(settings, report.repository, report.tags[0], report.platform, digest)
+    plan.phase = "receipt"
+    journal.write(plan, settings)
+    faults.point("publish: receipt")
+    receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digest,
+                             config_digest=facts["config_digest"], verified=True, platform=facts["platform"],
+                             pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             attestations=attestations)
+    record_receipt(report, receipt, report_path)
     return receipt
 
 

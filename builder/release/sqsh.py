@@ -12,9 +12,11 @@ the files the export writes and the filesystem's own time are SOURCE_DATE_EPOCH;
 xattrs only when the image has them. The .sqsh is read back with `unsquashfs` (into RAM when it has room) and
 must equal the tree computed from the layers in memory (modes, owners, contents, times); then the provenance
 gate runs on the unpacked tree in a network-none container.
-Nothing is left behind on failure: the .sqsh is renamed into place only once both checks passed.
+Nothing is left behind on failure: the .sqsh is renamed into place only once both checks passed. It is kept by
+its sha256 (`sha256-<hex>.sqsh` and its `.sha256`) and named by a pointer under the SHA tag, per platform
+(`<repository path, / as +>+<SHA tag>.<os>-<arch>.sqsh`, or --out), flipped in one rename (sqsh_layout.py).
 An image ID exported before with the same options is a cache hit: the earlier .sqsh, its sha256 checked
-again in full, is reused (copied when --out differs); `<cache>/sqsh/exports/` indexes them.
+again in full, is reused (copied when --out's directory differs); `<cache>/sqsh/exports/` indexes them.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ from builder.core.records import Report, SqshExport
 from builder.engine import client as engine
 from builder.engine import normalize
 from builder.pins.model import Pins
-from builder.release import publish, sqsh_smoke
+from builder.release import publish, sqsh_layout, sqsh_smoke
 from builder.release import sqsh_rootfs as layers
 from builder.release import sqsh_trees as kept
 from builder.release.sqsh_rootfs import Entry
@@ -185,11 +187,10 @@ def check_equal(expected: dict[str, Entry], got: dict[str, Entry], where: str) -
 
 
 def default_out(report: Report, report_path: Path) -> Path:
-    """enroot's naming with the platform: <repository path with + for />+<SHA tag>.<platform, / as ->.sqsh, next to
-    the report (a SHA tag may name a multi-arch index, so each platform's file says which it is)."""
-    ref = ImageRef(report.repository)
-    name = (ref.repository if ref.registry else "").replace("/", "+") or report.name
-    return report_path.parent / f"{name}+{report.tags[0]}.{report.platform.replace('/', '-')}.sqsh"
+    """The pointer next to the report, enroot's naming with the platform: `<repository path with + for />+<SHA
+    tag>.<os>-<arch>.sqsh` (a SHA tag may name a multi-arch index, so each platform's pointer says which it is)."""
+    return sqsh_layout.pointer_path(report_path.parent, report.repository, report.name, report.tags[0],
+                                    report.platform)
 
 
 @dataclass
@@ -309,6 +310,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     if hit is not None:
         report = report.model_copy(update={"sqsh": hit})
         report_mod.write(report, report_path.parent)
+        follows(settings, report, out, hit.sha256)
         log.info(f".sqsh {out} sha256:{hit.sha256}: already exported ({hit.seconds['cache hit']} s)")
         return hit
     client = client or engine.connect(settings)  # `builder export-sqsh` itself: its one connect, after the refusals
@@ -326,23 +328,36 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     with log.step("sqsh: base layers"):  # the engine's one use in a warm export (its layers come from the store)
         base = base_layers(client, report.base_image)
     made, digest, result = _write(client, report.image_id, out, squash_options, settings, base,
-                                  smoked if smoke else None)
+                                  smoked if smoke else None, by_digest=True)
     result = result or {"status": "not_run", "reason": "not asked (--no-smoke)"}
-    record = _record(made, out, digest, squash_options, version, report.image_id, tag=report.tags[0],
+    record = _record(made, sqsh_layout.blob_path(out.parent, digest), digest, squash_options, version,
+                     report.image_id, tag=report.tags[0],
                      registry_digest=report.publish.digest if report.publish else "not published", smoke=result,
-                     seconds=made.times)
+                     seconds=made.times).model_copy(update={"pointer": str(out)})
     report = report.model_copy(update={"sqsh": record})
     report_mod.write(report, report_path.parent)
     remember(settings, record, smoke)
-    log.info(f".sqsh {out} sha256:{digest} ({record.size / 1e6:.1f} MB, {squash_options}); "
+    follows(settings, report, out, digest)
+    log.info(f".sqsh {out} -> {Path(record.path).name} ({record.size / 1e6:.1f} MB, {squash_options}); "
              f"registry {record.registry_digest}; tag {record.tag}")
     return record
 
 
+def follows(settings: Settings, report: Report, pointer: Path, sha256: str) -> None:
+    """A published report's pointer follows its registry digest (sqsh_layout.py): recorded for gc and the next
+    publish of its SHA tag."""
+    if report.publish is not None:
+        sqsh_layout.remember(settings, sqsh_layout.Pointer(
+            pointer=str(pointer), repository=report.repository, tag=report.tags[0], platform=report.platform,
+            digest=report.publish.digest, sha256=sha256))
+
+
 def _write(client: Any, image_id: str, out: Path, squash_options: str, settings: Settings, base: list[str] | None,
-           check: Callable[[Made], dict[str, Any]] | None = None) -> tuple[Made, str, dict[str, Any]]:
+           check: Callable[[Made], dict[str, Any]] | None = None, by_digest: bool = False,
+           ) -> tuple[Made, str, dict[str, Any]]:
     """make_sqsh into a part file beside `out`, `check(made)` (the smoke) before it is renamed into place, then its
-    `.sha256` beside it. The base tree is kept once the file-by-file check passed, before the smoke: a failed smoke
+    `.sha256` beside it (`by_digest`: kept by its sha256 with `out` a pointer onto it). The base tree is kept once
+    the file-by-file check passed, before the smoke: a failed smoke
     (or an engine down for it) says nothing against the tree, and the rerun starts from it. Nothing else is left
     behind on failure.
     Returns (made, sha256, what check returned)."""
@@ -351,7 +366,7 @@ def _write(client: Any, image_id: str, out: Path, squash_options: str, settings:
     trees = settings.cache("sqsh", "trees")
     fs.sweep_parts(trees)
     with first_on_base(trees, base):
-        return _write_unlocked(client, image_id, out, squash_options, settings, base, check, trees)
+        return _write_unlocked(client, image_id, out, squash_options, settings, base, check, trees, by_digest)
 
 
 @contextmanager
@@ -373,7 +388,7 @@ def first_on_base(trees: Path, base: list[str] | None) -> Iterator[None]:
 
 def _write_unlocked(client: Any, image_id: str, out: Path, squash_options: str, settings: Settings,
                     base: list[str] | None, check: Callable[[Made], dict[str, Any]] | None,
-                    trees: Path) -> tuple[Made, str, dict[str, Any]]:
+                    trees: Path, by_digest: bool) -> tuple[Made, str, dict[str, Any]]:
     work = fs.part_dir(settings.cache("sqsh"), "sqsh")
     partial = fs.part_path(out)
     made: Made | None = None
@@ -384,6 +399,9 @@ def _write_unlocked(client: Any, image_id: str, out: Path, squash_options: str, 
             kept.keep(trees, made.kept)
         checked = check(made) if check else {}
         digest = fs.sha256_file(partial)
+        if by_digest:  # kept by its sha256, then the pointer flips onto it
+            sqsh_layout.point(out, sqsh_layout.keep(partial, digest)[0])
+            return made, digest, checked
         partial.replace(out)
     finally:
         partial.unlink(missing_ok=True)
@@ -434,7 +452,8 @@ def remember(settings: Settings, record: SqshExport, smoke: bool) -> None:
 def cached_export(settings: Settings, report: Report, out: Path, squash_options: str, version: str,
                   smoke: bool) -> SqshExport | None:
     """The record of an earlier export of the same image ID with the same options, when its .sqsh is
-    still there with the sha256 it was recorded with (read in full); copied to `out` if elsewhere."""
+    still there with the sha256 it was recorded with (read in full); kept by digest beside `out` (copied when it
+    lies elsewhere) and `out` a pointer onto it."""
     start = time.monotonic()
     entry = _cache_entry(settings, report.image_id, squash_options, version, smoke)
     if not report.image_id.startswith("sha256:") or not entry.exists():
@@ -443,16 +462,19 @@ def cached_export(settings: Settings, report: Report, out: Path, squash_options:
     made = Path(record.path)
     if not made.is_file() or made.stat().st_size != record.size or fs.sha256_file(made) != record.sha256:
         return None
-    if made.resolve() != out.resolve():
-        partial = out.with_name(f".{out.name}.partial")
-        shutil.copyfile(made, partial)
-        if fs.sha256_file(partial) != record.sha256:
-            partial.unlink()
-            return None
-        partial.replace(out)
-    out.with_name(out.name + ".sha256").write_text(f"{record.sha256}  {out.name}\n")
+    blob = sqsh_layout.blob_path(out.parent, record.sha256)
+    if made.resolve() != blob.resolve():
+        partial = fs.part_path(blob)
+        try:
+            shutil.copyfile(made, partial)
+            if fs.sha256_file(partial) != record.sha256:
+                return None
+            sqsh_layout.keep(partial, record.sha256)
+        finally:
+            partial.unlink(missing_ok=True)
+    sqsh_layout.point(out, blob)
     return record.model_copy(update={
-        "path": str(out), "tag": report.tags[0],
+        "path": str(blob), "pointer": str(out), "tag": report.tags[0],
         "registry_digest": report.publish.digest if report.publish else "not published",
         "seconds": {"cache hit": round(time.monotonic() - start, 2)},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})

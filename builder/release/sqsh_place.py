@@ -1,47 +1,50 @@
 """`publish` of a cluster-accepted report (`--slurm`): the .sqsh the gates ran on goes beside the registry digest,
-under the same SHA tag name: `<dir>/<repository path with + for />+<SHA tag>.sqsh` and its `.sha256`.
+kept by its sha256 with a pointer per platform under the SHA tag's name (builder/release/sqsh_layout.py):
+`<dir>/sha256-<hex>.sqsh` (+ `.sha256`) and `<dir>/<repository path with + for />+<SHA tag>.<os>-<arch>.sqsh`.
 
 Before anything is promoted, the file is copied to a part file in the target directory and hashed; publish is
 refused, with nothing published, when that copy's sha256 is not the one accepted (the runner's recorded sha256,
 which the node also saw), or when the export record beside the accepted file (`<sqsh>.json`, written by
 `sqsh.export_candidate`) names another sha256 or another image than the config of the staged registry digest.
-Once the registry digest is promoted, the copy is renamed into place and recorded in the report (`sqsh`).
+The checked copy is then kept by digest (no pointer names it yet); once every tag moved and the receipt is written,
+the pointer flips onto it in one rename and the report records it (`sqsh`). A refused or failed publish removes
+the kept file again unless a pointer names it.
 """
 from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import PublishError
-from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report, SqshExport
 from builder.engine import staging
 from builder.engine.registry import Registry, split_repository
-from builder.release import journal, publish
-from builder.release.journal import SqshMove
-from builder.report import document as report_mod
+from builder.release import publish, sqsh_layout
+from builder.release.sqsh_layout import SqshMove
 
 
 @dataclass
 class Copy:
-    """The accepted .sqsh copied (and checked) next to where it will be published, not yet in place."""
+    """The accepted .sqsh copied (and checked) next to where it will be published, kept by digest, not yet named."""
 
     record: SqshExport
-    part: Path
-    dest: Path
+    blob: Path
+    pointer: Path
+    made: bool  # this publish put the kept file there (a refused publish removes it again)
+    settings: Settings  # the cache where the pointer is recorded
 
     def discard(self) -> None:
-        self.part.unlink(missing_ok=True)
+        if self.made:
+            sqsh_layout.drop_unnamed(self.blob)
 
     def journal(self) -> SqshMove:
         """The placement as the publish journal records it (the next command finishes it after a kill)."""
-        return SqshMove(part=str(self.part), dest=str(self.dest), sha256=self.record.sha256)
+        return SqshMove(blob=str(self.blob), pointer=str(self.pointer), sha256=self.record.sha256, record=self.record)
 
 
 def accepted(report: Report) -> dict[str, str] | None:
@@ -55,10 +58,8 @@ def accepted(report: Report) -> dict[str, str] | None:
 
 
 def target(report: Report, directory: Path) -> Path:
-    """enroot's naming under the SHA tag: `<repository path, / as +>+<SHA tag>.sqsh`."""
-    ref = ImageRef(report.repository)
-    name = (ref.repository if ref.registry else "").replace("/", "+") or report.name
-    return directory / f"{name}+{report.tags[0]}.sqsh"
+    """The pointer under the SHA tag: `<repository path, / as +>+<SHA tag>.<os>-<arch>.sqsh`."""
+    return sqsh_layout.pointer_path(directory, report.repository, report.name, report.tags[0], report.platform)
 
 
 def prepare(report: Report, where: str, settings: Settings, directory: Path | None) -> Copy | None:
@@ -77,7 +78,7 @@ def prepare(report: Report, where: str, settings: Settings, directory: Path | No
     if record.sha256 != sha:
         raise PublishError(f"{where}: the export record {src}.json says sha256 {record.sha256[:16]}..., the gates "
                            f"accepted {sha[:16]}...; refusing")
-    served = registry_image(report, settings, where)
+    served, digest = registry_image(report, settings, where)
     if record.image_id != served:
         raise PublishError(f"{where}: the export record {src}.json is of image {record.image_id[:19]}, the registry "
                            f"digest serves {served[:19]}; refusing")
@@ -86,9 +87,9 @@ def prepare(report: Report, where: str, settings: Settings, directory: Path | No
         raise PublishError(f"{where}: the .sqsh directory {directory} does not exist")
     dest = target(report, directory)
     fs.sweep_parts(directory)
-    part = fs.part_path(dest)
+    part = fs.part_path(sqsh_layout.blob_path(directory, sha))
     try:
-        with log.step(f"copy the accepted .sqsh to {dest.name}"):
+        with log.step(f"copy the accepted .sqsh to {directory}"):
             shutil.copyfile(src, part)
             got = fs.sha256_file(part)
     except FileNotFoundError:
@@ -101,7 +102,11 @@ def prepare(report: Report, where: str, settings: Settings, directory: Path | No
         part.unlink(missing_ok=True)
         raise PublishError(f"{where}: the .sqsh being published ({src}) has sha256 {got[:16]}..., the gates accepted "
                            f"{sha[:16]}...; refusing")
-    return Copy(record=record, part=part, dest=dest)
+    blob, made = sqsh_layout.keep(part, sha)
+    record = record.model_copy(update={
+        "path": str(blob), "pointer": str(dest), "tag": report.tags[0], "registry_digest": digest,
+        "smoke": {"status": "not_run", "reason": "the cluster gates ran on this file"}})
+    return Copy(record=record, blob=blob, pointer=dest, made=made, settings=settings)
 
 
 def export_record(src: Path, where: str) -> SqshExport:
@@ -112,29 +117,26 @@ def export_record(src: Path, where: str) -> SqshExport:
         raise PublishError(f"{where}: no readable export record {path} beside the accepted .sqsh; refusing") from None
 
 
-def registry_image(report: Report, settings: Settings, where: str) -> str:
-    """The image ID (config digest) the staged registry digest serves."""
+def registry_image(report: Report, settings: Settings, where: str) -> tuple[str, str]:
+    """The image ID (config digest) the staged registry digest serves, and that digest."""
     staged = staging.accepted_ref(report, where)
     if staged is None:
         raise PublishError(f"{where}: accepted on the cluster without a staged registry digest; refusing")
     host, name = split_repository(staged.name)
     got = Registry.from_settings(host, settings).manifest(name, str(staged.digest))
     try:
-        return str(json.loads(got["content"])["config"]["digest"])
+        return str(json.loads(got["content"])["config"]["digest"]), str(staged.digest)
     except (ValueError, KeyError, TypeError):
         raise PublishError(f"{where}: {staged}: the registry serves no image manifest with a config") from None
 
 
 def place(copy: Copy, report: Report, report_path: Path, receipt: PublishReceipt) -> SqshExport:
-    """After the promotion: the copy into place, its `.sha256` beside it, the record in the report."""
-    journal.install(copy.part, copy.dest, copy.record.sha256)
-    record = copy.record.model_copy(update={
-        "path": str(copy.dest), "tag": report.tags[0], "registry_digest": receipt.digest,
-        "smoke": {"status": "not_run", "reason": "the cluster gates ran on this file"},
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    report = report.model_copy(update={"sqsh": record})
-    paths = report_mod.write(report, report_path.parent)
-    if paths["json"].resolve() != report_path.resolve():
-        fs.write_atomic(report_path, report.model_dump_json(indent=2) + "\n")
-    log.info(f".sqsh {copy.dest} sha256:{record.sha256} beside {receipt.repository}@{receipt.digest}")
+    """After the tags and the receipt: the pointer onto the kept file in one rename, the record in the report."""
+    move = copy.journal()
+    if not sqsh_layout.flip(move, report.repository, receipt.digest, report.platform, copy.settings,
+                            check=False):
+        raise PublishError(f"{report_path}: the kept .sqsh {copy.blob} is gone; the release stands without it")
+    record = sqsh_layout.record_in_report(move, report_path)
+    log.info(f".sqsh {copy.pointer} -> {copy.blob.name} beside {receipt.repository}@{receipt.digest}")
     return record
+
