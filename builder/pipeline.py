@@ -536,10 +536,12 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     `flags.gates`), and removed at the end. The state file in the bisect directory makes a rerun resume."""
     import hashlib  # lazy: only bisect needs it
 
+    from builder.accept.plan import SlurmPlace  # lazy: only bisect needs it
     from builder.accept.plan import make as make_plan  # lazy: only bisect needs it
     from builder.bisect import answer as answers  # lazy: only bisect needs it
     from builder.bisect import session, sides  # lazy: only bisect needs it
-    from builder.bisect.search import INCONCLUSIVE_TRIES, Step, Verdict  # lazy: only bisect needs it
+    from builder.bisect.search import Step, gated  # lazy: only bisect needs it
+    from builder.cluster.accept import sqsh_path  # lazy: only bisect needs it
     from builder.core.errors import BuildFailed  # lazy: only bisect needs it
     from builder.sources import mirror  # lazy: only bisect needs it
 
@@ -550,7 +552,9 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     state = out_dir / answers.STATE
     run_id = json.loads(state.read_text()).get("run_id", settings.run_id) if state.is_file() else settings.run_id
     settings = replace(settings, run_id=run_id)
-    door, gates, made = _Engine(settings), list(flags.gates), []
+    if not state.is_file():  # the run id from the start: `builder gc` spares the directory while it is live
+        answers.save_state(state, good.label, bad.label, run_id, [])
+    door, gates, made, exported = _Engine(settings), list(flags.gates), [], list[Path]()
     if state.is_file() and not gates:  # resumed: BAD's failing gates from its saved step
         gates += next((s.get("failed", []) for s in json.loads(state.read_text())["steps"] if s["why"] == "BAD"), [])
     resolved_bad = sources.resolve(bad.pins, settings, bisect=True)
@@ -577,21 +581,20 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
             resolved = document.load(Path(good.label)).sources
         build_s, started = time.monotonic() - started, time.monotonic()
         plan = make_plan(pins, replace(flags, gates=gates or list(pins.acceptance.required_gates)), settings).acceptance
-        for _ in range(INCONCLUSIVE_TRIES):  # only an inconclusive (noisy) gate runs again
-            result = runners.accept(plan, pins, image, image, settings, door.client())
-            failed = [g for g in result.gates if g.status == "fail"]
-            inconclusive = [g for g in result.gates if g.status == "inconclusive"]
-            if failed or not inconclusive:
-                break
+        if isinstance(plan.place, SlurmPlace) and not sqsh_path(plan.place, image).exists():
+            exported.append(sqsh_path(plan.place, image))  # --slurm: the candidate's .sqsh is this bisect's too
+        result, verdict, tries = gated(lambda: runners.accept(plan, pins, image, image, settings, door.client()))
+        failed = [g for g in result.gates if g.status == "fail"]
+        inconclusive = [g for g in result.gates if g.status == "inconclusive"]
         report = document.make_report(pins, lock_record.of(pins), resolved, built, result)
         run_dir = out_dir / f"step-{hashlib.sha256(repr(sorted(commits.items())).encode()).hexdigest()[:10]}"
         document.write(report, run_dir)
         if failed and not gates:
             gates.extend(g.name for g in failed)  # BAD's failing gates: the only ones later steps run
-        verdict: Verdict = "bad" if failed else "skip" if inconclusive else "good"
         first = (failed or inconclusive)[:1]
+        reason = (f"inconclusive in {tries} runs: " if verdict == "skip" else "") + (first[0].reason if first else "")
         return Step(commits, verdict, why, build_s, time.monotonic() - started, first[0].name if first else "",
-                    first[0].reason if first else "", str(run_dir), [g.name for g in failed])
+                    reason, str(run_dir), [g.name for g in failed])
 
     try:
         answer = session.run(good, bad, probe, lambda n: mirror.open_mirror(settings, bad.pins.component_url(n)),
@@ -600,6 +603,10 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
         client = door.client() if made else None
         for tag in made if client else []:
             engine.untag(client, tag)
+        for path in exported:  # the .sqsh exports it made (never one that was there before it)
+            for each in (path, *(path.with_name(path.name + s) for s in (".json", ".sha256"))):
+                each.unlink(missing_ok=True)
+            path.with_name(f".{path.name}.lock").unlink(missing_ok=True)
     if answer.get("companion"):
         answer["companion_pins"] = str(sides.candidate_pins(bad.pins, answer["companion"], out_dir, "first-bad.yaml").path)
     paths = answers.write(answer, out_dir, json_path)

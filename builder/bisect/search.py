@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from builder.core.records import AcceptanceResult
+
 Verdict = Literal["good", "bad", "skip"]
 INCONCLUSIVE_TRIES = 3  # a step whose gates are inconclusive (the performance gate's noise) runs them this often
 
@@ -30,6 +32,20 @@ class Step:
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def gated(accept: Callable[[], AcceptanceResult]) -> tuple[AcceptanceResult, Verdict, int]:
+    """A step's gates, their verdict and how many runs it took. A failing gate decides (bad), and so does a pass
+    of every gate (good), in one run: the exact gates are not noisy. Only an inconclusive gate with none failing
+    (the performance gate's noise, after its own repeats) runs them again, INCONCLUSIVE_TRIES runs in all; then
+    the step is skipped."""
+    for tries in range(1, INCONCLUSIVE_TRIES + 1):
+        result = accept()
+        statuses = {g.status for g in result.gates}
+        if "fail" in statuses or "inconclusive" not in statuses:
+            break
+    verdict: Verdict = "bad" if "fail" in statuses else "skip" if "inconclusive" in statuses else "good"
+    return result, verdict, tries
 
 
 def key_of(commits: dict[str, str]) -> str:

@@ -54,10 +54,12 @@ def _search(good: Side, bad: Side, search: searching.Search, repos: Callable[[st
         raise NotAccepted(f"GOOD fails: nothing to bisect ({good.label}: {good_step.gate}: {good_step.reason})")
     who = searching.culprits(search, good.commits, bad.commits)
     notes, found = [who.note], []
+    log.info(f"bisect: {who.note}")
     for name in who.components:
         span = ranges.commit_range(repos(name), name, good.commits[name], bad.commits[name], target_heads[name])
         if span.note:
             notes.append(span.note)
+            log.info(f"bisect: {span.note}")  # the force-push case: said as it is decided
         base = {**(bad.commits if who.held == "BAD" else good.commits)}
         found.append((span, searching.bisect(search, name, base, good.commits[name], [c.sha for c in span.commits])))
     return _answer(good, bad, who, notes, found, order, search)
