@@ -217,7 +217,7 @@ def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
             log.info(f"published {receipt.repository}@{receipt.digest}")
             digest = receipt.digest
             if plan.export and document.load(report_json).sqsh is None:  # a cluster acceptance placed its .sqsh
-                record = export_sqsh(report_json, settings, client=door.client())
+                record = export_sqsh(report_json, settings, client=door.client(), key=plan.key)
                 log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     finally:  # the run joins the history as a run by hand, accepted or not, published or not
         history_mod.record_by_hand(_history(settings), document.load(report_json), report_json, digest)
@@ -237,8 +237,9 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
     with log.step("publish"):
         report = document.load(report_json)
         settings = settings.for_release(report.repository)
-        if key or settings.signing_key:  # before any step: exit 2 when unreadable (no key: said where it matters)
-            attest.signer(key or settings.signing_key, settings.key_passphrase)
+        signing = None  # before any step: exit 2 when unreadable (no key: said where it matters)
+        if key or settings.signing_key:
+            signing = attest.signer(key or settings.signing_key, settings.key_passphrase)
         checked = trust.check(report, str(report_json))  # the deliberate re-read of the pins and the lock
         pins, lock = checked if checked else (None, None)
         pinned = pins.acceptance.slurm.publish_dir if pins and pins.acceptance.slurm else None
@@ -253,6 +254,8 @@ def publish_report(report_json: Path, settings: Settings, image: str | None = No
             if copy is not None:
                 faults.point("publish: sqsh")
                 sqsh_place.place(copy, document.load(report_json), report_json, receipt)
+                if signing is not None:  # sqsh_smoke's own signed test result, made at placement
+                    attest.sign_placement(document.load(report_json), signing, report_json.parent)
             journal.remove(report.repository, settings)  # the receipt, the .sqsh and the nightly tags are done
         finally:
             if copy is not None:
@@ -269,17 +272,23 @@ def publish_index(report_jsons: list[Path], settings: Settings, key: Path | None
 
 def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
                 squash_options: str | None = None, smoke: bool = True,
-                client: engine.Client | None = None) -> SqshExport:
+                client: engine.Client | None = None, key: Path | None = None) -> SqshExport:
     """The accepted image as an enroot .sqsh, checked file by file and (unless `smoke` is off) smoked, recorded
     in the report. `client`: the calling use case's engine client (run); without one the export stage connects,
-    after its refusals (not accepted, a bad --out, not root) and only when the export is not cached."""
+    after its refusals (not accepted, a bad --out, not root) and only when the export is not cached. With a key
+    (`key`, else BUILDER_SIGNING_KEY) the smoke's test result is signed beside the report (placement.dsse.json)."""
     with log.step("export .sqsh"):
         report = document.load(report_json)
         settings = settings.for_release(report.repository)
+        signing = attest.signer(key or settings.signing_key, settings.key_passphrase) \
+            if key or settings.signing_key else None
         checked = trust.check(report, str(report_json))
         pins = checked[0] if checked else None
-        return sqsh.export(report, report_json, pins, settings, out=out, client=client,
-                           squash_options=squash_options, smoke=smoke)
+        record = sqsh.export(report, report_json, pins, settings, out=out, client=client,
+                             squash_options=squash_options, smoke=smoke)
+        if signing is not None:
+            attest.sign_placement(document.load(report_json), signing, report_json.parent)
+        return record
 
 
 def replay(report_json: Path, settings: Settings, gate: str | None = None, image: str | None = None,

@@ -150,9 +150,9 @@ def provenance(report: Report, pins: Pins, lock: Lock, pins_data: bytes) -> dict
 def test_result(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
     """in-toto test-result v0.1: PASSED only for ACCEPTED; inconclusive and not run count as warned. Its tests
     are the acceptance suite of results.suites, the list junit.xml and ctrf.json are written from: it is signed at
-    acceptance, before a .sqsh is placed, so the placement suite (sqsh_smoke) is not in it."""
+    acceptance, before a .sqsh is placed; the placement suite (sqsh_smoke) has a statement of its own
+    (placement_statement)."""
     recipe = json.dumps(pins.recipe.model_dump(mode="json"), sort_keys=True).encode()
-    status = {c.name: c.status for c in results.suites(report)[results.ACCEPTANCE]}
     return {
         "result": "PASSED" if report.verdict == "ACCEPTED" else "FAILED",
         "configuration": [
@@ -161,10 +161,25 @@ def test_result(report: Report, pins: Pins, pins_data: bytes) -> dict[str, Any]:
             {"name": "recipe", "digest": {"sha256": _sha256(recipe)}, "content": base64.b64encode(recipe).decode(),
              "mediaType": "application/json"},
         ],
-        "passedTests": [n for n, s in status.items() if s == "pass"],
-        "failedTests": [n for n, s in status.items() if s == "fail"],
-        "warnedTests": [n for n, s in status.items() if s in ("inconclusive", "not_run")],
+        **results.tested(results.suites(report)[results.ACCEPTANCE]),
     }
+
+
+def placement_statement(report: Report) -> dict[str, Any] | None:
+    """The in-toto test result of the placement suite (sqsh_smoke), over the .sqsh file (its name and sha256): made
+    when the .sqsh is placed beside the registry digest or exported, after the acceptance result was signed. FAILED
+    when the smoke failed, WARNED when it did not run (the cluster gates ran on the file) or was inconclusive.
+    None before a .sqsh is recorded."""
+    cases = results.suites(report).get(results.PLACEMENT)
+    if report.sqsh is None or not cases:
+        return None
+    listed = results.tested(cases)
+    verdict = "FAILED" if listed["failedTests"] else "WARNED" if listed["warnedTests"] else "PASSED"
+    subject = [{"name": Path(report.sqsh.pointer or report.sqsh.path).name, "digest": {"sha256": report.sqsh.sha256}}]
+    return {"_type": STATEMENT_TYPE, "subject": subject, "predicateType": TEST_RESULT_TYPE,
+            "predicate": {"result": verdict, "configuration": [
+                {"name": Path(report.sources.pins_path).name, "digest": {"sha256": report.sources.pins_sha256}},
+                {"name": "image", "digest": {"sha256": hex_of(report.image_id)}}], **listed}}
 
 
 def statements(report: Report, pins: Pins, lock: Lock, image_manifest: dict[str, Any], repository: str,
@@ -185,6 +200,20 @@ def sign_acceptance(report: Report, pins: Pins, key: dsse.PrivateKey, run_dir: P
     path = run_dir / ACCEPTANCE_ENVELOPE
     fs.write_atomic(path, json.dumps(dsse.sign(stmt, key), sort_keys=True, indent=2) + "\n")
     log.info(f"signed the acceptance result of {report.image_id[:19]} (key {dsse.key_id(key.public_key())[:16]}): {path}")
+    return path
+
+
+PLACEMENT_ENVELOPE = "placement.dsse.json"  # beside report.json: the signed test result of the placed .sqsh
+
+
+def sign_placement(report: Report, key: dsse.PrivateKey, run_dir: Path) -> Path | None:
+    """Once a .sqsh is in the report: its placement statement DSSE-signed beside the report (None: no .sqsh)."""
+    stmt = placement_statement(report)
+    if stmt is None:
+        return None
+    path = run_dir / PLACEMENT_ENVELOPE
+    fs.write_atomic(path, json.dumps(dsse.sign(stmt, key), sort_keys=True, indent=2) + "\n")
+    log.info(f"signed the placement result of {stmt['subject'][0]['name']} ({stmt['predicate']['result']}): {path}")
     return path
 
 

@@ -2,8 +2,10 @@
 and the signed in-toto test result), so that no case is in one format and not another.
 
 `acceptance` holds one case per gate, as the verdict saw them; `placement` holds `sqsh_smoke`, the smoke of the
-enroot `.sqsh` placed beside the registry digest. The in-toto test result is signed at acceptance, before the
-`.sqsh` is placed, so it carries the acceptance suite only and says so (builder/release/attest.py)."""
+enroot `.sqsh` placed beside the registry digest. junit.xml and ctrf.json carry both suites; the in-toto test result
+is one statement per suite (builder/release/attest.py): the acceptance one, signed at acceptance over the image,
+and the placement one, signed when the `.sqsh` is placed (or exported) over the file, so no format lists a case
+another omits."""
 from __future__ import annotations
 
 import json
@@ -41,3 +43,11 @@ def suites(report: Report) -> dict[str, list[Case]]:
                                else "inconclusive", str(smoke.get("reason", "")), number(smoke.get("seconds")), False,
                                json.dumps(smoke, indent=1, sort_keys=True, default=str), "")]
     return out
+
+
+def tested(cases: list[Case]) -> dict[str, list[str]]:
+    """An in-toto test-result v0.1 predicate's lists of a suite's cases: passed, failed, and warned (inconclusive or
+    not run)."""
+    return {"passedTests": [c.name for c in cases if c.status == "pass"],
+            "failedTests": [c.name for c in cases if c.status == "fail"],
+            "warnedTests": [c.name for c in cases if c.status in ("inconclusive", "not_run")]}
