@@ -68,14 +68,15 @@ def arm64_pins(settings: Settings, base_ref: str) -> Path:
 
 
 def amd64_report(settings: Settings) -> Path | None:
-    """The newest ACCEPTED report of the amd64 demo pins (`make demo`), or None."""
+    """The newest ACCEPTED report of `make demo`'s pins (pins/demo.local.yaml, accepted under Docker), or None."""
     for path in sorted(settings.cache("runs").glob("demo-true-on-policy-*/report.json"),
                        key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             report = document.load(path)
         except BuilderError:
             continue
-        if report.verdict == "ACCEPTED" and report.platform == "linux/amd64" and "performance" in report.required_gates:
+        if report.verdict == "ACCEPTED" and report.platform == "linux/amd64" and \
+                report.sources.pins_path == str(prepare.LOCAL_PINS):
             return path
     return None
 

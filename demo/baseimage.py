@@ -234,6 +234,7 @@ def _rootfs_image(settings: Settings, client: Any, work: Path, mirror: str | Non
     rhash = _hash(_rootfs_recipe(arch))
     tag = f"{ROOTFS_REPOSITORY}:{rhash[:16]}"
     if client.images.list(filters={"label": f"{ROOTFS_LABEL}={rhash}", "reference": tag}):
+        _set_arch(client, tag, arch, work)
         log.info(f"rootfs: reused {tag}")
         return tag
     if os.geteuid() != 0:
@@ -261,24 +262,47 @@ def _rootfs_image(settings: Settings, client: Any, work: Path, mirror: str | Non
         shutil.rmtree(rootfs)
         changes = [f"LABEL {ROOTFS_LABEL}={rhash}", "ENV LANG=C.UTF-8",
                    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["/bin/bash"]']
-        out = _import(client, tar_path, rhash[:16], changes, arch)
+        out = client.api.import_image_from_file(str(tar_path), repository=ROOTFS_REPOSITORY, tag=rhash[:16],
+                                                changes=changes)
         tar_path.unlink()
         if "error" in str(out).lower() and not client.images.list(filters={"reference": tag}):
             raise BuildFailed(f"docker import: {str(out)[:300]}")
+    _set_arch(client, tag, arch, work)
     log.info(f"rootfs: imported {tag}")
     return tag
 
 
-def _import(client: Any, tar_path: Path, tag: str, changes: list[str], arch: str | None) -> Any:
-    """`docker import` of the rootfs tar as ROOTFS_REPOSITORY:tag; another `arch` is named to the engine (the SDK's
-    import has no platform, the Engine API's /images/create does)."""
-    if arch is None or arch == HOST_ARCH:
-        return client.api.import_image_from_file(str(tar_path), repository=ROOTFS_REPOSITORY, tag=tag, changes=changes)
-    params = {"repo": ROOTFS_REPOSITORY, "tag": tag, "fromSrc": "-", "changes": changes, "platform": f"linux/{arch}"}
-    with open(tar_path, "rb") as fh:
-        response = client.api._post(client.api._url("/images/create"), data=fh, params=params,
-                                    headers={"Content-Type": "application/tar"}, timeout=None)
-    return client.api._result(response)
+def _set_arch(client: Any, tag: str, arch: str | None, work: Path) -> None:
+    """The imported rootfs image says `arch`: this engine's import (20.10) always writes its own architecture, so a
+    foreign rootfs is saved, its config's architecture set, and loaded again (the layer is unchanged)."""
+    if arch is None or client.images.get(tag).attrs.get("Architecture") == arch:
+        return
+    old = client.images.get(tag)
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work, prefix=".arch-") as tmp:
+        saved, fixed = Path(tmp) / "saved.tar", Path(tmp) / "fixed.tar"
+        with open(saved, "wb") as out:
+            for chunk in old.save(named=True):
+                out.write(chunk)
+        with tarfile.open(saved) as src, tarfile.open(fixed, "w") as dst:
+            manifest = json.load(src.extractfile("manifest.json"))  # type: ignore[arg-type]
+            config = json.load(src.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
+            config.update({"architecture": arch, **({"variant": "v8"} if arch == "arm64" else {})})
+            data = json.dumps(config, sort_keys=True).encode()
+            name = hashlib.sha256(data).hexdigest() + ".json"
+            skip = {"manifest.json", manifest[0]["Config"]}
+            for member in src.getmembers():
+                if member.name not in skip:
+                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+            manifest[0]["Config"] = name
+            for entry, body in ((name, data), ("manifest.json", json.dumps(manifest).encode())):
+                info = tarfile.TarInfo(entry)
+                info.size = len(body)
+                dst.addfile(info, io.BytesIO(body))
+        with open(fixed, "rb") as fh:
+            client.images.load(fh)
+    client.images.remove(old.id, noprune=False)
+    log.info(f"rootfs: {tag} set to {arch} (was {old.attrs.get('Architecture')})")
 
 
 def _stream(chunks: Iterable[dict[str, Any]], logfile: Path, what: str, error_type: type[Exception]) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from packaging.tags import Tag
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 from packaging.version import Version
 
@@ -229,11 +230,15 @@ def _explain(output: str) -> str:
 # --------------------------------------------------------------------------- downloads
 
 
-def _pool_match(pool: Path, name: str, version: str, wheel: bool) -> Path | None:
+def _pool_match(pool: Path, name: str, version: str, wheel: bool, supported: set[Tag] | None = None) -> Path | None:
+    """The pool's file of name==version (a wheel or an sdist); a wheel only with a tag in `supported` (the target's:
+    the pool holds every platform's wheels, an x86_64 one must not serve an aarch64 lock)."""
     for path in sorted(pool.iterdir()):
         try:
             if wheel and path.name.endswith(".whl"):
-                dist, ver, _, _ = parse_wheel_filename(path.name)
+                dist, ver, _, tags = parse_wheel_filename(path.name)
+                if supported is not None and supported.isdisjoint(tags):
+                    continue
             elif not wheel and path.name.endswith((".tar.gz", ".zip")):
                 dist, ver = parse_sdist_filename(path.name)
             else:
@@ -271,11 +276,13 @@ def _known_no_wheel(pool: Path, name: str, version: str, target: Target) -> bool
 def _download_wheels(settings: Settings, pinned: dict[str, str], target: Target,
                      on_no_wheel: Callable[[str], None] | None) -> tuple[dict[str, Path], list[str]]:
     pool = settings.cache("wheels", "pool")
-    known = [n for n, v in pinned.items() if _pool_match(pool, n, v, True) is None and _known_no_wheel(pool, n, v, target)]
+    supported = set(download.tags(target.python, target.abi, target.platforms()))
+    known = [n for n, v in pinned.items()
+             if _pool_match(pool, n, v, True, supported) is None and _known_no_wheel(pool, n, v, target)]
     for name in known:
         if on_no_wheel is not None:
             on_no_wheel(name)
-    missing = [n for n, v in pinned.items() if _pool_match(pool, n, v, True) is None and n not in known]
+    missing = [n for n, v in pinned.items() if _pool_match(pool, n, v, True, supported) is None and n not in known]
     sdist_only: set[str] = set()
 
     def heard(name: str) -> None:
@@ -302,7 +309,7 @@ def _download_wheels(settings: Settings, pinned: dict[str, str], target: Target,
         download.TOTALS.add(time.monotonic() - start, 0, 0)
     files, no_wheel = {}, []
     for name, version in pinned.items():
-        path = _pool_match(pool, name, version, True)
+        path = _pool_match(pool, name, version, True, supported)
         if path is None:
             no_wheel.append(f"{name}=={version}")
             marker = _no_wheel_marker(pool, name, version, target)
