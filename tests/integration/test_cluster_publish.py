@@ -1,7 +1,8 @@
 """`publish` of a cluster-accepted report (the good run of the session's nightly fleet, conftest: slurm_fleet):
-the registry digest is promoted and the .sqsh the gates ran on is placed, with its .sha256, under the same SHA tag
-name. Refused, with nothing published (no release tag, no .sqsh), when the file being published is not the one
-accepted, or when its export record names another sha256 or another image than the registry digest serves."""
+the registry digest is promoted and the .sqsh the gates ran on is placed, kept by its sha256 with its .sha256, and
+named by a pointer per platform under the SHA tag. Refused, with nothing published (no release tag, no .sqsh), when
+the file being published is not the one accepted, or when its export record names another sha256 or another image
+than the registry digest serves."""
 from __future__ import annotations
 
 import json
@@ -91,10 +92,12 @@ def test_publish_promotes_the_digest_and_places_the_sqsh_under_the_sha_tag(slurm
     host, name = split_repository(report.repository)
     assert all(Registry(host).tag_digest(name, tag) == receipt.digest for tag in report.tags)
     assert receipt.digest == report.build.manifest_digest if report.build else False
-    dest = published / f"{report.repository.partition('/')[2].replace('/', '+')}+{sha_tag}.sqsh"
-    assert sorted(p.name for p in published.iterdir()) == [dest.name, dest.name + ".sha256"]
-    assert fs.sha256_file(dest) == accepted["sha256"]
+    pointer = published / f"{report.repository.partition('/')[2].replace('/', '+')}+{sha_tag}.linux-amd64.sqsh"
+    dest = published / f"sha256-{accepted['sha256']}.sqsh"  # kept by its sha256; the pointer under the SHA tag
+    assert sorted(p.name for p in published.iterdir()) == sorted([pointer.name, dest.name, dest.name + ".sha256"])
+    assert os.readlink(pointer) == dest.name and fs.sha256_file(dest) == accepted["sha256"]
     assert (published / (dest.name + ".sha256")).read_text() == f"{accepted['sha256']}  {dest.name}\n"
     assert report.sqsh is not None and report.sqsh.path == str(dest) and report.sqsh.tag == sha_tag
+    assert report.sqsh.pointer == str(pointer)
     assert report.sqsh.registry_digest == receipt.digest and report.sqsh.sha256 == accepted["sha256"]
     assert receipt.digest in (report_json.parent / "report.md").read_text()

@@ -2,13 +2,16 @@
 boundary (the fail points of builder/core/faults.py) and at random moments; straight after each kill every
 release tag serves its old digest or the new one, a tag serves the new one only once its three attestations
 verify, and the moving tag only after the SHA tag. The next publish reads the journal, says in one line what it
-did, and leaves a verified release with no journal and no part file behind.
+did, and leaves a verified release with no journal and no part file behind. Before the tags it finishes only with
+the key, the report and its unchanged pins and lock at hand; otherwise it abandons.
 
-Bounded: one accepted report (the session's accepted demo image and its staged digest), 5 phase cells and
-RANDOM_KILLS random kills, each a killed publish and its recovering rerun (about 2-3 s each).
+Bounded: one accepted report (the session's accepted demo image and its staged digest) and a copy of it as if
+accepted on a cluster (its .sqsh placed by publish), 6 phase cells and RANDOM_KILLS random kills, each a killed
+publish and its recovering rerun (about 2-3 s each).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import signal
@@ -18,16 +21,17 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from builder.core.imageref import ImageRef
-from builder.core.records import EngineFacts, Pulled
+from builder.core.records import EngineFacts, NodeFacts, Pulled, Report, SqshExport, SqshFacts
 from builder.engine.registry import Registry, split_repository
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
-from builder.release import attest, dsse, journal, referrers, verify
+from builder.release import attest, dsse, journal, publish, referrers, sqsh_layout, verify
 from builder.report import document as report_mod
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS
@@ -49,6 +53,7 @@ class Release:
     old: str  # the digest every tag serves before each trial
     new: str  # the accepted digest
     reg: Registry
+    cluster: Path  # the same report as if accepted on a cluster: publish places its .sqsh
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +87,33 @@ def release(demo_accepted: DemoAccepted, staged_demo: str,
     base_host_name, _, base_digest = str(pins.base.image).partition("@")
     body = reg.manifest_by_digest(split_repository(base_host_name)[1], base_digest)
     old = old_release(reg, name, split_repository(base_host_name)[1], body, tags)
-    yield Release(report_json, key, repository, name, tags, old, built.manifest_digest, reg)
+    cluster = cluster_report(report, release_pins, dsse.load_private(key), tmp / "cluster-run", tmp / "shared")
+    yield Release(report_json, key, repository, name, tags, old, built.manifest_digest, reg, cluster)
     journal.delete_with_referrers(reg, name, built.manifest_digest)
     reg.delete_manifest(name, old)
+
+
+def cluster_report(report: Report, pins: pins_mod.Pins, key: dsse.PrivateKey, run_dir: Path,
+                   shared: Path) -> Path:
+    """The report as if its gates had run on a cluster from a candidate .sqsh in `shared` (the bytes stand in for
+    a squashfs: placement moves and hashes them; test_cluster_publish places a real one), with its export record."""
+    shared.mkdir()
+    candidate = shared / "candidate.sqsh"
+    candidate.write_bytes(b"candidate .sqsh of the new release\n" * 4096)
+    sha = hashlib.sha256(candidate.read_bytes()).hexdigest()
+    record = SqshExport(path=str(candidate), sha256=sha, size=candidate.stat().st_size, compression="-noD",
+                        mksquashfs="test", mksquashfs_args=[], image_id=report.image_id, tag="candidate",
+                        registry_digest="not published", entries=0, files=0, xattrs=False, enroot_files={},
+                        equivalence="pass", smoke={}, seconds={}, created="")
+    candidate.with_name(candidate.name + ".json").write_text(record.model_dump_json())
+    assert report.acceptance is not None
+    facts = report.acceptance.container.model_copy(update={
+        "sqsh": SqshFacts(path=str(candidate), sha256=sha, image_id=report.image_id),
+        "nodes": [NodeFacts(name="n1", sqsh_sha256=sha)]})
+    report = report.model_copy(update={"acceptance": report.acceptance.model_copy(update={"container": facts})})
+    path = report_mod.write(report, run_dir)["json"]
+    attest.sign_acceptance(report, pins, key, run_dir)
+    return path
 
 
 def old_release(reg: Registry, name: str, base_name: str, body: bytes, tags: list[str]) -> str:
@@ -106,9 +135,9 @@ def reset(rel: Release) -> None:
                              if b"vnd.oci" in body[:200] else "application/vnd.docker.distribution.manifest.v2+json")
     journal.delete_with_referrers(rel.reg, rel.name, rel.new)
     assert rel.reg.tag_digest(rel.name, rel.new) is None
-    publish = report_mod.load(rel.report).publish
-    if publish is not None:  # the receipt of the previous trial goes: the report reads "not published" again
-        report_mod.write(report_mod.load(rel.report).model_copy(update={"publish": None}), rel.report.parent)
+    for path in (rel.report, rel.cluster):  # the receipt of the previous trial goes: "not published" again
+        if report_mod.load(path).publish is not None:
+            report_mod.write(report_mod.load(path).model_copy(update={"publish": None, "sqsh": None}), path.parent)
 
 
 def env(rel: Release, failpoint: str = "", hold: Path | None = None) -> dict[str, str]:
@@ -134,10 +163,11 @@ def check_invariant(rel: Release, when: str) -> dict[str, str | None]:
     return served
 
 
-def recovered(rel: Release, when: str) -> str:
+def recovered(rel: Release, when: str, report: Path | None = None) -> str:
     """The rerun: exit 0, one journal line (when a journal was left), a verified release, nothing left behind."""
     left = journal.read(rel.repository, SETTINGS)
-    rerun = subprocess.run([sys.executable, "-m", "builder", "publish", str(rel.report)], cwd=ROOT, env=env(rel),
+    report = report or rel.report
+    rerun = subprocess.run([sys.executable, "-m", "builder", "publish", str(report)], cwd=ROOT, env=env(rel),
                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert rerun.returncode == 0, f"{when}: {rerun.stderr[-3000:]}"
     lines = [ln for ln in rerun.stderr.splitlines() if "that a killed run began" in ln]
@@ -150,17 +180,19 @@ def recovered(rel: Release, when: str) -> str:
     outcome = verify.verify(f"{rel.repository}:{rel.tags[1]}", [dsse.load_public(rel.key.with_suffix(".pub"))],
                             SETTINGS)
     assert outcome.reference == f"{rel.repository}@{rel.new}"
-    published = report_mod.load(rel.report).publish
+    published = report_mod.load(report).publish
     assert published is not None and published.digest == rel.new, f"{when}: the report disagrees with the registry"
-    parts = [p.name for p in rel.report.parent.iterdir() if ".part" in p.name]
+    parts = [p.name for d in (report.parent, rel.cluster.parent.parent / "shared") for p in d.iterdir()
+             if ".part" in p.name]
     assert parts == [], parts
     return lines[0] if lines else ""
 
 
-def kill_at(rel: Release, failpoint: str, tmp_path: Path) -> str:
+def kill_at(rel: Release, failpoint: str, tmp_path: Path, report: Path | None = None) -> str:
     hold = tmp_path / "hold"
     hold.touch()
-    proc = subprocess.Popen([sys.executable, "-m", "builder", "publish", str(rel.report)], cwd=ROOT,
+    report = report or rel.report
+    proc = subprocess.Popen([sys.executable, "-m", "builder", "publish", str(report)], cwd=ROOT,
                             env=env(rel, failpoint, hold), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     seen = []
@@ -175,14 +207,14 @@ def kill_at(rel: Release, failpoint: str, tmp_path: Path) -> str:
     proc.wait(timeout=30)
     hold.unlink()
     check_invariant(rel, f"killed at {failpoint}")
-    return recovered(rel, failpoint)
+    return recovered(rel, failpoint, report)
 
 
-# fail point -> what the rerun must say it did
+# fail point -> what the rerun must say it did (before the tags: the key, pins and lock match, so it finishes)
 PHASES = {
-    "publish: manifest": "resumed",  # after the manifest PUT by digest, before any attestation
-    "publish: blob upload": "resumed",  # an upload session opened, its PUT not sent
-    "publish: artifact": "resumed",  # an attestation artifact pushed, its referrers index not yet
+    "publish: manifest": "finished",  # after the manifest PUT by digest, before any attestation
+    "publish: blob upload": "finished",  # an upload session opened, its PUT not sent
+    "publish: artifact": "finished",  # an attestation artifact pushed, its referrers index not yet
     "promote tag 1": "finished",  # the SHA tag moved, the moving tag not yet
     "publish: receipt": "finished",  # every tag moved, the receipt not written
 }
@@ -193,6 +225,74 @@ def test_kill_at_phase_boundary(release: Release, failpoint: str, tmp_path: Path
     reset(release)
     line = kill_at(release, failpoint, tmp_path)
     assert line.startswith(PHASES[failpoint]) or f" {PHASES[failpoint]} " in line, line
+
+
+def test_kill_before_the_sqsh_placement(release: Release, tmp_path: Path) -> None:
+    """A cluster-accepted publish killed after its receipt, before the .sqsh pointer flips: the pointer still names
+    the old release's .sqsh (no pointer at all would be as right); the rerun flips it onto the new file, which is
+    kept by its sha256 with a `.sha256` that agrees. Planted: the journal's recovery without the .sqsh step leaves
+    the pointer on the old file (the rerun's own placement is not reached: its journal line is asserted)."""
+    reset(release)
+    shared = release.cluster.parent.parent / "shared"
+    for path in shared.glob("sha256-*"):
+        path.unlink()
+    report = report_mod.load(release.cluster)
+    old_sha = hashlib.sha256(b"the old release's .sqsh\n").hexdigest()
+    old_blob, _ = sqsh_layout.keep(_part(shared, b"the old release's .sqsh\n"), old_sha)
+    pointer = sqsh_layout.pointer_path(shared, release.repository, report.name, release.tags[0], report.platform)
+    sqsh_layout.point(pointer, old_blob)
+    sqsh_layout.remember(SETTINGS, sqsh_layout.Pointer(pointer=str(pointer), repository=release.repository,
+                                                       tag=release.tags[0], platform=report.platform,
+                                                       digest=release.old, sha256=old_sha))
+    line = kill_at(release, "publish: sqsh", tmp_path, release.cluster)
+    assert line.startswith("finished") and line.endswith(".sqsh"), line
+    new = report_mod.load(release.cluster)
+    assert new.sqsh is not None and new.sqsh.registry_digest == release.new and new.sqsh.pointer == str(pointer)
+    target = sqsh_layout.target(pointer)
+    assert target is not None and target.name == f"sha256-{new.sqsh.sha256}.sqsh" and str(target) == new.sqsh.path
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == new.sqsh.sha256
+    assert sqsh_layout.sums_path(target).read_text() == f"{new.sqsh.sha256}  {target.name}\n"
+    assert {r.digest for r in sqsh_layout.records(SETTINGS) if r.pointer == str(pointer)} == {release.new}
+
+
+def _part(directory: Path, data: bytes) -> Path:
+    part = directory / f".old.{os.getpid()}.x.part"
+    part.write_bytes(data)
+    return part
+
+
+def test_before_the_tags_changed_pins_or_no_key_abandon(release: Release, tmp_path: Path) -> None:
+    """Killed after the manifest: with the report's pins edited since, or without the key that was attesting it,
+    the next command abandons it (the new digest deleted, the tags on the old one); with both at hand and
+    unchanged the phase cells above see it finished. Planted: a resume that skips trust.check finishes it."""
+    pins_path = Path(report_mod.load(release.report).sources.pins_path)
+    text = pins_path.read_text()
+    for case in ("pins", "key"):
+        reset(release)
+        hold = tmp_path / "hold"
+        hold.touch()
+        proc = subprocess.Popen([sys.executable, "-m", "builder", "publish", str(release.report)], cwd=ROOT,
+                                env=env(release, "publish: manifest", hold), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        assert proc.stderr is not None
+        for got in proc.stderr:
+            if got.startswith("failpoint publish: manifest"):
+                break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        hold.unlink()
+        key = None if case == "key" else dsse.load_private(release.key)
+        if case == "pins":
+            pins_path.write_text(text + "# edited after the run\n")
+        try:
+            line = journal.recover(release.repository, SETTINGS, release.reg, publish.receipt_after_kill,
+                                   partial(publish.resume, registry=release.reg, key=key, settings=SETTINGS))
+        finally:
+            pins_path.write_text(text)
+        assert line.startswith("abandoned") and ("pins_sha256" if case == "pins" else "not at hand") in line, line
+        assert release.reg.tag_digest(release.name, release.new) is None, line
+        assert all(release.reg.tag_digest(release.name, t) == release.old for t in release.tags)
+        assert journal.read(release.repository, SETTINGS) is None
 
 
 def test_abandoned_when_another_digest_publishes(release: Release, tmp_path: Path) -> None:

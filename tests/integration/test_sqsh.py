@@ -454,8 +454,10 @@ def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh: tuple[Path, SqshExport
     path, record = demo_sqsh
     rep = report.load(path)
     assert rep.sqsh == record and record.image_id == rep.image_id and record.tag == rep.tags[0]
-    out = Path(record.path)
-    assert out.name == f"demo+unified+{rep.tags[0]}.linux-amd64.sqsh" and out.stat().st_size == record.size
+    out, pointer = Path(record.path), Path(record.pointer)  # kept by its sha256, named per platform under the tag
+    assert out.name == f"sha256-{record.sha256}.sqsh" and out.stat().st_size == record.size
+    assert pointer.name == f"demo+unified+{rep.tags[0]}.linux-amd64.sqsh" and pointer.resolve() == out.resolve()
+    assert os.readlink(pointer) == out.name and pointer.parent == out.parent == path.parent
     check = subprocess.run(["sha256sum", "-c", out.name + ".sha256"], cwd=out.parent, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert record.equivalence == "pass" and record.files > 1000 and record.compression == FAST
@@ -551,7 +553,9 @@ def test_exporting_an_exported_digest_again_is_a_checked_cache_hit(demo_sqsh: tu
     path, record = demo_sqsh
     again = pipeline.export_sqsh(path, settings, squash_options=FAST, out=tmp_path / "again.sqsh")
     assert "cache hit" in again.seconds and again.sha256 == record.sha256 and again.image_id == record.image_id
-    assert (tmp_path / "again.sqsh.sha256").read_text() == f"{record.sha256}  again.sqsh\n"
+    kept = tmp_path / f"sha256-{record.sha256}.sqsh"  # copied here by digest, `again.sqsh` the pointer onto it
+    assert os.readlink(tmp_path / "again.sqsh") == kept.name and again.path == str(kept)
+    assert (tmp_path / f"{kept.name}.sha256").read_text() == f"{record.sha256}  {kept.name}\n"
     assert report.load(path).sqsh == again
     # an index entry of our own (another mksquashfs version string) on a copy: a hit while intact ...
     rep, copy = report.load(path), tmp_path / "copy.sqsh"
