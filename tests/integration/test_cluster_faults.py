@@ -2,7 +2,7 @@
 host binaries: its `python` is a shell script that sleeps $FAKE_SLEEP seconds (from the image's
 /etc/environment) and prints a passing result line. The fault table's rows run through the CLI in
 tests/integration/test_cluster_cli_faults.py; here: the record of a passing gate, node-local staging, a .sqsh changed
-after export, the facts as JSON, and read-only data mounts."""
+after export, a rank on another image, the facts as JSON, and read-only data mounts."""
 from __future__ import annotations
 
 import json
@@ -29,6 +29,12 @@ FAKE = """#!/bin/sh
 # python -m acceptance gate GATE --settings JSON
 sleep "${FAKE_SLEEP:-0}"
 echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"fake gate ran\\", \\"evidence\\": {}}"
+"""
+
+
+# like FAKE, and its census names the image it runs in (IMAGE: each tiny image its own)
+IMAGE_SAYS = """#!/bin/sh
+printf '{"name": "%s", "status": "pass", "reason": "ran", "evidence": {"census": {"image": "IMAGE"}}}\\n' "$4"
 """
 
 
@@ -155,6 +161,26 @@ def test_sqsh_changed_after_export_fails_the_gate(slurm_cluster: cluster.Cluster
     assert result.status == "fail" and ".sqsh sha256 on the node" in result.reason and recorded[:16] in result.reason
     assert result.reason.startswith("node n1")
     nothing_left(changed)
+
+
+def test_a_rank_on_another_image_fails_the_gate_naming_its_node(slurm_cluster: cluster.Cluster, pins: model.Pins,
+                                                                tmp_path: Path) -> None:
+    """A real two-node run in which n2 mounts another image: its node-local copy is replaced after the node check
+    hashed it (the window a stale or swapped copy would use). Rank 1's census names the other image; the gate fails
+    naming n2 (builder/cluster/runner.py _merge_roles; dropping its image comparison passes the gate, seen)."""
+    mine = tiny_sqsh(tmp_path / "a", 0, IMAGE_SAYS.replace("IMAGE", "sha256:" + "a" * 64))
+    theirs = tiny_sqsh(tmp_path / "b", 0, IMAGE_SAYS.replace("IMAGE", "sha256:" + "b" * 64))
+    r = runner(pins, mine, tmp_path / "shared", local=str(tmp_path / "nodes" / "%n"))
+    try:
+        r._allocate()  # the allocation and the check: each node's copy filled and hashed
+        shutil.copyfile(theirs, tmp_path / "nodes" / "n2" / f"{files.sha256_file(mine)}.sqsh")
+        result, _ = r.run("provenance", {"gate": "provenance"}, 60)
+    finally:
+        r.close()
+    assert result.status == "fail", (result.reason, result.log)
+    assert result.reason.startswith("node n2 (rank 1) runs image sha256:bbbbbbbbb..., rank 0 (n1) runs "
+                                    "sha256:aaaaaaaaa..."), result.reason
+    assert result.evidence.census["images"] == {"n2": "sha256:" + "b" * 64}
 
 
 def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins, images: dict[str, Path],
