@@ -27,11 +27,12 @@ from tests.integration.test_accept_checkpoint import (
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
 
-def slurm_checkpoint_pins(pins: Pins, model: Path, scratch: Path, shared: Path) -> Pins:
+def slurm_checkpoint_pins(pins: Pins, model: Path, scratch: Path, shared: Path, nodes: int = 1) -> Pins:
     """Docker's checkpoint pins (test_accept_checkpoint.checkpoint_pins), the same mount targets, and the cluster's
-    shared directory."""
+    shared directory; `nodes` 2: the rollout engine on n2, which mounts the model through its own overlay root too."""
     data = checkpoint_pins(pins, model, scratch).to_json_dict()
     data["acceptance"]["slurm"] = {"shared_dir": str(shared)}
+    data["acceptance"]["nodes"] = nodes
     return pins_mod.validate(data, pins.directory)
 
 
@@ -47,9 +48,13 @@ def test_checkpoint_mode_under_slurm_reads_the_model_read_only_and_catches_both_
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     ckpt = slurm_checkpoint_pins(pins, model_dir, scratch, cluster_images[1])
-    good = {g.name: g for g in run(ckpt, built.image_id, ["zero_update", "rl_step"]).gates}
+    # the passing run on two nodes (issue 46: accepted under --slurm with nodes: 2 as under Docker); the defects on one
+    two = slurm_checkpoint_pins(pins, model_dir, scratch, cluster_images[1], nodes=2)
+    good = {g.name: g for g in run(two, built.image_id, ["zero_update", "rl_step"]).gates}
     assert good["zero_update"].status == "pass" and good["rl_step"].status == "pass", \
         {n: g.reason for n, g in good.items()}
+    for gate in (good["zero_update"], good["rl_step"]):
+        assert sorted(k.split()[-1] for k in gate.evidence.rank_logs or {}) == ["n1", "n2"], gate.evidence.rank_logs
     assert (scratch / "rl_step" / "global_step_2" / "actor" / "huggingface" / "pytorch_model.bin").is_file()
     decay = {g.name: g for g in run(ckpt, build_variant("megatron", 23).image_id, ["zero_update"]).gates}
     assert decay["zero_update"].status == "fail"
