@@ -44,6 +44,8 @@ def run(pins: Pins, image_id: str, gates: list[str]) -> AcceptanceResult:
 def test_checkpoint_mode_under_slurm_reads_the_model_read_only_and_catches_both_defects(
         slurm_cluster: cluster.Cluster, demo_image: DemoImage, build_variant: BuildVariant,
         model_dir: Path, cluster_images: tuple[object, Path], tmp_path: Path) -> None:  # noqa: F811
+    """Over 60 s (84 s measured): four Slurm gate steps of the real demo image, each a PPO loop under ch-run, the
+    passing two across both nodes; the two planted defects are the ones issue 23/24 pins name."""
     pins, _, _, built = demo_image
     scratch = tmp_path / "scratch"
     scratch.mkdir()
