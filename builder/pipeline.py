@@ -572,27 +572,29 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     def probe(commits: dict[str, str], why: str) -> Step:
         pins = sides.candidate_pins(bad.pins, commits, out_dir)
         started = time.monotonic()
-        built = None
+        built, image_id = None, ""
         try:
             resolved = sources.resolve(pins, settings, flags.offline, bisect=True)
             rendered = render(pins, checked_lock(pins, resolved, settings), resolved, settings)
             built = build(rendered, settings, quiet=True, client=door.client())
-            image = built.image_id
+            image = image_id = built.image_id
             # only this bisect's own local name: the image may be another run's too (GOOD's commits are the demo's,
             # the same image ID), whose tags (release tags, other runs' builder-run/ names) are not ours to remove
             made.append(build_stage.local_tag(rendered, settings))
         except (BadInput, BuildFailed) as exc:
-            image = good.image_id if why == "GOOD" and good.image_id else ""  # GOOD's commits gone: its image
-            if not image or engine.image_id(door.client(), image) is None:
+            image = sides.stored_image(good, door.client()) if why == "GOOD" else ""  # GOOD's commits gone
+            if not image or not good.image_id:
                 return Step(commits, "skip", why, time.monotonic() - started, 0.0, "build",
                             str(exc).splitlines()[0][:300])
-            log.info(f"bisect: GOOD does not resolve or build ({str(exc)[:200]}): its stored image {image[:19]}")
+            image_id = good.image_id
+            log.info(f"bisect: GOOD does not resolve or build ({str(exc)[:200]}): its stored image {image[:19]}"
+                     f"{'' if image == image_id else ' (published; pulled by digest)'}")
             resolved = document.load(Path(good.label)).sources
         build_s, started = time.monotonic() - started, time.monotonic()
         plan = make_plan(pins, replace(flags, gates=gates or list(pins.acceptance.required_gates)), settings).acceptance
-        if isinstance(plan.place, SlurmPlace) and not sqsh_path(plan.place, image).exists():
-            exported.append(sqsh_path(plan.place, image))  # --slurm: the candidate's .sqsh is this bisect's too
-        result, verdict, tries = gated(lambda: runners.accept(plan, pins, image, image, settings, door.client()))
+        if isinstance(plan.place, SlurmPlace) and not sqsh_path(plan.place, image_id).exists():
+            exported.append(sqsh_path(plan.place, image_id))  # --slurm: the candidate's .sqsh is this bisect's too
+        result, verdict, tries = gated(lambda: runners.accept(plan, pins, image, image_id, settings, door.client()))
         failed = [g for g in result.gates if g.status == "fail"]
         inconclusive = [g for g in result.gates if g.status == "inconclusive"]
         report = document.make_report(pins, lock_record.of(pins), resolved, built, result)
@@ -631,6 +633,21 @@ def bisect_night(settings: Settings, name: str | None, night: str, which: str) -
     return sides.night(_history(settings), name, night, which)
 
 
+def _night_is_bad_step(good: Path, run_dir: Path, flipped: list[str], out: Path, run_id: str) -> None:
+    """The night's own run is the bisection's BAD check (the same commits, just accepted: its flipped gates
+    failed), written as the state file's first step: BAD is not built and gated again."""
+    from builder.bisect import answer as answers  # lazy: only nightly --bisect needs it
+    from builder.bisect.search import Step  # lazy: only nightly --bisect needs it
+
+    night = document.load(run_dir / "report.json")
+    first = next(g for g in night.gates if g.name == flipped[0])
+    step = Step({n: c.commit for n, c in night.sources.components.items()}, "bad", "BAD", gate=first.name,
+                reason=first.reason, run_dir=str(run_dir), failed=flipped)
+    out.mkdir(parents=True, exist_ok=True)
+    answers.save_state(out / answers.STATE, str(good), str(run_dir / "report.json"), run_id, [step])
+    log.info(f"nightly --bisect: BAD is this night's run ({first.name} failed): not built again")
+
+
 def _nightly_bisect(history: History, name: str, run_dir: Path, settings: Settings, plan: Plan) -> str:
     """`nightly --bisect`: bisect from the last accepted night to this one over the gates that flipped from pass
     to fail (into bisect/ beside the report); what it names, for the page and the message. A bisect that cannot
@@ -648,6 +665,7 @@ def _nightly_bisect(history: History, name: str, run_dir: Path, settings: Settin
         log.info("nightly --bisect: no gate flipped from pass to fail; nothing to bisect")
         return ""
     flags = Flags(gates=flipped, slurm=plan.acceptance.on_cluster, out=run_dir / page.BISECT)
+    _night_is_bad_step(Path(last.report_path), run_dir, flipped, run_dir / page.BISECT, settings.run_id)
     try:
         answer = bisect(Path(last.report_path), run_dir / "report.json", settings, flags)
     except BuilderError as exc:

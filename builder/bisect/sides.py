@@ -9,6 +9,7 @@ import yaml
 
 from builder.core import files as fs
 from builder.core.errors import BadInput
+from builder.engine import client as engine
 from builder.image.render import cache_scope
 from builder.nightly.history import History
 from builder.pins import model as pins_model
@@ -21,7 +22,8 @@ class Side:
     label: str                  # what the user named: a path, or "night <id> (<date>)"
     pins: Pins
     commits: dict[str, str]
-    image_id: str | None        # a report's image (kept for the record)
+    image_id: str | None        # a report's image: GOOD's stored image when its commits no longer resolve
+    published: str | None = None  # a report's published repository@digest: that image where the engine lost it
 
 
 def load(spec: Path, which: str) -> Side:
@@ -31,7 +33,9 @@ def load(spec: Path, which: str) -> Side:
     if spec.suffix == ".json":
         report = document.load(spec)
         pins = pins_model.load(Path(report.sources.pins_path))
-        return Side(str(spec), pins, {n: c.commit for n, c in report.sources.components.items()}, report.image_id)
+        published = f"{report.publish.repository}@{report.publish.digest}" if report.publish else None
+        return Side(str(spec), pins, {n: c.commit for n, c in report.sources.components.items()}, report.image_id,
+                    published)
     pins = pins_model.load(spec)
     return Side(str(spec), pins, {n: c.commit for n, c in pins.components.items()}, None)
 
@@ -52,6 +56,14 @@ def night(history: History, name: str | None, night_spec: str, which: str) -> Pa
         raise BadInput(f"{which}: night {run.id} ({run.started}) of {run.pins_name}: its report {run.report_path}"
                        " is gone")
     return Path(run.report_path)
+
+
+def stored_image(side: Side, client: engine.Client) -> str:
+    """Where a report's image is still to be had: its image ID in the engine, else its published digest (the
+    acceptance pulls it and checks the image ID), else "" (pins files have none)."""
+    if side.image_id and engine.image_id(client, side.image_id) is not None:
+        return side.image_id
+    return (side.published or "") if side.image_id else ""
 
 
 def differences(good: Side, bad: Side) -> list[str]:
