@@ -43,6 +43,7 @@ class TLS:
     verify: bool | str = True
     cert: tuple[str, str] | None = None
     insecure: bool = False
+    certs_d: str = "/etc/docker/certs.d"  # where the one-line TLS error says to put the host's CA
 
     @classmethod
     def for_host(cls, host: str, settings: Settings) -> TLS:
@@ -55,7 +56,7 @@ class TLS:
         certs = sorted(folder.glob("*.cert")) if folder.is_dir() else []
         cert = next(((str(c), str(c.with_suffix(".key"))) for c in certs if c.with_suffix(".key").is_file()), None)
         extra = cas + ([settings.ca_bundle] if settings.ca_bundle else [])
-        return cls(verify=_bundle(extra, settings) if extra else True, cert=cert)
+        return cls(verify=_bundle(extra, settings) if extra else True, cert=cert, certs_d=str(settings.certs_d))
 
 
 def _bundle(extra: list[Path], settings: Settings) -> str:
@@ -151,10 +152,11 @@ class Transport:
     def _tls_line(self, exc: Exception) -> str:
         text = str(exc)
         reason = re.search(r"certificate verify failed: ([^(')\"]+)", text)
-        why = reason.group(1).strip() if reason else "TLS handshake failed (is it HTTPS?)"
-        return (f"registry {self.host}: TLS certificate did not verify ({why}); put its CA in "
-                f"/etc/docker/certs.d/{self.host}/ca.crt (BUILDER_REGISTRY_CERTS_D) or BUILDER_REGISTRY_CA_BUNDLE, "
-                "or name the host in BUILDER_INSECURE_REGISTRIES")
+        what = f"TLS certificate did not verify ({reason.group(1).strip()})" if reason else \
+            "TLS handshake failed (not HTTPS?)"
+        return (f"registry {self.host}: {what}; put its CA in {self.tls.certs_d}/{self.host}/ca.crt "
+                "(BUILDER_REGISTRY_CERTS_D) or BUILDER_REGISTRY_CA_BUNDLE, or name the host in "
+                "BUILDER_INSECURE_REGISTRIES")
 
     # ---- credentials
 
@@ -209,9 +211,10 @@ class Transport:
             raise InfraError(f"registry {self.host}: token service {_where(realm)} unreachable "
                              f"({type(exc).__name__})") from None
         if resp.status_code != 200:
-            who = f"the credentials for {self.host}" if cred else f"no credentials for {self.host} (docker login {self.host})"
+            what = f"check the credentials for {self.host}" if cred else \
+                f"no credentials for {self.host}: docker login {self.host}"
             raise PublishError(f"registry {self.host}: token service {_where(realm)} refused "
-                               f"{scope or 'a token'} ({resp.status_code}); check {who}")
+                               f"{scope or 'a token'} ({resp.status_code}); {what}")
         try:
             doc = resp.json()
             token = str(doc.get("token") or doc.get("access_token") or "")
