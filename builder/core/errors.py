@@ -6,6 +6,9 @@ the CLI's entry (`builder.cli.main`), like cibuildwheel's errors module.
     4 Regression (nightly: accepted, a regression flag is up)   130 Interrupted (SIGINT / SIGTERM)
 
 A usage error is 2 (`USAGE`); a fleet exits with the most severe of its runs' codes (`SEVERITY`, `severest`).
+Registries (docs/registries.md): a refused credential or token (a wrong password, none, a pull-only token, a refused
+renewal) is PublishError, 1; a certificate that does not verify, a host neither HTTPS nor named insecure, or no answer
+is InfraError, 3.
 """
 from __future__ import annotations
 
