@@ -101,7 +101,7 @@ def recover(repository: str, settings: Settings, reg: Registry, receipt: Receipt
         cut = f"; deleted {dropped} attestation(s) no index listed" if dropped else ""
         line = (abandon(reg, name, journal, why + cut) if why else
                 f"finished the publish of {repository}@{journal.digest} that a killed run began before its tags "
-                f"(the key, the report's pins and lock still match{cut})")
+                f"({'the key at hand, ' if journal.signer else ''}the report's pins and lock still match{cut})")
     remove(repository, settings)
     log.info(line)
     return line
