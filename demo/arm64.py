@@ -26,12 +26,15 @@ from builder.core.errors import BuilderError, InfraError
 from builder.core.options import Settings
 from builder.core.safetext import fit
 from builder.engine import infra
+from builder.lock import record as lock_record
+from builder.pins import model as pins_model
 from builder.report import document
 from demo import baseimage, prepare
 from demo.make_stack import make_stack
 
 ARCH = "arm64"
 PLATFORM = f"linux/{ARCH}"
+REPOSITORY = "127.0.0.1:5000/demo/unified"  # pins/demo.yaml's image.repository
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 BINFMT_CONF = Path("/usr/lib/binfmt.d/qemu-aarch64.conf")  # qemu-user-static's entry (flags OPF)
 
@@ -54,31 +57,53 @@ def ensure_binfmt(settings: Settings) -> None:
     log.info(f"binfmt: registered qemu-aarch64 from {BINFMT_CONF}")
 
 
-def arm64_pins(settings: Settings, base_ref: str) -> Path:
-    """<cache>/demo/arm64/pins.yaml: the demo pins with the arm64 base, its platform, its own lock (written by
-    `builder lock` when missing or stale) and `provenance` as the only required gate."""
+def member_pins(settings: Settings, arch: str, base_ref: str) -> Path:
+    """<cache>/demo/<arch>/pins.yaml: the demo pins with `base_ref`, its platform and a lock of its own, written by
+    `builder lock` for that base. arm64 requires `provenance` only: emulated, the recipe gates read not_run."""
     def edit(data: dict[str, Any]) -> None:
         data["base"]["image"] = base_ref
-        data["base"]["platform"] = PLATFORM
-        data["build"]["lock"] = "locks/demo-arm64.lock"
-        data["acceptance"]["required_gates"] = ["provenance"]
+        data["base"]["platform"] = f"linux/{arch}"
+        data["build"]["lock"] = f"locks/demo-{arch}.lock"
+        if arch == ARCH:
+            data["acceptance"]["required_gates"] = ["provenance"]
+            data["acceptance"].pop("performance", None)  # pins naming acceptance.performance require that gate
 
-    out = settings.cache("demo", ARCH)
-    return prepare.variant_pins(out, edit=edit, lock=True)
+    return prepare.variant_pins(settings.cache("demo", arch), edit=edit, lock=True)
 
 
-def amd64_report(settings: Settings) -> Path | None:
-    """The newest ACCEPTED report of `make demo`'s pins (pins/demo.local.yaml, accepted under Docker), or None."""
+def demo_report(settings: Settings) -> Path | None:
+    """The newest ACCEPTED report of `make demo`'s pins as they are now (pins/demo.local.yaml) whose lock was made
+    for its base (an index member's must be), or None."""
+    if not prepare.LOCAL_PINS.exists():
+        return None
+    pins = pins_model.load(prepare.LOCAL_PINS)
+    if lock_record.of(pins).built_for.get("base") != pins.base.digest:
+        log.info(f"demo-arm64: {pins.lock_path()} was made for another base than {pins.base.digest[:19]}; the amd64"
+                 " member gets a lock of its own")
+        return None
+    return newest_report(settings, prepare.LOCAL_PINS, "linux/amd64", pins.sha256)
+
+
+def newest_report(settings: Settings, pins: Path, platform: str, pins_sha256: str | None = None) -> Path | None:
+    """The newest ACCEPTED report of these pins (as they are now, when `pins_sha256` is given) for `platform`."""
     for path in sorted(settings.cache("runs").glob("demo-true-on-policy-*/report.json"),
                        key=lambda p: p.stat().st_mtime, reverse=True):
         try:
             report = document.load(path)
         except BuilderError:
             continue
-        if report.verdict == "ACCEPTED" and report.platform == "linux/amd64" and \
-                report.sources.pins_path == str(prepare.LOCAL_PINS):
+        if report.verdict == "ACCEPTED" and report.platform == platform and report.sources.pins_path == str(pins) \
+                and pins_sha256 in (None, report.sources.pins_sha256):
             return path
     return None
+
+
+def run_member(settings: Settings, pins: Path, platform: str, key: Path) -> Path | None:
+    """`builder run` of one member's pins (build, stage, accept, report; no publish): its ACCEPTED report or None."""
+    with log.step(f"demo-arm64: builder run {platform}"):
+        if cli.run(["run", str(pins), "--key", str(key)]) != 0:
+            return None
+    return newest_report(settings, pins, platform)
 
 
 def main(argv: list[str]) -> int:
@@ -98,38 +123,28 @@ def main(argv: list[str]) -> int:
         with log.step("demo: stack repositories"):
             make_stack(prepare.STACK)
         with log.step("demo-arm64: pins and lock"):
-            pins = arm64_pins(settings, base_ref)
-        amd64 = amd64_report(settings)
+            pins = member_pins(settings, ARCH, base_ref)
+        amd64_pins = None
+        amd64 = demo_report(settings)
         if amd64 is None:
-            print("error: no ACCEPTED amd64 demo report in the cache; run `make demo` first", file=sys.stderr)
-            return 2
+            with log.step("demo-arm64: amd64 pins and lock"):
+                amd64_pins = member_pins(settings, "amd64", baseimage.ensure_base_image(settings))
+        key = prepare.signing_key(settings)
     except BuilderError as err:
         print(fit(f"error: {err}"), file=sys.stderr)
         return err.exit_code
-    key = prepare.signing_key(settings)
-    with log.step("demo-arm64: builder run"):
-        rc = cli.run(["run", str(pins), "--key", str(key)])
-    if rc != 0:
-        return rc
-    arm64 = newest_report(settings, pins)
+    arm64 = run_member(settings, pins, PLATFORM, key)
+    if amd64_pins is not None and arm64 is not None:
+        amd64 = run_member(settings, amd64_pins, "linux/amd64", key)
+    if arm64 is None or amd64 is None:
+        return 1
     with log.step("demo-arm64: builder publish"):
         rc = cli.run(["publish", str(amd64), str(arm64), "--key", str(key)])
-    if rc == 0:
-        for platform in ("linux/amd64", PLATFORM):
-            with log.step(f"demo-arm64: builder verify --platform {platform}"):
-                rc = rc or cli.run(["verify", "127.0.0.1:5000/demo/unified:demo", "--platform", platform,
-                                    "--key", f"{key}.pub"])
+    for platform in ("linux/amd64", PLATFORM) if rc == 0 else ():
+        with log.step(f"demo-arm64: builder verify --platform {platform}"):
+            rc = rc or cli.run(["verify", f"{REPOSITORY}:demo", "--platform", platform, "--key", f"{key}.pub"])
     log.info(f"demo-arm64: {time.monotonic() - started:.0f} s; amd64 {amd64}, arm64 {arm64}")
     return rc
-
-
-def newest_report(settings: Settings, pins: Path) -> Path:
-    """The report `builder run` just wrote for the arm64 pins (the newest of its name for that platform)."""
-    for path in sorted(settings.cache("runs").glob("demo-true-on-policy-*/report.json"),
-                       key=lambda p: p.stat().st_mtime, reverse=True):
-        if document.load(path).platform == PLATFORM:
-            return path
-    raise InfraError(f"{pins}: builder run wrote no {PLATFORM} report under {settings.cache('runs')}")
 
 
 if __name__ == "__main__":
