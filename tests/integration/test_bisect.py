@@ -1,9 +1,12 @@
 """`builder bisect` on the demo stack: tinyrl PR 42's series (s3 does not build, s5 plants the defect) named
-exactly under Docker, after an interrupt and a resume; nothing it built is left tagged; BAD passing is exit 1.
-One series, builds of the verl layer and after only (the other layers cached), only the zero_update gate.
+exactly under Docker, after an interrupt and a resume; nothing it built is left tagged. Then GOOD as a report whose
+commit no longer resolves: checked on its stored image, the force-push range said, --max-steps running out (exit
+1). One series, builds of the verl layer and after only (the other layers cached), only the zero_update gate.
+(BAD passing, exit 1: tests/unit/test_bisect_cases.py.)
 
-Over 60 s (57 s to 93 s on this shared 2-core host): seven builds of the verl layer and after (BAD, GOOD, four steps, BAD
-passing) and six zero_update runs are the fewest that show a skipped build, the exact commit and a resume."""
+Over 60 s (57 s to 131 s on this shared 2-core host, by its load): seven builds of the verl layer and after (BAD, GOOD, four
+steps, BAD again: cached) and seven zero_update runs are the fewest that show a skipped build, the exact commit, a
+resume and GOOD on its stored image."""
 from __future__ import annotations
 
 import json
@@ -20,7 +23,7 @@ import pytest
 from builder.core.options import Settings
 from builder.engine import client as engine
 from demo.prepare import variant_pins
-from tests.fixture_types import DockerClient
+from tests.fixture_types import DemoImage, DockerClient
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
@@ -42,8 +45,9 @@ def series(bad: Path) -> dict[str, str]:
     return {f"s{6 - i}": sha for i, sha in enumerate(shas)}
 
 
-def test_bisect_names_the_planted_commit_after_an_interrupt_and_resume(demo_pins: Path, tmp_path: Path,
-                                                                      docker_client: DockerClient) -> None:
+def test_bisect_names_the_planted_commit_after_an_interrupt_and_resume(demo_pins: Path, demo_image: DemoImage,
+                                                                      tmp_path: Path, docker_client: DockerClient
+                                                                      ) -> None:
     good = variant_pins(tmp_path / "good", pins_path=demo_pins)
     bad = variant_pins(tmp_path / "bad", "verl", 42, pins_path=demo_pins)
     out, log = tmp_path / "out", tmp_path / "first.log"
@@ -78,6 +82,20 @@ def test_bisect_names_the_planted_commit_after_an_interrupt_and_resume(demo_pins
     client = engine.connect(Settings.from_env())
     assert not [t for i in client.images.list() for t in i.tags if state["run_id"] in t]
 
-    same = subprocess.run(bisect_argv(good, good, tmp_path / "same"), cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert same.returncode == 1 and "BAD passes: nothing to bisect" in same.stderr
+    # GOOD as a report whose verl commit no longer resolves (gone from the mirror): checked on its stored image;
+    # the range is then BAD's PR commits since the merge-base, said; --max-steps 2 (BAD, GOOD) runs out: exit 1
+    good_step = next(st for st in state["steps"] if st["why"] == "GOOD")
+    report = json.loads((Path(good_step["run_dir"]) / "report.json").read_text())
+    report["sources"]["components"]["verl"]["commit"] = "0" * 40
+    report["image_id"] = demo_image[3].image_id  # GOOD's commits' image, kept (the step's went with its local name)
+    gone = tmp_path / "gone" / "report.json"
+    gone.parent.mkdir()
+    gone.write_text(json.dumps(report))
+    left = subprocess.run([*bisect_argv(gone, bad, tmp_path / "left")[:-2], "--max-steps", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert left.returncode == 1, left.stderr[-2000:]
+    assert f"its stored image {report['image_id'][:19]}" in left.stderr
+    assert "is not an ancestor of BAD's (a force-push?)" in left.stderr
+    assert "--max-steps 2: ran out; left: verl: first bad commit among" in left.stderr
+    steps = json.loads((tmp_path / "left" / "bisect-state.json").read_text())["steps"]
+    assert [(st["why"], st["verdict"]) for st in steps] == [("BAD", "bad"), ("GOOD", "good")]
