@@ -6,7 +6,13 @@ auth, plain), reached as registry.test through an /etc/hosts line added and remo
   registry to the htpasswd one, against `skopeo copy` of the same image between the same two registries when
   skopeo is installed (process start-up included), and the bytes a second copy moves (goal: 0).
 
-usage: python benchmarks/bench_registry.py [--mb 256] [--publishes 5]
+- with --demo-base REF (the demo's base, e.g. 127.0.0.1:5000/demo/base@sha256:...): the same copy of that base from
+  its plain loopback registry to the htpasswd one, against `skopeo copy` of it.
+
+The tool's copy is timed in-process (inside `builder run` it is one step of the staging push); skopeo's time
+includes its process start-up.
+
+usage: python benchmarks/bench_registry.py [--mb 256] [--publishes 5] [--demo-base REF]
 """
 from __future__ import annotations
 
@@ -50,10 +56,32 @@ def base_image(reg: Registry, mb: int) -> tuple[str, list[dict[str, object]]]:
     return "bench", [*layers, conf]
 
 
+def demo_base(ref: str, target: Registry, cert_dir: str, skopeo: str | None) -> dict[str, object]:
+    """The demo base (`host/name@digest` on a plain loopback registry) copied to `target` by the tool, then by
+    skopeo into another repository there; seconds and MB each."""
+    repository, digest = ref.split("@")
+    host, name = repository.split("/", 1)
+    source = Registry(host)
+    manifest = json.loads(source.manifest_by_digest(name, digest))
+    blobs = [*manifest["layers"], manifest["config"]]
+    began = time.monotonic()
+    moved = copy_blobs(source, name, target, "demo/rel-base", blobs)
+    out: dict[str, object] = {"demo_base_copy_s": round(time.monotonic() - began, 2),
+                              "demo_base_mb": moved["bytes"] >> 20}
+    if skopeo:
+        began = time.monotonic()
+        subprocess.run([skopeo, "copy", "--src-tls-verify=false", f"--dest-cert-dir={cert_dir}",
+                        f"--dest-creds={USER}:{PASSWORD}", f"docker://{ref}", f"docker://{target.host}/demo/skopeo-base:b"],
+                       check=True, capture_output=True)
+        out["demo_base_skopeo_copy_s"] = round(time.monotonic() - began, 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=256)
     parser.add_argument("--publishes", type=int, default=5)
+    parser.add_argument("--demo-base", default="", help="the demo base by digest, on a plain loopback registry")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench-registry-"))
     hosts, line = Path("/etc/hosts"), f"127.0.0.1 {NAME}  # builder bench {os.getpid()}\n"
@@ -87,6 +115,9 @@ def main() -> None:
             out["skopeo_copy_s"] = round(time.monotonic() - began, 2)
         else:
             out["skopeo_copy_s"] = "skopeo not installed"
+        if args.demo_base:
+            out.update(demo_base(args.demo_base, Registry.from_settings(basic, settings(world, basic)),
+                                 f"{world['certs_d']}/{basic}", skopeo))
         print(json.dumps({"mb": args.mb, **out}, indent=1))
     finally:
         for proc in procs:
