@@ -57,18 +57,21 @@ def ensure_binfmt(settings: Settings) -> None:
     log.info(f"binfmt: registered qemu-aarch64 from {BINFMT_CONF}")
 
 
-def member_pins(settings: Settings, arch: str, base_ref: str) -> Path:
-    """<cache>/demo/<arch>/pins.yaml: the demo pins with `base_ref`, its platform and a lock of its own, written by
-    `builder lock` for that base. arm64 requires `provenance` only: emulated, the recipe gates read not_run."""
-    def edit(data: dict[str, Any]) -> None:
-        data["base"]["image"] = base_ref
-        data["base"]["platform"] = f"linux/{arch}"
-        data["build"]["lock"] = f"locks/demo-{arch}.lock"
-        if arch == ARCH:
-            data["acceptance"]["required_gates"] = ["provenance"]
-            data["acceptance"].pop("performance", None)  # pins naming acceptance.performance require that gate
+def member_edit(data: dict[str, Any], arch: str, base_ref: str) -> None:
+    """The demo pins as one platform's member: `base_ref`, its platform, a lock path of its own; arm64 requires
+    `provenance` only (emulated, the recipe gates read not_run)."""
+    data["base"]["image"] = base_ref
+    data["base"]["platform"] = f"linux/{arch}"
+    data["build"]["lock"] = f"locks/demo-{arch}.lock"
+    if arch == ARCH:
+        data["acceptance"]["required_gates"] = ["provenance"]
+        data["acceptance"].pop("performance", None)  # pins naming acceptance.performance require that gate
 
-    return prepare.variant_pins(settings.cache("demo", arch), edit=edit, lock=True)
+
+def member_pins(settings: Settings, arch: str, base_ref: str) -> Path:
+    """<cache>/demo/<arch>/pins.yaml: member_edit's pins with a lock written by `builder lock` for that base."""
+    return prepare.variant_pins(settings.cache("demo", arch), edit=lambda data: member_edit(data, arch, base_ref),
+                                lock=True)
 
 
 def demo_report(settings: Settings) -> Path | None:
