@@ -6,6 +6,7 @@ Each refusal is one line naming the host, and nothing is published; an expired t
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -42,7 +43,7 @@ from builder.release import attest, dsse
 from builder.report import document
 from demo.prepare import variant_pins
 from tests.faultstack import REGISTRY_BIN, free_port, wait_for
-from tests.fixture_types import DemoImage
+from tests.fixture_types import DemoImage, DockerClient
 
 pytestmark = pytest.mark.docker  # real registry processes: one xdist group (release, tests/budget.py) for the /etc/hosts line
 NAME = "registry.test"
@@ -301,8 +302,8 @@ def config_only(world: dict[str, Any], docker: Path, auths: dict[str, tuple[str,
 
 
 @pytest.fixture(scope="module")
-def released(world: dict[str, Any], demo_image: DemoImage, tmp_path_factory: pytest.TempPathFactory
-             ) -> dict[str, Any]:
+def released(world: dict[str, Any], demo_image: DemoImage, docker_client: DockerClient,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """`builder run --publish` of the demo's build inputs to the TLS + token registry (b), the base on 127.0.0.1:5000,
     credentials only in config.json, an encrypted P-256 key: the build is the session's demo image (a cache hit),
     acceptance on the provenance gate alone (the gates' own tests are elsewhere)."""
@@ -320,8 +321,11 @@ def released(world: dict[str, Any], demo_image: DemoImage, tmp_path_factory: pyt
     env = config_only(world, folder / "docker", {host: (USER, PASSWORD)})
     started = time.monotonic()
     run = cli("run", str(pins), "--publish", "--key", str(key), "--out", str(folder / "run"), env=env)
-    return {"host": host, "pins": pins, "key": key, "public": public, "env": env, "docker": folder / "docker",
-            "run": run, "dir": folder / "run", "seconds": time.monotonic() - started}
+    yield {"host": host, "pins": pins, "key": key, "public": public, "env": env, "docker": folder / "docker",
+           "run": run, "dir": folder / "run", "seconds": time.monotonic() - started}
+    staged = f"{host}/demo/unified-staging@{demo_image[3].manifest_digest}"  # acceptance's pull named it so
+    with contextlib.suppress(Exception):  # the name only: the demo image keeps its tags
+        docker_client.api.remove_image(staged, noprune=True)
 
 
 def test_builder_run_publishes_through_tls_and_tokens_with_only_a_docker_config(
@@ -358,6 +362,8 @@ def case_report(released: dict[str, Any], folder: Path, repository: str, staged:
     """The run's ACCEPTED report again, for another release repository: a pins file of its own that names it, the
     run's build and acceptance (`staged`: the same digest in another registry's staging repository), the acceptance
     signed again by the run's key. Returns its report.json."""
+    assert released["run"].returncode == 0, released["run"].stderr[-2000:]  # the run's own test says more
+
     def edit(data: dict[str, Any]) -> None:
         data["image"]["repository"] = repository
 
