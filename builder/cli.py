@@ -342,7 +342,7 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
            require_all_keys: bool = typer.Option(False, "--require-all-keys",
                                                  help="each --key must have signed all three attestations"),
            platform: Optional[str] = typer.Option(None, "--platform", help="REFERENCE is a multi-arch index: "
-                                                  "verify its member for this os/arch[/variant] against that "
+                                                  "verify its member for this os/arch (/variant) against that "
                                                   "member's own acceptance"),
            ) -> None:
     """Check the attestations a trusted key signed for a published image; others are listed as untrusted.
