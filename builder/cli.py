@@ -33,7 +33,7 @@ Offline = typer.Option(False, "--offline", rich_help_panel="Sources",
 AllowMoved = typer.Option(False, "--allow-moved-pr", rich_help_panel="Sources",
                           help="accept a pinned commit the PR head moved past")
 SigningKey = typer.Option(None, "--key", rich_help_panel="Output",
-                          help="ed25519 private key (PEM) that signs the attestations "
+                          help="ed25519 or P-256 private key (PEM, maybe encrypted) that signs the attestations "
                                "(default: $BUILDER_SIGNING_KEY; none: publish without attestations)")
 EngineOpt = typer.Option(None, "--engine", rich_help_panel="Where the gates run",
                          help="run the gates on this Docker engine (unix://, tcp://, ssh://); it pulls the image by "
@@ -337,7 +337,8 @@ def keygen(private: Path = typer.Argument(..., help="private key file to write (
 
 @app.command()
 def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>, or REPOSITORY:TAG (resolved once)"),
-           key: list[Path] = typer.Option(..., "--key", help="trusted ed25519 public key (PEM); repeat for several "
+           key: list[Path] = typer.Option(..., "--key", help="trusted ed25519 or P-256 public key (PEM); repeat for "
+                                          "several "
                                           "(any of them trusted)"),
            require_all_keys: bool = typer.Option(False, "--require-all-keys",
                                                  help="each --key must have signed all three attestations"),
