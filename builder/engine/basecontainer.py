@@ -120,8 +120,8 @@ def tar_bytes(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> bytes:
 
 def pull_base(client: engine.Client, image: str, settings: Settings) -> bool:
     """Make the base `name@sha256:...` local: nothing when the engine has it, else pulled by digest (the engine
-    checks the content) with its own host's credentials only, the registry keychain's auth_config: never another
-    host's, never the SDK's own reading of config.json. False when the engine could not pull it."""
+    checks the content) with its own host's credentials only, the registry keychain's auth_config (BUILDER_REGISTRY_*
+    where they belong to that host, config.json, auth.json), never another host's. False when it could not."""
     if engine.inspect_image(client, image) is not None:
         return True
     host = ImageRef(image).registry or "docker.io"
