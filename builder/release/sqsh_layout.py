@@ -63,10 +63,10 @@ def pointer_path(directory: Path, repository: str, fallback: str, sha_tag: str, 
 
 def keep(part: Path, sha256: str) -> tuple[Path, bool]:
     """A checked part file kept by its sha256 beside it: its `.sha256` first, then the file; (the file, whether this
-    call put it there: one already kept under that name is the same bytes and stays)."""
+    call put it there: one already kept under that name stays when its bytes still hash to its name)."""
     blob = blob_path(part.parent, sha256)
     fs.write_atomic(sums_path(blob), f"{sha256}  {blob.name}\n")
-    if blob.is_file() and blob.stat().st_size == part.stat().st_size:
+    if blob.is_file() and blob.stat().st_size == part.stat().st_size and fs.sha256_file(blob) == sha256:
         part.unlink()
         return blob, False
     os.replace(part, blob)

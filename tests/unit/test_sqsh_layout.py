@@ -47,6 +47,8 @@ def test_names_carry_the_digest_and_the_platform(tmp_path: Path) -> None:
     assert (tmp_path / f"{blob.name}.sha256").read_text() == f"{sha}  {blob.name}\n"
     again, _ = kept(tmp_path, b"squashfs bytes")  # the same bytes kept again: one file, no part left
     assert again == blob and sorted(p.name for p in tmp_path.iterdir()) == [blob.name, blob.name + ".sha256"]
+    blob.write_bytes(b"squashfs BYTES")  # changed on disk, same size: keeping the checked bytes again replaces it
+    assert kept(tmp_path, b"squashfs bytes") == (blob, sha) and blob.read_bytes() == b"squashfs bytes"
 
 
 def test_a_reader_never_sees_a_missing_or_disagreeing_sqsh_while_the_pointer_flips(tmp_path: Path) -> None:
