@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import requests
+import urllib3
 
 from builder.core.errors import InfraError, PublishError
 from builder.core.options import Settings
@@ -97,6 +98,8 @@ class Transport:
         self.session.trust_env = False  # no proxies from the environment, no netrc
         self.session.verify = tls.verify
         self.session.cert = tls.cert
+        if tls.insecure:  # named insecure on purpose: no warning per request (Docker prints none either)
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
         self.secrets = credential.secrets() if credential else []
         self.challenge: dict[str, str] | None = None  # {"scheme": "bearer"|"basic", "realm", "service", ...}
         self.tokens: dict[str, tuple[str, float]] = {}  # scope -> (token, expires at)
