@@ -7,7 +7,8 @@ taking old_log_prob from the plain forward (zero_update differs). GOOD is the de
 at PR 90's head. It prints JSON: bisect's builds against the bound ceil(log2 N) + skipped + checks (GOOD and
 BAD; one moved component), the seconds per step (build, gates), the total, and the same range under
 `git bisect run` with a script that rewrites the pin, re-locks and runs `builder build` (any failure there: 125,
-skip), then `builder accept --gate zero_update` (NOT ACCEPTED: 1). Both run only the zero_update gate.
+skip), then `builder run` (NOT ACCEPTED: 1; any other failure: 125). Both run only the zero_update gate (bisect
+with --gate, the git bisect run script's pins with zero_update the only required gate).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from demo.prepare import add_pr_commit, prepare_demo, variant_pins  # noqa: E402
 
 PR = 90
 STEP_SCRIPT = """#!/bin/sh
-# one `git bisect run` step: the pin to HEAD, re-lock, build (125: skip), accept zero_update (1: bad)
+# one `git bisect run` step: the pin to HEAD, re-lock, build (125: skip), run (1: bad)
 set -u
 sha=$(git rev-parse HEAD)
 {python} - "$sha" <<'PY' || exit 125
@@ -42,14 +43,17 @@ data = yaml.safe_load(open(path))
 data["components"]["verl"]["commit"] = sys.argv[1]
 open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
 PY
+t0=$(date +%s.%N)
 {builder} lock {pins} --allow-moved-pr >/dev/null 2>&1 || exit 125
 {builder} build {pins} --allow-moved-pr --quiet >/dev/null 2>&1 || exit 125
+t1=$(date +%s.%N)
 rm -rf {out}
-{builder} accept {pins} --allow-moved-pr --gate zero_update --out {out} >/dev/null 2>&1
-[ -f {out}/report.json ] || exit 125
-# exit 1 (not accepted) also when zero_update passes: the other required gates did not run; judge by the gate
-{python} -c 'import json, sys; g = {{x["name"]: x["status"] for x in json.load(open(sys.argv[1]))["gates"]}}
-sys.exit(0 if g.get("zero_update") == "pass" else 1)' {out}/report.json
+{builder} run {pins} --allow-moved-pr --out {out} >/dev/null 2>&1
+code=$?
+echo "$sha $t0 $t1 $(date +%s.%N) $code" >> {times}
+# 0 ACCEPTED (good), 1 NOT ACCEPTED (bad); anything else (bad input, infrastructure) is no verdict: skip
+[ $code -le 1 ] && exit $code
+exit 125
 """
 
 
@@ -104,10 +108,16 @@ def main() -> int:
     subprocess.run(["git", "clone", "-q", str(bad_dir / "demo-stack" / "tinyrl.git"), str(tree)], check=True)
     subprocess.run(["git", "-C", str(tree), "fetch", "-q", "origin", f"refs/pull/{PR}/head"], check=True)
     pins = work / "git-bisect" / "pins.yaml"
-    variant_pins(pins.parent, pins_path=bad)
+    def only_zero_update(data: dict[str, object]) -> None:
+        acceptance = data["acceptance"]
+        assert isinstance(acceptance, dict)
+        acceptance["required_gates"] = ["zero_update"]  # `builder run`'s verdict is then the gate's
+        acceptance.pop("performance", None)
+
+    variant_pins(pins.parent, pins_path=bad, edit=only_zero_update)
     script = work / "step.sh"
     script.write_text(STEP_SCRIPT.format(python=ROOT / ".venv/bin/python", pins=pins, builder=ROOT / ".venv/bin/builder",
-                                         out=work / "git-bisect" / "run"))
+                                         out=work / "git-bisect" / "run", times=work / "git-bisect" / "times"))
     script.chmod(0o755)
     good_sha = yaml.safe_load(good.read_text())["components"]["verl"]["commit"]
     git = ["git", "-C", str(tree)]
@@ -121,6 +131,10 @@ def main() -> int:
     subprocess.run([*git, "bisect", "reset"], capture_output=True)
 
     n = len(shas)
+    times = (work / "git-bisect" / "times").read_text().split("\n") if (work / "git-bisect" / "times").is_file() else []
+    git_steps_s = [{"commit": f[0][:12], "lock_build_s": round(float(f[2]) - float(f[1]), 1),
+                    "run_s": round(float(f[3]) - float(f[2]), 1), "exit": int(f[4])}
+                   for f in (line.split() for line in times) if len(f) == 5]
     print(json.dumps({
         "range": n, "defect": shas[args.defect_at - 1],
         "bisect": {"exit": done.returncode, "said": (done.stdout.strip() or done.stderr.strip()[-300:]),
@@ -130,6 +144,7 @@ def main() -> int:
                    "steps": [{"why": s["why"], "verdict": s["verdict"], "build_s": round(s["build_s"], 1),
                               "gate_s": round(s["gate_s"], 1)} for s in steps]},
         "git_bisect_run": {"exit": run.returncode, "first_bad": named, "steps": git_steps, "total_s": round(git_s, 1),
+                           "per_step": git_steps_s,
                            "log": [line for line in git_log.splitlines() if not line.startswith("#")]},
     }, indent=2))
     return 0
