@@ -270,10 +270,27 @@ def resume_node(c: Cluster) -> None:
             _run(["scontrol", "update", f"nodename={node}", "state=resume"], c, "scontrol update state=resume")
 
 
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
+def mount_fusectl(mounts: Path = Path("/proc/mounts")) -> None:
+    """fusectl at /sys/fs/fuse/connections, as a site's node set-up mounts it (root only: never in a user namespace):
+    a gate task whose .sqsh mount lost its FUSE server aborts its own connection there, so that no process of it stays
+    in D state (builder/cluster/runtimes.py). Without it the task cannot: one line says so, the cluster still starts."""
+    if any(line.split()[2:3] == ["fusectl"] for line in mounts.read_text().splitlines()):
+        return
+    proc = subprocess.run(["mount", "-t", "fusectl", "fusectl", str(FUSECTL)], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        log.info(fit(f"local cluster: fusectl not mounted at {FUSECTL} ({proc.stderr.strip() or proc.returncode}): "
+                     "a gate whose FUSE server is killed can leave a process in D state"))
+
+
 def start(root: Path | None = None, settings: Settings | None = None) -> Cluster:
-    """Install what is missing, configure and start every daemon, then wait until the node is idle."""
+    """Install what is missing, mount fusectl, configure and start every daemon, then wait until the node is idle."""
     settings = settings or Settings.from_env()
     ensure_installed(settings)
+    mount_fusectl()
     c = Cluster((root or default_root(settings)).absolute())
     configure(c)
     for daemon in DAEMONS:

@@ -136,6 +136,9 @@ class SlurmRunner:
         ended = self._ended(record, name, timed_out, timeout_s, log_tail, facts)
         if ended is not None:
             return _with_logs(ended, logs), facts
+        gone = _fuse_gone(errs)
+        if gone:  # the task ended its own FUSE connection: the node's mount failed, not the image
+            return _with_logs(GateResult(name=gate, status="inconclusive", reason=gone, log=log_tail), logs), facts
         code = _exit_code(record.get("ExitCode"), rc)
         result = gate_runner.result_from_output(gate, code, outs[0], errs[0], False, timeout_s)
         return _with_logs(_merge_roles(result, [gate_runner.last_json(o) for o in outs[1:]], self.nodes), logs), facts
@@ -341,6 +344,14 @@ def _with_logs(result: GateResult, logs: dict[str, str]) -> GateResult:
     """The gate's result with every rank's log in its evidence (the report writes each to a file of its own)."""
     return result.model_copy(update={"evidence": Evidence.model_validate({**result.evidence.as_dict(),
                                                                          "rank_logs": logs})})
+
+
+def _fuse_gone(errs: list[str]) -> str:
+    """The tasks' lines saying the FUSE server of their .sqsh mount went away mid-gate (runtimes.FUSE_LINE), as one
+    reason; "" when none did."""
+    lines = [line[len(runtimes.FUSE_LINE):].strip() for err in errs for line in err.splitlines()
+             if line.startswith(runtimes.FUSE_LINE)]
+    return "; ".join(lines)
 
 
 def _text(path: Path) -> str:

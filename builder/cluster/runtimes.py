@@ -81,10 +81,12 @@ class Charliecloud:
         if targets:  # the inner shell runs in the new namespaces: the root with mount points, read-only binds, ch-run
             ro = "".join(f" && mount --bind {q(src)} {q(src)} && mount -o remount,bind,ro {q(src)}"
                          for src, _ in spec.mounts)
-            inner = f"rc=3; {overlay_root(spec.sqsh, targets)}{ro} && {{ {run}; rc=$?; }}; {UNMOUNT}; exit $rc"
+            inner = (f"rc=3; {overlay_root(spec.sqsh, targets)}{ro} && "
+                     f"{{ {run} & c=$!; {watch('squashfuse, pid $s')} & g=$!; wait $c; rc=$?; kill $g 2>/dev/null; "
+                     f'[ -e "$w/fuse-gone" ] && rc={FUSE_GONE}; }}; {UNMOUNT}; exit $rc')
             run = f"exec unshare --user --map-root-user --mount /bin/sh -c {q(inner)} gate \"$@\""
-        else:
-            run = f"exec {run}"
+        else:  # ch-run serves its own mount (libsquashfuse_ll): killed while its gate runs, it is the server gone
+            run = f"{run} & c=$!; {CHRUN_FUSE}; wait $c; rc=$?; {chrun_ended()}; exit $rc"
         cache = f'cache="{spec.cache}"; mkdir -p "$cache" || exit 3; export cache; ' if spec.cache else ""
         script = f'out="{spec.out_dir}"; mkdir -p "$out" || exit 3; export out; {cache}{run}'
         return ["/bin/sh", "-c", script, "gate", *spec.command]
@@ -141,6 +143,53 @@ class Enroot:
                 "image": "read-only (--container-readonly)", "executed": "no: not executed here (no pyxis/enroot)"}
 
 
+# A gate's .sqsh mount whose FUSE server is gone must not hang its node: a process waiting on a request the server
+# had read stays in D state (unkillable) for as long as any other process holds the connection's /dev/fuse. The task
+# ends its own connection through fusectl (/sys/fs/fuse/connections/N/abort, writable by the mount's owner; the
+# cluster's set-up mounts fusectl), says so on one line naming the node (the runner's inconclusive), and exits 75.
+FUSE_GONE = 75
+FUSE_LINE = "builder-fuse:"
+
+
+def alive(pid: str) -> str:
+    """Shell test: process `pid` (a shell word) runs (a zombie does not)."""
+    return f'[ -d /proc/{pid} ] && [ "$(cut -d " " -f 3 /proc/{pid}/stat 2>/dev/null)" != Z ]'
+
+
+# n: the connection (the mount's device minor) of ch-run's own mount, the last fuse mount of ch-run (pid $c), read
+# once it has forked the container (so after mounting); empty when ch-run ends first
+CHRUN_FUSE = (f'n=; i=0; while [ $i -lt 400 ] && {alive("$c")}; do '
+              'if [ -n "$(cat /proc/$c/task/$c/children 2>/dev/null)" ]; then '
+              'n=$(awk \'{ for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) ~ /^fuse(\\.|$)/) '
+              '{ split($3, d, ":"); m = d[2] } break } } END { print m }\' /proc/$c/mountinfo); break; fi; '
+              'i=$((i + 1)); sleep 0.05; done')
+# the overlay route: the connection of the squashfuse mount at "$w/img" (empty until mounted)
+IMG_DEV = 'awk -v m="$w/img" \'$5 == m { split($3, d, ":"); print d[2] }\' /proc/self/mountinfo'
+
+
+def abort(server: str) -> str:
+    """Shell: end FUSE connection $n, whose server (`server`, shell words) is gone, and say so on stderr."""
+    where = "/sys/fs/fuse/connections/$n"
+    return (f'if [ -e "{where}/abort" ]; then echo 1 > "{where}/abort"; how="FUSE connection $n aborted"; '
+            'else how="FUSE connection $n left as it is: fusectl is not mounted at /sys/fs/fuse/connections"; fi; '
+            f'echo "{FUSE_LINE} node $SLURMD_NODENAME: the FUSE server of the .sqsh mount ({server}) is gone while '
+            'the gate ran; $how" >&2')
+
+
+def chrun_ended() -> str:
+    """Shell after `wait $c` (rc): ch-run ended by a signal while its mount lives on (a process of the container
+    outlived its server): end the connection, exit 75. A ch-run that ended with its container leaves no connection."""
+    return (f'if [ $rc -gt 128 ] && [ -n "$n" ] && [ -d "/sys/fs/fuse/connections/$n" ]; then '
+            f'{abort("ch-run, pid $c, ended by signal $((rc - 128))")}; rc={FUSE_GONE}; fi')
+
+
+def watch(server: str) -> str:
+    """Shell (in the background beside ch-run, pid $c): once the server (pid $s) is gone while ch-run runs, end
+    connection $n and leave "$w/fuse-gone"."""
+    return (f"( while {alive('$s')}; do sleep 1; done; if {alive('$c')}; then {abort(server)}; "
+            ': > "$w/fuse-gone"; fi )')
+
+
 # the task's own mounts go before its namespace does: squashfuse exits once its mount is gone
 UNMOUNT = 'umount "$w/root" && umount "$w/img" && rm -rf "$w"'
 
@@ -149,10 +198,13 @@ def overlay_root(sqsh: str, targets: list[str]) -> str:
     """Shell (in the task's user and mount namespace) making "$w/root": the .sqsh mounted with squashfuse under a
     read-only overlayfs (unprivileged from Linux 5.11, no upper layer) whose first lower layer holds only the mount targets as
     empty directories. ch-run binds only onto directories the image has; this way a data mount's target (a site's
-    /models/...) exists without being added to the image, as pyxis/enroot create mount points."""
+    /models/...) exists without being added to the image, as pyxis/enroot create mount points.
+    squashfuse stays in the foreground, a child of the task (pid $s): Slurm ends it with the step, where a daemon
+    would outlive a killed task. $n: its FUSE connection (the mount's device minor), once mounted (10 s at most)."""
     points = " ".join(f'"$w/pts"{q(t)}' for t in targets)
-    return (f'w=$(mktemp -d) && mkdir -p "$w/img" "$w/root" {points} && squashfuse "{sqsh}" "$w/img" && '
-            'mount -t overlay overlay -o "lowerdir=$w/pts:$w/img" "$w/root"')
+    return (f'w=$(mktemp -d) && mkdir -p "$w/img" "$w/root" {points} && {{ squashfuse -f "{sqsh}" "$w/img" & s=$!; }} '
+            f'&& i=0 && while n=$({IMG_DEV}); [ -z "$n" ] && [ $i -lt 100 ] && {alive("$s")}; do i=$((i + 1)); '
+            'sleep 0.1; done && [ -n "$n" ] && mount -t overlay overlay -o "lowerdir=$w/pts:$w/img" "$w/root"')
 
 
 RUNTIMES: dict[str, type[Charliecloud] | type[Enroot]] = {"charliecloud": Charliecloud, "enroot": Enroot}

@@ -3,6 +3,7 @@ never executed), the acceptance.slurm pins section and the --slurm flags, checke
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,36 @@ def test_charliecloud_runs_the_sqsh_read_only_with_the_image_environment_and_one
     argv = runtimes.Charliecloud().argv(SPEC)
     assert argv[:2] == ["/bin/sh", "-c"] and argv[3] == "gate" and argv[4:] == SPEC.command
     script = argv[2]
-    assert 'exec ch-run --private-tmp --unset-env="*" --set-env="/shared/.runs/r/environment-n1"' in script
+    assert '; ch-run --private-tmp --unset-env="*" --set-env="/shared/.runs/r/environment-n1"' in script
+    assert '"/shared/img.sqsh" -- "$@" & c=$!; ' in script and "wait $c; rc=$?; " in script  # watched: FUSE below
     assert script.count("--bind") == 1 and '--bind="$out:/tmp/acceptance"' in script
     assert '"/shared/img.sqsh" -- "$@"' in script and "--write" not in script and "unshare" not in script
     assert 'SLURM_PROCID="$SLURM_PROCID"' in script and "SLURM_STEP_RESV_PORTS" in script
     assert runtimes.Charliecloud().srun_args(SPEC) == []
     assert runtimes.Charliecloud().isolation()["network"].startswith("host:")
+
+
+def test_a_task_ends_its_own_fuse_connection_once_the_server_is_gone() -> None:
+    """The task's watch over its .sqsh mount (tests/integration/test_cluster_fuse.py kills the server for real):
+    ch-run's own server, read from ch-run's mountinfo and judged by how ch-run ended; squashfuse's, watched while
+    ch-run runs; either way the connection is aborted through fusectl and one line names the node."""
+    plain = runtimes.Charliecloud().argv(SPEC)[2]
+    mounts = runtimes.Charliecloud().argv(runtimes.GateSpec(**{**SPEC.__dict__, "mounts": (("/m", "/data/m"),)}))[2]
+    for script in (plain, mounts):
+        assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+        assert 'echo 1 > "/sys/fs/fuse/connections/$n/abort"' in script.replace("'\\''", "'")
+        assert "builder-fuse: node $SLURMD_NODENAME: the FUSE server of the .sqsh mount (" in script
+        assert f"rc={runtimes.FUSE_GONE}" in script
+    assert "/proc/$c/mountinfo" in plain and '[ $rc -gt 128 ] && [ -n "$n" ] && [ -d "/sys/fs/fuse/connections/$n" ]' \
+        in plain
+    assert '{ squashfuse -f "/shared/img.sqsh" "$w/img" & s=$!; }' in mounts
+    assert "& g=$!; wait $c; rc=$?; kill $g 2>/dev/null;" in mounts
+    from builder.cluster.runner import _fuse_gone
+
+    line = "node n1: the FUSE server of the .sqsh mount (ch-run, pid 7, ended by signal 9) is gone while the gate " \
+           "ran; FUSE connection 42 aborted"
+    assert _fuse_gone([f"noise\n{runtimes.FUSE_LINE} {line}\n", ""]) == line
+    assert _fuse_gone(["a gate's own stderr", ""]) == ""
 
 
 def test_charliecloud_data_mounts_are_read_only_binds_in_a_namespace_of_the_task() -> None:

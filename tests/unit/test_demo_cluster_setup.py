@@ -4,6 +4,7 @@ with apt-get as `builder setup` installs Docker, with the same progress lines; w
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from builder.core.options import Settings
 from demo import cluster
@@ -59,3 +60,25 @@ def test_the_cluster_lives_under_the_builders_cache(tmp_path: Path) -> None:
     settings = Settings.from_env({"BUILDER_CACHE": str(tmp_path)})
     assert cluster.default_root(settings) == tmp_path / "cluster"
     assert Settings.from_env({}).cache_root == ROOT / ".cache"  # in a checkout: its .cache, as the README says
+
+
+def test_the_cluster_mounts_fusectl_once_and_says_so_when_it_cannot(tmp_path: Path, monkeypatch: Any,
+                                                                     capsys: Any) -> None:
+    """fusectl, where a gate task aborts its own FUSE connection (builder/cluster/runtimes.py): mounted once (not
+    again when /proc/mounts lists it); a mount that fails is one line and the cluster still starts."""
+    calls: list[list[str]] = []
+
+    def mount(argv: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 32, "", "mount: permission denied")
+
+    monkeypatch.setattr(subprocess, "run", mount)
+    mounts = tmp_path / "mounts"
+    mounts.write_text("sysfs /sys sysfs rw 0 0\nfusectl /sys/fs/fuse/connections fusectl rw 0 0\n")
+    cluster.mount_fusectl(mounts)
+    assert calls == []
+    mounts.write_text("sysfs /sys sysfs rw 0 0\n")
+    cluster.mount_fusectl(mounts)
+    assert calls == [["mount", "-t", "fusectl", "fusectl", "/sys/fs/fuse/connections"]]
+    said = capsys.readouterr()
+    assert "fusectl not mounted at /sys/fs/fuse/connections (mount: permission denied)" in said.out + said.err
