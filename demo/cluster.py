@@ -11,7 +11,8 @@ directory) behind `slurmdbd` so that `sacct` reads jobs and steps from Slurm's o
 (so the CPUs do not add up: docs/cluster.md says why that is harmless),
 `ProctrackType=proctrack/linuxproc`, `TaskPlugin=task/none`. Every daemon listens on 127.0.0.1 only
 (`CommunicationParameters=NoInAddrAny,NoCtldInAddrAny`; MariaDB `--bind-address`). Clients find it through
-`SLURM_CONF=DIR/etc/slurm.conf` (`env()`). `start` waits until the nodes are idle; `stop` ends the daemons it
+`SLURM_CONF=DIR/etc/slurm.conf` (`env()`). `start` also mounts fusectl (a gate task aborts its own FUSE connection there
+when its server is gone: builder/cluster/runtimes.py) and waits until the nodes are idle; `stop` ends the daemons it
 started (by their pid files) and leaves the state for the next start.
 """
 from __future__ import annotations
