@@ -145,3 +145,20 @@ def test_a_case_left_out_of_one_format_is_caught(report_inputs: MakeReportInputs
     ctrf = _ctrf(report)
     monkeypatch.undo()
     assert _junit(report) != ctrf
+
+
+def test_the_placement_statement_passes_the_in_toto_validators(report_inputs: MakeReportInputs) -> None:
+    """Valid on its own too: the in-toto Statement v1 and test-result v0.1 protos (strict), as tests/unit/test_attest.py
+    checks the acceptance statement; a number where a test name goes is refused."""
+    from google.protobuf import json_format
+    from in_toto_attestation.predicates.test_result.v0 import test_result_pb2
+    from in_toto_attestation.v1 import statement_pb2
+
+    report, _ = _report(report_inputs, sqsh=True)
+    stmt = attest.placement_statement(report)
+    assert stmt is not None
+    json_format.ParseDict(stmt, statement_pb2.Statement(), ignore_unknown_fields=False)
+    json_format.ParseDict(stmt["predicate"], test_result_pb2.TestResult(), ignore_unknown_fields=False)
+    stmt["predicate"]["warnedTests"] = [1]
+    with pytest.raises(json_format.ParseError):
+        json_format.ParseDict(stmt["predicate"], test_result_pb2.TestResult(), ignore_unknown_fields=False)
