@@ -563,7 +563,7 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     settings = replace(settings, run_id=run_id)
     if not state.is_file():  # the run id from the start: `builder gc` spares the directory while it is live
         answers.save_state(state, good.label, bad.label, run_id, [])
-    door, gates, made, exported = _Engine(settings), list(flags.gates), [], list[Path]()
+    door, gates, exported = _Engine(settings), list(flags.gates), list[Path]()
     if state.is_file() and not gates:  # resumed: BAD's failing gates from its saved step
         gates += next((s.get("failed", []) for s in json.loads(state.read_text())["steps"] if s["why"] == "BAD"), [])
     resolved_bad = sources.resolve(bad.pins, settings, bisect=True)
@@ -578,9 +578,6 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
             rendered = render(pins, checked_lock(pins, resolved, settings), resolved, settings)
             built = build(rendered, settings, quiet=True, client=door.client())
             image = image_id = built.image_id
-            # only this bisect's own local name: the image may be another run's too (GOOD's commits are the demo's,
-            # the same image ID), whose tags (release tags, other runs' builder-run/ names) are not ours to remove
-            made.append(build_stage.local_tag(rendered, settings))
         except (BadInput, BuildFailed) as exc:
             image = sides.stored_image(good, door.client()) if why == "GOOD" else ""  # GOOD's commits gone
             if not image or not good.image_id:
@@ -611,9 +608,14 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
         answer = session.run(good, bad, probe, lambda n: mirror.open_mirror(settings, bad.pins.component_url(n)),
                              heads, out_dir, run_id, max_steps)
     finally:
-        client = door.client() if made else None
-        for tag in made if client else []:
-            engine.untag(client, tag)
+        # every local name of this bisect's run (a killed earlier process's too), none other: the image may be
+        # another run's as well (GOOD's commits are the demo's), whose release tags and names are not ours
+        mine = f"{build_stage.LOCAL_REPOSITORY}/{run_id}"
+        try:
+            for tag in [t for i in engine.local_images(door.client(), mine) for t in i.tags if t.startswith(mine + ":")]:
+                engine.untag(door.client(), tag)
+        except InfraError as exc:  # the engine went away: the error that ended the bisect is the one to say
+            log.info(f"bisect: its local names {mine}:* stay ({exc.headline()}); builder gc removes them")
         for path in exported:  # the .sqsh exports it made (never one that was there before it)
             for each in (path, *(path.with_name(path.name + s) for s in (".json", ".sha256"))):
                 each.unlink(missing_ok=True)
@@ -665,7 +667,8 @@ def _nightly_bisect(history: History, name: str, run_dir: Path, settings: Settin
         log.info("nightly --bisect: no gate flipped from pass to fail; nothing to bisect")
         return ""
     flags = Flags(gates=flipped, slurm=plan.acceptance.on_cluster, out=run_dir / page.BISECT)
-    _night_is_bad_step(Path(last.report_path), run_dir, flipped, run_dir / page.BISECT, settings.run_id)
+    # a run id of its own: its candidates' local names (removed at its end) are not the night's
+    _night_is_bad_step(Path(last.report_path), run_dir, flipped, run_dir / page.BISECT, f"{settings.run_id}-bisect")
     try:
         answer = bisect(Path(last.report_path), run_dir / "report.json", settings, flags)
     except BuilderError as exc:

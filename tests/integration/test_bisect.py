@@ -1,5 +1,6 @@
 """`builder bisect` on the demo stack: tinyrl PR 42's series (s3 does not build, s5 plants the defect) named
-exactly under Docker, after an interrupt and a resume; nothing it built is left tagged. Then GOOD as a report whose
+exactly under Docker, after an interrupt (exit 130), a resume killed (SIGKILL) after one step and a second resume;
+nothing it built is left tagged, the killed process's names included. Then GOOD as a report whose
 commit no longer resolves: checked on its stored image, the force-push range said, --max-steps running out (exit
 1). One series, builds of the verl layer and after only (the other layers cached), only the zero_update gate.
 (BAD passing, exit 1: tests/unit/test_bisect_cases.py.)
@@ -24,6 +25,7 @@ from builder.core.options import Settings
 from builder.engine import client as engine
 from demo.prepare import variant_pins
 from tests.fixture_types import DemoImage, DockerClient
+from tests.shared import local_tags
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.docker
@@ -32,6 +34,21 @@ pytestmark = pytest.mark.docker
 def bisect_argv(good: Path, bad: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "builder.cli", "bisect", str(good), str(bad), "--gate", "zero_update",
             "--out", str(out), "--json", str(out / "answer.json")]
+
+
+def until_a_step(argv: list[str], log: Path, sig: signal.Signals) -> tuple[int, str]:
+    """Run a bisect until it prints a search step's line, then send it `sig`: (its exit code, its output)."""
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                # SIGINT at its default in the child: a job started in the background (nohup,
+                                # `cmd &` in a script, as CI runs) inherits it ignored, and Python then installs
+                                # no handler: the interrupt would be lost and the bisect run to its end
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 300
+        while "bisect: verl" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        proc.send_signal(sig)
+        return proc.wait(120), log.read_text()
 
 
 def series(bad: Path) -> dict[str, str]:
@@ -50,21 +67,18 @@ def test_bisect_names_the_planted_commit_after_an_interrupt_and_resume(demo_pins
                                                                       ) -> None:
     good = variant_pins(tmp_path / "good", pins_path=demo_pins)
     bad = variant_pins(tmp_path / "bad", "verl", 42, pins_path=demo_pins)
-    out, log = tmp_path / "out", tmp_path / "first.log"
-    with open(log, "w") as fh:
-        first = subprocess.Popen(bisect_argv(good, bad, out), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
-                                 # SIGINT at its default in the child: a job started in the background (nohup,
-                                 # `cmd &` in a script, as CI runs) inherits it ignored, and Python then installs
-                                 # no handler: the interrupt would be lost and the bisect run to its end
-                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        deadline = time.monotonic() + 300
-        while "bisect: verl" not in log.read_text() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        first.send_signal(signal.SIGINT)
-        assert first.wait(120) == 130, log.read_text()[-2000:]
+    out = tmp_path / "out"
+    first = until_a_step(bisect_argv(good, bad, out), tmp_path / "first.log", signal.SIGINT)
+    assert first[0] == 130, first[1][-2000:]
     state = json.loads((out / "bisect-state.json").read_text())
     done = len(state["steps"])
     assert done >= 3 and [s["why"] for s in state["steps"][:2]] == ["BAD", "GOOD"]
+    client = engine.connect(Settings.from_env())
+    # resumed, then killed (SIGKILL: no clean-up) after its next step: its local names stay until the next run
+    killed = until_a_step(bisect_argv(good, bad, out), tmp_path / "killed.log", signal.SIGKILL)
+    if killed[0] == -signal.SIGKILL:  # (not when the search had ended before the kill)
+        assert [t for t in local_tags(client) if state["run_id"] in t], killed[1][-2000:]
+        assert len(json.loads((out / "bisect-state.json").read_text())["steps"]) > done
 
     again = subprocess.run(bisect_argv(good, bad, out), cwd=ROOT, capture_output=True, text=True, timeout=600,
                            env=dict(os.environ))
@@ -79,8 +93,7 @@ def test_bisect_names_the_planted_commit_after_an_interrupt_and_resume(demo_pins
     assert f"first bad: verl {s['s5']}" in again.stdout
     assert "bisect: BAD" not in again.stderr  # resumed: the steps before the interrupt are not built again
     assert (out / "first-bad.yaml").is_file() and (Path(answer["replay"])).is_file()
-    client = engine.connect(Settings.from_env())
-    assert not [t for i in client.images.list() for t in i.tags if state["run_id"] in t]
+    assert not [t for t in local_tags(client) if state["run_id"] in t]  # the killed process's names too
 
     # GOOD as a report whose verl commit no longer resolves (gone from the mirror): checked on its stored image;
     # the range is then BAD's PR commits since the merge-base, said; --max-steps 2 (BAD, GOOD) runs out: exit 1

@@ -35,6 +35,7 @@ from demo.prepare import variant_pins
 from tests.fixture_types import MakeReportInputs
 from tests.history_nights import webhook
 from tests.integration.test_bisect import ROOT, series
+from tests.shared import local_tags
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
 
@@ -100,8 +101,8 @@ def test_nightly_bisect_under_slurm_names_the_planted_commit_on_the_page_and_in_
 
     client = engine.connect(Settings.from_env())
     state = json.loads((night / page.BISECT / "bisect-state.json").read_text())
-    tags = [t for i in client.api.images() for t in (i.get("RepoTags") or []) if state["run_id"] in t]
-    assert not [t for t in tags if s["s4"][:12] in t or s["s5"][:12] in t]  # the night's own local name stays
+    assert state["run_id"].endswith("-bisect")  # a run id of its own: its local names are not the night's
+    assert not [t for t in local_tags(client) if state["run_id"] in t]
     own = json.loads((night / "report.json").read_text())["acceptance"]["container"]["sqsh"]["path"]
     assert set(shared.glob("*.sqsh")) - sqsh_before <= {Path(own)}  # the night's own .sqsh only, none of bisect's
     for suffix in ("", ".json", ".sha256"):
