@@ -29,7 +29,7 @@ from builder.core.records import SqshExport
 from builder.engine import normalize
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
-from builder.release import sqsh
+from builder.release import attest, dsse, sqsh
 from builder.release import sqsh_rootfs as layers
 from builder.release import sqsh_smoke as smoke
 from builder.release import sqsh_trees as trees
@@ -441,12 +441,14 @@ def test_run_sqsh_without_publish_is_bad_input() -> None:
 @pytest.fixture(scope="module")
 def demo_sqsh(demo_accepted: DemoAccepted, docker_client: DockerClient, settings: Settings,
               tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SqshExport]:
-    """An ACCEPTED report of the demo image and its .sqsh export (fast lzo for CI)."""
+    """An ACCEPTED report of the demo image and its .sqsh export (fast lzo for CI), exported with a signing key (the
+    smoke's own signed test result, placement.dsse.json: the key pair sits beside the report as key, key.pub)."""
     pins, sources, built, acceptance = demo_accepted
     run = tmp_path_factory.mktemp("sqsh-run")
     path = report.write(report.make_report(pins, lock_record.of(pins), sources, built, acceptance), run)["json"]
     assert report.load(path).verdict == "ACCEPTED"
-    return path, pipeline.export_sqsh(path, settings, squash_options=FAST)
+    pipeline.keygen(run / "key")
+    return path, pipeline.export_sqsh(path, settings, squash_options=FAST, key=run / "key")
 
 
 @pytest.mark.docker
@@ -465,6 +467,10 @@ def test_demo_sqsh_recorded_checked_and_smoked(demo_sqsh: tuple[Path, SqshExport
     assert "-all-time" not in record.mksquashfs_args and "-no-xattrs" in record.mksquashfs_args
     assert record.mtimes == "layers"
     assert record.sha256 in (path.parent / "report.md").read_text()
+    envelope = json.loads((path.parent / attest.PLACEMENT_ENVELOPE).read_text())  # sqsh_smoke's signed result
+    stmt = dsse.open_envelope(envelope, dsse.load_public(path.parent / "key.pub"))
+    assert stmt["subject"] == [{"name": pointer.name, "digest": {"sha256": record.sha256}}]
+    assert stmt["predicate"]["result"] == "PASSED" and stmt["predicate"]["passedTests"] == ["sqsh_smoke"]
 
 
 def stale_pycs(root: Path) -> tuple[int, list[str]]:
