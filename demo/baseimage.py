@@ -5,7 +5,8 @@
        runs INSTALL: /opt/venv holding CPU torch 2.13.0 + deps + setuptools + wheel, installed offline
        (--no-index --require-hashes), bytecode compiled on every core, the wheelhouse deleted again
     -> `docker commit` with CONFIG (one layer: the venv; the wheels never were in a layer)
-    -> push 127.0.0.1:5000/demo/base:<recipe hash[:16]>  ->  127.0.0.1:5000/demo/base@sha256:...
+    -> push 127.0.0.1:5000/demo/base:<recipe hash[:16]> through the registry API, the layers compressed by pigz
+       (demo/basepush.py)  ->  127.0.0.1:5000/demo/base@sha256:...
 
 Wheels are downloaded on the host (`pip download`) into <cache>/wheels/base and pinned in
 a lock with our own sha256 of each file.  The recipe hash covers the debootstrap options, INSTALL,
@@ -26,6 +27,7 @@ import platform
 import shutil
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from builder.engine import client as engine
 from builder.engine import infra
 from builder.engine.registry import Registry
 from builder.lock import wheels
+from demo import basepush
 
 REPOSITORY = f"{infra.registry_url()}/demo/base"
 RECIPE_LABEL = "io.truepolicy.demo.base.recipe"
@@ -342,8 +345,10 @@ def _phases(output: str) -> dict[str, float]:
 
 
 def _venv_image(settings: Settings, client: Any, rootfs: str, lock_text: str, files: dict[str, Path], tag: str,
-                labels: dict[str, str], logfile: Path, arch: str | None = None) -> None:
-    """Run INSTALL in a network-none container of the rootfs and commit it as REPOSITORY:tag."""
+                labels: dict[str, str], logfile: Path, arch: str | None = None) -> threading.Thread:
+    """Run INSTALL in a network-none container of the rootfs and commit it as REPOSITORY:tag. The container's
+    removal (its copy of the venv deleted: 10 s and more on a loaded disk) runs on in the returned thread, beside
+    the push; a failure removes it before raising."""
     container = client.containers.create(rootfs, command=["/bin/sh", "-c", INSTALL], network_mode="none",
                                          user="0", working_dir="/",
                                          platform=None if arch is None else f"linux/{arch}")
@@ -370,9 +375,12 @@ def _venv_image(settings: Settings, client: Any, rootfs: str, lock_text: str, fi
         label_line = "LABEL " + " ".join(f"{json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items()))
         with log.step("base: venv: docker commit"):
             container.commit(repository=REPOSITORY, tag=tag, changes=[*CONFIG, label_line])
-    finally:
-        with log.step("base: venv: remove the container"):
-            container.remove(force=True)
+    except BaseException:
+        container.remove(force=True)
+        raise
+    remover = threading.Thread(target=container.remove, kwargs={"force": True}, name="base-venv-container-rm")
+    remover.start()
+    return remover
 
 
 def verify_from(settings: Settings, client: Any, ref: str) -> None:
@@ -423,19 +431,19 @@ def _ensure_base_image(settings: Settings, force: bool, arch: str | None = None)
     rootfs = _rootfs_image(settings, client, work, arch=arch)
     torch = _requirements(arch)[0][0].replace("torch==", "torch ").removesuffix("+cpu")
     with log.step("base: venv in a network-none container + commit"):
-        _venv_image(settings, client, rootfs, lock_text, files, tag,
+        remover = _venv_image(settings, client, rootfs, lock_text, files, tag,
                     {RECIPE_LABEL: recipe, "org.opencontainers.image.title": f"demo base ({torch} cpu)",
                      "io.truepolicy.demo.base.rootfs": rootfs}, logfile, arch)
     with log.step("base: push"):
-        _stream(client.api.push(REPOSITORY, tag=tag, stream=True, decode=True),
-                logfile, f"docker push {REPOSITORY}:{tag}", PublishError)
+        ref = basepush.push(client, settings, REPOSITORY, tag, work / "push")
         image = client.images.get(f"{REPOSITORY}:{tag}")
-        ref = _repo_digest(image)
         registry_digest = _registry_has(settings, REPOSITORY.split("/", 1)[1], tag)
-        if not ref or registry_digest != ref.split("@", 1)[1]:
+        if ref not in (image.attrs.get("RepoDigests") or []) or registry_digest != ref.split("@", 1)[1]:
             raise PublishError(f"{REPOSITORY}:{tag}: engine digest {ref} != registry digest {registry_digest}")
     with log.step("base: verify FROM digest (network none)"):
         verify_from(settings, client, ref)
+    with log.step("base: venv: the container removed (beside the push)"):
+        remover.join()
     size = image.attrs.get("Size")
     record = {"ref": ref, "tag": f"{REPOSITORY}:{tag}", "recipe": recipe, "image_id": image.id, "size": size,
               "rootfs": rootfs, "timings": {k: v for k, v in log.timings.items() if k.startswith("base:")}}

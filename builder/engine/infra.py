@@ -261,11 +261,12 @@ def ensure_tools(settings: Settings) -> Info:
 
 def missing_packages(engine_answers: bool) -> list[str]:
     """The Debian packages set-up would install, one apt-get round for all: the engine (unless one answers), the
-    registry, the host tools and debootstrap (the demo base's; a second round costs another `apt-get update`)."""
+    registry, the host tools, debootstrap and pigz (the demo base's build and push; a second round costs another
+    `apt-get update`)."""
     wanted = {"docker.io": engine_answers or shutil.which("dockerd"),
               "docker-registry": registry_answers() or Path(REGISTRY_BIN).exists(),
               "squashfs-tools": shutil.which("mksquashfs") and shutil.which("unsquashfs"),
-              "debootstrap": shutil.which("debootstrap")}
+              "debootstrap": shutil.which("debootstrap"), "pigz": shutil.which("pigz")}
     return [package for package, found in wanted.items() if not found]
 
 

@@ -1,4 +1,4 @@
-"""Set-up installs what is missing in one apt-get round (engine, registry, host tools, debootstrap), no Docker."""
+"""Set-up installs what is missing in one apt-get round (engine, registry, host tools, debootstrap, pigz), no Docker."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -22,7 +22,7 @@ def test_one_apt_round_installs_every_missing_package(monkeypatch: pytest.Monkey
     for name in ("ensure_engine", "ensure_registry", "ensure_tools"):
         monkeypatch.setattr(infra, name, lambda settings: {})
     infra.ensure_all(replace(Settings.from_env(), cache_root=tmp_path))
-    assert rounds == [("docker.io", "docker-registry", "squashfs-tools", "debootstrap")]
+    assert rounds == [("docker.io", "docker-registry", "squashfs-tools", "debootstrap", "pigz")]
 
 
 def test_an_answering_engine_needs_no_engine_package() -> None:
