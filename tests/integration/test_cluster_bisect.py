@@ -7,8 +7,8 @@ it exported is left.
 
 The last accepted night is written into the history, not run (a real report record from conftest report_inputs
 with the demo's commits and verl at s4, as tests/history_nights.py derives nights): the bisection checks GOOD by
-building and gating it like any step; BAD is the night's own run (not built again). Over 60 s (about 100 s here
-without other builds, 170 s under this host's load): the night's build, .sqsh and Slurm gate, then two bisect
+building and gating it like any step; BAD is the night's own run (not built again). Over 60 s (75 to 105 s here,
+168 s under this host's heaviest load): the night's build, .sqsh and Slurm gate, then two bisect
 builds, .sqsh exports and Slurm gates (GOOD, s5) are the fewest that show a search under Slurm from a nightly."""
 from __future__ import annotations
 
