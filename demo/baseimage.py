@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import tarfile
 import tempfile
 import threading
@@ -104,6 +105,7 @@ TARGET_PYTHON = "3.11"
 # ask for its nvidia-* wheels)
 FOREIGN_REQUIREMENTS = {"arm64": ["torch==2.10.0", *BASE_REQUIREMENTS[1:]]}
 HOST_ARCH = str(DEBOOTSTRAP["arch"])
+_LATER: list[threading.Thread] = []  # removals running beside the next steps, joined before the base is returned
 
 
 
@@ -257,19 +259,24 @@ def _rootfs_image(settings: Settings, client: Any, work: Path, mirror: str | Non
               every=settings.progress_every_s)
     if after:
         after(rootfs, logfile)
-    tar_path = work / "rootfs.tar"
     with log.step("base: normalise + import rootfs"):
         _normalise(rootfs)
-        commands.run_logged(["tar", "--sort=name", "--numeric-owner", f"--mtime=@{NORMALISE['mtime']}", "--clamp-mtime",
-              "-C", str(rootfs), "-cf", str(tar_path), "."], logfile, "tar rootfs", BuildFailed)
-        shutil.rmtree(rootfs)
         changes = [f"LABEL {ROOTFS_LABEL}={rhash}", "ENV LANG=C.UTF-8",
                    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["/bin/bash"]']
-        out = client.api.import_image_from_file(str(tar_path), repository=ROOTFS_REPOSITORY, tag=rhash[:16],
-                                                changes=changes)
-        tar_path.unlink()
+        # tar streams into the import (no 1 GB file written and read back); the tree is deleted beside the rest
+        with open(logfile, "ab") as err, subprocess.Popen(
+                ["tar", "--sort=name", "--numeric-owner", f"--mtime=@{NORMALISE['mtime']}", "--clamp-mtime",
+                 "-C", str(rootfs), "-cf", "-", "."], stdout=subprocess.PIPE, stderr=err) as tar:
+            stdout = tar.stdout
+            assert stdout is not None  # PIPE
+            out = client.api.import_image(src=iter(lambda: stdout.read(1 << 20), b""), stream_src=True,
+                                          repository=ROOTFS_REPOSITORY, tag=rhash[:16], changes=changes)
+        if tar.returncode != 0:
+            raise BuildFailed(f"tar rootfs: exited {tar.returncode} while streaming into docker import; see {logfile}")
         if "error" in str(out).lower() and not client.images.list(filters={"reference": tag}):
             raise BuildFailed(f"docker import: {str(out)[:300]}")
+        _LATER.append(threading.Thread(target=shutil.rmtree, args=(rootfs,), name="base-rootfs-rm"))
+        _LATER[-1].start()
     _set_arch(client, tag, arch, work)
     log.info(f"rootfs: imported {tag}")
     return tag
@@ -442,8 +449,10 @@ def _ensure_base_image(settings: Settings, force: bool, arch: str | None = None)
             raise PublishError(f"{REPOSITORY}:{tag}: engine digest {ref} != registry digest {registry_digest}")
     with log.step("base: verify FROM digest (network none)"):
         verify_from(settings, client, ref)
-    with log.step("base: venv: the container removed (beside the push)"):
-        remover.join()
+    with log.step("base: venv container and rootfs tree removed (beside the push)"):
+        for thread in [remover, *_LATER]:
+            thread.join()
+        _LATER.clear()
     size = image.attrs.get("Size")
     record = {"ref": ref, "tag": f"{REPOSITORY}:{tag}", "recipe": recipe, "image_id": image.id, "size": size,
               "rootfs": rootfs, "timings": {k: v for k, v in log.timings.items() if k.startswith("base:")}}
