@@ -4,7 +4,8 @@ A test is `slow` when marked so or when it uses a fixture that builds, accepts o
 (SLOW_FIXTURES): those are shared per session, so the first user pays. Each kind has a budget per
 test (setup + call + teardown); `make test` as a whole has SESSION_BUDGET_S. At the end pytest prints
 where the time went: per kind, the shared fixtures' set-ups, the slowest tests and every test over
-its budget (BUILDER_TEST_BUDGET=strict makes those a failure). `pytest -m "not slow"` is the quick loop.
+its budget, and every test over 60 s whose docstring does not say why (BUILDER_TEST_BUDGET=strict makes those a
+failure). `pytest -m "not slow"` is the quick loop.
 Under pytest-xdist the controller prints it: the per-kind seconds add up both workers, the session line is wall time.
 """
 import json
@@ -47,6 +48,9 @@ SESSION_BUDGET_S = 15 * 60
 _spent: dict[str, dict[str, float]] = {}  # nodeid -> {phase: seconds}
 _cpu: dict[str, dict[str, float]] = {}    # nodeid -> {phase: the host's busy CPU seconds}
 _kind: dict[str, str] = {}
+_said_why: dict[str, bool] = {}  # nodeid -> its docstring or its module's says "Over 60 s" and why
+LONG_S = 60.0  # a test that spends more must say why in its docstring (or its module's): "Over 60 s (...): ..."
+SLOWEST = 15
 _started = time.monotonic()
 
 
@@ -109,8 +113,15 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     return (yield from _host_cpu(item, "setup"))
 
 
+def says_why(item: pytest.Item) -> bool:
+    """The test's docstring, or its module's, explains a run over LONG_S ("Over 60 s ...")."""
+    docs = (getattr(getattr(item, "function", None), "__doc__", None), getattr(getattr(item, "module", None), "__doc__", None))
+    return any(doc and "over 60 s" in " ".join(doc.split()).lower() for doc in docs)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    item.user_properties.append(("says_why", says_why(item)))
     return (yield from _host_cpu(item, "call"))
 
 
@@ -126,6 +137,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     cpu = dict(report.user_properties).get(f"cpu_{report.when}")
     if isinstance(cpu, float):
         _cpu.setdefault(report.nodeid, {})[report.when] = cpu
+    if report.when == "call":
+        _said_why[report.nodeid] = dict(report.user_properties).get("says_why") is True
     _kind[report.nodeid] = "slow" if "slow" in report.keywords else "docker" if "docker" in report.keywords else "fast"
 
 
@@ -136,6 +149,13 @@ def over_budget() -> list[tuple[str, float, float]]:
         if took > budget:
             out.append((nodeid, took, budget))
     return sorted(out, key=lambda x: -x[1])
+
+
+def long_without_reason() -> list[tuple[str, float]]:
+    """Tests whose call (not the set-up, where the shared fixtures' first user builds them) passed LONG_S and whose
+    docstrings do not say why."""
+    return sorted(((n, p.get("call", 0.0)) for n, p in _spent.items()
+                   if p.get("call", 0.0) > LONG_S and not _said_why.get(n, False)), key=lambda x: -x[1])
 
 
 def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: pytest.Config) -> None:
@@ -158,12 +178,14 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: p
     setups = sorted(((p.get("setup", 0.0), n) for n, p in _spent.items() if p.get("setup", 0.0) > 5), reverse=True)
     for seconds, nodeid in setups[:8]:
         write(f"  set-up  {seconds:8.1f} s  {nodeid} (shared fixtures built here)")
-    slowest = sorted(((sum(p.values()), n) for n, p in _spent.items()), reverse=True)[:10]
+    slowest = sorted(((sum(p.values()), n) for n, p in _spent.items()), reverse=True)[:SLOWEST]
     for seconds, nodeid in slowest:
         write(f"  slowest {seconds:8.1f} s  {nodeid}")
     late = over_budget()
     for nodeid, took, budget in late:
         write(f"  OVER BUDGET {took:.1f} s > {budget:.0f} s: {nodeid}")
+    for nodeid, took in long_without_reason():
+        write(f"  NO REASON {took:.1f} s > {LONG_S:.0f} s and its docstring does not say why (\"Over 60 s ...\"): {nodeid}")
     busy, all_ticks = (now - then for now, then in zip(_cpu_ticks(), _cpu_start, strict=True))
     if all_ticks:
         write(f"  cpu      {100 * busy / all_ticks:8.1f} %  of the host's {os.cpu_count()} cores busy")
@@ -177,5 +199,5 @@ def pytest_terminal_summary(terminalreporter: object, exitstatus: int, config: p
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if os.environ.get("BUILDER_TEST_BUDGET") == "strict" and over_budget() and exitstatus == 0:
+    if os.environ.get("BUILDER_TEST_BUDGET") == "strict" and (over_budget() or long_without_reason()) and exitstatus == 0:
         session.exitstatus = 1

@@ -114,7 +114,8 @@ def test_bad_metrics_fail_zero_update(demo_image: DemoImage, build_variant: Buil
 def test_slow_batch_invariant_path_fails_performance(demo_image: DemoImage, build_variant: BuildVariant,
                                                      docker_client: DockerClient, run_id: str) -> None:
     """PR 14 recomputes the prefix at every decode step: still exact (the correctness gates pass), but the
-    aligned arm's median throughput falls under the pins' min_ratio."""
+    aligned arm's median throughput falls under the pins' min_ratio. Over 60 s under load (68 s in the last CI run):
+    the aligned arm is several times slower by design, and the gate runs at least its minimum pairs of it."""
     pins = demo_image[0]
     result = accept.accept(build_variant(*SLOW_EXACT_PATH).image_id, pins, SETTINGS, gates=["performance", "rl_step"],
                            run_id=run_id)

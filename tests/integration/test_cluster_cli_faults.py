@@ -307,7 +307,9 @@ def test_a_signal_while_salloc_is_pending_cancels_the_pending_job(world: World,
 
 def test_the_allocation_running_out_mid_gate_is_inconclusive(world: World, slurm_cluster: cluster.Cluster) -> None:
     """The site shortens the allocation (an admin's `scontrol update TimeLimit`): Slurm ends the job at its limit
-    while the gate still runs; the gate is inconclusive, naming the allocation, not the gate's own limit."""
+    while the gate still runs; the gate is inconclusive, naming the allocation, not the gate's own limit.
+    Over 60 s (76 s): Slurm's time limits are whole minutes and slurmctld checks them every 30 s (PERIODIC_TIMEOUT),
+    so the shortened allocation ends one to one and a half minutes in."""
     before, jobs = tag_digest("demo"), Jobs()
     during = when_gate_runs(lambda job: slurm.call(["scontrol", "update", f"jobid={job}", "TimeLimit=1"],
                                                    "scontrol update TimeLimit"))

@@ -8,7 +8,9 @@ journal, whose rerun finishes the tags: docs/release.md); no container left on t
 cache or the run directories; and the same command run again must succeed. The table of every cell is
 written to $BUILDER_FAULT_TABLE (default: fault-matrix.md in the pytest base temp directory).
 
-Bounded: 53 cells; each run waits at most RUN_TIMEOUT_S, a rerun at most RERUN_TIMEOUT_S.
+Bounded: 53 cells; each run waits at most RUN_TIMEOUT_S, a rerun at most RERUN_TIMEOUT_S. Over 60 s for a few
+cells under load (the export cells: the run and its rerun each unpack the 1.3 GB image and squash it; the stack's
+set-up builds the demo cold on its own engine).
 """
 from __future__ import annotations
 

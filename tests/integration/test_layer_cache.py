@@ -127,7 +127,8 @@ def test_a_newer_verl_commit_changes_only_verls_layers(demo_image: DemoImage, tm
 def test_another_pins_files_layers_on_the_same_base_never_break_this_runs_cache(demo_image: DemoImage, tmp_path: Path) -> None:
     """Pins B (another name, another verl) built with no cache after A: its ENV/COPY layers are identical
     to A's and newer, which the engine prefers as cache parent. With the per-pins cache key A still hits
-    every step and gets the same digest; with B under A's name (planted: one key) A's verl step misses."""
+    every step and gets the same digest; with B under A's name (planted: one key) A's verl step misses.
+    Over 60 s under load (74 s in the last CI run): B's build runs every step, which is the point."""
     from demo.prepare import variant_pins
 
     pins, _, _, built = demo_image

@@ -142,6 +142,8 @@ def test_planted_tamper_fails_naming_the_check(world: dict[str, Any], case: str,
 
 
 def test_nightly_follows_a_new_pr_commit_then_says_no_change(world: dict[str, Any]) -> None:
+    """Over 60 s under load (73 s in the last CI run): two nightlies, the first with a new verl commit (its layers
+    built, three gates, a signed publish), the second with none (the same image: nothing built or attested again)."""
     out, pins, reg, name = world["out"], world["pins"], world["reg"], world["name"]
     # planted: the last accepted run had a far better throughput ratio -> regression flag, exit 4
     first = out / "run1" / "report.json"

@@ -32,6 +32,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_demo_gates_run_on_the_second_engine(demo_image: DemoImage, staged_demo: str, second_engine: Engine,
                                              docker_client: DockerClient, tmp_path: Path) -> None:
+    """Over 60 s under load (79 s in the last CI run): the second dockerd pulls the staged image (every layer, the
+    torch one included) and runs the demo's gates there, each in a fresh container."""
     pins_path = variant_pins(tmp_path / "pins", edit=without_performance, pins_path=Path(demo_image[1].pins_path))
     built = demo_image[3]
     other = docker.DockerClient(base_url=second_engine.url, timeout=600)
