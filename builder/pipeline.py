@@ -545,12 +545,10 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     `flags.gates`), and removed at the end. The state file in the bisect directory makes a rerun resume."""
     import hashlib  # lazy: only bisect needs it
 
-    from builder.accept.plan import SlurmPlace  # lazy: only bisect needs it
     from builder.accept.plan import make as make_plan  # lazy: only bisect needs it
     from builder.bisect import answer as answers  # lazy: only bisect needs it
     from builder.bisect import session, sides  # lazy: only bisect needs it
     from builder.bisect.search import Step, gated  # lazy: only bisect needs it
-    from builder.cluster.accept import sqsh_path  # lazy: only bisect needs it
     from builder.core.errors import BuildFailed  # lazy: only bisect needs it
     from builder.sources import mirror  # lazy: only bisect needs it
 
@@ -589,8 +587,7 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
             resolved = document.load(Path(good.label)).sources
         build_s, started = time.monotonic() - started, time.monotonic()
         plan = make_plan(pins, replace(flags, gates=gates or list(pins.acceptance.required_gates)), settings).acceptance
-        if isinstance(plan.place, SlurmPlace) and not sqsh_path(plan.place, image_id).exists():
-            exported.append(sqsh_path(plan.place, image_id))  # --slurm: the candidate's .sqsh is this bisect's too
+        exported.extend(runners.new_exports(plan, image_id))  # --slurm: the candidate's .sqsh is this bisect's too
         result, verdict, tries = gated(lambda: runners.accept(plan, pins, image, image_id, settings, door.client()))
         failed = [g for g in result.gates if g.status == "fail"]
         inconclusive = [g for g in result.gates if g.status == "inconclusive"]

@@ -4,6 +4,7 @@ never learn which one ran; the runner describes itself in the report's typed `Ru
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from builder.accept import docker_runner, gates
@@ -50,6 +51,14 @@ def accept(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None
     """Open the plan's runner and run its gates; the runner is closed at the end, also on error or interrupt."""
     runner, image_id, pulled = open_runner(plan, pins, image, expected_id, settings, client)
     return gates.accept_with(runner, image_id, plan, pins, pulled)
+
+
+def new_exports(plan: AcceptancePlan, image_id: str) -> list[Path]:
+    """The files the plan's runner would make for this image that are not there yet (a Slurm runner's candidate
+    .sqsh), for a caller that removes what it made at its end (bisect)."""
+    if isinstance(plan.place, SlurmPlace) and not cluster.sqsh_path(plan.place, image_id).exists():
+        return [cluster.sqsh_path(plan.place, image_id)]
+    return []
 
 
 def replay_plan(report: Report, pins: Pins, settings: Settings, slurm: bool | None) -> AcceptancePlan:
