@@ -447,6 +447,7 @@ def _ensure_base_image(settings: Settings, force: bool, arch: str | None = None)
         registry_digest = _registry_has(settings, REPOSITORY.split("/", 1)[1], tag)
         if ref not in (image.attrs.get("RepoDigests") or []) or registry_digest != ref.split("@", 1)[1]:
             raise PublishError(f"{REPOSITORY}:{tag}: engine digest {ref} != registry digest {registry_digest}")
+    basepush.behind(settings, image.id, infra.registry_url())  # runs on beside the build that follows
     with log.step("base: verify FROM digest (network none)"):
         verify_from(settings, client, ref)
     with log.step("base: venv container and rootfs tree removed (beside the push)"):
