@@ -30,15 +30,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from builder.accept import gates, plan  # noqa: E402
-from builder.accept.docker_runner import DockerRunner  # noqa: E402
-from builder.cluster import accept as cluster_accept  # noqa: E402
-from builder.cluster import slurm as client_calls  # noqa: E402
-from builder.cluster.runner import SlurmRunner  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.core.records import SqshFacts  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.pins import model  # noqa: E402
 from builder.release import sqsh  # noqa: E402
+from builder.runners import slurm as client_calls  # noqa: E402
+from builder.runners import slurm_candidate as cluster_accept  # noqa: E402
+from builder.runners.docker_runner import DockerRunner  # noqa: E402
+from builder.runners.slurm_runner import SlurmRunner  # noqa: E402
 from demo import cluster  # noqa: E402
 
 

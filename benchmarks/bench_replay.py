@@ -21,7 +21,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder.accept import gates as accept  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.core.records import BuiltImage, ResolvedSources  # noqa: E402
 from builder.image import build, render  # noqa: E402
@@ -29,6 +28,7 @@ from builder.lock import record as lock_record  # noqa: E402
 from builder.pins import model as pins_mod  # noqa: E402
 from builder.pins.model import Pins  # noqa: E402
 from builder.report import document  # noqa: E402
+from builder.runners import factory as runners  # noqa: E402
 from builder.sources import resolve as sources  # noqa: E402
 from demo.prepare import prepare_demo, variant_pins  # noqa: E402
 
@@ -61,7 +61,7 @@ def main() -> int:
         gate_runs = []
         for _ in range(args.repeats):  # the host is shared: every figure is a median of repeats
             start = time.monotonic()
-            result = accept.accept(bad.image_id, pins, SETTINGS, gates=["zero_update"])
+            result = runners.gate_local_image(bad.image_id, pins, SETTINGS, gates=["zero_update"])
             gate_runs.append(round(time.monotonic() - start, 2))
         gate_s = statistics.median(gate_runs)
         gate = next(g for g in result.gates if g.name == "zero_update")

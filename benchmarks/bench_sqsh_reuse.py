@@ -25,6 +25,7 @@ from builder.core import files as fs  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.release import sqsh, trust  # noqa: E402
 from builder.report import document  # noqa: E402
+from builder.runners import sqsh_smoke  # noqa: E402
 
 
 def export(report_json: Path, settings: Settings, out: Path, options: str | None, smoke: bool) -> tuple[float, dict[str, float]]:
@@ -32,7 +33,8 @@ def export(report_json: Path, settings: Settings, out: Path, options: str | None
     checked = trust.check(report, str(report_json))
     pins = checked[0] if checked else None
     start = time.monotonic()
-    record = sqsh.export(report, report_json, pins, settings, out=out, squash_options=options, smoke=smoke)
+    record = sqsh.export(report, report_json, pins, settings, out=out, squash_options=options,
+                         smoke=sqsh_smoke.provenance_on_rootfs if smoke else None)
     return time.monotonic() - start, record.seconds
 
 

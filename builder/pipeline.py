@@ -46,6 +46,7 @@ from builder.report import document
 from builder.report import html as report_page
 from builder.report.ctrf import to_ctrf
 from builder.runners import factory as runners
+from builder.runners import sqsh_smoke
 from builder.sources import resolve as sources
 
 
@@ -188,7 +189,7 @@ def _accept(pins: Pins, plan: Plan, settings: Settings, door: _Engine) -> Run:
             built = built.model_copy(update={"staged": staged})
             image = str(staged)
     with log.step("acceptance"):
-        result = runners.accept(plan.acceptance, pins, image, built.image_id if built else None, settings, client)
+        result = runners.gate_image(plan.acceptance, pins, image, built.image_id if built else None, settings, client)
     report = document.make_report(pins, lock, resolved, built, result,
                                   image_manifest=image_manifest(client, result.image_id))
     run_dir = run_directory(plan.out, pins.name, settings)
@@ -285,7 +286,8 @@ def export_sqsh(report_json: Path, settings: Settings, out: Path | None = None,
         checked = trust.check(report, str(report_json))
         pins = checked[0] if checked else None
         record = sqsh.export(report, report_json, pins, settings, out=out, client=client,
-                             squash_options=squash_options, smoke=smoke)
+                             squash_options=squash_options,
+                             smoke=sqsh_smoke.provenance_on_rootfs if smoke else None)
         if signing is not None:
             attest.sign_placement(document.load(report_json), signing, report_json.parent)
         return record
@@ -588,7 +590,7 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
         build_s, started = time.monotonic() - started, time.monotonic()
         plan = make_plan(pins, replace(flags, gates=gates or list(pins.acceptance.required_gates)), settings).acceptance
         exported.extend(runners.new_exports(plan, image_id))  # --slurm: the candidate's .sqsh is this bisect's too
-        result, verdict, tries = gated(lambda: runners.accept(plan, pins, image, image_id, settings, door.client()))
+        result, verdict, tries = gated(lambda: runners.gate_image(plan, pins, image, image_id, settings, door.client()))
         failed = [g for g in result.gates if g.status == "fail"]
         inconclusive = [g for g in result.gates if g.status == "inconclusive"]
         report = document.make_report(pins, lock_record.of(pins), resolved, built, result)

@@ -12,7 +12,7 @@ directory) behind `slurmdbd` so that `sacct` reads jobs and steps from Slurm's o
 `ProctrackType=proctrack/linuxproc`, `TaskPlugin=task/none`. Every daemon listens on 127.0.0.1 only
 (`CommunicationParameters=NoInAddrAny,NoCtldInAddrAny`; MariaDB `--bind-address`). Clients find it through
 `SLURM_CONF=DIR/etc/slurm.conf` (`env()`). `start` also mounts fusectl (a gate task aborts its own FUSE connection there
-when its server is gone: builder/cluster/runtimes.py) and waits until the nodes are idle; `stop` ends the daemons it
+when its server is gone: builder/runners/slurm_runtimes.py) and waits until the nodes are idle; `stop` ends the daemons it
 started (by their pid files) and leaves the state for the next start.
 """
 from __future__ import annotations
@@ -277,7 +277,7 @@ FUSECTL = Path("/sys/fs/fuse/connections")
 def mount_fusectl(mounts: Path = Path("/proc/mounts")) -> None:
     """fusectl at /sys/fs/fuse/connections, as a site's node set-up mounts it (root only: never in a user namespace):
     a gate task whose .sqsh mount lost its FUSE server aborts its own connection there, so that no process of it stays
-    in D state (builder/cluster/runtimes.py). Without it the task cannot: one line says so, the cluster still starts."""
+    in D state (builder/runners/slurm_runtimes.py). Without it the task cannot: one line says so, the cluster still starts."""
     if any(line.split()[2:3] == ["fusectl"] for line in mounts.read_text().splitlines()):
         return
     proc = subprocess.run(["mount", "-t", "fusectl", "fusectl", str(FUSECTL)], capture_output=True, text=True,

@@ -351,11 +351,11 @@ def build_variant(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 @pytest.fixture(scope="session")
 def demo_accepted(demo_image: DemoImage, tmp_path_factory: pytest.TempPathFactory) -> DemoAccepted:
     """(pins, sources, built, AcceptanceResult) of all four gates run on the demo image."""
-    from builder.accept import gates as accept
+    from builder.runners import factory as runners
 
     pins, resolved, _, built = demo_image
     return once(tmp_path_factory, "demo_accepted",
-                lambda: (pins, resolved, built, accept.accept(built.image_id, pins, SETTINGS)))
+                lambda: (pins, resolved, built, runners.gate_local_image(built.image_id, pins, SETTINGS)))
 
 
 # ---- a second Docker engine (tests/engines.py), shared by every test that needs one
@@ -421,11 +421,11 @@ def run_id(docker_client: DockerClient) -> Iterator[str]:
     """The label value of one test's acceptance containers; all of them are gone afterwards."""
     import uuid
 
-    from builder.accept import gates as accept
+    from builder.runners import docker_runner
 
     value = f"test-{uuid.uuid4().hex[:10]}"
     yield value
-    left = accept.leftover_containers(docker_client, value)
+    left = docker_runner.leftover_containers(docker_client, value)
     for container_id in left:
         docker_client.api.remove_container(container_id, force=True)
     assert left == [], "acceptance containers left behind"

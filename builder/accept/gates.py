@@ -1,28 +1,19 @@
-"""Host side of acceptance: the gate loop over a GateRunner (builder/accept/runner.py: one fresh container
-per gate, wherever it runs) driven by the acceptance plan (builder/accept/plan.py), the performance gate's
-interleaved repeats, and the Docker convenience `accept` for a local image. The loop never learns which runner
-ran the gates (builder/runners/factory.py opens it)."""
+"""Host side of acceptance: the gate loop `run_gates` over a GateRunner (builder/accept/runner.py: one fresh
+container per gate, wherever it runs) driven by the acceptance plan (builder/accept/plan.py), and the performance
+gate's interleaved repeats. The loop never learns which runner ran the gates (builder/runners/factory.py opens it)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from acceptance import perf as perf_rule
-from builder.accept import docker_runner
-from builder.accept.docker_runner import LABEL, TMPFS, DockerRunner, leftover_containers
-from builder.accept.plan import AcceptancePlan, Flags
-from builder.accept.plan import make as make_plan
+from builder.accept.plan import AcceptancePlan
 from builder.accept.runner import GateRunner
 from builder.core import log
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import MANIFEST
-from builder.core.options import Settings
 from builder.core.records import AcceptanceResult, Evidence, GateResult, Pulled, RunnerFacts
-from builder.engine import client as engine
 from builder.pins.model import Pins
-
-__all__ = ["LABEL", "TMPFS", "DockerRunner", "leftover_containers", "accept", "accept_with"]
 
 
 def gate_settings(pins: Pins, gate: str) -> dict[str, Any]:
@@ -107,7 +98,7 @@ def throughput(gates: list[GateResult], metric: str) -> dict[str, Any]:
     return {"metric": metric, "aligned": aligned, "control": control, "ratio": ratio}
 
 
-def accept_with(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pins,
+def run_gates(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pins,
                 pulled: Pulled | None = None) -> AcceptanceResult:
     """Run the plan's gates through `runner`, each in a fresh container with its own limit; the others are
     not_run with the plan's reason. The runner is closed at the end, also on error or interrupt."""
@@ -143,11 +134,3 @@ def accept_with(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: P
     return AcceptanceResult(image_id=image_id, container=container, gates=results, environment=environment,
                             throughput=throughput(results, pins.acceptance.metrics.throughput), pulled=pulled)
 
-
-def accept(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] | None = None,
-           timeout_s: int | None = None, run_id: str | None = None) -> AcceptanceResult:
-    """The Docker convenience (tests, benchmarks): the selected gates (default: the pins' required gates) in fresh
-    containers of a local image on the settings' engine, every container labelled io.truepolicy.acceptance=<run_id>."""
-    plan = make_plan(pins, Flags(image=image_id, gates=list(gates or ()), timeout_s=timeout_s), settings).acceptance
-    runner, full_id = docker_runner.for_image(engine.connect(settings), pins, image_id, run_id)
-    return accept_with(runner, full_id, plan, pins)

@@ -1,5 +1,5 @@
 """Where gates run: one small interface, two implementations (the Docker engine here, Slurm with an HPC
-container runtime in builder/cluster). The accept stage drives a GateRunner and never learns which one ran.
+container runtime, both in builder/runners/). The gate loop drives a GateRunner and never learns which one ran.
 
 Every call runs `<python> -m acceptance gate <gate> --settings <json>` in a fresh container of the candidate
 image (read-only; nothing carries over between calls but the gate's own output directory); the gate's

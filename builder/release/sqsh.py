@@ -43,11 +43,13 @@ from builder.core.records import Report, SqshExport
 from builder.engine import client as engine
 from builder.engine import normalize
 from builder.pins.model import Pins
-from builder.release import publish, sqsh_layout, sqsh_smoke
+from builder.release import publish, sqsh_layout
 from builder.release import sqsh_rootfs as layers
 from builder.release import sqsh_trees as kept
 from builder.release.sqsh_rootfs import Entry
 from builder.report import document as report_mod
+
+Smoke = Callable[[Pins, Path], dict[str, Any]]  # a gate on the unpacked tree: {status, reason, ...}
 
 ENROOT_FILES = ("etc/environment", "etc/fstab", "etc/rc", "etc/rc.local")
 RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
@@ -292,9 +294,10 @@ def _drop(snap: list[Path], rootfs: Path | None) -> None:
 
 
 def export(report: Report, report_path: Path, pins: Pins | None, settings: Settings, out: Path | None = None,
-           client: Any = None, squash_options: str | None = None, smoke: bool = True) -> SqshExport:
+           client: Any = None, squash_options: str | None = None, smoke: Smoke | None = None) -> SqshExport:
     """Write the .sqsh of an ACCEPTED report's image, check it, smoke it, record it in the report.
-    `pins`: what `trust.check` re-read and checked against the report."""
+    `pins`: what `trust.check` re-read and checked against the report. `smoke`: the gate on the unpacked tree
+    (builder/runners/sqsh_smoke.py, passed in by the use case); None: not smoked (--no-smoke)."""
     if report.verdict != "ACCEPTED":
         raise NotAccepted(f"{report_path}: verdict is {report.verdict}; only an ACCEPTED image is exported")
     publish.check_accepted(report, str(report_path))  # and the gates must support the verdict
@@ -306,7 +309,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     if os.geteuid() != 0:
         raise InfraError("export-sqsh: must run as root (owners and modes of the image are kept)")
     version = _run([tools()["mksquashfs"], "-version"], "mksquashfs -version").splitlines()[0]
-    hit = cached_export(settings, report, out, squash_options, version, smoke)
+    hit = cached_export(settings, report, out, squash_options, version, smoke is not None)
     if hit is not None:
         report = report.model_copy(update={"sqsh": hit})
         report_mod.write(report, report_path.parent)
@@ -316,11 +319,12 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     client = client or engine.connect(settings)  # `builder export-sqsh` itself: its one connect, after the refusals
 
     def smoked(made: Made) -> dict[str, Any]:
+        assert smoke is not None
         if pins is None:
             raise NotAccepted(f"{report_path}: no pins checked against the report for the smoke")
         assert made.readback is not None  # _write keeps the unpacked copy for a check
         with _timed(made.times, "smoke: provenance gate"):
-            result = sqsh_smoke.provenance_on_rootfs(pins, made.readback)
+            result = smoke(pins, made.readback)
         if result["status"] != "pass":
             raise NotAccepted(f"{out}: provenance gate on the .sqsh contents: {result['status']}: {result['reason']}")
         return result
@@ -328,7 +332,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
     with log.step("sqsh: base layers"):  # the engine's one use in a warm export (its layers come from the store)
         base = base_layers(client, report.base_image)
     made, digest, result = _write(client, report.image_id, out, squash_options, settings, base,
-                                  smoked if smoke else None, by_digest=True)
+                                  smoked if smoke is not None else None, by_digest=True)
     result = result or {"status": "not_run", "reason": "not asked (--no-smoke)"}
     record = _record(made, sqsh_layout.blob_path(out.parent, digest), digest, squash_options, version,
                      report.image_id, tag=report.tags[0],
@@ -336,7 +340,7 @@ def export(report: Report, report_path: Path, pins: Pins | None, settings: Setti
                      seconds=made.times).model_copy(update={"pointer": str(out)})
     report = report.model_copy(update={"sqsh": record})
     report_mod.write(report, report_path.parent)
-    remember(settings, record, smoke)
+    remember(settings, record, smoke is not None)
     follows(settings, report, out, digest)
     log.info(f".sqsh {out} -> {Path(record.path).name} ({record.size / 1e6:.1f} MB, {squash_options}); "
              f"registry {record.registry_digest}; tag {record.tag}")

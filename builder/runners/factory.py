@@ -1,17 +1,17 @@
 """The one place that turns an `AcceptancePlan`'s place into a GateRunner: the Docker engine of the build (or
-another engine, pulled by digest), or a Slurm cluster from the candidate's .sqsh. The use cases call `accept` and
+another engine, pulled by digest), or a Slurm cluster from the candidate's .sqsh. The use cases call `gate_image` and
 never learn which one ran; the runner describes itself in the report's typed `RunnerFacts`."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from builder.accept import docker_runner, gates
+from builder.accept import gates
 from builder.accept.plan import AcceptancePlan, DockerPlace, Flags, SlurmPlace
 from builder.accept.plan import make as make_plan
 from builder.accept.runner import GateRunner
-from builder.cluster import accept as cluster
 from builder.core import log
 from builder.core.imageref import by_digest
 from builder.core.options import Settings
@@ -20,6 +20,8 @@ from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
 from builder.pins.model import Pins
+from builder.runners import docker_runner
+from builder.runners import slurm_candidate as cluster
 
 
 def _docker(place: DockerPlace, pins: Pins, image: str, expected_id: str | None, settings: Settings,
@@ -42,15 +44,24 @@ def open_runner(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str |
     """(the runner, the image ID its gates run, what was pulled by digest) for the plan's place. `run_id` labels
     a Docker runner's containers (default: a fresh one)."""
     if isinstance(plan.place, SlurmPlace):
-        return cluster.open_runner(plan, pins, image, expected_id, settings, client)
+        return cluster.open_slurm_runner(plan, pins, image, expected_id, settings, client)
     return _docker(plan.place, pins, image, expected_id, settings, client, run_id)
 
 
-def accept(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
-           client: Client) -> AcceptanceResult:
-    """Open the plan's runner and run its gates; the runner is closed at the end, also on error or interrupt."""
-    runner, image_id, pulled = open_runner(plan, pins, image, expected_id, settings, client)
-    return gates.accept_with(runner, image_id, plan, pins, pulled)
+def gate_image(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
+               client: Client, run_id: str | None = None) -> AcceptanceResult:
+    """Open the plan's runner and run its gates (the gate loop, builder/accept/gates.py); the runner is closed at
+    the end, also on error or interrupt."""
+    runner, image_id, pulled = open_runner(plan, pins, image, expected_id, settings, client, run_id)
+    return gates.run_gates(runner, image_id, plan, pins, pulled)
+
+
+def gate_local_image(image_id: str, pins: Pins, settings: Settings, gates: Sequence[str] | None = None,
+                     timeout_s: int | None = None, run_id: str | None = None) -> AcceptanceResult:
+    """The selected gates (default: the pins' required gates) of a local image on the settings' engine, through
+    the same door (tests, benchmarks); every container labelled io.truepolicy.acceptance=<run_id>."""
+    plan = make_plan(pins, Flags(image=image_id, gates=list(gates or ()), timeout_s=timeout_s), settings).acceptance
+    return gate_image(plan, pins, image_id, None, settings, engine.connect(settings), run_id)
 
 
 def new_exports(plan: AcceptancePlan, image_id: str) -> list[Path]:

@@ -9,12 +9,13 @@ from typing import Any, TypeVar
 import pytest
 from pydantic import BaseModel
 
-from builder.accept import gates as accept
 from builder.core.constants import GATES
 from builder.core.options import Settings
 from builder.core.records import AcceptanceResult, GateResult
 from builder.lock import record as lock_record
 from builder.pins.model import Mount
+from builder.runners import docker_runner
+from builder.runners import factory as runners
 from tests.defects import BATCH_INVARIANCE_OFF, REASONS, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
 from tests.fixture_types import BuildVariant, DemoAccepted, DemoImage, DockerClient
 
@@ -70,8 +71,8 @@ def test_clean_demo_stack_passes_every_gate(demo_accepted: DemoAccepted) -> None
 def test_batch_invariance_off_fails_zero_update(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient,
                                                 run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant(*BATCH_INVARIANCE_OFF).image_id, pins, SETTINGS, gates=["zero_update"],
-                           run_id=run_id)
+    result = runners.gate_local_image(build_variant(*BATCH_INVARIANCE_OFF).image_id, pins, SETTINGS, gates=["zero_update"],
+                                      run_id=run_id)
     gates = _gates(result)
     assert gates["zero_update"].status == "fail"
     assert REASONS[BATCH_INVARIANCE_OFF][1] in gates["zero_update"].reason
@@ -81,8 +82,8 @@ def test_batch_invariance_off_fails_zero_update(demo_image: DemoImage, build_var
 def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image: DemoImage, build_variant: BuildVariant,
                                                                 docker_client: DockerClient, run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant(*SKIPPED_WEIGHT_RELOAD).image_id, pins, SETTINGS, gates=["zero_update", "rl_step"],
-                           run_id=run_id)
+    result = runners.gate_local_image(build_variant(*SKIPPED_WEIGHT_RELOAD).image_id, pins, SETTINGS,
+                                      gates=["zero_update", "rl_step"], run_id=run_id)
     gates = _gates(result)
     assert gates["zero_update"].status == "pass", gates["zero_update"].reason
     assert gates["rl_step"].status == "fail"
@@ -92,8 +93,8 @@ def test_skipped_weight_reload_passes_zero_update_fails_rl_step(demo_image: Demo
 def test_weight_decay_at_lr_zero_fails_zero_update(demo_image: DemoImage, build_variant: BuildVariant,
                                                    docker_client: DockerClient, run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant("megatron", 23).image_id, pins, SETTINGS, gates=["zero_update"],
-                           run_id=run_id)
+    result = runners.gate_local_image(build_variant("megatron", 23).image_id, pins, SETTINGS, gates=["zero_update"],
+                                      run_id=run_id)
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
     assert "weights changed with lr 0" in gate.reason
@@ -104,8 +105,8 @@ def test_bad_metrics_fail_zero_update(demo_image: DemoImage, build_variant: Buil
                                       words: str,
                                       run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant("verl", pr).image_id, pins, SETTINGS, gates=["zero_update"],
-                           run_id=run_id)
+    result = runners.gate_local_image(build_variant("verl", pr).image_id, pins, SETTINGS, gates=["zero_update"],
+                                      run_id=run_id)
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
     assert words in gate.reason
@@ -117,8 +118,8 @@ def test_slow_batch_invariant_path_fails_performance(demo_image: DemoImage, buil
     aligned arm's median throughput falls under the pins' min_ratio. Over 60 s under load (68 s in the last CI run):
     the aligned arm is several times slower by design, and the gate runs at least its minimum pairs of it."""
     pins = demo_image[0]
-    result = accept.accept(build_variant(*SLOW_EXACT_PATH).image_id, pins, SETTINGS, gates=["performance", "rl_step"],
-                           run_id=run_id)
+    result = runners.gate_local_image(build_variant(*SLOW_EXACT_PATH).image_id, pins, SETTINGS, gates=["performance", "rl_step"],
+                                      run_id=run_id)
     gates = _gates(result)
     assert gates["rl_step"].status == "pass", gates["rl_step"].reason
     gate = gates["performance"]
@@ -129,7 +130,7 @@ def test_slow_batch_invariant_path_fails_performance(demo_image: DemoImage, buil
 def test_nan_reward_crash_names_the_cause(demo_image: DemoImage, build_variant: BuildVariant, docker_client: DockerClient,
                                           run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant("verl", 36).image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
+    result = runners.gate_local_image(build_variant("verl", 36).image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
     gate = _gates(result)["rl_step"]
     assert gate.status == "fail"
     assert gate.reason.startswith("recipe exited with status 1; first non-finite metrics at step 1: "), gate.reason
@@ -160,7 +161,7 @@ def test_startup_hook_added_after_build_fails_provenance(demo_image: DemoImage, 
     hook = f"{SITE}/zz_patch.pth"
     image = _derived(docker_client, demo_image[3].image_id, f"echo 'import os' > {hook}")
     try:
-        result = accept.accept(image, demo_image[0], SETTINGS, gates=["provenance"], run_id=run_id)
+        result = runners.gate_local_image(image, demo_image[0], SETTINGS, gates=["provenance"], run_id=run_id)
     finally:
         docker_client.images.remove(image, force=True, noprune=True)
     gate = _gates(result)["provenance"]
@@ -171,7 +172,7 @@ def test_startup_hook_added_after_build_fails_provenance(demo_image: DemoImage, 
 def test_file_changed_after_install_fails_provenance(demo_image: DemoImage, edited_image: str, docker_client: DockerClient,
                                                      run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(edited_image, pins, SETTINGS, gates=["provenance"], run_id=run_id)
+    result = runners.gate_local_image(edited_image, pins, SETTINGS, gates=["provenance"], run_id=run_id)
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert f"{SITE}/tinyengine/engine.py sha256" in gate.reason
@@ -180,7 +181,7 @@ def test_file_changed_after_install_fails_provenance(demo_image: DemoImage, edit
 def _copy_out(client: DockerClient, image_id: str, path: str, dest: Path, run_id: str) -> None:
     """Copy a directory out of an image (a created, never started container)."""
     container = client.containers.create(image_id, command=["true"], network_mode="none",
-                                         labels={accept.LABEL: run_id})
+                                         labels={docker_runner.LABEL: run_id})
     try:
         stream, _ = container.get_archive(path)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
@@ -197,7 +198,7 @@ def test_host_directory_mounted_over_package_fails_provenance(demo_image: DemoIm
     _copy_out(docker_client, built.image_id, f"{SITE}/tinyengine", tmp_path, run_id)
     mounted = _with(pins, acceptance=_with(pins.acceptance, mounts=[
         Mount(source=str(tmp_path / "tinyengine"), target=f"{SITE}/tinyengine")]))
-    result = accept.accept(built.image_id, mounted, SETTINGS, gates=["provenance"], run_id=run_id)
+    result = runners.gate_local_image(built.image_id, mounted, SETTINGS, gates=["provenance"], run_id=run_id)
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert f"mount at {SITE}/tinyengine" in gate.reason
@@ -208,20 +209,20 @@ def test_host_directory_mounted_over_package_fails_provenance(demo_image: DemoIm
 def test_hanging_gate_is_killed_at_timeout(demo_image: DemoImage, docker_client: DockerClient, run_id: str) -> None:
     pins, _, _, built = demo_image
     hang = _with(pins, recipe=_with(pins.recipe, entry=["python", "-c", "import time; time.sleep(600)"]))
-    result = accept.accept(built.image_id, hang, SETTINGS, gates=["zero_update"], timeout_s=5,
-                           run_id=run_id)
+    result = runners.gate_local_image(built.image_id, hang, SETTINGS, gates=["zero_update"], timeout_s=5,
+                                      run_id=run_id)
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
     assert gate.reason.startswith("timed out after 5 s")
     assert result.container.gates["zero_update"]["timed_out"] is True
     assert result.container.run_id == run_id
-    assert accept.leftover_containers(docker_client, run_id) == []
+    assert docker_runner.leftover_containers(docker_client, run_id) == []
 
 
 def test_gate_that_dies_without_result_fails(demo_image: DemoImage, docker_client: DockerClient, run_id: str) -> None:
     pins, _, _, built = demo_image
     broken = _with(pins, base=_with(pins.base, python_bin="/bin/false"))
-    result = accept.accept(built.image_id, broken, SETTINGS, gates=["provenance"], run_id=run_id)
+    result = runners.gate_local_image(built.image_id, broken, SETTINGS, gates=["provenance"], run_id=run_id)
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert "without a result line" in gate.reason
@@ -240,7 +241,7 @@ def test_ctrl_c_removes_the_container(demo_image: DemoImage, docker_client: Dock
 
     monkeypatch.setattr(docker.models.containers.Container, "wait", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        accept.accept(built.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
+        runners.gate_local_image(built.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
     assert len(seen) == 1
     with pytest.raises(docker.errors.NotFound):
         docker_client.containers.get(seen[0])
@@ -251,7 +252,7 @@ def test_unknown_gate_is_bad_input(demo_image: DemoImage, docker_client: DockerC
 
     pins, _, _, built = demo_image
     with pytest.raises(BadInput, match="--gate"):
-        accept.accept(built.image_id, pins, SETTINGS, gates=["nope"], run_id=run_id)
+        runners.gate_local_image(built.image_id, pins, SETTINGS, gates=["nope"], run_id=run_id)
 
 
 def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image: DemoImage, docker_client: DockerClient,
@@ -262,7 +263,7 @@ def test_control_arm_that_is_not_a_control_is_inconclusive(demo_image: DemoImage
 
     pins, resolved, _, built = demo_image
     broken = _with(pins, recipe=_with(pins.recipe, control_env={"DEMO_BATCH_INVARIANT": "on"}))
-    result = accept.accept(built.image_id, broken, SETTINGS, gates=["control"], run_id=run_id)
+    result = runners.gate_local_image(built.image_id, broken, SETTINGS, gates=["control"], run_id=run_id)
     gate = _gates(result)["control"]
     assert gate.status == "inconclusive", gate.reason
     assert gate.evidence.diff_max == 0.0

@@ -7,7 +7,6 @@ from pathlib import Path
 import docker
 import pytest
 
-from builder.accept import gates as accept
 from builder.core.constants import GATES
 from builder.core.options import Settings
 from builder.core.records import AcceptanceResult, GateResult
@@ -15,6 +14,7 @@ from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.pins.model import Pins
 from builder.report import document as report
+from builder.runners import factory as runners
 from tests.defects import without_performance
 from tests.fixture_types import BuildVariant, DemoImage, DockerClient
 
@@ -73,7 +73,7 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
                                                                           run_id: str) -> None:
     pins, resolved, _, built = demo_image
     ckpt = checkpoint_pins(pins, model_dir)
-    result = accept.accept(built.image_id, ckpt, SETTINGS, run_id=run_id)
+    result = runners.gate_local_image(built.image_id, ckpt, SETTINGS, run_id=run_id)
     gates = _gates(result)
     exact = [g for g in GATES if g != "performance"]  # checkpoint_pins drops the speed gate
     assert {n: g.status for n, g in gates.items() if n in exact} == {n: "pass" for n in exact}, \
@@ -99,8 +99,8 @@ def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_ima
                                                                         model_dir: Path,
                                                                          docker_client: DockerClient, run_id: str) -> None:
     ckpt = checkpoint_pins(demo_image[0], model_dir)
-    result = accept.accept(build_variant("megatron", 23).image_id, ckpt, SETTINGS, gates=["zero_update"],
-                           run_id=run_id)
+    result = runners.gate_local_image(build_variant("megatron", 23).image_id, ckpt, SETTINGS, gates=["zero_update"],
+                                      run_id=run_id)
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail", gate.reason
     assert gate.reason.startswith("actor weights changed with lr 0 between initial and step 1")
@@ -115,8 +115,8 @@ def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image: DemoImage
                                                             run_id: str, tmp_path: Path) -> None:
     """#24 also runs with the checkpoints on a scratch mount the pins name (read-write, only there)."""
     ckpt = checkpoint_pins(demo_image[0], model_dir, scratch=tmp_path)
-    result = accept.accept(build_variant("megatron", 24).image_id, ckpt, SETTINGS, gates=["zero_update", "rl_step"],
-                           run_id=run_id)
+    result = runners.gate_local_image(build_variant("megatron", 24).image_id, ckpt, SETTINGS, gates=["zero_update", "rl_step"],
+                                      run_id=run_id)
     gates = _gates(result)
     assert gates["zero_update"].status == "pass", gates["zero_update"].reason
     gate = gates["rl_step"]

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from builder.accept import gates as accept
 from builder.core.options import Settings
 from builder.core.records import GateResult
 from builder.lock import record as lock_record
 from builder.report import document
+from builder.runners import factory as runners
 from tests.defects import (
     CONTENT_ESCAPES,
     ESCAPE_EXEC_AFTER_RECORD,
@@ -40,7 +40,7 @@ def _roles(processes: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, A
 def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_image: Any, docker_client: Any,
                                                                          run_id: str) -> None:
     pins, resolved, _, built = demo_image
-    result = accept.accept(built.image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
+    result = runners.gate_local_image(built.image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "rl_step")
     assert gate.status == "pass", gate.reason
     assert gate.evidence.get("process_failures") == []
@@ -70,7 +70,7 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
 def test_worker_with_an_engine_overlay_fails_naming_the_worker(demo_image: Any, build_variant: Any,
                                                                docker_client: Any, run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant("verl", 37).image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
+    result = runners.gate_local_image(build_variant("verl", 37).image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "zero_update")
     assert gate.status == "fail"
     main, worker = _roles(gate.evidence.processes)
@@ -85,7 +85,7 @@ def test_worker_with_an_engine_overlay_fails_naming_the_worker(demo_image: Any, 
 def test_worker_loading_another_native_build_fails_naming_the_worker(demo_image: Any, build_variant: Any,
                                                                      docker_client: Any, run_id: str) -> None:
     pins = demo_image[0]
-    result = accept.accept(build_variant("verl", 38).image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
+    result = runners.gate_local_image(build_variant("verl", 38).image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "rl_step")
     assert gate.status == "fail"
     main, worker = _roles(gate.evidence.processes)
@@ -141,8 +141,8 @@ def _escape(gate: GateResult, defect: tuple[str, int]) -> dict[str, Any]:
 def test_a_worker_started_without_its_variables_fails_named(demo_image: Any, build_variant: Any, docker_client: Any,
                                                             run_id: str) -> None:
     gate_name = REASONS[ESCAPE_WITHOUT_VARIABLES][0]
-    result = accept.accept(build_variant(*ESCAPE_WITHOUT_VARIABLES).image_id, demo_image[0], SETTINGS,
-                           gates=[gate_name], run_id=run_id)
+    result = runners.gate_local_image(build_variant(*ESCAPE_WITHOUT_VARIABLES).image_id, demo_image[0], SETTINGS,
+                                      gates=[gate_name], run_id=run_id)
     row = _escape(next(g for g in result.gates if g.name == gate_name), ESCAPE_WITHOUT_VARIABLES)
     assert row["argv"][1:3] == ["-m", "tinyrl.rollout_server"] and row["class"] == "python"
 
@@ -150,8 +150,8 @@ def test_a_worker_started_without_its_variables_fails_named(demo_image: Any, bui
 def test_a_worker_started_with_python_s_fails_named(demo_image: Any, build_variant: Any, docker_client: Any,
                                                     run_id: str) -> None:
     gate_name = REASONS[ESCAPE_WITHOUT_SITE][0]
-    result = accept.accept(build_variant(*ESCAPE_WITHOUT_SITE).image_id, demo_image[0], SETTINGS,
-                           gates=[gate_name], run_id=run_id)
+    result = runners.gate_local_image(build_variant(*ESCAPE_WITHOUT_SITE).image_id, demo_image[0], SETTINGS,
+                                      gates=[gate_name], run_id=run_id)
     row = _escape(next(g for g in result.gates if g.name == gate_name), ESCAPE_WITHOUT_SITE)
     assert row["argv"][1:3] == ["-S", "-c"]
 
@@ -159,8 +159,8 @@ def test_a_worker_started_with_python_s_fails_named(demo_image: Any, build_varia
 def test_a_worker_that_deletes_its_record_fails_named(demo_image: Any, build_variant: Any, docker_client: Any,
                                                       run_id: str) -> None:
     gate_name = REASONS[ESCAPE_RECORD_DELETED][0]
-    result = accept.accept(build_variant(*ESCAPE_RECORD_DELETED).image_id, demo_image[0], SETTINGS,
-                           gates=[gate_name], run_id=run_id)
+    result = runners.gate_local_image(build_variant(*ESCAPE_RECORD_DELETED).image_id, demo_image[0], SETTINGS,
+                                      gates=[gate_name], run_id=run_id)
     gate = next(g for g in result.gates if g.name == gate_name)
     row = _escape(gate, ESCAPE_RECORD_DELETED)
     trainer = next(p for p in gate.evidence.processes if not p["forked"])
@@ -174,7 +174,7 @@ def test_an_escape_by_content_fails_naming_the_process(defect: tuple[str, int], 
     """Issue 47's classes 1-3 under Docker: a renamed copy of the interpreter (by its sha256), a server that
     turns PR_SET_DUMPABLE off (unreadable: fail closed, with its uid), a fork handler's record before an exec."""
     gate_name, words = REASONS[defect]
-    result = accept.accept(build_variant(*defect).image_id, demo_image[0], SETTINGS, gates=[gate_name], run_id=run_id)
+    result = runners.gate_local_image(build_variant(*defect).image_id, demo_image[0], SETTINGS, gates=[gate_name], run_id=run_id)
     gate = next(g for g in result.gates if g.name == gate_name)
     assert gate.status == "fail" and words in gate.reason, gate.reason
     node, seen = _census(gate)
@@ -197,8 +197,8 @@ def test_two_nodes_in_one_container_give_the_same_bits(demo_image: Any, demo_acc
     exactly 0 and every step's numbers equal the forked worker's (the session's accepted demo); control still differs."""
     pins = demo_image[0]
     two = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={"nodes": 2})})
-    result = accept.accept(demo_image[3].image_id, two, SETTINGS, gates=["zero_update", "rl_step", "control"],
-                           run_id=run_id)
+    result = runners.gate_local_image(demo_image[3].image_id, two, SETTINGS, gates=["zero_update", "rl_step", "control"],
+                                      run_id=run_id)
     one = {g.name: g for g in demo_accepted[3].gates}
     for gate in (g for g in result.gates if g.status != "not_run"):
         assert gate.status == "pass", gate.reason

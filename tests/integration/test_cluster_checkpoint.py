@@ -3,7 +3,7 @@ mounted read-only (the task's own namespace makes the bind read-only before ch-r
 pins' scratch mount (the one writable data mount), and the planted checkpoint defects (#23 weight decay at lr 0,
 #24 a tensor the optimizer skips) failing their gates with the same words. The mount targets are Docker's
 (/models/tinyrl-seed-1, /scratch/checkpoints), which the image does not have: the task's read-only overlayfs over the
-.sqsh makes them (builder/cluster/runtimes.py overlay_root), as pyxis/enroot create mount points."""
+.sqsh makes them (builder/runners/slurm_runtimes.py overlay_root), as pyxis/enroot create mount points."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,7 +38,7 @@ def slurm_checkpoint_pins(pins: Pins, model: Path, scratch: Path, shared: Path, 
 
 def run(pins: Pins, image_id: str, gates: list[str]) -> AcceptanceResult:
     made = plan.make(pins, plan.Flags(slurm=True, gates=gates), SETTINGS).acceptance
-    return factory.accept(made, pins, image_id, None, SETTINGS, engine.connect(SETTINGS))
+    return factory.gate_image(made, pins, image_id, None, SETTINGS, engine.connect(SETTINGS))
 
 
 def test_checkpoint_mode_under_slurm_reads_the_model_read_only_and_catches_both_defects(

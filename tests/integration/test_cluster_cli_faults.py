@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from builder.cluster import slurm
+from builder.runners import slurm
 from demo import cluster
 from tests.integration.test_cluster_faults import tiny_root
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from builder.accept import plan
-from builder.cluster import slurm
-from builder.cluster.runner import SlurmRunner
 from builder.core import files
 from builder.core.options import Settings
 from builder.core.records import SqshFacts
 from builder.pins import model
+from builder.runners import slurm
+from builder.runners.slurm_runner import SlurmRunner
 from demo import cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -167,7 +167,7 @@ def test_a_rank_on_another_image_fails_the_gate_naming_its_node(slurm_cluster: c
                                                                 tmp_path: Path) -> None:
     """A real two-node run in which n2 mounts another image: its node-local copy is replaced after the node check
     hashed it (the window a stale or swapped copy would use). Rank 1's census names the other image; the gate fails
-    naming n2 (builder/cluster/runner.py _merge_roles; dropping its image comparison passes the gate, seen)."""
+    naming n2 (builder/runners/slurm_runner.py _merge_roles; dropping its image comparison passes the gate, seen)."""
     mine = tiny_sqsh(tmp_path / "a", 0, IMAGE_SAYS.replace("IMAGE", "sha256:" + "a" * 64))
     theirs = tiny_sqsh(tmp_path / "b", 0, IMAGE_SAYS.replace("IMAGE", "sha256:" + "b" * 64))
     r = runner(pins, mine, tmp_path / "shared", local=str(tmp_path / "nodes" / "%n"))

@@ -3,7 +3,7 @@ process holds the connection's /dev/fuse (HOLD: pidfd_getfd of the server's desc
 it that it never answers, as a server killed between reading a request and replying leaves it; then the server is
 killed. The kernel aborts a connection only when its last /dev/fuse closes, so the gate waits on; once Slurm
 kills it, it waits in D state (unkillable) for as long as the other descriptor lives. The gate's task ends its own
-connection when its server is gone (builder/cluster/runtimes.py, through the fusectl demo/cluster.py mounts): the
+connection when its server is gone (builder/runners/slurm_runtimes.py, through the fusectl demo/cluster.py mounts): the
 gate is inconclusive naming the node, no process is left in D state, and a rerun passes. Both servers: ch-run's own
 (libsquashfuse_ll, a .sqsh without data mounts) and squashfuse under the overlay root (pins with data mounts)."""
 from __future__ import annotations

@@ -37,7 +37,7 @@ def two_node_pins(pins: Pins, shared: Path) -> Pins:
 
 def run(pins: Pins, image_id: str) -> AcceptanceResult:
     made = plan.make(pins, plan.Flags(slurm=True, gates=["zero_update"], timeout_s=300), SETTINGS).acceptance
-    return factory.accept(made, pins, image_id, None, SETTINGS, engine.connect(SETTINGS))
+    return factory.gate_image(made, pins, image_id, None, SETTINGS, engine.connect(SETTINGS))
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_jit_caches_live_on_node_local_disk_isolated_by_image_commits_arch_and_r
                             (f"{key}-cpu/rank1", "foreign-rank.bin")):  # this image and commits, another rank
             (tmp_path / node / "jit" / where).mkdir(parents=True)
             (tmp_path / node / "jit" / where / name).write_bytes(b"a kernel of another image, commits or rank")
-    result = factory.accept(made, one, built.image_id, None, SETTINGS, engine.connect(SETTINGS))
+    result = factory.gate_image(made, one, built.image_id, None, SETTINGS, engine.connect(SETTINGS))
     gates = {g.name: g for g in result.gates}
     assert gates["provenance"].status == "pass", gates["provenance"].reason
     listed = gates["provenance"].evidence.get("jit_cache")
@@ -120,7 +120,7 @@ def test_jit_caches_live_on_node_local_disk_isolated_by_image_commits_arch_and_r
         data["acceptance"]["slurm"]["node_local_dir"] = str(noexec / "%n")
         bad = pins_mod.validate(data, pins.directory)
         made = plan.make(bad, plan.Flags(slurm=True, gates=["provenance"]), SETTINGS).acceptance
-        gate = factory.accept(made, bad, built.image_id, None, SETTINGS, engine.connect(SETTINGS)).gates[0]
+        gate = factory.gate_image(made, bad, built.image_id, None, SETTINGS, engine.connect(SETTINGS)).gates[0]
         assert gate.status == "fail" and "is mounted noexec" in gate.reason and gate.reason.startswith("node n"), \
             gate.reason
     finally:

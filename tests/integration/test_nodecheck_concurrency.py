@@ -1,6 +1,6 @@
 """Four jobs staging the same .sqsh to one node's empty local directory at once: the per-node lock makes exactly
 one of them copy it (filled) while the others wait and reuse that copy (hit), and no part file is left. The node
-check's own script (builder/cluster/nodecheck.py) runs directly, four processes started together, so Slurm's CPU
+check's own script (builder/runners/nodecheck.py) runs directly, four processes started together, so Slurm's CPU
 accounting cannot serialize them (the demo nodes would run at most so many one-task jobs at once); without the
 lock several of them copy (more than one `filled`), and the test fails."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from builder.cluster import nodecheck
+from builder.runners import nodecheck
 
 JOBS = 4
 SIZE = 48 * 1024 * 1024  # large enough that the copies overlap in time (the copy and the hash take ~0.1 s each)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.accept import gates as accept
 from builder.core.options import Settings
+from builder.runners import factory as runners
 from tests.defects import SLIGHTLY_SLOWER_PATH
 from tests.fixture_types import BuildVariant, DemoImage
 
@@ -47,8 +47,8 @@ def test_a_1_2x_slower_exact_path_passes(demo_image: DemoImage, build_variant: B
     """PR 16 runs each decode step's MLP twice (about 1.2x the rollout's CPU time): the pairs' ratio stays far
     above min_ratio 0.2, so the gate passes, and it stops as soon as the bounds decide. Over 60 s on a loaded host
     (130 s once): it builds the PR 16 variant (the engine stage and all after it), which the load test reuses."""
-    result = accept.accept(build_variant(*SLIGHTLY_SLOWER_PATH).image_id, demo_image[0], SETTINGS,
-                           gates=["performance"], run_id=run_id)
+    result = runners.gate_local_image(build_variant(*SLIGHTLY_SLOWER_PATH).image_id, demo_image[0], SETTINGS,
+                                      gates=["performance"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "performance")
     assert gate.status == "pass", gate.reason
     assert gate.evidence.stopped == f"decided after {gate.evidence.pairs} pairs"
@@ -67,7 +67,7 @@ def test_load_never_fails_the_benign_change(demo_image: DemoImage, build_variant
     pins = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={
         "performance": perf.model_copy(update={"repeats": 3})})})
     image = build_variant(*SLIGHTLY_SLOWER_PATH).image_id
-    result = accept.accept(image, pins, SETTINGS, gates=["performance"], run_id=run_id)
+    result = runners.gate_local_image(image, pins, SETTINGS, gates=["performance"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "performance")
     assert all(p.poll() is None for p in load), "the load ended before the gate did"
     assert gate.status in ("pass", "inconclusive"), gate.reason

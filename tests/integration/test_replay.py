@@ -16,13 +16,14 @@ import pytest
 
 from acceptance import replay as bundles
 from builder import pipeline
-from builder.accept import gates as accept
 from builder.accept import replay
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import Evidence, GateResult, Report
 from builder.lock import record as lock_record
 from builder.report import document
+from builder.runners import docker_runner
+from builder.runners import factory as runners
 from tests.fixture_types import DemoAccepted, DockerClient
 
 SETTINGS = Settings.from_env()
@@ -149,9 +150,10 @@ def _cli(*args: str, run_id: str) -> subprocess.CompletedProcess[str]:
 
 def _removed(docker_client: DockerClient, run_id: str, since: float) -> list[str]:
     """The gates of the containers labelled with `run_id` that the engine destroyed since `since` (its events)."""
+    label = f"{docker_runner.LABEL}={run_id}"
     events = docker_client.api.events(since=f"{since:.6f}", until=f"{time.time() + 1:.6f}", decode=True,
-                                      filters={"type": "container", "event": "destroy", "label": f"{accept.LABEL}={run_id}"})
-    return [str(e["Actor"]["Attributes"].get(f"{accept.LABEL}.gate")) for e in events]
+                                      filters={"type": "container", "event": "destroy", "label": label})
+    return [str(e["Actor"]["Attributes"].get(f"{docker_runner.LABEL}.gate")) for e in events]
 
 
 @pytest.mark.docker
@@ -161,7 +163,7 @@ def test_planted_zero_update_defect_replays_and_not_on_the_good_image(
     pins, _, _, good = demo_image
     bad = build_variant("megatron", 23)
     start = time.monotonic()
-    result = accept.accept(bad.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
+    result = runners.gate_local_image(bad.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
     gate_s = time.monotonic() - start
     gate = next(g for g in result.gates if g.name == "zero_update")
     assert gate.status == "fail" and "weights changed with lr 0" in gate.reason
@@ -197,7 +199,7 @@ def test_planted_zero_update_defect_replays_and_not_on_the_good_image(
 def test_good_run_report_says_nothing_to_replay(demo_image: Any, docker_client: Any, run_id: str,
                                                  tmp_path: Path) -> None:
     pins, _, _, good = demo_image
-    result = accept.accept(good.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
+    result = runners.gate_local_image(good.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "zero_update")
     assert gate.status == "pass" and gate.evidence.replay["differs"] is False
     report_json = _report(demo_image, good, result, tmp_path)

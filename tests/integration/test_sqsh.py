@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from builder import pipeline
-from builder.accept import runc_runner
 from builder.core import files as fs
 from builder.core import options
 from builder.core.constants import SOURCE_DATE_EPOCH
@@ -31,10 +30,11 @@ from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.release import attest, dsse, sqsh
 from builder.release import sqsh_rootfs as layers
-from builder.release import sqsh_smoke as smoke
 from builder.release import sqsh_trees as trees
 from builder.release.sqsh_rootfs import Entry
 from builder.report import document as report
+from builder.runners import runc_runner
+from builder.runners import sqsh_smoke as smoke
 from tests.fixture_types import DemoAccepted, DemoImage, DockerClient, MakeReportInputs
 
 ROOT = Path(__file__).resolve().parents[2]

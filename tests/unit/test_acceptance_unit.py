@@ -352,9 +352,9 @@ def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path: Pa
 
 
 def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned() -> None:
-    from builder.accept import docker_runner as host
     from builder.accept.gates import gate_settings
     from builder.pins import model as pins_mod
+    from builder.runners import docker_runner as host
 
     pins = pins_mod.load(ROOT / "pins" / "demo.yaml")
     spec = host.container_spec(pins, "sha256:" + "ab" * 32, "rl_step", gate_settings(pins, "rl_step"), "r1")
@@ -399,7 +399,7 @@ def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins() -> None:
     argv, _ = recipe.command(settings, 1e-6, "/tmp/x.jsonl", checkpoint.overrides(settings, "rl_step"))
     assert "trainer.default_local_dir=/scratch/acceptance/rl_step" in argv
     assert "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]" in argv
-    from builder.accept.docker_runner import container_spec
+    from builder.runners.docker_runner import container_spec
 
     rw = [m for m in container_spec(pins, "sha256:" + "ab" * 32, "rl_step", settings, "r1").sdk_kwargs()["mounts"]
           if not m["ReadOnly"]]

@@ -17,7 +17,7 @@ IN_CONTAINER = (BUILDER / "engine" / "scripts", BUILDER / "lock" / "scripts")
 
 # The stage packages, lowest first: a module may import only from its own package or from one listed
 # before it. cli and pipeline are the two top-level modules above every package.
-ORDER = ("core", "pins", "engine", "sources", "lock", "image", "accept", "report", "release", "cluster", "runners", "nightly",
+ORDER = ("core", "pins", "engine", "sources", "lock", "image", "accept", "report", "release", "runners", "nightly",
          "bisect", "pipeline", "cli", "__main__")
 
 

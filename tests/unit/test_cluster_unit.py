@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from builder.accept import plan
-from builder.cluster import runtimes
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.lock import record as lock_record
 from builder.pins import model
+from builder.runners import slurm_runtimes as runtimes
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = runtimes.GateSpec(sqsh="/shared/img.sqsh", out_dir="/shared/.runs/r/provenance-1",
@@ -50,7 +50,7 @@ def test_a_task_ends_its_own_fuse_connection_once_the_server_is_gone() -> None:
         in plain
     assert '{ squashfuse -f "/shared/img.sqsh" "$w/img" & s=$!; }' in mounts
     assert "& g=$!; wait $c; rc=$?; kill $g 2>/dev/null;" in mounts
-    from builder.cluster.runner import _fuse_gone
+    from builder.runners.slurm_runner import _fuse_gone
 
     line = "node n1: the FUSE server of the .sqsh mount (ch-run, pid 7, ended by signal 9) is gone while the gate " \
            "ran; FUSE connection 42 aborted"
@@ -143,10 +143,10 @@ def test_the_slurm_flags_are_gone_from_the_commands() -> None:
 
 def test_no_module_above_the_runners_names_a_runner_kind() -> None:
     """Only the runners, their factory and the plan know the kinds; the rest read typed facts."""
-    allowed = {"builder/accept/docker_runner.py", "builder/accept/gates.py", "builder/accept/runc_runner.py",
+    allowed = {"builder/runners/docker_runner.py", "builder/accept/gates.py", "builder/runners/runc_runner.py",
                "builder/accept/runner.py",
-               "builder/accept/plan.py", "builder/cluster/runner.py", "builder/cluster/runtimes.py",
-               "builder/cluster/slurm.py", "builder/cluster/nodecheck.py", "builder/cluster/accept.py",
+               "builder/accept/plan.py", "builder/runners/slurm_runner.py", "builder/runners/slurm_runtimes.py",
+               "builder/runners/slurm.py", "builder/runners/nodecheck.py", "builder/runners/slurm_candidate.py",
                "builder/runners/factory.py", "builder/cli.py"}
     kinds = re.compile(r"""\brunner\.kind\b|[!=]= *["'](docker|slurm|runc)["']|get\(["']runner["']\)"""
                        r"""|\bSlurmPlace\b|\bDockerPlace\b|\bSlurmRunner\b|\bDockerRunner\b""")
@@ -178,9 +178,9 @@ def test_a_two_node_gate_step_under_pyxis_is_one_srun_line_of_documented_flags()
     """The whole srun line of a two-node gate step with runtime enroot (SlurmRunner.step_argv, no cluster): one
     task per node, the step's reserved port, pyxis' --container-* flags (the data mount read-only), the site's srun
     flags, then the in-image gate. Only the line is checked: pyxis and enroot were never executed here."""
-    from builder.cluster.runner import SCRATCH_CACHE, SlurmRunner
     from builder.core.constants import CACHE_DIR, CACHE_ENV
     from builder.core.records import SqshFacts
+    from builder.runners.slurm_runner import SCRATCH_CACHE, SlurmRunner
 
     pins = _pins(runtime="enroot", shared_dir="/shared", partition="gates", srun_args=["--constraint=a100"])
     pins = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={
@@ -211,9 +211,9 @@ def test_a_two_node_gate_step_under_pyxis_is_one_srun_line_of_documented_flags()
 
 
 def test_a_rank_that_failed_or_ran_another_image_fails_the_gate_and_only_a_named_link_is_inconclusive() -> None:
-    from builder.cluster import nodecheck
-    from builder.cluster.runner import _merge_roles
     from builder.core.records import Evidence, GateResult
+    from builder.runners import nodecheck
+    from builder.runners.slurm_runner import _merge_roles
 
     nodes = [nodecheck.Node("n1"), nodecheck.Node("n2")]
     census = {"image": "sha256:aa", "nodes": {"n1": {"seen": [1], "recorded": [1], "unrecorded": []}}}
@@ -239,8 +239,8 @@ def test_a_rank_that_failed_or_ran_another_image_fails_the_gate_and_only_a_named
 def test_the_node_local_jit_cache_is_keyed_by_image_commits_arch_and_rank() -> None:
     """The JIT cache path names the image (.sqsh sha256), the components' commits (any one moved: another key), the
     node's GPU architecture and the rank; tests/integration/test_cluster_nodes.py shows the isolation on the cluster."""
-    from builder.cluster.runner import SlurmRunner
     from builder.core.records import SqshFacts
+    from builder.runners.slurm_runner import SlurmRunner
 
     pins = _pins(shared_dir="/shared", node_local_dir="/local/%n")
     made = plan.make(pins, plan.Flags(slurm=True, gates=["zero_update"]), Settings.from_env()).acceptance

@@ -64,7 +64,7 @@ def test_the_cluster_lives_under_the_builders_cache(tmp_path: Path) -> None:
 
 def test_the_cluster_mounts_fusectl_once_and_says_so_when_it_cannot(tmp_path: Path, monkeypatch: Any,
                                                                      capsys: Any) -> None:
-    """fusectl, where a gate task aborts its own FUSE connection (builder/cluster/runtimes.py): mounted once (not
+    """fusectl, where a gate task aborts its own FUSE connection (builder/runners/slurm_runtimes.py): mounted once (not
     again when /proc/mounts lists it); a mount that fails is one line and the cluster still starts."""
     calls: list[list[str]] = []
 

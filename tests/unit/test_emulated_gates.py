@@ -28,7 +28,7 @@ def _pins(platform: str, required: list[str]) -> model.Pins:
 def _accept(pins: model.Pins, flags: plan.Flags) -> tuple[Recording, list[GateResult]]:
     runner = Recording()
     made = plan.make(pins, flags, Settings.from_env()).acceptance
-    return runner, gates.accept_with(runner, "sha256:" + "a" * 64, made, pins).gates
+    return runner, gates.run_gates(runner, "sha256:" + "a" * 64, made, pins).gates
 
 
 def test_an_emulated_member_runs_provenance_only_and_says_which_gates_need_a_native_node() -> None:

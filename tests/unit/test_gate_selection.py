@@ -44,7 +44,7 @@ def test_by_default_exactly_the_required_gates_run_and_the_others_say_why_not() 
     runner = Recording()
     pins = _pins(["rl_step", "provenance"])
     made = plan.make(pins, plan.Flags(), Settings.from_env()).acceptance
-    result = gates.accept_with(runner, "sha256:" + "a" * 64, made, pins)
+    result = gates.run_gates(runner, "sha256:" + "a" * 64, made, pins)
     assert runner.ran == ["provenance", "rl_step"]  # in the gates' own order
     status = {g.name: (g.status, g.reason) for g in result.gates}
     assert [n for n, (s, _) in status.items() if s == "not_run"] == ["zero_update", "control", "performance"]
@@ -56,7 +56,7 @@ def test_gates_asked_for_run_whatever_the_pins_require() -> None:
     runner = Recording()
     pins = _pins(["provenance"])
     made = plan.make(pins, plan.Flags(gates=["control", "zero_update"]), Settings.from_env()).acceptance
-    result = gates.accept_with(runner, "sha256:" + "a" * 64, made, pins)
+    result = gates.run_gates(runner, "sha256:" + "a" * 64, made, pins)
     assert runner.ran == ["zero_update", "control"]
     assert {g.name: g.reason for g in result.gates if g.status == "not_run"} == {
         g: "not selected" for g in GATES if g not in ("zero_update", "control")}

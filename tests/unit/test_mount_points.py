@@ -1,10 +1,10 @@
-"""Mount targets the image does not have, under ch-run (builder/cluster/runtimes.py overlay_root): a task with data
+"""Mount targets the image does not have, under ch-run (builder/runners/slurm_runtimes.py overlay_root): a task with data
 mounts runs ch-run on a read-only overlayfs of the squashfuse-mounted .sqsh and a directory of mount points, made
 and unmounted in its own namespace; the node check makes that root once and names the targets when it cannot."""
 import subprocess
 
-from builder.cluster import nodecheck
-from builder.cluster.runtimes import Charliecloud, GateSpec
+from builder.runners import nodecheck
+from builder.runners.slurm_runtimes import Charliecloud, GateSpec
 
 SPEC = GateSpec(sqsh="/shared/candidate.sqsh", out_dir="/out", env_file="/out/env", env={}, command=["python", "-V"])
 

@@ -68,7 +68,7 @@ def test_one_number_reader_for_every_free_form_value() -> None:
 
 
 def test_every_ranks_log_is_written_beside_the_report_and_linked(report_inputs: MakeReportInputs, tmp_path: Path) -> None:
-    """Under --slurm every rank's log comes back in the evidence (builder/cluster/runner.py); the report writes each
+    """Under --slurm every rank's log comes back in the evidence (builder/runners/slurm_runner.py); the report writes each
     to logs/<gate>/<rank>.log, keeps the path, and links it from report.md and the HTML page."""
     report = rich_report(report_inputs)
     logs = {"rank0 n1": "trainer: step 1\n", "rank1 n2": "rollout server: serving 2 processes (planted)\n"}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from builder.cluster import slurm
+from builder.runners import slurm
 
 
 def test_pauses_start_at_a_second_and_back_off_to_the_cap() -> None:
@@ -21,7 +21,7 @@ def test_step_record_waits_with_the_pauses_until_the_state_is_final(monkeypatch:
     monkeypatch.setattr(slurm, "records", lambda job: [{"JobID": job, "JobName": "builder-accept-r1", "State": "RUNNING"},
                                                        {"JobID": f"{job}.0", "JobName": "g-1", "State": next(states)}])
     slept: list[float] = []
-    monkeypatch.setattr("builder.cluster.slurm.time.sleep", slept.append)
+    monkeypatch.setattr("builder.runners.slurm.time.sleep", slept.append)
     found = slurm.step_record("7", "g-1")
     assert found["State"] == "COMPLETED" and found["JobID"] == "7.0" and found["JobState"] == "RUNNING"  # one call
     assert slept == [1.0, 1.5]
@@ -29,9 +29,9 @@ def test_step_record_waits_with_the_pauses_until_the_state_is_final(monkeypatch:
 
 def _runner() -> Any:
     from builder.accept import plan
-    from builder.cluster.runner import SlurmRunner
     from builder.core.options import Settings
     from builder.core.records import SqshFacts
+    from builder.runners.slurm_runner import SlurmRunner
     from tests.unit.test_cluster_unit import _pins
 
     pins = _pins(runtime="enroot", shared_dir="/shared")
@@ -88,6 +88,6 @@ def test_the_nodes_states_are_one_sinfo_call(monkeypatch: pytest.MonkeyPatch) ->
         return Done()
 
     monkeypatch.setattr(slurm, "tool", lambda name: name)
-    monkeypatch.setattr("builder.cluster.slurm.subprocess.run", run)
+    monkeypatch.setattr("builder.runners.slurm.subprocess.run", run)
     assert slurm.node_states(["n1", "n2"]) == {"n1": "idle", "n2": "down*"} and len(seen) == 1
     assert seen[0][:5] == ["sinfo", "-h", "-N", "-n", "n1,n2"]

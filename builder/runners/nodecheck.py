@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.cluster.runtimes import UNMOUNT, Runtime, overlay_root, q
+from builder.runners.slurm_runtimes import UNMOUNT, Runtime, overlay_root, q
 
 # OpenSSL's sha256 uses the CPU's SHA instructions (3.4x coreutils' sha256sum here); sha256sum where a node has none.
 SCRIPT = r"""n=${SLURMD_NODENAME:-$(hostname -s)}; src=$1; want=$2; work=$3; dir=$4

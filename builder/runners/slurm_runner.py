@@ -1,8 +1,8 @@
 """GateRunner on Slurm: one allocation per acceptance (`salloc --no-shell -N<nodes>`), one step per gate
 (`srun --jobid`, one task per node of the recipe's layout), each task a fresh container of the read-only .sqsh
-through the runtime (builder/cluster/runtimes.py).
+through the runtime (builder/runners/slurm_runtimes.py).
 
-Before the first gate a check step runs on every node of the allocation (builder/cluster/nodecheck.py): it hashes
+Before the first gate a check step runs on every node of the allocation (builder/runners/nodecheck.py): it hashes
 the .sqsh that node will mount (its node-local copy, filled under a per-node lock, when the site stages images)
 and reads the image's environment; a node whose sha256 is not the recorded one fails every gate naming the node.
 Each gate's facts are Slurm's own record (sacct) of its step, per node. Limits come from the plan: the step's
@@ -21,11 +21,12 @@ from typing import Any
 
 from builder.accept import runner as gate_runner
 from builder.accept.plan import AcceptancePlan, SlurmPlace
-from builder.cluster import nodecheck, runtimes, slurm
 from builder.core import log
 from builder.core.constants import CACHE_DIR, CACHE_ENV
 from builder.core.records import Evidence, GateResult, RunnerFacts, SqshFacts
 from builder.pins.model import Pins
+from builder.runners import nodecheck, slurm
+from builder.runners import slurm_runtimes as runtimes
 
 SCRATCH_CACHE = runtimes.CACHE  # the compile caches inside the container's private /tmp (fresh per gate)
 RANK_LOG_MAX = 256 * 1024  # characters of each rank's log kept with the run (its end: where a failure shows)
@@ -227,7 +228,7 @@ class SlurmRunner:
 
     def jit_key(self) -> str:
         """The node-local JIT cache's isolation: the image (.sqsh sha256), the components' commits; the node's GPU
-        architecture and the rank follow in the path (builder/cluster/nodecheck.py writes the architecture)."""
+        architecture and the rank follow in the path (builder/runners/nodecheck.py writes the architecture)."""
         commits = ",".join(f"{n}={c.commit}" for n, c in sorted(self.pins.components.items()))
         return f"{self.sqsh.sha256[:16]}-{hashlib.sha256(commits.encode()).hexdigest()[:12]}"
 

@@ -1,6 +1,6 @@
 """The final smoke of a converted image: the provenance gate on the root filesystem unpacked from the .sqsh
 (the read-back the file-by-file check made), in a fresh read-only runc container straight from that directory
-(builder/accept/runc_runner.py: network none, tmpfs /tmp and cache, the environment the tree's /etc/environment
+(builder/runners/runc_runner.py: network none, tmpfs /tmp and cache, the environment the tree's /etc/environment
 gives, as enroot applies it at start). Nothing is imported into the Docker engine: importing the tree of a 1 GB
 image cost the engine 20-40 CPU-seconds, and a 20 GB image minutes."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.accept.gates import gate_settings
-from builder.accept.runc_runner import RuncRunner
 from builder.pins import model as pins_mod
+from builder.runners.runc_runner import RuncRunner
 
 
 def provenance_on_rootfs(pins: pins_mod.Pins, rootfs: Path) -> dict[str, Any]:

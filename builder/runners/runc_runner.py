@@ -2,7 +2,7 @@
 containers with): one fresh container per gate straight from the directory, read-only, in new pid, network,
 ipc, uts and mount namespaces (the network namespace holds only loopback: network none), tmpfs /tmp and
 cache, killed at the timeout and always deleted. Nothing is imported into an engine: the export's smoke
-(builder/release/sqsh_smoke.py) runs the provenance gate on the unpacked .sqsh this way."""
+(builder/runners/sqsh_smoke.py) runs the provenance gate on the unpacked .sqsh this way."""
 from __future__ import annotations
 
 import json
@@ -13,12 +13,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from builder.accept.docker_runner import TMPFS
 from builder.accept.runner import gate_command, result_from_output
 from builder.core.constants import CACHE_ENV
 from builder.core.errors import InfraError
 from builder.core.records import GateResult, RunnerFacts
 from builder.pins.model import Pins
+from builder.runners.docker_runner import TMPFS
 
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what Docker gives an image without PATH
 NAMESPACES = ("pid", "network", "ipc", "uts", "mount")

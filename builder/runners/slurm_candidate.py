@@ -1,12 +1,11 @@
 """`--slurm`: the candidate exported to .sqsh in the shared directory (from its staged digest or local
-image ID), then every gate of the plan as a Slurm step from that .sqsh (builder/cluster/runner.py)."""
+image ID), then every gate of the plan as a Slurm step from that .sqsh (builder/runners/slurm_runner.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from builder.accept.plan import AcceptancePlan, SlurmPlace
 from builder.accept.runner import GateRunner
-from builder.cluster.runner import SlurmRunner
 from builder.core import log
 from builder.core.errors import BadInput
 from builder.core.imageref import by_digest, split_digest
@@ -17,6 +16,7 @@ from builder.engine import staging
 from builder.engine.client import Client
 from builder.pins.model import Pins
 from builder.release import sqsh
+from builder.runners.slurm_runner import SlurmRunner
 
 
 def sqsh_path(place: SlurmPlace, image_id: str) -> Path:
@@ -24,7 +24,7 @@ def sqsh_path(place: SlurmPlace, image_id: str) -> Path:
     return place.shared_dir / f"candidate+{split_digest(image_id)[1][:16]}.sqsh"
 
 
-def open_runner(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
+def open_slurm_runner(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
                 client: Client) -> tuple[GateRunner, str, Pulled | None]:
     """Pull the staged digest (or find the local image), export its .sqsh once, and the Slurm runner on it."""
     assert isinstance(plan.place, SlurmPlace)
