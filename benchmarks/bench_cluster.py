@@ -29,10 +29,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder.accept import gates, plan  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.core.records import SqshFacts  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
+from builder.gating import gates, plan  # noqa: E402
 from builder.pins import model  # noqa: E402
 from builder.release import sqsh  # noqa: E402
 from builder.runners import slurm as client_calls  # noqa: E402

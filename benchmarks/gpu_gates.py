@@ -40,7 +40,7 @@ def prepare(out: Path) -> None:
     sys.path.insert(0, str(root))
     import pygit2  # lazy: only the prepare step needs it (the GPU machine has none)
 
-    from builder.accept.gates import gate_settings
+    from builder.gating.gates import gate_settings
     from builder.pins import model as pins_mod
     from builder.sources import scmversion
     from demo.make_stack import make_stack

@@ -21,7 +21,7 @@ from builder.core.safetext import fit
 from builder.core.usage import interrupted, run_app
 
 if TYPE_CHECKING:
-    from builder.accept.plan import Flags, Plan
+    from builder.gating.plan import Flags, Plan
     from builder.pins.model import Pins
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -49,7 +49,7 @@ SlurmOpt = typer.Option(False, "--slurm", rich_help_panel=WHERE,
 
 def make_plan(pins: Pins, flags: Flags) -> Plan:
     """The command's acceptance plan, checked as a whole before the pipeline (and its libraries) load."""
-    from builder.accept import plan  # lazy: start-up
+    from builder.gating import plan  # lazy: start-up
 
     return plan.make(pins, flags, settings())
 
@@ -173,7 +173,7 @@ def accept(pins_path: Path = PinsArg,
            ) -> None:
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
-    from builder.accept.plan import Flags  # lazy: start-up
+    from builder.gating.plan import Flags  # lazy: start-up
 
     plan = make_plan(pins, Flags(image=image, gates=gate or (), timeout_s=timeout, engine_url=engine, slurm=slurm,
                                  offline=offline, allow_moved_pr=allow_moved_pr, out=out))
@@ -292,7 +292,7 @@ def run_command(pins_path: Path = PinsArg,
     """Resolve, build, stage by digest, accept the pulled digest, report, and promote it when asked.
     Exit 0 accepted, 1 not, 2 bad input, 3 infra."""
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
-    from builder.accept.plan import Flags  # lazy: start-up
+    from builder.gating.plan import Flags  # lazy: start-up
 
     plan = make_plan(pins, Flags(engine_url=engine, slurm=slurm, stage=True, offline=offline,
                                  allow_moved_pr=allow_moved_pr, nocache=nocache, out=out, key=key, publish=publish,
@@ -378,7 +378,7 @@ def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML)
     Exit codes as `run`, plus 4 when accepted but a regression flag is up; several pins files run in
     parallel processes (at most --jobs at once) and the most severe exit code is the fleet's. With --slurm
     each run builds here and submits its gates to Slurm."""
-    from builder.accept.plan import Flags  # lazy: start-up
+    from builder.gating.plan import Flags  # lazy: start-up
 
     flags = Flags(slurm=slurm, stage=True, out=out, key=key, publish=publish, follow_prs=follow_prs)
     if len(pins_paths) > 1:
@@ -438,7 +438,7 @@ def bisect_cmd(good: Optional[Path] = typer.Argument(None, help="GOOD: a pins fi
     """The first bad commit between GOOD and BAD across the three repositories: which component, then a binary
     search over its commits (skipping what does not build); exit 0 when a commit or range is named, 1 when BAD
     passes, GOOD fails or --max-steps runs out, 2 bad input, 3 infrastructure, 130 interrupted (resumable)."""
-    from builder.accept.plan import Flags  # lazy: start-up
+    from builder.gating.plan import Flags  # lazy: start-up
 
     config = settings()
     if (good is None) == (good_night is None) or (bad is None) == (bad_night is None):

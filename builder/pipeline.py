@@ -16,8 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from builder.accept import replay as replay_stage
-from builder.accept.plan import Flags, Plan
 from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.constants import MANIFEST
@@ -26,6 +24,8 @@ from builder.core.options import Settings
 from builder.core.records import BuiltImage, PublishReceipt, RenderedBuild, Report, ResolvedSources, SqshExport
 from builder.engine import client as engine
 from builder.engine import infra, platforms, staging
+from builder.gating import replay as replay_stage
+from builder.gating.plan import Flags, Plan
 from builder.image import build as build_stage
 from builder.image import context as build_context
 from builder.image import render as render_stage
@@ -547,11 +547,11 @@ def bisect(good_path: Path, bad_path: Path, settings: Settings, flags: Flags, js
     `flags.gates`), and removed at the end. The state file in the bisect directory makes a rerun resume."""
     import hashlib  # lazy: only bisect needs it
 
-    from builder.accept.plan import make as make_plan  # lazy: only bisect needs it
     from builder.bisect import answer as answers  # lazy: only bisect needs it
     from builder.bisect import session, sides  # lazy: only bisect needs it
     from builder.bisect.search import Step, gated  # lazy: only bisect needs it
     from builder.core.errors import BuildFailed  # lazy: only bisect needs it
+    from builder.gating.plan import make as make_plan  # lazy: only bisect needs it
     from builder.sources import mirror  # lazy: only bisect needs it
 
     good, bad = sides.load(good_path, "GOOD"), sides.load(bad_path, "BAD")

@@ -10,13 +10,13 @@ from typing import Any
 
 import pygit2
 
-from builder.accept.replay import bundle_file
 from builder.bisect import answer as answers
 from builder.bisect import commits as ranges
 from builder.bisect import search as searching
 from builder.bisect.sides import Side, differences
 from builder.core import log
 from builder.core.errors import NotAccepted
+from builder.gating.replay import bundle_file
 
 Probe = searching.Probe
 

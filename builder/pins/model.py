@@ -688,7 +688,7 @@ class Slurm(Strict):
     account: SlurmName | None = None
     qos: SlurmName | None = None
     # the longest allocation the site grants (its partition's MaxTime): a plan whose allocation (the gates'
-    # limits, the node check and the margin: builder/accept/plan.py) is longer is refused before submitting
+    # limits, the node check and the margin: builder/gating/plan.py) is longer is refused before submitting
     allocation_limit_s: Annotated[int, _ranged(60, 7 * 86_400, "seconds"), _range_schema(60, 7 * 86_400)] | None = None
     # node-local disk (enroot's/pyxis' cache): each node copies the .sqsh there by sha256 under a lock, checks it
     # and mounts that copy; default: every node mounts the shared file

@@ -16,7 +16,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from builder.accept import replay
 from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
@@ -32,6 +31,7 @@ from builder.core.records import (
     number,
 )
 from builder.core.safetext import clip
+from builder.gating import replay
 from builder.image.render import sha_tag
 from builder.lock.record import Lock
 from builder.pins.inputfile import read_text

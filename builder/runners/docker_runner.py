@@ -7,7 +7,6 @@ import json
 import uuid
 from typing import Any
 
-from builder.accept.runner import ARG_MAX, SETTINGS_FILE, gate_command, result_from_output
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import CACHE_ENV, LABEL_PREFIX
 from builder.core.errors import BadInput
@@ -16,6 +15,7 @@ from builder.engine import client as engine
 from builder.engine import containers
 from builder.engine.client import Client
 from builder.engine.containers import Bind, ContainerSpec
+from builder.gating.runner import ARG_MAX, SETTINGS_FILE, gate_command, result_from_output
 from builder.pins.model import Pins, check_mounts
 
 LABEL = f"{LABEL_PREFIX}.acceptance"          # value: the run id; on every acceptance container

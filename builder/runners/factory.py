@@ -8,10 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from builder.accept import gates
-from builder.accept.plan import AcceptancePlan, DockerPlace, Flags, SlurmPlace
-from builder.accept.plan import make as make_plan
-from builder.accept.runner import GateRunner
 from builder.core import log
 from builder.core.imageref import by_digest
 from builder.core.options import Settings
@@ -19,6 +15,10 @@ from builder.core.records import AcceptanceResult, EngineFacts, GateResult, Pull
 from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
+from builder.gating import gates
+from builder.gating.plan import AcceptancePlan, DockerPlace, Flags, SlurmPlace
+from builder.gating.plan import make as make_plan
+from builder.gating.runner import GateRunner
 from builder.pins.model import Pins
 from builder.runners import docker_runner
 from builder.runners import slurm_candidate as cluster
@@ -50,7 +50,7 @@ def open_runner(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str |
 
 def gate_image(plan: AcceptancePlan, pins: Pins, image: str, expected_id: str | None, settings: Settings,
                client: Client, run_id: str | None = None) -> AcceptanceResult:
-    """Open the plan's runner and run its gates (the gate loop, builder/accept/gates.py); the runner is closed at
+    """Open the plan's runner and run its gates (the gate loop, builder/gating/gates.py); the runner is closed at
     the end, also on error or interrupt."""
     runner, image_id, pulled = open_runner(plan, pins, image, expected_id, settings, client, run_id)
     return gates.run_gates(runner, image_id, plan, pins, pulled)

@@ -13,10 +13,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from builder.accept.runner import gate_command, result_from_output
 from builder.core.constants import CACHE_ENV
 from builder.core.errors import InfraError
 from builder.core.records import GateResult, RunnerFacts
+from builder.gating.runner import gate_command, result_from_output
 from builder.pins.model import Pins
 from builder.runners.docker_runner import TMPFS
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.accept.plan import AcceptancePlan, SlurmPlace
-from builder.accept.runner import GateRunner
 from builder.core import log
 from builder.core.errors import BadInput
 from builder.core.imageref import by_digest, split_digest
@@ -14,6 +12,8 @@ from builder.core.records import Pulled, SqshFacts
 from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
+from builder.gating.plan import AcceptancePlan, SlurmPlace
+from builder.gating.runner import GateRunner
 from builder.pins.model import Pins
 from builder.release import sqsh
 from builder.runners.slurm_runner import SlurmRunner

@@ -19,11 +19,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from builder.accept import runner as gate_runner
-from builder.accept.plan import AcceptancePlan, SlurmPlace
 from builder.core import log
 from builder.core.constants import CACHE_DIR, CACHE_ENV
 from builder.core.records import Evidence, GateResult, RunnerFacts, SqshFacts
+from builder.gating import runner as gate_runner
+from builder.gating.plan import AcceptancePlan, SlurmPlace
 from builder.pins.model import Pins
 from builder.runners import nodecheck, slurm
 from builder.runners import slurm_runtimes as runtimes

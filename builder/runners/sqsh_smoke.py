@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builder.accept.gates import gate_settings
+from builder.gating.gates import gate_settings
 from builder.pins import model as pins_mod
 from builder.runners.runc_runner import RuncRunner
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.accept import plan
 from builder.engine import client as engine
+from builder.gating import plan
 from builder.pins import model as pins_mod
 from builder.runners import factory
 from demo import cluster

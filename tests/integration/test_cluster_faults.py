@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from builder.accept import plan
 from builder.core import files
 from builder.core.options import Settings
 from builder.core.records import SqshFacts
+from builder.gating import plan
 from builder.pins import model
 from builder.runners import slurm
 from builder.runners.slurm_runner import SlurmRunner

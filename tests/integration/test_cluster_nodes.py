@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.accept import plan
 from builder.core.records import AcceptanceResult
 from builder.engine import client as engine
+from builder.gating import plan
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
 from builder.pins.model import Pins

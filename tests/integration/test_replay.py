@@ -16,10 +16,10 @@ import pytest
 
 from acceptance import replay as bundles
 from builder import pipeline
-from builder.accept import replay
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import Evidence, GateResult, Report
+from builder.gating import replay
 from builder.lock import record as lock_record
 from builder.report import document
 from builder.runners import docker_runner

@@ -352,7 +352,7 @@ def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path: Pa
 
 
 def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned() -> None:
-    from builder.accept.gates import gate_settings
+    from builder.gating.gates import gate_settings
     from builder.pins import model as pins_mod
     from builder.runners import docker_runner as host
 
@@ -375,7 +375,7 @@ def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned() -> None:
 
 
 def test_a_gate_result_comes_from_its_last_stdout_line_or_fails_naming_why() -> None:
-    from builder.accept.runner import result_from_output
+    from builder.gating.runner import result_from_output
 
     line = json.dumps({"name": "zero_update", "status": "pass", "reason": "diff 0", "evidence": {"steps": 1}})
     ok = result_from_output("zero_update", 0, "noise\n" + line + "\n", "err", False, 60)
@@ -387,7 +387,7 @@ def test_a_gate_result_comes_from_its_last_stdout_line_or_fails_naming_why() -> 
 
 
 def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins() -> None:
-    from builder.accept import gates as host
+    from builder.gating import gates as host
     from builder.pins import model as pins_mod
 
     pins = pins_mod.load(ROOT / "pins" / "nemotron-3.5-lightning.yaml")

@@ -17,7 +17,7 @@ IN_CONTAINER = (BUILDER / "engine" / "scripts", BUILDER / "lock" / "scripts")
 
 # The stage packages, lowest first: a module may import only from its own package or from one listed
 # before it. cli and pipeline are the two top-level modules above every package.
-ORDER = ("core", "pins", "engine", "sources", "lock", "image", "accept", "report", "release", "runners", "nightly",
+ORDER = ("core", "pins", "engine", "sources", "lock", "image", "gating", "report", "release", "runners", "nightly",
          "bisect", "pipeline", "cli", "__main__")
 
 
@@ -230,11 +230,11 @@ def test_only_the_engine_package_talks_to_the_docker_sdk() -> None:
 
 
 def test_the_engine_door_check_catches_a_planted_sdk_use() -> None:
-    planted = {"builder.accept.x": "def f():\n    import docker  # lazy: x\n",
+    planted = {"builder.gating.x": "def f():\n    import docker  # lazy: x\n",
                "builder.release.y": "def g(client):\n    return client.images.get('x')\n",
                "builder.engine.z": "import docker\n"}
     found = sdk_offenders(planted)
-    assert found[0] == "builder.accept.x: imports the Docker SDK" and "client.images.get" in found[1]
+    assert found[0] == "builder.gating.x: imports the Docker SDK" and "client.images.get" in found[1]
     assert len(found) == 2
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from builder.accept import plan
 from builder.core.errors import BadInput
 from builder.core.options import Settings
+from builder.gating import plan
 from builder.lock import record as lock_record
 from builder.pins import model
 from builder.runners import slurm_runtimes as runtimes
@@ -143,9 +143,9 @@ def test_the_slurm_flags_are_gone_from_the_commands() -> None:
 
 def test_no_module_above_the_runners_names_a_runner_kind() -> None:
     """Only the runners, their factory and the plan know the kinds; the rest read typed facts."""
-    allowed = {"builder/runners/docker_runner.py", "builder/accept/gates.py", "builder/runners/runc_runner.py",
-               "builder/accept/runner.py",
-               "builder/accept/plan.py", "builder/runners/slurm_runner.py", "builder/runners/slurm_runtimes.py",
+    allowed = {"builder/runners/docker_runner.py", "builder/gating/gates.py", "builder/runners/runc_runner.py",
+               "builder/gating/runner.py",
+               "builder/gating/plan.py", "builder/runners/slurm_runner.py", "builder/runners/slurm_runtimes.py",
                "builder/runners/slurm.py", "builder/runners/nodecheck.py", "builder/runners/slurm_candidate.py",
                "builder/runners/factory.py", "builder/cli.py"}
     kinds = re.compile(r"""\brunner\.kind\b|[!=]= *["'](docker|slurm|runc)["']|get\(["']runner["']\)"""
@@ -157,7 +157,7 @@ def test_no_module_above_the_runners_names_a_runner_kind() -> None:
 
 def test_no_string_key_reads_of_the_runner_facts_evidence_or_run_manifest_across_packages() -> None:
     reads = re.compile(r"""(\.container|\.evidence|run_manifest)(\.get\(|\[)""")
-    offenders = [f"{p}:{n}" for p in sorted((ROOT / "builder").rglob("*.py")) if "builder/accept/" not in str(p)
+    offenders = [f"{p}:{n}" for p in sorted((ROOT / "builder").rglob("*.py")) if "builder/gating/" not in str(p)
                  for n, line in enumerate(p.read_text().splitlines(), 1) if reads.search(line)]
     assert offenders == []
 

@@ -63,7 +63,7 @@ def test_the_cli_calls_the_pipeline_only() -> None:
                  and node.module == "builder" for a in node.names}
     modules = {m for m in imported if importlib.util.find_spec(m.rpartition(".")[0] or m) and _is_module(m)}
     stages = {m for m in modules if m.startswith("builder.") and m.split(".")[1] not in ("core", "pipeline")}
-    assert stages <= {"builder.pins", "builder.pins.model", "builder.accept", "builder.accept.plan"}, stages
+    assert stages <= {"builder.pins", "builder.pins.model", "builder.gating", "builder.gating.plan"}, stages
 
 
 def test_render_does_not_call_itself_pure() -> None:

@@ -1,15 +1,15 @@
 """An image of another architecture on the local engine runs emulated (binfmt): only provenance runs there, and every
-recipe gate reads not_run "needs a native <arch> node", never pass (builder/accept/plan.py, engine/platforms.py)."""
+recipe gate reads not_run "needs a native <arch> node", never pass (builder/gating/plan.py, engine/platforms.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from builder.accept import gates, plan
 from builder.core.options import Settings
 from builder.core.records import GateResult
 from builder.engine import platforms
+from builder.gating import gates, plan
 from builder.pins import model
 from builder.report import document
 from tests.unit.test_gate_selection import Recording

@@ -1,14 +1,14 @@
-"""Which gates an acceptance runs (builder/accept/gates.py): the ones asked for with --gate, else exactly the pins'
+"""Which gates an acceptance runs (builder/gating/gates.py): the ones asked for with --gate, else exactly the pins'
 required gates; every other gate is reported not_run with why, and a Slurm allocation is sized for the same set."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from builder.accept import gates, plan
 from builder.core.constants import GATES
 from builder.core.options import Settings
 from builder.core.records import Evidence, GateResult, RunnerFacts
+from builder.gating import gates, plan
 from builder.pins import model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ import pytest
 
 from acceptance import decide, metrics, perf
 from acceptance.defaults import METRICS as DEFAULT_METRICS
-from builder.accept import gates as accept_gates
 from builder.core.errors import BadInput
 from builder.core.records import Evidence, GateResult, GateStatus, Report
+from builder.gating import gates as accept_gates
 from builder.lock import record as lock_record
 from builder.nightly import rundiff
 from builder.pins import model as pins_mod

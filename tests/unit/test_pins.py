@@ -133,7 +133,7 @@ def test_yaml_exponent_without_dot_is_a_float(pins_dir: Path) -> None:
 def test_recipe_command_formats_hydra_overrides(pins_dir: Path) -> None:
     """The argv the suite runs in the image (acceptance.recipe.command) from the pins' gate settings."""
     from acceptance import recipe
-    from builder.accept.gates import gate_settings
+    from builder.gating.gates import gate_settings
 
     p = pins.load(write(pins_dir, GOOD))
     settings = dict(gate_settings(p, "rl_step"), overrides={**p.recipe.overrides, "+x.flag": True})

@@ -28,9 +28,9 @@ def test_step_record_waits_with_the_pauses_until_the_state_is_final(monkeypatch:
 
 
 def _runner() -> Any:
-    from builder.accept import plan
     from builder.core.options import Settings
     from builder.core.records import SqshFacts
+    from builder.gating import plan
     from builder.runners.slurm_runner import SlurmRunner
     from tests.unit.test_cluster_unit import _pins
 

@@ -1,5 +1,5 @@
-"""Host side of acceptance: the gate loop `run_gates` over a GateRunner (builder/accept/runner.py: one fresh
-container per gate, wherever it runs) driven by the acceptance plan (builder/accept/plan.py), and the performance
+"""Host side of acceptance: the gate loop `run_gates` over a GateRunner (builder/gating/runner.py: one fresh
+container per gate, wherever it runs) driven by the acceptance plan (builder/gating/plan.py), and the performance
 gate's interleaved repeats. The loop never learns which runner ran the gates (builder/runners/factory.py opens it)."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import time
 from typing import Any
 
 from acceptance import perf as perf_rule
-from builder.accept.plan import AcceptancePlan
-from builder.accept.runner import GateRunner
 from builder.core import log
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import MANIFEST
 from builder.core.records import AcceptanceResult, Evidence, GateResult, Pulled, RunnerFacts
+from builder.gating.plan import AcceptancePlan
+from builder.gating.runner import GateRunner
 from builder.pins.model import Pins
 
 
