@@ -60,17 +60,23 @@ def base_of(labels: dict[str, str], settings: Settings,
     return config, layers
 
 
-def push(manifest_digest: str, repository: str, base_name: str, settings: Settings,
-         tag: str | None = None) -> ImageRef:
-    """Push a normalised image (its blobs in the local store) by digest, and `tag` if given; return
-    `<repository>@<digest>`. Blobs the registry has are skipped (HEAD); blobs not made here are base
-    layers: mounted from the base repository, never re-uploaded."""
+def push(manifest_digest: str, repository: str, base_name: str | None, settings: Settings,
+         tag: str | None = None, on_session: Callable[[str], None] | None = None) -> ImageRef:
+    """Push an image whose blobs are in the local store (normalised, or builder/engine/local_store.py) by digest,
+    and `tag` if given; return `<repository>@<digest>`. Blobs the registry has are skipped (HEAD); blobs not in the
+    store are base layers: mounted from the base repository (`base_name`, else the config's base label), never
+    re-uploaded. `on_session`: told each upload session's path before its PUT (the publish journal)."""
     host, name = split_repository(repository)
+    try:
+        manifest = blob_path(settings, manifest_digest).read_bytes()
+    except OSError:
+        raise PublishError(f"{manifest_digest}: not in the image store {blob_path(settings, manifest_digest)}; "
+                           "expected the local image's blobs there") from None
+    doc = json.loads(manifest)
+    base_name = base_name or _base_label(settings, doc["config"]["digest"]) or repository
     base_host, base_repo = split_repository(base_name)
     reg = Registry.from_settings(host, settings)
     reg.ping()
-    manifest = blob_path(settings, manifest_digest).read_bytes()
-    doc = json.loads(manifest)
     counts = {"uploaded": 0, "mounted": 0, "present": 0, "copied": 0}
     with log.step(f"push {repository}@{manifest_digest[:19]}"):
         base_blobs = []
@@ -80,7 +86,7 @@ def push(manifest_digest: str, repository: str, base_name: str, settings: Settin
             if reg.has_blob(name, digest):
                 counts["present"] += 1
             elif path.exists():
-                reg.upload_blob(name, digest, str(path))
+                reg.upload_blob(name, digest, str(path), on_session)
                 counts["uploaded"] += 1
             elif base_host == host and reg.mount_blob(name, digest, base_repo):
                 counts["mounted"] += 1
@@ -98,6 +104,15 @@ def push(manifest_digest: str, repository: str, base_name: str, settings: Settin
             reg.put_manifest(name, tag, manifest, MANIFEST_TYPE)
     log.info(f"staged {repository}@{manifest_digest} ({', '.join(f'{v} {k}' for k, v in counts.items())})")
     return ImageRef(f"{repository}@{manifest_digest}")
+
+
+def _base_label(settings: Settings, config_digest: str) -> str | None:
+    """The base repository a stored config names in its labels (render writes it), or None."""
+    try:
+        config = json.loads(blob_path(settings, config_digest).read_bytes())
+        return str((config.get("config") or {}).get("Labels", {})[BASE_NAME])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> Pulled:

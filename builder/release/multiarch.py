@@ -24,7 +24,7 @@ from builder.core.imageref import ImageRef, digest_of
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
-from builder.engine import staging
+from builder.engine import local_store, staging
 from builder.engine.platforms import Platform, choose
 from builder.engine.registry import Registry, split_repository, verify_tag
 from builder.image.identity import build_inputs
@@ -163,9 +163,14 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
     tags = list(first.tags)
     with staging.repository_lock(first.repository, settings):
         journal.recover(first.repository, settings, registry, receipts_after_kill)
-        staged = [staging.accepted_ref(m.report, str(m.path)) or publish._push_local(
-            engine.connect(settings), m.report, None, str(m.path), settings) for m in members]
-        bodies = [_staged_manifest(registry, ref) for ref in staged]
+        accepted = [staging.accepted_ref(m.report, str(m.path)) for m in members]
+        staged, client = [], None
+        for m, acc in zip(members, accepted):
+            if acc is None:  # accepted on a local image: its blobs in the image store, pushed by digest below
+                client = client or engine.connect(settings)
+                acc = publish.local_ref(client, m.report, None, str(m.path), settings)
+            staged.append(acc)
+        bodies = [_staged_manifest(registry, ref, settings, acc is None) for ref, acc in zip(staged, accepted)]
         records = [member_record(m, str(ref.digest)) for m, ref in zip(members, staged)]
         index = index_body([descriptor(body, media, m.platform, rec)
                             for (body, media), m, rec in zip(bodies, members, records)])
@@ -178,7 +183,9 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
         moved = False
         try:
             with log.step(f"release {len(members)} platform manifests and the index -> {first.repository}"):
-                for m, ref in zip(members, staged):
+                for m, ref, acc in zip(members, staged, accepted):
+                    if acc is None:  # its stored blobs to staging by digest first, journaled
+                        publish.push_local(ref, plan, settings)
                     staging.release_manifest(str(ref), m.report.image_id, first.repository, settings)
                     verify_tag(registry, name, str(ref.digest), str(ref.digest), m.report.image_id, m.report.platform)
                 registry.put_manifest(name, digest, index, referrers.OCI_INDEX)
@@ -245,8 +252,12 @@ def receipts_after_kill(report_path: Path, digest: str, tags: list[str], setting
             index=record["index"]), path)
 
 
-def _staged_manifest(registry: Registry, ref: ImageRef) -> tuple[bytes, str]:
-    """The staged member's manifest bytes (hash-checked by the registry client) and media type."""
+def _staged_manifest(registry: Registry, ref: ImageRef, settings: Settings, local: bool) -> tuple[bytes, str]:
+    """The member's manifest bytes and media type: a staged one's from the registry (hash-checked by the registry
+    client), a local one's from the image store (pushed once the journal holds the intent)."""
+    if local:
+        body = local_store.stored_manifest(settings, str(ref.digest))
+        return body, str(json.loads(body).get("mediaType") or referrers.OCI_MANIFEST)
     _, s_name = split_repository(f"{ref.registry}/{ref.repository}")
     body = registry.manifest_by_digest(s_name, str(ref.digest))
     return body, str(json.loads(body).get("mediaType") or referrers.OCI_MANIFEST)

@@ -1,4 +1,4 @@
-"""Publish exactly the accepted image: tag, push, then verify what the registry serves.
+"""Publish exactly the accepted image by digest through the registry API, then verify what the registry serves.
 
 Refuses a report that is not ACCEPTED, a report whose gates do not support its verdict, and a
 report for another image than the local one.  A receipt is written into the report only after every
@@ -14,13 +14,13 @@ from pathlib import Path
 from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.errors import InfraError, PublishError
-from builder.core.imageref import ImageRef, hex_of
+from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
-from builder.engine import staging
+from builder.engine import local_store, staging
 from builder.engine.client import Client
-from builder.engine.registry import Registry, auth_config, mask, split_repository, verify_tag
+from builder.engine.registry import Registry, split_repository, verify_tag
 from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.release import attest, dsse, journal, referrers, sqsh_layout, trust, verify
@@ -56,25 +56,6 @@ def local_image(client: Client, report: Report, image: str | None, where: str) -
     return found
 
 
-def _push(client: Client, repository: str, tag: str, auth: dict[str, str] | None, secrets: list[str]) -> str:
-    """Push one tag; return the digest the engine reported.  Any error -> PublishError."""
-    digest, errors = "", []  # type: str, list[str]
-    try:
-        for item in engine.push(client, repository, tag, auth):
-            if "error" in item or "errorDetail" in item:
-                errors.append(item.get("error") or (item.get("errorDetail") or {}).get("message", "error"))
-            aux = item.get("aux") or {}
-            if aux.get("Tag") == tag and aux.get("Digest"):
-                digest = aux["Digest"]
-    except Exception as exc:  # the engine's refusal or a lost connection while streaming
-        raise PublishError(mask(f"push {repository}:{tag}: {type(exc).__name__}: {exc}", secrets)) from None
-    if errors:
-        raise PublishError(mask(f"push {repository}:{tag}: {errors[-1]}", secrets))
-    if not digest:
-        raise PublishError(f"push {repository}:{tag}: the engine reported no manifest digest")
-    return digest
-
-
 def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | None, settings: Settings,
             image: str | None = None, signing_key: Path | None = None, attest_once: bool = False,
             client: Client | None = None, sqsh: SqshMove | None = None,
@@ -100,13 +81,14 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
     key = attest.signer(signing_key or settings.signing_key, settings.key_passphrase)
     check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
+    local = staged is None  # accepted on a local image ID: release pushes its stored blobs to staging by digest
     with staging.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
         journal.recover(report.repository, settings, registry, receipt_after_kill,
                         lambda left: resume(left, registry, key, settings))
-        if staged is None:  # accepted on a local image ID: the engine pushes it to staging, by a tag there
-            staged = _push_local(client or engine.connect(settings), report, image, where, settings)
+        if staged is None:
+            staged = local_ref(client or engine.connect(settings), report, image, where, settings)
         receipt = release(report, report_path, pins, lock, settings, registry, key, staged, attest_once, sqsh,
-                          nightly or [])
+                          nightly or [], local=local)
     log.info(f"published {receipt.repository}@{receipt.digest} (config {receipt.config_digest}, "
              f"{receipt.platform}); verified")
     return receipt
@@ -127,13 +109,13 @@ def resume(left: journal.Journal, registry: Registry, key: dsse.PrivateKey | Non
     checked = trust.check(report, str(path))  # BadInput when the pins or the lock changed since
     if checked is None:
         raise PublishError(f"{path}: verdict is {report.verdict}")
-    staged = staging.accepted_ref(report, str(path)) or ImageRef(
-        f"{staging.staging_repository(report.repository)}@{left.digest}")
+    accepted = staging.accepted_ref(report, str(path))
+    staged = accepted or ImageRef(f"{staging.staging_repository(report.repository)}@{left.digest}")
     if str(staged.digest) != left.digest:
         raise PublishError(f"{path} now names {staged.digest}")
     check_signed_acceptance(report, path, key if left.signer else None, str(path))
     release(report, path, *checked, settings, registry, key if left.signer else None, staged, False, left.sqsh,
-            left.nightly)
+            left.nightly, local=accepted is None)
     if left.sqsh is not None:  # the .sqsh the killed run kept, now its pointer (hashed again first)
         if sqsh_layout.flip(left.sqsh, report.repository, left.digest, report.platform, settings, check=True):
             sqsh_layout.record_in_report(left.sqsh, path)
@@ -142,8 +124,9 @@ def resume(left: journal.Journal, registry: Registry, key: dsse.PrivateKey | Non
 
 def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings: Settings, registry: Registry,
             key: dsse.PrivateKey | None, staged: ImageRef, attest_once: bool, sqsh: SqshMove | None,
-            nightly: list[str]) -> PublishReceipt:
-    """The journaled order itself (publish's docstring), under the repository lock, on a checked report."""
+            nightly: list[str], local: bool = False) -> PublishReceipt:
+    """The journaled order itself (publish's docstring), under the repository lock, on a checked report. `local`:
+    the staged digest's blobs are in the image store (`local_ref`) and go to staging first, journaled too."""
     _, name = split_repository(report.repository)
     tags = [*report.tags, *(t for t in nightly if t not in report.tags)]
     digest = str(staged.digest)
@@ -157,6 +140,8 @@ def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings:
     moved = False
     try:
         with log.step(f"release {staged} -> {report.repository}@{digest[:19]}"):
+            if local:
+                push_local(staged, plan, settings)
             manifest, plan.media_type = staging.release_manifest(str(staged), report.image_id,
                                                                  report.repository, settings)
             facts = verify_tag(registry, name, digest, digest, report.image_id, report.platform)
@@ -257,26 +242,24 @@ def attest_published(report: Report, pins: Pins, lock: Lock, registry: Registry,
     return [d["digest"] for d in attached]
 
 
-def _push_local(client: Client, report: Report, image: str | None, where: str, settings: Settings) -> ImageRef:
-    """The accepted local image, pushed by the engine to the staging repository under a tag of its own there
-    (the engine pushes tags only); the release then promotes that digest like any staged one."""
+def local_ref(client: Client, report: Report, image: str | None, where: str, settings: Settings) -> ImageRef:
+    """Where the accepted local image goes by digest, `<staging repository>@<manifest digest>`, its blobs found or
+    saved into the image store (builder/engine/local_store.py); nothing is pushed here and no tag is made."""
     found = local_image(client, report, image, where)
-    stage = staging.staging_repository(report.repository)
-    auth = auth_config(split_repository(stage)[0], settings)  # that host's own credentials only
-    secrets = list(auth.values()) if auth else []
-    tag = f"publish-{hex_of(found)[:16]}"
-    if not engine.tag(client, found, f"{stage}:{tag}"):
-        raise PublishError(f"{where}: could not tag {found} as {stage}:{tag}")
-    try:
-        with log.step(f"push {stage}:{tag}"):
-            try:
-                digest = _push(client, stage, tag, auth, secrets)
-            except PublishError:
-                Registry.from_settings(split_repository(stage)[0], settings).ping()  # gone: InfraError (exit 3)
-                raise
-    finally:
-        engine.untag(client, f"{stage}:{tag}")
-    return ImageRef(f"{stage}@{digest}")
+    hint = report.build.manifest_digest if report.build is not None else None
+    digest = local_store.manifest_of(client, found, settings, hint or None)
+    return ImageRef(f"{staging.staging_repository(report.repository)}@{digest}")
+
+
+def push_local(staged: ImageRef, plan: journal.Journal, settings: Settings) -> None:
+    """The local image's stored blobs and manifest to staging by digest (the registry API, as a build stages it),
+    each upload session in the journal before its PUT; the release then promotes that digest."""
+    def session(target: str) -> None:
+        plan.uploads.append(target)
+        journal.write(plan, settings)
+        faults.point("publish: staging upload")
+
+    staging.push(str(staged.digest), staged.name, None, settings, on_session=session)
 
 
 def withdraw(registry: Registry, name: str, digest: str, artifacts: list[str], tags: list[str]) -> None:

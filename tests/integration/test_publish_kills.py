@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -54,6 +54,7 @@ class Release:
     new: str  # the accepted digest
     reg: Registry
     cluster: Path  # the same report as if accepted on a cluster: publish places its .sqsh
+    local: Path  # the same report as if accepted on the local image: publish stages it by digest first
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,8 @@ def release(demo_accepted: DemoAccepted, staged_demo: str,
     body = reg.manifest_by_digest(split_repository(base_host_name)[1], base_digest)
     old = old_release(reg, name, split_repository(base_host_name)[1], body, tags)
     cluster = cluster_report(report, release_pins, dsse.load_private(key), tmp / "cluster-run", tmp / "shared")
-    yield Release(report_json, key, repository, name, tags, old, built.manifest_digest, reg, cluster)
+    local = local_report(report, release_pins, dsse.load_private(key), tmp / "local-run")
+    yield Release(report_json, key, repository, name, tags, old, built.manifest_digest, reg, cluster, local)
     journal.delete_with_referrers(reg, name, built.manifest_digest)
     reg.delete_manifest(name, old)
 
@@ -116,6 +118,17 @@ def cluster_report(report: Report, pins: pins_mod.Pins, key: dsse.PrivateKey, ru
     return path
 
 
+def local_report(report: Report, pins: pins_mod.Pins, key: dsse.PrivateKey, run_dir: Path) -> Path:
+    """The report as if its gates had run on the local image (no staged digest): publish pushes the image's stored
+    blobs to staging by digest first."""
+    assert report.acceptance is not None and report.build is not None
+    report = report.model_copy(update={"acceptance": report.acceptance.model_copy(update={"pulled": None}),
+                                       "build": report.build.model_copy(update={"staged": None})})
+    path = report_mod.write(report, run_dir)["json"]
+    attest.sign_acceptance(report, pins, key, run_dir)
+    return path
+
+
 def old_release(reg: Registry, name: str, base_name: str, body: bytes, tags: list[str]) -> str:
     import json
 
@@ -135,7 +148,7 @@ def reset(rel: Release) -> None:
                              if b"vnd.oci" in body[:200] else "application/vnd.docker.distribution.manifest.v2+json")
     journal.delete_with_referrers(rel.reg, rel.name, rel.new)
     assert rel.reg.tag_digest(rel.name, rel.new) is None
-    for path in (rel.report, rel.cluster):  # the receipt of the previous trial goes: "not published" again
+    for path in (rel.report, rel.cluster, rel.local):  # the receipt of the previous trial goes: "not published" again
         if report_mod.load(path).publish is not None:
             report_mod.write(report_mod.load(path).model_copy(update={"publish": None, "sqsh": None}), path.parent)
 
@@ -188,7 +201,8 @@ def recovered(rel: Release, when: str, report: Path | None = None) -> str:
     return lines[0] if lines else ""
 
 
-def kill_at(rel: Release, failpoint: str, tmp_path: Path, report: Path | None = None) -> str:
+def kill_at(rel: Release, failpoint: str, tmp_path: Path, report: Path | None = None,
+            killed: Callable[[], None] | None = None) -> str:
     hold = tmp_path / "hold"
     hold.touch()
     report = report or rel.report
@@ -207,6 +221,8 @@ def kill_at(rel: Release, failpoint: str, tmp_path: Path, report: Path | None = 
     proc.wait(timeout=30)
     hold.unlink()
     check_invariant(rel, f"killed at {failpoint}")
+    if killed is not None:  # the caller's look at what the kill left, before the rerun
+        killed()
     return recovered(rel, failpoint, report)
 
 
@@ -253,6 +269,33 @@ def test_kill_before_the_sqsh_placement(release: Release, tmp_path: Path) -> Non
     assert hashlib.sha256(target.read_bytes()).hexdigest() == new.sqsh.sha256
     assert sqsh_layout.sums_path(target).read_text() == f"{new.sqsh.sha256}  {target.name}\n"
     assert {r.digest for r in sqsh_layout.records(SETTINGS) if r.pointer == str(pointer)} == {release.new}
+
+
+def test_kill_in_the_local_images_push_to_staging(release: Release, tmp_path: Path) -> None:
+    """A report accepted on the local image: publish pushes its stored blobs to staging by digest through the
+    registry API (no engine push, no tag there), journaled. SIGKILL with an upload session open, before its PUT: the
+    tags stay on the old release and the journal names the session; the rerun cancels it and finishes the publish of
+    the very digest the staged path publishes. Planted: the engine's push by a tag (the old path) leaves a tag in
+    staging; no session in the journal (or no cancel) leaves it open."""
+    reset(release)
+    stage = f"{release.name}-staging"
+    for tag in release.reg.tags(stage):  # another test's staged digests: the upload below must be a first one
+        digest = release.reg.tag_digest(stage, tag)
+        if digest:
+            release.reg.delete_manifest(stage, digest)
+    sessions: list[str] = []
+
+    def killed() -> None:
+        left = journal.read(release.repository, SETTINGS)
+        assert left is not None and left.phase == "manifest" and left.uploads, left
+        assert all(release.reg.tag_digest(release.name, t) == release.old for t in release.tags)
+        sessions.extend(left.uploads)
+
+    line = kill_at(release, "publish: staging upload", tmp_path, release.local, killed)
+    assert line.startswith("finished"), line
+    assert release.reg._request("GET", sessions[0]).status_code == 404, "the killed run's upload session is open"
+    assert release.reg.tags(stage) == [], "a tag in staging: the local image went by tag, not by digest"
+    assert release.reg.tag_digest(stage, release.new) == release.new
 
 
 def _part(directory: Path, data: bytes) -> Path:

@@ -162,13 +162,17 @@ class Registry:
                 self._request("DELETE", location if location.startswith("/") else _path_of(location))
         return resp.status_code == 201
 
-    def upload_blob(self, name: str, digest: str, path: str) -> None:
-        """POST an upload session, then PUT the whole file with its digest; the registry checks the digest."""
+    def upload_blob(self, name: str, digest: str, path: str,
+                    on_session: Callable[[str], None] | None = None) -> None:
+        """POST an upload session, then PUT the whole file with its digest; the registry checks the digest.
+        `on_session` is told the session's path (as a later DELETE cancels it) before the PUT."""
         start = self._request("POST", f"/v2/{name}/blobs/uploads/")
         location = start.headers.get("Location", "")
         if start.status_code != 202 or not location:
             raise PublishError(f"registry {self.host}: POST /v2/{name}/blobs/uploads/ answered {start.status_code}")
         target = location if location.startswith("/") else _path_of(location)
+        if on_session is not None:
+            on_session(target)
         sep = "&" if "?" in target else "?"
         with open(path, "rb") as fh:
             resp = self._request("PUT", f"{target}{sep}digest={digest}", data=fh,
