@@ -33,6 +33,14 @@ class TagMove(BaseModel):
     new: str
 
 
+class MemberSqsh(BaseModel):
+    """A multi-arch member's .sqsh: its pointer (named by its platform) flips once the tags serve the index."""
+    report: str
+    digest: str  # the member's manifest digest, which the pointer follows
+    platform: str
+    move: SqshMove
+
+
 class Journal(BaseModel):
     repository: str
     report: str
@@ -47,6 +55,7 @@ class Journal(BaseModel):
     nightly: list[str] = Field(default_factory=list)
     platform: str = ""  # the image's (a .sqsh pointer follows it); "" for an index
     signer: str = ""  # the key ID that attests it ("" without a key): only that key finishes it before its tags
+    members_sqsh: list[MemberSqsh] = Field(default_factory=list)  # an index publish's .sqsh per member
 
 
 def path_of(repository: str, settings: Settings) -> Path:
@@ -125,10 +134,15 @@ def finish(reg: Registry, name: str, journal: Journal, settings: Settings, recei
     done = [f"tags {', '.join(moved)}"]
     if _receipt(journal, settings, receipt):
         done.append("receipt")
-    if journal.sqsh is not None and _place_sqsh(journal, settings):
+    if journal.sqsh is not None and _place_sqsh(journal.sqsh, journal.report, journal.repository, journal.digest,
+                                                journal.platform, settings):
         done.append(".sqsh")
     elif journal.sqsh is None and journal.platform and journal.tags:  # a pointer of another image's .sqsh goes
         sqsh_layout.follow(settings, journal.repository, journal.tags[0].tag, journal.platform, journal.digest)
+    placed = [m.platform for m in journal.members_sqsh  # an index's members: each platform's pointer
+              if _place_sqsh(m.move, m.report, journal.repository, m.digest, m.platform, settings)]
+    if placed:
+        done.append(f".sqsh of {', '.join(placed)}")
     return (f"finished the publish of {journal.repository}@{journal.digest} that a killed run began: "
             + ", ".join(done))
 
@@ -137,8 +151,8 @@ def abandon(reg: Registry, name: str, journal: Journal, why: str) -> str:
     """No tag had moved and it cannot be finished (`why`): delete what that publish added and no tag serves (where
     the registry allows), and its kept .sqsh that no pointer names."""
     head = f"abandoned the publish of {journal.repository}@{journal.digest} that a killed run began ({why}; no tag had moved"
-    if journal.sqsh is not None:
-        sqsh_layout.drop_unnamed(Path(journal.sqsh.blob))
+    for move in ([journal.sqsh] if journal.sqsh is not None else []) + [m.move for m in journal.members_sqsh]:
+        sqsh_layout.drop_unnamed(Path(move.blob))
     served = {reg.tag_digest(name, m.tag) for m in journal.tags} | {reg.tag_digest(name, t) for t in journal.nightly}
     if journal.existed or journal.digest in served:
         return f"{head}; the digest was there before, kept)"
@@ -177,12 +191,11 @@ def _receipt(journal: Journal, settings: Settings, receipt: Receipt) -> bool:
     return True
 
 
-def _place_sqsh(journal: Journal, settings: Settings) -> bool:
+def _place_sqsh(move: SqshMove, report: str, repository: str, digest: str, platform: str,
+                settings: Settings) -> bool:
     """The pointer onto the .sqsh the killed publish kept by digest (hashed again first), and the report's record."""
-    move = journal.sqsh
-    assert move is not None
-    if not sqsh_layout.flip(move, journal.repository, journal.digest, journal.platform, settings, check=True):
+    if not sqsh_layout.flip(move, repository, digest, platform, settings, check=True):
         return False
-    if Path(journal.report).is_file():
-        sqsh_layout.record_in_report(move, Path(journal.report))
+    if Path(report).is_file():
+        sqsh_layout.record_in_report(move, Path(report))
     return True

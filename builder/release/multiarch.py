@@ -30,7 +30,7 @@ from builder.engine.registry import Registry, split_repository, verify_tag
 from builder.image.identity import build_inputs
 from builder.lock.record import Lock
 from builder.pins.model import Pins
-from builder.release import attest, dsse, journal, publish, referrers, trust, verify
+from builder.release import attest, dsse, journal, publish, referrers, sqsh_layout, sqsh_place, trust, verify
 from builder.report import document as report_mod
 
 RECORD_TYPE = f"{TOOL_URI}/multi-arch-index/v1"  # the index's signed record: each member and its gates
@@ -153,13 +153,36 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
     """Publish the accepted per-platform reports as one OCI index; returns `repository@<index digest>`."""
     members = load(paths)
     first = members[0].report
-    host, name = split_repository(first.repository)
+    host, _ = split_repository(first.repository)
     settings = settings.for_release(first.repository)
     registry = Registry.from_settings(host, settings)
     registry.ping()
     key = attest.signer(signing_key or settings.signing_key, settings.key_passphrase)
     for m in members:
         publish.check_signed_acceptance(m.report, m.path, key, str(m.path))
+    copies = [_prepare_sqsh(m, settings) for m in members]  # each cluster member's .sqsh checked, kept by digest
+    try:
+        at = _publish(members, copies, settings, registry, key)
+    finally:  # a kept file that no pointer names goes (a refused or failed publish)
+        for copy in copies:
+            if copy is not None:
+                copy.discard()
+    return at
+
+
+def _prepare_sqsh(m: Member, settings: Settings) -> sqsh_place.Copy | None:
+    """A cluster-accepted member's .sqsh copied and checked beside where it is placed (acceptance.slurm.publish_dir,
+    else where its gates read it), before anything is promoted; None for a member the Docker gates accepted."""
+    slurm = m.pins.acceptance.slurm
+    pinned = slurm.publish_dir if slurm is not None else None
+    return sqsh_place.prepare(m.report, str(m.path), settings, Path(pinned) if pinned else None)
+
+
+def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settings: Settings, registry: Registry,
+             key: dsse.PrivateKey | None) -> str:
+    """publish_index's journaled order under the repository lock; the members' .sqsh placed after the receipts."""
+    first = members[0].report
+    _, name = split_repository(first.repository)
     tags = list(first.tags)
     with staging.repository_lock(first.repository, settings):
         journal.recover(first.repository, settings, registry, receipts_after_kill)
@@ -178,7 +201,10 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
         plan = journal.Journal(repository=first.repository, report=str(members[0].path.absolute()), digest=digest,
                                media_type=referrers.OCI_INDEX, existed=registry.tag_digest(name, digest) is not None,
                                tags=[journal.TagMove(tag=t, old=registry.tag_digest(name, t), new=digest)
-                                     for t in tags])
+                                     for t in tags],
+                               members_sqsh=[journal.MemberSqsh(report=str(m.path.absolute()), digest=str(ref.digest),
+                                                                platform=m.report.platform, move=c.journal())
+                                             for m, ref, c in zip(members, staged, copies) if c is not None])
         journal.write(plan, settings)
         moved = False
         try:
@@ -219,13 +245,29 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
         faults.point("publish index: receipt")
         for m, receipt in zip(members, receipts):
             publish.record_receipt(m.report, receipt.model_copy(update={"index": at}), m.path)
-        journal.remove(first.repository, settings)
+        _place_sqsh(members, copies, receipts, key, settings)
+        journal.remove(first.repository, settings)  # the receipts and every member's .sqsh are done
     for rec in records:
         cut = ", ".join(f"{g['gate']} {g['status']}" for g in rec["not_required"])
         log.info(f"  {rec['platform']:<16} {rec['digest'][:19]} accepted on {', '.join(rec['accepted_on'])}"
                  + (f"; not required: {cut}" if cut else ""))
     log.info(f"published index {at} ({len(members)} platforms); tags {', '.join(tags)}")
     return at
+
+
+def _place_sqsh(members: list[Member], copies: list[sqsh_place.Copy | None], receipts: list[PublishReceipt],
+                key: dsse.PrivateKey | None, settings: Settings) -> None:
+    """Each member's pointer under the SHA tag, named by its platform, flipped onto its kept .sqsh in one rename
+    (following the member's digest), recorded in its report and, with a key, its placement signed; a member with
+    no .sqsh here removes a pointer of its platform that follows another digest."""
+    faults.point("publish index: sqsh")
+    for m, copy, receipt in zip(members, copies, receipts):
+        if copy is None:
+            sqsh_layout.follow(settings, m.report.repository, m.report.tags[0], m.report.platform, receipt.digest)
+            continue
+        sqsh_place.place(copy, report_mod.load(m.path), m.path, receipt)
+        if key is not None:
+            attest.sign_placement(report_mod.load(m.path), key, m.path.parent)
 
 
 def receipts_after_kill(report_path: Path, digest: str, tags: list[str], settings: Settings) -> None:
