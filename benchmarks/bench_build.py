@@ -23,7 +23,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from builder import pipeline  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.core.records import BuiltImage, RenderedBuild  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
@@ -31,6 +30,7 @@ from builder.engine import normalize, staging  # noqa: E402
 from builder.image import build, dockerfile, render  # noqa: E402
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod  # noqa: E402
+from builder.pipeline import releasing  # noqa: E402
 from builder.sources import resolve as sources  # noqa: E402
 from demo.prepare import LOCAL_PINS, prepare_demo, variant_pins  # noqa: E402
 
@@ -105,10 +105,10 @@ def sqsh_hit(report_path: Path) -> str:
         copy = Path(tmp) / "report.json"
         shutil.copy(report_path, copy)
         start = time.monotonic()
-        first = pipeline.export_sqsh(copy, SETTINGS, out=Path(tmp) / "first.sqsh")
+        first = releasing.export_sqsh(copy, SETTINGS, out=Path(tmp) / "first.sqsh")
         first_s = time.monotonic() - start
         start = time.monotonic()
-        second = pipeline.export_sqsh(copy, SETTINGS, out=Path(tmp) / "second.sqsh")
+        second = releasing.export_sqsh(copy, SETTINGS, out=Path(tmp) / "second.sqsh")
         second_s = time.monotonic() - start
     hit = "cache hit" in second.seconds and second.sha256 == first.sha256
     return (f"export-sqsh {first.image_id[:19]}: first {first_s:.2f} s ({'hit' if 'cache hit' in first.seconds else 'made'}),"

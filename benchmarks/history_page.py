@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder import pipeline  # noqa: E402
 from builder.core.options import Settings  # noqa: E402
 from builder.nightly import page  # noqa: E402
 from builder.nightly.history import History  # noqa: E402
+from builder.pipeline import nightly_runs  # noqa: E402
 from builder.report import document  # noqa: E402
 from tests.history_nights import SLOW_REASON, ZERO_REASON, Plan, write_nights  # noqa: E402
 
@@ -53,7 +53,7 @@ def newest_report(settings: Settings) -> Path:
 
 def timed_render(history: History, settings: Settings, out: Path, nights: int) -> float:
     started = time.perf_counter()
-    pipeline.history_page(settings, last=nights, out=out, history=history)
+    nightly_runs.history_page(settings, last=nights, out=out, history=history)
     return round(time.perf_counter() - started, 3)
 
 

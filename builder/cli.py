@@ -1,4 +1,4 @@
-"""Command line: parses arguments and calls the use cases in builder/pipeline.py; nothing else (its only
+"""Command line: parses arguments and calls the use cases in builder/pipeline/; nothing else (its only
 other import is the pins loader, so that bad input is refused before the pipeline's libraries load).
 
 Errors are caught once, in `main`: every exit code comes from the error hierarchy (builder/core/errors.py).
@@ -87,9 +87,9 @@ def settings() -> Settings:
 @app.command()
 def setup() -> None:
     """Start the Docker engine (network none) and the local registry, if not running."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import building  # lazy: start-up
 
-    typer.echo(json.dumps(pipeline.setup(settings()), indent=2))
+    typer.echo(json.dumps(building.setup(settings()), indent=2))
 
 
 @app.command("pins")
@@ -97,9 +97,9 @@ def pins_cmd(pins_path: Optional[Path] = typer.Argument(None, help="pins file (Y
              schema: bool = typer.Option(False, "--schema", help="print the JSON Schema of pins files instead")) -> None:
     """Validate a pins file and print it as JSON (stdout); with --schema, print the pins JSON Schema."""
     if schema:
-        from builder import pipeline  # lazy: start-up
+        from builder.pipeline import building  # lazy: start-up
 
-        sys.stdout.write(pipeline.pins_schema())
+        sys.stdout.write(building.pins_schema())
         return
     if pins_path is None:
         raise BadInput("PINS: expected a pins file (or --schema)")
@@ -111,10 +111,10 @@ def resolve(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: 
             json_out: Optional[Path] = typer.Option(None, "--json", help="also write the record here")) -> None:
     """Resolve the three pinned PRs; print a table (stderr) and the JSON record (stdout)."""
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import building  # lazy: start-up
 
     config = settings()
-    resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
+    resolved = building.resolve(pins, config, offline, allow_moved_pr)
     text = resolved.model_dump_json(indent=2)
     if json_out:
         fs.write_atomic(json_out, text + "\n")
@@ -128,15 +128,15 @@ def render(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: b
            ) -> None:
     """Print the Dockerfile; build nothing (the context is assembled but not sent)."""
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
-    from builder import pipeline  # lazy: start-up
     from builder.core import log  # lazy: start-up
+    from builder.pipeline import building  # lazy: start-up
 
     if pins_only:
-        sys.stdout.write(pipeline.render_pins_only(pins))
+        sys.stdout.write(building.render_pins_only(pins))
         return
     config = settings()
-    resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
-    rendered = pipeline.render(pins, pipeline.checked_lock(pins, resolved, config, offline), resolved, config,
+    resolved = building.resolve(pins, config, offline, allow_moved_pr)
+    rendered = building.render(pins, building.checked_lock(pins, resolved, config, offline), resolved, config,
                                review=True)
     log.info(f"context {rendered.context_path} sha256:{rendered.context_sha256}")
     sys.stdout.write(rendered.dockerfile)
@@ -148,38 +148,38 @@ def build(pins_path: Path = PinsArg, offline: bool = Offline, allow_moved_pr: bo
           quiet: bool = typer.Option(False, "--quiet", help="do not stream the build log")) -> None:
     """Resolve, render and build the image; print the build record as JSON."""
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import building  # lazy: start-up
 
     config = settings()
-    resolved = pipeline.resolve(pins, config, offline, allow_moved_pr)
-    rendered = pipeline.render(pins, pipeline.checked_lock(pins, resolved, config, offline), resolved, config)
-    built = pipeline.build(rendered, config, nocache=nocache, quiet=quiet)
+    resolved = building.resolve(pins, config, offline, allow_moved_pr)
+    rendered = building.render(pins, building.checked_lock(pins, resolved, config, offline), resolved, config)
+    built = building.build(rendered, config, nocache=nocache, quiet=quiet)
     typer.echo(built.model_dump_json(indent=2))
 
 
-@app.command()
-def accept(pins_path: Path = PinsArg,
-           image: Optional[str] = typer.Option(None, "--image", rich_help_panel=WHAT,
-                                               help="image ID, or REPOSITORY@sha256:... to pull (default: build from "
-                                                    "the pins)"),
-           gate: Optional[list[str]] = typer.Option(None, "--gate", rich_help_panel=WHAT,
-                                                    help="run only these gates (default: the pins' required_gates)"),
-           timeout: Optional[int] = typer.Option(None, "--timeout", min=1, max=86_400, rich_help_panel=WHAT,
-                                                 help="each gate's limit in seconds, 1..86400: its container or step "
-                                                      "and the builder's cancel (default: acceptance.timeout_s)"),
-           engine: Optional[str] = EngineOpt, slurm: bool = SlurmOpt,
-           offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
-           out: Optional[Path] = typer.Option(None, "--out", rich_help_panel=OUTPUT, help="run directory for the report"),
-           ) -> None:
+@app.command("accept")
+def accept_command(pins_path: Path = PinsArg,
+                           image: Optional[str] = typer.Option(None, "--image", rich_help_panel=WHAT,
+                                                       help="image ID, or REPOSITORY@sha256:... to pull (default: build from "
+                                                            "the pins)"),
+                   gate: Optional[list[str]] = typer.Option(None, "--gate", rich_help_panel=WHAT,
+                                                            help="run only these gates (default: the pins' required_gates)"),
+                   timeout: Optional[int] = typer.Option(None, "--timeout", min=1, max=86_400, rich_help_panel=WHAT,
+                                                         help="each gate's limit in seconds, 1..86400: its container or step "
+                                                              "and the builder's cancel (default: acceptance.timeout_s)"),
+                   engine: Optional[str] = EngineOpt, slurm: bool = SlurmOpt,
+                   offline: bool = Offline, allow_moved_pr: bool = AllowMoved,
+                   out: Optional[Path] = typer.Option(None, "--out", rich_help_panel=OUTPUT, help="run directory for the report"),
+                   ) -> None:
     """Run the acceptance suite in fresh containers and write the report; exit 1 unless ACCEPTED."""
     pins = load_pins(pins_path)  # bad input is refused before the pipeline is imported
     from builder.gating.plan import Flags  # lazy: start-up
 
     plan = make_plan(pins, Flags(image=image, gates=gate or (), timeout_s=timeout, engine_url=engine, slurm=slurm,
                                  offline=offline, allow_moved_pr=allow_moved_pr, out=out))
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import accepting  # lazy: start-up
 
-    pipeline.accept(pins, plan, settings()).require_accepted(pins_path)
+    accepting.accept_pins(pins, plan, settings()).require_accepted(pins_path)
 
 
 @app.command("lock")
@@ -193,9 +193,9 @@ def lock_cmd(pins_path: Path = PinsArg,
              offline: bool = Offline, allow_moved_pr: bool = AllowMoved) -> None:
     """Write the pins' lock (every wheel to build and run the three components offline, sha256-pinned)
     and fill the wheelhouse; with --check, only verify it."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import building  # lazy: start-up
 
-    result = pipeline.lock(pins_path, settings(), check=check, offline=offline, resolver=resolver,
+    result = building.lock(pins_path, settings(), check=check, offline=offline, resolver=resolver,
                            build_sdists=build_sdists, allow_moved_pr=allow_moved_pr, upgrade=upgrade)
     typer.echo(json.dumps({"lock": str(result.path), "sha256": result.sha256, "inputs_sha256": result.inputs_sha256,
                            "wheels": result.wheels, "wheelhouse": str(result.wheelhouse or ""),
@@ -206,9 +206,9 @@ def lock_cmd(pins_path: Path = PinsArg,
 def report_cmd(report_json: Path = typer.Argument(..., help="report.json of a run"),
                fmt: str = typer.Option("md", "--format", help="md | json | junit | ctrf | html")) -> None:
     """Print a stored report as Markdown, JSON, JUnit XML, CTRF JSON or one self-contained HTML page."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import accepting  # lazy: start-up
 
-    typer.echo(pipeline.report_html(report_json) if fmt == "html" else pipeline.report_text(report_json, fmt))
+    typer.echo(accepting.report_html(report_json) if fmt == "html" else accepting.report_text(report_json, fmt))
 
 
 @app.command()
@@ -221,14 +221,14 @@ def publish(report_jsons: list[Path] = typer.Argument(..., help="report.json of 
                                          "(default: acceptance.slurm.publish_dir, else where it was accepted)")) -> None:
     """Tag and push an ACCEPTED image, verify the digest the registry serves, attach signed attestations;
     a cluster-accepted report's .sqsh (+ .sha256) is placed under the same SHA tag name."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import releasing  # lazy: start-up
 
     if len(report_jsons) > 1:  # one OCI index of the per-platform members (builder/release/multiarch.py)
         if image or sqsh_dir:
             raise BadInput(f"{'--image' if image else '--sqsh-dir'}: one report's option; publish them one at a time")
-        typer.echo(json.dumps({"index": pipeline.publish_index(report_jsons, settings(), key=key)}))
+        typer.echo(json.dumps({"index": releasing.publish_index(report_jsons, settings(), key=key)}))
         return
-    receipt = pipeline.publish_report(report_jsons[0], settings(), image=image, key=key, sqsh_dir=sqsh_dir)
+    receipt = releasing.publish_report(report_jsons[0], settings(), image=image, key=key, sqsh_dir=sqsh_dir)
     typer.echo(receipt.model_dump_json(indent=2))
 
 
@@ -242,9 +242,9 @@ def export_sqsh(report_json: Path = typer.Argument(..., help="report.json of an 
                                               "container of the unpacked copy); the file-by-file check still runs "
                                               "and the record says the smoke was not run")) -> None:
     """Write the accepted image as an enroot .sqsh, check it file by file, smoke it, record it in the report."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import releasing  # lazy: start-up
 
-    record = pipeline.export_sqsh(report_json, settings(), out=out, squash_options=squash_options, smoke=not no_smoke)
+    record = releasing.export_sqsh(report_json, settings(), out=out, squash_options=squash_options, smoke=not no_smoke)
     typer.echo(record.model_dump_json(indent=2))
 
 
@@ -259,9 +259,9 @@ def replay(report_json: Path = typer.Argument(..., help="report.json of a run wh
     """Replay one gate's difference alone, through the same door as the gates. An ACCEPTED run: nothing failed
     (exit 0). A gate that must agree: exit 1 while the sides differ, 0 once they agree. `--gate control`: exit 0
     when the control arm's expected difference reproduces exactly. Exit 2 when the report has no bundle."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import accepting  # lazy: start-up
 
-    lines, code = pipeline.replay(report_json, settings(), gate=gate, image=image, slurm=slurm)
+    lines, code = accepting.replay(report_json, settings(), gate=gate, image=image, slurm=slurm)
     for line in lines:
         typer.echo(line)
     if code:
@@ -272,9 +272,9 @@ def replay(report_json: Path = typer.Argument(..., help="report.json of a run wh
 def rebuild(check: Path = typer.Option(..., "--check", help="report.json whose image to reproduce")) -> None:
     """Rebuild from the pins alone with no cache; exit 0 when the digests are the same, 1 with a
     per-layer file diff (also written into the report) when not."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import releasing  # lazy: start-up
 
-    typer.echo(json.dumps(pipeline.rebuild_check(check, settings()), indent=2))
+    typer.echo(json.dumps(releasing.rebuild_check(check, settings()), indent=2))
 
 
 @app.command("run")
@@ -297,9 +297,9 @@ def run_command(pins_path: Path = PinsArg,
     plan = make_plan(pins, Flags(engine_url=engine, slurm=slurm, stage=True, offline=offline,
                                  allow_moved_pr=allow_moved_pr, nocache=nocache, out=out, key=key, publish=publish,
                                  export=sqsh))
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import releasing  # lazy: start-up
 
-    done = pipeline.run(pins, plan, settings())
+    done = releasing.run(pins, plan, settings())
     if done.report.build is not None:
         typer.echo(f"manifest digest: {done.report.build.manifest_digest}")
 
@@ -311,9 +311,9 @@ def gc(older_than_days: float = typer.Option(7.0, "--older-than-days", min=0.0,
        ) -> None:
     """Free the cache, the engine and the local registry by the retention rule (docs/image.md); what a live run
     holds is never touched. Prints what was removed, and what was kept because a live run holds it."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import nightly_runs  # lazy: start-up
 
-    freed = pipeline.gc(settings(), older_than_s=older_than_days * 86400, keep_runs=keep_runs)
+    freed = nightly_runs.gc(settings(), older_than_s=older_than_days * 86400, keep_runs=keep_runs)
     typer.echo(json.dumps({"removed": freed.removed, "kept_live": freed.kept_live, "bytes": freed.bytes,
                            "refused": freed.refused}, indent=2))
 
@@ -326,12 +326,12 @@ def keygen(private: Path = typer.Argument(..., help="private key file to write (
            ecdsa: bool = typer.Option(False, "--ecdsa", help="an ECDSA P-256 key (as cosign makes) instead of ed25519"),
            ) -> None:
     """Write an ed25519 (or P-256) key pair for signing attestations; prints the public key path and key ID."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import releasing  # lazy: start-up
 
     passphrase = Settings.from_env().key_passphrase if encrypt else None
     if encrypt and not passphrase:
         raise BadInput("--encrypt: set BUILDER_KEY_PASSPHRASE or BUILDER_KEY_PASSPHRASE_FILE (never an argument)")
-    public, kid = pipeline.keygen(private, public, "ecdsa-p256" if ecdsa else "ed25519", passphrase)
+    public, kid = releasing.keygen(private, public, "ecdsa-p256" if ecdsa else "ed25519", passphrase)
     typer.echo(f"public key {public} (key ID {kid})")
 
 
@@ -348,9 +348,9 @@ def verify(reference: str = typer.Argument(..., help="REPOSITORY@sha256:<digest>
            ) -> None:
     """Check the attestations a trusted key signed for a published image; others are listed as untrusted.
     Exit 0 all pass, 1 naming the first failed check."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import releasing  # lazy: start-up
 
-    outcome = pipeline.verify(reference, key, settings(), require_all_keys=require_all_keys, platform=platform)
+    outcome = releasing.verify(reference, key, settings(), require_all_keys=require_all_keys, platform=platform)
     for line in outcome.passed:
         typer.echo(f"ok  {line}")
     for line in (outcome.untrusted, outcome.foreign):
@@ -382,14 +382,14 @@ def nightly(pins_paths: list[Path] = typer.Argument(..., help="pins files (YAML)
 
     flags = Flags(slurm=slurm, stage=True, out=out, key=key, publish=publish, follow_prs=follow_prs)
     if len(pins_paths) > 1:
-        from builder import pipeline  # lazy: start-up
+        from builder.pipeline import nightly_runs  # lazy: start-up
 
-        raise typer.Exit(pipeline.nightly_fleet(pins_paths, flags, settings(), jobs))
+        raise typer.Exit(nightly_runs.nightly_fleet(pins_paths, flags, settings(), jobs))
     pins = load_pins(pins_paths[0])  # bad input is refused before the pipeline is imported
     plan = make_plan(pins, flags)
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import nightly_runs  # lazy: start-up
 
-    pipeline.nightly(pins, plan, settings(), bisect_red=bisect_red)
+    nightly_runs.nightly(pins, plan, settings(), bisect_red=bisect_red)
 
 
 @app.command()
@@ -400,9 +400,9 @@ def history(name: Optional[list[str]] = typer.Option(None, "--name", help="pins 
             last: int = typer.Option(365, "--last", min=1, max=100_000, help="nights per pins name")) -> None:
     """Write the nightly history as one self-contained HTML page (trends, failure classes, a failing night in red,
     the newest night against the last accepted one); prints its path."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import nightly_runs  # lazy: start-up
 
-    typer.echo(str(pipeline.history_page(settings(), names=name or None, last=last, out=html)))
+    typer.echo(str(nightly_runs.history_page(settings(), names=name or None, last=last, out=html)))
 
 
 @app.command()
@@ -412,9 +412,9 @@ def compare(a: str = typer.Argument(..., help="report.json of the baseline, or l
             fmt: str = typer.Option("md", "--format", help="md | json | html")) -> None:
     """What moved from run A to run B: commits, lock lines, layers (digest, size), gate evidence, and whether the
     throughput moved beyond the performance gate's noise."""
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import nightly_runs  # lazy: start-up
 
-    typer.echo(pipeline.compare(a, b, settings(), fmt=fmt))
+    typer.echo(nightly_runs.compare(a, b, settings(), fmt=fmt))
 
 
 @app.command("bisect")
@@ -443,12 +443,12 @@ def bisect_cmd(good: Optional[Path] = typer.Argument(None, help="GOOD: a pins fi
     config = settings()
     if (good is None) == (good_night is None) or (bad is None) == (bad_night is None):
         raise BadInput("bisect: expected GOOD (or --good-night) and BAD (or --bad-night), one of each")
-    from builder import pipeline  # lazy: start-up
+    from builder.pipeline import bisecting  # lazy: start-up
 
-    good = good or pipeline.bisect_night(config, name, str(good_night), "--good-night")
-    bad = bad or pipeline.bisect_night(config, name, str(bad_night), "--bad-night")
+    good = good or bisecting.bisect_night(config, name, str(good_night), "--good-night")
+    bad = bad or bisecting.bisect_night(config, name, str(bad_night), "--bad-night")
 
-    answer = pipeline.bisect(good, bad, config, Flags(gates=gate or (), slurm=slurm, offline=offline, out=out),
+    answer = bisecting.bisect(good, bad, config, Flags(gates=gate or (), slurm=slurm, offline=offline, out=out),
                              json_path=json_out, max_steps=max_steps)
     first = answer.get("first_bad")
     typer.echo(f"first bad: {first['component']} {first['commit']} (PR #{first['pr']}) {first['subject']}; "

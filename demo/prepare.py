@@ -78,9 +78,9 @@ def variant_pins(out_dir: Path, component: str | None = None, pr: int | None = N
     out = out_dir / "pins.yaml"
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     if lock:
-        from builder import pipeline  # lazy: only when a variant needs its own lock
+        from builder.pipeline import building  # lazy: only when a variant needs its own lock
 
-        pipeline.lock(out, Settings.from_env())
+        building.lock(out, Settings.from_env())
     return out
 
 

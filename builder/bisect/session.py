@@ -1,6 +1,6 @@
 """One bisection: the preconditions, which component, the search per component, the answer.
 
-The probe (pipeline.bisect's: build the candidate under run-scoped local names, run the gates) is given; every step
+The probe (builder/pipeline/bisecting.py: build the candidate under run-scoped local names, run the gates) is given; every step
 goes to the state file as it ends, so a killed bisect resumes where it stopped."""
 from __future__ import annotations
 

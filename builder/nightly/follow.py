@@ -1,4 +1,4 @@
-"""The nightly's own steps (the use case is `builder.pipeline.nightly`): follow the PR heads, find the
+"""The nightly's own steps (the use case is `builder.pipeline.nightly_runs.nightly`): follow the PR heads, find the
 last ACCEPTED run of the same pins name (history in the cache), list the commits since, and move
 `nightly` + `nightly-YYYYMMDD` to the published digest, pruning old ones."""
 from __future__ import annotations

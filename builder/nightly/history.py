@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.core import log
+from builder.core.options import Settings
 from builder.core.records import Report
 
 BUSY_TIMEOUT_S = 60.0
@@ -140,3 +141,8 @@ def _run(row: tuple[Any, ...]) -> Run:
     return Run(id=row[0], pins_name=row[1], started=row[2], verdict=row[3], image_id=row[4], digest=row[5],
                commits=json.loads(row[6]), report_path=row[7], exit_code=row[8], regression=bool(row[9]),
                kind=str(row[10]))
+
+
+def open_history(settings: Settings) -> History:
+    """The history of this cache (history/runs.sqlite): every use case that records or reads runs opens this one."""
+    return History(settings.cache("history") / "runs.sqlite")

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from builder import pipeline
 from builder.core import files as fs
 from builder.core.errors import PublishError
 from builder.core.options import Settings
 from builder.engine.registry import Registry, split_repository
+from builder.pipeline import releasing
 from builder.report import document
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker, pytest.mark.slow]
@@ -75,7 +75,7 @@ def test_publish_refuses_a_sqsh_other_than_the_accepted(slurm_fleet: dict[str, A
     published = tmp_path / "published"
     published.mkdir()
     with pytest.raises(PublishError, match="refusing") as err:
-        pipeline.publish_report(report_json, SETTINGS, sqsh_dir=published)
+        releasing.publish_report(report_json, SETTINGS, sqsh_dir=published)
     assert words in str(err.value), str(err.value)
     nothing_published(report_json, published)
 
@@ -86,7 +86,7 @@ def test_publish_promotes_the_digest_and_places_the_sqsh_under_the_sha_tag(slurm
     report_json = copy_run(slurm_fleet["runs"]["a"], tmp_path / "run")
     published = tmp_path / "published"
     published.mkdir()
-    receipt = pipeline.publish_report(report_json, SETTINGS, sqsh_dir=published)
+    receipt = releasing.publish_report(report_json, SETTINGS, sqsh_dir=published)
     report = document.load(report_json)
     sha_tag = report.tags[0]
     host, name = split_repository(report.repository)

@@ -33,13 +33,13 @@ import pytest
 import websocket
 from PIL import Image
 
-from builder import pipeline
 from builder.core.options import Settings
 from builder.core.records import Report
 from builder.engine import normalize
 from builder.lock import record as lock_record
 from builder.nightly import page
 from builder.nightly.history import History
+from builder.pipeline import accepting, nightly_runs
 from builder.report import document
 from tests.fixture_types import DemoAccepted, MakeReportInputs
 from tests.history_nights import SLOW_REASON, ZERO_REASON, AfterRow, Plan, demo_plans, webhook, write_nights
@@ -197,7 +197,7 @@ def test_the_page_in_chromium(browser: Browser, report_inputs: MakeReportInputs,
     base = document.make_report(pins, lock_record.of(pins), sources, built, result)
     history = History(tmp_path / "history" / "runs.sqlite")
     write_nights(base, _plans(count), tmp_path / "runs", history)
-    path = pipeline.history_page(replace(settings, cache_root=tmp_path / "cache"), history=history)
+    path = nightly_runs.history_page(replace(settings, cache_root=tmp_path / "cache"), history=history)
     _checked(browser, path)
     if count == 0:
         assert browser.value("document.getElementById('empty') !== null") is True
@@ -251,7 +251,7 @@ def test_the_demo_nights_from_the_real_report(browser: Browser, demo_accepted: D
 
         def after_row(run_dir: Path, diff: dict[str, Any]) -> None:  # what `builder nightly` runs after its row
             flag = diff["regression"]
-            pipeline.nightly_page(history, run_dir, local, bool(flag["flag"]), flag["reasons"], None)
+            nightly_runs.nightly_page(history, run_dir, local, bool(flag["flag"]), flag["reasons"], None)
 
         paths, base = _demo_nights(demo_accepted, settings, local, history, tmp_path, after_row)
     assert [m["text"].split(": ", 2)[2] for m in hook.received] == [
@@ -262,7 +262,7 @@ def test_the_demo_nights_from_the_real_report(browser: Browser, demo_accepted: D
     path = history.path.parent / page.PAGE  # written by the last night's call
     _checked(browser, path)
     _check_nights(browser, 6, 3)
-    text = pipeline.compare(str(paths[1]), str(paths[2]), local, history=history)
+    text = nightly_runs.compare(str(paths[1]), str(paths[2]), local, history=history)
     slow = document.load(paths[2]).sources.components["vllm"].commit
     assert f"`{slow[:12]}` | **yes**" in text and "sha256:5e5e5e5e5e5e" in text
 
@@ -279,7 +279,7 @@ def test_the_report_page_in_chromium(browser: Browser, report_inputs: MakeReport
     failed = report.model_copy(update={"verdict": "NOT ACCEPTED", "reasons": ["required gate control: fail (planted)"]})
     document.write(failed, tmp_path)
     path = tmp_path / "report.html"
-    path.write_text(pipeline.report_html(tmp_path / "report.json"))
+    path.write_text(accepting.report_html(tmp_path / "report.json"))
     _checked(browser, path)
     assert not_blank(browser.screenshot("report"))
     assert not not_blank(Image.new("RGB", (400, 800), "white"))  # the check can fail: a blank page is caught
@@ -304,7 +304,7 @@ def test_the_compare_page_in_chromium(browser: Browser, report_inputs: MakeRepor
     paths = write_nights(base, _plans(4), tmp_path / "runs", history)  # night 4 fails performance
     local = replace(settings, cache_root=tmp_path / "cache")
     path = tmp_path / "compare.html"
-    path.write_text(pipeline.compare(str(paths[2]), str(paths[3]), local, fmt="html", history=history))
+    path.write_text(nightly_runs.compare(str(paths[2]), str(paths[3]), local, fmt="html", history=history))
     _checked(browser, path)
     assert not_blank(browser.screenshot("compare"))
     commits = {row[0]: row for row in _cells(browser, "table.compare-commits")[1:]}

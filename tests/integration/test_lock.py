@@ -10,11 +10,11 @@ from typing import Any
 import pygit2
 import pytest
 
-from builder import pipeline
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.lock import lockfile as lock
 from builder.lock import wheels
+from builder.pipeline import building
 from builder.sources import scmversion
 from tests.fixture_types import DockerClient
 
@@ -102,8 +102,8 @@ def hatch_pins(demo_pins: Path, tmp_path_factory: pytest.TempPathFactory) -> Cal
 def hatch_locked(hatch_pins: Callable[[int], Path], settings: Settings) -> tuple[Path, str, str]:
     """(pins path, lock text of the first run, lock text of the second run) for PR 1."""
     path = hatch_pins(1)
-    first = pipeline.lock(path, settings).text
-    second = pipeline.lock(path, settings).text
+    first = building.lock(path, settings).text
+    second = building.lock(path, settings).text
     return path, first, second
 
 
@@ -215,7 +215,7 @@ def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_l
     from builder import cli
 
     path = hatch_locked[0]
-    assert pipeline.lock(path, settings, check=True).inputs_sha256 == lock.recorded_inputs(hatch_locked[1])
+    assert building.lock(path, settings, check=True).inputs_sha256 == lock.recorded_inputs(hatch_locked[1])
     stale = hatch_pins(4)
     shutil.copyfile(path.parent / "locks" / "hatch.lock", stale.parent / "locks" / "hatch.lock")
     code = cli.run(["lock", str(stale), "--check"])
@@ -227,7 +227,7 @@ def test_check_passes_on_a_fresh_lock_and_fails_when_requirements_change(hatch_l
 def test_requirement_the_base_cannot_meet_is_bad_input(hatch_pins: Callable[[int], Path], hatch_locked: tuple[Path, str, str],
                                                        settings: Settings) -> None:
     with pytest.raises(BadInput, match=r"components.verl .*requires 'torch>=99' but the base .* provides torch 2.13.0"):
-        pipeline.lock(hatch_pins(2), settings)
+        building.lock(hatch_pins(2), settings)
 
 
 @pytest.mark.docker
@@ -236,8 +236,8 @@ def test_sdist_only_dependency_is_an_error_unless_built_in_the_base(hatch_pins: 
                                                                     settings: Settings) -> None:
     path = hatch_pins(3)
     with pytest.raises(BadInput, match=r"only an sdist for the base \(docopt==0.6.2\); pass --build-sdists"):
-        pipeline.lock(path, settings)
-    text = pipeline.lock(path, settings, build_sdists=True).text
+        building.lock(path, settings)
+    text = building.lock(path, settings, build_sdists=True).text
     line = next(ln for ln in text.splitlines() if ln.startswith("docopt==0.6.2 "))
     assert "built from sdist sha256 " in line and "py3-none-any.whl" in line
 

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from builder import cli, pipeline
+from builder import cli
 from builder.core.errors import BadInput
 from builder.core.imageref import ImageRef, digest_of
 from builder.engine import platforms, registry, staging
 from builder.image import build
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
+from builder.pipeline import building
 from builder.sources import resolve as sources
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS
@@ -114,7 +115,7 @@ def test_pinned_by_its_index_the_demo_builds_from_the_platform_manifest_into_the
     # the same platform's lock: written for the index digest (what `builder lock` records for these pins)
     lock_path.write_text(re.sub(r"base=sha256:[0-9a-f]{64}", f"base={both}", lock_path.read_text()))
     pins = pins_mod.load(pins_path)
-    rendered = pipeline.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
+    rendered = building.render(pins, lock_record.of(pins), sources.resolve(pins, SETTINGS), SETTINGS)
     demo_digest = demo_image[0].base.digest
     assert f"FROM {name}@{demo_digest}" in rendered.dockerfile and both not in rendered.dockerfile
     assert rendered.labels[staging.BASE_DIGEST] == demo_digest
@@ -135,7 +136,7 @@ def test_lock_and_build_refuse_an_index_without_the_platform_before_anything_els
         data["base"]["image"] = f"{name}@{arm_only}"  # type: ignore[index]
     pins_path = variant_pins(tmp_path, edit=arm_only_index, pins_path=demo_image[0].path)
     with pytest.raises(BadInput, match=r"no linux/amd64 entry \(it has linux/arm64/v8\)"):
-        pipeline.lock(pins_path, SETTINGS)  # before the base is read in a container
+        building.lock(pins_path, SETTINGS)  # before the base is read in a container
     capsys.readouterr()
     assert cli.run(["build", str(pins_path)]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from builder import cli, pipeline
+from builder import cli
 from builder.core.constants import LABEL_PREFIX
 from builder.core.errors import AttestationError, BadInput
 from builder.core.imageref import digest_of
 from builder.engine.registry import Registry
+from builder.pipeline import releasing
 from builder.release import attest, dsse, multiarch, referrers
 from builder.report import document as report
 from tests.conftest import SETTINGS
@@ -96,7 +97,7 @@ def test_two_accepted_platforms_publish_one_index(report_inputs: MakeReportInput
     line = capsys.readouterr().err.strip().splitlines()
     assert len(line) == 1 and "platform linux/arm64/v8 again" in line[0] and "one report per platform" in line[0]
     assert reg.tag_digest(name, "demo") is None and reg.tag_digest(name, amd.report.tags[0]) is None
-    at = pipeline.publish_index([amd.path, arm.path], SETTINGS)
+    at = releasing.publish_index([amd.path, arm.path], SETTINGS)
     digest = at.split("@")[1]
     index = json.loads(reg.manifest_by_digest(name, digest))
     assert index["mediaType"] == referrers.OCI_INDEX
@@ -140,15 +141,15 @@ def test_a_signed_index_verifies_each_member_against_its_own_acceptance(
                       image_id=platform_images["linux/arm64"])]
     for m in members:
         attest.sign_acceptance(m.report, m.pins, dsse.load_private(key), m.path.parent)
-    at = pipeline.publish_index([m.path for m in members], SETTINGS, key=key)
-    out = pipeline.verify(at.split("@")[0] + ":demo", [pub], SETTINGS, platform="linux/arm64")
+    at = releasing.publish_index([m.path for m in members], SETTINGS, key=key)
+    out = releasing.verify(at.split("@")[0] + ":demo", [pub], SETTINGS, platform="linux/arm64")
     arm = report.load(members[1].path).publish
     assert arm is not None and out.reference == f"{repo}@{arm.digest}"
     assert out.passed[0].endswith(f"its linux/arm64 member is {arm.digest}")
     assert "test result: PASSED (1)" in out.passed
     assert out.passed[-1].startswith("member gates: accepted on provenance (its own signed test result); "
                                      "not required: zero_update not_run")
-    full = pipeline.verify(at, [pub], SETTINGS, platform="linux/amd64").passed[-1]
+    full = releasing.verify(at, [pub], SETTINGS, platform="linux/amd64").passed[-1]
     assert full.startswith("member gates: accepted on provenance, ") and full.endswith("; every gate")
     # planted: an index whose signed record says the arm64 member also passed rl_step; its own test result did not
     reg, name = Registry("127.0.0.1:5000"), repo.split("/", 1)[1]

@@ -8,12 +8,12 @@ import pygit2
 import pytest
 import yaml
 
-from builder import pipeline
 from builder.core.errors import BuildFailed, StaleLock
 from builder.core.options import Settings
 from builder.engine import client as engine
 from builder.lock import native
 from builder.lock import record as lock_record
+from builder.pipeline import building
 from builder.report import manifest as manifest_layers
 from tests.fixture_types import DemoImage, DockerClient
 
@@ -72,7 +72,7 @@ def test_lock_check_names_a_changed_git_tag(demo_pins: Path, tmp_path: Path, set
     data["components"]["vllm"]["commit"] = sha
     pins_path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(StaleLock, match=r"stale: native input vllm/tinykernels: GIT_TAG v0.1.0 -> v0.2.0"):
-        pipeline.lock(pins_path, settings, check=True)
+        building.lock(pins_path, settings, check=True)
     assert native.parse((tmp_path / "locks" / "demo.lock").read_text()).inputs[0].ref == "v0.1.0"
 
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from builder import pipeline
 from builder.core.errors import PublishError
 from builder.core.records import EngineFacts
 from builder.engine import staging
 from builder.engine.registry import Registry, split_repository
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
+from builder.pipeline import releasing
 from builder.report import document as report_mod
 from demo.prepare import variant_pins
 from tests.conftest import SETTINGS
@@ -80,7 +80,7 @@ def base_manifest_into(stage_ref: str, base_image: str) -> tuple[str, str]:
 
 def test_promote_tags_exactly_the_accepted_digest(accepted_by_digest: tuple[Path, str, str], demo_accepted: DemoAccepted) -> None:
     report_json, ref, tag = accepted_by_digest
-    receipt = pipeline.publish_report(report_json, SETTINGS)
+    receipt = releasing.publish_report(report_json, SETTINGS)
     digest = ref.partition("@")[2]
     assert receipt.digest == digest == demo_accepted[2].manifest_digest
     assert receipt.config_digest == demo_accepted[2].image_id
@@ -104,7 +104,7 @@ def test_report_edited_to_name_another_digest_gets_no_tag(accepted_by_digest: tu
 
     edit(report_json, change)
     with pytest.raises(PublishError, match="acceptance|refusing"):
-        pipeline.publish_report(report_json, SETTINGS)
+        releasing.publish_report(report_json, SETTINGS)
     reg, name = registry_for(RELEASE + "@x")
     assert reg.tag_digest(name, tag) is None
 
@@ -116,6 +116,6 @@ def test_staging_manifest_replaced_after_acceptance_gets_no_tag(accepted_by_dige
     assert reg.delete_manifest(name, ref.partition("@")[2])
     base_manifest_into(ref, demo_image[0].base.image)  # something else now sits in staging
     with pytest.raises(PublishError, match="404|not"):
-        pipeline.publish_report(report_json, SETTINGS)
+        releasing.publish_report(report_json, SETTINGS)
     rel, rel_name = registry_for(RELEASE + "@x")
     assert rel.tag_digest(rel_name, tag) is None

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import requests
 
-from builder import pipeline
 from builder.core.errors import BadInput, InfraError, PublishError
 from builder.core.options import Settings
 from builder.core.records import Report
 from builder.engine.infra import Info
 from builder.engine.registry import MANIFEST_TYPES, Registry, verify_tag
 from builder.lock import record as lock_record
+from builder.pipeline import releasing
 from builder.report import document as report
 from tests.fixture_types import DemoAccepted, DockerClient, MakeReportInputs
 
@@ -240,7 +240,7 @@ def test_refuses_not_accepted_report(report_inputs: MakeReportInputs, tmp_path: 
                           statuses={"rl_step": "fail"})
     before = snapshot(paths)
     with pytest.raises(PublishError, match="verdict is NOT ACCEPTED; only an ACCEPTED image is published"):
-        pipeline.publish_report(paths["json"], SETTINGS)
+        releasing.publish_report(paths["json"], SETTINGS)
     assert snapshot(paths) == before
 
 
@@ -250,7 +250,7 @@ def test_refuses_report_whose_gates_contradict_its_verdict(report_inputs: MakeRe
     forged = rep.model_copy(update={"verdict": "ACCEPTED", "reasons": []})
     paths["json"].write_text(forged.model_dump_json())
     with pytest.raises(BadInput, match="acceptance.gates.control: required gate reads not run"):
-        pipeline.publish_report(paths["json"], SETTINGS)  # builder/release/trust.py: exit 2, before any registry call
+        releasing.publish_report(paths["json"], SETTINGS)  # builder/release/trust.py: exit 2, before any registry call
 
 
 @pytest.mark.docker
@@ -260,10 +260,10 @@ def test_refuses_report_for_another_image(report_inputs: MakeReportInputs, tmp_p
     _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client, tag_image=tiny_images["b"])
     before = snapshot(paths)
     with pytest.raises(PublishError, match="the report accepted"):
-        pipeline.publish_report(paths["json"], SETTINGS, image="builder-tests/tiny:b")
+        releasing.publish_report(paths["json"], SETTINGS, image="builder-tests/tiny:b")
     assert snapshot(paths) == before
     # a local tag of the same name moved by another run does not matter: publish goes by the accepted image ID
-    receipt = pipeline.publish_report(paths["json"], SETTINGS)
+    receipt = releasing.publish_report(paths["json"], SETTINGS)
     assert receipt.config_digest == tiny_images["a"]
 
 
@@ -279,7 +279,7 @@ def test_push_to_read_only_registry_fails_without_receipt(report_inputs: MakeRep
     before = snapshot(paths)
     # by digest through the registry API, to staging first: the read-only registry refuses the first upload
     with pytest.raises(PublishError, match=f"registry {host}: POST /v2/tests/readonly-staging/blobs/uploads/ answered"):
-        pipeline.publish_report(paths["json"], SETTINGS)
+        releasing.publish_report(paths["json"], SETTINGS)
     assert snapshot(paths) == before
     assert report.load(paths["json"]).publish is None
 
@@ -293,7 +293,7 @@ def test_stopped_registry_is_infra_error(report_inputs: MakeReportInputs, tmp_pa
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/stopped", tiny_images["a"], docker_client)
     before = snapshot(paths)
     with pytest.raises(InfraError, match=f"registry {host}: unreachable") as err:
-        pipeline.publish_report(paths["json"], SETTINGS)
+        releasing.publish_report(paths["json"], SETTINGS)
     assert err.value.exit_code == 3
     assert snapshot(paths) == before
 
@@ -314,7 +314,7 @@ def test_digest_mismatch_is_refused(report_inputs: MakeReportInputs, tmp_path: P
     _, paths = report_for(report_inputs, tmp_path, f"{host}/tests/tampered", tiny_images["a"], docker_client)
     before = snapshot(paths)
     with pytest.raises(PublishError, match=message):
-        pipeline.publish_report(paths["json"], SETTINGS)
+        releasing.publish_report(paths["json"], SETTINGS)
     assert snapshot(paths) == before
     for tag in report_for_tags(paths):  # withdrawn: the registry itself no longer serves the tags
         assert requests.head(f"http://{upstream}/v2/tests/tampered/manifests/{tag}", timeout=10,
@@ -335,7 +335,7 @@ def test_publish_pushes_verifies_and_records_receipt(report_inputs: MakeReportIn
                                                      infra_setup: Info) -> None:
     repo = "127.0.0.1:5000/tests/published"
     rep, paths = report_for(report_inputs, tmp_path, repo, tiny_images["a"], docker_client)
-    receipt = pipeline.publish_report(paths["json"], SETTINGS)
+    receipt = releasing.publish_report(paths["json"], SETTINGS)
     head, computed = served_digest(repo, rep.tags[0])
     assert receipt.verified and receipt.digest == head == computed
     assert served_digest(repo, "demo") == (head, computed)
@@ -362,7 +362,7 @@ def test_platform_other_than_reported_gets_no_receipt(report_inputs: MakeReportI
     _, paths = report_for(report_inputs, tmp_path, repo, tiny_images["b"], docker_client, platform="linux/arm64")
     before = snapshot(paths)
     with pytest.raises(PublishError, match="image platform linux/amd64, the report says linux/arm64"):
-        pipeline.publish_report(paths["json"], SETTINGS)
+        releasing.publish_report(paths["json"], SETTINGS)
     assert snapshot(paths) == before
 
 
@@ -376,13 +376,13 @@ def test_credentials_never_leak(report_inputs: MakeReportInputs, tmp_path: Path,
     monkeypatch.setenv("BUILDER_REGISTRY_USERNAME", "builder")
     monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", password)
     rep, paths = report_for(report_inputs, tmp_path / "ok", f"{host}/tests/auth", tiny_images["a"], docker_client)
-    receipt = pipeline.publish_report(paths["json"], Settings.from_env())
+    receipt = releasing.publish_report(paths["json"], Settings.from_env())
     assert receipt.digest == served_digest(f"{host}/tests/auth", rep.tags[0], auth=("builder", password))[1]
     # a wrong password fails with a masked message
     monkeypatch.setenv("BUILDER_REGISTRY_PASSWORD", "wrong-" + password)
     _, bad = report_for(report_inputs, tmp_path / "bad", f"{host}/tests/auth2", tiny_images["a"], docker_client)
     with pytest.raises(PublishError) as err:
-        pipeline.publish_report(bad["json"], Settings.from_env())
+        releasing.publish_report(bad["json"], Settings.from_env())
     assert password not in str(err.value) and "unauthorized" in str(err.value)
     out, errout = capfd.readouterr()
     texts = [out, errout, str(err.value), json.dumps(docker_client.api.inspect_image(tiny_images["a"]))]
@@ -402,7 +402,7 @@ def test_demo_image_accepted_report_and_publish(demo_accepted: DemoAccepted, tmp
     assert rep.run_manifest.layers()["source"]["verl"]["commit_in_image"] == pins.components["verl"].commit
     assert rep.run_manifest.layers()["installed_packages"]["vllm"]["version"] != "unknown"
     paths = report.write(rep, tmp_path)
-    receipt = pipeline.publish_report(paths["json"], SETTINGS)
+    receipt = releasing.publish_report(paths["json"], SETTINGS)
     head, computed = served_digest(pins.image.repository, rep.tags[0])
     assert receipt.digest == head == computed and receipt.config_digest == built.image_id
     stored = report.load(paths["json"])

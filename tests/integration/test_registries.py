@@ -32,13 +32,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import NameOID
 
-from builder import pipeline
 from builder.core.errors import PublishError
 from builder.core.imageref import ImageRef
 from builder.core.options import Settings
 from builder.engine.registry import Registry, copy_blobs, push_blob, put_manifest, verify_tag
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
+from builder.pipeline import releasing
 from builder.release import attest, dsse
 from builder.report import document
 from demo.prepare import variant_pins
@@ -317,7 +317,7 @@ def released(world: dict[str, Any], demo_image: DemoImage, docker_client: Docker
 
     pins = variant_pins(folder / "pins", edit=edit, pins_path=demo_image[0].path, share_cache=True)
     key = folder / "signing.key"
-    public, _ = pipeline.keygen(key, kind="ecdsa-p256", passphrase=PASSPHRASE)
+    public, _ = releasing.keygen(key, kind="ecdsa-p256", passphrase=PASSPHRASE)
     env = config_only(world, folder / "docker", {host: (USER, PASSWORD)})
     started = time.monotonic()
     run = cli("run", str(pins), "--publish", "--key", str(key), "--out", str(folder / "run"), env=env)

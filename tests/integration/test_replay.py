@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from acceptance import replay as bundles
-from builder import pipeline
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import Evidence, GateResult, Report
 from builder.gating import replay
 from builder.lock import record as lock_record
+from builder.pipeline import accepting
 from builder.report import document
 from builder.runners import docker_runner
 from builder.runners import factory as runners
@@ -188,7 +188,7 @@ def test_planted_zero_update_defect_replays_and_not_on_the_good_image(
         [f"error: replay: {cli.stdout.splitlines()[0]}"]
     assert _removed(docker_client, run_id, since) == ["replay"]  # one container, through the gates' door, gone
     print(f"zero_update gate {gate_s:.1f} s, replay (CLI, fresh container) {replay_s:.1f} s")  # bench_replay.py
-    lines, differs = pipeline.replay(report_json, dataclasses.replace(SETTINGS, run_id=run_id), gate="zero_update",
+    lines, differs = accepting.replay(report_json, dataclasses.replace(SETTINGS, run_id=run_id), gate="zero_update",
                                      image=good.image_id)
     assert not differs and lines[0].startswith(f"zero_update step 1 (weights, image {good.image_id}, ")
     assert lines[0].endswith("equal: no position differs"), lines
@@ -206,10 +206,10 @@ def test_good_run_report_says_nothing_to_replay(demo_image: Any, docker_client: 
     assert not (tmp_path / "replay").exists()
     assert "- zero_update: nothing to replay (nothing to replay: zero_update saw no difference" in \
         (tmp_path / "report.md").read_text()
-    lines, differs = pipeline.replay(report_json, SETTINGS)
+    lines, differs = accepting.replay(report_json, SETTINGS)
     assert not differs and lines[0].startswith("zero_update: nothing to replay"), lines
     with pytest.raises(BadInput, match="no replay bundle for gate rl_step"):
-        pipeline.replay(report_json, SETTINGS, gate="rl_step")
+        accepting.replay(report_json, SETTINGS, gate="rl_step")
 
 
 @pytest.mark.docker

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from builder import pipeline
 from builder.core.records import BuiltImage, ResolvedSources
 from builder.engine import client as engine
 from builder.engine import normalize, staging
 from builder.engine.registry import Registry, split_repository
 from builder.lock import record as lock_record
 from builder.pins.model import Pins
+from builder.pipeline import releasing
 from builder.report import document as report_mod
 from tests.conftest import SETTINGS
 from tests.fixture_types import DockerClient
@@ -57,7 +57,7 @@ def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_pins:
         for ref in attrs.get("RepoTags", []) + attrs.get("RepoDigests", []):
             engine.remove_image(docker_client, ref)  # every local reference (the image goes unless a child holds it)
         assert engine.inspect_image(docker_client, built.image_id) is None
-        result = pipeline.rebuild_check(report_json, SETTINGS)
+        result = releasing.rebuild_check(report_json, SETTINGS)
         assert result["status"] == "same", json.dumps(result)[:3000]
         assert result["rebuild"] == {"image_id": built.image_id, "manifest_digest": built.manifest_digest}
         again = staging.push(result["rebuild"]["manifest_digest"], staged.partition("@")[0], pins.base.name, SETTINGS)

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import requests
 
-from builder import pipeline
 from builder.core.options import Settings
 from builder.engine.registry import Registry, split_repository
 from builder.image.render import sha_tag
 from builder.nightly.history import History
 from builder.pins import model as pins_mod
+from builder.pipeline import nightly_runs
 from builder.report.document import image_tags
 from demo.prepare import variant_pins
 from tests.defects import without_performance
@@ -125,7 +125,7 @@ def test_run_not_accepted_exits_1_and_publishes_nothing(demo_pins: Path, tmp_pat
     history = History(settings.cache("history") / "runs.sqlite")
     row = next(r for r in history.runs(pins.name) if r.report_path == str(tmp_path / "run" / "report.json"))
     assert (row.kind, row.verdict, row.exit_code) == ("hand", "NOT ACCEPTED", 1)
-    page_text = pipeline.history_page(settings, names=[pins.name], out=tmp_path / "page.html",
+    page_text = nightly_runs.history_page(settings, names=[pins.name], out=tmp_path / "page.html",
                                       history=history).read_text()
     assert f'id="night-{row.id}"' in page_text and 'data-kind="hand"' in page_text
 

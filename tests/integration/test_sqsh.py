@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from builder import pipeline
 from builder.core import files as fs
 from builder.core import options
 from builder.core.constants import SOURCE_DATE_EPOCH
@@ -28,6 +27,7 @@ from builder.core.records import SqshExport
 from builder.engine import normalize
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
+from builder.pipeline import releasing
 from builder.release import attest, dsse, sqsh
 from builder.release import sqsh_rootfs as layers
 from builder.release import sqsh_trees as trees
@@ -413,7 +413,7 @@ def test_export_refuses_a_report_that_is_not_accepted(report_inputs: MakeReportI
     rep = report.make_report(*with_lock(report_inputs(statuses={"rl_step": "fail"})))
     path = report.write(rep, tmp_path)["json"]
     with pytest.raises(NotAccepted, match="only an ACCEPTED image is exported"):
-        pipeline.export_sqsh(path, settings)
+        releasing.export_sqsh(path, settings)
     out = subprocess.run([sys.executable, "-m", "builder.cli", "export-sqsh", str(path)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "NOT ACCEPTED" in out.stderr
@@ -424,9 +424,9 @@ def test_export_refuses_a_bad_out_before_any_work(report_inputs: MakeReportInput
     path = report.write(report.make_report(*with_lock(report_inputs())), tmp_path)["json"]
     for bad in (tmp_path / "image.tar", tmp_path / "missing" / "x.sqsh"):
         with pytest.raises(BadInput, match="expected a file name ending in .sqsh in an existing directory"):
-            pipeline.export_sqsh(path, settings, out=bad)
+            releasing.export_sqsh(path, settings, out=bad)
     with pytest.raises(BadInput, match="--squash-options"):
-        pipeline.export_sqsh(path, settings, squash_options="-comp lzo -ef /etc/x")
+        releasing.export_sqsh(path, settings, squash_options="-comp lzo -ef /etc/x")
 
 
 def test_run_sqsh_without_publish_is_bad_input() -> None:
@@ -447,8 +447,8 @@ def demo_sqsh(demo_accepted: DemoAccepted, docker_client: DockerClient, settings
     run = tmp_path_factory.mktemp("sqsh-run")
     path = report.write(report.make_report(pins, lock_record.of(pins), sources, built, acceptance), run)["json"]
     assert report.load(path).verdict == "ACCEPTED"
-    pipeline.keygen(run / "key")
-    return path, pipeline.export_sqsh(path, settings, squash_options=FAST, key=run / "key")
+    releasing.keygen(run / "key")
+    return path, releasing.export_sqsh(path, settings, squash_options=FAST, key=run / "key")
 
 
 @pytest.mark.docker
@@ -557,7 +557,7 @@ def test_a_warm_export_reads_only_the_layers_above_the_kept_tree_from_the_build_
 def test_exporting_an_exported_digest_again_is_a_checked_cache_hit(demo_sqsh: tuple[Path, SqshExport], settings: Settings,
                                                                    tmp_path: Path) -> None:
     path, record = demo_sqsh
-    again = pipeline.export_sqsh(path, settings, squash_options=FAST, out=tmp_path / "again.sqsh")
+    again = releasing.export_sqsh(path, settings, squash_options=FAST, out=tmp_path / "again.sqsh")
     assert "cache hit" in again.seconds and again.sha256 == record.sha256 and again.image_id == record.image_id
     kept = tmp_path / f"sha256-{record.sha256}.sqsh"  # copied here by digest, `again.sqsh` the pointer onto it
     assert os.readlink(tmp_path / "again.sqsh") == kept.name and again.path == str(kept)

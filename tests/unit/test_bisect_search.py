@@ -10,7 +10,6 @@ from pathlib import Path
 import pygit2
 import pytest
 
-from builder import pipeline
 from builder.bisect import answer, commits, search, session, sides
 from builder.bisect.search import Search, Step, Verdict
 from builder.core import files as fs
@@ -19,6 +18,7 @@ from builder.core.options import Settings
 from builder.lock import record as lock_record
 from builder.nightly import notify, page
 from builder.nightly.history import History
+from builder.pipeline import nightly_runs
 from builder.report import document
 from tests.fixture_types import MakeReportInputs
 from tests.history_nights import demo_plans, write_nights
@@ -126,7 +126,7 @@ def test_the_history_row_links_the_first_bad_commit_and_the_message_names_it(rep
     first = {"component": "verl", "commit": "e" * 40, "pr": 42, "subject": "s5", "gate": "zero_update"}
     (red.parent / page.BISECT).mkdir()
     fs.write_atomic(red.parent / page.BISECT / "bisect.json", json.dumps({"first_bad": first}))
-    text = pipeline.history_page(replace(settings, cache_root=tmp_path / "cache"), history=history).read_text()
+    text = nightly_runs.history_page(replace(settings, cache_root=tmp_path / "cache"), history=history).read_text()
     rows = dict(re.findall(r'<tr id="night-(\d+)"(.*?)</tr>', text, re.S))
     assert [n for n, r in sorted(rows.items()) if "first bad: verl eeeeeeeeee (zero_update)" in r] == ["3"]
     assert str(red.parent / page.BISECT / "bisect.md") in rows["3"]

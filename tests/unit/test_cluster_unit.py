@@ -163,14 +163,14 @@ def test_no_string_key_reads_of_the_runner_facts_evidence_or_run_manifest_across
 
 
 def test_sqsh_dir_for_a_docker_accepted_report_is_refused(report_inputs: Any, tmp_path: Path) -> None:
-    from builder import pipeline
+    from builder.pipeline import releasing
     from builder.report import document
 
     pins, sources, build, acceptance = report_inputs(repository="127.0.0.1:5000/tests/sqsh-dir")
     paths = document.write(document.make_report(pins, lock_record.of(pins), sources, build, acceptance), tmp_path)
     before = paths["json"].read_bytes()
     with pytest.raises(BadInput, match=r"^--sqsh-dir: .* accepted by Docker gates"):
-        pipeline.publish_report(paths["json"], Settings.from_env(), sqsh_dir=tmp_path / "elsewhere")
+        releasing.publish_report(paths["json"], Settings.from_env(), sqsh_dir=tmp_path / "elsewhere")
     assert paths["json"].read_bytes() == before
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from builder import pipeline
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import Report
@@ -21,6 +20,7 @@ from builder.engine import normalize
 from builder.lock import record as lock_record
 from builder.nightly import compare
 from builder.nightly.history import History
+from builder.pipeline import nightly_runs
 from builder.report import document
 from tests.fixture_types import MakeReportInputs
 from tests.history_nights import demo_plans, write_nights
@@ -93,16 +93,16 @@ def test_changed_lock_lines_from_the_copy_beside_each_report(nights: tuple[Setti
 
 def test_last_accepted_is_the_newest_accepted_night_before(nights: tuple[Settings, History, list[Path]]) -> None:
     local, history, paths = nights
-    text = pipeline.compare(compare.LAST_ACCEPTED, str(paths[5]), local, fmt="json", history=history)
+    text = nightly_runs.compare(compare.LAST_ACCEPTED, str(paths[5]), local, fmt="json", history=history)
     assert json.loads(text)["old"]["path"] == str(paths[1])  # nights 3 to 5 were not accepted
-    page = pipeline.compare(str(paths[5]), compare.LAST_ACCEPTED, local, fmt="html", history=history)
+    page = nightly_runs.compare(str(paths[5]), compare.LAST_ACCEPTED, local, fmt="html", history=history)
     assert page.startswith("<!DOCTYPE html>") and str(paths[1]) in page and "<script" not in page
     with pytest.raises(BadInput, match="last-accepted: no accepted nightly run"):
-        pipeline.compare(compare.LAST_ACCEPTED, str(paths[0]), local, history=history)
+        nightly_runs.compare(compare.LAST_ACCEPTED, str(paths[0]), local, history=history)
     with pytest.raises(BadInput, match="at most one side"):
-        pipeline.compare(compare.LAST_ACCEPTED, compare.LAST_ACCEPTED, local, history=history)
+        nightly_runs.compare(compare.LAST_ACCEPTED, compare.LAST_ACCEPTED, local, history=history)
     with pytest.raises(BadInput, match="--format"):
-        pipeline.compare(str(paths[0]), str(paths[1]), local, fmt="pdf", history=history)
+        nightly_runs.compare(str(paths[0]), str(paths[1]), local, fmt="pdf", history=history)
 
 
 def test_layers_unknown_when_the_manifest_blob_is_gone(nights: tuple[Settings, History, list[Path]]) -> None:

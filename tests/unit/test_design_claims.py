@@ -8,19 +8,21 @@ import inspect
 import re
 from pathlib import Path
 
-from builder import pipeline
+from builder.pipeline import accepting, bisecting, building, nightly_runs, releasing
 
 ROOT = Path(__file__).resolve().parents[2]
 DESIGN = (ROOT / "DESIGN.md").read_text()
+USE_CASES = {m.__name__.rpartition(".")[2]: m for m in (accepting, bisecting, building, nightly_runs, releasing)}
 
 
 def _listed() -> list[tuple[str, list[str], bool]]:
-    """(function, parameter names, '...' given) for each `pipeline.f(a, b, ...)` line of the contracts block."""
+    """(module.function, parameter names, '...' given) for each use case's `<module>.f(a, b, ...)` line of the
+    contracts block (the modules of builder/pipeline/)."""
     block = DESIGN.split("```", 2)[1]
     out = []
-    for name, args in re.findall(r"^pipeline\.(\w+)\(([^)]*)\)", block, re.M):
+    for module, name, args in re.findall(rf"^({'|'.join(USE_CASES)})\.(\w+)\(([^)]*)\)", block, re.M):
         names = [a.strip() for a in args.split(",") if a.strip()]
-        out.append((name, [a for a in names if a != "..."], "..." in names))
+        out.append((f"{module}.{name}", [a for a in names if a != "..."], "..." in names))
     return out
 
 
@@ -28,11 +30,12 @@ def test_design_lists_the_pipeline_signatures_as_they_are() -> None:
     listed = _listed()
     assert len(listed) >= 15
     for name, names, more in listed:
-        params = list(inspect.signature(getattr(pipeline, name)).parameters.values())
-        assert [p.name for p in params[:len(names)]] == names, f"DESIGN.md: pipeline.{name}({', '.join(names)})"
+        module, _, func = name.partition(".")
+        params = list(inspect.signature(getattr(USE_CASES[module], func)).parameters.values())
+        assert [p.name for p in params[:len(names)]] == names, f"DESIGN.md: {name}({', '.join(names)})"
         rest = params[len(names):]
         if not more:
-            assert rest == [], f"DESIGN.md: pipeline.{name} also takes {[p.name for p in rest]}: add ', ...'"
+            assert rest == [], f"DESIGN.md: {name} also takes {[p.name for p in rest]}: add ', ...'"
         else:
             assert rest and all(p.default is not inspect.Parameter.empty for p in rest), name
 

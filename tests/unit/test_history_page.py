@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from builder import pipeline
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import Report
 from builder.lock import record as lock_record
 from builder.nightly import page
 from builder.nightly.history import History
+from builder.pipeline import accepting, nightly_runs
 from builder.report import document
 from builder.report import html as html_mod
 from tests.fixture_types import MakeReportInputs
@@ -60,7 +60,7 @@ def test_demo_nights_are_classified_new_recurring_fixed(base: Report, tmp_path: 
 
 def test_the_page_marks_the_failing_nights_and_draws_the_trends(base: Report, local: Settings, tmp_path: Path) -> None:
     history, _ = _history(base, tmp_path)
-    path = pipeline.history_page(local, history=history)
+    path = nightly_runs.history_page(local, history=history)
     text = path.read_text()
     assert path == history.path.parent / "history.html"
     assert [_row(text, n).split(">")[0].count("failing") for n in range(1, 7)] == [0, 0, 1, 1, 1, 0]
@@ -76,7 +76,7 @@ def test_the_page_marks_the_failing_nights_and_draws_the_trends(base: Report, lo
 def test_a_row_whose_report_is_gone_shows_as_such(base: Report, local: Settings, tmp_path: Path) -> None:
     history, paths = _history(base, tmp_path)
     paths[1].unlink()  # night 2, as `builder gc` leaves it
-    text = pipeline.history_page(local, history=history).read_text()
+    text = nightly_runs.history_page(local, history=history).read_text()
     assert "report gone" in _row(text, 2) and "gone" in _row(text, 2).split(">")[0]
     assert 'c c-unknown">unknown' in _row(text, 3)  # the night after: no previous night to classify against
     assert "report gone" not in _row(text, 1)
@@ -86,7 +86,7 @@ def test_hostile_reasons_are_escaped(base: Report, local: Settings, tmp_path: Pa
     history = History(tmp_path / "h" / "runs.sqlite")
     plan = demo_plans(GOOD, SLOW, DEFECT, FIXED)[2]
     write_nights(base, [replace(plan, failing={"performance": "<script>alert(1)</script>"})], tmp_path / "runs", history)
-    text = pipeline.history_page(local, history=history).read_text()
+    text = nightly_runs.history_page(local, history=history).read_text()
     assert "<script>alert" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
@@ -107,18 +107,18 @@ def test_last_takes_the_newest_nights_classified_against_the_one_before(base: Re
     nights = page.nights(history, base.name, 2, page.FactsCache(tmp_path / "cache.json"))
     assert [n.row.id for n in nights] == [5, 6] and nights[0].classes == {"zero_update": "recurring"}
     with pytest.raises(BadInput, match="--last"):
-        pipeline.history_page(local, last=0, history=history)
+        nightly_runs.history_page(local, last=0, history=history)
 
 
 def test_an_empty_history_renders_a_page_that_says_so(local: Settings, tmp_path: Path) -> None:
-    text = pipeline.history_page(local, history=History(tmp_path / "h" / "runs.sqlite")).read_text()
+    text = nightly_runs.history_page(local, history=History(tmp_path / "h" / "runs.sqlite")).read_text()
     assert 'id="empty"' in text and "<svg" not in text
 
 
 def test_report_as_html_from_the_same_templates(base: Report, tmp_path: Path) -> None:
     failed = base.model_copy(update={"verdict": "NOT ACCEPTED", "reasons": ["required gate control: fail (x)"]})
     document.write(failed, tmp_path)
-    text = pipeline.report_html(tmp_path / "report.json")
+    text = accepting.report_html(tmp_path / "report.json")
     assert 'id="verdict" class="banner bad">NOT ACCEPTED' in text
     assert all(f"<td>{g.name}</td>" in text for g in base.gates) and "required gate control: fail (x)" in text
     assert "<script" not in text and base.image_id in text

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from builder import pipeline
 from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.lock import record as lock_record
 from builder.nightly import notify
 from builder.nightly.history import History, Run
+from builder.pipeline import nightly_runs
 from builder.report import document
 from tests.fixture_types import MakeReportInputs
 from tests.history_nights import Hook, demo_plans, webhook, write_nights
@@ -42,7 +42,7 @@ def _nights(report_inputs: MakeReportInputs, settings: Settings, tmp_path: Path,
 
     def after_row(run_dir: Path, diff: dict[str, Any]) -> None:
         regression = diff["regression"]
-        pipeline.nightly_page(history, run_dir, settings, bool(regression["flag"]), regression["reasons"], None)
+        nightly_runs.nightly_page(history, run_dir, settings, bool(regression["flag"]), regression["reasons"], None)
 
     write_nights(base, demo_plans(GOOD, SLOW, DEFECT, FIXED)[:count], tmp_path / "runs", history, after_row=after_row)
     return history
