@@ -261,3 +261,17 @@ def to_markdown(diff: dict[str, Any]) -> str:
 
 def to_html(diff: dict[str, Any]) -> str:
     return html_mod.render("compare_page.html.j2", diff=diff)
+
+
+FORMATS = ("md", "json", "html")
+
+
+def compare_text(a: str, b: str, history: History, settings: Settings, fmt: str = "md") -> str:
+    """`builder compare A B` as Markdown, JSON or one HTML page (A may be `last-accepted`)."""
+    if fmt not in FORMATS:
+        raise BadInput(f"--format: expected md, json or html, got {fmt[:40]!r}")
+    (old, old_path), (new, new_path) = load_pair(a, b, history)
+    diff = compare(old, new, old_path, new_path, settings)
+    if fmt == "json":
+        return json.dumps(diff, indent=2, sort_keys=True)
+    return to_html(diff) if fmt == "html" else to_markdown(diff)

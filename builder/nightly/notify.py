@@ -20,9 +20,11 @@ from urllib.parse import urlsplit
 import requests
 
 from builder.core import log
+from builder.core.errors import BadInput
 from builder.core.options import Settings
 from builder.core.records import Report
-from builder.nightly.history import Run
+from builder.nightly.history import History, Run
+from builder.report import document
 
 SEND_TIMEOUT_S = 10.0
 FAILING = ("fail", "inconclusive")
@@ -123,3 +125,17 @@ def notify(settings: Settings, previous: Run | None, previous_report: Report | N
     for line in lines:
         log.info(line)
     return lines
+
+
+def notify_night(history: History, report: Report, report_json: Path, settings: Settings, flag: bool,
+                 reasons: list[str], digest: str | None, page: Path | None, first_bad: str = "") -> list[str]:
+    """After a nightly's row: the message when the verdict flipped against the run before it in the history, or a
+    regression flag went up (`notify`); a notification that fails never changes the nightly's verdict."""
+    rows = history.runs(report.name)
+    mine = max((i for i, r in enumerate(rows) if r.report_path == str(report_json)), default=len(rows))
+    previous = rows[mine - 1] if mine > 0 else None
+    try:
+        before = document.load(previous.report_path) if previous else None
+    except BadInput:
+        before = None  # its report is gone: the message names no fixed gate
+    return notify(settings, previous, before, report, flag, reasons, digest, page, first_bad=first_bad)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.core import files as fs
+from builder.core import log
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
 from builder.core.options import Settings
@@ -383,3 +384,34 @@ def write(text: str, *paths: Path) -> list[Path]:
     for path in paths:
         fs.write_atomic(path, text)
     return list(paths)
+
+
+def history_page(history: History, settings: Settings, names: list[str] | None = None, last: int = DEFAULT_LAST,
+                 out: Path | None = None) -> Path:
+    """`builder history`: the page of these pins names (default: every name in the history), the last `last` nights
+    of each, written to `out` (default: history.html beside the history's rows)."""
+    if last < 1:
+        raise BadInput(f"--last: expected at least 1 night, got {last}")
+    path = out or history.path.parent / PAGE
+    with log.step("history page"):
+        write(render(history, settings, names, last), path)
+    return path
+
+
+def write_night(history: History, run_dir: Path, report: Report, settings: Settings,
+                timings: dict[str, Any]) -> Path | None:
+    """After a nightly's row: its step timings and lock copy beside the report (what the page and compare read),
+    then the history page beside the rows and a copy in the run directory. The page is a view: one that fails is
+    one line and None, and the nightly's verdict stands."""
+    fs.write_atomic(run_dir / TIMINGS, json.dumps(timings, indent=1, sort_keys=True) + "\n")
+    lock_file = Path(str((html_mod.plain(report.run_manifest).get("run") or {}).get("lock_file") or "-"))
+    if lock_file.is_file() and fs.sha256_file(lock_file) == report.lock_sha256:
+        fs.write_atomic(run_dir / compare_mod.LOCK_COPY, lock_file.read_bytes())
+    where = history.path.parent / PAGE
+    try:
+        write(render(history, settings), run_dir / PAGE, where)
+    except Exception as exc:  # the page is a view: the verdict stands without it
+        log.info(f"history page not written: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+    log.info(f"history page: {where}")
+    return where

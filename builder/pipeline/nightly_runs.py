@@ -11,7 +11,7 @@ from typing import Any
 
 from builder.core import files as fs
 from builder.core import log
-from builder.core.errors import BadInput, BuilderError, NotAccepted, Regression
+from builder.core.errors import BuilderError, NotAccepted, Regression
 from builder.core.options import Settings
 from builder.gating.plan import Flags, Plan
 from builder.nightly import compare as compare_mod
@@ -24,7 +24,6 @@ from builder.pipeline.bisecting import bisect, night_as_bad_step
 from builder.pipeline.building import EngineDoor
 from builder.pipeline.releasing import publish_report
 from builder.report import document
-from builder.report import html as report_page
 
 
 def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None = None,
@@ -96,61 +95,29 @@ def nightly_fleet(pins_paths: list[Path], flags: Flags, settings: Settings, jobs
     return fleet.severest([o.code for o in outcomes])
 
 
-COMPARE_FORMATS = ("md", "json", "html")
+COMPARE_FORMATS = compare_mod.FORMATS
 
 
 def history_page(settings: Settings, names: list[str] | None = None, last: int = page.DEFAULT_LAST,
                  out: Path | None = None, history: History | None = None) -> Path:
-    """The nightly history page (builder/nightly/page.py) of these pins names (default: every name in the history),
-    the last `last` nights of each, written to `out` (default: history.html beside the history's rows)."""
-    if last < 1:
-        raise BadInput(f"--last: expected at least 1 night, got {last}")
-    history = history or open_history(settings)
-    path = out or history.path.parent / page.PAGE
-    with log.step("history page"):
-        page.write(page.render(history, settings, names, last), path)
-    return path
+    """`builder history`: the nightly history page (builder/nightly/page.py) of these pins names (default: every
+    name in the history), the last `last` nights of each, written to `out` (default: beside the history's rows)."""
+    return page.history_page(history or open_history(settings), settings, names, last, out)
 
 
 def compare(a: str, b: str, settings: Settings, fmt: str = "md", history: History | None = None) -> str:
-    """What moved from report A to report B (A may be `last-accepted`: the newest accepted run of B's pins name
-    before B): commits, lock lines, layers, gate evidence, the throughput against the gate's noise; as Markdown,
-    JSON or one HTML page."""
-    if fmt not in COMPARE_FORMATS:
-        raise BadInput(f"--format: expected md, json or html, got {fmt[:40]!r}")
-    (old, old_path), (new, new_path) = compare_mod.load_pair(a, b, history or open_history(settings))
-    diff = compare_mod.compare(old, new, old_path, new_path, settings)
-    if fmt == "json":
-        return json.dumps(diff, indent=2, sort_keys=True)
-    return compare_mod.to_html(diff) if fmt == "html" else compare_mod.to_markdown(diff)
+    """`builder compare A B` (builder/nightly/compare.py): what moved from report A to report B (A may be
+    `last-accepted`: the newest accepted run of B's pins name before B), as Markdown, JSON or one HTML page."""
+    return compare_mod.compare_text(a, b, history or open_history(settings), settings, fmt)
 
 
 def nightly_page(history: History, run_dir: Path, settings: Settings, flag: bool, reasons: list[str],
                  digest: str | None, first_bad: str = "") -> Path | None:
-    """After a nightly's row: its step timings and lock copy beside the report, the history page beside the rows
-    (and a copy in the run directory), then the notification when the verdict flipped or a regression flag went
-    up. A page or a notification that fails never changes the nightly's verdict or exit code: one line each."""
-    report_json = run_dir / "report.json"
-    report = document.load(report_json)
-    fs.write_atomic(run_dir / page.TIMINGS, json.dumps(log.timings, indent=1, sort_keys=True) + "\n")
-    lock_file = Path(str((report_page.plain(report.run_manifest).get("run") or {}).get("lock_file") or "-"))
-    if lock_file.is_file() and fs.sha256_file(lock_file) == report.lock_sha256:
-        fs.write_atomic(run_dir / compare_mod.LOCK_COPY, lock_file.read_bytes())
-    where: Path | None = history.path.parent / page.PAGE
-    try:
-        page.write(page.render(history, settings), run_dir / page.PAGE, history.path.parent / page.PAGE)
-        log.info(f"history page: {where}")
-    except Exception as exc:  # the page is a view: the verdict stands without it
-        where = None
-        log.info(f"history page not written: {type(exc).__name__}: {str(exc)[:200]}")
-    rows = history.runs(report.name)
-    mine = max((i for i, r in enumerate(rows) if r.report_path == str(report_json)), default=len(rows))
-    previous = rows[mine - 1] if mine > 0 else None
-    try:
-        before = document.load(previous.report_path) if previous else None
-    except BadInput:
-        before = None  # its report is gone: the message names no fixed gate
-    notify.notify(settings, previous, before, report, flag, reasons, digest, where, first_bad=first_bad)
+    """After a nightly's row: the timings, lock copy and history page (builder/nightly/page.py), then the
+    notification (builder/nightly/notify.py); neither changes the nightly's verdict or exit code."""
+    report = document.load(run_dir / "report.json")
+    where = page.write_night(history, run_dir, report, settings, log.timings)
+    notify.notify_night(history, report, run_dir / "report.json", settings, flag, reasons, digest, where, first_bad)
     return where
 
 
