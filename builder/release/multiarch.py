@@ -5,8 +5,9 @@ reports, refuses a set that is not one release (commits or build inputs differ, 
 platform from those inputs, two reports of one platform, repositories or tags differ), then in publish's order
 (builder/release/publish.py): every member manifest by digest, verified; the OCI index of exactly those digests by
 digest, read back; with a key each member's three attestations and the index's record, signed and verified; the SHA
-tag, then the other tags, onto the index; each member's report names the index. The publish journal
-(builder/release/journal.py) holds the intent from the first release write on.
+tag, then the other tags, onto the index; each member's report names the index; then each cluster-accepted member's
+.sqsh under its platform's pointer (builder/release/sqsh_layout.py), following the member's digest. The publish
+journal (builder/release/journal.py) holds the intent, those placements included, from the first release write on.
 """
 from __future__ import annotations
 
