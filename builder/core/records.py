@@ -7,7 +7,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
 
 from builder.core.imageref import ImageRef
 
@@ -90,6 +102,29 @@ class BuiltImage(Record):
     cached_stages: list[str] = []   # stages this run reused (engine cache hits, a stored normalisation)
 
 
+def _shape_or_none(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A gate's own output is never refused for a value of another shape: the typed field reads None instead."""
+    try:
+        return handler(value)
+    except ValidationError:
+        return None
+
+
+Lax = WrapValidator(_shape_or_none)
+Real = Annotated[StrictFloat | None, Lax]  # a number of a gate's output (a bool or a string is not one)
+Whole = Annotated[StrictInt | None, Lax]
+Text = Annotated[StrictStr | None, Lax]
+
+
+class ArmStats(BaseModel):
+    """The performance gate's record of one arm: its runs' throughputs, their median and spread."""
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    runs: Annotated[list[float | None] | None, Lax] = None
+    median: Real = None
+    spread: Real = None
+
+
 class Evidence(BaseModel):
     """A gate's evidence as the in-image suite wrote it (acceptance/__main__.py). The fields other packages read
     are named here (their readers check each value's shape: a gate's output is never refused for it); the rest of
@@ -97,36 +132,36 @@ class Evidence(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     steps: Any = None           # per step: the metrics the decision used
-    diff_max: Any = None
-    k3_kl: Any = None
-    ratio: Any = None              # performance: the geometric mean of the pairs' ratios
-    min_ratio: Any = None
-    pairs: Any = None              # performance: how many pairs ran, and why the gate stopped
-    stopped: Any = None
-    confidence: Any = None
-    max_spread: Any = None
-    metric: Any = None
-    aligned: Any = None         # performance: one arm's runs, median, spread
-    control: Any = None
+    diff_max: Real = None
+    k3_kl: Real = None
+    ratio: Real = None             # performance: the geometric mean of the pairs' ratios
+    min_ratio: Real = None
+    pairs: Whole = None            # performance: how many pairs ran, and why the gate stopped
+    stopped: Text = None
+    confidence: Real = None
+    max_spread: Real = None
+    metric: Text = None
+    aligned: Annotated[ArmStats | None, Lax] = None  # performance: one arm's runs, median, spread
+    control: Annotated[ArmStats | None, Lax] = None
     runs: Any = None
-    throughput: Any = None
+    throughput: Real = None
     weights: Any = None
     components: Any = None      # provenance: per component
-    failures: Any = None
-    exit_code: Any = None
+    failures: Annotated[list[str] | None, Lax] = None
+    exit_code: Whole = None
     replay: Any = None          # the replay bundle's summary
     jit: Any = None             # what the JIT compilers added or changed during the run
     processes: Any = None
     census: Any = None          # per node: the processes seen and recorded
     ranks: Any = None           # a recipe across nodes: every other rank's role, status and evidence
     rank_logs: dict[str, str] | None = None  # Slurm: per rank ("rank1 n2") its log; in report.json the file's path
-    seconds: Any = None
-    timeout_s: Any = None
+    seconds: Real = None
+    timeout_s: Whole = None
     # the provenance gate's (acceptance/provenance.py)
     interpreter: Any = None
     manifest: Any = None
     environment: Any = None
-    gpu: Any = None
+    gpu: Annotated[StrictStr | dict[str, JsonValue] | None, Lax] = None  # "none", or the GPU facts
     native_libs_loaded: Any = None
     caches_at_start: Any = None
 

@@ -85,10 +85,10 @@ def throughput(gates: list[GateResult], metric: str) -> dict[str, Any]:
     medians, its pairs' ratio and every run when it ran, else the rl_step and control gates' single runs."""
     by_name = {g.name: g for g in gates}
     perf = by_name.get("performance")
-    if perf is not None and isinstance(perf.evidence.aligned, dict):
+    if perf is not None and perf.evidence.aligned is not None:
         ev = perf.evidence
-        return {"metric": ev.metric or metric, "aligned": ev.aligned.get("median") if ev.aligned else None,
-                "control": (ev.control or {}).get("median"), "ratio": ev.ratio,
+        return {"metric": ev.metric or metric, "aligned": ev.aligned.median if ev.aligned else None,
+                "control": ev.control.median if ev.control else None, "ratio": ev.ratio,
                 "source": "performance gate: pairs", "min_ratio": ev.min_ratio, "confidence": ev.confidence,
                 "pairs": ev.pairs, "stopped": ev.stopped, "max_spread": ev.max_spread, "runs": ev.runs or []}
     aligned = by_name["rl_step"].evidence.get("throughput") if "rl_step" in by_name else None

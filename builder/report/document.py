@@ -342,8 +342,8 @@ def readable_evidence(ev: Evidence, limit: int = 300) -> str:
                "throughput": ev.throughput}
     parts += [f"{key} {_num(value)}" for key, value in numbers.items() if number(value) is not None]
     for arm, stats in (("aligned", ev.aligned), ("control", ev.control)):
-        if isinstance(stats, dict) and number(stats.get("median")) is not None:
-            parts.append(f"{arm} median {_num(stats['median'])}, spread {_num(stats.get('spread'))}")
+        if stats is not None and stats.median is not None:
+            parts.append(f"{arm} median {_num(stats.median)}, spread {_num(stats.spread)}")
     if isinstance(ev.weights, list):
         parts.append(f"{len(ev.weights)} distinct weight checksum(s)")
     for name, comp in (ev.components or {}).items():

@@ -42,6 +42,7 @@ def test_good_demo_is_accepted_through_slurm(slurm_fleet: dict[str, Any]) -> Non
     assert c.sqsh.image_id == report.image_id and c.layout["nodes"] == 2  # the rollout engine on n2
     runs = [f for f in c.gates.values() if "runs" not in f] + c.gates["performance"]["runs"]
     pairs = found["performance"].evidence.pairs  # aligned then control, until the rule decides
+    assert pairs is not None
     assert 2 <= pairs <= FLEET_REPEATS and found["performance"].evidence.stopped == f"decided after {pairs} pairs"
     perf_runs = 2 * pairs
     assert len(runs) == 4 + perf_runs and len({f["step"] for f in runs}) == 4 + perf_runs  # a fresh container per run
@@ -66,6 +67,7 @@ def test_planted_defect_fails_as_under_docker(slurm_fleet: dict[str, Any], key: 
     assert report.acceptance is not None and report.acceptance.container.runner == "slurm"
     if gate == "performance":  # the interleaved runs, each a Slurm step of its own
         pairs = got[gate].evidence.pairs
+        assert pairs is not None
         assert 2 <= pairs <= FLEET_REPEATS and len(report.acceptance.container.gates[gate]["runs"]) == 2 * pairs
     # each defect's run requires (so runs) only its own gate; the others pass in A and under Docker
     assert {n: g.status for n, g in got.items() if n != gate} == {n: "not_run" for n in GATES if n != gate}

@@ -51,7 +51,7 @@ def test_a_1_2x_slower_exact_path_passes(demo_image: DemoImage, build_variant: B
                                       gates=["performance"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "performance")
     assert gate.status == "pass", gate.reason
-    assert gate.evidence.stopped == f"decided after {gate.evidence.pairs} pairs"
+    assert gate.evidence.pairs is not None and gate.evidence.stopped == f"decided after {gate.evidence.pairs} pairs"
     assert len(gate.evidence.runs) == 2 * gate.evidence.pairs and "the lower bound is >= min_ratio 0.2" in gate.reason
 
 
