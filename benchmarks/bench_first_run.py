@@ -7,7 +7,8 @@ Runs `make demo`, then `make demo-cluster` (the Makefile's targets, as a user ty
 the phase table at the end, every `<== step (N s)` line (set-up, the base's steps, the export's steps, each gate)
 and the performance gate's `performance: STATUS after N pair(s) (why)` line. Prints a Markdown table (or JSON).
 It measures this machine as it is: on one where the engine, base and caches exist, the set-up and base rows are the
-warm ones; a fresh machine's figures need a fresh machine (benchmarks/README.md says which were measured how).
+warm ones; `bash benchmarks/fresh_demo.sh` runs `make demo` fresh beside them (its own clone, engine, registry and
+cache; benchmarks/README.md says which figures were measured how).
 """
 from __future__ import annotations
 
