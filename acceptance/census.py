@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from acceptance.hook import image_identity, mark, node_name, stat_fields
+from acceptance import procfs
+from acceptance.hook import image_identity, mark, node_name
 from acceptance.interpreters import Interpreters, file_key
-from acceptance.procfs import sha256
 
 PR_SET_CHILD_SUBREAPER = 36
 INTERVAL_S = 0.015
@@ -38,23 +38,10 @@ def subreaper(on: bool = True) -> bool:
 
 def ticks_now() -> int:
     """Now, in the clock ticks after boot that /proc/<pid>/stat's starttime counts."""
-    uptime = (_read("/proc/uptime") or "0").split()[0]
+    uptime = (procfs.read("/proc/uptime") or "0").split()[0]
     return int(float(uptime) * os.sysconf("SC_CLK_TCK"))
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
-def _link(path: str) -> str | None:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return None
 
 
 def _stat(path: str) -> os.stat_result | None:
@@ -76,7 +63,7 @@ def _denied(path: str) -> bool:
 
 
 def _uid(pid: int) -> int | None:
-    for line in (_read(f"/proc/{pid}/status") or "").splitlines():
+    for line in (procfs.read(f"/proc/{pid}/status") or "").splitlines():
         if line.startswith("Uid:"):
             return int(line.split()[1])
     return None
@@ -108,7 +95,7 @@ class Components:
             path = line[at:]
             if (path.startswith(self.site) or path in self.files) and self.owns(path):
                 found.add(path)
-            elif path.endswith(".so") or ".so." in path.rsplit("/", 1)[-1]:
+            elif procfs.is_shared(path):
                 if self.same_content(path):
                     found.add(path)
         return found
@@ -129,7 +116,7 @@ class Components:
             return False
         key = file_key(st)
         if key not in self.verdicts:
-            self.verdicts[key] = sha256(path) in self.digests
+            self.verdicts[key] = procfs.sha256(path) in self.digests
         return self.verdicts[key]
 
 
@@ -182,11 +169,11 @@ class Census:
         self.manifest_path = manifest_path
         self.me = os.getpid()
         self.interpreters = Interpreters(load_manifest(manifest_path), os.path.realpath(sys.executable))
-        self.aslr = (_read("/proc/sys/kernel/randomize_va_space") or "").strip()
+        self.aslr = (procfs.read("/proc/sys/kernel/randomize_va_space") or "").strip()
         self.denied: dict[tuple[int, int], dict[str, Any]] = {}
-        cmdline = _read("/proc/self/cmdline") or ""
-        self.own_image = {"exe": _link("/proc/self/exe"), "argv": cmdline.rstrip("\0").split("\0"),
-                          "mark": mark(stat_fields(_read("/proc/self/stat")), _stat_exe("self"))}
+        cmdline = procfs.read("/proc/self/cmdline") or ""
+        self.own_image = {"exe": procfs.link("/proc/self/exe"), "argv": cmdline.rstrip("\0").split("\0"),
+                          "mark": mark(procfs.stat_fields(procfs.read("/proc/self/stat")), _stat_exe("self"))}
         self.rows: dict[tuple[int, int], Row] = {}
         self.live: dict[int, Row] = {}
         self.last_pid: list[str] = []
@@ -250,7 +237,7 @@ class Census:
         in /proc/loadavg moved) or on a deep poll; otherwise the live rows alone."""
         self.polls += 1
         now = round(time.monotonic() - self.started, 3)
-        last = (_read("/proc/loadavg") or "").rsplit(None, 1)[-1:]
+        last = (procfs.read("/proc/loadavg") or "").rsplit(None, 1)[-1:]
         full = deep or last != self.last_pid
         self.last_pid = last
         stats = self._scan() if full else {pid: st for pid in self.live if (st := self._stat(str(pid)))}
@@ -290,7 +277,7 @@ class Census:
             if state == "Z":
                 self._reap(row)
                 continue
-            exe = _link(f"/proc/{pid}/exe")
+            exe = procfs.link(f"/proc/{pid}/exe")
             new = False
             if fresh or deep or exe != row.exe or addrs != row.addrs:
                 new = self._look(row, exe, addrs)
@@ -300,19 +287,19 @@ class Census:
     def _look(self, row: Row, exe: str | None, addrs: str) -> bool:
         """Read what the process runs now: its mark (exe identity + stat fields 48-51, read again after the exe so
         that an exec in between is never half seen), argv, why it is an interpreter, its personality."""
-        fields = stat_fields(_read(f"/proc/{row.pid}/stat"))
+        fields = procfs.stat_fields(procfs.read(f"/proc/{row.pid}/stat"))
         now = mark(fields, _stat_exe(row.pid))
         if now is not None and (fields is None or ":".join(fields[45:49]) != addrs or "0" in addrs.split(":")):
             return False  # it exec'd while we looked (or is inside execve, no arguments yet): look again next poll
         row.addrs = addrs
         if exe is None and _denied(f"/proc/{row.pid}/exe"):
             self._deny(row, "exe")
-        cmdline = _read(f"/proc/{row.pid}/cmdline")
+        cmdline = procfs.read(f"/proc/{row.pid}/cmdline")
         if not row.image(exe, cmdline.rstrip("\0").split("\0") if cmdline else [], now):
             return False
         image = row.images[-1]
         image["why"] = self.interpreters.why(row.pid, exe, None)
-        personality = (_read(f"/proc/{row.pid}/personality") or "0").strip() or "0"
+        personality = (procfs.read(f"/proc/{row.pid}/personality") or "0").strip() or "0"
         image["no_aslr"] = bool(int(personality, 16) & NO_ASLR)
         return True
 
@@ -325,7 +312,7 @@ class Census:
     def _stat(self, name: str) -> tuple[int, int, str, str, str] | None:
         """(ppid, starttime, state, vsize, stat fields 48-51): vsize moves when the process maps something new,
         fields 48-51 on every exec."""
-        fields = stat_fields(_read(f"/proc/{name}/stat")) if name.isdigit() else None
+        fields = procfs.stat_fields(procfs.read(f"/proc/{name}/stat")) if name.isdigit() else None
         return (int(fields[1]), int(fields[19]), fields[0], fields[20], ":".join(fields[45:49])) if fields else None
 
     def _scan(self) -> dict[int, tuple[int, int, str, str, str]]:
@@ -347,7 +334,7 @@ class Census:
         pid, files = row.pid, image["files"]
         if image.get("vsize") != vsize:
             image["vsize"] = vsize
-            maps = _read(f"/proc/{pid}/maps")
+            maps = procfs.read(f"/proc/{pid}/maps")
             if maps is None and _denied(f"/proc/{pid}/maps"):
                 self._deny(row, "maps")
             if not image["why"] and maps:
@@ -361,7 +348,7 @@ class Census:
         except OSError:
             return
         for fd in fds:
-            target = _link(f"/proc/{pid}/fd/{fd}")
+            target = procfs.link(f"/proc/{pid}/fd/{fd}")
             if target and target.startswith("/") and self.components.owns(target):
                 files.add(target)
 

@@ -24,6 +24,11 @@ import sys
 import time
 from collections.abc import Callable
 
+try:
+    from acceptance import procfs
+except ImportError:  # `python hook.py install PREFIX` runs by path, before the suite is importable
+    import procfs  # type: ignore[no-redef,import-not-found]  # the sibling file: the script's folder is sys.path[0]
+
 RECORDS_ENV = "TRUEPOLICY_PROCESS_RECORDS"
 MODULES_ENV = "TRUEPOLICY_PROCESS_MODULES"      # comma-separated top-level component modules
 MANIFEST_ENV = "TRUEPOLICY_PROCESS_MANIFEST"    # the image's manifest: its sha256 is the image identity
@@ -43,60 +48,11 @@ def numeric_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k in NUMERIC_ENV or k.startswith(NUMERIC_PREFIXES)}
 
 
-def is_shared(path: str) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return name.endswith(".so") or ".so." in name
 
 
-def mapped(text: str) -> list[str]:
-    """Shared objects in /proc/<pid>/maps text, in order (a ' (deleted)' suffix is kept)."""
-    seen: dict[str, None] = {}
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) == 6 and parts[5].startswith("/") and is_shared(parts[5].removesuffix(" (deleted)")):
-            seen[parts[5]] = None
-    return list(seen)
 
 
-def _sha256(path: str) -> str | None:
-    digest = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    except OSError:
-        return None
-    return digest.hexdigest()
 
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
-def _link(path: str) -> str | None:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return None
-
-
-def stat_fields(text: str | None) -> list[str] | None:
-    """/proc/<pid>/stat from field 3 (state) on: [state, ppid, ..., starttime at index 19, ...]; the command
-    name in parentheses may hold spaces and parentheses, so split after the last ')'."""
-    if not text or ")" not in text:
-        return None
-    fields = text.rpartition(")")[2].split()
-    return fields if len(fields) > 19 else None
-
-
-def starttime(pid: int | str = "self") -> int | None:
-    """Clock ticks after boot when the process started: with its pid, who it is (a pid is reused)."""
-    fields = stat_fields(_read(f"/proc/{pid}/stat"))
-    return int(fields[19]) if fields else None
 
 
 def mark(fields: list[str] | None, exe: os.stat_result | None) -> str | None:
@@ -113,7 +69,7 @@ def mark_of(pid: int | str = "self") -> str | None:
         exe = os.stat(f"/proc/{pid}/exe")
     except OSError:
         return None
-    return mark(stat_fields(_read(f"/proc/{pid}/stat")), exe)
+    return mark(procfs.stat_fields(procfs.read(f"/proc/{pid}/stat")), exe)
 
 
 def node_name() -> str:
@@ -122,7 +78,7 @@ def node_name() -> str:
 
 def image_identity(manifest: str | None = None) -> str | None:
     """sha256:<hex> of the image's manifest as this process reads it (None: no manifest)."""
-    digest = _sha256(manifest or os.environ.get(MANIFEST_ENV) or IMAGE_MANIFEST)
+    digest = procfs.sha256(manifest or os.environ.get(MANIFEST_ENV) or IMAGE_MANIFEST)
     return f"sha256:{digest}" if digest else None
 
 
@@ -148,13 +104,13 @@ class Recorder:
             os.close(self.fd)
         name = os.path.join(self.dir, f"{self.pid}-{time.monotonic_ns()}.jsonl")
         self.fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        cmdline = _read("/proc/self/cmdline")
+        cmdline = procfs.read("/proc/self/cmdline")
         argv = cmdline.rstrip("\0").split("\0") if cmdline else list(getattr(sys, "orig_argv", sys.argv))
         manifest = self.digest(os.environ.get(MANIFEST_ENV) or IMAGE_MANIFEST)
         self.write({"kind": "process", "schema": SCHEMA, "pid": self.pid, "ppid": os.getppid(), "argv": argv,
-                    "executable": sys.executable, "exe": _link("/proc/self/exe"),
-                    "mnt_ns": _link("/proc/self/ns/mnt"), "sys_path": self.path, "env": numeric_env(),
-                    "forked": forked, "time": time.time(), "starttime": starttime(), "node": node_name(),
+                    "executable": sys.executable, "exe": procfs.link("/proc/self/exe"),
+                    "mnt_ns": procfs.link("/proc/self/ns/mnt"), "sys_path": self.path, "env": numeric_env(),
+                    "forked": forked, "time": time.time(), "starttime": procfs.starttime(), "node": node_name(),
                     "mark": mark_of(),
                     "image": f"sha256:{manifest}" if manifest else None})
 
@@ -171,7 +127,7 @@ class Recorder:
         if key in self.hashes:
             return self.hashes[key]
         stored = os.path.join(self.dir, HASHES, hashlib.sha1(repr(key).encode()).hexdigest())
-        value = (_read(stored) or "").strip() or _sha256(path)
+        value = (procfs.read(stored) or "").strip() or procfs.sha256(path)
         if value and not os.path.exists(stored):
             os.makedirs(os.path.dirname(stored), exist_ok=True)
             tmp = f"{stored}.{self.pid}"
@@ -189,7 +145,7 @@ class Recorder:
         real = os.path.realpath(file) if isinstance(file, str) else None
         self.write({"kind": "module", "name": name, "file": file, "realpath": real,
                     "sha256": self.digest(real) if real else None})
-        self.maps_due = self.maps_due or bool(real and is_shared(real))
+        self.maps_due = self.maps_due or bool(real and procfs.is_shared(real))
 
     def sweep(self, full: bool = False) -> None:
         if os.getpid() != self.pid:
@@ -207,7 +163,7 @@ class Recorder:
             self.module(getattr(getattr(main, "__spec__", None), "name", None) or alias, main)
         if self.maps_due or full:
             self.maps_due = False
-            for path in mapped(_read("/proc/self/maps") or ""):
+            for path in procfs.mapped_libraries(procfs.read("/proc/self/maps") or ""):
                 if path not in self.libs:
                     self.libs.add(path)
                     clean = path.removesuffix(" (deleted)")

@@ -6,11 +6,12 @@ and the Triton-IR hash from there. Any other file in a cache directory is listed
 Origin, judged by content: the cache's files are hashed at the start; an entry whose files are all there with the
 same sha256 after the run came with the image (or the container); one there at the start whose files changed
 (rewritten, added or removed) changed during the run; a new one was compiled (or written) during the run."""
-import hashlib
 import importlib.metadata as md
 import json
 import os
 from typing import Any
+
+from acceptance import procfs
 
 LIMIT = 64  # entries per gate: the evidence stays bounded
 CONFIG = ("num_warps", "num_stages", "num_ctas", "maxnreg", "cluster_dims", "enable_fp_fusion",
@@ -24,16 +25,9 @@ def listing(dirs: list[str]) -> dict[str, str | None]:
         for root, _, files in os.walk(top):
             for name in files:
                 path = os.path.join(root, name)
-                found[path] = _sha256(path)
+                found[path] = procfs.sha256(path)
     return found
 
-
-def _sha256(path: str) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
-    except OSError:
-        return None
 
 
 def _installed(dist: str) -> str | None:
@@ -60,8 +54,9 @@ def triton_entry(meta_path: str) -> dict[str, Any] | None:
             "compiler_version_from": "cache metadata" if version else "installed triton",
             "target": {k: target.get(k) for k in ("backend", "arch", "warp_size") if k in target},
             "config": {k: meta[k] for k in CONFIG if k in meta},
-            "ttir_sha256": _sha256(os.path.join(folder, stem + ".ttir")),
-            "binary_sha256": _sha256(os.path.join(folder, stem + ".cubin")) or _sha256(os.path.join(folder, stem + ".hsaco"))}
+            "ttir_sha256": procfs.sha256(os.path.join(folder, stem + ".ttir")),
+            "binary_sha256": procfs.sha256(os.path.join(folder, stem + ".cubin"))
+            or procfs.sha256(os.path.join(folder, stem + ".hsaco"))}
 
 
 SHIPPED = "present at start (shipped in the image)"

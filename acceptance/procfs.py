@@ -1,15 +1,53 @@
-"""What the running process actually sees: mounts (/proc/self/mountinfo) and mapped files (/proc/self/maps)."""
+"""The one reader of /proc (and file digests) for the suite: what a process sees (mounts, mapped shared
+objects, its stat fields) and the sha256 of a file. Stdlib only: the start-up hook (acceptance/hook.py) imports it
+in every Python process of the image, and loads it as a plain sibling file when it runs by path before the suite
+is importable (`python hook.py install PREFIX`)."""
 import hashlib
 import os
-import re
 from collections.abc import Iterable
 
-ESCAPE = re.compile(r"\\([0-7]{3})")
-SHARED = re.compile(r"\.so(\.[0-9]+)*$")
+
+def read(path: str) -> str | None:
+    """A /proc (or other) text file, undecodable bytes replaced; None when it cannot be read (a process gone)."""
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def link(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def stat_fields(text: str | None) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 (state) on: [state, ppid, ..., starttime at index 19, ...]; the command
+    name in parentheses may hold spaces and parentheses, so split after the last ')'."""
+    if not text or ")" not in text:
+        return None
+    fields = text.rpartition(")")[2].split()
+    return fields if len(fields) > 19 else None
+
+
+def starttime(pid: int | str = "self") -> int | None:
+    """Clock ticks after boot when the process started: with its pid, who it is (a pid is reused)."""
+    fields = stat_fields(read(f"/proc/{pid}/stat"))
+    return int(fields[19]) if fields else None
+
+
+def is_shared(path: str) -> bool:
+    """A shared object's file name: `x.so` or `x.so.<anything>`."""
+    name = path.rsplit("/", 1)[-1]
+    return name.endswith(".so") or ".so." in name
 
 
 def _unescape(field: str) -> str:
-    return ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+    import re  # only mountinfo needs it: the hook's import in every process stays small
+
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def mounts(text: str | None = None) -> list[dict[str, str]]:
@@ -37,20 +75,16 @@ def covers(mount_point: str, path: str) -> bool:
 
 
 def mapped_libraries(text: str | None = None) -> list[str]:
-    """Paths of shared objects mapped into this process (a ' (deleted)' suffix is kept: the file is gone)."""
+    """Paths of shared objects in /proc/<pid>/maps text (default: this process's), in order, each once (a
+    ' (deleted)' suffix is kept: the file is gone)."""
     if text is None:
-        with open("/proc/self/maps") as fh:
-            text = fh.read()
-    seen = []
+        text = read("/proc/self/maps") or ""
+    seen: dict[str, None] = {}
     for line in text.splitlines():
         parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/"):
-            continue
-        path = parts[5]
-        name = path.removesuffix(" (deleted)").rsplit("/", 1)[-1]
-        if SHARED.search(name) and path not in seen:
-            seen.append(path)
-    return seen
+        if len(parts) == 6 and parts[5].startswith("/") and is_shared(parts[5].removesuffix(" (deleted)")):
+            seen[parts[5]] = None
+    return list(seen)
 
 
 def sha256(path: str) -> str | None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from acceptance import hook, processes
+from acceptance import hook, processes, procfs
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = "/opt/venv/lib/python3.11/site-packages"
@@ -115,9 +115,9 @@ def test_hook_is_inert_without_its_variable(tmp_path: Path) -> None:
 
 def test_stat_fields_split_after_the_last_parenthesis() -> None:
     text = "42 (a) b (c)) S 7 42 42 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 123456 1000 10"
-    fields = hook.stat_fields(text)
+    fields = procfs.stat_fields(text)
     assert fields is not None and (fields[0], fields[1], fields[19]) == ("S", "7", "123456")
-    assert hook.stat_fields("42 (x) S 1") is None and hook.starttime() == hook.starttime(os.getpid())
+    assert procfs.stat_fields("42 (x) S 1") is None and procfs.starttime() == procfs.starttime(os.getpid())
 
 
 def test_install_writes_the_pth_into_the_prefix_site_packages(tmp_path: Path) -> None:
@@ -245,3 +245,26 @@ def test_recipe_gate_verdict_takes_the_process_evidence(tmp_path: Path) -> None:
     off: dict[str, Any] = {}
     assert by_process({**settings, "process_records": False}, {}, "pass", "ok", off) == ("pass", "ok")
     assert off["processes"].startswith("off")
+
+
+def test_the_hook_runs_by_path_with_its_sibling_reader_alone(tmp_path: Path) -> None:
+    """The build runs `python hook.py install PREFIX` before the suite is importable: hook.py loads procfs.py, the
+    one /proc reader, as the file beside it (`-S`: no site-packages, so no installed `acceptance`)."""
+    root = Path(hook.__file__).parent
+    for name in ("hook.py", "procfs.py"):
+        (tmp_path / name).write_bytes((root / name).read_bytes())
+    run = [sys.executable, "-S", str(tmp_path / "hook.py"), "install", str(tmp_path / "prefix")]
+    done = subprocess.run(run, capture_output=True, text=True, cwd="/", timeout=60)
+    assert done.returncode == 0 and done.stdout.strip().endswith(hook.PTH_NAME), done.stderr
+    (tmp_path / "procfs.py").unlink()  # without the reader beside it the hook cannot load
+    done = subprocess.run(run, capture_output=True, text=True, cwd="/", timeout=60)
+    assert done.returncode != 0 and "No module named 'procfs'" in done.stderr
+
+
+def test_the_suite_reads_proc_in_one_module() -> None:
+    """`_read`, `_link`, `_sha256` and maps parsing once, in acceptance/procfs.py (they were in hook, census, jitcache)."""
+    root = Path(hook.__file__).parent
+    again = [f"{p.name}: {line.strip()}" for p in sorted(root.glob("*.py")) if p.name != "procfs.py"
+             for line in p.read_text().splitlines()
+             if line.startswith(("def _read(", "def _link(", "def _sha256(", "def sha256(", "def mapped(", "def is_shared("))]
+    assert again == []
