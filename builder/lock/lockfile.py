@@ -39,7 +39,7 @@ from builder.core.constants import COMPONENTS, SOURCE_DATE_EPOCH
 from builder.core.errors import BadInput, BuildFailed, StaleLock
 from builder.core.files import sha256_file
 from builder.core.options import Settings
-from builder.core.records import ResolvedSources
+from builder.core.records import ResolvedComponent, ResolvedSources
 from builder.engine import basecontainer
 from builder.engine.basecontainer import WORK, BaseInfo
 from builder.lock import download, native, record, resolver, wheels
@@ -163,7 +163,7 @@ def check_against(reqs: list[str], provided: dict[str, str], where: str, what: s
 # --------------------------------------------------------------------------- per component
 
 
-def _pyproject(settings: Settings, component: Any) -> dict[str, Any]:
+def _pyproject(settings: Settings, component: ResolvedComponent) -> dict[str, Any]:
     repo = mirror.open_mirror(settings, component.url)
     return scmversion.pyproject_at(repo, component.commit) or {}
 
@@ -193,7 +193,7 @@ def static_metadata(pyproject: dict[str, Any]) -> dict[str, Any] | None:
             "requires_dist": list(project.get("dependencies", []))}
 
 
-def metadata_cache(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs) -> Path:
+def metadata_cache(settings: Settings, pins: Pins, component: ResolvedComponent, inputs: ComponentInputs) -> Path:
     """Where a component's prepared metadata is kept: by base digest, the export of its commit, its VCS
     version and its build requirements (as written, so a hit needs no resolve)."""
     key = hashlib.sha256(json.dumps(["metadata/2", pins.base.image, component.export_sha256, inputs.scm_version,
@@ -203,7 +203,7 @@ def metadata_cache(settings: Settings, pins: Any, component: Any, inputs: Compon
     return settings.cache("lock", "metadata") / f"{key[:32]}.json"
 
 
-def known_metadata(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs,
+def known_metadata(settings: Settings, pins: Pins, component: ResolvedComponent, inputs: ComponentInputs,
                    pyproject: dict[str, Any]) -> dict[str, Any] | None:
     """The metadata without a container: static [project] fields, or prepared before (the cache)."""
     static = static_metadata(pyproject)
@@ -217,7 +217,7 @@ def known_metadata(settings: Settings, pins: Any, component: Any, inputs: Compon
     return None
 
 
-def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: ComponentInputs,
+def prepare_metadata(settings: Settings, pins: Pins, component: ResolvedComponent, inputs: ComponentInputs,
                      build_wheels: list[Path]) -> dict[str, Any]:
     """Prepare the metadata in a network-none base container with its build requirements (setup.py,
     requirements files, VCS versions) and keep it in the cache."""
@@ -239,7 +239,7 @@ def prepare_metadata(settings: Settings, pins: Any, component: Any, inputs: Comp
     return data
 
 
-def use_metadata(component: Any, inputs: ComponentInputs, data: dict[str, Any]) -> None:
+def use_metadata(component: ResolvedComponent, inputs: ComponentInputs, data: dict[str, Any]) -> None:
     """Check the metadata against the pins and fill inputs.version / requires_dist from it."""
     if canonicalize_name(data["name"]) != canonicalize_name(inputs.distribution):
         raise BadInput(f"components.{inputs.name}.distribution: pinned {inputs.distribution!r}, the"
@@ -266,7 +266,7 @@ def _sdist_requires(sdist: Path) -> list[str]:
     return list(LEGACY_REQUIRES)
 
 
-def build_sdist(settings: Settings, pins: Any, base: BaseInfo, target: Target, name: str, version: str,
+def build_sdist(settings: Settings, pins: Pins, base: BaseInfo, target: Target, name: str, version: str,
                 resolver_name: str) -> tuple[Path, str]:
     """(wheel built in a network-none base container, sha256 of the sdist it came from); cached by that sha256."""
     sdist = resolver.download_sdist(settings, name, version)
@@ -316,7 +316,7 @@ def inputs_sha256(base: BaseInfo, target: Target, comps: list[ComponentInputs], 
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=list).encode()).hexdigest()
 
 
-def compat_requirements(pins: Any, base: BaseInfo) -> list[str]:
+def compat_requirements(pins: Pins, base: BaseInfo) -> list[str]:
     """The pins' compat entries the lock carries as `package==version`: all but the components
     themselves and what the base provides (where a different version is an error)."""
     names = {canonicalize_name(pins.components[n].distribution) for n in COMPONENTS}
@@ -326,7 +326,7 @@ def compat_requirements(pins: Any, base: BaseInfo) -> list[str]:
     return [r for r in reqs if canonicalize_name(r.split("==", 1)[0]) not in base_names]
 
 
-def check_base_torch(pins: Any, base: BaseInfo) -> None:
+def check_base_torch(pins: Pins, base: BaseInfo) -> None:
     """`base_torch: true` keeps the base's torch: a base without one is bad input, said before anything is
     installed (else the build requirements would bring the index's torch into the metadata container)."""
     if "torch" in {canonicalize_name(n) for n in base.dists}:
@@ -338,7 +338,7 @@ def check_base_torch(pins: Any, base: BaseInfo) -> None:
                            " installed, or base_torch: false")
 
 
-def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: Target,
+def gather(settings: Settings, pins: Pins, sources: ResolvedSources, base: BaseInfo, target: Target,
            resolver_name: str, adjusts: dict[str, Adjust] | None = None) -> list[ComponentInputs]:
     """Per component: build requirements, VCS version, and metadata (static, cached by commit and base
     digest, or prepared in base containers, the three in parallel); `adjusts` collects each component's
@@ -368,7 +368,7 @@ def gather(settings: Settings, pins: Any, sources: Any, base: BaseInfo, target: 
             use_metadata(resolved, inputs, data)
         comps.append(inputs)
 
-    def prepare(resolved: Any, inputs: ComponentInputs, where: str) -> dict[str, Any]:
+    def prepare(resolved: ResolvedComponent, inputs: ComponentInputs, where: str) -> dict[str, Any]:
         pinned = resolver.resolve(settings, inputs.build_requires, without(base.dists, inputs.tools_over_base), target,
                                   resolver_name, log_name=f"lock-resolve-build-{inputs.name}")
         found, missing = resolver.download_wheels(settings, pinned, target)
@@ -434,7 +434,7 @@ def who_wants(explanation: str, reqs_of: dict[str, list[str]]) -> str:
     return "; ".join(parts) if len(parts) == len(reqs_of) else ""
 
 
-def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "uv",
+def compute(settings: Settings, pins: Pins, sources: ResolvedSources, resolver_name: str = "uv",
             build_sdists: bool = False, offline: bool = False) -> tuple[str, dict[str, Path]]:
     """(lock text, {wheel file name: path}) for the pins."""
     with log.step("lock: read the base (network-none container)"), resolver.spent("read the base"):
@@ -511,7 +511,7 @@ def compute(settings: Settings, pins: Any, sources: Any, resolver_name: str = "u
     return "\n".join(header + lines) + "\n", {found[n].name: found[n] for n in pinned}
 
 
-def fill_wheelhouse(settings: Settings, pins: Any, lock: record.Lock, files: dict[str, Path]) -> Path | None:
+def fill_wheelhouse(settings: Settings, pins: Pins, lock: record.Lock, files: dict[str, Path]) -> Path | None:
     """Put the lock's wheels where the build looks for them (wheels.wheelhouse), then let
     wheels.ensure_wheels check them against the lock's hashes."""
     if not lock.entries:
@@ -575,7 +575,7 @@ def lock(pins: Pins, sources: ResolvedSources, settings: Settings, check: bool =
     return LockResult(path, text, hashlib.sha256(text.encode()).hexdigest(), recorded_inputs(text), count, wheelhouse)
 
 
-def unchanged(settings: Settings, pins: Any, sources: Any, old: str, resolver_name: str, offline: bool = False
+def unchanged(settings: Settings, pins: Pins, sources: ResolvedSources, old: str, resolver_name: str, offline: bool = False
               ) -> tuple[str, dict[str, Path]] | None:
     """(old lock, {}) when it was written for the same inputs by the same resolver and its wheelhouse
     holds every locked wheel, else None (resolve)."""
@@ -603,7 +603,7 @@ def unchanged(settings: Settings, pins: Any, sources: Any, old: str, resolver_na
     return with_for_line(old, pins), {}
 
 
-def with_for_line(text: str, pins: Any) -> str:
+def with_for_line(text: str, pins: Pins) -> str:
     """The lock text with its `# for:` line naming these pins' commits and base (the inputs are the same)."""
     lines = [ln for ln in text.splitlines() if not ln.startswith(record.FOR_MARK)]
     at = next((i + 1 for i, ln in enumerate(lines) if ln.startswith("# inputs-sha256: ")), 0)

@@ -21,6 +21,8 @@ from builder.core import log
 from builder.core.constants import COMPONENTS
 from builder.core.errors import BadInput
 from builder.core.options import Settings
+from builder.core.records import ResolvedComponent, ResolvedSources
+from builder.pins.model import Component, Pins
 from builder.sources import cmakefetch, mirror
 from builder.sources import resolve as sources_mod
 
@@ -102,7 +104,7 @@ def parse(text: str, where: str = "lock") -> Locked:
     return out
 
 
-def known_vars(pin: Any) -> dict[str, str]:
+def known_vars(pin: Component) -> dict[str, str]:
     """CMake variables that decide which inputs apply: the pins' cmake_vars and the target device."""
     native = pin.native
     if native is None:
@@ -113,12 +115,12 @@ def known_vars(pin: Any) -> dict[str, str]:
     return known
 
 
-def build_env(pins: Any, name: str) -> dict[str, str]:
+def build_env(pins: Pins, name: str) -> dict[str, str]:
     """The environment of a component's build step (what `DEFINED ENV{...}` sees)."""
     return {**pins.build.env, **pins.components[name].build_env()}
 
 
-def discover(settings: Settings, pins: Any, name: str, resolved: Any) -> cmakefetch.Discovery:
+def discover(settings: Settings, pins: Pins, name: str, resolved: ResolvedComponent) -> cmakefetch.Discovery:
     repo = mirror.open_mirror(settings, resolved.url)
     where = f"components.{name} ({resolved.commit[:12]})"
     try:
@@ -180,7 +182,7 @@ def resolve_input(settings: Settings, component: str, component_url: str, decl: 
     return item
 
 
-def gather(settings: Settings, pins: Any, sources: Any, offline: bool = False) -> Locked:
+def gather(settings: Settings, pins: Pins, sources: ResolvedSources, offline: bool = False) -> Locked:
     """Every component's native inputs for the device its pins name (each fetched, exported once)."""
     out = Locked()
     for name in COMPONENTS:
@@ -217,7 +219,7 @@ def changes(old: Locked, new: Locked) -> list[str]:
     return out
 
 
-def declared_changes(settings: Settings, pins: Any, sources: Any, old: Locked) -> list[str]:
+def declared_changes(settings: Settings, pins: Pins, sources: ResolvedSources, old: Locked) -> list[str]:
     """`changes` for the declarations alone (name, GIT_REPOSITORY, GIT_TAG, which components use CMake),
     read at the pinned commits from the mirrors: no fetch, no export (the fast check before a build)."""
     now = Locked()
@@ -233,7 +235,7 @@ def declared_changes(settings: Settings, pins: Any, sources: Any, old: Locked) -
     return changes(old, now)
 
 
-def export_file(settings: Settings, pins: Any, item: NativeInput) -> Path:
+def export_file(settings: Settings, pins: Pins, item: NativeInput) -> Path:
     """The export of a locked input (made again from the mirror if this cache lacks it), checked."""
     path = sources_mod.export_path(settings, item.export_sha256)
     if path.is_file():

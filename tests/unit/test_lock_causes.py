@@ -88,7 +88,7 @@ def test_preparing_metadata_raises_the_mismatch_as_bad_input(monkeypatch: pytest
     monkeypatch.setattr(basecontainer, "run", lambda *args, **kw: _result(PIP_REQUIRES_PYTHON))
     inputs = ComponentInputs(name="megatron", distribution="megatron-core")
     with pytest.raises(BadInput) as err:
-        lockfile.prepare_metadata(settings, pins, None, inputs, [])
+        lockfile.prepare_metadata(settings, pins, None, inputs, [])  # type: ignore[arg-type]
     assert str(err.value).startswith("components.megatron: megatron-core requires Python >=3.12 (its "
                                      "Requires-Python), but the base has Python 3.11.2 (base.python: 3.11)")
 

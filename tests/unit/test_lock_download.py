@@ -111,8 +111,9 @@ def test_metadata_cache_key_follows_commit_base_and_build_requirements() -> None
     settings = Settings.from_env({"BUILDER_CACHE": str(Path("/tmp") / "unused-lock-cache-key")})
     a = lockfile.ComponentInputs("verl", "verl", build_requires=["setuptools>=61"])
     b = lockfile.ComponentInputs("verl", "verl", build_requires=["setuptools>=70"])
-    assert lockfile.metadata_cache(settings, Pins, Comp, a) == lockfile.metadata_cache(settings, Pins, Comp, a)
-    assert lockfile.metadata_cache(settings, Pins, Comp, a) != lockfile.metadata_cache(settings, Pins, Comp, b)
+    key = lockfile.metadata_cache  # stand-ins with only the fields the key reads
+    assert key(settings, Pins, Comp, a) == key(settings, Pins, Comp, a)  # type: ignore[arg-type]
+    assert key(settings, Pins, Comp, a) != key(settings, Pins, Comp, b)  # type: ignore[arg-type]
 
 
 def test_time_table_puts_downloads_apart(monkeypatch: pytest.MonkeyPatch) -> None:
