@@ -1,4 +1,7 @@
 """Compare a run with the last ACCEPTED run of the same pins: commits, digest, image files, gates, metrics.
+The report against report part (which commits moved, which gates changed status) is `builder compare`'s
+(builder/nightly/compare.py: commits, gate_items), the one way two reports are diffed; this module adds what only
+the nightly has: the registry digests, the image's files and distributions, the metrics and the regression flag.
 
 `compare(...)` returns the JSON-able diff; `to_markdown(diff)` renders nightly-diff.md.  The regression
 flag goes up when a gate that passed before reads anything else now, or when the throughput ratio
@@ -16,6 +19,7 @@ from acceptance import perf as perf_rule
 from builder.core import files as fs
 from builder.core.imageref import split_digest
 from builder.core.records import Report
+from builder.nightly import compare as report_diff
 
 EVIDENCE_METRICS = ("throughput", "diff_max", "seconds")
 
@@ -67,6 +71,19 @@ def performance(report: Report, previous_ratio: float | None, threshold: float) 
             "aligned": evidence["aligned"]["runs"], "control": evidence["control"]["runs"]}
 
 
+def gate_changes(previous: Report, report: Report) -> list[dict[str, str]]:
+    """The gates of `report` whose status differs from `previous` (a gate it did not run reads not_run), from
+    the compare's per-gate items."""
+    moved = {e["gate"]: e for e in report_diff.evidence(previous, report)}
+    out = []
+    for gate in report.gates:
+        status = next(i for i in moved[gate.name]["items"] if i["what"] == "status")
+        old = str(status["old"] or "not_run")
+        if old != gate.status:
+            out.append({"gate": gate.name, "old": old, "new": gate.status})
+    return out
+
+
 def compare(report: Report, manifest: dict[str, Any] | None, digest: str | None, previous: Report | None,
             previous_manifest: dict[str, Any] | None, previous_digest: str | None, threshold: float,
             commit_log: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -77,20 +94,15 @@ def compare(report: Report, manifest: dict[str, Any] | None, digest: str | None,
         diff["summary"] = "first accepted run of these pins: nothing to compare with"
         return diff
     diff["previous"] = {"image_id": previous.image_id, "digest": previous_digest, "created": previous.created}
-    commits = {}
-    for name, comp in report.sources.components.items():
-        old = previous.sources.components.get(name)
-        commits[name] = {"old": old.commit if old else None, "new": comp.commit,
-                         "changed": not old or old.commit != comp.commit, "log": commit_log.get(name, [])}
+    commits = {c["component"]: {"old": c["old"], "new": c["new"], "changed": c["moved"],
+                                "log": commit_log.get(c["component"], [])} for c in report_diff.commits(previous, report)}
     diff["commits"] = commits
     diff["same_image"] = report.image_id == previous.image_id
     diff["same_digest"] = None if not (digest and previous_digest) else digest == previous_digest
     diff["files"] = _changes(_files(previous_manifest), _files(manifest))
     diff["distributions"] = _changes((previous_manifest or {}).get("distributions") or {},
                                      (manifest or {}).get("distributions") or {})
-    old_gates = {g.name: g.status for g in previous.gates}
-    diff["gates"] = [{"gate": g.name, "old": old_gates.get(g.name, "not_run"), "new": g.status}
-                     for g in report.gates if old_gates.get(g.name, "not_run") != g.status]
+    diff["gates"] = gate_changes(previous, report)
     old_m, new_m = metrics(previous), metrics(report)
     diff["metrics"] = [{"metric": k, "old": old_m[k], "new": new_m[k], "delta": new_m[k] - old_m[k],
                         "relative": (new_m[k] - old_m[k]) / old_m[k] if old_m[k] else None}

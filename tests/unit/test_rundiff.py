@@ -95,3 +95,19 @@ def test_ctrf_maps_gate_statuses(reports: MakeReport) -> None:
                       "performance": "passed"}
     summary = doc["results"]["summary"]
     assert (summary["tests"], summary["passed"], summary["failed"], summary["skipped"], summary["other"]) == (5, 2, 1, 1, 1)
+
+
+def test_the_nightly_diff_reads_commits_and_gates_as_builder_compare_does(reports: MakeReport) -> None:
+    """One way to diff two reports: the nightly's commits and gate changes are the compare's rows (a gate the
+    old run did not have reads not_run, and not_run against not_run is no change)."""
+    from builder.nightly import compare
+
+    old, new = reports(), reports(statuses={"rl_step": "fail", "control": "not_run"})
+    old = old.model_copy(update={"gates": [g for g in old.gates if g.name != "control"]})  # a report without it
+    diff = rundiff.compare(new, None, None, old, None, None, 0.05, {})
+    rows = {e["gate"]: next(i for i in e["items"] if i["what"] == "status") for e in compare.evidence(old, new)}
+    assert diff["gates"] == [{"gate": g, "old": r["old"] or "not_run", "new": r["new"]} for g, r in rows.items()
+                             if r["moved"] and (r["old"] or "not_run") != r["new"]]
+    assert diff["gates"] == [{"gate": "rl_step", "old": "pass", "new": "fail"}]
+    assert {c["component"]: c["moved"] for c in compare.commits(old, new)} == \
+        {name: c["changed"] for name, c in diff["commits"].items()}
