@@ -34,11 +34,12 @@ class TagMove(BaseModel):
 
 
 class MemberSqsh(BaseModel):
-    """A multi-arch member's .sqsh: its pointer (named by its platform) flips once the tags serve the index."""
+    """A multi-arch member's .sqsh: its pointer (named by its platform) flips once the tags serve the index; without
+    one (`move` None) a pointer of its platform that follows another digest goes."""
     report: str
     digest: str  # the member's manifest digest, which the pointer follows
     platform: str
-    move: SqshMove
+    move: SqshMove | None = None
 
 
 class Journal(BaseModel):
@@ -139,8 +140,12 @@ def finish(reg: Registry, name: str, journal: Journal, settings: Settings, recei
         done.append(".sqsh")
     elif journal.sqsh is None and journal.platform and journal.tags:  # a pointer of another image's .sqsh goes
         sqsh_layout.follow(settings, journal.repository, journal.tags[0].tag, journal.platform, journal.digest)
-    placed = [m.platform for m in journal.members_sqsh  # an index's members: each platform's pointer
-              if _place_sqsh(m.move, m.report, journal.repository, m.digest, m.platform, settings)]
+    placed = []
+    for m in journal.members_sqsh:  # an index's members: each platform's pointer
+        if m.move is None and journal.tags:
+            sqsh_layout.follow(settings, journal.repository, journal.tags[0].tag, m.platform, m.digest)
+        elif m.move is not None and _place_sqsh(m.move, m.report, journal.repository, m.digest, m.platform, settings):
+            placed.append(m.platform)
     if placed:
         done.append(f".sqsh of {', '.join(placed)}")
     return (f"finished the publish of {journal.repository}@{journal.digest} that a killed run began: "
@@ -151,8 +156,9 @@ def abandon(reg: Registry, name: str, journal: Journal, why: str) -> str:
     """No tag had moved and it cannot be finished (`why`): delete what that publish added and no tag serves (where
     the registry allows), and its kept .sqsh that no pointer names."""
     head = f"abandoned the publish of {journal.repository}@{journal.digest} that a killed run began ({why}; no tag had moved"
-    for move in ([journal.sqsh] if journal.sqsh is not None else []) + [m.move for m in journal.members_sqsh]:
-        sqsh_layout.drop_unnamed(Path(move.blob))
+    for move in [journal.sqsh, *(m.move for m in journal.members_sqsh)]:
+        if move is not None:
+            sqsh_layout.drop_unnamed(Path(move.blob))
     served = {reg.tag_digest(name, m.tag) for m in journal.tags} | {reg.tag_digest(name, t) for t in journal.nightly}
     if journal.existed or journal.digest in served:
         return f"{head}; the digest was there before, kept)"

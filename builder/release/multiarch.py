@@ -204,8 +204,9 @@ def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settin
                                tags=[journal.TagMove(tag=t, old=registry.tag_digest(name, t), new=digest)
                                      for t in tags],
                                members_sqsh=[journal.MemberSqsh(report=str(m.path.absolute()), digest=str(ref.digest),
-                                                                platform=m.report.platform, move=c.journal())
-                                             for m, ref, c in zip(members, staged, copies) if c is not None])
+                                                                platform=m.report.platform,
+                                                                move=c.journal() if c is not None else None)
+                                             for m, ref, c in zip(members, staged, copies)])
         journal.write(plan, settings)
         moved = False
         try:
