@@ -208,11 +208,11 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory) -> MakeReportInputs:
     from builder.core.records import (
         AcceptanceResult,
         BuiltImage,
+        DockerFacts,
         Evidence,
         GateResult,
         ResolvedComponent,
         ResolvedSources,
-        RunnerFacts,
     )
     from builder.pins import model as pins_mod
 
@@ -280,9 +280,9 @@ def report_inputs(tmp_path_factory: pytest.TempPathFactory) -> MakeReportInputs:
         gates = [GateResult(name=g, status=s, reason=f"{g} {s}", evidence=Evidence.model_validate(evidence[g]), log="tail")
                  for g, s in status.items() if s is not None]
         result = AcceptanceResult(image_id=accepted_image or image_id, gates=gates,
-                                  container=RunnerFacts(run_id="c0ffee", network="none",
-                                                        env={"TRITON_CACHE_DIR": "/cache/triton"},
-                                                        tmpfs={"/cache": "rw,exec"}),
+                                  where=DockerFacts(run_id="c0ffee", network="none",
+                                                    env={"TRITON_CACHE_DIR": "/cache/triton"},
+                                                    tmpfs={"/cache": "rw,exec"}),
                                   environment={"engine": "20.10.24"},
                                   throughput={"metric": "perf/rollout_tokens_per_s", "aligned": 1234.5, "control": 1200.0,
                                               "ratio": 1.02875}) if acceptance else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.core.records import Evidence, GateResult, NodeFacts, Report, RunnerFacts, SqshFacts
+from builder.core.records import Evidence, GateResult, NodeFacts, Report, SlurmFacts, SqshFacts
 from builder.lock import record as lock_record
 from builder.report import document
 from tests.fixture_types import MakeReportInputs
@@ -29,13 +29,13 @@ def rich_report(report_inputs: MakeReportInputs) -> Report:
         extra: dict[str, Any] = {"processes": [PROCESS], "census": CENSUS, "jit": JIT, "replay": REPLAY}
         return g.model_copy(update={"evidence": Evidence.model_validate({**g.evidence.model_dump(), **extra})})
 
-    facts = RunnerFacts(runner="slurm", engine="slurm 23.02", cluster="demo", job_id="812", partition="debug",
+    facts = SlurmFacts(runner="slurm", engine="slurm 23.02", cluster="demo", job_id="812", partition="debug",
                         nodes=[NodeFacts(name="n1", sqsh_sha256="ab" * 32, sqsh_path="/local/n1/x.sqsh", staged="filled",
                                          check={"seconds": 1.5, "step": "812.0"})],
                         sqsh=SqshFacts(path="/shared/x.sqsh", sha256="ab" * 32),
                         gates={"rl_step": {"job_id": "812", "step": "812.3", "node": "n1", "state": "COMPLETED",
                                            "exit_code": 0, "seconds": 4.2}})
-    acceptance = result.model_copy(update={"gates": [more(g) for g in result.gates], "container": facts})
+    acceptance = result.model_copy(update={"gates": [more(g) for g in result.gates], "where": facts})
     seen = {"checked": True, "net": ["lo"], "mountinfo": ["1 0 0:1 / / rw - overlay overlay rw"] * 2, "problems": []}
     built = built.model_copy(update={"isolation": seen}) if built else None  # the build's BUILD-ENV record
     return document.make_report(pins, lock_record.of(pins), sources, built, acceptance)

@@ -8,14 +8,17 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     JsonValue,
     StrictFloat,
     StrictInt,
     StrictStr,
+    Tag,
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
@@ -246,23 +249,12 @@ class Limits(Record):
 
 
 class RunnerFacts(Record):
-    """Where the gates ran, as the runner describes it, and per gate the facts of each container or step."""
+    """Where the gates ran, as the runner describes it, and per gate the facts of each container or step: what every
+    runner has. A report holds one of its two kinds: `DockerFacts` or `SlurmFacts`."""
     runner: str = "unknown"            # a display name of where the gates ran
     engine: str | None = None
     network: str | None = None
     isolation: dict[str, str] = Field(default_factory=dict)
-    home: str | None = None
-    label: str | None = None
-    tmpfs: dict[str, str] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    cluster: str | None = None
-    job_id: str | None = None
-    partition: str | None = None
-    runtime: str | None = None
-    runtime_version: str | None = None
-    srun_args: list[str] = Field(default_factory=list)
-    nodes: list[NodeFacts] = Field(default_factory=list)
-    sqsh: SqshFacts | None = None      # set exactly when the gates mounted a .sqsh (cluster acceptance)
     image_id: str = ""
     run_id: str = ""
     mounts: list[dict[str, Any]] = Field(default_factory=list)
@@ -283,9 +275,49 @@ class RunnerFacts(Record):
         return out
 
 
+class DockerFacts(RunnerFacts):
+    """A fresh local container per gate: the Docker engine (this one or another), or runc on a tree (the smoke)."""
+    home: str | None = None
+    label: str | None = None
+    tmpfs: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class SlurmFacts(RunnerFacts):
+    """A Slurm step per gate from the candidate's .sqsh, on every node of one allocation."""
+    cluster: str | None = None
+    job_id: str | None = None
+    partition: str | None = None
+    runtime: str | None = None
+    runtime_version: str | None = None
+    srun_args: list[str] = Field(default_factory=list)
+    nodes: list[NodeFacts] = Field(default_factory=list)
+    sqsh: SqshFacts | None = None      # the .sqsh the gates mounted
+
+
+def _facts_kind(value: Any) -> str:
+    """Which kind a stored record is: a cluster's names its job, its .sqsh or its nodes."""
+    if isinstance(value, dict):
+        return "cluster" if any(value.get(k) for k in ("job_id", "sqsh", "nodes", "cluster")) else "container"
+    return "cluster" if isinstance(value, SlurmFacts) else "container"
+
+
+def _facts_fields(value: Any) -> Any:
+    """Reports written before the split name every field of both kinds, the other kind's empty: those go."""
+    if not isinstance(value, dict):
+        return value
+    kind = SlurmFacts if _facts_kind(value) == "cluster" else DockerFacts
+    return {k: v for k, v in value.items() if k in kind.model_fields or v not in (None, "", [], {})}
+
+
+AnyRunnerFacts = Annotated[Annotated[DockerFacts, Tag("container")] | Annotated[SlurmFacts, Tag("cluster")],
+                           Discriminator(_facts_kind), BeforeValidator(_facts_fields)]
+
+
 class AcceptanceResult(Record):
     image_id: str
-    container: RunnerFacts = Field(default_factory=RunnerFacts)
+    where: AnyRunnerFacts = Field(default_factory=DockerFacts,  # "container" in reports before it was renamed
+                                  validation_alias=AliasChoices("where", "container"))
     gates: list[GateResult]
     environment: dict[str, Any] = Field(default_factory=dict)
     throughput: dict[str, Any] = Field(default_factory=dict)

@@ -10,7 +10,7 @@ from acceptance import perf as perf_rule
 from builder.core import log
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import MANIFEST
-from builder.core.records import AcceptanceResult, Evidence, GateResult, Pulled, RunnerFacts
+from builder.core.records import AcceptanceResult, Evidence, GateResult, Pulled
 from builder.gating.plan import AcceptancePlan
 from builder.gating.runner import GateRunner
 from builder.pins.model import Pins
@@ -127,10 +127,10 @@ def run_gates(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pin
     if prov is not None:
         environment.update({"interpreter": prov.evidence.get("interpreter"),
                             "numeric_env": prov.evidence.get("environment"), "gpu": prov.evidence.get("gpu")})
-    container = RunnerFacts.model_validate({
+    described = type(where).model_validate({
         **where.model_dump(), "image_id": image_id, "run_id": runner.run_id, "limits": limits.model_dump(),
         "mounts": [m.model_dump() for m in pins.acceptance.mounts], "gpus": pins.acceptance.gpus,
         "gates": facts, "weights": pins.acceptance.weights, "checkpoint": checkpoint_settings(pins)})
-    return AcceptanceResult(image_id=image_id, container=container, gates=results, environment=environment,
+    return AcceptanceResult(image_id=image_id, where=described, gates=results, environment=environment,
                             throughput=throughput(results, pins.acceptance.metrics.throughput), pulled=pulled)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from builder.core.records import Evidence, GateResult, RunnerFacts
+from builder.core.records import DockerFacts, Evidence, GateResult, SlurmFacts
 from builder.pins.model import Pins
 
 TAIL = 6000  # characters of a gate's output kept in its result
@@ -27,7 +27,7 @@ class GateRunner(Protocol):
         """Run one gate in a fresh container; its result and the facts of where and how it ran."""
         ...
 
-    def describe(self) -> RunnerFacts:
+    def describe(self) -> DockerFacts | SlurmFacts:
         """For the report: the engine or runtime and its version, and the isolation the gates really had (the gate
         loop adds the run's own facts: image, run id, limits, mounts, per-gate facts)."""
         ...

@@ -21,7 +21,7 @@ from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import PublishError
 from builder.core.options import Settings
-from builder.core.records import PublishReceipt, Report, SqshExport
+from builder.core.records import PublishReceipt, Report, SlurmFacts, SqshExport
 from builder.engine import staging
 from builder.engine.registry import Registry, split_repository
 from builder.release import publish, sqsh_layout
@@ -49,8 +49,8 @@ class Copy:
 
 def accepted(report: Report) -> dict[str, str] | None:
     """The .sqsh a Slurm acceptance ran on (path, recorded and node-side sha256), or None (Docker gates)."""
-    facts = report.acceptance.container if report.acceptance else None
-    if facts is None or facts.sqsh is None:
+    facts = report.acceptance.where if report.acceptance else None
+    if not isinstance(facts, SlurmFacts) or facts.sqsh is None:
         return None
     seen = {n.sqsh_sha256 for n in facts.nodes}
     return {"path": facts.sqsh.path, "sha256": facts.sqsh.sha256,

@@ -28,6 +28,7 @@ from builder.core.records import (
     PublishReceipt,
     Report,
     ResolvedSources,
+    SlurmFacts,
     number,
 )
 from builder.core.safetext import clip
@@ -488,8 +489,8 @@ def rebuild_markdown(result: dict[str, Any]) -> list[str]:
 def cluster_markdown(report: Report) -> list[str]:
     """Where the gates ran when they mounted a .sqsh (a cluster): per node what it saw of the image, then Slurm's
     record of every step, then per gate and node the processes the census saw and the ones that recorded."""
-    facts = report.acceptance.container if report.acceptance else None
-    if facts is None or facts.sqsh is None:
+    facts = report.acceptance.where if report.acceptance else None
+    if not isinstance(facts, SlurmFacts) or facts.sqsh is None:
         return []
     layout = facts.layout.get("nodes", 1)
     out = ["", "### Cluster acceptance", "",

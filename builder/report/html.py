@@ -17,7 +17,7 @@ from markupsafe import Markup
 
 from builder.core import resources
 from builder.core.imageref import split_digest
-from builder.core.records import GateResult, Report, RunnerFacts
+from builder.core.records import DockerFacts, GateResult, Report, RunnerFacts, SlurmFacts
 from builder.report import document
 from builder.report.document import readable_evidence
 
@@ -101,7 +101,7 @@ def plain(value: Any) -> dict[str, Any]:
 
 
 def container(report: Report) -> RunnerFacts:
-    return report.acceptance.container if report.acceptance else RunnerFacts()
+    return report.acceptance.where if report.acceptance else DockerFacts()
 
 
 def gate_rows(report: Report) -> list[dict[str, Any]]:
@@ -126,8 +126,10 @@ def runner(report: Report) -> dict[str, Any]:
     facts = container(report)
     pulled = report.acceptance.pulled if report.acceptance else None
     host = pulled.engine.host if pulled and pulled.engine else None
-    return {"kind": facts.runner, "node": ", ".join(n.name for n in facts.nodes) or host or "this host",
-            "engine": facts.engine or "unknown", "sqsh_sha256": facts.sqsh.sha256 if facts.sqsh else None}
+    cluster = facts if isinstance(facts, SlurmFacts) else None
+    nodes = ", ".join(n.name for n in cluster.nodes) if cluster else ""
+    return {"kind": facts.runner, "node": nodes or host or "this host", "engine": facts.engine or "unknown",
+            "sqsh_sha256": cluster.sqsh.sha256 if cluster and cluster.sqsh else None}
 
 
 @functools.cache

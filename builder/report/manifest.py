@@ -6,7 +6,7 @@ from typing import Any
 
 from builder.core.constants import CACHE_ENV_VARS, COMPONENTS
 from builder.core.imageref import ImageRef
-from builder.core.records import AcceptanceResult, BuiltImage, Evidence, PublishReceipt, ResolvedSources, RunManifest
+from builder.core.records import AcceptanceResult, BuiltImage, DockerFacts, Evidence, PublishReceipt, ResolvedSources, RunManifest
 from builder.lock.record import Lock
 from builder.pins.model import Pins
 
@@ -99,13 +99,18 @@ def native_layer(names: list[str], manifest: dict[str, Any] | None, prov: Eviden
     return out
 
 
+def _local(acceptance: AcceptanceResult | None) -> DockerFacts | None:
+    """A local container's facts (its environment and tmpfs); a Slurm step's come from the node."""
+    return acceptance.where if acceptance and isinstance(acceptance.where, DockerFacts) else None
+
+
 def jit_layer(acceptance: AcceptanceResult | None, prov: Evidence) -> Any:
     """Layer 4: JIT/compile cache settings, what the caches held at start, and per recipe gate what was
     compiled during its run (acceptance/jitcache.py: kernel, cache key, compiler version, config, origin)."""
-    env = env_dict(acceptance.container.env if acceptance else None)
+    env = env_dict(local.env if (local := _local(acceptance)) else None)
     compiled = {g.name: g.evidence.jit for g in (acceptance.gates if acceptance else []) if g.evidence.jit}
     jit = {"env": {k: env[k] for k in CACHE_ENV_VARS if k in env},
-           "tmpfs": (acceptance.container.tmpfs if acceptance else None),
+           "tmpfs": (local.tmpfs if local else None),
            "caches_at_start": prov.caches_at_start, "compiled_during_run": compiled}
     return or_unknown({k: v for k, v in jit.items() if v})
 
@@ -124,14 +129,14 @@ def container_layer(pins: Pins, build: BuiltImage | None, acceptance: Acceptance
         or UNKNOWN, "base_index_digest": build.base_index_digest if build else None,
         "produced_by": "Dockerfile build from exported commits (builder)" if build else UNKNOWN,
         "build": build.model_dump(exclude={"log_path"}) if build else UNKNOWN,
-        "acceptance": acceptance.container.model_dump(mode="json", exclude={"env", "gates"}) if acceptance else UNKNOWN,
+        "acceptance": acceptance.where.model_dump(mode="json", exclude={"env", "gates"}) if acceptance else UNKNOWN,
     }
 
 
 def run_layer(pins: Pins, lock: Lock, sources: ResolvedSources, acceptance: AcceptanceResult | None,
               manifest: dict[str, Any] | None, prov: Evidence) -> dict[str, Any]:
     """Layer 6: the recipe, its environment, the engines, the interpreter, the pins and lock files."""
-    env = env_dict(acceptance.container.env if acceptance else None)
+    env = env_dict(local.env if (local := _local(acceptance)) else None)
     pulled = acceptance.pulled if acceptance else None
     interpreter = prov.interpreter or {}
     recipe = pins.recipe

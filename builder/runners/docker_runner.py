@@ -10,7 +10,7 @@ from typing import Any
 from builder.core.constants import CACHE_DIR as CACHE
 from builder.core.constants import CACHE_ENV, LABEL_PREFIX
 from builder.core.errors import BadInput
-from builder.core.records import GateResult, RunnerFacts
+from builder.core.records import DockerFacts, GateResult
 from builder.engine import client as engine
 from builder.engine import containers
 from builder.engine.client import Client
@@ -51,8 +51,8 @@ class DockerRunner:
         result = result_from_output(gate, out.exit_code, out.stdout, out.stderr, out.timed_out, timeout_s)
         return result, out.facts
 
-    def describe(self) -> RunnerFacts:
-        return RunnerFacts(runner=self.kind, engine=engine.engine_version(self.client), network="none",
+    def describe(self) -> DockerFacts:
+        return DockerFacts(runner=self.kind, engine=engine.engine_version(self.client), network="none",
                            home="tmpfs (HOME is the empty cache tmpfs)", label=f"{LABEL}={self.run_id}",
                            tmpfs=TMPFS, env=CACHE_ENV)
 

@@ -1,6 +1,6 @@
 """The one place that turns an `AcceptancePlan`'s place into a GateRunner: the Docker engine of the build (or
 another engine, pulled by digest), or a Slurm cluster from the candidate's .sqsh. The use cases call `gate_image` and
-never learn which one ran; the runner describes itself in the report's typed `RunnerFacts`."""
+never learn which one ran; the runner describes itself in the report's typed `RunnerFacts` (`DockerFacts` or `SlurmFacts`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -11,7 +11,7 @@ from typing import Any
 from builder.core import log
 from builder.core.imageref import by_digest
 from builder.core.options import Settings
-from builder.core.records import AcceptanceResult, EngineFacts, GateResult, Pulled, Report
+from builder.core.records import AcceptanceResult, EngineFacts, GateResult, Pulled, Report, SlurmFacts
 from builder.engine import client as engine
 from builder.engine import staging
 from builder.engine.client import Client
@@ -75,7 +75,8 @@ def new_exports(plan: AcceptancePlan, image_id: str) -> list[Path]:
 def replay_plan(report: Report, pins: Pins, settings: Settings, slurm: bool | None) -> AcceptancePlan:
     """Where a replay runs: where the report's gates ran (a cluster acceptance mounted a .sqsh), unless `slurm`
     says otherwise; one replay step with the pins' per-gate limit."""
-    on_cluster = slurm if slurm is not None else bool(report.acceptance and report.acceptance.container.sqsh)
+    facts = report.acceptance.where if report.acceptance else None
+    on_cluster = slurm if slurm is not None else isinstance(facts, SlurmFacts) and facts.sqsh is not None
     flags = Flags(image=report.image_id, gates=["provenance"], slurm=on_cluster)
     return make_plan(pins, flags, settings).acceptance
 

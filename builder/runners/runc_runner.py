@@ -15,7 +15,7 @@ from typing import Any
 
 from builder.core.constants import CACHE_ENV
 from builder.core.errors import InfraError
-from builder.core.records import GateResult, RunnerFacts
+from builder.core.records import DockerFacts, GateResult
 from builder.gating.runner import gate_command, result_from_output
 from builder.pins.model import Pins
 from builder.runners.docker_runner import TMPFS
@@ -101,8 +101,8 @@ class RuncRunner:
             facts["timed_out"] = True
         return result_from_output(gate, rc, stdout, stderr, timed_out, timeout_s), facts
 
-    def describe(self) -> RunnerFacts:
-        return RunnerFacts(runner="runc", engine=self.version, network="none (a network namespace with loopback only)",
+    def describe(self) -> DockerFacts:
+        return DockerFacts(runner="runc", engine=self.version, network="none (a network namespace with loopback only)",
                            home="tmpfs (HOME is the empty cache tmpfs)", tmpfs=TMPFS, env=CACHE_ENV)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from builder.core import log
 from builder.core.constants import CACHE_DIR, CACHE_ENV
-from builder.core.records import Evidence, GateResult, RunnerFacts, SqshFacts
+from builder.core.records import Evidence, GateResult, SlurmFacts, SqshFacts
 from builder.gating import runner as gate_runner
 from builder.gating.plan import AcceptancePlan, SlurmPlace
 from builder.pins.model import Pins
@@ -264,10 +264,10 @@ class SlurmRunner:
 
     # ---- the report and the end --------------------------------------------------------------
 
-    def describe(self) -> RunnerFacts:
+    def describe(self) -> SlurmFacts:
         version = self.nodes[0].runtime_version if self.nodes else None
         isolation = self.runtime.isolation()
-        return RunnerFacts.model_validate({
+        return SlurmFacts.model_validate({
             "runner": self.kind, "engine": f"Slurm cluster {self.cluster}, {self.runtime.name} {version}",
             "runtime": self.runtime.name, "runtime_version": version, "isolation": isolation,
             "cluster": self.cluster, "job_id": self.job, "partition": self.place.partition or _partition(self.job),

@@ -58,9 +58,9 @@ def test_clean_demo_stack_passes_every_gate(demo_accepted: DemoAccepted) -> None
     runs = perf.runs
     assert [(r["run"], r["arm"]) for r in runs] == [(i, a) for i in range(1, pairs + 1) for a in ("aligned", "control")]
     assert result.throughput["source"] == "performance gate: pairs" and len(result.throughput["runs"]) == 2 * pairs
-    assert len(result.container.gates["performance"]["runs"]) == 2 * pairs
-    containers = [f for f in result.container.gates.values() if "runs" not in f]
-    containers += result.container.gates["performance"]["runs"]
+    assert len(result.where.gates["performance"]["runs"]) == 2 * pairs
+    containers = [f for f in result.where.gates.values() if "runs" not in f]
+    containers += result.where.gates["performance"]["runs"]
     assert len(containers) == 4 + 2 * pairs
     for facts in containers:
         assert facts["network"] == "none" and facts["networks"] == ["none"]
@@ -203,7 +203,7 @@ def test_host_directory_mounted_over_package_fails_provenance(demo_image: DemoIm
     gate = _gates(result)["provenance"]
     assert gate.status == "fail"
     assert f"mount at {SITE}/tinyengine" in gate.reason
-    facts = result.container.gates["provenance"]
+    facts = result.where.gates["provenance"]
     assert facts["mounts"] == [{"source": str(tmp_path / "tinyengine"), "target": f"{SITE}/tinyengine", "rw": False}]
 
 
@@ -215,8 +215,8 @@ def test_hanging_gate_is_killed_at_timeout(demo_image: DemoImage, docker_client:
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail"
     assert gate.reason.startswith("timed out after 5 s")
-    assert result.container.gates["zero_update"]["timed_out"] is True
-    assert result.container.run_id == run_id
+    assert result.where.gates["zero_update"]["timed_out"] is True
+    assert result.where.run_id == run_id
     assert docker_runner.leftover_containers(docker_client, run_id) == []
 
 

@@ -123,7 +123,7 @@ def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image: DemoImage
     assert gate.status == "fail" and "lm_head.weight" in gate.reason, gate.reason
     assert gate.evidence.weights["unchanged_tensors"][0]["tensor"] == "lm_head.weight"
     assert [c["changed"] for c in gate.evidence.weights["changes"]] == [19, 19]
-    mounts = result.container.gates["rl_step"]["mounts"]
+    mounts = result.where.gates["rl_step"]["mounts"]
     assert {(m["target"], m["rw"]) for m in mounts} == {(MODEL, False), ("/scratch/checkpoints", True)}
     assert (tmp_path / "rl_step" / "global_step_2" / "actor" / "huggingface" / "pytorch_model.bin").is_file()
     _show(gate)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from builder.core.constants import GATES
-from builder.core.records import Report
+from builder.core.records import Report, SlurmFacts
 from builder.report import document
 from tests.conftest import FLEET_REPEATS, SETTINGS
 from tests.defects import BATCH_INVARIANCE_OFF, REASONS, SKIPPED_WEIGHT_RELOAD, SLOW_EXACT_PATH
@@ -36,8 +36,8 @@ def test_good_demo_is_accepted_through_slurm(slurm_fleet: dict[str, Any]) -> Non
     assert {n: g.status for n, g in found.items()} == {n: "pass" for n in GATES}
     assert report.acceptance is not None and report.acceptance.pulled is not None and report.build is not None
     assert report.acceptance.pulled.ref == report.build.staged  # the gates ran on the staged digest's image
-    c = report.acceptance.container
-    assert c.runner == "slurm" and c.runtime == "charliecloud" and c.sqsh is not None
+    c = report.acceptance.where
+    assert isinstance(c, SlurmFacts) and c.runner == "slurm" and c.runtime == "charliecloud" and c.sqsh is not None
     assert [n.name for n in c.nodes] == ["n1", "n2"] and all(n.sqsh_sha256 == c.sqsh.sha256 for n in c.nodes)
     assert c.sqsh.image_id == report.image_id and c.layout["nodes"] == 2  # the rollout engine on n2
     runs = [f for f in c.gates.values() if "runs" not in f] + c.gates["performance"]["runs"]
@@ -64,14 +64,16 @@ def test_planted_defect_fails_as_under_docker(slurm_fleet: dict[str, Any], key: 
     got = {g.name: g for g in report.gates}
     assert report.verdict == "NOT ACCEPTED" and got[gate].status == "fail", (got[gate].status, got[gate].reason)
     assert words in got[gate].reason, got[gate].reason
-    assert report.acceptance is not None and report.acceptance.container.runner == "slurm"
+    assert report.acceptance is not None and report.acceptance.where.runner == "slurm"
     if gate == "performance":  # the interleaved runs, each a Slurm step of its own
         pairs = got[gate].evidence.pairs
         assert pairs is not None
-        assert 2 <= pairs <= FLEET_REPEATS and len(report.acceptance.container.gates[gate]["runs"]) == 2 * pairs
+        assert 2 <= pairs <= FLEET_REPEATS and len(report.acceptance.where.gates[gate]["runs"]) == 2 * pairs
     # each defect's run requires (so runs) only its own gate; the others pass in A and under Docker
     assert {n: g.status for n, g in got.items() if n != gate} == {n: "not_run" for n in GATES if n != gate}
-    sqsh = report.acceptance.container.sqsh
+    where = report.acceptance.where
+    assert isinstance(where, SlurmFacts)
+    sqsh = where.sqsh
     assert sqsh is not None and sqsh.image_id == report.image_id and sqsh.compression == SETTINGS.squash_options
 
 
@@ -84,8 +86,8 @@ def test_a_cluster_accepted_run_replays_under_slurm_where_it_ran(slurm_fleet: di
 
     report_json = slurm_fleet["runs"]["a"] / "report.json"
     accepted = fleet_report(slurm_fleet, "a").acceptance
-    assert accepted is not None and accepted.container.sqsh is not None
-    env = {**os.environ, "BUILDER_SLURM_SHARED_DIR": str(Path(accepted.container.sqsh.path).parent)}  # its export
+    assert accepted is not None and isinstance(accepted.where, SlurmFacts) and accepted.where.sqsh is not None
+    env = {**os.environ, "BUILDER_SLURM_SHARED_DIR": str(Path(accepted.where.sqsh.path).parent)}  # its export
     done = subprocess.run([sys.executable, "-m", "builder", "replay", str(report_json)], capture_output=True,
                           text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.startswith("nothing failed: ACCEPTED"), done.stdout + done.stderr

@@ -30,6 +30,6 @@ def test_an_escape_fails_its_gate_under_slurm_with_the_process_named(
     gate_name = REASONS[defect][0]
     made = plan.make(pins, plan.Flags(slurm=True, gates=[gate_name]), SETTINGS).acceptance
     result = factory.gate_image(made, pins, build_variant(*defect).image_id, None, SETTINGS, engine.connect(SETTINGS))
-    assert result.container.runner == "slurm"
+    assert result.where.runner == "slurm"
     row = _escape(next(g for g in result.gates if g.name == gate_name), defect)
     assert row["pid"] and row["exe"]

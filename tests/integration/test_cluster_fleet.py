@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from builder.core.options import Settings
+from builder.core.records import SlurmFacts
 from builder.nightly.history import History
 from builder.report import document
 
@@ -26,7 +27,8 @@ def test_nightly_fleet_submits_every_run_to_slurm(slurm_fleet: dict[str, Any],
     reports = {k: document.load(d / "report.json") for k, d in runs.items()}
     assert {k: r.verdict for k, r in reports.items()} == {"a": "ACCEPTED", "b": "NOT ACCEPTED", "c": "NOT ACCEPTED",
                                                           "d": "NOT ACCEPTED"}
-    facts = {k: r.acceptance.container for k, r in reports.items() if r.acceptance is not None}
+    facts = {k: r.acceptance.where for k, r in reports.items()
+             if r.acceptance is not None and isinstance(r.acceptance.where, SlurmFacts)}
     assert len(facts) == 4 and all(f.runner == "slurm" and f.sqsh is not None for f in facts.values())
     assert len({f.job_id for f in facts.values()}) == 4  # each run its own Slurm job
     assert all(Path(f.sqsh.path).parent == cluster_images[1] for f in facts.values() if f.sqsh)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from builder.core.imageref import ImageRef
-from builder.core.records import EngineFacts, NodeFacts, Pulled, SqshExport, SqshFacts
+from builder.core.records import EngineFacts, NodeFacts, Pulled, RunnerFacts, SlurmFacts, SqshExport, SqshFacts
 from builder.engine import local_store, staging
 from builder.release import journal, multiarch, sqsh_layout
 from builder.report import document as report
@@ -42,11 +42,12 @@ def on_cluster(m: multiarch.Member, client: DockerClient, shared: Path) -> multi
     sqsh.with_name(sqsh.name + ".json").write_text(record.model_dump_json())
     acc, build = m.report.acceptance, m.report.build
     assert acc is not None and build is not None
-    facts = acc.container.model_copy(update={"sqsh": SqshFacts(path=str(sqsh), sha256=sha, image_id=m.report.image_id),
-                                             "nodes": [NodeFacts(name="n1", sqsh_sha256=sha)]})
+    facts = SlurmFacts(**acc.where.model_dump(include=set(RunnerFacts.model_fields)),
+                       sqsh=SqshFacts(path=str(sqsh), sha256=sha, image_id=m.report.image_id),
+                       nodes=[NodeFacts(name="n1", sqsh_sha256=sha)])
     pulled = Pulled(ref=ref, digest=digest, image_id=m.report.image_id, engine=EngineFacts(id="local"))
     rep = m.report.model_copy(update={
-        "acceptance": acc.model_copy(update={"container": facts, "pulled": pulled}),
+        "acceptance": acc.model_copy(update={"where": facts, "pulled": pulled}),
         "build": build.model_copy(update={"staged": ImageRef(str(ref)), "manifest_digest": digest})})
     return multiarch.Member(report.write(rep, m.path.parent)["json"], rep, m.pins, m.lock)
 

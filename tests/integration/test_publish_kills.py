@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from builder.core.imageref import ImageRef
-from builder.core.records import EngineFacts, NodeFacts, Pulled, Report, SqshExport, SqshFacts
+from builder.core.records import EngineFacts, NodeFacts, Pulled, Report, RunnerFacts, SlurmFacts, SqshExport, SqshFacts
 from builder.engine.registry import Registry, split_repository
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod
@@ -109,10 +109,10 @@ def cluster_report(report: Report, pins: pins_mod.Pins, key: dsse.PrivateKey, ru
                         equivalence="pass", smoke={}, seconds={}, created="")
     candidate.with_name(candidate.name + ".json").write_text(record.model_dump_json())
     assert report.acceptance is not None
-    facts = report.acceptance.container.model_copy(update={
-        "sqsh": SqshFacts(path=str(candidate), sha256=sha, image_id=report.image_id),
-        "nodes": [NodeFacts(name="n1", sqsh_sha256=sha)]})
-    report = report.model_copy(update={"acceptance": report.acceptance.model_copy(update={"container": facts})})
+    facts = SlurmFacts(**report.acceptance.where.model_dump(include=set(RunnerFacts.model_fields)),
+                       sqsh=SqshFacts(path=str(candidate), sha256=sha, image_id=report.image_id),
+                       nodes=[NodeFacts(name="n1", sqsh_sha256=sha)])
+    report = report.model_copy(update={"acceptance": report.acceptance.model_copy(update={"where": facts})})
     path = report_mod.write(report, run_dir)["json"]
     attest.sign_acceptance(report, pins, key, run_dir)
     return path

@@ -1,11 +1,14 @@
-"""The gate evidence record typed (builder/core/records.py Evidence, ArmStats): a stored report.json of the current
-format still loads, with its numbers typed; an older suite's unknown keys are kept; a value of another shape is
-never a reason to refuse a gate's output (the typed field reads None)."""
+"""The gate evidence and runner facts typed (builder/core/records.py Evidence, ArmStats, DockerFacts, SlurmFacts):
+a stored report.json of the current format still loads, with its numbers typed; an older suite's unknown keys are
+kept; a value of another shape is never a reason to refuse a gate's output (the typed field reads None)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from builder.core.records import ArmStats, Evidence, Report
+import pytest
+from pydantic import ValidationError
+
+from builder.core.records import AcceptanceResult, ArmStats, DockerFacts, Evidence, Report, SlurmFacts
 from builder.report import document
 
 STORED = Path(__file__).resolve().parents[1] / "data" / "reports" / "cluster-2026-12-04.json"  # trimmed, real run
@@ -34,3 +37,18 @@ def test_a_value_of_another_shape_reads_none_and_refuses_nothing() -> None:
     assert (ev.pairs, ev.diff_max, ev.ratio, ev.aligned, ev.gpu, ev.failures) == (None,) * 6
     assert ev.seconds == 5.0  # an int is a number
 
+
+
+def test_the_runner_facts_are_one_of_two_kinds_read_from_reports_before_the_split() -> None:
+    """`AcceptanceResult.where` (named `container` before; stored reports still say so) holds DockerFacts or
+    SlurmFacts; a report written before the split named every field of both kinds, the other kind's empty."""
+    report = document.load(STORED)  # its acceptance says "container", with Docker's fields empty
+    assert report.acceptance is not None and isinstance(report.acceptance.where, SlurmFacts)
+    assert report.acceptance.where.job_id and report.acceptance.where.sqsh is not None
+    assert '"where"' in report.model_dump_json() and '"container": {"runner"' not in report.model_dump_json()
+    both = {"runner": "docker", "home": "tmpfs", "env": {"A": "1"}, "cluster": None, "job_id": None, "nodes": [],
+            "sqsh": None, "srun_args": [], "partition": None, "runtime": None, "runtime_version": None}
+    docker = AcceptanceResult.model_validate({"image_id": "x", "gates": [], "container": both}).where
+    assert isinstance(docker, DockerFacts) and docker.env == {"A": "1"}
+    with pytest.raises(ValidationError, match="home"):  # a field of the other kind with a value is refused
+        AcceptanceResult.model_validate({"image_id": "x", "gates": [], "where": {"job_id": "7", "home": "tmpfs"}})

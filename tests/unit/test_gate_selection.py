@@ -7,7 +7,7 @@ from typing import Any
 
 from builder.core.constants import GATES
 from builder.core.options import Settings
-from builder.core.records import Evidence, GateResult, RunnerFacts
+from builder.core.records import DockerFacts, Evidence, GateResult
 from builder.gating import gates, plan
 from builder.pins import model
 
@@ -27,8 +27,8 @@ class Recording:
         self.ran.append(gate)
         return GateResult(name=gate, status="pass", reason="recorded", evidence=Evidence()), {}
 
-    def describe(self) -> RunnerFacts:
-        return RunnerFacts(runner=self.kind)
+    def describe(self) -> DockerFacts:
+        return DockerFacts(runner=self.kind)
 
     def close(self) -> None:
         """Nothing to remove."""
@@ -60,5 +60,5 @@ def test_gates_asked_for_run_whatever_the_pins_require() -> None:
     assert runner.ran == ["zero_update", "control"]
     assert {g.name: g.reason for g in result.gates if g.status == "not_run"} == {
         g: "not selected" for g in GATES if g not in ("zero_update", "control")}
-    assert sum(g.runs for g in made.gates) == 2 and result.container.limits.gate_timeout_s == {
+    assert sum(g.runs for g in made.gates) == 2 and result.where.limits.gate_timeout_s == {
         "zero_update": pins.acceptance.timeout_s, "control": pins.acceptance.timeout_s}
