@@ -5,6 +5,7 @@ checks they match.
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -430,14 +431,26 @@ class Report(Record):
 
 
 RECORDS: tuple[type[BaseModel], ...] = (
-    Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage, Evidence, GateResult, EngineFacts,
-    Pulled, SqshFacts, NodeFacts, Limits, RunnerFacts, CompatPin, AcceptanceResult, PublishReceipt, SqshExport,
+    Submodule, ResolvedComponent, ResolvedSources, RenderedBuild, BuiltImage, ArmStats, Evidence, GateResult,
+    EngineFacts, Pulled, SqshFacts, NodeFacts, Limits, RunnerFacts, DockerFacts, SlurmFacts, CompatPin,
+    AcceptanceResult, PublishReceipt, SqshExport,
     ContainerLayer, RunLayer, RunManifest, Report)
 
 
 def _type_name(annotation: Any) -> str:
     text = getattr(annotation, "__name__", None) if getattr(annotation, "__origin__", None) is None else None
-    return (text or str(annotation)).replace("typing.", "").replace("builder.core.records.", "")
+    text = (text or str(annotation)).replace("typing.", "").replace("builder.core.records.", "")
+    text = re.sub(r"Annotated\[(\w+), [^\]]*\]", r"\1", text)  # a tagged union's members by name
+    union = re.fullmatch(r"Union\[(.*)\]", text)
+    if union is None:
+        return text
+    parts, depth, start = [], 0, 0  # the members, split at the commas outside brackets
+    for i, ch in enumerate(union.group(1)):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            parts.append(union.group(1)[start:i].strip())
+            start = i + 1
+    return " | ".join([*parts, union.group(1)[start:].strip()]).replace("NoneType", "None")
 
 
 def design_tables() -> str:
@@ -448,6 +461,7 @@ def design_tables() -> str:
         for name, field in model.model_fields.items():
             default = "required" if field.is_required() else (
                 "[]" if field.default_factory is list else "{}" if field.default_factory is dict
+                else f"{field.default_factory.__name__}()" if isinstance(field.default_factory, type)
                 else repr(field.default))
             out.append(f"| `{name}` | `{_type_name(field.annotation)}` | {default} |")
         out.append("")

@@ -46,8 +46,9 @@ def test_the_runner_facts_are_one_of_two_kinds_read_from_reports_before_the_spli
     assert report.acceptance is not None and isinstance(report.acceptance.where, SlurmFacts)
     assert report.acceptance.where.job_id and report.acceptance.where.sqsh is not None
     assert '"where"' in report.model_dump_json() and '"container": {"runner"' not in report.model_dump_json()
-    both = {"runner": "docker", "home": "tmpfs", "env": {"A": "1"}, "cluster": None, "job_id": None, "nodes": [],
-            "sqsh": None, "srun_args": [], "partition": None, "runtime": None, "runtime_version": None}
+    both: dict[str, object] = {"runner": "docker", "home": "tmpfs", "env": {"A": "1"}, "cluster": None, "job_id": None,
+                               "nodes": [], "sqsh": None, "srun_args": [], "partition": None, "runtime": None,
+                               "runtime_version": None}
     docker = AcceptanceResult.model_validate({"image_id": "x", "gates": [], "container": both}).where
     assert isinstance(docker, DockerFacts) and docker.env == {"A": "1"}
     with pytest.raises(ValidationError, match="home"):  # a field of the other kind with a value is refused
