@@ -118,6 +118,7 @@ Lax = WrapValidator(_shape_or_none)
 Real = Annotated[StrictFloat | None, Lax]  # a number of a gate's output (a bool or a string is not one)
 Whole = Annotated[StrictInt | None, Lax]
 Text = Annotated[StrictStr | None, Lax]
+JsonObject = Annotated[dict[str, JsonValue] | None, Lax]  # a gate's record of named JSON values
 
 
 class ArmStats(BaseModel):
@@ -162,12 +163,12 @@ class Evidence(BaseModel):
     seconds: Real = None
     timeout_s: Whole = None
     # the provenance gate's (acceptance/provenance.py)
-    interpreter: Any = None
-    manifest: Any = None
-    environment: Any = None
+    interpreter: JsonObject = None
+    manifest: JsonObject = None
+    environment: JsonObject = None
     gpu: Annotated[StrictStr | dict[str, JsonValue] | None, Lax] = None  # "none", or the GPU facts
     native_libs_loaded: Any = None
-    caches_at_start: Any = None
+    caches_at_start: JsonObject = None
 
     def get(self, key: str, default: Any = None) -> Any:
         """For the acceptance package's own dict-shaped readers (replay bundles); other packages use fields."""
