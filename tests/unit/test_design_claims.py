@@ -51,6 +51,12 @@ def test_design_names_every_acceptance_module_the_tool_imports() -> None:
         assert f"`{module.replace('.', '/')}.py`" in DESIGN, module
 
 
+def test_design_names_every_module_of_the_acceptance_suite() -> None:
+    """Each file of acceptance/ has its row in DESIGN.md's table of paths outside builder/."""
+    rows = set(re.findall(r"^\| `(acceptance/[\w_]+\.py)` \|", DESIGN, re.M))
+    assert sorted(f"acceptance/{p.name}" for p in (ROOT / "acceptance").glob("*.py")) == sorted(rows)
+
+
 def _is_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
