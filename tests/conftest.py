@@ -155,7 +155,7 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
     runs = {k: where / "out" / f"{i}-{pins[k].stem}" for i, k in enumerate("abcd", 1)}
     for k in "bcd":  # only A's .sqsh is read after the run (test_cluster_publish); the others' gigabytes go now
         report = runs[k] / "report.json"
-        sqsh = json.loads(report.read_text())["acceptance"]["container"].get("sqsh") if report.is_file() else None
+        sqsh = json.loads(report.read_text())["acceptance"]["where"].get("sqsh") if report.is_file() else None
         if sqsh and Path(sqsh["path"]).parent == shared:
             for suffix in ("", ".json", ".sha256"):
                 Path(sqsh["path"] + suffix).unlink(missing_ok=True)

@@ -87,7 +87,7 @@ def test_nightly_bisect_under_slurm_names_the_planted_commit_on_the_page_and_in_
     assert answer["steps"][0]["run_dir"] == str(night)  # BAD is the night's own run, not built again
     print({st["why"]: (round(st["build_s"], 1), round(st["gate_s"], 1)) for st in answer["steps"]})
     assert answer["builds"] <= answer["bound"] == 3
-    ran = {json.loads((Path(st["run_dir"]) / "report.json").read_text())["acceptance"]["container"]["runner"]
+    ran = {json.loads((Path(st["run_dir"]) / "report.json").read_text())["acceptance"]["where"]["runner"]
            for st in answer["steps"]}
     assert ran == {"slurm"}
 
@@ -103,7 +103,7 @@ def test_nightly_bisect_under_slurm_names_the_planted_commit_on_the_page_and_in_
     state = json.loads((night / page.BISECT / "bisect-state.json").read_text())
     assert state["run_id"].endswith("-bisect")  # a run id of its own: its local names are not the night's
     assert not [t for t in local_tags(client) if state["run_id"] in t]
-    own = json.loads((night / "report.json").read_text())["acceptance"]["container"]["sqsh"]["path"]
+    own = json.loads((night / "report.json").read_text())["acceptance"]["where"]["sqsh"]["path"]
     assert set(shared.glob("*.sqsh")) - sqsh_before <= {Path(own)}  # the night's own .sqsh only, none of bisect's
     for suffix in ("", ".json", ".sha256"):
         Path(own + suffix).unlink(missing_ok=True)

@@ -331,7 +331,7 @@ def test_a_stale_copy_on_one_node_fails_naming_the_node(world: World, slurm_clus
     local = World(staged, world.images, world.env, world.published, world.tmp)
     code, errors, run = accept(local, "quick", tmp_path / "first")
     assert code == 0, errors
-    want = json.loads((run / "report.json").read_text())["acceptance"]["container"]["sqsh"]["sha256"]
+    want = json.loads((run / "report.json").read_text())["acceptance"]["where"]["sqsh"]["sha256"]
     copy = tmp_path / "nodes" / "n2" / f"{want}.sqsh"
     assert copy.is_file()
     copy.write_bytes(b"another image")

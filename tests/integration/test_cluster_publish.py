@@ -41,7 +41,7 @@ def nothing_published(report_json: Path, published: Path) -> None:
 def tampered(report_json: Path, where: Path, change: str) -> None:
     """Point the report at a copy of its .sqsh (and export record) in `where`, changed as `change` says."""
     data = json.loads(report_json.read_text())
-    src = Path(data["acceptance"]["container"]["sqsh"]["path"])
+    src = Path(data["acceptance"]["where"]["sqsh"]["path"])
     where.mkdir()
     copy = where / src.name
     record = json.loads(src.with_name(src.name + ".json").read_text())
@@ -59,7 +59,7 @@ def tampered(report_json: Path, where: Path, change: str) -> None:
         else:
             record["image_id"] = "sha256:" + "0" * 64
     (where / (src.name + ".json")).write_text(json.dumps(record))
-    data["acceptance"]["container"]["sqsh"]["path"] = str(copy)
+    data["acceptance"]["where"]["sqsh"]["path"] = str(copy)
     report_json.write_text(json.dumps(data, indent=2))
 
 
@@ -82,7 +82,7 @@ def test_publish_refuses_a_sqsh_other_than_the_accepted(slurm_fleet: dict[str, A
 
 def test_publish_promotes_the_digest_and_places_the_sqsh_under_the_sha_tag(slurm_fleet: dict[str, Any],
                                                                           tmp_path: Path) -> None:
-    accepted = json.loads((slurm_fleet["runs"]["a"] / "report.json").read_text())["acceptance"]["container"]["sqsh"]
+    accepted = json.loads((slurm_fleet["runs"]["a"] / "report.json").read_text())["acceptance"]["where"]["sqsh"]
     report_json = copy_run(slurm_fleet["runs"]["a"], tmp_path / "run")
     published = tmp_path / "published"
     published.mkdir()

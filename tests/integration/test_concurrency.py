@@ -105,6 +105,8 @@ def test_run_ids_are_checked() -> None:
 @pytest.mark.slow
 @pytest.mark.docker
 def test_four_nightly_runs_at_once(demo_pins: Path, docker_client: DockerClient, tmp_path: Path) -> None:
+    """Over 60 s under load (102 s in the last CI run): four nightlies at once, each building its pins and running
+    its gates; concurrency is the point, so they cannot be run one at a time."""
     from demo.prepare import variant_pins
     from tests.defects import without_performance
 

@@ -48,7 +48,7 @@ def untag() -> Iterator[list[str]]:
 def container_ids(report: dict[str, Any]) -> set[str]:
     """Every gate's container ID (the performance gate: one container per run)."""
     ids = set()
-    for gate in report["acceptance"]["container"]["gates"].values():
+    for gate in report["acceptance"]["where"]["gates"].values():
         ids |= {gate["id"]} if "id" in gate else {run["id"] for run in gate.get("runs", [])}  # not run: none
     return ids
 
@@ -82,7 +82,9 @@ def killed_in_publish(args: list[str], tags: list[str], repository: str) -> None
 
 
 def test_run_accepts_publishes_and_reruns(demo_pins: Path, tmp_path: Path) -> None:
-    """The first run is SIGKILLed in its publish step; `builder publish` of its report finishes the release."""
+    """The first run is SIGKILLed in its publish step; `builder publish` of its report finishes the release.
+    Over 60 s under load (101 s in the last CI run): two `builder run`s, each building, gating and publishing,
+    and a `builder publish` between them."""
     pins_path = variant_pins(tmp_path / "pins", edit=without_performance, pins_path=demo_pins)  # about runs, not speed
     pins = pins_mod.load(pins_path)
     killed_in_publish(["run", str(pins_path), "--publish", "--out", str(tmp_path / "a")], image_tags(pins),
