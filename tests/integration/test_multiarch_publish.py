@@ -172,6 +172,30 @@ def test_a_signed_index_verifies_each_member_against_its_own_acceptance(
         multiarch.verify_platform(at, "linux/arm64", [dsse.load_public(other)], SETTINGS)
 
 
+def publish_killed_at(members: list[multiarch.Member], failpoint: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """`builder publish` of the members, held at the fail point and SIGKILLed there; the argv and the environment
+    (no fail point) for the command that recovers."""
+    argv = [sys.executable, "-m", "builder", "publish", *(str(m.path) for m in members)]
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("BUILDER_FAILPOINT")}, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**env, "BUILDER_FAILPOINT": failpoint, "BUILDER_FAILPOINT_HOLD": str(hold)})
+    assert proc.stderr is not None
+    seen: list[str] = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(f"failpoint {failpoint}"):
+            break
+    else:
+        pytest.fail("never reached the fail point: " + "".join(seen[-10:]))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stderr.close()
+    hold.unlink()
+    return argv, env
+
+
 def test_a_killed_index_publish_is_finished_by_the_next(report_inputs: MakeReportInputs, tmp_path: Path,
                                                          platform_images: dict[str, str]) -> None:
     """SIGKILL after the tags moved onto the index, before the receipts: the next publish reads the journal,
@@ -180,24 +204,7 @@ def test_a_killed_index_publish_is_finished_by_the_next(report_inputs: MakeRepor
     members = [member(report_inputs, tmp_path, "linux/amd64", repository=repo, image_id=platform_images["linux/amd64"]),
                member(report_inputs, tmp_path, "linux/arm64", required=["provenance"], repository=repo,
                       image_id=platform_images["linux/arm64"])]
-    argv = [sys.executable, "-m", "builder", "publish", *(str(m.path) for m in members)]
-    hold = tmp_path / "hold"
-    hold.touch()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("BUILDER_FAILPOINT")}, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**env, "BUILDER_FAILPOINT": "publish index: receipt", "BUILDER_FAILPOINT_HOLD": str(hold)})
-    assert proc.stderr is not None
-    seen: list[str] = []
-    for line in proc.stderr:
-        seen.append(line)
-        if line.startswith("failpoint publish index: receipt"):
-            break
-    else:
-        pytest.fail("never reached the fail point: " + "".join(seen[-10:]))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stderr.close()
-    hold.unlink()
+    argv, env = publish_killed_at(members, "publish index: receipt", tmp_path)
     assert all(report.load(m.path).publish is None for m in members)  # killed before any receipt
     rerun = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stderr

@@ -3,10 +3,7 @@ its sha256, named by a pointer per platform under the SHA tag that follows the m
 single-image publish. The two tiny members of test_multiarch_publish, staged by digest, with a stand-in .sqsh each
 (placement moves and hashes bytes; test_cluster_publish places a real one). A few seconds."""
 import hashlib
-import os
-import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -19,7 +16,10 @@ from builder.release import journal, multiarch, sqsh_layout
 from builder.report import document as report
 from tests.conftest import SETTINGS
 from tests.fixture_types import DockerClient, MakeReportInputs
-from tests.integration.test_multiarch_publish import platform_images  # noqa: F401 (the fixture)
+from tests.integration.test_multiarch_publish import (
+    platform_images,  # noqa: F401 (the fixture)
+    publish_killed_at,
+)
 from tests.unit.test_multiarch import member
 
 pytestmark = pytest.mark.docker
@@ -91,24 +91,7 @@ def test_an_index_places_each_members_sqsh_under_its_platform(report_inputs: Mak
     assert sorted(p.name for p in shared.iterdir() if ".part" in p.name) == []
     for pointer in named.values():  # the placement again, killed before the pointers flip
         pointer.unlink()
-    argv = [sys.executable, "-m", "builder", "publish", *(str(m.path) for m in members)]
-    hold = tmp_path / "hold"
-    hold.touch()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("BUILDER_FAILPOINT")}, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(argv, cwd=ROOT, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**env, "BUILDER_FAILPOINT": "publish index: sqsh", "BUILDER_FAILPOINT_HOLD": str(hold)})
-    assert proc.stderr is not None
-    seen: list[str] = []
-    for line in proc.stderr:
-        seen.append(line)
-        if line.startswith("failpoint publish index: sqsh"):
-            break
-    else:
-        pytest.fail("never reached the fail point: " + "".join(seen[-10:]))
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    proc.stderr.close()
-    hold.unlink()
+    argv, env = publish_killed_at(members, "publish index: sqsh", tmp_path)
     left = journal.read(repo, SETTINGS)
     assert left is not None and [m.platform for m in left.members_sqsh] == ["linux/amd64", "linux/arm64"]
     assert not any(p.is_symlink() for p in named.values())
