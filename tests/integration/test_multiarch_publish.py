@@ -19,6 +19,7 @@ from builder import cli
 from builder.core.constants import LABEL_PREFIX
 from builder.core.errors import AttestationError, BadInput
 from builder.core.imageref import digest_of
+from builder.engine import client as engine
 from builder.engine.registry import Registry
 from builder.pipeline import releasing
 from builder.release import attest, dsse, multiarch, referrers
@@ -78,10 +79,7 @@ def platform_images(docker_client: DockerClient) -> Iterator[dict[str, str]]:
                                      {"architecture": "arm64", "variant": "v8", "os": "linux"})}
     yield ids
     for image_id in ids.values():
-        try:
-            docker_client.images.remove(image_id, force=True)
-        except Exception:  # already gone
-            pass
+        engine.remove_image(docker_client, image_id, force=True)  # False when already gone
 
 
 def test_two_accepted_platforms_publish_one_index(report_inputs: MakeReportInputs, tmp_path: Path,

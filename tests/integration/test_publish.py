@@ -22,6 +22,7 @@ import requests
 from builder.core.errors import BadInput, InfraError, PublishError
 from builder.core.options import Settings
 from builder.core.records import Report
+from builder.engine import client as engine
 from builder.engine.infra import Info
 from builder.engine.registry import MANIFEST_TYPES, Registry, verify_tag
 from builder.lock import record as lock_record
@@ -70,10 +71,7 @@ def tiny_images(docker_client: DockerClient) -> Iterator[dict[str, str]]:
         ids[name] = docker_client.images.get(f"builder-tests/tiny:{name}").id
     yield ids
     for image_id in ids.values():
-        try:
-            docker_client.images.remove(image_id, force=True)
-        except Exception:  # already gone
-            pass
+        engine.remove_image(docker_client, image_id, force=True)  # False when already gone
 
 
 def wait_answers(url: str, timeout: float = 20) -> None:
