@@ -58,7 +58,8 @@ def census(pins: model.Pins, client: Any, image_id: str, repeats: int) -> dict[s
                 times[side].append(round(time.monotonic() - start, 2))
                 assert result.status == "pass", (side, result.reason)
                 if side == "on":
-                    cpu.append(float((result.evidence.census or {}).get("cpu_s") or 0))
+                    census = result.evidence.census
+                    cpu.append((census.get("cpu_s") or 0.0) if isinstance(census, dict) else 0.0)
     finally:
         runner.close()
     return {"seconds": times, "median": {k: statistics.median(v) for k, v in times.items()},

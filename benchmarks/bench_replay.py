@@ -74,7 +74,7 @@ def main() -> int:
     same_median, fixed_median = statistics.median(s for s, _, _ in same), statistics.median(s for s, _, _ in fixed)
     figures: dict[str, Any] = {
         "gate": {"status": gate.status, "reason": gate.reason, "seconds": gate_runs, "median": gate_s,
-                 "in_container_seconds": gate.evidence.get("seconds")},
+                 "in_container_seconds": gate.evidence.seconds},
         "bundle_bytes": bundle_bytes,
         "replay_same_image": {"seconds": [s for s, _, _ in same], "median": same_median,
                               "exit_codes": [c for _, c, _ in same], "output": same[0][2]},

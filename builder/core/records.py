@@ -8,23 +8,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AliasChoices,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Discriminator,
-    Field,
-    JsonValue,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    Tag,
-    ValidationError,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
-)
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
+from builder.core.evidence import ArmStats as ArmStats  # re-exported: the records hold them
+from builder.core.evidence import Evidence as Evidence
 from builder.core.imageref import ImageRef
 
 GateStatus = Literal["pass", "fail", "inconclusive", "not_run"]
@@ -106,85 +93,12 @@ class BuiltImage(Record):
     cached_stages: list[str] = []   # stages this run reused (engine cache hits, a stored normalisation)
 
 
-def _shape_or_none(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """A gate's own output is never refused for a value of another shape: the typed field reads None instead."""
-    try:
-        return handler(value)
-    except ValidationError:
-        return None
-
-
-Lax = WrapValidator(_shape_or_none)
-Real = Annotated[StrictFloat | None, Lax]  # a number of a gate's output (a bool or a string is not one)
-Whole = Annotated[StrictInt | None, Lax]
-Text = Annotated[StrictStr | None, Lax]
-JsonObject = Annotated[dict[str, JsonValue] | None, Lax]  # a gate's record of named JSON values
-
-
-class ArmStats(BaseModel):
-    """The performance gate's record of one arm: its runs' throughputs, their median and spread."""
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    runs: Annotated[list[float | None] | None, Lax] = None
-    median: Real = None
-    spread: Real = None
-
-
-class Evidence(BaseModel):
-    """A gate's evidence as the in-image suite wrote it (acceptance/__main__.py). The fields other packages read
-    are named here (their readers check each value's shape: a gate's output is never refused for it); the rest of
-    what a gate saw stays in the record as it came (extra keys, kept for the report)."""
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    steps: Any = None           # per step: the metrics the decision used
-    diff_max: Real = None
-    k3_kl: Real = None
-    ratio: Real = None             # performance: the geometric mean of the pairs' ratios
-    min_ratio: Real = None
-    pairs: Whole = None            # performance: how many pairs ran, and why the gate stopped
-    stopped: Text = None
-    confidence: Real = None
-    max_spread: Real = None
-    metric: Text = None
-    aligned: Annotated[ArmStats | None, Lax] = None  # performance: one arm's runs, median, spread
-    control: Annotated[ArmStats | None, Lax] = None
-    runs: Any = None
-    throughput: Real = None
-    weights: Any = None
-    components: Any = None      # provenance: per component
-    failures: Annotated[list[str] | None, Lax] = None
-    exit_code: Whole = None
-    replay: Any = None          # the replay bundle's summary
-    jit: Any = None             # what the JIT compilers added or changed during the run
-    processes: Any = None
-    census: Any = None          # per node: the processes seen and recorded
-    ranks: Any = None           # a recipe across nodes: every other rank's role, status and evidence
-    rank_logs: dict[str, str] | None = None  # Slurm: per rank ("rank1 n2") its log; in report.json the file's path
-    seconds: Real = None
-    timeout_s: Whole = None
-    # the provenance gate's (acceptance/provenance.py)
-    interpreter: JsonObject = None
-    manifest: JsonObject = None
-    environment: JsonObject = None
-    gpu: Annotated[StrictStr | dict[str, JsonValue] | None, Lax] = None  # "none", or the GPU facts
-    native_libs_loaded: Any = None
-    caches_at_start: JsonObject = None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """For the acceptance package's own dict-shaped readers (replay bundles); other packages use fields."""
-        value = getattr(self, key, None) if key in type(self).model_fields else (self.model_extra or {}).get(key)
-        return default if value is None else value
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.model_dump(exclude_none=True)
-
-
 def number(value: Any) -> float | None:
     """A value of a record's free-form part (evidence, timings) as a number, or None: a bool is not one."""
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _evidence(value: Any) -> Any:
+def _evidence(value: object) -> object:
     return Evidence() if value is None else value
 
 
@@ -440,7 +354,8 @@ RECORDS: tuple[type[BaseModel], ...] = (
 
 def _type_name(annotation: Any) -> str:
     text = getattr(annotation, "__name__", None) if getattr(annotation, "__origin__", None) is None else None
-    text = (text or str(annotation)).replace("typing.", "").replace("builder.core.records.", "")
+    text = (text or str(annotation)).replace("typing.", "")
+    text = re.sub(r"builder\.core\.\w+\.", "", text)
     text = re.sub(r"Annotated\[(\w+), [^\]]*\]", r"\1", text)  # a tagged union's members by name
     union = re.fullmatch(r"Union\[(.*)\]", text)
     if union is None:

@@ -57,9 +57,9 @@ def run_performance(runner: GateRunner, pins: Pins, timeout_s: int) -> tuple[Gat
             start = time.monotonic()
             result, fact = runner.run("performance", settings, timeout_s)
             seconds = round(time.monotonic() - start, 3)
-            runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.get(
-                "throughput"), "steps": result.evidence.get("throughput_steps"), "seconds": seconds,
-                "processes": result.evidence.get("processes")})
+            runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.throughput,
+                         "steps": result.evidence.throughput_steps, "seconds": seconds,
+                         "processes": result.evidence.processes})
             facts["runs"].append({**fact, "arm": arm, "run": index, "seconds": seconds})
             log.info(f"  performance {arm} run {index}: {result.status}: {result.reason}")
             if result.status != "pass":
@@ -91,10 +91,9 @@ def throughput(gates: list[GateResult], metric: str) -> dict[str, Any]:
                 "control": ev.control.median if ev.control else None, "ratio": ev.ratio,
                 "source": "performance gate: pairs", "min_ratio": ev.min_ratio, "confidence": ev.confidence,
                 "pairs": ev.pairs, "stopped": ev.stopped, "max_spread": ev.max_spread, "runs": ev.runs or []}
-    aligned = by_name["rl_step"].evidence.get("throughput") if "rl_step" in by_name else None
-    control = by_name["control"].evidence.get("throughput") if "control" in by_name else None
-    numbers = all(isinstance(v, (int, float)) for v in (aligned, control))
-    ratio = aligned / control if numbers and control else None
+    aligned = by_name["rl_step"].evidence.throughput if "rl_step" in by_name else None
+    control = by_name["control"].evidence.throughput if "control" in by_name else None
+    ratio = aligned / control if aligned is not None and control else None
     return {"metric": metric, "aligned": aligned, "control": control, "ratio": ratio}
 
 
@@ -125,8 +124,8 @@ def run_gates(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pin
     prov = next((g for g in results if g.name == "provenance" and g.status != "not_run"), None)
     environment: dict[str, Any] = {"runner": where.runner, "engine": where.engine}
     if prov is not None:
-        environment.update({"interpreter": prov.evidence.get("interpreter"),
-                            "numeric_env": prov.evidence.get("environment"), "gpu": prov.evidence.get("gpu")})
+        environment.update({"interpreter": prov.evidence.interpreter,
+                            "numeric_env": prov.evidence.environment, "gpu": prov.evidence.gpu})
     described = type(where).model_validate({
         **where.model_dump(), "image_id": image_id, "run_id": runner.run_id, "limits": limits.model_dump(),
         "mounts": [m.model_dump() for m in pins.acceptance.mounts], "gpus": pins.acceptance.gpus,

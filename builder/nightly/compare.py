@@ -16,7 +16,7 @@ from typing import Any
 from acceptance import perf as perf_rule
 from builder.core.errors import BadInput
 from builder.core.options import Settings
-from builder.core.records import Report, number
+from builder.core.records import ArmStats, Evidence, Report, number
 from builder.engine import normalize
 from builder.nightly.history import History
 from builder.report import document
@@ -108,35 +108,32 @@ def layers(old: Report, new: Report, settings: Settings) -> dict[str, Any]:
 
 
 
-def diff_max(evidence: dict[str, Any]) -> float | None:
+def diff_max(evidence: Evidence) -> float | None:
     """The largest logprob difference a gate recorded: over its steps, else its own diff_max."""
-    steps = evidence.get("steps")
-    values = [number(s.get("diff_max")) for s in steps.values() if isinstance(s, dict)] if isinstance(steps, dict) else []
-    found = [v for v in values if v is not None]
-    return max(found) if found else number(evidence.get("diff_max"))
+    found = [v for s in (evidence.steps or {}).values() if (v := number(s.get("diff_max"))) is not None]
+    return max(found) if found else evidence.diff_max
 
 
-def _arm(evidence: dict[str, Any], name: str) -> str | None:
-    stats = evidence.get(name)
-    if not isinstance(stats, dict) or number(stats.get("median")) is None:
+def _arm(stats: ArmStats | None) -> str | None:
+    if stats is None or stats.median is None:
         return None
-    spread = number(stats.get("spread"))
-    return f"{stats['median']:.4g} (spread {spread:.3g})" if spread is not None else f"{stats['median']:.4g}"
+    spread = f" (spread {stats.spread:.3g})" if stats.spread is not None else ""
+    return f"{stats.median:.4g}{spread}"
 
 
 def gate_items(report: Report) -> dict[str, dict[str, Any]]:
     """Per gate, the evidence worth comparing, as short values."""
     out: dict[str, dict[str, Any]] = {}
     for gate in report.gates:
-        ev = html_mod.plain(gate.evidence)
+        ev = gate.evidence
         items: dict[str, Any] = {"status": gate.status}
         if gate.name in DIFF_GATES:
             items["diff max"] = diff_max(ev)
         if gate.name == "performance":
-            items["aligned median"], items["control median"] = _arm(ev, "aligned"), _arm(ev, "control")
-            items["ratio"] = number(ev.get("ratio"))
-        jit = ev.get("jit")
-        if isinstance(jit, dict):
+            items["aligned median"], items["control median"] = _arm(ev.aligned), _arm(ev.control)
+            items["ratio"] = ev.ratio
+        jit = ev.jit
+        if jit is not None:
             items["JIT kernels"] = ", ".join(jit.get("kernels") or []) or f"{jit.get('count', 0)} entries, no kernel"
         listed = report.processes.get(gate.name)
         if listed:
@@ -160,8 +157,8 @@ def evidence(old: Report, new: Report) -> list[dict[str, Any]]:
 def _runs(report: Report) -> tuple[list[Any], list[Any]] | None:
     """The performance runs of each arm: the acceptance's throughput record, else the performance gate's evidence."""
     tp = report.acceptance.throughput if report.acceptance else {}
-    perf = next((html_mod.plain(g.evidence) for g in report.gates if g.name == "performance"), {})
-    runs = [r for r in tp.get("runs") or perf.get("runs") or [] if isinstance(r, dict)]
+    perf = next((g.evidence.runs for g in report.gates if g.name == "performance"), None)
+    runs = [r for r in tp.get("runs") or perf or [] if isinstance(r, dict)]
     aligned = [r for r in runs if r.get("arm") == "aligned"]
     control = [r for r in runs if r.get("arm") == "control"]
     return (aligned, control) if aligned and control else None

@@ -28,7 +28,7 @@ from builder.core import log
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
 from builder.core.options import Settings
-from builder.core.records import Report, number
+from builder.core.records import Evidence, Report, number
 from builder.nightly import compare as compare_mod
 from builder.nightly.history import History, Run
 from builder.report import document
@@ -76,7 +76,7 @@ def report_facts(report: Report, run_dir: Path) -> dict[str, Any]:
     where = html_mod.runner(report)
     gate_facts = html_mod.container(report).gates
     control = next((g for g in report.gates if g.name == "control"), None)
-    perf = next((html_mod.plain(g.evidence) for g in report.gates if g.name == "performance"), {})
+    perf = next((g.evidence for g in report.gates if g.name == "performance"), Evidence())
     pulled = report.acceptance.pulled if report.acceptance else None
     tags = list(report.publish.tags if report.publish else report.tags)
     tags += [t for t in ((diff.get("tags") or {}).get("added") or []) if t not in tags]
@@ -94,9 +94,9 @@ def report_facts(report: Report, run_dir: Path) -> dict[str, Any]:
         "sqsh": report.sqsh.sha256 if report.sqsh else where["sqsh_sha256"],
         "sqsh_size": report.sqsh.size if report.sqsh else None,
         "runner": where,
-        "ratio": number(tp.get("ratio")) or number(perf.get("ratio")),
-        "min_ratio": number(tp.get("min_ratio")) or number(perf.get("min_ratio")),
-        "control_diff": compare_mod.diff_max(html_mod.plain(control.evidence)) if control else None,
+        "ratio": number(tp.get("ratio")) or perf.ratio,
+        "min_ratio": number(tp.get("min_ratio")) or perf.min_ratio,
+        "control_diff": compare_mod.diff_max(control.evidence) if control else None,
         "image_size": report.build.size if report.build else None,
         "stages": stage_seconds(report, _json(run_dir / TIMINGS)),
     }

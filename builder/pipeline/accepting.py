@@ -126,7 +126,8 @@ def replay(report_json: Path, settings: Settings, gate: str | None = None, image
         result, image_id = runners.replay(plan, pins, target, settings, EngineDoor(settings).client(), bundle)
     if result.status == "inconclusive":
         raise BadInput(f"{report_json.parent / replay_stage.bundle_file(name)}: {result.reason}")
-    ran = {**result.evidence.as_dict(), "image": image_id, "seconds": round(time.monotonic() - started, 1)}
+    ran = replay_stage.SUMMARY.validate_python({**result.evidence.as_dict(), "image": image_id,
+                                                "seconds": round(time.monotonic() - started, 1)})
     return replay_stage.verdict(name, summary, ran)
 
 

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
+from builder.core.evidence import ReplaySummary
 from builder.core.records import (
     AcceptanceResult,
     BuiltImage,
@@ -214,7 +215,7 @@ def gate_processes(gates: list[GateResult]) -> dict[str, list[dict[str, Any]]]:
 
     for gate in gates:
         ev = gate.evidence
-        keep(gate.name, ev.processes or (ev.get("failed_run") or {}).get("processes"))
+        keep(gate.name, ev.processes or (ev.failed_run or {}).get("processes"))
         for rank in ev.ranks or []:
             if isinstance(rank, dict):
                 keep(gate.name, (rank.get("evidence") or {}).get("processes"))
@@ -651,7 +652,7 @@ def rank_logs_markdown(gates: list[GateResult]) -> list[str]:
     return ["", "Rank logs (every rank's stderr then stdout):", "", *out] if out else []
 
 
-def with_replay_files(report: Report) -> tuple[Report, dict[str, dict[str, Any]]]:
+def with_replay_files(report: Report) -> tuple[Report, dict[str, ReplaySummary]]:
     """The report pointing at replay/<gate>.json for each bundle of a difference, and those bundles."""
     gates, bundles = replay.split(report.gates)
     if not bundles:

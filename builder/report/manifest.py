@@ -36,8 +36,8 @@ def provenance(acceptance: AcceptanceResult | None) -> Evidence:
 def image_commits(manifest: dict[str, Any] | None, acceptance: AcceptanceResult | None) -> dict[str, str]:
     """Commit of each component as the image records it: manifest, else the stamp provenance read."""
     out = {}
-    for name, comp in (provenance(acceptance).get("components") or {}).items():
-        commit = ((comp or {}).get("stamp") or {}).get("commit")
+    for name, comp in (provenance(acceptance).components or {}).items():
+        commit = (comp.get("stamp") or {}).get("commit")
         if commit:
             out[name] = commit
     for name, comp in ((manifest or {}).get("components") or {}).items():

@@ -19,8 +19,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from builder.core import log
 from builder.core.constants import CACHE_DIR, CACHE_ENV
+from builder.core.evidence import Census, Rank
 from builder.core.records import Evidence, GateResult, SlurmFacts, SqshFacts
 from builder.gating import runner as gate_runner
 from builder.gating.plan import AcceptancePlan, SlurmPlace
@@ -296,49 +299,52 @@ class SlurmRunner:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+RANK, RANK_KEYS = TypeAdapter(Rank), ("role", "status", "reason", "evidence")  # another rank's line, checked
+
+
 def _merge_roles(result: GateResult, others: list[dict[str, Any] | None], nodes: list[nodecheck.Node]) -> GateResult:
     """Rank 0's result with every other rank's (the rollout node's census and process judgement): a rank that
     failed, or printed no result, fails the gate naming its node; the census rows of every node are kept."""
     if not others:
         return result
-    evidence = result.evidence.as_dict()
-    census = dict(evidence.get("census") or {})
+    ev = result.evidence
+    census: Census = ev.census.copy() if isinstance(ev.census, dict) else {}
     status, reasons = result.status, [] if result.status == "pass" else [result.reason]
-    ranks = []
-    mine = (evidence.get("census") or {}).get("image") if isinstance(evidence.get("census"), dict) else None
+    ranks: list[Rank] = []
+    mine = census.get("image")
     for rank, other in enumerate(others, start=1):
         node = nodes[rank].name if rank < len(nodes) else f"rank {rank}"
         if other is None:
             status = "fail"
             reasons.insert(0, f"node {node} (rank {rank}): the rollout role printed no result")
             continue
-        theirs = ((other.get("evidence") or {}).get("census") or {})
+        seen = RANK.validate_python({"rank": rank, "node": node, **{k: other.get(k) for k in RANK_KEYS}})
+        theirs = (seen.get("evidence") or {}).get("census")
+        theirs = theirs if isinstance(theirs, dict) else {}
         census["nodes"] = {**(census.get("nodes") or {}), **(theirs.get("nodes") or {})}  # per node: seen, recorded
         census["images"] = {**(census.get("images") or {}), node: theirs.get("image")}
         if mine and theirs.get("image") and theirs.get("image") != mine:  # every node must run the same image
             status = "fail"
             reasons.insert(0, f"node {node} (rank {rank}) runs image {str(theirs.get('image'))[:16]}..., rank 0 "
                               f"({nodes[0].name if nodes else 'rank 0'}) runs {str(mine)[:16]}...")
-        ranks.append({"rank": rank, "node": node, "role": other.get("role"), "status": other.get("status"),
-                      "reason": other.get("reason"), "evidence": other.get("evidence")})
-        if other.get("status") == "fail":
+        ranks.append(seen)
+        if seen.get("status") == "fail":
             status = "fail"
-            reasons.insert(0, f"node {node} (rank {rank}): {other.get('reason')}")
-        elif other.get("status") == "inconclusive" and status == "pass":
+            reasons.insert(0, f"node {node} (rank {rank}): {seen.get('reason')}")
+        elif seen.get("status") == "inconclusive" and status == "pass":
             status = "inconclusive"
-            reasons.insert(0, f"node {node} (rank {rank}): {other.get('reason')}")
-    evidence.update({"census": census, "ranks": ranks})
+            reasons.insert(0, f"node {node} (rank {rank}): {seen.get('reason')}")
     served = all(o is not None and o.get("status") == "pass" for o in others)
-    address = str(((evidence.get("run") or {}).get("layout") or {}).get("address") or "")
+    address = (((ev.run or {}).get("layout") or {}).get("address")) or ""
     named = bool(address) and address in result.reason + result.log  # the recipe says it could not reach the peer
-    ran = any(isinstance(r, dict) and r for r in (evidence.get("steps") or {}).values())  # a step logged metrics
+    ran = any(bool(row) for row in (ev.steps or {}).values())  # a step logged metrics
     if result.status == "fail" and not ran and not served and named:  # the link failed, not the stack
         peer = nodes[1].name if len(nodes) > 1 else "rank 1"
         status = "inconclusive"
         reasons.insert(0, f"the link between ranks failed: the trainer on {nodes[0].name if nodes else 'rank 0'} "
                           f"never reached the rollout rank on {peer} at {address}")
     return GateResult(name=result.name, status=status, reason="; ".join(reasons) or result.reason,
-                      evidence=Evidence.model_validate(evidence), log=result.log)
+                      evidence=ev.model_copy(update={"census": census, "ranks": ranks}), log=result.log)
 
 
 def _with_logs(result: GateResult, logs: dict[str, str]) -> GateResult:

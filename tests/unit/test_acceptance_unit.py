@@ -377,9 +377,10 @@ def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned() -> None:
 def test_a_gate_result_comes_from_its_last_stdout_line_or_fails_naming_why() -> None:
     from builder.gating.runner import result_from_output
 
-    line = json.dumps({"name": "zero_update", "status": "pass", "reason": "diff 0", "evidence": {"steps": 1}})
+    line = json.dumps({"name": "zero_update", "status": "pass", "reason": "diff 0",
+                       "evidence": {"steps": {"1": {"diff_max": 0.0}}}})
     ok = result_from_output("zero_update", 0, "noise\n" + line + "\n", "err", False, 60)
-    assert ok.status == "pass" and ok.evidence.steps == 1 and ok.log == "err"
+    assert ok.status == "pass" and ok.evidence.steps == {"1": {"diff_max": 0.0}} and ok.log == "err"
     other = result_from_output("zero_update", 0, line.replace("zero_update", "rl_step"), "", False, 60)
     assert other.status == "fail" and "status 0 without a result line" in other.reason
     late = result_from_output("rl_step", None, "", "", True, 60, killed_by="job cancelled")
