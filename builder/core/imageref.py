@@ -161,6 +161,42 @@ class ImageRef(str):
         return value if isinstance(value, ImageRef) else cls(value)
 
 
+HUB_HOSTS = ("docker.io", "index.docker.io", "registry-1.docker.io")  # Docker Hub's names for itself
+
+
+class Repository(str):
+    """A repository with its registry host (`host[:port]/path`, no tag or digest), parsed once where it enters: the
+    pins, a report, an image's label. `host`, and `path` as the registry's API names it (Docker Hub's bare names are
+    `library/<name>`); it is the string it was parsed from, like ImageRef. ValueError names what breaks."""
+
+    host: str
+    path: str
+
+    def __new__(cls, text: str) -> Repository:
+        parts = parse(text, need_domain=True, allow_tag=False, allow_digest=False)
+        repo = super().__new__(cls, text)
+        hub_bare = parts.domain in HUB_HOSTS and "/" not in parts.path
+        repo.host, repo.path = parts.domain, f"library/{parts.path}" if hub_bare else parts.path
+        return repo
+
+    @classmethod
+    def of(cls, ref: ImageRef) -> Repository:
+        """The repository of a reference that names its registry (tag and digest dropped)."""
+        return cls(ref.name)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema  # lazy: only records need it
+
+        return core_schema.no_info_after_validator_function(
+            cls._validate, core_schema.str_schema(),
+            serialization=core_schema.plain_serializer_function_ser_schema(str))
+
+    @classmethod
+    def _validate(cls, value: str) -> Repository:
+        return value if isinstance(value, Repository) else cls(value)
+
+
 class _Hasher(Protocol):
     def hexdigest(self) -> str: ...
 

@@ -12,7 +12,7 @@ from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discr
 
 from builder.core.evidence import ArmStats as ArmStats  # re-exported: the records hold them
 from builder.core.evidence import Evidence as Evidence
-from builder.core.imageref import ImageRef
+from builder.core.imageref import ImageRef, Repository
 
 GateStatus = Literal["pass", "fail", "inconclusive", "not_run"]
 MaybeRef = Annotated[ImageRef | None, BeforeValidator(lambda v: v or None)]  # "" in older reports
@@ -241,7 +241,7 @@ class AcceptanceResult(Record):
 
 
 class PublishReceipt(Record):
-    repository: ImageRef
+    repository: Repository
     tags: list[str]
     digest: str
     config_digest: str
@@ -331,7 +331,7 @@ class Report(Record):
     sqsh: SqshExport | None = None
     # added by report.py: what the report is about and how the verdict was reached
     image_id: str = "unknown"
-    repository: str = "unknown"
+    repository: Repository | Literal["unknown"] = "unknown"  # parsed once as the report loads
     tags: list[str] = Field(default_factory=list)      # sha tag first, then pins.image.tags
     required_gates: list[str] = Field(default_factory=list)
     gates: list[GateResult] = Field(default_factory=list)   # every gate; missing ones read not_run

@@ -19,13 +19,13 @@ from typing import Any
 from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.errors import BadInput, BuildFailed, InfraError, PublishError
-from builder.core.imageref import ImageRef, digest_of
+from builder.core.imageref import ImageRef, Repository, digest_of
 from builder.core.options import Settings
 from builder.core.records import Pulled, Report
 from builder.core.safetext import show
 from builder.engine import platforms
 from builder.engine.normalize import MANIFEST_TYPE, blob_path
-from builder.engine.registry import Registry, copy_blobs, split_repository
+from builder.engine.registry import Registry, copy_blobs, parse_repository
 from builder.engine.registry import auth_config as registry_auth_config
 
 ROLLBACK_RETRY_S = 15.0
@@ -33,9 +33,9 @@ BASE_NAME = "org.opencontainers.image.base.name"
 BASE_DIGEST = "org.opencontainers.image.base.digest"
 
 
-def staging_repository(repository: str, staging: str | None = None) -> str:
-    """The pins' image.staging, or `<repository>-staging`."""
-    return staging or f"{repository}-staging"
+def staging_repository(repository: Repository | str, staging: Repository | None = None) -> Repository:
+    """The pins' image.staging, or `<repository>-staging` (text: a caller's own, parsed here)."""
+    return staging or parse_repository(f"{repository}-staging")
 
 
 def base_of(labels: dict[str, str], settings: Settings,
@@ -43,7 +43,8 @@ def base_of(labels: dict[str, str], settings: Settings,
     """The base image's config and its manifest's layer descriptors, from its registry by digest. The label names
     the platform manifest (render resolves an index: engine/platforms.py); an index there is taken to `platform`'s
     entry, or refused in one line without one."""
-    host, name = split_repository(labels[BASE_NAME])
+    base = parse_repository(labels[BASE_NAME])  # a label the build wrote
+    host, name = base.host, base.path
     reg = Registry.from_settings(host, settings)
     where = f"{labels[BASE_NAME]}@{labels[BASE_DIGEST]}"
     try:
@@ -60,13 +61,14 @@ def base_of(labels: dict[str, str], settings: Settings,
     return config, layers
 
 
-def push(manifest_digest: str, repository: str, base_name: str | None, settings: Settings,
+def push(manifest_digest: str, repository: Repository | str, base_name: str | None, settings: Settings,
          tag: str | None = None, on_session: Callable[[str], None] | None = None) -> ImageRef:
     """Push an image whose blobs are in the local store (normalised, or builder/engine/local_store.py) by digest,
     and `tag` if given; return `<repository>@<digest>`. Blobs the registry has are skipped (HEAD); blobs not in the
     store are base layers: mounted from the base repository (`base_name`, else the config's base label), never
     re-uploaded. `on_session`: told each upload session's path before its PUT (the publish journal)."""
-    host, name = split_repository(repository)
+    repository = parse_repository(repository)  # a Repository passes as it is; text (a tool's, a test's) is parsed
+    host, name = repository.host, repository.path
     try:
         manifest = blob_path(settings, manifest_digest).read_bytes()
     except OSError:
@@ -74,7 +76,8 @@ def push(manifest_digest: str, repository: str, base_name: str | None, settings:
                            "expected the local image's blobs there") from None
     doc = json.loads(manifest)
     base_name = base_name or _base_label(settings, doc["config"]["digest"]) or repository
-    base_host, base_repo = split_repository(base_name)
+    base = parse_repository(base_name)  # the pins' base, as a label or the pins name it
+    base_host, base_repo = base.host, base.path
     reg = Registry.from_settings(host, settings)
     reg.ping()
     counts = {"uploaded": 0, "mounted": 0, "present": 0, "copied": 0}
@@ -149,13 +152,13 @@ def pull(client: Any, ref: str, expected_id: str | None, settings: Settings) -> 
     return Pulled(ref=image, digest=digest, image_id=image_id)
 
 
-def release_manifest(staged_ref: str, image_id: str, repository: str, settings: Settings) -> tuple[bytes, str]:
+def release_manifest(staged_ref: str, image_id: str, repository: Repository, settings: Settings) -> tuple[bytes, str]:
     """Step 1 of a release: mount every blob of the accepted staged digest from staging and PUT its very manifest
     bytes into the release repository by digest (no tag); returns (bytes, media type). The caller reads it back
     (publish: registry.verify_tag by digest; promote: each tag after its PUT)."""
     staged = ImageRef(staged_ref, need_domain=True, need_digest=True)
     s_host, s_name, digest = staged.registry, staged.repository, str(staged.digest)
-    host, name = split_repository(repository)
+    host, name = repository.host, repository.path
     if s_host != host:
         raise PublishError(f"{staged_ref}: staging and release repositories must share a registry ({s_host} != {host})")
     reg = Registry.from_settings(host, settings)
@@ -174,14 +177,14 @@ def release_manifest(staged_ref: str, image_id: str, repository: str, settings: 
     return manifest, media_type
 
 
-def move_tags(reg: Registry, repository: str, manifest: bytes, media_type: str, tags: list[str],
+def move_tags(reg: Registry, repository: Repository, manifest: bytes, media_type: str, tags: list[str],
               pushed: dict[str, str] | None = None, check: Callable[[str], object] | None = None) -> dict[str, str]:
     """Step 3 and 4 of a release: PUT the manifest (already in the repository by digest) under each tag in the
     order given: the SHA tag first, a moving tag only once the tags before it serve the digest (read back, and
     `check`ed: the caller's read-back of a tag, raising). All or nothing against errors Python sees, the read-backs
     included: every tag whose PUT was sent goes back where it was, last first (a PUT whose answer was lost may
     have landed; `rollback`). A SIGKILL leaves the publish journal (builder/release/journal.py)."""
-    _, name = split_repository(repository)
+    name = repository.path
     digest = digest_of(manifest)
     before = snapshot(reg, name, tags)
     pushed = {} if pushed is None else pushed  # filled as tags land
@@ -203,12 +206,12 @@ def move_tags(reg: Registry, repository: str, manifest: bytes, media_type: str, 
     return pushed
 
 
-def promote(staged_ref: str, image_id: str, repository: str, tags: list[str], settings: Settings,
+def promote(staged_ref: str, image_id: str, repository: Repository, tags: list[str], settings: Settings,
             pushed: dict[str, str] | None = None) -> dict[str, Any]:
     """Give the accepted staged digest its release tags: the manifest by digest first (`release_manifest`),
     then the tags in order, the first tag (the SHA tag) first (`move_tags`). Returns {digest, pushed}."""
     manifest, media_type = release_manifest(staged_ref, image_id, repository, settings)
-    reg = Registry.from_settings(split_repository(repository)[0], settings)
+    reg = Registry.from_settings(repository.host, settings)
     moved = move_tags(reg, repository, manifest, media_type, tags, pushed)
     return {"digest": digest_of(manifest), "pushed": moved}
 
@@ -231,7 +234,7 @@ def snapshot(reg: Registry, name: str, tags: list[str]) -> dict[str, tuple[bytes
     return out
 
 
-def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] | None], digest: str,
+def rollback(reg: Registry, repository: Repository, moved: dict[str, tuple[bytes, str] | None], digest: str,
              existed: bool) -> None:
     """Put each moved tag back on the manifest it served before, in the reverse of the order they moved (the
     moving tags before the SHA tag: a moving tag never serves the new digest while the SHA tag does not). A tag
@@ -240,7 +243,7 @@ def rollback(reg: Registry, repository: str, moved: dict[str, tuple[bytes, str] 
     whose answer was lost counts when the tag is read back on its old digest. Once a tag cannot be put back, the
     tags moved before it stay (each then serves its old digest or the new, whole one, a moving tag the new one
     only with the SHA tag); what could not be undone is logged instead of raising over the error that led here."""
-    _, name = split_repository(repository)
+    name = repository.path
     deadline = time.monotonic() + ROLLBACK_RETRY_S
     stuck: str | None = None
     for tag, prev in reversed(list(moved.items())):

@@ -152,7 +152,7 @@ def reproducible(client: engine.Client, raw_id: str, rendered: RenderedBuild, se
     added layer at its own source date (a render without them: the created label's date for all)."""
     base_config, base_layers = staging.base_of(rendered.labels, settings)
     epochs = rendered.layer_epochs or normalize.epoch_of(rendered.labels["org.opencontainers.image.created"])
-    host = registry.split_repository(rendered.labels[staging.BASE_NAME])[0]
+    host = registry.parse_repository(rendered.labels[staging.BASE_NAME]).host  # the label render wrote
     return normalize.normalize(client, raw_id, local_tag(rendered, settings), base_config, base_layers, epochs,
                                settings, registry_host=host, source=source)
 

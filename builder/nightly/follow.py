@@ -15,10 +15,11 @@ from typing import Any
 from builder.core import log
 from builder.core.constants import COMPONENTS
 from builder.core.errors import BadInput, PublishError
+from builder.core.imageref import Repository
 from builder.core.options import Settings
 from builder.core.records import Report
 from builder.engine import staging
-from builder.engine.registry import Registry, get_json, split_repository
+from builder.engine.registry import Registry, get_json
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
@@ -88,13 +89,13 @@ def nightly_tags(today: str | None = None) -> list[str]:
     return [NIGHTLY, f"nightly-{today or time.strftime('%Y%m%d', time.gmtime())}"]
 
 
-def move_tags(repository: str, digest: str, retention: int, settings: Settings,
+def move_tags(repository: Repository, digest: str, retention: int, settings: Settings,
               today: str | None = None) -> dict[str, Any]:
     """Point `nightly` and `nightly-<today>` at digest (same manifest bytes; publish moved them already, after the
     release's own tags, builder/release/publish.py), then prune dated tags beyond `retention`.  A registry that
     cannot delete a tag alone loses the old manifest instead, but only when
     no tag that stays (nightly, a kept nightly-*, a human tag) serves it."""
-    host, name = split_repository(repository)
+    host, name = repository.host, repository.path
     reg = Registry.from_settings(host, settings)
     got = reg.manifest(name, digest)
     if got["computed"] != digest:

@@ -156,13 +156,14 @@ def _range_schema(low: int, high: int) -> WithJsonSchema:
     return WithJsonSchema({"type": "integer", "minimum": low, "maximum": high})
 
 
-def _repository(value: str) -> str:
+def _repository(value: Any) -> reference.Repository:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string host[:port]/path, got {type(value).__name__}")
     try:
-        reference.parse(value, need_domain=True, allow_tag=False, allow_digest=False)
+        return reference.Repository(value)
     except ValueError as exc:
         raise ValueError(f"expected a registry host[:port]/path without tag or digest,"
                          f" like '127.0.0.1:5000/demo/unified': {exc}") from None
-    return value
 
 
 def _tag(value: str) -> str:
@@ -183,8 +184,8 @@ Name = Annotated[str, _schema("name"), AfterValidator(_check(
     "name", "a lowercase name like 'demo-true-on-policy'"))]
 CacheScope = Annotated[str, _schema("cache_scope"), AfterValidator(_check(
     "cache_scope", "a lowercase scope like 'demo-true-on-policy@127.0.0.1:5000/demo/unified'"))]
-Repository = Annotated[str, WithJsonSchema({"type": "string", "pattern": f"^{RX['repository']}$",
-                                            "maxLength": reference.NAME_MAX}), AfterValidator(_repository)]
+Repository = Annotated[reference.Repository, PlainValidator(_repository), WithJsonSchema(
+    {"type": "string", "pattern": f"^{RX['repository']}$", "maxLength": reference.NAME_MAX})]
 Tag = Annotated[str, _schema("tag"), AfterValidator(_tag)]
 AbsPath = Annotated[str, _schema("abs_path"), AfterValidator(_check(
     "abs_path", "an absolute path of [A-Za-z0-9_.+@-] segments"))]

@@ -20,9 +20,9 @@ from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import BUILDER_VERSION, TOOL_URI
 from builder.core.errors import AttestationError, PublishError
-from builder.core.imageref import ImageRef, hex_of
+from builder.core.imageref import ImageRef, Repository, hex_of
 from builder.core.records import Report
-from builder.engine.registry import Registry, split_repository
+from builder.engine.registry import Registry, parse_repository
 from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.release import dsse, referrers, sbom
@@ -225,7 +225,7 @@ def signer(key_path: Path | None, passphrase: str | None = None) -> dsse.Private
     return dsse.load_private(key_path, passphrase)
 
 
-def attach_all(report: Report, pins: Pins, lock: Lock, repository: str, digest: str, image_manifest: dict[str, Any],
+def attach_all(report: Report, pins: Pins, lock: Lock, repository: Repository | str, digest: str, image_manifest: dict[str, Any],
                key: dsse.PrivateKey, registry: Registry, once: bool = False,
                note: referrers.Note | None = None) -> list[dict[str, Any]]:
     """Sign the three statements and attach them to repository@digest; returns the artifact descriptors.
@@ -234,7 +234,7 @@ def attach_all(report: Report, pins: Pins, lock: Lock, repository: str, digest: 
     three predicate types (a nightly on an unchanged digest).  On a failed push the artifacts already pushed
     are deleted and PublishError is raised. `note(kind, value)` hears of each upload session and artifact before
     it is written (the publish journal)."""
-    _, name = split_repository(repository)
+    name = parse_repository(repository).path  # a Repository passes as it is; a caller's text is parsed
     kid = dsse.key_id(key.public_key())[:16]
     existing = attached_by(registry, name, digest, key.public_key())
     if once and {t for t, _ in existing.values()} >= set(PREDICATE_TYPES):

@@ -19,8 +19,9 @@ from pydantic import BaseModel, Field
 from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import BadInput, PublishError
+from builder.core.imageref import Repository
 from builder.core.options import Settings
-from builder.engine.registry import Registry, split_repository
+from builder.engine.registry import Registry, parse_repository
 from builder.release import referrers, sqsh_layout
 from builder.release.sqsh_layout import SqshMove
 
@@ -88,7 +89,8 @@ Receipt = Callable[[Path, str, list[str], Settings], None]  # (report.json, dige
 Resume = Callable[["Journal"], None]  # publishes the journal's report again; PublishError/BadInput: cannot
 
 
-def recover(repository: str, settings: Settings, reg: Registry, receipt: Receipt, resume: Resume | None = None) -> str:
+def recover(repository: Repository | str, settings: Settings, reg: Registry, receipt: Receipt,
+            resume: Resume | None = None) -> str:
     """Finish or undo what a killed publish on `repository` began (call under the repository lock); return the
     one line printed, or "" when there was nothing. `receipt` writes a missing receipt (publish's); `resume`
     finishes a publish killed before its tags (publish's: key, report, pins and lock at hand and matching), else
@@ -96,7 +98,7 @@ def recover(repository: str, settings: Settings, reg: Registry, receipt: Receipt
     journal = read(repository, settings)
     if journal is None:
         return ""
-    _, name = split_repository(repository)
+    name = parse_repository(repository).path  # a Repository passes as it is; a caller's text is parsed
     cancel_uploads(reg, journal)
     if PHASES.index(journal.phase) >= PHASES.index("tags"):
         line = finish(reg, name, journal, settings, receipt)

@@ -21,13 +21,13 @@ from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.constants import TOOL_URI
 from builder.core.errors import AttestationError, BadInput, PublishError
-from builder.core.imageref import ImageRef, digest_of
+from builder.core.imageref import ImageRef, Repository, digest_of
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
 from builder.engine import local_store, staging
 from builder.engine.platforms import Platform, choose
-from builder.engine.registry import Registry, split_repository, verify_tag
+from builder.engine.registry import Registry, verify_tag
 from builder.image.identity import build_inputs
 from builder.lock.record import Lock
 from builder.pins.model import Pins
@@ -154,9 +154,9 @@ def publish_index(paths: list[Path], settings: Settings, signing_key: Path | Non
     """Publish the accepted per-platform reports as one OCI index; returns `repository@<index digest>`."""
     members = load(paths)
     first = members[0].report
-    host, _ = split_repository(first.repository)
-    settings = settings.for_release(first.repository)
-    registry = Registry.from_settings(host, settings)
+    repo = publish.repository_of(first, str(members[0].path))
+    settings = settings.for_release(repo)
+    registry = Registry.from_settings(repo.host, settings)
     registry.ping()
     key = attest.signer(signing_key or settings.signing_key, settings.key_passphrase)
     for m in members:
@@ -183,10 +183,11 @@ def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settin
              key: dsse.PrivateKey | None) -> str:
     """publish_index's journaled order under the repository lock; the members' .sqsh placed after the receipts."""
     first = members[0].report
-    _, name = split_repository(first.repository)
+    repo = publish.repository_of(first, str(members[0].path))
+    name = repo.path
     tags = list(first.tags)
     with staging.repository_lock(first.repository, settings):
-        journal.recover(first.repository, settings, registry, receipts_after_kill)
+        journal.recover(repo, settings, registry, receipts_after_kill)
         accepted = [staging.accepted_ref(m.report, str(m.path)) for m in members]
         staged, client = [], None
         for m, acc in zip(members, accepted):
@@ -199,7 +200,7 @@ def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settin
         index = index_body([descriptor(body, media, m.platform, rec)
                             for (body, media), m, rec in zip(bodies, members, records)])
         digest = digest_of(index)
-        plan = journal.Journal(repository=first.repository, report=str(members[0].path.absolute()), digest=digest,
+        plan = journal.Journal(repository=repo, report=str(members[0].path.absolute()), digest=digest,
                                media_type=referrers.OCI_INDEX, existed=registry.tag_digest(name, digest) is not None,
                                tags=[journal.TagMove(tag=t, old=registry.tag_digest(name, t), new=digest)
                                      for t in tags],
@@ -214,7 +215,7 @@ def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settin
                 for m, ref, acc in zip(members, staged, accepted):
                     if acc is None:  # its stored blobs to staging by digest first, journaled
                         publish.push_local(ref, plan, settings)
-                    staging.release_manifest(str(ref), m.report.image_id, first.repository, settings)
+                    staging.release_manifest(str(ref), m.report.image_id, repo, settings)
                     verify_tag(registry, name, str(ref.digest), str(ref.digest), m.report.image_id, m.report.platform)
                 registry.put_manifest(name, digest, index, referrers.OCI_INDEX)
                 if registry.manifest_by_digest(name, digest) != index:
@@ -233,7 +234,7 @@ def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settin
             journal.write(plan, settings)
             moved = True
             with log.step(f"tag {first.repository}: {', '.join(tags)} -> index {digest[:19]}"):
-                staging.move_tags(registry, first.repository, index, referrers.OCI_INDEX, tags)  # each read back
+                staging.move_tags(registry, repo, index, referrers.OCI_INDEX, tags)  # each read back
         except BaseException:
             if not plan.existed:
                 publish.withdraw(registry, name, digest, plan.artifacts, tags)
@@ -287,11 +288,11 @@ def receipts_after_kill(report_path: Path, digest: str, tags: list[str], setting
         rep = report_mod.load(path)
         if rep.publish is not None and rep.publish.index == record["index"]:
             continue
-        host, name = split_repository(rep.repository)
-        facts = verify_tag(Registry.from_settings(host, settings), name, rec["digest"], rec["digest"], rep.image_id,
-                           rep.platform)
+        repo = publish.repository_of(rep, str(path))
+        facts = verify_tag(Registry.from_settings(repo.host, settings), repo.path, rec["digest"], rec["digest"],
+                           rep.image_id, rep.platform)
         publish.record_receipt(rep, PublishReceipt(
-            repository=ImageRef(rep.repository), tags=tags, digest=rec["digest"], config_digest=facts["config_digest"],
+            repository=repo, tags=tags, digest=rec["digest"], config_digest=facts["config_digest"],
             verified=True, platform=facts["platform"], pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             index=record["index"]), path)
 
@@ -302,8 +303,7 @@ def _staged_manifest(registry: Registry, ref: ImageRef, settings: Settings, loca
     if local:
         body = local_store.stored_manifest(settings, str(ref.digest))
         return body, str(json.loads(body).get("mediaType") or referrers.OCI_MANIFEST)
-    _, s_name = split_repository(f"{ref.registry}/{ref.repository}")
-    body = registry.manifest_by_digest(s_name, str(ref.digest))
+    body = registry.manifest_by_digest(Repository.of(ref).path, str(ref.digest))
     return body, str(json.loads(body).get("mediaType") or referrers.OCI_MANIFEST)
 
 
@@ -312,9 +312,9 @@ def _attest_member(m: Member, digest: str, tags: list[str], registry: Registry, 
     """The member's own three attestations (publish.attest_published) and its receipt (tags: the index's)."""
     with log.step(f"attest {m.report.repository}@{digest[:19]} ({m.platform})"):
         found = publish.attest_published(m.report, m.pins, m.lock, registry, digest, key, False, plan, settings)
-    _, name = split_repository(m.report.repository)
-    facts = verify_tag(registry, name, digest, digest, m.report.image_id, m.report.platform)
-    return PublishReceipt(repository=ImageRef(m.report.repository), tags=tags, digest=digest,
+    repo = publish.repository_of(m.report, str(m.path))
+    facts = verify_tag(registry, repo.path, digest, digest, m.report.image_id, m.report.platform)
+    return PublishReceipt(repository=repo, tags=tags, digest=digest,
                           config_digest=facts["config_digest"], verified=True, platform=facts["platform"],
                           pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=found)
 

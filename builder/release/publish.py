@@ -14,13 +14,13 @@ from pathlib import Path
 from builder.core import faults, log
 from builder.core import files as fs
 from builder.core.errors import InfraError, PublishError
-from builder.core.imageref import ImageRef
+from builder.core.imageref import ImageRef, Repository
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
 from builder.engine import local_store, staging
 from builder.engine.client import Client
-from builder.engine.registry import Registry, split_repository, verify_tag
+from builder.engine.registry import Registry, verify_tag
 from builder.lock.record import Lock
 from builder.pins.model import Pins
 from builder.release import attest, dsse, journal, referrers, sqsh_layout, trust, verify
@@ -73,17 +73,15 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
     check_accepted(report, where)
     if pins is None or lock is None:
         raise PublishError(f"{where}: no pins and lock checked against the report; refusing")
-    if not report.tags or report.repository == report_mod.UNKNOWN:
-        raise PublishError(f"{where}: the report names no repository or tags")
-    host, _ = split_repository(report.repository)
-    registry = Registry.from_settings(host, settings)
+    repo = repository_of(report, where)
+    registry = Registry.from_settings(repo.host, settings)
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
     key = attest.signer(signing_key or settings.signing_key, settings.key_passphrase)
     check_signed_acceptance(report, report_path, key, where)
     staged = staging.accepted_ref(report, where)
     local = staged is None  # accepted on a local image ID: release pushes its stored blobs to staging by digest
     with staging.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
-        journal.recover(report.repository, settings, registry, receipt_after_kill,
+        journal.recover(repo, settings, registry, receipt_after_kill,
                         lambda left: resume(left, registry, key, settings))
         if staged is None:
             staged = local_ref(client or engine.connect(settings), report, image, where, settings)
@@ -110,7 +108,7 @@ def resume(left: journal.Journal, registry: Registry, key: dsse.PrivateKey | Non
     if checked is None:
         raise PublishError(f"{path}: verdict is {report.verdict}")
     accepted = staging.accepted_ref(report, str(path))
-    staged = accepted or ImageRef(f"{staging.staging_repository(report.repository)}@{left.digest}")
+    staged = accepted or ImageRef(f"{staging.staging_repository(repository_of(report, str(path)))}@{left.digest}")
     if str(staged.digest) != left.digest:
         raise PublishError(f"{path} now names {staged.digest}")
     check_signed_acceptance(report, path, key if left.signer else None, str(path))
@@ -127,10 +125,11 @@ def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings:
             nightly: list[str], local: bool = False) -> PublishReceipt:
     """The journaled order itself (publish's docstring), under the repository lock, on a checked report. `local`:
     the staged digest's blobs are in the image store (`local_ref`) and go to staging first, journaled too."""
-    _, name = split_repository(report.repository)
+    repo = repository_of(report, str(report_path))
+    name = repo.path
     tags = [*report.tags, *(t for t in nightly if t not in report.tags)]
     digest = str(staged.digest)
-    plan = journal.Journal(repository=report.repository, report=str(report_path.absolute()), digest=digest,
+    plan = journal.Journal(repository=repo, report=str(report_path.absolute()), digest=digest,
                            media_type="", existed=registry.tag_digest(name, digest) is not None, sqsh=sqsh,
                            tags=[journal.TagMove(tag=t, old=registry.tag_digest(name, t), new=digest)
                                  for t in report.tags],
@@ -142,8 +141,7 @@ def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings:
         with log.step(f"release {staged} -> {report.repository}@{digest[:19]}"):
             if local:
                 push_local(staged, plan, settings)
-            manifest, plan.media_type = staging.release_manifest(str(staged), report.image_id,
-                                                                 report.repository, settings)
+            manifest, plan.media_type = staging.release_manifest(str(staged), report.image_id, repo, settings)
             facts = verify_tag(registry, name, digest, digest, report.image_id, report.platform)
         plan.phase = "attest"
         journal.write(plan, settings)
@@ -155,7 +153,7 @@ def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings:
         moved = True
         with log.step(f"tag {report.repository}: {', '.join(tags)}"):
             # each tag read back before the next moves; a failed read-back rolls every sent tag back
-            staging.move_tags(registry, report.repository, manifest, plan.media_type, tags,
+            staging.move_tags(registry, repo, manifest, plan.media_type, tags,
                               check=lambda tag: verify_tag(registry, name, tag, digest, report.image_id,
                                                            report.platform))
     except BaseException:  # Python saw it (SIGTERM included): every tag moved back, the new digest withdrawn
@@ -171,7 +169,7 @@ def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings:
     plan.phase = "receipt"
     journal.write(plan, settings)
     faults.point("publish: receipt")
-    receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digest,
+    receipt = PublishReceipt(repository=repo, tags=list(report.tags), digest=digest,
                              config_digest=facts["config_digest"], verified=True, platform=facts["platform"],
                              pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                              attestations=attestations)
@@ -184,14 +182,21 @@ def receipt_after_kill(report_path: Path, digest: str, tags: list[str], settings
     report = report_mod.load(report_path)
     if report.publish is not None and report.publish.digest == digest:
         return
-    host, name = split_repository(report.repository)
-    registry = Registry.from_settings(host, settings)
-    facts = verify_tag(registry, name, tags[0], digest, report.image_id, report.platform)
-    found = [d["digest"] for d in referrers.discover(registry, name, digest)]
-    receipt = PublishReceipt(repository=ImageRef(report.repository), tags=list(report.tags), digest=digest,
+    repo = repository_of(report, str(report_path))
+    registry = Registry.from_settings(repo.host, settings)
+    facts = verify_tag(registry, repo.path, tags[0], digest, report.image_id, report.platform)
+    found = [d["digest"] for d in referrers.discover(registry, repo.path, digest)]
+    receipt = PublishReceipt(repository=repo, tags=list(report.tags), digest=digest,
                              config_digest=facts["config_digest"], verified=True, platform=facts["platform"],
                              pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), attestations=found)
     record_receipt(report, receipt, report_path)
+
+
+def repository_of(report: Report, where: str) -> Repository:
+    """The repository the report names (parsed as it loaded), and its tags; PublishError when it names none."""
+    if not report.tags or not isinstance(report.repository, Repository):
+        raise PublishError(f"{where}: the report names no repository or tags")
+    return report.repository
 
 
 def check_signed_acceptance(report: Report, report_path: Path, key: dsse.PrivateKey | None,
@@ -225,14 +230,15 @@ def attest_published(report: Report, pins: Pins, lock: Lock, registry: Registry,
     read from the registry's layers (no container)."""
     if key is None:
         return []
-    _, name = split_repository(report.repository)
+    repo = repository_of(report, plan.report)
+    name = repo.path
     manifest = verify.image_facts(registry, name, digest)[1]
 
     def note(kind: str, value: str) -> None:  # the journal learns each upload session and artifact first
         (plan.uploads if kind == "upload" else plan.artifacts).append(value)
         journal.write(plan, settings)
 
-    attached = attest.attach_all(report, pins, lock, report.repository, digest, manifest, key, registry, once=once,
+    attached = attest.attach_all(report, pins, lock, repo, digest, manifest, key, registry, once=once,
                                  note=note)
     found = {t for t, _ in attest.attached_by(registry, name, digest, key.public_key()).values()}
     missing = [t for t in attest.PREDICATE_TYPES if t not in found]
@@ -248,7 +254,7 @@ def local_ref(client: Client, report: Report, image: str | None, where: str, set
     found = local_image(client, report, image, where)
     hint = report.build.manifest_digest if report.build is not None else None
     digest = local_store.manifest_of(client, found, settings, hint or None)
-    return ImageRef(f"{staging.staging_repository(report.repository)}@{digest}")
+    return ImageRef(f"{staging.staging_repository(repository_of(report, where))}@{digest}")
 
 
 def push_local(staged: ImageRef, plan: journal.Journal, settings: Settings) -> None:
@@ -259,7 +265,7 @@ def push_local(staged: ImageRef, plan: journal.Journal, settings: Settings) -> N
         journal.write(plan, settings)
         faults.point("publish: staging upload")
 
-    staging.push(str(staged.digest), staged.name, None, settings, on_session=session)
+    staging.push(str(staged.digest), Repository.of(staged), None, settings, on_session=session)
 
 
 def withdraw(registry: Registry, name: str, digest: str, artifacts: list[str], tags: list[str]) -> None:

@@ -20,10 +20,11 @@ from pathlib import Path
 from builder.core import files as fs
 from builder.core import log
 from builder.core.errors import PublishError
+from builder.core.imageref import Repository
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report, SlurmFacts, SqshExport
 from builder.engine import staging
-from builder.engine.registry import Registry, split_repository
+from builder.engine.registry import Registry
 from builder.release import publish, sqsh_layout
 from builder.release.sqsh_layout import SqshMove
 
@@ -122,8 +123,8 @@ def registry_image(report: Report, settings: Settings, where: str) -> tuple[str,
     staged = staging.accepted_ref(report, where)
     if staged is None:
         raise PublishError(f"{where}: accepted on the cluster without a staged registry digest; refusing")
-    host, name = split_repository(staged.name)
-    got = Registry.from_settings(host, settings).manifest(name, str(staged.digest))
+    repo = Repository.of(staged)
+    got = Registry.from_settings(repo.host, settings).manifest(repo.path, str(staged.digest))
     try:
         return str(json.loads(got["content"])["config"]["digest"]), str(staged.digest)
     except (ValueError, KeyError, TypeError):

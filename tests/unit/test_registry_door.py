@@ -163,7 +163,6 @@ def test_docker_config_auths_identity_token_and_hub_names(tmp_path: Path) -> Non
     assert keys.resolve("nvcr.io") == registry.Credential(identity_token="idtok")
     assert keys.resolve("ghcr.io") is None
     assert registry.api_host("docker.io") == "registry-1.docker.io"
-    assert registry.api_name("docker.io", "ubuntu") == "library/ubuntu"
     assert registry.split_repository("docker.io/ubuntu") == ("docker.io", "library/ubuntu")
     assert Registry.from_settings("docker.io", settings(tmp_path)).base == "https://registry-1.docker.io"
     assert registry.auth_config("nvcr.io", settings(tmp_path)) == {"identitytoken": "idtok"}

@@ -3,7 +3,7 @@
 `operations` reads and writes manifests and blobs, `copy` moves blobs from one registry to another.
 No other module opens an HTTP session to a registry; the names below are the public ones."""
 from builder.engine.registry.copy import copy_blobs
-from builder.engine.registry.keychain import Credential, Keychain, api_host, api_name, auth_config
+from builder.engine.registry.keychain import Credential, Keychain, api_host, auth_config
 from builder.engine.registry.operations import (
     INDEX_TYPES,
     MANIFEST_TYPES,
@@ -11,6 +11,7 @@ from builder.engine.registry.operations import (
     answers,
     get_json,
     mask,
+    parse_repository,
     push_blob,
     put_manifest,
     split_repository,
@@ -19,5 +20,5 @@ from builder.engine.registry.operations import (
 from builder.engine.registry.transport import TLS, Transport
 
 __all__ = ["INDEX_TYPES", "MANIFEST_TYPES", "TLS", "Credential", "Keychain", "Registry", "Transport", "answers",
-           "api_host", "api_name", "auth_config", "copy_blobs", "get_json", "mask", "push_blob", "put_manifest",
-           "split_repository", "verify_tag"]
+           "api_host", "auth_config", "copy_blobs", "get_json", "mask", "push_blob", "put_manifest",
+           "parse_repository", "split_repository", "verify_tag"]

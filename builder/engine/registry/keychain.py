@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from builder.core.errors import BadInput
+from builder.core.imageref import HUB_HOSTS
 from builder.core.options import Settings
 
-HUB_HOSTS = ("docker.io", "index.docker.io", "registry-1.docker.io")
 HUB_API = "registry-1.docker.io"
 HUB_KEY = "https://index.docker.io/v1/"
 
@@ -41,11 +41,6 @@ def is_hub(host: str) -> bool:
 def api_host(host: str) -> str:
     """The host whose /v2/ answers for `host` (Docker Hub's API lives on registry-1.docker.io)."""
     return HUB_API if is_hub(host) else host
-
-
-def api_name(host: str, name: str) -> str:
-    """A repository's name as the API knows it: Docker Hub's bare names are `library/<name>`."""
-    return f"library/{name}" if is_hub(host) and "/" not in name else name
 
 
 def _from_entry(entry: dict[str, Any] | None) -> Credential | None:

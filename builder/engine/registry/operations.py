@@ -16,9 +16,9 @@ import requests
 
 from builder.core import log
 from builder.core.errors import InfraError, PublishError
-from builder.core.imageref import ImageRef, digest_of
+from builder.core.imageref import Repository, digest_of
 from builder.core.options import Settings
-from builder.engine.registry.keychain import Credential, Keychain, api_host, api_name
+from builder.engine.registry.keychain import Credential, Keychain, api_host
 from builder.engine.registry.transport import TLS, Transport, is_loopback
 
 MANIFEST_TYPES = (
@@ -30,16 +30,20 @@ MANIFEST_TYPES = (
 INDEX_TYPES = MANIFEST_TYPES[1], MANIFEST_TYPES[3]
 
 
-def split_repository(repository: str) -> tuple[str, str]:
-    """'127.0.0.1:5000/demo/unified' -> ('127.0.0.1:5000', 'demo/unified'); Docker Hub's bare names are
-    `library/<name>` ('docker.io/ubuntu' -> ('docker.io', 'library/ubuntu'))."""
+def parse_repository(repository: str) -> Repository:
+    """A repository named where it enters (an image's label, a report), as a value: '127.0.0.1:5000/demo/unified'
+    -> host '127.0.0.1:5000', path 'demo/unified' (Docker Hub's bare names: path `library/<name>`)."""
     try:
-        ref = ImageRef(repository, need_domain=True)
+        return repository if isinstance(repository, Repository) else Repository(repository)
     except ValueError:
-        ref = None
-    if ref is None or ref.tag or ref.digest:
-        raise PublishError(f"image.repository {repository!r}: expected host[:port]/name with an explicit registry host")
-    return ref.registry, api_name(ref.registry, ref.repository)
+        raise PublishError(f"image.repository {repository!r}: expected host[:port]/name with an explicit registry "
+                           "host") from None
+
+
+def split_repository(repository: str) -> tuple[str, str]:
+    """(host, path) of a repository held as text (tests, tools); builder passes a `Repository` down instead."""
+    repo = parse_repository(repository)
+    return repo.host, repo.path
 
 
 def mask(text: str, secrets: list[str]) -> str:
