@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from builder.core.options import Settings  # noqa: E402
 from builder.core.records import SqshFacts  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
-from builder.gating import gates, plan  # noqa: E402
+from builder.gating import plan  # noqa: E402
+from builder.gating.settings import GateSettings  # noqa: E402
 from builder.pins import model  # noqa: E402
 from builder.release import sqsh  # noqa: E402
 from builder.runners import slurm as client_calls  # noqa: E402
@@ -76,7 +77,7 @@ def main() -> None:
     export_s = round(time.monotonic() - start, 1)
     slurm = SlurmRunner(pins, made, SqshFacts(path=record.path, sha256=record.sha256, size=record.size))
     docker = DockerRunner(client, pins, image_id, uuid.uuid4().hex[:12])
-    settings_json = gates.gate_settings(pins, args.gate)
+    settings_json = GateSettings.of(pins).wire(args.gate)
     times: dict[str, list[float]] = {"docker": [], "slurm": []}
     calls: dict[str, Any] = {"per_gate": []}
     try:

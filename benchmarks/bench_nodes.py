@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from builder.core.options import Settings  # noqa: E402
 from builder.core.records import SqshFacts  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
-from builder.gating import gates, plan  # noqa: E402
+from builder.gating import plan  # noqa: E402
+from builder.gating.settings import GateSettings  # noqa: E402
 from builder.pins import model  # noqa: E402
 from builder.release import sqsh  # noqa: E402
 from builder.runners import nodecheck, slurm
@@ -52,7 +53,7 @@ def census(pins: model.Pins, client: Any, image_id: str, repeats: int) -> dict[s
     try:
         for _ in range(repeats):
             for side in ("on", "off"):
-                settings = {**gates.gate_settings(pins, GATE), "census": side == "on"}
+                settings = {**GateSettings.of(pins).wire(GATE), "census": side == "on"}
                 start = time.monotonic()
                 result, _ = runner.run(GATE, settings, pins.acceptance.timeout_s)
                 times[side].append(round(time.monotonic() - start, 2))
@@ -77,7 +78,7 @@ def layout(pins: model.Pins, facts: SqshFacts, settings: Settings, repeats: int)
         for _ in range(repeats):
             for nodes, (laid, runner) in runners.items():
                 start = time.monotonic()
-                result, _ = runner.run(GATE, gates.gate_settings(laid, GATE), laid.acceptance.timeout_s)
+                result, _ = runner.run(GATE, GateSettings.of(laid).wire(GATE), laid.acceptance.timeout_s)
                 times[nodes].append(round(time.monotonic() - start, 2))
                 assert result.status == "pass", (nodes, result.reason)
     finally:

@@ -40,7 +40,7 @@ def prepare(out: Path) -> None:
     sys.path.insert(0, str(root))
     import pygit2  # lazy: only the prepare step needs it (the GPU machine has none)
 
-    from builder.gating.gates import gate_settings
+    from builder.gating.settings import GateSettings
     from builder.pins import model as pins_mod
     from builder.sources import scmversion
     from demo.make_stack import make_stack
@@ -61,7 +61,7 @@ def prepare(out: Path) -> None:
                         "version": scmversion.component_version(repo, comp.commit)}
     native = _export_native(pins, stack, out)
     shutil.rmtree(stack)
-    settings = {g: gate_settings(pins, g) for g in ("zero_update", "rl_step", "control", "performance")}
+    settings = {g: GateSettings.of(pins).wire(g) for g in ("zero_update", "rl_step", "control", "performance")}
     (out / "stack.json").write_text(json.dumps({"components": record, "settings": settings, "native": native},
                                                indent=2) + "\n")
     wheels = out / "wheels"

@@ -8,54 +8,27 @@ from typing import Any
 
 from acceptance import perf as perf_rule
 from builder.core import log
-from builder.core.constants import CACHE_DIR as CACHE
-from builder.core.constants import MANIFEST
 from builder.core.records import AcceptanceResult, Evidence, GateResult, Pulled
 from builder.gating.plan import AcceptancePlan
 from builder.gating.runner import GateRunner
+from builder.gating.settings import GateSettings
 from builder.pins.model import Pins
 
 
-def gate_settings(pins: Pins, gate: str) -> dict[str, Any]:
-    """What the in-image runner needs: the recipe, its arms, the steps/lr keys and the metric names."""
-    acc, recipe = pins.acceptance, pins.recipe
-    return {"gate": gate, "entry": list(recipe.entry), "overrides": dict(recipe.overrides), "env": dict(recipe.env),
-            "aligned_env": dict(recipe.aligned_env), "control_env": dict(recipe.control_env),
-            "steps": acc.steps, "steps_key": acc.steps_key, "lr_key": acc.lr_key, "lr": pins.rl_lr(),
-            "logger_key": "trainer.logger", "logger": ["console", "file"],
-            "metrics": acc.metrics.model_dump(), "cache_dir": CACHE, "work_dir": "/tmp/acceptance",
-            "manifest": MANIFEST, "weights": acc.weights, "checkpoint": checkpoint_settings(pins),
-            "performance": acc.performance.model_dump() if acc.performance else None,
-            # nodes 2: the rollout engine as a server (acceptance/recipe.py Layout); a runner spanning nodes adds the
-            # role and the address, else the gate starts it itself on loopback
-            "rollout": recipe.rollout.model_dump() if recipe.rollout else None, "layout": {"nodes": acc.nodes}}
-
-
-def checkpoint_settings(pins: Pins) -> dict[str, Any] | None:
-    """Checkpoint mode: the recipe's save options, where it saves, the step layout and the model it loads."""
-    ckpt = pins.acceptance.checkpoint
-    if pins.acceptance.weights != "checkpoint" or ckpt is None:
-        return None
-    model_path = pins.recipe.overrides.get(ckpt.model_path_key) if ckpt.model_path_key else None
-    return {"overrides": dict(ckpt.overrides), "dir_key": ckpt.dir_key, "dir": ckpt.dir, "layout": ckpt.layout,
-            "model_path": str(model_path) if model_path is not None else None, "may_stay": list(ckpt.may_stay)}
-
-
-def run_performance(runner: GateRunner, pins: Pins, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+def run_performance(runner: GateRunner, settings: GateSettings, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
     """The performance gate: pairs of runs (aligned, then control), each in a fresh container, until the sequential
     rule (acceptance.perf) decides, from `min_pairs` on, or `repeats` pairs ran; a run that fails fails the gate."""
-    perf = pins.acceptance.performance
+    perf = settings.performance
     if perf is None:
         return GateResult(name="performance", status="not_run", reason="no acceptance.performance in the pins"), {}
-    metric = pins.acceptance.performance_metric()
-    rule = perf.rule()
+    metric, rule = perf.metric, perf.rule
     runs: list[dict[str, Any]] = []
     facts: dict[str, Any] = {"runs": []}
     for index in range(1, perf.repeats + 1):
         for arm in ("aligned", "control"):
-            settings = {**gate_settings(pins, "performance"), "arm": arm, "steps": perf.steps or pins.acceptance.steps}
             start = time.monotonic()
-            result, fact = runner.run("performance", settings, timeout_s)
+            result, fact = runner.run("performance", {**settings.wire("performance"), "arm": arm, "steps": perf.steps},
+                                      timeout_s)
             seconds = round(time.monotonic() - start, 3)
             runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.throughput,
                          "steps": result.evidence.throughput_steps, "seconds": seconds,
@@ -101,6 +74,7 @@ def run_gates(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pin
                 pulled: Pulled | None = None) -> AcceptanceResult:
     """Run the plan's gates through `runner`, each in a fresh container with its own limit; the others are
     not_run with the plan's reason. The runner is closed at the end, also on error or interrupt."""
+    settings = GateSettings.of(pins)  # once: every gate's settings and the loop's own reads
     results: list[GateResult] = []
     facts: dict[str, dict[str, Any]] = {}
     try:
@@ -111,9 +85,9 @@ def run_gates(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pin
             with log.step(f"gate {step.name}"):
                 start = time.monotonic()
                 if step.name == "performance":
-                    result, facts[step.name] = run_performance(runner, pins, step.timeout_s)
+                    result, facts[step.name] = run_performance(runner, settings, step.timeout_s)
                 else:
-                    result, facts[step.name] = runner.run(step.name, gate_settings(pins, step.name), step.timeout_s)
+                    result, facts[step.name] = runner.run(step.name, settings.wire(step.name), step.timeout_s)
                 facts[step.name]["seconds"] = round(time.monotonic() - start, 3)
             log.info(f"  {step.name}: {result.status}: {result.reason}")
             results.append(result)
@@ -128,8 +102,8 @@ def run_gates(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pin
                             "numeric_env": prov.evidence.environment, "gpu": prov.evidence.gpu})
     described = type(where).model_validate({
         **where.model_dump(), "image_id": image_id, "run_id": runner.run_id, "limits": limits.model_dump(),
-        "mounts": [m.model_dump() for m in pins.acceptance.mounts], "gpus": pins.acceptance.gpus,
-        "gates": facts, "weights": pins.acceptance.weights, "checkpoint": checkpoint_settings(pins)})
+        "mounts": [m.model_dump() for m in settings.mounts], "gpus": settings.gpus, "gates": facts,
+        "weights": settings.weights, "checkpoint": settings.checkpoint.wire() if settings.checkpoint else None})
     return AcceptanceResult(image_id=image_id, where=described, gates=results, environment=environment,
-                            throughput=throughput(results, pins.acceptance.metrics.throughput), pulled=pulled)
+                            throughput=throughput(results, settings.throughput_metric), pulled=pulled)
 

@@ -88,22 +88,6 @@ class AcceptancePlan:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """One command's whole plan: the acceptance plan and what the run does around it."""
-
-    acceptance: AcceptancePlan
-    offline: bool = False
-    allow_moved_pr: bool = False
-    nocache: bool = False
-    out: Path | None = None
-    key: Path | None = None
-    publish: bool = False
-    export: bool = False
-    follow_prs: bool = False
-    today: str | None = None
-
-
-@dataclass(frozen=True)
 class Flags:
     """What a command line asked for (all optional; the CLI fills what it has)."""
 
@@ -122,6 +106,15 @@ class Flags:
     export: bool = False
     follow_prs: bool = False
     today: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One command's whole plan: the acceptance plan, and the flags it was made from for what the run does around
+    it (resolve offline, build, out, publish with the key: the command's, else the settings' signing key)."""
+
+    acceptance: AcceptancePlan
+    flags: Flags = Flags()
 
 
 def gate_plans(pins: Pins, asked: Sequence[str], timeout_s: int | None) -> tuple[GatePlan, ...]:
@@ -188,7 +181,5 @@ def make(pins: Pins, flags: Flags, settings: Settings) -> Plan:
     place: Place = slurm_place(pins, gates, settings) if flags.slurm else DockerPlace(engine_url)
     acceptance = AcceptancePlan(gates=gates, place=place, image=flags.image,
                                 stage=flags.image is None and (flags.stage or bool(engine_url)))
-    return Plan(acceptance=acceptance, offline=flags.offline, allow_moved_pr=flags.allow_moved_pr,
-                nocache=flags.nocache, out=flags.out, key=flags.key or settings.signing_key, publish=flags.publish,
-                export=flags.export, follow_prs=flags.follow_prs, today=flags.today)
+    return Plan(acceptance=acceptance, flags=replace(flags, key=flags.key or settings.signing_key))
 

@@ -59,13 +59,13 @@ def accept_pins(pins: Pins, plan: Plan, settings: Settings) -> Run:
 def accept_on(pins: Pins, plan: Plan, settings: Settings, door: EngineDoor) -> Run:
     """accept_pins() on the calling use case's engine client (run, nightly)."""
     settings = settings.for_release(pins.image.repository)  # BUILDER_REGISTRY_* belong to the release's host
-    resolved = resolve(pins, settings, plan.offline, plan.allow_moved_pr)
+    resolved = resolve(pins, settings, plan.flags.offline, plan.flags.allow_moved_pr)
     built = None
     image = plan.acceptance.image
-    lock = checked_lock(pins, resolved, settings, plan.offline) if image is None else lock_record.of(pins)
+    lock = checked_lock(pins, resolved, settings, plan.flags.offline) if image is None else lock_record.of(pins)
     client = door.client()  # after the lock check: a stale lock is refused (2) with the engine down too
     if image is None:
-        built = build(render(pins, lock, resolved, settings), settings, nocache=plan.nocache, client=client)
+        built = build(render(pins, lock, resolved, settings), settings, nocache=plan.flags.nocache, client=client)
         image = built.image_id
         if plan.acceptance.stage:
             repo = staging.staging_repository(pins.image.repository, pins.image.staging)
@@ -76,10 +76,10 @@ def accept_on(pins: Pins, plan: Plan, settings: Settings, door: EngineDoor) -> R
         result = runners.gate_image(plan.acceptance, pins, image, built.image_id if built else None, settings, client)
     report = document.make_report(pins, lock, resolved, built, result,
                                   image_manifest=image_manifest(client, result.image_id))
-    run_dir = run_directory(plan.out, pins.name, settings)
+    run_dir = run_directory(plan.flags.out, pins.name, settings)
     paths = document.write(report, run_dir)
-    if plan.key is not None:  # publish requires this signature over the acceptance result
-        attest.sign_acceptance(report, pins, dsse.load_private(plan.key, settings.key_passphrase), run_dir)
+    if plan.flags.key is not None:  # publish requires this signature over the acceptance result
+        attest.sign_acceptance(report, pins, dsse.load_private(plan.flags.key, settings.key_passphrase), run_dir)
     _print_verdict(report, paths)
     return Run(report, run_dir)
 

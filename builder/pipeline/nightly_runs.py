@@ -35,8 +35,8 @@ def nightly(pins: Pins, plan: Plan, settings: Settings, history: History | None 
     settings = settings.for_release(pins.image.repository)  # BUILDER_REGISTRY_* belong to the release's host
     pins_path = pins.path
     moved: list[dict[str, Any]] = []
-    publish, key, today = plan.publish, plan.key, plan.today
-    if plan.follow_prs:
+    publish, key, today = plan.flags.publish, plan.flags.key, plan.flags.today
+    if plan.flags.follow_prs:
         with log.step("follow PR heads"):
             pins, moved = follow.follow_prs(pins, settings)
         log.info(f"moved: {len(moved)} component(s)" if moved else "no PR head moved")

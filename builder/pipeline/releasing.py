@@ -35,8 +35,8 @@ def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
     """Resolve, build, stage by digest, accept the pulled digest, report; publish and export when the plan asks.
     NotAccepted (exit 1) unless ACCEPTED. One engine client for all of it."""
     settings = settings.for_release(pins.image.repository)
-    if plan.publish and (plan.key or settings.signing_key):  # an unreadable key (wrong passphrase) stops the run
-        attest.signer(plan.key or settings.signing_key, settings.key_passphrase)  # before anything is built
+    if plan.flags.publish and plan.flags.key:  # an unreadable key (wrong passphrase) stops the run
+        attest.signer(plan.flags.key, settings.key_passphrase)  # before anything is built
     door = EngineDoor(settings)
     done = accept_on(pins, plan, settings, door)
     log.info("timings: " + json.dumps(log.timings))
@@ -44,12 +44,12 @@ def run(pins: Pins, plan: Plan, settings: Settings) -> Run:
     digest = None
     try:
         done.require_accepted(pins.path)
-        if plan.publish:
-            receipt = publish_report(report_json, settings, key=plan.key, client=door.client())
+        if plan.flags.publish:
+            receipt = publish_report(report_json, settings, key=plan.flags.key, client=door.client())
             log.info(f"published {receipt.repository}@{receipt.digest}")
             digest = receipt.digest
-            if plan.export and document.load(report_json).sqsh is None:  # a cluster acceptance placed its .sqsh
-                record = export_sqsh(report_json, settings, client=door.client(), key=plan.key)
+            if plan.flags.export and document.load(report_json).sqsh is None:  # a cluster acceptance placed its .sqsh
+                record = export_sqsh(report_json, settings, client=door.client(), key=plan.flags.key)
                 log.info(f"tag {record.tag}: registry {record.registry_digest}, .sqsh sha256:{record.sha256}")
     finally:  # the run joins the history as a run by hand, accepted or not, published or not
         history_mod.record_by_hand(open_history(settings), document.load(report_json), report_json, digest)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builder.gating.gates import gate_settings
+from builder.gating.settings import GateSettings
 from builder.pins import model as pins_mod
 from builder.runners.runc_runner import RuncRunner
 
@@ -19,7 +19,8 @@ def provenance_on_rootfs(pins: pins_mod.Pins, rootfs: Path) -> dict[str, Any]:
     start = time.monotonic()
     runner = RuncRunner(pins, rootfs)
     try:
-        result, facts = runner.run("provenance", gate_settings(pins, "provenance"), pins.acceptance.timeout_s)
+        settings = GateSettings.of(pins)
+        result, facts = runner.run("provenance", settings.wire("provenance"), settings.timeout_s)
     finally:
         runner.close()
     return {"status": result.status, "reason": result.reason, "seconds": round(time.monotonic() - start, 2),

@@ -352,12 +352,12 @@ def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path: Pa
 
 
 def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned() -> None:
-    from builder.gating.gates import gate_settings
+    from builder.gating.settings import GateSettings
     from builder.pins import model as pins_mod
     from builder.runners import docker_runner as host
 
     pins = pins_mod.load(ROOT / "pins" / "demo.yaml")
-    spec = host.container_spec(pins, "sha256:" + "ab" * 32, "rl_step", gate_settings(pins, "rl_step"), "r1")
+    spec = host.container_spec(pins, "sha256:" + "ab" * 32, "rl_step", GateSettings.of(pins).wire("rl_step"), "r1")
     kwargs = spec.sdk_kwargs()
     assert kwargs["image"].startswith("sha256:") and kwargs["network_mode"] == "none"
     assert kwargs["mounts"] == [] and "device_requests" not in kwargs
@@ -388,15 +388,17 @@ def test_a_gate_result_comes_from_its_last_stdout_line_or_fails_naming_why() -> 
 
 
 def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins() -> None:
-    from builder.gating import gates as host
+    from builder.gating.settings import GateSettings
     from builder.pins import model as pins_mod
 
     pins = pins_mod.load(ROOT / "pins" / "nemotron-3.5-lightning.yaml")
-    settings = host.gate_settings(pins, "rl_step")
-    assert settings["weights"] == "checkpoint"
-    assert settings["checkpoint"]["overrides"] == {"trainer.save_freq": 1,
-                                                   "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]}
-    assert settings["checkpoint"]["model_path"] == "/models/Nemotron-3.5-Lightning"
+    typed = GateSettings.of(pins)
+    settings = typed.wire("rl_step")
+    assert typed.weights == settings["weights"] == "checkpoint" and typed.checkpoint is not None
+    assert typed.checkpoint.overrides == {"trainer.save_freq": 1,
+                                          "actor_rollout_ref.actor.checkpoint.save_contents": ["hf_model"]}
+    assert typed.checkpoint.model_path == "/models/Nemotron-3.5-Lightning"
+    assert settings["checkpoint"] == typed.checkpoint.wire()
     argv, _ = recipe.command(settings, 1e-6, "/tmp/x.jsonl", checkpoint.overrides(settings, "rl_step"))
     assert "trainer.default_local_dir=/scratch/acceptance/rl_step" in argv
     assert "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]" in argv
@@ -406,4 +408,4 @@ def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins() -> None:
           if not m["ReadOnly"]]
     assert [(m["Source"], m["Target"]) for m in rw] == [("/scratch/acceptance", "/scratch/acceptance")]
     demo = pins_mod.load(ROOT / "pins" / "demo.yaml")
-    assert host.gate_settings(demo, "rl_step")["checkpoint"] is None
+    assert GateSettings.of(demo).wire("rl_step")["checkpoint"] is None

@@ -11,6 +11,7 @@ from acceptance.defaults import METRICS as DEFAULT_METRICS
 from builder.core.errors import BadInput
 from builder.core.records import Evidence, GateResult, GateStatus, Report
 from builder.gating import gates as accept_gates
+from builder.gating.settings import GateSettings
 from builder.lock import record as lock_record
 from builder.nightly import rundiff
 from builder.pins import model as pins_mod
@@ -238,7 +239,7 @@ def test_pins_without_performance_do_not_run_it(demo_data: tuple[dict[str, Any],
     data["acceptance"]["performance"] = None
     data["acceptance"]["required_gates"] = ["provenance", "zero_update", "rl_step", "control"]
     pins = pins_mod.validate(data, where)
-    result, _ = accept_gates.run_performance(None, pins, 60)  # type: ignore[arg-type]
+    result, _ = accept_gates.run_performance(None, GateSettings.of(pins), 60)  # type: ignore[arg-type]
     assert result.status == "not_run" and "no acceptance.performance" in result.reason
 
 
@@ -345,7 +346,7 @@ def test_the_gate_runs_pairs_until_the_rule_decides(demo_data: tuple[dict[str, A
     data, where = demo_data
     pins = pins_mod.validate(data, where)  # the demo's min_ratio 0.2, min_pairs 2, at most 4 pairs
     runner = _Runs(pairs)
-    result, facts = accept_gates.run_performance(runner, pins, 60)  # type: ignore[arg-type]
+    result, facts = accept_gates.run_performance(runner, GateSettings.of(pins), 60)  # type: ignore[arg-type]
     assert (result.status, result.evidence.pairs, runner.calls) == (status, ran, 2 * ran), result.reason
     assert len(facts["runs"]) == 2 * ran and result.evidence.stopped == (
         "maximum of pairs reached" if status == "inconclusive" else f"decided after {ran} pairs")

@@ -133,10 +133,10 @@ def test_yaml_exponent_without_dot_is_a_float(pins_dir: Path) -> None:
 def test_recipe_command_formats_hydra_overrides(pins_dir: Path) -> None:
     """The argv the suite runs in the image (acceptance.recipe.command) from the pins' gate settings."""
     from acceptance import recipe
-    from builder.gating.gates import gate_settings
+    from builder.gating.settings import GateSettings
 
     p = pins.load(write(pins_dir, GOOD))
-    settings = dict(gate_settings(p, "rl_step"), overrides={**p.recipe.overrides, "+x.flag": True})
+    settings = dict(GateSettings.of(p).wire("rl_step"), overrides={**p.recipe.overrides, "+x.flag": True})
     argv, env = recipe.command(settings, 0.0, "/tmp/m.jsonl")
     assert argv[:3] == ["python", "-m", "tinyrl.main_ppo"]
     assert "trainer.total_training_steps=2" in argv and "trainer.logger=[console,file]" in argv
