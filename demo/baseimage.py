@@ -181,22 +181,22 @@ def _registry_has(settings: Settings, repo_path: str, reference: str) -> str | N
     return Registry(infra.registry_url(), timeout_s=settings.registry_timeout_s).tag_digest(repo_path, reference)
 
 
-def _repo_digest(image: Any) -> str | None:
-    for ref in image.attrs.get("RepoDigests") or []:
+def _repo_digest(repo_digests: list[str] | None) -> str | None:
+    for ref in repo_digests or []:
         if ref.startswith(REPOSITORY + "@sha256:"):
             return str(ref)
     return None
 
 
 def _cached(settings: Settings, client: Any, recipe: str) -> str | None:
-    """The digest ref of an image with this recipe that is in the engine and in the registry."""
+    """The digest ref of an image with this recipe that is in the engine and in the registry. Read with one list call
+    (no inspect per image): every image built FROM the base inherits its label, and tests remove theirs meanwhile."""
     repo_path = REPOSITORY.split("/", 1)[1]
-    for image in client.images.list(filters={"label": f"{RECIPE_LABEL}={recipe}"}):
-        ref = _repo_digest(image)
+    for image in client.api.images(filters={"label": f"{RECIPE_LABEL}={recipe}", "reference": REPOSITORY}):
+        ref = _repo_digest(image.get("RepoDigests"))
         if ref and _registry_has(settings, repo_path, ref.split("@", 1)[1]) == ref.split("@", 1)[1]:
-            tag = f"{REPOSITORY}:{recipe[:16]}"
-            if tag not in (image.tags or []):
-                image.tag(REPOSITORY, recipe[:16])
+            if f"{REPOSITORY}:{recipe[:16]}" not in (image.get("RepoTags") or []):
+                client.api.tag(image["Id"], REPOSITORY, recipe[:16])
             return ref
     return None
 
