@@ -103,11 +103,13 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """`builder nightly A B C D --slurm`, run once for the session; the cluster tests read its reports. Each pins
     file has a name and repository of its own (no earlier run to compare with).
-    A: the demo pins, every gate, the recipe across both nodes (the rollout engine on n2): the good demo through the
-    whole cluster flow (build, staged digest, the session's one good .sqsh, Slurm gates, report); its run is the
-    one test_cluster_publish publishes.
-    B: the slow PR (demo vllm PR 14), the performance gate alone: it must fail.
-    A and B run the performance gate for at most FLEET_REPEATS pairs.
+    A: the demo pins, every exact gate (not performance), the recipe across both nodes (the rollout engine on n2):
+    the good demo through the whole cluster flow (build, staged digest, the session's one good .sqsh, Slurm gates,
+    report); its run is the one test_cluster_publish publishes. The fleet runs beside the whole suite on 2 cores,
+    where a benign change's performance may end inconclusive (never fail, docs/gates.md): A's verdict must not hang
+    on the machine's load. `make demo-cluster` passes the performance gate on the cluster.
+    B: the slow PR (demo vllm PR 14), the performance gate alone, for at most FLEET_REPEATS pairs: under the suite's
+    load it fails or ends inconclusive, never passes.
     C, D: the zero_update and rl_step defects (tests/defects.py), each requiring (so running) only the gate its
     defect fails. The four run at once; the cluster runs two allocations at a time (one core each).
     Returns {"proc", "run_id", "names", "pins": {key: path}, "runs": {key: run directory}}."""
@@ -132,6 +134,8 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
             data["nightly"] = {"regression_threshold": 0.0, "retention": 2}
             if key == "a":  # the good demo across the two nodes: the rollout engine on n2, the trainer on n1
                 data["acceptance"]["nodes"] = 2
+                data["acceptance"]["required_gates"] = [g for g in data["acceptance"]["required_gates"]
+                                                        if g != "performance"]
             if defect is not None:  # B, C, D: the defect's own gate only (A and the Docker tests show the others pass)
                 data["acceptance"]["required_gates"] = [REASONS[defect][0]]
             if performance:  # two allocations share the 2 cores: CPU time per token spreads up to 2.7 (not 1.7)
@@ -144,7 +148,7 @@ def slurm_fleet(slurm_cluster: "Cluster", demo_pins: Path, cluster_images: tuple
         return variant_pins(where / key, component, pr, edit=edit, pins_path=demo_pins, lock=defect is not None,
                             share_cache=True)  # the demo's layers: each variant builds only from its change
 
-    pins = {"a": pins_for("a", performance=True), "b": pins_for("b", SLOW_EXACT_PATH, performance=True),
+    pins = {"a": pins_for("a"), "b": pins_for("b", SLOW_EXACT_PATH, performance=True),
             "c": pins_for("c", BATCH_INVARIANCE_OFF), "d": pins_for("d", SKIPPED_WEIGHT_RELOAD)}
     run_id = f"fleet{tag}"
     env = dict(os.environ, BUILDER_RUN_ID=run_id, BUILDER_SLURM_SHARED_DIR=str(shared))  # the site's, read once
