@@ -80,7 +80,7 @@ def derive(base: Report, plan: Plan, created: str) -> Report:
                               "verdict": "NOT ACCEPTED" if reasons else "ACCEPTED",
                               "sources": base.sources.model_copy(update={"components": comps})}
     if base.acceptance is not None:
-        tp = _slowed(base.acceptance.throughput, plan.slow)
+        tp = _slowed(plain(base.acceptance.throughput), plan.slow)
         update["acceptance"] = base.acceptance.model_copy(update={"gates": gates, "throughput": tp})
     if base.build is not None and plan.manifest:
         update["build"] = base.build.model_copy(update={"manifest_digest": plan.manifest})

@@ -238,6 +238,72 @@ class LoadedLib(TypedDict, total=False):
     sha256: Text
 
 
+@with_config(OPEN)
+class BuildIsolation(TypedDict, total=False):
+    """What the build container saw (the BUILD-ENV record, builder/image/build.py isolation)."""
+    checked: Flag
+    reason: Text
+    net: Texts
+    mountinfo: Texts
+    problems: Texts
+
+
+@with_config(OPEN)
+class NodeCheck(TypedDict, total=False):
+    """A node's hashing step: seconds, bytes, hasher, its Slurm step."""
+    seconds: Real
+    bytes: Whole
+    hasher: Text
+    step: Text
+
+
+@with_config(OPEN)
+class GateFacts(TypedDict, total=False):
+    """Where and how one gate's container or step ran (a runner's facts); the performance gate: its runs'."""
+    runs: Annotated[list[GateFacts] | None, Lax]
+    arm: Text
+    run: Whole
+    seconds: Real
+    timed_out: Flag
+    job_id: Text
+    step: Text
+    node: Text
+    state: Text
+    exit_code: JsonValue
+    mounts: JsonRows
+    image: Text
+    network: Text
+    networks: Texts
+    tmpfs: Annotated[dict[str, str] | None, Lax]
+
+
+@with_config(OPEN)
+class Throughput(TypedDict, total=False):
+    """Rollout throughput of the two arms and their ratio (builder/gating/gates.py throughput)."""
+    metric: Text
+    aligned: Real
+    control: Real
+    ratio: Real
+    source: Text
+    min_ratio: Real
+    confidence: Real
+    pairs: Whole
+    stopped: Text
+    max_spread: Real
+    runs: Annotated[list[PerfRun] | None, Lax]
+
+
+@with_config(OPEN)
+class RunEnvironment(TypedDict, total=False):
+    """The acceptance run's environment: the runner, the engine, what the provenance gate read."""
+    runner: Text
+    engine: Text
+    interpreter: JsonObject
+    numeric_env: JsonObject
+    gpu: Annotated[StrictStr | dict[str, JsonValue] | None, Lax]
+    manifest: JsonObject
+
+
 class ArmStats(BaseModel):
     """The performance gate's record of one arm: its runs' throughputs, their median and spread."""
     model_config = ConfigDict(extra="allow", frozen=True)

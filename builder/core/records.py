@@ -8,9 +8,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, JsonValue, Tag
 
 from builder.core.evidence import ArmStats as ArmStats  # re-exported: the records hold them
+from builder.core.evidence import (
+    BuildIsolation,
+    GateFacts,
+    NodeCheck,
+    RunEnvironment,
+    RunLayout,
+    Throughput,
+)
 from builder.core.evidence import Evidence as Evidence
 from builder.core.imageref import ImageRef, Repository
 
@@ -82,7 +90,7 @@ class BuiltImage(Record):
     stage_times: dict[str, float]  # seconds measured in this run
     log_path: str
     cached: bool
-    isolation: dict[str, Any] = Field(default_factory=dict)  # what the build container saw (build.isolation)
+    isolation: BuildIsolation = Field(default_factory=BuildIsolation)  # what the build container saw (build.isolation)
     # reproducible image (builder/engine/normalize.py): image_id is the normalised config digest
     raw_image_id: str = ""          # what the engine's build produced
     manifest_digest: str = ""       # registry manifest digest of the normalised image
@@ -117,7 +125,7 @@ class EngineFacts(Record):
     version: str | None = None
     os: str | None = None
     arch: str | None = None
-    gpus: dict[str, Any] = Field(default_factory=dict)
+    gpus: dict[str, JsonValue] = Field(default_factory=dict)
     data_root: str | None = None
     url: str | None = None
 
@@ -152,7 +160,7 @@ class NodeFacts(Record):
     gpus: str | None = None
     environment: str | None = None     # the image's /etc/environment as read on the node
     address: str | None = None         # the node's address (Slurm's NodeAddr): the recipe's ranks meet there
-    check: dict[str, Any] = Field(default_factory=dict)  # the hashing step: seconds, bytes, hasher, Slurm step
+    check: NodeCheck = Field(default_factory=NodeCheck)  # the hashing step: seconds, bytes, hasher, Slurm step
 
 
 class Limits(Record):
@@ -173,20 +181,20 @@ class RunnerFacts(Record):
     isolation: dict[str, str] = Field(default_factory=dict)
     image_id: str = ""
     run_id: str = ""
-    mounts: list[dict[str, Any]] = Field(default_factory=list)
+    mounts: list[dict[str, JsonValue]] = Field(default_factory=list)
     gpus: int = 0
-    layout: dict[str, Any] = Field(default_factory=dict)  # nodes and roles of a multi-node recipe
+    layout: RunLayout = Field(default_factory=RunLayout)  # nodes and roles of a multi-node recipe
     limits: Limits = Field(default_factory=Limits)
     weights: str | None = None
-    checkpoint: dict[str, Any] | None = None
-    gates: dict[str, dict[str, Any]] = Field(default_factory=dict)  # per gate: its runs' container/step facts
+    checkpoint: dict[str, JsonValue] | None = None
+    gates: dict[str, GateFacts] = Field(default_factory=dict)  # per gate: its runs' container/step facts
 
-    def steps(self) -> list[tuple[str, dict[str, Any]]]:
+    def steps(self) -> list[tuple[str, GateFacts]]:
         """(gate label, facts) of every container or step, performance runs one by one."""
         out = []
         for gate, facts in self.gates.items():
             for run in facts.get("runs") or [facts]:
-                label = gate + (f" {run['arm']} {run['run']}" if run.get("arm") else "")
+                label = gate + (f" {run.get('arm')} {run.get('run')}" if run.get("arm") else "")
                 out.append((label, run))
         return out
 
@@ -235,8 +243,8 @@ class AcceptanceResult(Record):
     where: AnyRunnerFacts = Field(default_factory=DockerFacts,  # "container" in reports before it was renamed
                                   validation_alias=AliasChoices("where", "container"))
     gates: list[GateResult]
-    environment: dict[str, Any] = Field(default_factory=dict)
-    throughput: dict[str, Any] = Field(default_factory=dict)
+    environment: RunEnvironment = Field(default_factory=RunEnvironment)
+    throughput: Throughput = Field(default_factory=Throughput)
     pulled: Annotated[Pulled | None, BeforeValidator(lambda v: v or None)] = None  # when pulled by digest
 
 

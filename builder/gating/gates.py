@@ -8,6 +8,7 @@ from typing import Any
 
 from acceptance import perf as perf_rule
 from builder.core import log
+from builder.core.evidence import RunEnvironment, Throughput
 from builder.core.records import AcceptanceResult, Evidence, GateResult, Pulled
 from builder.gating.plan import AcceptancePlan
 from builder.gating.runner import GateRunner
@@ -53,7 +54,7 @@ def run_performance(runner: GateRunner, settings: GateSettings, timeout_s: int) 
                       evidence=Evidence.model_validate(evidence)), facts
 
 
-def throughput(gates: list[GateResult], metric: str) -> dict[str, Any]:
+def throughput(gates: list[GateResult], metric: str) -> Throughput:
     """Rollout throughput of the aligned arm and the control arm, and their ratio: the performance gate's
     medians, its pairs' ratio and every run when it ran, else the rl_step and control gates' single runs."""
     by_name = {g.name: g for g in gates}
@@ -96,7 +97,7 @@ def run_gates(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pin
     where = runner.describe()
     limits = where.limits.model_copy(update={"gate_timeout_s": {g.name: g.timeout_s for g in plan.gates if g.run}})
     prov = next((g for g in results if g.name == "provenance" and g.status != "not_run"), None)
-    environment: dict[str, Any] = {"runner": where.runner, "engine": where.engine}
+    environment: RunEnvironment = {"runner": where.runner, "engine": where.engine}
     if prov is not None:
         environment.update({"interpreter": prov.evidence.interpreter,
                             "numeric_env": prov.evidence.environment, "gpu": prov.evidence.gpu})

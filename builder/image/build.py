@@ -16,6 +16,7 @@ from builder.core import files as fs
 from builder.core import log
 from builder.core.constants import BUILDER_VERSION
 from builder.core.errors import BuildFailed
+from builder.core.evidence import BuildIsolation
 from builder.core.imageref import ImageRef
 from builder.core.options import PACKAGE, Settings
 from builder.core.records import BuiltImage, RenderedBuild
@@ -88,7 +89,7 @@ def isolation_problems(env: dict[str, Any], host_paths: list[str]) -> list[str]:
     return problems
 
 
-def isolation(steps: list[engine.Step], settings: Settings, rendered: RenderedBuild) -> dict[str, Any]:
+def isolation(steps: list[engine.Step], settings: Settings, rendered: RenderedBuild) -> BuildIsolation:
     env = build_env(steps)
     if env is None:
         return {"checked": False, "reason": "the reporting step was cached; checked when it ran"}
@@ -247,11 +248,12 @@ def _build_keyed(rendered: RenderedBuild, settings: Settings, nocache: bool, ech
     if attrs is None:
         raise BuildFailed(f"{rendered.tag}: image {result.image_id} vanished after the build")
     checked = isolation(result.steps, settings, rendered)
-    if checked.get("problems"):
+    problems = checked.get("problems") or []
+    if problems:
         engine.remove_image(client, tag)
         engine.remove_image(client, result.image_id)  # drop the layers too: a cache hit must not skip the check
         raise BuildFailed(f"docker build {rendered.tag}: the build container was not isolated:"
-                          f" {checked['problems'][0]}; log {log_path}", details=checked["problems"])
+                          f" {problems[0]}; log {log_path}", details=problems)
     check_labels(attrs, rendered.labels, tag)
     norm = reproducible(client, result.image_id, rendered, settings)
     attrs = engine.inspect_image(client, norm.image_id) or attrs

@@ -41,8 +41,9 @@ def metrics(report: Report) -> dict[str, float]:
     out: dict[str, float] = {}
     tp = report.acceptance.throughput if report.acceptance else {}
     for key in ("aligned", "control", "ratio"):
-        if isinstance(tp.get(key), (int, float)) and not isinstance(tp.get(key), bool):
-            out[f"throughput.{key}"] = float(tp[key])
+        value = tp.get(key)
+        if isinstance(value, float):
+            out[f"throughput.{key}"] = value
     for gate in report.gates:
         for key in EVIDENCE_METRICS:
             value = getattr(gate.evidence, key)

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
-from builder.core.evidence import ReplaySummary
+from builder.core.evidence import PerfRun, ReplaySummary
 from builder.core.records import (
     AcceptanceResult,
     BuiltImage,
@@ -466,7 +466,7 @@ def replay_markdown(gates: list[GateResult]) -> list[str]:
     return ["", "Replay:", ""] + out if out else []
 
 
-def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
+def _runs_table(runs: list[PerfRun]) -> list[str]:
     """Every performance run: arm, run number, throughput, per-step values, status and seconds."""
     if not runs:
         return []
