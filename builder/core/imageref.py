@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -114,6 +115,14 @@ def check_tag(tag: str) -> str:
     return tag
 
 
+def text_schema(parse: Callable[[str], str]) -> Any:
+    """A record field of a parsed-text value: validated from a string by `parse`, written back as the string."""
+    from pydantic_core import core_schema  # lazy: only records need it
+
+    return core_schema.no_info_after_validator_function(
+        parse, core_schema.str_schema(), serialization=core_schema.plain_serializer_function_ser_schema(str))
+
+
 class ImageRef(str):
     """One image reference, parsed once by the grammar above: registry, repository, tag, digest.
 
@@ -150,15 +159,7 @@ class ImageRef(str):
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
-        from pydantic_core import core_schema  # lazy: only records need it
-
-        return core_schema.no_info_after_validator_function(
-            cls._validate, core_schema.str_schema(),
-            serialization=core_schema.plain_serializer_function_ser_schema(str))
-
-    @classmethod
-    def _validate(cls, value: str) -> ImageRef:
-        return value if isinstance(value, ImageRef) else cls(value)
+        return text_schema(lambda value: value if isinstance(value, ImageRef) else cls(value))
 
 
 HUB_HOSTS = ("docker.io", "index.docker.io", "registry-1.docker.io")  # Docker Hub's names for itself
@@ -186,15 +187,7 @@ class Repository(str):
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
-        from pydantic_core import core_schema  # lazy: only records need it
-
-        return core_schema.no_info_after_validator_function(
-            cls._validate, core_schema.str_schema(),
-            serialization=core_schema.plain_serializer_function_ser_schema(str))
-
-    @classmethod
-    def _validate(cls, value: str) -> Repository:
-        return value if isinstance(value, Repository) else cls(value)
+        return text_schema(lambda value: value if isinstance(value, Repository) else cls(value))
 
 
 class _Hasher(Protocol):
