@@ -75,6 +75,7 @@ class ProcessRow(TypedDict, total=False):
     complete: Flag
     status: Text
     failures: Texts
+    run: Text                      # the report's list: the performance run it belongs to ("aligned 1")
 
 
 Processes = Annotated[list[ProcessRow] | StrictStr | None, Lax]  # text: "off (...)" when not recorded

@@ -15,6 +15,7 @@ from builder.core.evidence import (
     BuildIsolation,
     GateFacts,
     NodeCheck,
+    ProcessRow,
     RunEnvironment,
     RunLayout,
     Throughput,
@@ -348,7 +349,7 @@ class Report(Record):
     lock_sha256: str = "unknown"  # sha256 of the pins' build.lock (written by `builder lock`)
     created: str = ""
     rebuild: dict[str, Any] | None = None  # `builder rebuild --check`: digests compared, per-layer file diff
-    processes: dict[str, list[dict[str, Any]]] = Field(default_factory=dict)  # per recipe gate: the processes it ran
+    processes: dict[str, list[ProcessRow]] = Field(default_factory=dict)  # per recipe gate: the processes it ran
     lock_lines: dict[str, str] = Field(default_factory=dict)  # distribution of a loaded native library -> lock line
     runtime_libraries: list[dict[str, Any]] = Field(default_factory=list)  # the pins' named ones: six layers each
 

@@ -14,12 +14,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from builder.core import files as fs
 from builder.core.constants import GATES
 from builder.core.errors import BadInput
-from builder.core.evidence import PerfRun, ReplaySummary
+from builder.core.evidence import PerfRun, ProcessRow, ReplaySummary
 from builder.core.records import (
     AcceptanceResult,
     BuiltImage,
@@ -125,13 +125,14 @@ def make_report(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltIm
 PROCESS_KEYS = ("pid", "ppid", "name", "argv", "executable", "mnt_ns", "modules", "libs", "complete", "status", "node",
                 "failures", "libraries", "library_sha256")
 NOT_DISTRIBUTIONS = ("jit", "base image", "unknown")
+ROW = TypeAdapter(ProcessRow)
 
 
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def lock_lines(processes: dict[str, list[dict[str, Any]]], lock: Lock) -> dict[str, str]:
+def lock_lines(processes: dict[str, list[ProcessRow]], lock: Lock) -> dict[str, str]:
     """For each distribution that owns a native library some process loaded (acceptance.processes.owner): its line
     in the lock (`name==version`), "base image" (the base's own distributions), or a component's source."""
     names = {str(o).rsplit(" ", 1)[0] for listed in processes.values() for p in listed
@@ -143,7 +144,7 @@ def lock_lines(processes: dict[str, list[dict[str, Any]]], lock: Lock) -> dict[s
                                        " its commit") for n in sorted(names)}
 
 
-def runtime_libraries(pins: Pins, processes: dict[str, list[dict[str, Any]]], lock: Lock,
+def runtime_libraries(pins: Pins, processes: dict[str, list[ProcessRow]], lock: Lock,
                       manifest: dict[str, Any] | None, image_id: str | None) -> list[dict[str, Any]]:
     """Each runtime library the pins name, with the seed's six layers: source (its lock line, "base image", or the
     commit of the component it is built into), installed package (import path, version), the native libraries
@@ -202,15 +203,15 @@ def libraries_markdown(report: Report) -> list[str]:
         ["Gate", "PID", "Owner", "Libraries mapped", "Lock line"], rows)] if rows else []
 
 
-def gate_processes(gates: list[GateResult]) -> dict[str, list[dict[str, Any]]]:
+def gate_processes(gates: list[GateResult]) -> dict[str, list[ProcessRow]]:
     """Per recipe gate, the Python processes its recipe ran, as the per-process hook recorded them
     (acceptance.processes), every node's (a recipe across nodes: the other ranks' too); the performance gate:
     those of every run, each with its run."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[ProcessRow]] = {}
 
-    def keep(gate: str, listed: Any, **extra: Any) -> None:
+    def keep(gate: str, listed: object, **extra: str) -> None:
         if isinstance(listed, list):
-            out.setdefault(gate, []).extend({**{k: p.get(k) for k in PROCESS_KEYS}, **extra}
+            out.setdefault(gate, []).extend(ROW.validate_python({**{k: p.get(k) for k in PROCESS_KEYS}, **extra})
                                             for p in listed if isinstance(p, dict))
 
     for gate in gates:
@@ -225,7 +226,7 @@ def gate_processes(gates: list[GateResult]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def processes_markdown(processes: dict[str, list[dict[str, Any]]]) -> list[str]:
+def processes_markdown(processes: dict[str, list[ProcessRow]]) -> list[str]:
     if not processes:
         return []
     rows = []
@@ -238,7 +239,7 @@ def processes_markdown(processes: dict[str, list[dict[str, Any]]]) -> list[str]:
                          p.get("name") or "-", clip(" ".join(str(a) for a in p.get("argv") or []), 120),
                          p.get("mnt_ns"), f"{len(modules)} from {', '.join(dirs)[:160] or '-'}", p.get("libs"),
                          "complete" if p.get("complete") else "partial (killed?)",
-                         p.get("status") if not p.get("failures") else f"fail: {p['failures'][0]}"])
+                         p.get("status") if not (failed := p.get("failures")) else f"fail: {failed[0]}"])
     return ["", "### Processes per gate", "",
             *_table(["Gate", "Node", "PID", "Parent", "Name", "Command", "Mount ns", "Component modules", "Libraries",
                      "Record", "Status"], rows)]

@@ -3,10 +3,11 @@ the distribution's lock line or "base image"; one that belongs to none is shown 
 from types import SimpleNamespace
 from typing import Any, cast
 
+from builder.core.evidence import ProcessRow
 from builder.report import document
 
 SITE = "/opt/venv/lib/python3.11/site-packages"
-PROCESSES = {"rl_step": [{"pid": 7, "libraries": {
+PROCESSES: dict[str, list[ProcessRow]] = {"rl_step": [{"pid": 7, "libraries": {
     f"{SITE}/torch/lib/libtorch_cpu.so": "torch 2.11.0", f"{SITE}/torch/lib/libc10.so": "torch 2.11.0",
     f"{SITE}/numpy/core/_multiarray_umath.so": "numpy 2.3.0", "/usr/lib/x86_64-linux-gnu/libc.so.6": "base image",
     "/tmp/x/libfast.so": None}}]}
@@ -30,8 +31,9 @@ def test_a_named_runtime_library_gets_its_six_layers() -> None:
         SimpleNamespace(distribution="torch", import_root="torch", built_into=None),
         SimpleNamespace(distribution="flash-attention", import_root=None, built_into="vllm")])
     lock = SimpleNamespace(runtime="", native=SimpleNamespace(base_records={"torch": {}}))
-    processes = {**PROCESSES, "zero_update": [{"pid": 9, "libraries": {f"{SITE}/tinyengine/_C.so": "tinyengine 0.2"},
-                                               "library_sha256": {f"{SITE}/tinyengine/_C.so": "e" * 64}}]}
+    processes: dict[str, list[ProcessRow]] = {**PROCESSES, "zero_update": [
+        {"pid": 9, "libraries": {f"{SITE}/tinyengine/_C.so": "tinyengine 0.2"},
+         "library_sha256": {f"{SITE}/tinyengine/_C.so": "e" * 64}}]}
     manifest = {"site_packages": SITE, "distributions": {"torch": "2.11.0", "tinyengine": "0.2"}}
     torch, flash = document.runtime_libraries(cast(Any, pins), processes, cast(Any, lock), manifest, "sha256:" + "1" * 64)
     assert torch["source"] == "base image" and torch["installed"] == {"import_path": f"{SITE}/torch", "version": "2.11.0"}
