@@ -220,18 +220,20 @@ def test_gc_removes_ended_seeds_and_raw_manifests_and_keeps_live_ones_and_others
     ids = {name: str(engine.inspect_image(docker_client, tag)["Id"]) for name, tag in seeds.items()}  # type: ignore[index]
     digests = {name: reg.tag_digest(normalize.RAW_REPOSITORY, tag) for name, tag in raws.items()}
     assert all(digests.values()) and len(set(digests.values())) == 3
+    newest = int(docker_client.api.images(name=seeds["newest"])[0]["Created"])
     try:
         freed = gc.gc(cache, older_than_s=86400, registry_host=host)
-        newest = int(docker_client.api.images(name=seeds["newest"])[0]["Created"])
-        elsewhere = [i for i in docker_client.api.images(name=ccache.REPOSITORY)  # a seed another build made since
+        # a seed another test's build made meanwhile is the engine's newest: then "newest" may go as well
+        elsewhere = [i for i in docker_client.api.images(name=ccache.REPOSITORY)
                      if i["Id"] not in ids.values() and int(i["Created"]) >= newest]
-        assert freed.removed["seeds"] == [seeds["ended"]] or elsewhere
+        assert freed.removed["seeds"] == [seeds["ended"]] or (
+            elsewhere and sorted(freed.removed["seeds"]) == sorted([seeds["ended"], seeds["newest"]]))
         assert engine.inspect_image(docker_client, seeds["ended"]) is None
         assert engine.inspect_image(docker_client, ids["ended"]) is None  # the image, unused, went too
         assert not ccache.hold_path(cache, seeds["ended"]).exists()
         assert freed.kept_live["seeds"] == [seeds["live"]]
         for name in ("live", "other", "newest"):  # held by a live run; another cache's; the engine's newest
-            assert engine.inspect_image(docker_client, seeds[name]) is not None, name
+            assert engine.inspect_image(docker_client, seeds[name]) is not None or (name == "newest" and elsewhere), name
         assert freed.removed["raw layers"] == [f"{host}/{normalize.RAW_REPOSITORY}:{raws['ended']}"]
         assert raws["ended"] not in reg.tags(normalize.RAW_REPOSITORY)
         assert not normalize.raw_hold_path(cache, raws["ended"]).exists()
