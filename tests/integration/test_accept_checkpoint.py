@@ -81,16 +81,16 @@ def test_checkpoint_mode_accepts_the_clean_demo_without_checksum_metrics(demo_im
     assert gates["performance"].status == "not_run"
     assert report.make_report(ckpt, lock_record.of(pins), resolved, built, result).verdict == "ACCEPTED"
     for name in ("zero_update", "rl_step"):
-        ev = gates[name].evidence.as_dict()
+        ev = gates[name].evidence.model_dump(mode="json")
         assert all(role not in step for step in ev["steps"].values() for role in CHECKSUMS)  # not in the log
         argv = ev["run"]["argv"]
         assert "trainer.save_freq=1" in argv and "actor_rollout_ref.actor.weight_checksums=false" in argv
         assert f"trainer.default_local_dir=/tmp/acceptance/checkpoints/{name}" in argv
         shots = ev["weights"]["snapshots"]
         assert [s["label"] for s in shots] == ["initial", "step 1", "step 2"] and all(s["tensors"] == 20 for s in shots)
-    zero = [s["digest"] for s in gates["zero_update"].evidence.weights["snapshots"]]
+    zero = [s["digest"] for s in gates["zero_update"].evidence.model_dump(mode="json")["weights"]["snapshots"]]
     assert len(set(zero)) == 1
-    moved = [s["digest"] for s in gates["rl_step"].evidence.weights["snapshots"]]
+    moved = [s["digest"] for s in gates["rl_step"].evidence.model_dump(mode="json")["weights"]["snapshots"]]
     assert moved[0] == zero[0] and len(set(moved)) == 3
     _show(gates["zero_update"], gates["rl_step"])
 
@@ -104,8 +104,8 @@ def test_weight_decay_at_lr_zero_fails_zero_update_on_checkpoints_alone(demo_ima
     gate = _gates(result)["zero_update"]
     assert gate.status == "fail", gate.reason
     assert gate.reason.startswith("actor weights changed with lr 0 between initial and step 1")
-    assert all(role not in step for step in gate.evidence.steps.values() for role in CHECKSUMS)
-    first = gate.evidence.weights["first_differences"]
+    assert all(role not in step for step in (gate.evidence.steps or {}).values() for role in CHECKSUMS)
+    first = gate.evidence.model_dump(mode="json")["weights"]["first_differences"]
     assert first and all(d["max_abs_diff"] > 0 for d in first)
     _show(gate)
 
@@ -121,9 +121,9 @@ def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image: DemoImage
     assert gates["zero_update"].status == "pass", gates["zero_update"].reason
     gate = gates["rl_step"]
     assert gate.status == "fail" and "lm_head.weight" in gate.reason, gate.reason
-    assert gate.evidence.weights["unchanged_tensors"][0]["tensor"] == "lm_head.weight"
-    assert [c["changed"] for c in gate.evidence.weights["changes"]] == [19, 19]
-    mounts = result.where.gates["rl_step"]["mounts"]
+    assert gate.evidence.model_dump(mode="json")["weights"]["unchanged_tensors"][0]["tensor"] == "lm_head.weight"
+    assert [c["changed"] for c in gate.evidence.model_dump(mode="json")["weights"]["changes"]] == [19, 19]
+    mounts = result.where.gates["rl_step"].get("mounts") or []
     assert {(m["target"], m["rw"]) for m in mounts} == {(MODEL, False), ("/scratch/checkpoints", True)}
     assert (tmp_path / "rl_step" / "global_step_2" / "actor" / "huggingface" / "pytorch_model.bin").is_file()
     _show(gate)

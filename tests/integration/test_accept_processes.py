@@ -44,7 +44,7 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     gate = next(g for g in result.gates if g.name == "rl_step")
     assert gate.status == "pass", gate.reason
     assert gate.evidence.get("process_failures") == []
-    main, worker = _roles(gate.evidence.processes)
+    main, worker = _roles(gate.evidence.model_dump(mode="json")["processes"])
     assert worker["ppid"] == main["pid"] and worker["forked"] and worker["argv"] == main["argv"]
     assert worker["mnt_ns"] == main["mnt_ns"] and all(p["complete"] for p in (main, worker))
     assert worker["modules"]["tinyengine"] == f"{SITE}/tinyengine/__init__.py"
@@ -55,7 +55,8 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
         assert None not in owners and any(str(o).startswith("torch ") for o in owners) and "base image" in owners
     report = document.make_report(pins, lock_record.of(pins), resolved, built, result)
     listed = report.processes["rl_step"]
-    assert {p["pid"] for p in listed} == {p["pid"] for p in gate.evidence.processes} and len(listed) >= 2
+    ran = gate.evidence.model_dump(mode="json")["processes"]
+    assert {p["pid"] for p in listed} == {p["pid"] for p in ran} and len(listed) >= 2
     markdown = document.to_markdown(report)
     assert "### Processes per gate" in markdown and "### Native libraries per process" in markdown
     assert f"| rl_step | {worker['pid']} | torch " in markdown  # which of torch's libraries the worker loaded
@@ -73,7 +74,7 @@ def test_worker_with_an_engine_overlay_fails_naming_the_worker(demo_image: Any, 
     result = runners.gate_local_image(build_variant("verl", 37).image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "zero_update")
     assert gate.status == "fail"
-    main, worker = _roles(gate.evidence.processes)
+    main, worker = _roles(gate.evidence.model_dump(mode="json")["processes"])
     assert main["status"] == "pass" and worker["status"] == "fail"  # the trainer process stays clean
     head = f"per-process provenance: process {worker['pid']} RolloutWorker ({' '.join(worker['argv'])[:60]}"
     assert gate.reason.startswith(head), gate.reason
@@ -88,11 +89,11 @@ def test_worker_loading_another_native_build_fails_naming_the_worker(demo_image:
     result = runners.gate_local_image(build_variant("verl", 38).image_id, pins, SETTINGS, gates=["rl_step"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "rl_step")
     assert gate.status == "fail"
-    main, worker = _roles(gate.evidence.processes)
+    main, worker = _roles(gate.evidence.model_dump(mode="json")["processes"])
     assert main["status"] == "pass" and worker["status"] == "fail"
     assert gate.reason.startswith(f"per-process provenance: process {worker['pid']} RolloutWorker ("), gate.reason
-    failures = " | ".join(gate.evidence.get("process_failures"))
-    print(gate.reason, *gate.evidence.get("process_failures"), sep="\n")
+    failures = " | ".join(gate.evidence.process_failures or [])
+    print(gate.reason, *gate.evidence.process_failures or [], sep="\n")
     assert "another build of vllm's _C.cpython-311-x86_64-linux-gnu.so loaded from /tmp/tinyrl_ext_" in failures
     assert "tinyengine._C imported from /tmp/tinyrl_ext_" in failures, failures
 
@@ -102,8 +103,8 @@ def test_worker_loading_another_native_build_fails_naming_the_worker(demo_image:
 
 def _census(gate: GateResult) -> tuple[str, dict[str, Any]]:
     """(node, its census entry: seen, recorded, unrecorded, helpers)."""
-    census = gate.evidence.census
-    assert isinstance(census, dict) and census["node"] == gate.evidence.get("node"), census
+    census = gate.evidence.model_dump(mode="json").get("census")
+    assert isinstance(census, dict) and census["node"] == gate.evidence.node, census
     return census["node"], census["nodes"][census["node"]]
 
 
@@ -116,11 +117,11 @@ def test_the_accepted_demo_has_every_process_seen_and_recorded(demo_accepted: An
         node, seen = _census(gate)
         pythons = [r for r in seen["seen"] if r["class"] == "python"]
         assert seen["unrecorded"] == [] and len(pythons) >= 2 and all(r["record"] for r in pythons), seen
-        assert {r["pid"] for r in pythons} == {p["pid"] for p in gate.evidence.processes}
+        assert {r["pid"] for r in pythons} == {p["pid"] for p in gate.evidence.model_dump(mode="json")["processes"]}
         assert all(r["class"] in ("helper", "unread") for r in seen["helpers"])
-        census = gate.evidence.census
+        census = gate.evidence.model_dump(mode="json")["census"]
         assert census["image"].startswith("sha256:") and all(p["image"] == census["image"]
-                                                             for p in gate.evidence.processes)
+                                                             for p in gate.evidence.model_dump(mode="json")["processes"])
         print(f"{gate.name} on {node}: {len(seen['seen'])} seen, {len(seen['recorded'])} recorded, "
               f"{census['polls']} polls, census {census['cpu_s']} s CPU over {census['seconds']} s")
 
@@ -133,7 +134,8 @@ def _escape(gate: GateResult, defect: tuple[str, int]) -> dict[str, Any]:
     row: dict[str, Any] = seen["unrecorded"][0]
     head = f"per-process provenance: census: node {node} process {row['pid']} ({row['exe']}: "
     assert gate.reason.startswith(head) and UNRECORDED in gate.reason and REASONS[defect][1] in gate.reason, gate.reason
-    assert all(p["status"] == "pass" for p in gate.evidence.processes)  # every record that is there passes
+    ran = gate.evidence.model_dump(mode="json")["processes"]
+    assert all(p["status"] == "pass" for p in ran)  # every record that is there passes
     print(gate.reason)
     return row
 
@@ -163,7 +165,7 @@ def test_a_worker_that_deletes_its_record_fails_named(demo_image: Any, build_var
                                       gates=[gate_name], run_id=run_id)
     gate = next(g for g in result.gates if g.name == gate_name)
     row = _escape(gate, ESCAPE_RECORD_DELETED)
-    trainer = next(p for p in gate.evidence.processes if not p["forked"])
+    trainer = next(p for p in gate.evidence.model_dump(mode="json")["processes"] if not p["forked"])
     assert row["ppid"] == trainer["pid"] and row["argv"] == trainer["argv"]  # the forked worker, named by its pid
     assert "; the run itself" not in gate.reason  # the control arm itself differed as it should
 
@@ -202,11 +204,12 @@ def test_two_nodes_in_one_container_give_the_same_bits(demo_image: Any, demo_acc
     one = {g.name: g for g in demo_accepted[3].gates}
     for gate in (g for g in result.gates if g.status != "not_run"):
         assert gate.status == "pass", gate.reason
-        steps = {n: {k: v for k, v in s.items() if k != "throughput"} for n, s in gate.evidence.steps.items()}
+        table = gate.evidence.model_dump(mode="json")["steps"]
+        steps = {n: {k: v for k, v in s.items() if k != "throughput"} for n, s in table.items()}
         assert steps == {n: {k: v for k, v in s.items() if k != "throughput"}
-                         for n, s in one[gate.name].evidence.steps.items()}, gate.name
+                         for n, s in one[gate.name].evidence.model_dump(mode="json")["steps"].items()}, gate.name
         assert all((s["diff_max"] > 0) == (gate.name == "control") for s in steps.values()), steps
-        layout = gate.evidence.get("run")["layout"]
+        layout = gate.evidence.model_dump(mode="json")["run"]["layout"]
         assert layout["nodes"] == 2 and layout["mode"] == "one container (loopback)"
         assert layout["rollout"]["exit_code"] == 0
         node, seen = _census(gate)

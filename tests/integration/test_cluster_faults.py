@@ -180,7 +180,7 @@ def test_a_rank_on_another_image_fails_the_gate_naming_its_node(slurm_cluster: c
     assert result.status == "fail", (result.reason, result.log)
     assert result.reason.startswith("node n2 (rank 1) runs image sha256:bbbbbbbbb..., rank 0 (n1) runs "
                                     "sha256:aaaaaaaaa..."), result.reason
-    assert result.evidence.census["images"] == {"n2": "sha256:" + "b" * 64}
+    assert result.evidence.model_dump(mode="json")["census"]["images"] == {"n2": "sha256:" + "b" * 64}
 
 
 def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins, images: dict[str, Path],

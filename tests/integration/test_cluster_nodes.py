@@ -57,7 +57,7 @@ def test_one_nodes_environment_breaks_its_gate_and_the_report_shows_the_variable
     result = run(two, built.image_id)
     gate = next(g for g in result.gates if g.name == "zero_update")
     assert gate.status == "fail" and "diff" in gate.reason, gate.reason
-    ranks = gate.evidence.ranks
+    ranks = gate.evidence.model_dump(mode="json")["ranks"]
     assert ranks[0]["node"] == "n2" and ranks[0]["evidence"]["run"]["node_env"] == {"DEMO_BATCH_INVARIANT": "0"}
     markdown = document.to_markdown(document.make_report(two, lock_record.of(pins), resolved, built, result))
     assert "zero_update: node n2 set `DEMO_BATCH_INVARIANT=0`" in markdown
@@ -106,9 +106,9 @@ def test_jit_caches_live_on_node_local_disk_isolated_by_image_commits_arch_and_r
     result = factory.gate_image(made, one, built.image_id, None, SETTINGS, engine.connect(SETTINGS))
     gates = {g.name: g for g in result.gates}
     assert gates["provenance"].status == "pass", gates["provenance"].reason
-    listed = gates["provenance"].evidence.get("jit_cache")
+    listed = gates["provenance"].evidence.model_dump(mode="json")["jit_cache"]
     assert listed["entries"] == 1 and listed["files"][0]["file"].endswith("/kernel.bin"), listed
-    entries = gates["zero_update"].evidence.jit["entries"]
+    entries = gates["zero_update"].evidence.model_dump(mode="json")["jit"]["entries"]
     assert [(e["file"].rsplit("/", 1)[1], e["origin"]) for e in entries] == [
         ("kernel.bin", "from the node-local cache (this image, commits, GPU architecture and rank)")]
     assert "foreign" not in str(result.gates)

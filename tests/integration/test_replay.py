@@ -16,6 +16,7 @@ import pytest
 
 from acceptance import replay as bundles
 from builder.core.errors import BadInput
+from builder.core.evidence import ReplaySummary
 from builder.core.options import Settings
 from builder.core.records import Evidence, GateResult, Report
 from builder.gating import replay
@@ -81,12 +82,13 @@ def test_nan_logprobs_differ(tmp_path: Path) -> None:
 def test_report_keeps_a_pointer_and_the_file_keeps_the_weights() -> None:
     full = {"differs": True, "kind": "logprobs", "step": 2, "count": 1, "first": [],
             "weights": {"digest": "bb", "source": "inline", "data": "QUJD"}}
-    gates = [GateResult(name="rl_step", status="fail", reason="x", evidence=Evidence(replay=full)),
-             GateResult(name="zero_update", status="pass", reason="y", evidence=Evidence(replay={"differs": False}))]
+    gates = [GateResult(name="rl_step", status="fail", reason="x", evidence=Evidence.model_validate({"replay": full})),
+             GateResult(name="zero_update", status="pass", reason="y",
+                        evidence=Evidence.model_validate({"replay": {"differs": False}}))]
     kept, files = replay.split(gates)
     assert files == {"rl_step": full}
-    assert kept[0].evidence.replay["file"] == "replay/rl_step.json"
-    assert "data" not in kept[0].evidence.replay["weights"] and kept[1] is gates[1]
+    assert kept[0].evidence.model_dump(mode="json")["replay"]["file"] == "replay/rl_step.json"
+    assert "data" not in kept[0].evidence.model_dump(mode="json")["replay"]["weights"] and kept[1] is gates[1]
     assert replay.split(kept)[1] == {}  # written once: a report written again keeps the first file
     assert replay.choose(kept, None, "r.json")[0] == "rl_step"
     with pytest.raises(BadInput, match="no replay bundle for gate control"):
@@ -107,7 +109,8 @@ def test_lines_name_the_first_position_and_both_values() -> None:
 def _control_report(verdict: str = "ACCEPTED") -> Report:
     summary = {"differs": True, "kind": "logprobs", "step": 1, "count": 171, "file": "replay/control.json",
                "first": [{"position": [0, 3], "trainer": -1.5, "rollout": -1.25}]}
-    control = GateResult(name="control", status="pass", reason="arms differ", evidence=Evidence(replay=summary))
+    control = GateResult(name="control", status="pass", reason="arms differ",
+                         evidence=Evidence.model_validate({"replay": summary}))
     return Report.model_construct(verdict=verdict, image_id="sha256:" + "ab" * 32, gates=[control])
 
 
@@ -120,11 +123,14 @@ def test_an_accepted_run_says_nothing_failed_and_names_the_control_difference_as
 
 def test_control_passes_only_when_its_difference_reproduces_exactly() -> None:
     summary = _control_report().gates[0].evidence.replay
-    same = {"differs": True, "kind": "logprobs", "step": 1, "count": 171, "first": summary["first"]}
+    assert summary is not None
+    first = (summary.get("first") or [])[:1]
+    same: ReplaySummary = {"differs": True, "kind": "logprobs", "step": 1, "count": 171, "first": first}
     lines, code = replay.verdict("control", summary, same)
     assert code == 0 and lines[-1].startswith("control: the recorded difference reproduces exactly"), lines
-    for other in ({**same, "count": 170}, {**same, "first": [{**summary["first"][0], "rollout": -1.0}]},
-                  {"differs": False, "kind": "logprobs", "step": 1}):
+    others: list[ReplaySummary] = [{**same, "count": 170}, {**same, "first": [{**first[0], "rollout": -1.0}]},
+                                   {"differs": False, "kind": "logprobs", "step": 1}]
+    for other in others:
         lines, code = replay.verdict("control", summary, other)
         assert code == 1 and lines[-1] == "control: the recorded difference (171 position(s)) did not reproduce"
     assert replay.verdict("rl_step", summary, same)[1] == 1  # a gate that must agree fails while it differs
@@ -167,7 +173,7 @@ def test_planted_zero_update_defect_replays_and_not_on_the_good_image(
     gate_s = time.monotonic() - start
     gate = next(g for g in result.gates if g.name == "zero_update")
     assert gate.status == "fail" and "weights changed with lr 0" in gate.reason
-    found = gate.evidence.replay
+    found = gate.evidence.model_dump(mode="json")["replay"]
     assert found["differs"] and found["kind"] == "weights" and found["step"] == 1 and found["count"] > 0
     assert found["batch"]["prompts"] and found["batch"]["responses"] and found["weights"]["digest"]
     assert len(json.dumps(found)) < 64 * 1024  # small and bounded
@@ -201,7 +207,7 @@ def test_good_run_report_says_nothing_to_replay(demo_image: Any, docker_client: 
     pins, _, _, good = demo_image
     result = runners.gate_local_image(good.image_id, pins, SETTINGS, gates=["zero_update"], run_id=run_id)
     gate = next(g for g in result.gates if g.name == "zero_update")
-    assert gate.status == "pass" and gate.evidence.replay["differs"] is False
+    assert gate.status == "pass" and gate.evidence.model_dump(mode="json")["replay"]["differs"] is False
     report_json = _report(demo_image, good, result, tmp_path)
     assert not (tmp_path / "replay").exists()
     assert "- zero_update: nothing to replay (nothing to replay: zero_update saw no difference" in \
@@ -221,7 +227,7 @@ def test_replay_of_the_accepted_demo_says_nothing_failed(demo_accepted: DemoAcce
                                  tmp_path)["json"]
     report = document.load(report_json)
     assert report.verdict == "ACCEPTED", report.reasons
-    control = next(g for g in report.gates if g.name == "control").evidence.replay
+    control = next(g for g in report.gates if g.name == "control").evidence.model_dump(mode="json")["replay"]
     assert control["differs"] and control["count"] > 0 and (tmp_path / "replay" / "control.json").is_file()
     since = time.time()
     cli = _cli(str(report_json), run_id=run_id)
@@ -241,7 +247,7 @@ def test_replay_of_the_control_arm_reproduces_its_difference_exactly(
     pins, resolved, built, result = demo_accepted
     report_json = document.write(document.make_report(pins, lock_record.of(pins), resolved, built, result),
                                  tmp_path)["json"]
-    control = next(g for g in document.load(report_json).gates if g.name == "control").evidence.replay
+    control = next(g for g in document.load(report_json).gates if g.name == "control").evidence.model_dump(mode="json")["replay"]
     since = time.time()
     cli = _cli(str(report_json), "--gate", "control", run_id=run_id)
     assert cli.returncode == 0, cli.stderr[-2000:]
