@@ -39,6 +39,7 @@ Texts = Annotated[list[str] | None, Lax]
 Metric = Annotated[StrictFloat | StrictStr | None, Lax]  # a step's value: a number, or "nan"/"inf" as the suite writes one
 JsonObject = Annotated[dict[str, JsonValue] | None, Lax]  # a gate's record of named JSON values
 JsonRows = Annotated[list[dict[str, JsonValue]] | None, Lax]
+RowsOrCount = Annotated[list[dict[str, JsonValue]] | StrictInt | None, Lax]  # the rows, or (older suites) a count
 OPEN = ConfigDict(extra="allow")  # a nested record keeps the keys it does not name
 
 
@@ -84,10 +85,10 @@ Processes = Annotated[list[ProcessRow] | StrictStr | None, Lax]  # text: "off (.
 @with_config(OPEN)
 class NodeCensus(TypedDict, total=False):
     """One node's part of the census: the processes seen, those that recorded, those that did not, helpers."""
-    seen: JsonRows
-    recorded: JsonRows
+    seen: RowsOrCount
+    recorded: RowsOrCount
     unrecorded: JsonRows
-    helpers: JsonRows
+    helpers: RowsOrCount
 
 
 @with_config(OPEN)
