@@ -63,13 +63,16 @@ def pins() -> model.Pins:
 
 
 def fuse_server(word: str, node: str, deadline_s: float = 60) -> tuple[int, int]:
-    """(pid, /dev/fuse descriptor) of the process serving node `node`'s mount: its command line has `word`."""
+    """(pid, /dev/fuse descriptor) of the process serving node `node`'s gate mount: its command line has `word`.
+    The gate's own ch-run (--private-tmp) or squashfuse: the node check's ch-run (`ch-run --unset-env='*' X.sqsh
+    -- ...`, a step of the same allocation) mounts the .sqsh briefly too, and under load it may still run."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         for proc in Path("/proc").glob("[0-9]*"):
             try:
                 argv = (proc / "cmdline").read_bytes().split(b"\0")
-                if not argv[0].endswith((b"ch-run", b"squashfuse")) or word.encode() not in b" ".join(argv):
+                gate = argv[0].endswith(b"squashfuse") or (argv[0].endswith(b"ch-run") and b"--private-tmp" in argv)
+                if not gate or word.encode() not in b" ".join(argv):
                     continue
                 environ = (proc / "environ").read_bytes().split(b"\0")
                 fds = [fd for fd in (proc / "fd").iterdir() if os.readlink(fd) == "/dev/fuse"]
