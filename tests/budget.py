@@ -37,7 +37,7 @@ GROUPS = {"apart": APART,
           "release": tuple(f"tests/integration/test_{name}.py" for name in (
               "publish", "publish_lock_edit", "promote", "sqsh", "nightly", "run", "reproducible", "second_engine", "gc",
               "trusted_keys", "trip_ups", "lock_failures", "install", "publish_kills", "multiarch_publish",
-              "registries"))}
+              "registries", "layer_cache"))}
 # Warnings are errors (pyproject.toml). The integration tests drive real engines, registries and daemons through
 # the Docker SDK and subprocess pipes; the SDK leaves a refused connection's socket, and a killed child's pipe, to
 # the garbage collector, which reports them at a random later test. Those two (and only there) stay warnings.
