@@ -25,11 +25,11 @@ def run_performance(runner: GateRunner, settings: GateSettings, timeout_s: int) 
     metric, rule = perf.metric, perf.rule
     runs: list[dict[str, Any]] = []
     facts: dict[str, Any] = {"runs": []}
+    wire = {**settings.wire("performance"), "steps": perf.steps}  # every run's, but for its arm
     for index in range(1, perf.repeats + 1):
         for arm in ("aligned", "control"):
             start = time.monotonic()
-            result, fact = runner.run("performance", {**settings.wire("performance"), "arm": arm, "steps": perf.steps},
-                                      timeout_s)
+            result, fact = runner.run("performance", {**wire, "arm": arm}, timeout_s)
             seconds = round(time.monotonic() - start, 3)
             runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.throughput,
                          "steps": result.evidence.throughput_steps, "seconds": seconds,
