@@ -134,6 +134,8 @@ REPOS: dict[str, Spec] = {
         ("s6", "s5", "p42-6-notes", "docs: a note on old_log_prob"),
         ("t1", "p33f", "p43-1-notes", "docs: NOTES.md for the faster linear"),
         ("t2", "t1", "p43-2-fast", "main_ppo: turn on tinycore's faster linear (TINYCORE_FAST_LINEAR=1)"),
+        # last in the list: a commit appended here moves no earlier commit's time, so no other SHA moves
+        ("p50", "p33f", "p50-defect", "rollout: helper processes beside the engine (warm-up, key holder, session, probe)"),
     ], "r4", {
         33: ("p33f", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
@@ -156,6 +158,9 @@ REPOS: dict[str, Spec] = {
              "gate cannot read its exe, maps or fds"),
         49: ("p49", "Rollout server in a session of its own", "escape: preexec_fn makes the hook's fork handler "
              "write a record for the child, which then execs python -S: the record is not the program's"),
+        50: ("p50", "Rollout helper processes", "four escapes at once, beside the engine: the base interpreter "
+             "through the dynamic loader, a key holder that turns PR_SET_DUMPABLE off, a preexec_fn child that execs "
+             "python -S after the fork handler's record, and a 40 ms probe that imports tinyrl: none recorded"),
         42: ("s6", "A series of small commits (bisect demo)", "old_log_prob from the plain forward at s5 (zero_update "
              "differs); s3 does not build (fixed at s4)"),
         43: ("t2", "The trainer turns on tinycore's faster linear", "with tinycore PR 25 zero_update differs (the "
