@@ -33,7 +33,7 @@ from builder.core.options import Settings  # noqa: E402
 from builder.core.records import SqshFacts  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.gating import plan  # noqa: E402
-from builder.gating.settings import GateSettings  # noqa: E402
+from builder.gating.settings import GateCall, GateSettings  # noqa: E402
 from builder.pins import model  # noqa: E402
 from builder.release import sqsh  # noqa: E402
 from builder.runners import slurm as client_calls  # noqa: E402
@@ -77,7 +77,7 @@ def main() -> None:
     export_s = round(time.monotonic() - start, 1)
     slurm = SlurmRunner(pins, made, SqshFacts(path=record.path, sha256=record.sha256, size=record.size))
     docker = DockerRunner(client, pins, image_id, uuid.uuid4().hex[:12])
-    settings_json = GateSettings.of(pins).wire(args.gate)
+    call = GateCall(args.gate, GateSettings.of(pins))
     times: dict[str, list[float]] = {"docker": [], "slurm": []}
     calls: dict[str, Any] = {"per_gate": []}
     try:
@@ -88,7 +88,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, runner in (("docker", docker), ("slurm", slurm)):
                 start, before = time.monotonic(), dict(client_calls.CALLS)
-                result, _ = runner.run(args.gate, settings_json, pins.acceptance.timeout_s)
+                result, _ = runner.run(call, pins.acceptance.timeout_s)
                 times[name].append(round(time.monotonic() - start, 2))
                 if name == "slurm":
                     calls["per_gate"].append(_since(before))

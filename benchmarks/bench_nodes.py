@@ -33,7 +33,7 @@ from builder.core.options import Settings  # noqa: E402
 from builder.core.records import SqshFacts  # noqa: E402
 from builder.engine import client as engine  # noqa: E402
 from builder.gating import plan  # noqa: E402
-from builder.gating.settings import GateSettings  # noqa: E402
+from builder.gating.settings import GateCall, GateSettings  # noqa: E402
 from builder.pins import model  # noqa: E402
 from builder.release import sqsh  # noqa: E402
 from builder.runners import nodecheck, slurm
@@ -53,9 +53,9 @@ def census(pins: model.Pins, client: Any, image_id: str, repeats: int) -> dict[s
     try:
         for _ in range(repeats):
             for side in ("on", "off"):
-                settings = {**GateSettings.of(pins).wire(GATE), "census": side == "on"}
+                call = GateCall(GATE, GateSettings.of(pins), census=side == "on")
                 start = time.monotonic()
-                result, _ = runner.run(GATE, settings, pins.acceptance.timeout_s)
+                result, _ = runner.run(call, pins.acceptance.timeout_s)
                 times[side].append(round(time.monotonic() - start, 2))
                 assert result.status == "pass", (side, result.reason)
                 if side == "on":
@@ -78,7 +78,7 @@ def layout(pins: model.Pins, facts: SqshFacts, settings: Settings, repeats: int)
         for _ in range(repeats):
             for nodes, (laid, runner) in runners.items():
                 start = time.monotonic()
-                result, _ = runner.run(GATE, GateSettings.of(laid).wire(GATE), laid.acceptance.timeout_s)
+                result, _ = runner.run(GateCall(GATE, GateSettings.of(laid)), laid.acceptance.timeout_s)
                 times[nodes].append(round(time.monotonic() - start, 2))
                 assert result.status == "pass", (nodes, result.reason)
     finally:

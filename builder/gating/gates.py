@@ -12,7 +12,7 @@ from builder.core.evidence import RunEnvironment, Throughput
 from builder.core.records import AcceptanceResult, Evidence, GateResult, Pulled
 from builder.gating.plan import AcceptancePlan
 from builder.gating.runner import GateRunner
-from builder.gating.settings import GateSettings
+from builder.gating.settings import ARMS, GateCall, GateSettings
 from builder.pins.model import Pins
 
 
@@ -25,11 +25,10 @@ def run_performance(runner: GateRunner, settings: GateSettings, timeout_s: int) 
     metric, rule = perf.metric, perf.rule
     runs: list[dict[str, Any]] = []
     facts: dict[str, Any] = {"runs": []}
-    wire = {**settings.wire("performance"), "steps": perf.steps}  # every run's, but for its arm
     for index in range(1, perf.repeats + 1):
-        for arm in ("aligned", "control"):
+        for arm in ARMS:
             start = time.monotonic()
-            result, fact = runner.run("performance", {**wire, "arm": arm}, timeout_s)
+            result, fact = runner.run(GateCall("performance", settings, arm), timeout_s)
             seconds = round(time.monotonic() - start, 3)
             runs.append({"run": index, "arm": arm, "status": result.status, "throughput": result.evidence.throughput,
                          "steps": result.evidence.throughput_steps, "seconds": seconds,
@@ -88,7 +87,7 @@ def run_gates(runner: GateRunner, image_id: str, plan: AcceptancePlan, pins: Pin
                 if step.name == "performance":
                     result, facts[step.name] = run_performance(runner, settings, step.timeout_s)
                 else:
-                    result, facts[step.name] = runner.run(step.name, settings.wire(step.name), step.timeout_s)
+                    result, facts[step.name] = runner.run(GateCall(step.name, settings), step.timeout_s)
                 facts[step.name]["seconds"] = round(time.monotonic() - start, 3)
             log.info(f"  {step.name}: {result.status}: {result.reason}")
             results.append(result)

@@ -3,13 +3,15 @@ container runtime, both in builder/runners/). The gate loop drives a GateRunner 
 
 Every call runs `<python> -m acceptance gate <gate> --settings <json>` in a fresh container of the candidate
 image (read-only; nothing carries over between calls but the gate's own output directory); the gate's
-GateResult is the last line it prints on stdout."""
+GateResult is the last line it prints on stdout. The runner gets a typed call (builder/gating/settings.py) and
+makes its JSON where it leaves the process: the command, or a file the command names."""
 from __future__ import annotations
 
 import json
 from typing import Any, Protocol
 
 from builder.core.records import DockerFacts, Evidence, GateResult, SlurmFacts
+from builder.gating.settings import Call
 from builder.pins.model import Pins
 
 TAIL = 6000  # characters of a gate's output kept in its result
@@ -23,7 +25,7 @@ class GateRunner(Protocol):
     kind: str  # a display name; only the runners and builder/runners/factory.py know the kinds
     run_id: str
 
-    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+    def run(self, call: Call, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
         """Run one gate in a fresh container; its result and the facts of where and how it ran."""
         ...
 
@@ -37,10 +39,9 @@ class GateRunner(Protocol):
         ...
 
 
-def gate_command(pins: Pins, gate: str, settings: dict[str, Any], settings_file: str | None = None) -> list[str]:
-    """The in-image command of one gate: its settings inline, or `@FILE` where the runner put them."""
-    arg = f"@{settings_file}" if settings_file else json.dumps(settings)
-    return [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", arg]
+def gate_command(pins: Pins, gate: str, settings: str) -> list[str]:
+    """The in-image command of one gate: `settings` is its wire JSON inline, or `@FILE` where the runner put it."""
+    return [pins.base.python_bin, "-m", "acceptance", "gate", gate, "--settings", settings]
 
 
 def last_json(stdout: str) -> dict[str, Any] | None:

@@ -1,12 +1,16 @@
 """The acceptance settings the gates run with: one frozen value read once from the pins (`GateSettings.of`) and
 passed down the gate loop. The host reads its typed fields (steps, limits, nodes, the performance rule, the weight
 mode, mounts); `wire(gate)` is the JSON the in-image suite reads (acceptance/__main__.py), whose keys never change:
-images built before read them too."""
+images built before read them too.
+
+A runner is handed one typed call (GateCall: the gate, its settings, a performance run's arm; ReplayCall: a replay
+bundle) and the place it runs (Placement: the cache directory, the node layout, a node-local JIT cache); the call's
+`wire(place)` is the one place their JSON is made, where it leaves the process as the gate's command or file."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import JsonValue
 
@@ -93,3 +97,73 @@ class GateSettings:
                 "weights": self.weights, "checkpoint": self.checkpoint.wire() if self.checkpoint else None,
                 "performance": dict(self.performance.spec) if self.performance else None,
                 "layout": {"nodes": self.nodes}}
+
+
+JIT_ISOLATION = "image sha256, components' commits, GPU architecture, rank"
+Arm = Literal["aligned", "control"]
+ARMS: tuple[Arm, Arm] = ("aligned", "control")  # a performance pair's runs, in their order
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a gate's ranks lie: `hosts` None on one machine (nodes 2 there: the gate starts the rollout server itself on
+    loopback), else rank 0 trains and rank 1 serves the rollout at `rollout_host`."""
+
+    nodes: int
+    hosts: tuple[str, ...] | None = None
+    rollout_host: str | None = None
+
+    def wire(self) -> dict[str, JsonValue]:
+        if self.hosts is None:
+            return {"nodes": self.nodes}
+        return {"nodes": self.nodes, "hosts": list(self.hosts), "rollout_host": self.rollout_host}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a runner spanning nodes runs the gate: the container's cache directory, the node layout, and the
+    node-local JIT cache's directory and key (none: a fresh cache per gate)."""
+
+    cache_dir: str
+    layout: Layout
+    jit_dir: str | None = None
+    jit_key: str = ""
+
+    def wire(self) -> dict[str, JsonValue]:
+        jit: dict[str, JsonValue] = {} if self.jit_dir is None else {"jit_cache": {
+            "dir": self.jit_dir, "key": self.jit_key, "node_local": True, "isolation": JIT_ISOLATION}}
+        return {"cache_dir": self.cache_dir, "layout": self.layout.wire(), **jit}
+
+
+@dataclass(frozen=True)
+class GateCall:
+    """One gate run: the acceptance's settings, the gate, and for a performance run its arm (its steps then are the
+    performance gate's). `census` False only in benchmarks that time the gate without it."""
+
+    gate: str
+    settings: GateSettings
+    arm: Arm | None = None
+    census: bool = True
+
+    def wire(self, place: Placement | None = None) -> dict[str, JsonValue]:
+        perf = self.settings.performance
+        arm: dict[str, JsonValue] = {} if self.arm is None else {
+            "steps": perf.steps if perf else self.settings.steps, "arm": self.arm}
+        return {**self.settings.wire(self.gate), **arm, **({} if self.census else {"census": False}),
+                **(place.wire() if place else {})}
+
+
+@dataclass(frozen=True)
+class ReplayCall:
+    """One replay of a stored bundle (the in-image `gate replay`) within `timeout_s`."""
+
+    bundle: MappingProxyType[str, Any]
+    timeout_s: int
+    gate: str = "replay"
+
+    def wire(self, place: Placement | None = None) -> dict[str, JsonValue]:
+        return {"bundle": dict(self.bundle), "timeout_s": self.timeout_s, "work_dir": WORK_DIR,
+                **(place.wire() if place else {})}
+
+
+Call = GateCall | ReplayCall  # what a GateRunner runs

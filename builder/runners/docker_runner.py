@@ -16,22 +16,24 @@ from builder.engine import containers
 from builder.engine.client import Client
 from builder.engine.containers import Bind, ContainerSpec
 from builder.gating.runner import ARG_MAX, SETTINGS_FILE, gate_command, result_from_output
+from builder.gating.settings import Call
 from builder.pins.model import Pins, check_mounts
 
 LABEL = f"{LABEL_PREFIX}.acceptance"          # value: the run id; on every acceptance container
 TMPFS = {CACHE: "rw,exec,nosuid,nodev,size=2g", "/tmp": "rw,exec,nosuid,nodev,size=1g"}
 
 
-def container_spec(pins: Pins, image_id: str, gate: str, settings: dict[str, Any], run_id: str) -> ContainerSpec:
-    """The gate's container: network none, tmpfs caches, the pins' read-only mounts, the checkpoint scratch."""
+def container_spec(pins: Pins, image_id: str, call: Call, run_id: str) -> ContainerSpec:
+    """The gate's container: network none, tmpfs caches, the pins' read-only mounts, the checkpoint scratch; the
+    call's settings inline, or in a file the command names when too long for one argument."""
     binds = [Bind(m.source, m.target) for m in pins.acceptance.mounts]
     ckpt = pins.acceptance.checkpoint
     if pins.acceptance.weights == "checkpoint" and ckpt is not None and ckpt.scratch:
         # the only writable mount: where the recipe saves its checkpoints (pins: acceptance.checkpoint.scratch)
         binds.append(Bind(ckpt.scratch, ckpt.dir, read_only=False))
-    text = json.dumps(settings)
+    gate, text = call.gate, json.dumps(call.wire())
     big = len(text) > ARG_MAX
-    return ContainerSpec(image=image_id, command=gate_command(pins, gate, settings, SETTINGS_FILE if big else None),
+    return ContainerSpec(image=image_id, command=gate_command(pins, gate, f"@{SETTINGS_FILE}" if big else text),
                          environment=dict(CACHE_ENV), tmpfs=dict(TMPFS), binds=binds, working_dir="/tmp",
                          gpus=pins.acceptance.gpus, files={SETTINGS_FILE: text.encode()} if big else {},
                          labels={LABEL: run_id, f"{LABEL}.gate": gate, f"{LABEL}.image": image_id})
@@ -45,10 +47,10 @@ class DockerRunner:
     def __init__(self, client: Client, pins: Pins, image_id: str, run_id: str) -> None:
         self.client, self.pins, self.image_id, self.run_id = client, pins, image_id, run_id
 
-    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
-        spec = container_spec(self.pins, self.image_id, gate, settings, self.run_id)
-        out = containers.run(self.client, spec, timeout_s, gate)
-        result = result_from_output(gate, out.exit_code, out.stdout, out.stderr, out.timed_out, timeout_s)
+    def run(self, call: Call, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+        spec = container_spec(self.pins, self.image_id, call, self.run_id)
+        out = containers.run(self.client, spec, timeout_s, call.gate)
+        result = result_from_output(call.gate, out.exit_code, out.stdout, out.stderr, out.timed_out, timeout_s)
         return result, out.facts
 
     def describe(self) -> DockerFacts:

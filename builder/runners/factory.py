@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from builder.core import log
@@ -19,6 +20,7 @@ from builder.gating import gates
 from builder.gating.plan import AcceptancePlan, DockerPlace, Flags, SlurmPlace
 from builder.gating.plan import make as make_plan
 from builder.gating.runner import GateRunner
+from builder.gating.settings import ReplayCall
 from builder.pins.model import Pins
 from builder.runners import docker_runner
 from builder.runners import slurm_candidate as cluster
@@ -89,7 +91,7 @@ def replay(plan: AcceptancePlan, pins: Pins, image: str, settings: Settings, cli
     runner, image_id, _ = open_runner(plan, pins, image, None, settings, client, settings.run_id)
     limit = plan.gate("provenance").timeout_s
     try:
-        result, _ = runner.run("replay", {"bundle": bundle, "timeout_s": limit, "work_dir": "/tmp/acceptance"}, limit)
+        result, _ = runner.run(ReplayCall(MappingProxyType(bundle), limit), limit)
     finally:
         runner.close()
     return result, image_id

@@ -17,6 +17,7 @@ from builder.core.constants import CACHE_ENV
 from builder.core.errors import InfraError
 from builder.core.records import DockerFacts, GateResult
 from builder.gating.runner import gate_command, result_from_output
+from builder.gating.settings import Call
 from builder.pins.model import Pins
 from builder.runners.docker_runner import TMPFS
 
@@ -78,10 +79,11 @@ class RuncRunner:
         self.pins, self.rootfs, self.binary = pins, Path(rootfs), runc()
         self.version = _version(self.binary)
 
-    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
-        name = PREFIX + uuid.uuid4().hex[:12]
+    def run(self, call: Call, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+        name, gate = PREFIX + uuid.uuid4().hex[:12], call.gate
         bundle = Path(tempfile.mkdtemp(prefix=f"{name}."))
-        config = spec(self.rootfs, gate_command(self.pins, gate, settings), environment(self.rootfs), name[-12:])
+        command = gate_command(self.pins, gate, json.dumps(call.wire()))
+        config = spec(self.rootfs, command, environment(self.rootfs), name[-12:])
         (bundle / "config.json").write_text(json.dumps(config))
         timed_out = False
         try:

@@ -27,6 +27,7 @@ from builder.core.evidence import Census, Rank
 from builder.core.records import Evidence, GateResult, SlurmFacts, SqshFacts
 from builder.gating import runner as gate_runner
 from builder.gating.plan import AcceptancePlan, SlurmPlace
+from builder.gating.settings import Call, Layout, Placement
 from builder.pins.model import Pins
 from builder.runners import nodecheck, slurm
 from builder.runners import slurm_runtimes as runtimes
@@ -94,7 +95,8 @@ class SlurmRunner:
 
     # ---- one gate ----------------------------------------------------------------------------
 
-    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+    def run(self, call: Call, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+        gate = call.gate
         if self.job is None and self.ended is None:
             self._allocate()
         if self.ended is not None:
@@ -105,13 +107,10 @@ class SlurmRunner:
         name = f"{gate}-{self.steps}"
         out_dir = self.work / name
         out_dir.mkdir()
-        settings = {**settings, "cache_dir": SCRATCH_CACHE, "layout": self._layout()}
-        if self.place.node_local_dir:  # the node-local JIT cache the task binds at the cache directory
-            settings["jit_cache"] = {"dir": SCRATCH_CACHE, "key": self.jit_key(), "node_local": True,
-                                     "isolation": "image sha256, components' commits, GPU architecture, rank"}
+        text = json.dumps(call.wire(self._placement()))
         for rank in range(self.place.nodes):  # every rank reads the same settings from its own output directory
             (out_dir / str(rank)).mkdir()
-            (out_dir / str(rank) / "settings.json").write_text(json.dumps(settings))
+            (out_dir / str(rank) / "settings.json").write_text(text)
         argv, spec = self.step_argv(gate, name, str(out_dir), timeout_s)
         n = self.place.nodes
         timed_out = False
@@ -160,7 +159,7 @@ class SlurmRunner:
         env = {k: v.replace(CACHE_DIR, SCRATCH_CACHE, 1) for k, v in CACHE_ENV.items()}
         spec = runtimes.GateSpec(sqsh=self._sqsh_on_node(), out_dir=out_dir + "/$SLURM_PROCID",
                                  env_file=f"{self.work}/environment-$SLURMD_NODENAME", env=env,
-                                 command=gate_runner.gate_command(self.pins, gate, {}, f"{runtimes.WORK}/settings.json"),
+                                 command=gate_runner.gate_command(self.pins, gate, f"@{runtimes.WORK}/settings.json"),
                                  mounts=tuple((m.source, m.target) for m in self.pins.acceptance.mounts),
                                  scratch=self._scratch(), pass_env=self._pass_env(), cache=self._jit_dir())
         n = self.place.nodes
@@ -215,13 +214,19 @@ class SlurmRunner:
                               f"step {record.get('JobID')} {record.get('State')}", log=log_tail)
         return None
 
-    def _layout(self) -> dict[str, Any]:
+    def _layout(self) -> Layout:
         """The recipe's node layout: rank 0 trains, rank 1 serves the rollout at the node's address (the port is
         the step's reserved one: the task reads it from SLURM_STEP_RESV_PORTS)."""
         if self.place.nodes < 2:
-            return {"nodes": 1}
-        return {"nodes": self.place.nodes, "hosts": [x.name for x in self.nodes],
-                "rollout_host": self.nodes[1].address if len(self.nodes) > 1 else None}
+            return Layout(nodes=1)
+        return Layout(nodes=self.place.nodes, hosts=tuple(x.name for x in self.nodes),
+                      rollout_host=self.nodes[1].address if len(self.nodes) > 1 else None)
+
+    def _placement(self) -> Placement:
+        """What every gate's settings say of this cluster: the caches in the container's private /tmp, the layout,
+        and the node-local JIT cache the task binds at the cache directory (when the site has node-local disk)."""
+        return Placement(cache_dir=SCRATCH_CACHE, layout=self._layout(),
+                         jit_dir=SCRATCH_CACHE if self.place.node_local_dir else None, jit_key=self.jit_key())
 
     def _sqsh_on_node(self) -> str:
         """The file each node mounts: its verified node-local copy (named by sha256), else the shared file."""
@@ -275,7 +280,7 @@ class SlurmRunner:
             "runtime": self.runtime.name, "runtime_version": version, "isolation": isolation,
             "cluster": self.cluster, "job_id": self.job, "partition": self.place.partition or _partition(self.job),
             "nodes": [x.record() for x in self.nodes], "sqsh": self.sqsh.model_dump(),
-            "srun_args": list(self.place.srun_args), "network": isolation["network"], "layout": self._layout(),
+            "srun_args": list(self.place.srun_args), "network": isolation["network"], "layout": self._layout().wire(),
             "limits": {"allocation_s": self.place.allocation_s, "allocation_limit_s": self.place.allocation_limit_s,
                        "check_s": self.place.check_s, "margin_s": self.place.margin_s}})
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from builder.gating.settings import GateSettings
+from builder.gating.settings import GateCall, GateSettings
 from builder.pins import model as pins_mod
 from builder.runners.runc_runner import RuncRunner
 
@@ -20,7 +20,7 @@ def provenance_on_rootfs(pins: pins_mod.Pins, rootfs: Path) -> dict[str, Any]:
     runner = RuncRunner(pins, rootfs)
     try:
         settings = GateSettings.of(pins)
-        result, facts = runner.run("provenance", settings.wire("provenance"), settings.timeout_s)
+        result, facts = runner.run(GateCall("provenance", settings), settings.timeout_s)
     finally:
         runner.close()
     return {"status": result.status, "reason": result.reason, "seconds": round(time.monotonic() - start, 2),

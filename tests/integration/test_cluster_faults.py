@@ -18,6 +18,7 @@ from builder.core import files
 from builder.core.options import Settings
 from builder.core.records import SqshFacts
 from builder.gating import plan
+from builder.gating.settings import GateCall, GateSettings
 from builder.pins import model
 from builder.runners import slurm
 from builder.runners.slurm_runner import SlurmRunner
@@ -98,6 +99,11 @@ def runner(pins: model.Pins, sqsh: Path, tmp_path: Path, sha256: str | None = No
     return SlurmRunner(pins, made.acceptance, SqshFacts(path=str(sqsh), sha256=sha256 or files.sha256_file(sqsh)))
 
 
+def provenance(pins: model.Pins) -> GateCall:
+    """The provenance gate's call (the tiny images' python answers any gate without reading its settings)."""
+    return GateCall("provenance", GateSettings.of(pins))
+
+
 def nothing_left(sqsh: Path) -> None:
     deadline = time.monotonic() + 30
     for pause in slurm.pauses():
@@ -116,7 +122,7 @@ def run_one(pins: model.Pins, sqsh: Path, tmp_path: Path, timeout_s: int = 120, 
             local: str | None = None) -> tuple[Any, dict[str, Any]]:
     r = runner(pins, sqsh, tmp_path, sha256, timeout_s, local)
     try:
-        return r.run("provenance", {"gate": "provenance"}, timeout_s)
+        return r.run(provenance(pins), timeout_s)
     finally:
         r.close()
 
@@ -139,7 +145,7 @@ def test_every_node_hashes_its_node_local_copy_filled_under_a_lock_then_reused(
     for expected in ("filled", "hit"):
         r = runner(pins, images["quick"], tmp_path / "shared", local=local)
         try:
-            result, _ = r.run("provenance", {"gate": "provenance"}, 60)
+            result, _ = r.run(provenance(pins), 60)
         finally:
             r.close()
         assert result.status == "pass", (result.reason, result.log)
@@ -174,7 +180,7 @@ def test_a_rank_on_another_image_fails_the_gate_naming_its_node(slurm_cluster: c
     try:
         r._allocate()  # the allocation and the check: each node's copy filled and hashed
         shutil.copyfile(theirs, tmp_path / "nodes" / "n2" / f"{files.sha256_file(mine)}.sqsh")
-        result, _ = r.run("provenance", {"gate": "provenance"}, 60)
+        result, _ = r.run(provenance(pins), 60)
     finally:
         r.close()
     assert result.status == "fail", (result.reason, result.log)
@@ -187,7 +193,7 @@ def test_report_facts_are_json(slurm_cluster: cluster.Cluster, pins: model.Pins,
                                tmp_path: Path) -> None:
     r = runner(pins, images["quick"], tmp_path)
     try:
-        r.run("provenance", {"gate": "provenance"}, 60)
+        r.run(provenance(pins), 60)
     finally:
         r.close()
     described = r.describe().model_dump(mode="json")

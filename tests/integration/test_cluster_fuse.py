@@ -22,15 +22,15 @@ import pytest
 
 from builder.pins import model
 from demo import cluster
-from tests.integration.test_cluster_faults import ROOT, nothing_left, runner, tiny_sqsh
+from tests.integration.test_cluster_faults import ROOT, nothing_left, provenance, runner, tiny_sqsh
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 # the image's python: opens a file and lists a directory of the image every 0.2 s (FUSE requests each time), 300
-# times when its settings say "hold" (long enough to be caught), else 5 times
+# times when its settings' recipe env names HOLD (long enough to be caught), else 5 times
 LOOP = """#!/bin/sh
 n=5
-case "$(cat "${6#@}")" in *'"hold": true'*) n=300;; esac
+case "$(cat "${6#@}")" in *'"HOLD"'*) n=300;; esac
 i=0
 while [ $i -lt $n ]; do read x < /etc/environment && : /etc/* && sleep 0.2 || exit 1; i=$((i + 1)); done
 echo "{\\"name\\": \\"$4\\", \\"status\\": \\"pass\\", \\"reason\\": \\"read the image $n times\\", \\"evidence\\": {}}"
@@ -102,9 +102,9 @@ def stuck() -> list[str]:
 def kill_mid_gate(pins: model.Pins, sqsh: Path, shared: Path, word: str) -> tuple[Any, int]:
     """Run the gate, hold its rank-0 mount's connection and kill its server mid-gate: (result, the waiting pid)."""
     r = runner(pins, sqsh, shared, timeout_s=120)
+    held = pins.model_copy(update={"recipe": pins.recipe.model_copy(update={"env": {**pins.recipe.env, "HOLD": "1"}})})
     done: dict[str, Any] = {}
-    gate = threading.Thread(target=lambda: done.update(result=r.run(
-        "provenance", {"gate": "provenance", "hold": True}, 120)))
+    gate = threading.Thread(target=lambda: done.update(result=r.run(provenance(held), 120)))
     holder, server = None, 0
     try:
         gate.start()
@@ -151,7 +151,7 @@ def test_a_killed_fuse_server_leaves_no_process_in_d_state_and_a_rerun_passes(
     assert "FUSE connection" in result.reason and result.reason.endswith("aborted"), result.reason
     r = runner(pins, sqsh, tmp_path / "shared")
     try:
-        again, _ = r.run("provenance", {"gate": "provenance"}, 60)
+        again, _ = r.run(provenance(pins), 60)
     finally:
         r.close()
     assert again.status == "pass" and again.reason == "read the image 5 times", (again.reason, again.log)

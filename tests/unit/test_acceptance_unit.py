@@ -352,12 +352,12 @@ def test_provenance_fails_on_a_non_empty_cache_and_missing_manifest(tmp_path: Pa
 
 
 def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned() -> None:
-    from builder.gating.settings import GateSettings
+    from builder.gating.settings import GateCall, GateSettings
     from builder.pins import model as pins_mod
     from builder.runners import docker_runner as host
 
     pins = pins_mod.load(ROOT / "pins" / "demo.yaml")
-    spec = host.container_spec(pins, "sha256:" + "ab" * 32, "rl_step", GateSettings.of(pins).wire("rl_step"), "r1")
+    spec = host.container_spec(pins, "sha256:" + "ab" * 32, GateCall("rl_step", GateSettings.of(pins)), "r1")
     kwargs = spec.sdk_kwargs()
     assert kwargs["image"].startswith("sha256:") and kwargs["network_mode"] == "none"
     assert kwargs["mounts"] == [] and "device_requests" not in kwargs
@@ -369,7 +369,7 @@ def test_container_spec_is_isolated_and_asks_gpus_only_when_pinned() -> None:
 
     gpu = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={
         "gpus": 2, "mounts": [pins_mod.Mount(source="/data", target="/data")]})})
-    kwargs = host.container_spec(gpu, "sha256:" + "ab" * 32, "rl_step", {}, "r1").sdk_kwargs()
+    kwargs = host.container_spec(gpu, "sha256:" + "ab" * 32, GateCall("rl_step", GateSettings.of(gpu)), "r1").sdk_kwargs()
     assert kwargs["device_requests"][0]["Count"] == 2
     assert kwargs["mounts"][0]["ReadOnly"] is True and kwargs["mounts"][0]["Target"] == "/data"
 
@@ -388,7 +388,7 @@ def test_a_gate_result_comes_from_its_last_stdout_line_or_fails_naming_why() -> 
 
 
 def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins() -> None:
-    from builder.gating.settings import GateSettings
+    from builder.gating.settings import GateCall, GateSettings
     from builder.pins import model as pins_mod
 
     pins = pins_mod.load(ROOT / "pins" / "nemotron-3.5-lightning.yaml")
@@ -404,8 +404,8 @@ def test_checkpoint_settings_and_the_scratch_mount_come_from_the_pins() -> None:
     assert "actor_rollout_ref.actor.checkpoint.save_contents=[hf_model]" in argv
     from builder.runners.docker_runner import container_spec
 
-    rw = [m for m in container_spec(pins, "sha256:" + "ab" * 32, "rl_step", settings, "r1").sdk_kwargs()["mounts"]
-          if not m["ReadOnly"]]
+    rw = [m for m in container_spec(pins, "sha256:" + "ab" * 32, GateCall("rl_step", typed), "r1").sdk_kwargs()[
+        "mounts"] if not m["ReadOnly"]]
     assert [(m["Source"], m["Target"]) for m in rw] == [("/scratch/acceptance", "/scratch/acceptance")]
     demo = pins_mod.load(ROOT / "pins" / "demo.yaml")
     assert GateSettings.of(demo).wire("rl_step")["checkpoint"] is None

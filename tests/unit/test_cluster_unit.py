@@ -210,6 +210,34 @@ def test_a_two_node_gate_step_under_pyxis_is_one_srun_line_of_documented_flags()
     assert line[1:4] == ["-N1", "-n1", "--ntasks-per-node=1"] and "--resv-ports=1" not in line
 
 
+def test_the_slurm_runner_writes_the_settings_with_its_cache_layout_and_jit_cache() -> None:
+    """What each rank's settings.json holds: the gate's wire with the cluster's cache directory, the node layout
+    (hosts, the rollout rank's address) and the node-local JIT cache: the keys and values the in-image suite read
+    when the runner added them to the dict itself."""
+    from builder.core.records import SqshFacts
+    from builder.gating.settings import GateCall, GateSettings
+    from builder.runners import nodecheck
+    from builder.runners.slurm_runner import SCRATCH_CACHE, SlurmRunner
+
+    pins = _pins(shared_dir="/shared", node_local_dir="/local/%n")
+    pins = pins.model_copy(update={"acceptance": pins.acceptance.model_copy(update={"nodes": 2})})
+    made = plan.make(pins, plan.Flags(slurm=True, gates=["zero_update"]), Settings.from_env()).acceptance
+    runner = SlurmRunner(pins, made, SqshFacts(path="/shared/img.sqsh", sha256="ab" * 32), run_id="r1")
+    runner.nodes = [nodecheck.Node("n1", {"address": "10.0.0.1"}), nodecheck.Node("n2", {"address": "10.0.0.2"})]
+    typed = GateSettings.of(pins)
+    wire = GateCall("zero_update", typed).wire(runner._placement())
+    added: dict[str, Any] = {"cache_dir": SCRATCH_CACHE,
+                             "layout": {"nodes": 2, "hosts": ["n1", "n2"], "rollout_host": "10.0.0.2"},
+                             "jit_cache": {"dir": SCRATCH_CACHE, "key": runner.jit_key(), "node_local": True,
+                                           "isolation": "image sha256, components' commits, GPU architecture, rank"}}
+    assert wire == {**typed.wire("zero_update"), **added}
+    assert runner.describe().layout == wire["layout"]
+    shared = SlurmRunner(_pins(shared_dir="/shared"), plan.make(_pins(shared_dir="/shared"), plan.Flags(
+        slurm=True, gates=["zero_update"]), Settings.from_env()).acceptance, runner.sqsh, run_id="r2")
+    assert GateCall("zero_update", typed).wire(shared._placement()) == {  # no node-local disk: no JIT cache
+        **typed.wire("zero_update"), "cache_dir": SCRATCH_CACHE, "layout": {"nodes": 1}}
+
+
 def test_a_rank_that_failed_or_ran_another_image_fails_the_gate_and_only_a_named_link_is_inconclusive() -> None:
     from builder.core.records import Evidence, GateResult
     from builder.runners import nodecheck

@@ -9,6 +9,7 @@ from builder.core.constants import GATES
 from builder.core.options import Settings
 from builder.core.records import DockerFacts, Evidence, GateResult
 from builder.gating import gates, plan
+from builder.gating.settings import Call
 from builder.pins import model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +24,9 @@ class Recording:
     def __init__(self) -> None:
         self.ran: list[str] = []
 
-    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
-        self.ran.append(gate)
-        return GateResult(name=gate, status="pass", reason="recorded", evidence=Evidence()), {}
+    def run(self, call: Call, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+        self.ran.append(call.gate)
+        return GateResult(name=call.gate, status="pass", reason="recorded", evidence=Evidence()), {}
 
     def describe(self) -> DockerFacts:
         return DockerFacts(runner=self.kind)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import MappingProxyType
 
 import pytest
 
@@ -49,3 +50,26 @@ def test_the_plan_holds_the_flags_it_was_made_from(tmp_path: Path) -> None:
     assert made.acceptance.gate("provenance").run and not made.acceptance.gate("rl_step").run
     own = tmp_path / "own.key"
     assert plan.make(pins, plan.Flags(key=own), settings).flags.key == own
+
+
+def test_a_runner_gets_a_typed_call_and_its_json_is_made_where_it_leaves() -> None:
+    """A performance run is the gate's wire with its steps and arm; a replay names only its bundle; the Docker
+    container's command carries exactly the call's wire (a file it names when too long), nothing added by the runner."""
+    from builder.gating.runner import ARG_MAX, SETTINGS_FILE
+    from builder.gating.settings import GateCall, ReplayCall
+    from builder.runners.docker_runner import container_spec
+
+    pins = pins_mod.load(ROOT / "pins" / "demo.yaml")
+    typed = GateSettings.of(pins)
+    assert typed.performance is not None
+    arm = GateCall("performance", typed, "control").wire()
+    assert arm == {**typed.wire("performance"), "steps": typed.performance.steps, "arm": "control"}
+    assert GateCall("rl_step", typed).wire() == typed.wire("rl_step")
+    assert GateCall("rl_step", typed, census=False).wire() == {**typed.wire("rl_step"), "census": False}
+    spec = container_spec(pins, "sha256:" + "ab" * 32, GateCall("performance", typed, "aligned"), "r1")
+    assert json.loads(spec.command[-1]) == {**arm, "arm": "aligned"} and not spec.files
+    replay = ReplayCall(MappingProxyType({"blob": "x" * ARG_MAX}), 60)
+    big = container_spec(pins, "sha256:" + "ab" * 32, replay, "r1")
+    assert big.command[-3:] == ["replay", "--settings", f"@{SETTINGS_FILE}"]
+    assert json.loads(big.files[SETTINGS_FILE]) == {"bundle": {"blob": "x" * ARG_MAX}, "timeout_s": 60,
+                                                    "work_dir": "/tmp/acceptance"}

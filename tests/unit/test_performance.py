@@ -11,7 +11,7 @@ from acceptance.defaults import METRICS as DEFAULT_METRICS
 from builder.core.errors import BadInput
 from builder.core.records import Evidence, GateResult, GateStatus, Report
 from builder.gating import gates as accept_gates
-from builder.gating.settings import GateSettings
+from builder.gating.settings import Call, GateCall, GateSettings
 from builder.lock import record as lock_record
 from builder.nightly import rundiff
 from builder.pins import model as pins_mod
@@ -329,10 +329,11 @@ class _Runs:
         self.values = [v for pair in pairs for v in pair]
         self.calls = 0
 
-    def run(self, gate: str, settings: dict[str, Any], timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
+    def run(self, call: Call, timeout_s: int) -> tuple[GateResult, dict[str, Any]]:
         value = self.values[self.calls]
         self.calls += 1
-        return GateResult(name=gate, status="pass", reason=f"{settings['arm']} {value}",
+        assert isinstance(call, GateCall)
+        return GateResult(name=call.gate, status="pass", reason=f"{call.arm} {value}",
                           evidence=Evidence(throughput=value)), {}
 
 
