@@ -119,7 +119,7 @@ def by_process(settings: dict[str, Any], facts: dict[str, Any], status: str, rea
     """The recipe gate's verdict after the per-process evidence: any process that ran something the manifest
     does not list fails the gate, whatever the metrics said, and so does any process the gate's census saw run
     an interpreter or touch a component without leaving a record (the process lists go into the evidence)."""
-    from acceptance import processes
+    from acceptance import elf, processes
 
     census = facts.pop("census", None)  # the raw census (recipe.run): judged here, kept as evidence["census"]
     if settings.get("process_records") is False:  # benchmarks/gpu_gates.py: a venv, not an image
@@ -129,6 +129,7 @@ def by_process(settings: dict[str, Any], facts: dict[str, Any], status: str, rea
         return status, reason  # the recipe did not start
     lost = {r["record"] for r in (census or {}).get("records") or [] if r.get("lost")}
     failures, evidence["processes"] = processes.check(facts["processes_dir"], settings, lost)
+    elf.library_deps(evidence["processes"])  # each owned library's DT_NEEDED and CUDA targets, read here
     if census is not None:
         missing, evidence["census"] = processes.compare(census, evidence["processes"])
         failures += missing

@@ -73,6 +73,7 @@ class ProcessRow(TypedDict, total=False):
     libs: JsonValue
     libraries: Annotated[dict[str, str | None] | None, Lax]
     library_sha256: JsonObject
+    library_deps: JsonObject       # per owned library: its DT_NEEDED names and CUDA targets (acceptance/elf.py)
     complete: Flag
     status: Text
     failures: Texts

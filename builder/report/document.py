@@ -123,7 +123,7 @@ def make_report(pins: Pins, lock: Lock, sources: ResolvedSources, build: BuiltIm
 
 
 PROCESS_KEYS = ("pid", "ppid", "name", "argv", "executable", "mnt_ns", "modules", "libs", "complete", "status", "node",
-                "failures", "libraries", "library_sha256")
+                "failures", "libraries", "library_sha256", "library_deps")
 NOT_DISTRIBUTIONS = ("jit", "base image", "unknown")
 ROW = TypeAdapter(ProcessRow)
 
@@ -157,7 +157,8 @@ def runtime_libraries(pins: Pins, processes: dict[str, list[ProcessRow]], lock: 
     for lib in pins.runtime_libraries:
         comp = comps[lib.built_into] if lib.built_into else None
         owner = _norm(comp.distribution if comp else lib.distribution)
-        loaded = [{"gate": gate, "pid": p.get("pid"), "path": path, "sha256": (p.get("library_sha256") or {}).get(path)}
+        loaded = [{"gate": gate, "pid": p.get("pid"), "path": path, "sha256": (p.get("library_sha256") or {}).get(path),
+                   **_deps((p.get("library_deps") or {}).get(path))}
                   for gate, listed in processes.items() for p in listed
                   for path, who in (p.get("libraries") or {}).items() if who and _norm(str(who).rsplit(" ", 1)[0]) == owner]
         source = (f"native input of {lib.built_into} (built from commit {comp.commit})" if comp
@@ -176,15 +177,33 @@ def runtime_libraries(pins: Pins, processes: dict[str, list[ProcessRow]], lock: 
     return out
 
 
+def _deps(found: object) -> dict[str, list[str] | None]:
+    """A loaded library's DT_NEEDED names and CUDA targets as the gate read them (None: an older suite's record)."""
+    found = found if isinstance(found, dict) else {}
+    return {k: [str(x) for x in v] if isinstance(v := found.get(k), list) else None for k in ("needed", "cuda_arches")}
+
+
+def _needs(loaded: list[dict[str, Any]]) -> str:
+    """What the loaded libraries need (DT_NEEDED) beyond each other, and their CUDA targets ("none": CPU code)."""
+    if not loaded or any(x.get("needed") is None for x in loaded):
+        return "not read"
+    names = {os.path.basename(str(x["path"])) for x in loaded}
+    needs = sorted({n for x in loaded for n in x["needed"] or []} - names)
+    arches = sorted({a for x in loaded for a in x.get("cuda_arches") or []})
+    return f"{clip(', '.join(needs) or 'nothing else', 160)}; CUDA: {', '.join(arches) or 'none'}"
+
+
 def runtime_libraries_markdown(report: Report) -> list[str]:
     rows = [[r["distribution"] + (f" (in {r['built_into']})" if r.get("built_into") else ""), r["source"],
              f"{(r.get('installed') or {}).get('import_path') or '-'} {(r.get('installed') or {}).get('version') or ''}",
              f"{len(r.get('loaded') or [])}: " + clip(", ".join(sorted({os.path.basename(str(x["path"]))
                                                                       for x in r.get("loaded") or []})), 160),
+             _needs(r.get("loaded") or []),
              r.get("jit"), "this image" if r.get("image") else "-", "; ".join(r.get("run") or []) or "not loaded"]
             for r in report.runtime_libraries]
     return ["", "### Runtime libraries (six layers)", "", *_table(
-        ["Library", "Source", "Installed", "Loaded", "JIT", "Image", "Run"], rows)] if rows else []
+        ["Library", "Source", "Installed", "Loaded", "Needs (DT_NEEDED); CUDA targets", "JIT", "Image", "Run"],
+        rows)] if rows else []
 
 
 def libraries_markdown(report: Report) -> list[str]:

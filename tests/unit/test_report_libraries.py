@@ -33,14 +33,21 @@ def test_a_named_runtime_library_gets_its_six_layers() -> None:
     lock = SimpleNamespace(runtime="", native=SimpleNamespace(base_records={"torch": {}}))
     processes: dict[str, list[ProcessRow]] = {**PROCESSES, "zero_update": [
         {"pid": 9, "libraries": {f"{SITE}/tinyengine/_C.so": "tinyengine 0.2"},
-         "library_sha256": {f"{SITE}/tinyengine/_C.so": "e" * 64}}]}
+         "library_sha256": {f"{SITE}/tinyengine/_C.so": "e" * 64},
+         "library_deps": {f"{SITE}/tinyengine/_C.so": {"needed": ["libtorch_cpu.so", "libcudart.so.13"],
+                                                         "cuda_arches": ["sm_90", "sm_90a"]}}}]}
     manifest = {"site_packages": SITE, "distributions": {"torch": "2.11.0", "tinyengine": "0.2"}}
     torch, flash = document.runtime_libraries(cast(Any, pins), processes, cast(Any, lock), manifest, "sha256:" + "1" * 64)
     assert torch["source"] == "base image" and torch["installed"] == {"import_path": f"{SITE}/torch", "version": "2.11.0"}
     assert sorted(x["path"].rsplit("/", 1)[1] for x in torch["loaded"]) == ["libc10.so", "libtorch_cpu.so"]
     assert torch["run"] == ["rl_step pid 7"] and torch["image"] == "sha256:" + "1" * 64 and torch["jit"]
     assert flash["source"] == f"native input of vllm (built from commit {'c' * 40})"
-    assert flash["loaded"] == [{"gate": "zero_update", "pid": 9, "path": f"{SITE}/tinyengine/_C.so", "sha256": "e" * 64}]
+    assert flash["loaded"] == [{"gate": "zero_update", "pid": 9, "path": f"{SITE}/tinyengine/_C.so", "sha256": "e" * 64,
+                                "needed": ["libtorch_cpu.so", "libcudart.so.13"], "cuda_arches": ["sm_90", "sm_90a"]}]
     report = SimpleNamespace(runtime_libraries=[torch, flash])
     table = "\n".join(document.runtime_libraries_markdown(cast(Any, report)))
     assert "| torch | base image | " in table and "| flash-attention (in vllm) | native input of vllm" in table, table
+    # the loaded libraries' dependencies beyond each other, and their CUDA targets; torch's rows were read by an
+    # older suite (no library_deps): "not read", never an empty list
+    assert "| 1: _C.so | libcudart.so.13, libtorch_cpu.so; CUDA: sm_90, sm_90a |" in table, table
+    assert "| 2: libc10.so, libtorch_cpu.so | not read |" in table, table
