@@ -15,12 +15,13 @@ from builder.report import document
 from builder.runners import factory as runners
 from tests.defects import (
     CONTENT_ESCAPES,
-    ESCAPE_EXEC_AFTER_RECORD,
     ESCAPE_RECORD_DELETED,
     ESCAPE_RENAMED_INTERPRETER,
     ESCAPE_UNREADABLE,
     ESCAPE_WITHOUT_SITE,
     ESCAPE_WITHOUT_VARIABLES,
+    ESCAPES_AT_ONCE,
+    HELPERS,
     REASONS,
     UNRECORDED,
 )
@@ -63,6 +64,8 @@ def test_clean_stack_records_main_and_worker_and_the_report_lists_them(demo_imag
     torch = next(r for r in report.runtime_libraries if r["distribution"] == "torch")  # the pins name it
     assert torch["source"] == "base image" and torch["installed"]["import_path"] == f"{SITE}/torch"
     assert {x["pid"] for x in torch["loaded"]} == {main["pid"], worker["pid"]} and all(x["sha256"] for x in torch["loaded"])
+    cpu = next(x for x in torch["loaded"] if x["path"].endswith("/libtorch_cpu.so"))  # read in the gate's container
+    assert "libc10.so" in cpu["needed"] and all(x["cuda_arches"] == [] for x in torch["loaded"]), cpu  # CPU-only torch
     row = next(line for line in markdown.splitlines() if line.startswith("| rl_step |") and f"| {worker['pid']} |" in line)
     assert f"| {main['pid']} | RolloutWorker |" in row and "| complete | pass |" in row, row
     print("\n".join(line for line in markdown.splitlines() if line.startswith("| rl_step |")))
@@ -173,8 +176,9 @@ def test_a_worker_that_deletes_its_record_fails_named(demo_image: Any, build_var
 @pytest.mark.parametrize("defect", CONTENT_ESCAPES, ids=[f"{c}-{pr}" for c, pr in CONTENT_ESCAPES])
 def test_an_escape_by_content_fails_naming_the_process(defect: tuple[str, int], demo_image: Any, build_variant: Any,
                                                        docker_client: Any, run_id: str) -> None:
-    """Issue 47's classes 1-3 under Docker: a renamed copy of the interpreter (by its sha256), a server that
-    turns PR_SET_DUMPABLE off (unreadable: fail closed, with its uid), a fork handler's record before an exec."""
+    """Issue 47's classes 1-2 under Docker: a renamed copy of the interpreter (by its sha256), a server that
+    turns PR_SET_DUMPABLE off (unreadable: fail closed, with its uid). Class 3 (a fork handler's record before an
+    exec) and class 4 run in tinyrl PR 50, with the loader and a second unreadable process (the next test)."""
     gate_name, words = REASONS[defect]
     result = runners.gate_local_image(build_variant(*defect).image_id, demo_image[0], SETTINGS, gates=[gate_name], run_id=run_id)
     gate = next(g for g in result.gates if g.name == gate_name)
@@ -187,9 +191,38 @@ def test_an_escape_by_content_fails_naming_the_process(defect: tuple[str, int], 
         assert row["class"] == "python" and row["why"] == "identity" and row["exe"].endswith("/rollout-engine"), row
     elif defect == ESCAPE_UNREADABLE:
         assert row["class"] == "unreadable" and f"(uid {row['uid']}: " in gate.reason, row
-    elif defect == ESCAPE_EXEC_AFTER_RECORD:
-        assert row["record"] and row["argv"][1:3] == ["-S", "-c"], row  # a record of the fork, not of python -S
     print(gate.reason)
+
+
+def helpers_named(census: dict[str, Any], node: str, failures: list[str]) -> None:
+    """tinyrl PR 50's four helpers (tests/defects.py HELPERS), each unrecorded on `node` in its class, and each
+    named in a failure line by node, pid and its role: nothing else unrecorded."""
+    rows = census["nodes"][node]["unrecorded"]
+    by_role = {next((a for a in r["argv"] or [] if a in HELPERS), None): r for r in rows}
+    assert set(by_role) == set(HELPERS), rows
+    for role, (kind, why, words) in HELPERS.items():
+        row = by_role[role]
+        assert row["class"] == kind and (why is None or row["why"] == why), row
+        line = next((f for f in failures if f"node {node} process {row['pid']} (" in f), "")
+        assert words in line and role in line, (role, line, failures)
+        print(line)
+    assert by_role["tokenizer-warmup"]["exe"].endswith("/ld-linux-x86-64.so.2"), by_role["tokenizer-warmup"]
+    assert by_role["session-daemon"]["record"] and by_role["probe"]["record"] is None
+
+
+def test_four_escapes_at_once_each_fail_named(demo_image: Any, build_variant: Any, docker_client: Any,
+                                              run_id: str) -> None:
+    """tinyrl PR 50 under Docker: beside the engine, the base interpreter through the dynamic loader (class 1), a
+    process that turns PR_SET_DUMPABLE off (class 2), a preexec_fn child that execs python -S after the fork
+    handler's record (class 3) and a 40 ms probe that imports tinyrl (class 4, past the floor): one gate names all
+    four (test_cluster_escapes.py: the same PR under --slurm, on the rollout node)."""
+    gate_name, words = REASONS[ESCAPES_AT_ONCE]
+    result = runners.gate_local_image(build_variant(*ESCAPES_AT_ONCE).image_id, demo_image[0], SETTINGS,
+                                      gates=[gate_name], run_id=run_id)
+    gate = next(g for g in result.gates if g.name == gate_name)
+    assert gate.status == "fail" and gate.reason.startswith(words) and "(+3 more)" in gate.reason, gate.reason
+    node, _ = _census(gate)
+    helpers_named(gate.evidence.model_dump(mode="json")["census"], node, gate.evidence.process_failures or [])
 
 
 def test_two_nodes_in_one_container_give_the_same_bits(demo_image: Any, demo_accepted: Any, docker_client: Any,
@@ -220,3 +253,32 @@ def test_two_nodes_in_one_container_give_the_same_bits(demo_image: Any, demo_acc
         assert server["argv"][-4:] == ["--host", "127.0.0.1", "--port", layout["address"].rsplit(":", 1)[1]]
         print(f"{gate.name} over TCP: server {server['pid']}, trainer {trainer['pid']} on {node}; step 2 "
               f"{steps['2']}")
+
+
+SHORT_ESCAPE = ("verl", 51)  # tinyrl PR 51: ten `python -S -I -c "import tinyrl"` probes, below the poll's floor
+
+
+def test_short_interpreters_below_the_floor_fail_named_by_fanotify(demo_image: Any, build_variant: Any,
+                                                                  docker_client: Any, run_id: str) -> None:
+    """Issue 47's class 4 under Docker: tinyrl PR 51's rollout worker runs ten `python -S -I` probes that import
+    tinyrl (a few ms of work each, far below the census's 20 ms polling floor). The census container's fanotify
+    reader holds each exec until it has read the process: all ten are unrecorded interpreters, seen by fanotify, and
+    the gate fails naming one by pid, exe and argv. The census container's CPU is part of the census's."""
+    result = runners.gate_local_image(build_variant(*SHORT_ESCAPE).image_id, demo_image[0], SETTINGS,
+                                      gates=["rl_step"], run_id=run_id)
+    gate = next(g for g in result.gates if g.name == "rl_step")
+    assert gate.status == "fail", gate.reason
+    node, seen = _census(gate)
+    census = gate.evidence.model_dump(mode="json")["census"]
+    assert census["fanotify"]["state"] == "on" and census["fanotify"]["marked"] > 3, census["fanotify"]
+    assert census["cpu_parts"]["fanotify"] > 0 and census["cpu_s"] >= census["cpu_parts"]["fanotify"]
+    probes = [r for r in seen["unrecorded"] if any(str(a).startswith("probe-") for a in r["argv"] or [])]
+    assert len(probes) == 10 == len(seen["unrecorded"]), seen["unrecorded"]
+    assert all("fanotify" in r["source"] and r["class"] == "python" and r["why"] == "identity" for r in probes), probes
+    assert all(r["argv"][1:4] == ["-S", "-I", "-c"] and r["exe"].endswith("/python3.11") for r in probes), probes
+    first = next(r for r in probes if f"census: node {node} process {r['pid']} (" in gate.reason)
+    assert gate.reason.startswith(f"per-process provenance: census: node {node} process {first['pid']} ("), gate.reason
+    assert f"-S -I -c import sys; sys.path[:0] = sys.argv[2:]; import tinyrl {first['argv'][4]} " in gate.reason
+    assert f"(seen by {first['source']})" in gate.reason and "(+9 more)" in gate.reason, gate.reason
+    print(gate.reason[:300], f"sources: {sorted(r['source'] for r in probes)}", f"census CPU {census['cpu_parts']}",
+          sep="\n")
