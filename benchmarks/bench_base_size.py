@@ -28,6 +28,7 @@ from builder.engine.client import Client  # noqa: E402
 from builder.image import build, render  # noqa: E402
 from builder.lock import record as lock_record
 from builder.pins import model as pins_mod  # noqa: E402
+from builder.release import promote  # noqa: E402
 from builder.sources import resolve as sources  # noqa: E402
 from demo.prepare import LOCAL_PINS, prepare_demo, variant_pins  # noqa: E402
 
@@ -94,7 +95,7 @@ def end_to_end(pins_path: Path, client: Client) -> tuple[dict[str, float], Built
     staging.pull(client, str(ref), built.image_id, SETTINGS)
     times["pull"] = time.monotonic() - mark
     mark = time.monotonic()
-    staging.promote(str(ref), built.image_id, pins.image.repository, ["bench"], SETTINGS)
+    promote.promote(str(ref), built.image_id, pins.image.repository, ["bench"], SETTINGS)
     times["promote"] = time.monotonic() - mark
     times["total"] = time.monotonic() - start
     return times, built

@@ -112,7 +112,7 @@ def steps_file(built: BuiltImage) -> Path:
 
 def local_tag(rendered: RenderedBuild, settings: Settings) -> str:
     """This run's local name of the build: `builder-run/<run id>:<tag of the rendered ref>`. Only this run moves
-    it; release tags are given by promote (builder/engine/staging.py), and later stages use the image ID."""
+    it; release tags are given by promote (builder/release/promote.py), and later stages use the image ID."""
     return f"{LOCAL_REPOSITORY}/{settings.run_id}:{ImageRef(rendered.tag).tag}"
 
 

@@ -18,12 +18,11 @@ from builder.core.errors import BadInput, PublishError
 from builder.core.imageref import Repository
 from builder.core.options import Settings
 from builder.core.records import Report
-from builder.engine import staging
 from builder.engine.registry import Registry, get_json
 from builder.nightly.history import History
 from builder.pins import model as pins_model
 from builder.pins.model import Pins
-from builder.release import journal
+from builder.release import journal, promote
 from builder.report import document as report_mod
 from builder.sources import mirror
 
@@ -101,8 +100,8 @@ def move_tags(repository: Repository, digest: str, retention: int, settings: Set
     if got["computed"] != digest:
         raise PublishError(f"{repository}@{digest}: registry serves {got['computed']}")
     tags = nightly_tags(today)
-    with staging.repository_lock(repository, settings):
-        staging.move_tags(reg, repository, bytes(got["content"]), str(got["media_type"]), tags)  # both or neither
+    with promote.repository_lock(repository, settings):
+        promote.move_tags(reg, repository, bytes(got["content"]), str(got["media_type"]), tags)  # both or neither
         return {"digest": digest, "added": tags, "pruned": prune(reg, name, retention)}
 
 

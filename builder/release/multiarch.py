@@ -25,13 +25,13 @@ from builder.core.imageref import ImageRef, Repository, digest_of
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report
 from builder.engine import client as engine
-from builder.engine import local_store, staging
+from builder.engine import local_store
 from builder.engine.platforms import Platform, choose
 from builder.engine.registry import Registry, verify_tag
 from builder.image.identity import build_inputs
 from builder.lock.record import Lock
 from builder.pins.model import Pins
-from builder.release import attest, dsse, journal, publish, referrers, sqsh_layout, sqsh_place, trust, verify
+from builder.release import attest, dsse, journal, promote, publish, referrers, sqsh_layout, sqsh_place, trust, verify
 from builder.report import document as report_mod
 
 RECORD_TYPE = f"{TOOL_URI}/multi-arch-index/v1"  # the index's signed record: each member and its gates
@@ -186,9 +186,9 @@ def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settin
     repo = publish.repository_of(first, str(members[0].path))
     name = repo.path
     tags = list(first.tags)
-    with staging.repository_lock(first.repository, settings):
+    with promote.repository_lock(first.repository, settings):
         journal.recover(repo, settings, registry, receipts_after_kill)
-        accepted = [staging.accepted_ref(m.report, str(m.path)) for m in members]
+        accepted = [promote.accepted_ref(m.report, str(m.path)) for m in members]
         staged, client = [], None
         for m, acc in zip(members, accepted):
             if acc is None:  # accepted on a local image: its blobs in the image store, pushed by digest below
@@ -215,7 +215,7 @@ def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settin
                 for m, ref, acc in zip(members, staged, accepted):
                     if acc is None:  # its stored blobs to staging by digest first, journaled
                         publish.push_local(ref, plan, settings)
-                    staging.release_manifest(str(ref), m.report.image_id, repo, settings)
+                    promote.release_manifest(str(ref), m.report.image_id, repo, settings)
                     verify_tag(registry, name, str(ref.digest), str(ref.digest), m.report.image_id, m.report.platform)
                 registry.put_manifest(name, digest, index, referrers.OCI_INDEX)
                 if registry.manifest_by_digest(name, digest) != index:
@@ -234,7 +234,7 @@ def _publish(members: list[Member], copies: list[sqsh_place.Copy | None], settin
             journal.write(plan, settings)
             moved = True
             with log.step(f"tag {first.repository}: {', '.join(tags)} -> index {digest[:19]}"):
-                staging.move_tags(registry, repo, index, referrers.OCI_INDEX, tags)  # each read back
+                promote.move_tags(registry, repo, index, referrers.OCI_INDEX, tags)  # each read back
         except BaseException:
             if not plan.existed:
                 publish.withdraw(registry, name, digest, plan.artifacts, tags)

@@ -23,7 +23,7 @@ from builder.engine.client import Client
 from builder.engine.registry import Registry, verify_tag
 from builder.lock.record import Lock
 from builder.pins.model import Pins
-from builder.release import attest, dsse, journal, referrers, sqsh_layout, trust, verify
+from builder.release import attest, dsse, journal, promote, referrers, sqsh_layout, trust, verify
 from builder.release.sqsh_layout import SqshMove
 from builder.report import document as report_mod
 
@@ -78,9 +78,9 @@ def publish(report: Report, report_path: Path, pins: Pins | None, lock: Lock | N
     registry.ping()  # InfraError (exit 3) when unreachable, before anything is tagged
     key = attest.signer(signing_key or settings.signing_key, settings.key_passphrase)
     check_signed_acceptance(report, report_path, key, where)
-    staged = staging.accepted_ref(report, where)
+    staged = promote.accepted_ref(report, where)
     local = staged is None  # accepted on a local image ID: release pushes its stored blobs to staging by digest
-    with staging.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
+    with promote.repository_lock(report.repository, settings):  # concurrent runs of equal pins take turns
         journal.recover(repo, settings, registry, receipt_after_kill,
                         lambda left: resume(left, registry, key, settings))
         if staged is None:
@@ -107,7 +107,7 @@ def resume(left: journal.Journal, registry: Registry, key: dsse.PrivateKey | Non
     checked = trust.check(report, str(path))  # BadInput when the pins or the lock changed since
     if checked is None:
         raise PublishError(f"{path}: verdict is {report.verdict}")
-    accepted = staging.accepted_ref(report, str(path))
+    accepted = promote.accepted_ref(report, str(path))
     staged = accepted or ImageRef(f"{staging.staging_repository(repository_of(report, str(path)))}@{left.digest}")
     if str(staged.digest) != left.digest:
         raise PublishError(f"{path} now names {staged.digest}")
@@ -141,7 +141,7 @@ def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings:
         with log.step(f"release {staged} -> {report.repository}@{digest[:19]}"):
             if local:
                 push_local(staged, plan, settings)
-            manifest, plan.media_type = staging.release_manifest(str(staged), report.image_id, repo, settings)
+            manifest, plan.media_type = promote.release_manifest(str(staged), report.image_id, repo, settings)
             facts = verify_tag(registry, name, digest, digest, report.image_id, report.platform)
         plan.phase = "attest"
         journal.write(plan, settings)
@@ -153,7 +153,7 @@ def release(report: Report, report_path: Path, pins: Pins, lock: Lock, settings:
         moved = True
         with log.step(f"tag {report.repository}: {', '.join(tags)}"):
             # each tag read back before the next moves; a failed read-back rolls every sent tag back
-            staging.move_tags(registry, repo, manifest, plan.media_type, tags,
+            promote.move_tags(registry, repo, manifest, plan.media_type, tags,
                               check=lambda tag: verify_tag(registry, name, tag, digest, report.image_id,
                                                            report.platform))
     except BaseException:  # Python saw it (SIGTERM included): every tag moved back, the new digest withdrawn

@@ -23,9 +23,8 @@ from builder.core.errors import PublishError
 from builder.core.imageref import Repository
 from builder.core.options import Settings
 from builder.core.records import PublishReceipt, Report, SlurmFacts, SqshExport
-from builder.engine import staging
 from builder.engine.registry import Registry
-from builder.release import publish, sqsh_layout
+from builder.release import promote, publish, sqsh_layout
 from builder.release.sqsh_layout import SqshMove
 
 
@@ -120,7 +119,7 @@ def export_record(src: Path, where: str) -> SqshExport:
 
 def registry_image(report: Report, settings: Settings, where: str) -> tuple[str, str]:
     """The image ID (config digest) the staged registry digest serves, and that digest."""
-    staged = staging.accepted_ref(report, where)
+    staged = promote.accepted_ref(report, where)
     if staged is None:
         raise PublishError(f"{where}: accepted on the cluster without a staged registry digest; refusing")
     repo = Repository.of(staged)

@@ -238,6 +238,29 @@ def test_the_engine_door_check_catches_a_planted_sdk_use() -> None:
     assert len(found) == 2
 
 
+RELEASE_NAMES = re.compile(r"\bReport\b|^def (accepted_ref|release_manifest|move_tags|promote|rollback)\b")
+
+
+def release_offenders(sources: dict[str, str]) -> list[str]:
+    """Where a module of builder/engine reads a report or moves a release tag: which digest may be released, and its
+    tags, are builder/release/promote.py's; the engine side only pushes to staging and pulls (a publish that asked the
+    engine side and came back went between the two rooms twice for one decision)."""
+    return [f"{name}:{n}: {line.strip()}" for name, source in sources.items() if name.startswith("builder.engine.")
+            for n, line in enumerate(source.splitlines(), 1) if RELEASE_NAMES.search(line)]
+
+
+def test_the_engine_side_reads_no_report_and_moves_no_release_tag() -> None:
+    assert release_offenders({name: path.read_text() for name, path in modules().items()}) == []
+
+
+def test_the_release_check_catches_a_planted_report_reader() -> None:
+    planted = {"builder.engine.staging": "from builder.core.records import Pulled, Report\n"
+                                         "def move_tags(reg, repository, manifest, tags): ...\n",
+               "builder.release.promote": "def accepted_ref(report: Report) -> None: ...\n"}
+    assert [line.split(": ", 1)[0] for line in release_offenders(planted)] == ["builder.engine.staging:1",
+                                                                                 "builder.engine.staging:2"]
+
+
 # modules that may open an HTTP session: the registry's one door, the lock's index downloads, the nightly webhook
 HTTP_DOORS = ("builder.engine.registry.transport", "builder.lock.download", "builder.nightly.notify")
 HTTP_OPEN = re.compile(r"requests\.(Session|get|post|put|head|delete|patch|request)\(")
