@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from acceptance import procfs
-from acceptance.hook import image_identity, mark, node_name
+from acceptance.hook import image_identity, mark, node_name, shared_digest
 from acceptance.interpreters import Interpreters, file_key
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -72,9 +72,14 @@ def _uid(pid: int) -> int | None:
 class Components:
     """Which paths are a component's: the manifest's files and native libraries, everything under a component
     module's folder in site-packages, and, wherever it lies, any file whose content (sha256) is a component
-    file's (hashed only when its size is one of theirs; empty files never count)."""
+    file's (only when its size is one of theirs; empty files never count). A digest taken already is never taken
+    again: the build's by path on a read-only image root (procfs.build_hashes), the hook's in this container by
+    path, device, inode, size and mtime (`shared`: the records' .hashes); only what neither has is hashed here."""
 
-    def __init__(self, manifest: dict[str, Any]) -> None:
+    def __init__(self, manifest: dict[str, Any], shared: str | None = None) -> None:
+        self.manifest, self.shared = manifest, shared
+        self.built: dict[str, str] | None = None
+        self.hashed, self.reused = 0, 0
         site = (manifest.get("site_packages") or "").rstrip("/")
         comps = manifest.get("components") or {}
         self.site = site + "/" if site else "\0"
@@ -116,8 +121,21 @@ class Components:
             return False
         key = file_key(st)
         if key not in self.verdicts:
-            self.verdicts[key] = procfs.sha256(path) in self.digests
+            self.verdicts[key] = self.digest(path, st) in self.digests
         return self.verdicts[key]
+
+    def digest(self, path: str, st: os.stat_result) -> str | None:
+        """The file's sha256: the build's, the hook's, else read here (the counts say which)."""
+        if self.built is None:
+            self.built = procfs.build_hashes(self.manifest)
+        found = self.built.get(path)
+        if found is None and self.shared:
+            found = (procfs.read(shared_digest(self.shared, path, st)) or "").strip() or None
+        if found is not None:
+            self.reused += 1
+            return found
+        self.hashed += 1
+        return procfs.sha256(path)
 
 
 class Row:
@@ -168,6 +186,8 @@ class Census:
         self.enabled = enabled  # off: settings.census false (benchmarks measure the gate without it)
         self.manifest_path = manifest_path
         self.me = os.getpid()
+        if components.shared is None:  # the hook's digests of this run (acceptance.hook.shared_digest)
+            components.shared = records_dir
         self.interpreters = Interpreters(load_manifest(manifest_path), os.path.realpath(sys.executable))
         self.aslr = (procfs.read("/proc/sys/kernel/randomize_va_space") or "").strip()
         self.denied: dict[tuple[int, int], dict[str, Any]] = {}
@@ -401,6 +421,7 @@ class Census:
         rows = sorted(self.rows.values(), key=lambda r: (r.first, r.pid))
         return {"node": node_name(), "image": image_identity(self.manifest_path), "gate_pid": self.me,
                 "subreaper": self.reaper, "interval_s": self.interval_s, "polls": self.polls,
+                "hashes": {"hashed_here": self.components.hashed, "reused": self.components.reused},
                 "randomize_va_space": self.aslr,
                 "cpu_s": round(self.cpu_s, 3), "seconds": round(time.monotonic() - self.started, 3),
                 "errors": self.errors, "rows": [self._row(r) for r in rows],

@@ -82,6 +82,13 @@ def image_identity(manifest: str | None = None) -> str | None:
     return f"sha256:{digest}" if digest else None
 
 
+def shared_digest(directory: str, path: str, st: os.stat_result) -> str:
+    """Where the processes of a run keep a file's sha256 (<dir>/.hashes/<key>), keyed by its path, device, inode,
+    size and mtime; the gate's census reads them too (acceptance.census), never hashing a file twice."""
+    key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return os.path.join(directory, HASHES, hashlib.sha1(repr(key).encode()).hexdigest())
+
+
 class Recorder:
     def __init__(self, directory: str, roots: set[str]) -> None:
         self.dir, self.roots = directory, roots
@@ -89,6 +96,7 @@ class Recorder:
         self.pid = 0
         self.busy = False
         self.hashes: dict[tuple[str, int, int, int, int], str | None] = {}
+        self._built: dict[str, str] | None = None
         self.reset(forked=False)
 
     def reset(self, forked: bool) -> None:
@@ -126,8 +134,8 @@ class Recorder:
         key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         if key in self.hashes:
             return self.hashes[key]
-        stored = os.path.join(self.dir, HASHES, hashlib.sha1(repr(key).encode()).hexdigest())
-        value = (procfs.read(stored) or "").strip() or procfs.sha256(path)
+        stored = shared_digest(self.dir, path, st)
+        value = (procfs.read(stored) or "").strip() or self.built().get(path) or procfs.sha256(path)
         if value and not os.path.exists(stored):
             os.makedirs(os.path.dirname(stored), exist_ok=True)
             tmp = f"{stored}.{self.pid}"
@@ -136,6 +144,21 @@ class Recorder:
             os.replace(tmp, stored)
         self.hashes[key] = value
         return value
+
+    def built(self) -> dict[str, str]:
+        """The build's hashes to trust by path (procfs.build_hashes: a read-only image root only), read once, and
+        only when a file would be hashed: the first process of a run takes them instead of reading torch's
+        libraries, and shares them through <dir>/.hashes like any digest."""
+        if self._built is None:
+            self._built = {}
+            table = procfs.mounts()
+            if procfs.read_only_root(table):
+                try:
+                    with open(os.environ.get(MANIFEST_ENV) or IMAGE_MANIFEST) as fh:
+                        self._built = procfs.build_hashes(json.load(fh), table)
+                except (OSError, ValueError):
+                    pass
+        return self._built
 
     def module(self, name: str, module: object) -> None:
         if name in self.seen or name.partition(".")[0] not in self.roots:

@@ -134,11 +134,11 @@ def judge_one(rec: dict[str, Any], manifest: dict[str, Any], expected_ns: str | 
 
 
 def owner(path: str, digest: str | None, manifest: dict[str, Any], mounts: list[str], jit_dirs: list[str],
-          by_sha: dict[str, dict[str, Any]] | None = None) -> str | None:
-    """Whose a mapped native library is: "<distribution> <version>" (the image's RECORD files: by path on the image
-    root, by sha256 on a mount), "jit" (a JIT cache), "base image" (on the image root outside site-packages); None:
-    a library in site-packages or on a mount that belongs to no distribution. Older manifests (no native_owners)
-    attribute nothing: "unknown"."""
+          by_sha: dict[str, dict[str, Any]] | None = None, root_ro: bool = False) -> str | None:
+    """Whose a mapped native library is: "<distribution> <version>" (the image's RECORD files: by path only on a
+    read-only image root, else by the sha256 the hook took in this container), "jit" (a JIT cache), "base image"
+    (on the image root outside site-packages); None: a library in site-packages or on a mount that belongs to no
+    distribution. Older manifests (no native_owners) attribute nothing: "unknown"."""
     owners = manifest.get("native_owners")
     if not isinstance(owners, dict):
         return "unknown"
@@ -146,7 +146,7 @@ def owner(path: str, digest: str | None, manifest: dict[str, Any], mounts: list[
     if _under(clean, jit_dirs):
         return "jit"
     mounted = _under(clean, [m for m in mounts if m != clean])
-    entry = owners.get(clean) if not mounted and clean == path else None
+    entry = owners.get(clean) if root_ro and not mounted and clean == path else None
     if entry is None and digest:
         by_sha = by_sha if by_sha is not None else {str(e.get("sha256")): e for e in owners.values()}
         entry = by_sha.get(digest)
@@ -157,14 +157,16 @@ def owner(path: str, digest: str | None, manifest: dict[str, Any], mounts: list[
 
 
 def judge(recs: list[dict[str, Any]], manifest: dict[str, Any], expected_ns: str | None,
-          mounts: list[str], jit_dirs: list[str], image: str | None = None) -> tuple[list[str], list[dict[str, Any]]]:
-    """(failures over every process, the process list for the report)."""
+          mounts: list[str], jit_dirs: list[str], image: str | None = None,
+          root_ro: bool = False) -> tuple[list[str], list[dict[str, Any]]]:
+    """(failures over every process, the process list for the report); `root_ro`: the image root is mounted
+    read-only, so a RECORD's hash holds by path (procfs.build_hashes)."""
     failures, listed = [], []
     owners = manifest.get("native_owners")
     by_sha = {str(e.get("sha256")): e for e in owners.values()} if isinstance(owners, dict) else {}
     for rec in recs:
         reasons = judge_one(rec, manifest, expected_ns, mounts, jit_dirs, image)
-        libraries = {p: owner(p, d, manifest, mounts, jit_dirs, by_sha) for p, d in (rec.get("libs") or {}).items()}
+        libraries = {p: owner(p, d, manifest, mounts, jit_dirs, by_sha, root_ro) for p, d in (rec.get("libs") or {}).items()}
         reasons += [f"{who(rec)}: native library {p} belongs to no distribution of the image and not to the base"
                     for p, o in libraries.items() if o is None and not any(p in r for r in reasons)]
         failures += reasons
@@ -212,10 +214,12 @@ def check(directory: str, settings: dict[str, Any], lost: set[str] | frozenset[s
     except (OSError, ValueError) as err:
         return [f"manifest {settings.get('manifest')} missing or unreadable: {err}"], []
     expected = os.readlink("/proc/self/ns/mnt")
-    mounts = [m["mount_point"] for m in procfs.mounts() if m["mount_point"] != "/"]
+    table = procfs.mounts()
+    mounts = [m["mount_point"] for m in table if m["mount_point"] != "/"]
     jit = [settings.get("cache_dir", "/cache")]
     image = image_identity(settings.get("manifest", "/opt/delivery/manifest.json"))
-    return judge([r for r in load(directory) if r["record"] not in lost], manifest, expected, mounts, jit, image)
+    return judge([r for r in load(directory) if r["record"] not in lost], manifest, expected, mounts, jit, image,
+                 procfs.read_only_root(table))
 
 
 # ---- the census against the records
@@ -325,4 +329,5 @@ def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[
                                           "errors", "randomize_va_space")}
     evidence.update({"rule": HELPER_RULE, "nodes": nodes,
                      "records_lost": [r for r in census.get("records") or [] if r.get("lost")]})
+    evidence["hashes"] = census.get("hashes")  # component-sized files the census hashed itself, or took as hashed
     return failures, evidence

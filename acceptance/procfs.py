@@ -74,6 +74,34 @@ def covers(mount_point: str, path: str) -> bool:
     return path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
 
 
+def read_only_root(table: list[dict[str, str]]) -> bool:
+    """True when the mount in force on / (the last one listed there) is read-only: its files cannot change."""
+    root = [m for m in table if m["mount_point"] == "/"][-1:]
+    return bool(root) and "ro" in root[0]["options"].split(",")
+
+
+def build_hashes(manifest: dict[str, object], table: list[dict[str, str]] | None = None) -> dict[str, str]:
+    """{path: sha256} of what the build already hashed (the manifest's component files and native libraries, and
+    native_owners: every native library a distribution's RECORD names), to be trusted by path, not hashed again:
+    only when the image root is mounted read-only, and only for paths no other mount covers. Files on a writable
+    root or on any other mount (/tmp, scratch, binds) are hashed where they are read ({} here)."""
+    table = mounts() if table is None else table
+    if not read_only_root(table):
+        return {}
+    found: dict[str, str] = {}
+    comps = manifest.get("components")
+    for comp in comps.values() if isinstance(comps, dict) else []:
+        for key in ("files", "native_libs"):
+            entries = comp.get(key) if isinstance(comp, dict) else None
+            found.update({str(p): str(d) for p, d in (entries if isinstance(entries, dict) else {}).items() if d})
+    owners = manifest.get("native_owners")
+    for path, entry in (owners.items() if isinstance(owners, dict) else []):
+        if isinstance(entry, dict) and entry.get("sha256"):
+            found.setdefault(str(path), str(entry["sha256"]))
+    others = [m["mount_point"] for m in table if m["mount_point"] != "/"]
+    return {p: d for p, d in found.items() if not any(covers(m, p) for m in others)}
+
+
 def mapped_libraries(text: str | None = None) -> list[str]:
     """Paths of shared objects in /proc/<pid>/maps text (default: this process's), in order, each once (a
     ' (deleted)' suffix is kept: the file is gone)."""
