@@ -6,7 +6,8 @@ gate (ppid chain) is one row, keyed by (pid, starttime: /proc/<pid>/stat field 2
 and argv (each exec change too) and, at first sight and every DEEP_EVERY polls, the component files it maps
 (/proc/<pid>/maps) or has open (/proc/<pid>/fd). The hook's records (acceptance.hook) are read as they appear;
 one that is deleted, or rewritten shorter or with another beginning, before the end counts as no record.
-A process that lives less than one poll is not seen (docs/gates.md says so)."""
+A process that lives less than one poll is not seen by the poll (docs/gates.md says so); where the runner starts a
+census container (Docker), its fanotify reader sees every exec however short (acceptance/exec_events.py)."""
 import ctypes
 import hashlib
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from acceptance import procfs
+from acceptance.exec_events import ExecEvents
 from acceptance.hook import image_identity, mark, node_name, shared_digest
 from acceptance.interpreters import Interpreters, file_key
 
@@ -181,10 +183,11 @@ class Census:
     """start() before the recipe, own(pid) for each process the gate starts itself, stop() after it."""
 
     def __init__(self, records_dir: str, components: Components, manifest_path: str,
-                 interval_s: float = INTERVAL_S, enabled: bool = True) -> None:
+                 interval_s: float = INTERVAL_S, enabled: bool = True, events: str | None = None) -> None:
         self.records_dir, self.components, self.interval_s = records_dir, components, interval_s
         self.enabled = enabled  # off: settings.census false (benchmarks measure the gate without it)
         self.manifest_path = manifest_path
+        self.events = ExecEvents(events)  # the census container's fanotify reader, where the runner started one
         self.me = os.getpid()
         if components.shared is None:  # the hook's digests of this run (acceptance.hook.shared_digest)
             components.shared = records_dir
@@ -217,6 +220,7 @@ class Census:
         self.started = time.monotonic()
         self.since = ticks_now() - 1  # a descendant older than the census is no process of this run
         self._thread.start()
+        self.events.wait()
         return self
 
     def own(self, pid: int) -> None:
@@ -233,6 +237,7 @@ class Census:
         with self._lock:
             self._poll(deep=True)
             self._read_records(final=True)
+        self.events.sync()
         if self.reaper:
             subreaper(False)
         return self.result()
@@ -418,13 +423,18 @@ class Census:
     # ---- the result
 
     def result(self) -> dict[str, Any]:
-        rows = sorted(self.rows.values(), key=lambda r: (r.first, r.pid))
+        skip = set(self.events.syncs)
+        rows = sorted((r for r in self.rows.values() if r.pid not in skip), key=lambda r: (r.first, r.pid))
+        merged = self.events.merge([self._row(r) for r in rows], self.since, skip | {self.me}, self.started)
+        reader = self.events.cpu_s()
         return {"node": node_name(), "image": image_identity(self.manifest_path), "gate_pid": self.me,
                 "subreaper": self.reaper, "interval_s": self.interval_s, "polls": self.polls,
                 "hashes": {"hashed_here": self.components.hashed, "reused": self.components.reused},
-                "randomize_va_space": self.aslr,
-                "cpu_s": round(self.cpu_s, 3), "seconds": round(time.monotonic() - self.started, 3),
-                "errors": self.errors, "rows": [self._row(r) for r in rows],
+                "randomize_va_space": self.aslr, "fanotify": self.events.evidence(),
+                "cpu_s": round(self.cpu_s + reader, 3), "cpu_parts": {"thread": round(self.cpu_s, 3),
+                                                                      "fanotify": round(reader, 3)},
+                "seconds": round(time.monotonic() - self.started, 3),
+                "errors": self.errors, "rows": sorted(merged, key=lambda r: (r["first_s"], r["pid"])),
                 "records": [self._record(r) for _, r in sorted(self.records.items())]}
 
     def _row(self, row: Row) -> dict[str, Any]:

@@ -8,6 +8,7 @@ In order, the first rule that holds is the reason the census gives (docs/gates.m
   libpython  it maps a libpython;
   name       its executable is named python* (kept: a name alone is enough to count, never needed).
 Every verdict is cached by (device, inode, size, mtime), so a file is read once a census."""
+import hashlib
 import mmap
 import os
 import re
@@ -27,16 +28,33 @@ def file_key(st: os.stat_result) -> Key:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def carries_runtime(path: str) -> bool:
-    """True for an ELF file whose bytes name the Python runtime's entry points (its dynamic symbol table)."""
+def carries_runtime(path: str | int) -> bool:
+    """True for an ELF file whose bytes name the Python runtime's entry points (its dynamic symbol table); `path`
+    may be a file descriptor (read in place, never opened again: acceptance/fanotify.py)."""
     try:
+        if isinstance(path, int):
+            return os.pread(path, 4, 0) == ELF and _finds(path)
         with open(path, "rb") as fh:
-            if fh.read(4) != ELF:
-                return False
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                return any(data.find(word) >= 0 for word in RUNTIME)
+            return fh.read(4) == ELF and _finds(fh.fileno())
     except (OSError, ValueError):
         return False
+
+
+def _finds(fd: int) -> bool:
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as data:
+        return any(data.find(word) >= 0 for word in RUNTIME)
+
+
+def fd_sha256(fd: int) -> str | None:
+    """sha256 of an open file's content, read with pread (the descriptor's offset stays)."""
+    digest, at = hashlib.sha256(), 0
+    try:
+        while block := os.pread(fd, 1 << 20, at):
+            digest.update(block)
+            at += len(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def listed(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -48,12 +66,13 @@ def listed(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 class Interpreters:
     """The image's interpreters (the manifest's list and the gate's own), and a cache of verdicts."""
 
-    def __init__(self, manifest: dict[str, Any], own: str | None = None) -> None:
+    def __init__(self, manifest: dict[str, Any], own: str | None = None, root: str = "") -> None:
+        """`root`: where the image's root is seen from here (/proc/<pid>/root from another container)."""
         entries = listed(manifest)
         self.digests = {str(i.get("sha256")) for i in entries if i.get("sha256")}
         self.ids: set[tuple[int, int]] = set()
         self.sizes: set[int] = set()  # only a file of an interpreter's size is hashed
-        for path in [own] + [str(i.get("path")) for i in entries]:
+        for path in [own] + [root + str(i.get("path")) for i in entries]:
             try:
                 st = os.stat(path) if path else None
             except OSError:
@@ -63,10 +82,11 @@ class Interpreters:
                 self.sizes.add(st.st_size)
         self.cache: dict[Key, str | None] = {}
 
-    def program(self, path: str) -> str | None:
-        """"identity" or "elf" for an interpreter's file (path may be /proc/<pid>/exe), None for any other."""
+    def program(self, path: str | int) -> str | None:
+        """"identity" or "elf" for an interpreter's file (path may be /proc/<pid>/exe, or an open descriptor),
+        None for any other."""
         try:
-            st = os.stat(path)
+            st = os.fstat(path) if isinstance(path, int) else os.stat(path)
         except OSError:
             return None
         if (st.st_dev, st.st_ino) in self.ids:
@@ -74,7 +94,7 @@ class Interpreters:
         key = file_key(st)
         if key not in self.cache:
             verdict = None
-            if st.st_size in self.sizes and sha256(path) in self.digests:
+            if st.st_size in self.sizes and (fd_sha256(path) if isinstance(path, int) else sha256(path)) in self.digests:
                 verdict = "identity"
             elif carries_runtime(path):
                 verdict = "elf"

@@ -227,11 +227,16 @@ def check(directory: str, settings: dict[str, Any], lost: set[str] | frozenset[s
 
 def _short(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row.get(k) for k in ("node", "pid", "starttime", "ppid", "exe", "argv", "class", "why", "record",
-                                    "lost", "uid")}
+                                    "lost", "uid", "source")}
 
 
 def _who(node: str, row: dict[str, Any]) -> str:
     return f"node {node} process {row['pid']} ({row.get('exe')}: {command_line(row.get('argv'))})"
+
+
+def _source(row: dict[str, Any]) -> str:
+    """Which look saw it, where the census had kernel events too: ' (seen by fanotify)'."""
+    return f" (seen by {row['source']})" if row.get("source") and row["source"] != "poll" else ""
 
 
 def _lost_by_process(records: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[str, Any]]:
@@ -274,6 +279,10 @@ def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[
     failures: list[str] = []
     seen, unrecorded, helpers = [], [], []
     matched: set[int] = set()
+    fanotify = census.get("fanotify") or {}
+    if fanotify.get("state") == "lost":
+        failures.append(f"census: node {node}'s fanotify reader stopped during the run ({fanotify.get('why')}):"
+                        " a short process after that may have gone unseen")
     if str(census.get("randomize_va_space")) == "0":
         failures.append(f"census: node {node} runs with kernel.randomize_va_space 0: a record cannot be told from a"
                         " later exec of the same program, so no process is accounted for")
@@ -314,7 +323,7 @@ def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[
             what = ("ran a Python interpreter" if row["class"] == "python" else
                     f"mapped or opened component files ({', '.join(row['component_files'][:2])})")
             why = f"its {row['lost']} during the run" if gone else "it left no process record"
-            failures.append(f"census: {_who(node, row)} {what}, and {why}")
+            failures.append(f"census: {_who(node, row)} {what}, and {why}{_source(row)}")
         elif unmarked := _unmarked(node, row, [listed[i] for i in mine]):
             unrecorded.append(_short(row))
             failures += unmarked
@@ -325,8 +334,8 @@ def compare(census: dict[str, Any], listed: list[dict[str, Any]]) -> tuple[list[
         entry = nodes.setdefault(where, {"seen": [], "recorded": [], "unrecorded": [], "helpers": []})
         entry["recorded"].append({"pid": rec.get("pid"), "starttime": rec.get("starttime"), "record": rec.get("record"),
                                   "image": rec.get("image"), "seen": i in matched})
-    evidence = {k: census.get(k) for k in ("node", "image", "interval_s", "polls", "cpu_s", "seconds", "subreaper",
-                                          "errors", "randomize_va_space")}
+    evidence = {k: census.get(k) for k in ("node", "image", "interval_s", "polls", "cpu_s", "cpu_parts", "seconds",
+                                          "subreaper", "errors", "randomize_va_space", "fanotify")}
     evidence.update({"rule": HELPER_RULE, "nodes": nodes,
                      "records_lost": [r for r in census.get("records") or [] if r.get("lost")]})
     evidence["hashes"] = census.get("hashes")  # component-sized files the census hashed itself, or took as hashed

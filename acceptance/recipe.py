@@ -15,6 +15,7 @@ from typing import IO, Any, cast
 from acceptance import census, processes
 from acceptance import metrics as m
 from acceptance.decide import Run
+from acceptance.exec_events import census_events_path
 
 TAIL = 6000
 
@@ -131,7 +132,7 @@ def arm_of(settings: dict[str, Any], gate: str) -> tuple[dict[str, Any], float]:
 def _census(settings: dict[str, Any], records: Path) -> census.Census:
     manifest = settings.get("manifest", "/opt/delivery/manifest.json")
     return census.Census(str(records), census.Components(census.load_manifest(manifest)), manifest,
-                         enabled=settings.get("census") is not False)
+                         enabled=settings.get("census") is not False, events=census_events_path(settings))
 
 
 def _base_env(settings: dict[str, Any], arm_env: dict[str, Any], records: Path, layout: Layout) -> dict[str, str]:

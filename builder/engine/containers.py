@@ -24,8 +24,18 @@ class Bind:
 
 
 @dataclass(frozen=True)
+class Volume:
+    """A named volume mounted at `target` (a census container's tmpfs volume, shared with its gate)."""
+
+    name: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class ContainerSpec:
-    """One container: always network none; `tmpfs` maps a path to its mount options."""
+    """One container: always network none; `tmpfs` maps a path to its mount options. A container started beside
+    another (run's `beside`) joins its pid namespace."""
 
     image: str
     command: list[str]
@@ -36,6 +46,10 @@ class ContainerSpec:
     working_dir: str = "/tmp"
     gpus: int = 0
     files: dict[str, bytes] = field(default_factory=dict)  # absolute path -> bytes, copied in before the start
+    volumes: list[Volume] = field(default_factory=list)
+    cap_add: list[str] = field(default_factory=list)
+    cap_drop: list[str] = field(default_factory=list)
+    read_only: bool = False
 
     def sdk_kwargs(self) -> dict[str, Any]:
         """The SDK's `containers.create` arguments for this spec."""
@@ -45,8 +59,12 @@ class ContainerSpec:
             "image": self.image, "command": list(self.command), "environment": dict(self.environment),
             "network_mode": "none", "tmpfs": dict(self.tmpfs), "working_dir": self.working_dir, "detach": True,
             "mounts": [docker.types.Mount(target=b.target, source=b.source, type="bind", read_only=b.read_only)
-                       for b in self.binds],
+                       for b in self.binds] + [docker.types.Mount(target=v.target, source=v.name, type="volume",
+                                                                  read_only=v.read_only) for v in self.volumes],
             "labels": {**self.labels, **owner_labels()}}
+        if self.cap_add or self.cap_drop or self.read_only:
+            kwargs.update(cap_add=list(self.cap_add), cap_drop=list(self.cap_drop), read_only=self.read_only,
+                          security_opt=["no-new-privileges"])
         if self.gpus > 0:
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=self.gpus, capabilities=[["gpu"]])]
         return kwargs
@@ -75,12 +93,15 @@ def facts(attrs: dict[str, Any]) -> dict[str, Any]:
             "exit_code": state.get("ExitCode"), "oom_killed": state.get("OOMKilled")}
 
 
-def run(client: Client, spec: ContainerSpec, timeout_s: int, what: str) -> Outcome:
-    """Run one fresh container to its end (killed at `timeout_s`), return its output and facts, remove it."""
+def run(client: Client, spec: ContainerSpec, timeout_s: int, what: str, beside: ContainerSpec | None = None) -> Outcome:
+    """Run one fresh container to its end (killed at `timeout_s`), return its output and facts, remove it.
+    `beside`: a container started after it in its pid namespace (the census container), ended with it (its pid
+    namespace's first process ends), its facts under `beside`; one that cannot start is a fact, not an error."""
     import docker  # lazy: docker SDK, slow to import; start-up
     import requests  # lazy: slow to import; start-up
 
     container = None
+    side: dict[str, Any] = {}
     try:
         try:
             container = client.containers.create(**spec.sdk_kwargs())
@@ -89,6 +110,8 @@ def run(client: Client, spec: ContainerSpec, timeout_s: int, what: str) -> Outco
             container.start()
         except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
             raise InfraError(f"docker engine: cannot start the {what} container: {err}") from None
+        if beside is not None:
+            side = _start_beside(client, beside, container.id)
         timed_out = False
         try:
             container.wait(timeout=timeout_s)
@@ -108,10 +131,77 @@ def run(client: Client, spec: ContainerSpec, timeout_s: int, what: str) -> Outco
         seen = facts(container.attrs)
         if timed_out:
             seen["timed_out"] = True
+        if side.get("id"):
+            side.update(_ended(client, side["id"]))
+        if side:
+            seen["beside"] = side
         return Outcome(seen.get("exit_code"), stdout, stderr, timed_out, seen)
     finally:
+        if side.get("id"):
+            remove(client, side["id"])
         if container is not None:
             remove(client, container.id)
+
+
+def _start_beside(client: Client, spec: ContainerSpec, target: str) -> dict[str, Any]:
+    """Start `spec` in `target`'s pid namespace: {id, caps} or {error}."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+    import requests  # lazy: slow to import; start-up
+
+    try:
+        side = client.containers.create(**spec.sdk_kwargs(), pid_mode=f"container:{target}")
+    except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
+        return {"error": f"cannot create: {err}"}
+    try:
+        side.start()
+    except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
+        return {"id": side.id, "error": f"cannot start: {err}"}
+    return {"id": side.id, "cap_add": list(spec.cap_add), "cap_drop": list(spec.cap_drop), "read_only": spec.read_only}
+
+
+def _ended(client: Client, container_id: str) -> dict[str, Any]:
+    """A beside container's end: its exit code and the tail of its stderr (it ends with its pid namespace)."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+    import requests  # lazy: slow to import; start-up
+
+    try:
+        client.api.wait(container_id, timeout=30)
+        state = client.api.inspect_container(container_id).get("State", {})
+        err = client.api.logs(container_id, stdout=False, stderr=True).decode("utf-8", "replace")
+    except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as failed:
+        return {"end": f"unknown: {failed}"}
+    return {"exit_code": state.get("ExitCode"), "stderr_tail": err[-1000:]}
+
+
+def tmpfs_volume(client: Client, name: str, labels: dict[str, str]) -> str:
+    """A named volume on tmpfs (nothing on the engine's disk), for containers that share files; its name."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+    import requests  # lazy: slow to import; start-up
+
+    try:
+        client.api.create_volume(name, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs",
+                                                                     "o": "size=64m,mode=0755"},
+                                 labels={**labels, **owner_labels()})
+    except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
+        raise InfraError(f"docker engine: cannot create volume {name}: {err}") from None
+    return name
+
+
+def remove_volume(client: Client, name: str) -> None:
+    """Remove a volume; one already gone (or an engine gone) is left to the orphan sweep."""
+    import docker  # lazy: docker SDK, slow to import; start-up
+    import requests  # lazy: slow to import; start-up
+
+    try:
+        client.api.remove_volume(name, force=True)
+    except (docker.errors.NotFound, docker.errors.APIError, requests.exceptions.RequestException, ConnectionError):
+        pass
+
+
+def labelled_volumes(client: Client, label: str) -> list[str]:
+    """Names of the volumes that carry `label` (`key` or `key=value`)."""
+    found = client.api.volumes(filters={"label": label}) or {}
+    return [str(v["Name"]) for v in found.get("Volumes") or []]
 
 
 def _tar(files: dict[str, bytes]) -> bytes:

@@ -278,7 +278,8 @@ def test_short_interpreters_below_the_floor_fail_named_by_fanotify(demo_image: A
     assert all(r["argv"][1:4] == ["-S", "-I", "-c"] and r["exe"].endswith("/python3.11") for r in probes), probes
     first = next(r for r in probes if f"census: node {node} process {r['pid']} (" in gate.reason)
     assert gate.reason.startswith(f"per-process provenance: census: node {node} process {first['pid']} ("), gate.reason
-    assert f"-S -I -c import sys; sys.path[:0] = sys.argv[2:]; import tinyrl {first['argv'][4]} " in gate.reason
-    assert f"(seen by {first['source']})" in gate.reason and "(+9 more)" in gate.reason, gate.reason
-    print(gate.reason[:300], f"sources: {sorted(r['source'] for r in probes)}", f"census CPU {census['cpu_parts']}",
+    line = next(f for f in gate.evidence.process_failures or [] if f"node {node} process {first['pid']} (" in f)
+    assert f"-S -I -c import sys; sys.path[:0] = sys.argv[2:]; import tinyrl {first['argv'][5]} " in line, line
+    assert line.endswith(f"(seen by {first['source']})") and "(+9 more)" in gate.reason, (line, gate.reason)
+    print(line, f"sources: {sorted(r['source'] for r in probes)}", f"census CPU {census['cpu_parts']}",
           sep="\n")
