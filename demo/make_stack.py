@@ -136,6 +136,7 @@ REPOS: dict[str, Spec] = {
         ("t2", "t1", "p43-2-fast", "main_ppo: turn on tinycore's faster linear (TINYCORE_FAST_LINEAR=1)"),
         # last in the list: a commit appended here moves no earlier commit's time, so no other SHA moves
         ("p50", "p33f", "p50-defect", "rollout: helper processes beside the engine (warm-up, key holder, session, probe)"),
+        ("p51", "p33f", "p51-defect", "rollout: quick checks that the trainer's sys.path imports tinyrl (python -S -I)"),
     ], "r4", {
         33: ("p33f", "Train/rollout mismatch metrics, weight checksums, aligned old_log_prob", None),
         34: ("p34", "Mismatch metrics, padding mask", "NaN metric: training/rollout_probs_diff_max is NaN"),
@@ -161,6 +162,9 @@ REPOS: dict[str, Spec] = {
         50: ("p50", "Rollout helper processes", "four escapes at once, beside the engine: the base interpreter "
              "through the dynamic loader, a key holder that turns PR_SET_DUMPABLE off, a preexec_fn child that execs "
              "python -S after the fork handler's record, and a 40 ms probe that imports tinyrl: none recorded"),
+        51: ("p51", "Rollout import checks", "ten short interpreters (python -S -I, a few ms of work each, far below "
+             "the census's polling floor) import tinyrl: none recorded; under Docker the census's fanotify reader "
+             "sees each exec"),
         42: ("s6", "A series of small commits (bisect demo)", "old_log_prob from the plain forward at s5 (zero_update "
              "differs); s3 does not build (fixed at s4)"),
         43: ("t2", "The trainer turns on tinycore's faster linear", "with tinycore PR 25 zero_update differs (the "

@@ -159,7 +159,7 @@ def test_refs_history_and_packaging(stack: tuple[Path, dict[str, Any]]) -> None:
     assert {n for n in st["repos"]["tinyengine"]["prs"]} == {"11", "12", "13", "14", "15", "16"}
     assert {n for n in st["repos"]["tinycore"]["prs"]} == {"22", "23", "24", "25"}
     assert {n for n in st["repos"]["tinyrl"]["prs"]} == {"33", "34", "35", "36", "37", "38", "39", "40", "41", "42",
-                                                         "43", "47", "48", "49", "50"}
+                                                         "43", "47", "48", "49", "50", "51"}
 
 
 # ---- the engine on its own -------------------------------------------------------------------
