@@ -131,7 +131,7 @@ class ExecEvents:
     def evidence(self) -> dict[str, Any]:
         execs = [e for e in self.lines if e.get("kind") == "exec" and e.get("pid") not in self.syncs]
         return {"state": self.state, "why": self.why or None, "floor": None if self.state == "on" else POLL_FLOOR,
-                "marked": len(self.ready.get("marked") or []), "unmarked": self.ready.get("unmarked") or [],
+                "marked": self.ready.get("marked") or [], "unmarked": self.ready.get("unmarked") or [],
                 "watched": self.ready.get("watched") or [], "execs": len(execs),
                 "starts": sum(1 for e in self.lines if e.get("kind") == "start"),
                 "errors": [e.get("error") for e in self.lines if e.get("kind") == "error"][:5],

@@ -123,10 +123,12 @@ def test_the_accepted_demo_has_every_process_seen_and_recorded(demo_accepted: An
         assert {r["pid"] for r in pythons} == {p["pid"] for p in gate.evidence.model_dump(mode="json")["processes"]}
         assert all(r["class"] in ("helper", "unread") for r in seen["helpers"])
         census = gate.evidence.model_dump(mode="json")["census"]
+        assert census["fanotify"]["state"] == "on" and census["fanotify"]["errors"] == [], census["fanotify"]
+        assert any(r["source"] == "poll+fanotify" for r in pythons), pythons  # the trainer's exec: both saw it
         assert census["image"].startswith("sha256:") and all(p["image"] == census["image"]
                                                              for p in gate.evidence.model_dump(mode="json")["processes"])
         print(f"{gate.name} on {node}: {len(seen['seen'])} seen, {len(seen['recorded'])} recorded, "
-              f"{census['polls']} polls, census {census['cpu_s']} s CPU over {census['seconds']} s")
+              f"{census['polls']} polls, census {census['cpu_s']} s CPU ({census['cpu_parts']}) over {census['seconds']} s")
 
 
 def _escape(gate: GateResult, defect: tuple[str, int]) -> dict[str, Any]:
@@ -189,18 +191,25 @@ def test_an_escape_by_content_fails_naming_the_process(defect: tuple[str, int], 
     assert gate.reason.startswith(f"per-process provenance: census: node {node} process {row['pid']} ("), gate.reason
     if defect == ESCAPE_RENAMED_INTERPRETER:
         assert row["class"] == "python" and row["why"] == "identity" and row["exe"].endswith("/rollout-engine"), row
+        assert "fanotify" in row["source"], row  # /tmp is a mount of its own: the census container marks it too
     elif defect == ESCAPE_UNREADABLE:
         assert row["class"] == "unreadable" and f"(uid {row['uid']}: " in gate.reason, row
     print(gate.reason)
 
 
-def helpers_named(census: dict[str, Any], node: str, failures: list[str]) -> None:
+def helpers_named(census: dict[str, Any], node: str, failures: list[str], readable: tuple[str, ...] = ()) -> None:
     """tinyrl PR 50's four helpers (tests/defects.py HELPERS), each unrecorded on `node` in its class, and each
-    named in a failure line by node, pid and its role: nothing else unrecorded."""
+    named in a failure line by node, pid and its role: nothing else unrecorded. `readable`: roles the census could
+    read there after all (a gate holding CAP_SYS_PTRACE in its namespace reads a non-dumpable process): each seen
+    with its record, in no failure line."""
     rows = census["nodes"][node]["unrecorded"]
     by_role = {next((a for a in r["argv"] or [] if a in HELPERS), None): r for r in rows}
-    assert set(by_role) == set(HELPERS), rows
-    for role, (kind, why, words) in HELPERS.items():
+    assert set(by_role) == set(HELPERS) - set(readable), rows
+    for role in readable:
+        row = next(r for r in census["nodes"][node]["seen"] if role in (r["argv"] or []))
+        assert row["record"] and not row["unreadable"] and row["class"] == "python", row
+        assert not any(f"process {row['pid']} (" in f for f in failures), failures
+    for role, (kind, why, words) in ((r, h) for r, h in HELPERS.items() if r not in readable):
         row = by_role[role]
         assert row["class"] == kind and (why is None or row["why"] == why), row
         line = next((f for f in failures if f"node {node} process {row['pid']} (" in f), "")
@@ -270,7 +279,7 @@ def test_short_interpreters_below_the_floor_fail_named_by_fanotify(demo_image: A
     assert gate.status == "fail", gate.reason
     node, seen = _census(gate)
     census = gate.evidence.model_dump(mode="json")["census"]
-    assert census["fanotify"]["state"] == "on" and census["fanotify"]["marked"] > 3, census["fanotify"]
+    assert census["fanotify"]["state"] == "on" and {"/", "/tmp", "/cache", "/census"} <= set(census["fanotify"]["marked"])
     assert census["cpu_parts"]["fanotify"] > 0 and census["cpu_s"] >= census["cpu_parts"]["fanotify"]
     probes = [r for r in seen["unrecorded"] if any(str(a).startswith("probe-") for a in r["argv"] or [])]
     assert len(probes) == 10 == len(seen["unrecorded"]), seen["unrecorded"]
