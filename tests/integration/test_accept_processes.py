@@ -10,8 +10,10 @@ import pytest
 
 from builder.core.options import Settings
 from builder.core.records import GateResult
+from builder.engine import containers
 from builder.lock import record as lock_record
 from builder.report import document
+from builder.runners import docker_runner
 from builder.runners import factory as runners
 from tests.defects import (
     CONTENT_ESCAPES,
@@ -290,5 +292,6 @@ def test_short_interpreters_below_the_floor_fail_named_by_fanotify(demo_image: A
     line = next(f for f in gate.evidence.process_failures or [] if f"node {node} process {first['pid']} (" in f)
     assert f"-S -I -c import sys; sys.path[:0] = sys.argv[2:]; import tinyrl {first['argv'][5]} " in line, line
     assert line.endswith(f"(seen by {first['source']})") and "(+9 more)" in gate.reason, (line, gate.reason)
+    assert containers.labelled_volumes(docker_client, f"{docker_runner.LABEL}={run_id}") == []  # the census volume
     print(line, f"sources: {sorted(r['source'] for r in probes)}", f"census CPU {census['cpu_parts']}",
           sep="\n")
