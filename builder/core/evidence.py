@@ -99,7 +99,9 @@ class Census(TypedDict, total=False):
     image: Text
     interval_s: Real
     polls: Whole
-    cpu_s: Real
+    cpu_s: Real                        # the census in all: its thread and, under Docker, its container
+    cpu_parts: JsonObject              # {thread, fanotify}: each part's CPU seconds
+    fanotify: JsonObject               # the census container's reader: state, why, floor, marks (acceptance/exec_events.py)
     seconds: Real
     subreaper: Flag
     rule: Text

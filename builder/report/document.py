@@ -567,12 +567,25 @@ def census_markdown(gates: list[GateResult]) -> list[str]:
             python = [p for p in every if isinstance(p, dict) and p.get("python")] if isinstance(every, list) else []
             rows.append([gate.name, node, _count(seen.get("seen")), _count(seen.get("recorded")),
                          "; ".join(f"{p.get('pid')} {p.get('why') or 'python'}" for p in python[:6]) or "none",
-                         "; ".join(f"{p.get('pid')} {p.get('exe')} ({p.get('class')})" for p in missing[:3]) or "none"])
+                         _looks(census.get("fanotify")),
+                         "; ".join(f"{p.get('pid')} {p.get('exe')} ({_seen_by(p)})" for p in missing[:3]) or "none"])
     return ["", "#### Processes per gate and node (census)", "",
             "Why a process counts as an interpreter: identity (an interpreter of the image, by device and inode or"
             " sha256), elf (carries the Python runtime), loader (the program the dynamic loader mapped), libpython"
-            " (maps one), name (python*).", ""] + _table(
-        ["Gate", "Node", "Seen", "Recorded", "Interpreters (why)", "Unrecorded"], rows) if rows else []
+            " (maps one), name (python*). Looks: the poll, and under Docker the census container's fanotify reader"
+            " (every exec, however short); poll only: a process shorter than the floor may be missed.", ""] + _table(
+        ["Gate", "Node", "Seen", "Recorded", "Interpreters (why)", "Looks", "Unrecorded"], rows) if rows else []
+
+
+def _looks(fanotify: dict[str, Any] | None) -> str:
+    """How the census looked: "poll + fanotify", or "poll only" and why."""
+    if not isinstance(fanotify, dict):
+        return "poll only"
+    return "poll + fanotify" if fanotify.get("state") == "on" else f"poll only ({fanotify.get('why') or 'no reader'})"
+
+
+def _seen_by(row: dict[str, Any]) -> str:
+    return f"{row.get('class')}, seen by {row['source']}" if row.get("source") else str(row.get("class"))
 
 
 def sqsh_markdown(report: Report) -> list[str]:

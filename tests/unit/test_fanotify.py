@@ -200,3 +200,21 @@ def test_a_fork_the_poll_saw_before_its_exec_is_named_by_the_program_it_exec_d()
                         " probe-0) ran a Python interpreter, and it left no process record (seen by poll+fanotify)"]
     row = evidence["nodes"]["n1"]["seen"][0]
     assert [i["mark"] for i in row["images"]] == ["1:2:0:0:0:0", "1:2:3:4:5:6"]
+
+
+def test_the_report_says_how_the_census_looked_and_which_look_saw_a_process() -> None:
+    from builder.core.records import GateResult
+    from builder.report.document import census_markdown
+
+    _, evidence = processes.compare(_census([], _events(LINES)), [])
+    gate = GateResult.model_validate({"name": "rl_step", "status": "fail", "reason": "x",
+                                      "evidence": {"census": evidence}})
+    row = next(line for line in census_markdown([gate]) if line.startswith("| rl_step |"))
+    assert "| poll + fanotify | 70 /usr/bin/python3.11 (python, seen by fanotify) |" in row, row
+    off = _events(LINES, state="off")
+    off.why = "no fanotify reader was ready within 30 s"
+    _, evidence = processes.compare(_census([], off), [])
+    gate = GateResult.model_validate({"name": "rl_step", "status": "pass", "reason": "x",
+                                      "evidence": {"census": evidence}})
+    row = next(line for line in census_markdown([gate]) if line.startswith("| rl_step |"))
+    assert "| poll only (no fanotify reader was ready within 30 s) | none |" in row, row
