@@ -142,6 +142,7 @@ def record(report: Report, report_path: Path, built: BuiltImage, tag: str, setti
     """Compare the rebuild with the report's image, drop the rebuild tag, write `rebuild` into the report."""
     try:
         result = compare(report, built.manifest_digest, built.image_id, settings, report_path)
+        result["log"] = built.log_path  # the rebuild's build log (its .steps.json beside it)
     finally:
         engine.remove_image(client, tag)  # the rebuild tag only; an equal image keeps its own tag
     report = report.model_copy(update={"rebuild": result})

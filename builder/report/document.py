@@ -501,6 +501,8 @@ def rebuild_markdown(result: dict[str, Any]) -> list[str]:
     out = ["", "### Rebuild check (`builder rebuild --check`)", "",
            f"{result['status']}: report {result['report']['manifest_digest']}, "
            f"rebuild {result['rebuild']['manifest_digest']}"]
+    if result.get("log"):
+        out += ["", f"The rebuild's build log: `{result['log']}`"]
     for layer in result.get("layers", []):
         out += ["", f"- layer {layer['index']}: {layer['files']} paths differ"]
         out += [f"  - `{e['path']}` {e['change']} {', '.join(e.get('fields', {}))}" for e in layer["entries"][:20]]

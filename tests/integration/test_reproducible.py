@@ -14,6 +14,7 @@ from builder.core.records import BuiltImage, ResolvedSources
 from builder.engine import client as engine
 from builder.engine import normalize, staging
 from builder.engine.registry import Registry, split_repository
+from builder.image import build
 from builder.lock import record as lock_record
 from builder.pins.model import Pins
 from builder.pipeline import releasing
@@ -35,7 +36,9 @@ def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_pins:
     """On a copy of the demo with a build input (verl's install env) and a repository of its own, in the demo's
     cache scope: it differs from the demo from the verl layer on, the layers before are the demo's cached ones. A
     name of its own is not enough: the image holds build inputs only (builder/image/identity.py), so a renamed copy
-    is the demo image itself, whose tags and containers (other workers' gates) are not this test's to remove."""
+    is the demo image itself, whose tags and containers (other workers' gates) are not this test's to remove.
+    Then the build right after the no-cache rebuild hits every step (the rebuild dropped its own chain).
+    Over 60 s under load: the no-cache rebuild runs every step of the image, which is the point."""
     from demo.prepare import variant_pins
     from tests.conftest import _resolve_render_build
 
@@ -43,8 +46,8 @@ def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_pins:
         data["name"] = "demo-reproducible"
         data["image"]["repository"] = data["image"]["repository"] + "-reproducible"  # its tags are not the demo's
         data["components"]["verl"]["install"]["env"] = {"BUILDER_TEST_COPY": "reproducible"}
-    pins, resolved, rendered, built = _resolve_render_build(variant_pins(tmp_path / "pins", edit=own_copy,
-                                                                         pins_path=demo_pins, share_cache=True))
+    pins_path = variant_pins(tmp_path / "pins", edit=own_copy, pins_path=demo_pins, share_cache=True)
+    pins, resolved, rendered, built = _resolve_render_build(pins_path)
     staged = staging.push(built.manifest_digest, staging.staging_repository(pins.image.repository, pins.image.staging),
                           pins.base.name, SETTINGS)
     config_digest = json.loads(normalize.blob_path(SETTINGS, built.manifest_digest).read_bytes())["config"]["digest"]
@@ -62,6 +65,16 @@ def test_cold_rebuild_after_removing_the_image_gives_the_same_digests(demo_pins:
         assert result["rebuild"] == {"image_id": built.image_id, "manifest_digest": built.manifest_digest}
         again = staging.push(result["rebuild"]["manifest_digest"], staged.partition("@")[0], pins.base.name, SETTINGS)
         assert again == staged
+        # the no-cache build removed the intermediate images it made: the engine would take that newer chain as
+        # the cache parent (the next build would follow it and miss from the compiler-cache seed on). So the
+        # build right after hits every step, with the same digest
+        steps = json.loads(Path(result["log"][: -len(".log")] + ".steps.json").read_text())
+        made = [s["image"] for s in steps if not s["cached"] and not s["instruction"].startswith(("FROM ", "ARG "))]
+        assert made and all(engine.inspect_image(docker_client, image) is None for image in made)
+        after = _resolve_render_build(pins_path)[3]
+        assert after.cached, [s["instruction"][:80] for s in json.loads(build.steps_file(after).read_text())
+                              if not s["cached"] and not s["instruction"].startswith(("FROM ", "ARG "))][:3]
+        assert (after.image_id, after.manifest_digest) == (built.image_id, built.manifest_digest)
     finally:
         for ref in [rendered.tag, *built.tags]:
             engine.remove_image(docker_client, ref)
