@@ -65,7 +65,11 @@ def test_clean_demo_stack_passes_every_gate(demo_accepted: DemoAccepted) -> None
     assert len(containers) == 4 + 2 * pairs
     for facts in containers:
         assert facts["network"] == "none" and facts["networks"] == ["none"]
-        assert facts["mounts"] == [] and set(facts.get("tmpfs") or {}) == {"/cache", "/tmp"}
+        # no source mount: a recipe gate's one mount is the census volume (read-only: the census container's
+        # reader writes it), provenance has none
+        assert all((m["target"], m["rw"]) == ("/census", False) and "/builder-census-" in m["source"]
+                   for m in facts["mounts"]) and len(facts["mounts"]) <= 1, facts["mounts"]
+        assert set(facts.get("tmpfs") or {}) == {"/cache", "/tmp"}
         assert facts["image"] == built.image_id and facts["exit_code"] == 0
 
 

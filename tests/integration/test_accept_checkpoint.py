@@ -124,6 +124,7 @@ def test_one_tensor_skipped_by_the_optimizer_fails_rl_step(demo_image: DemoImage
     assert gate.evidence.model_dump(mode="json")["weights"]["unchanged_tensors"][0]["tensor"] == "lm_head.weight"
     assert [c["changed"] for c in gate.evidence.model_dump(mode="json")["weights"]["changes"]] == [19, 19]
     mounts = result.where.gates["rl_step"].get("mounts") or []
-    assert {(m["target"], m["rw"]) for m in mounts} == {(MODEL, False), ("/scratch/checkpoints", True)}
+    assert {(m["target"], m["rw"]) for m in mounts} == {(MODEL, False), ("/scratch/checkpoints", True),
+                                                         ("/census", False)}  # and the census volume, read-only
     assert (tmp_path / "rl_step" / "global_step_2" / "actor" / "huggingface" / "pytorch_model.bin").is_file()
     _show(gate)

@@ -199,19 +199,15 @@ def test_an_escape_by_content_fails_naming_the_process(defect: tuple[str, int], 
     print(gate.reason)
 
 
-def helpers_named(census: dict[str, Any], node: str, failures: list[str], readable: tuple[str, ...] = ()) -> None:
+def helpers_named(census: dict[str, Any], node: str, failures: list[str]) -> None:
     """tinyrl PR 50's four helpers (tests/defects.py HELPERS), each unrecorded on `node` in its class, and each
-    named in a failure line by node, pid and its role: nothing else unrecorded. `readable`: roles the census could
-    read there after all (a gate holding CAP_SYS_PTRACE in its namespace reads a non-dumpable process): each seen
-    with its record, in no failure line."""
+    named in a failure line by node, pid and its role: nothing else unrecorded."""
     rows = census["nodes"][node]["unrecorded"]
     by_role = {next((a for a in r["argv"] or [] if a in HELPERS), None): r for r in rows}
-    assert set(by_role) == set(HELPERS) - set(readable), rows
-    for role in readable:
-        row = next(r for r in census["nodes"][node]["seen"] if role in (r["argv"] or []))
-        assert row["record"] and not row["unreadable"] and row["class"] == "python", row
-        assert not any(f"process {row['pid']} (" in f for f in failures), failures
-    for role, (kind, why, words) in ((r, h) for r, h in HELPERS.items() if r not in readable):
+    assert set(by_role) == set(HELPERS), [{k: r.get(k) for k in ("pid", "argv", "class", "record", "unreadable",
+                                                                 "first_s", "last_s", "images")}
+                                          for r in census["nodes"][node]["seen"]]
+    for role, (kind, why, words) in HELPERS.items():
         row = by_role[role]
         assert row["class"] == kind and (why is None or row["why"] == why), row
         line = next((f for f in failures if f"node {node} process {row['pid']} (" in f), "")
@@ -283,15 +279,22 @@ def test_short_interpreters_below_the_floor_fail_named_by_fanotify(demo_image: A
     census = gate.evidence.model_dump(mode="json")["census"]
     assert census["fanotify"]["state"] == "on" and {"/", "/tmp", "/cache", "/census"} <= set(census["fanotify"]["marked"])
     assert census["cpu_parts"]["fanotify"] > 0 and census["cpu_s"] >= census["cpu_parts"]["fanotify"]
-    probes = [r for r in seen["unrecorded"] if any(str(a).startswith("probe-") for a in r["argv"] or [])]
-    assert len(probes) == 10 == len(seen["unrecorded"]), seen["unrecorded"]
-    assert all("fanotify" in r["source"] and r["class"] == "python" and r["why"] == "identity" for r in probes), probes
-    assert all(r["argv"][1:4] == ["-S", "-I", "-c"] and r["exe"].endswith("/python3.11") for r in probes), probes
-    first = next(r for r in probes if f"census: node {node} process {r['pid']} (" in gate.reason)
+    # every exec is a permission event the reader answers after reading it: all ten are rows. Their argv comes from
+    # the new program's first open (the loader's cache); under load the reader's watchdog may allow that one unread,
+    # and a row then has the exec's pid, start time and executable, no argv
+    unrecorded = seen["unrecorded"]
+    assert len(unrecorded) == 10, unrecorded
+    assert all("fanotify" in r["source"] and r["class"] == "python" and r["why"] == "identity"
+               and r["exe"].endswith("/python3.11") for r in unrecorded), unrecorded
+    probes = [r for r in unrecorded if any(str(a).startswith("probe-") for a in r["argv"] or [])]
+    assert probes and all(r in probes or not r["argv"] for r in unrecorded), unrecorded
+    assert all(r["argv"][1:4] == ["-S", "-I", "-c"] for r in probes), probes
+    first = next(r for r in unrecorded if f"census: node {node} process {r['pid']} (" in gate.reason)
     assert gate.reason.startswith(f"per-process provenance: census: node {node} process {first['pid']} ("), gate.reason
     line = next(f for f in gate.evidence.process_failures or [] if f"node {node} process {first['pid']} (" in f)
-    assert f"-S -I -c import sys; sys.path[:0] = sys.argv[2:]; import tinyrl {first['argv'][5]} " in line, line
+    named = f"-S -I -c import sys; sys.path[:0] = sys.argv[2:]; import tinyrl {first['argv'][5]} " if first in probes else ""
+    assert named in line, line
     assert line.endswith(f"(seen by {first['source']})") and "(+9 more)" in gate.reason, (line, gate.reason)
     assert containers.labelled_volumes(docker_client, f"{docker_runner.LABEL}={run_id}") == []  # the census volume
-    print(line, f"sources: {sorted(r['source'] for r in probes)}", f"census CPU {census['cpu_parts']}",
+    print(line, f"sources: {sorted(r['source'] for r in unrecorded)}", f"census CPU {census['cpu_parts']}",
           sep="\n")
