@@ -26,9 +26,11 @@ SLOW_FIXTURES = {"base_image", "demo_image", "build_variant", "demo_accepted", "
 # slow or Docker tests on the shared engine and registry, split by file so that the two take about as long. The
 # fast tests go to whichever worker is free. A group's tests run one after another: the longest group bounds
 # `make test` (the fresh-clone run's table lists each group's seconds).
-# with the fault matrix, for balance: two tests that build on their own (bisect's candidates, the identity cold build)
+# with the fault matrix, for balance: tests that build on their own (bisect's candidates, the identity cold build,
+# the compiler cache's cold, warm and uncached builds, the lock failures' base without torch)
 APART = ("tests/integration/test_fault_matrix.py", "tests/integration/test_bisect.py",
-         "tests/integration/test_identity_build.py")
+         "tests/integration/test_identity_build.py", "tests/integration/test_ccache.py",
+         "tests/integration/test_lock_failures.py")
 GROUPS = {"apart": APART,
           # for balance (the cluster tests wait on Slurm a lot): test_concurrency's four Docker nightlies, and the
           # Docker checkpoint tests, whose model and defect images (#23, #24) test_cluster_checkpoint reuses here
@@ -36,7 +38,7 @@ GROUPS = {"apart": APART,
                       "tests/integration/test_accept_checkpoint.py"),
           "release": tuple(f"tests/integration/test_{name}.py" for name in (
               "publish", "publish_lock_edit", "promote", "sqsh", "nightly", "run", "reproducible", "second_engine", "gc",
-              "trusted_keys", "trip_ups", "lock_failures", "install", "publish_kills", "multiarch_publish",
+              "trusted_keys", "trip_ups", "install", "publish_kills", "multiarch_publish",
               "registries", "layer_cache"))}
 # Warnings are errors (pyproject.toml). The integration tests drive real engines, registries and daemons through
 # the Docker SDK and subprocess pipes; the SDK leaves a refused connection's socket, and a killed child's pipe, to
