@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 READY_S = 30.0       # how long the gate waits for the reader's ready line (the census container starts meanwhile)
+GONE = -1  # the start time of an exec the reader read only after its process had ended
 POLL_FLOOR = ("polling only: an interpreter that lives less than the census's floor (20 ms past its start-up,"
               " docs/gates.md) may be missed")
 
@@ -91,8 +92,10 @@ class ExecEvents:
         seen: dict[tuple[int, int], dict[str, list[dict[str, Any]]]] = {}
         for e in self.lines:
             pid, start, kind = e.get("pid"), e.get("starttime"), e.get("kind")
+            if start is None and kind == "exec":  # read after the process was gone (the watchdog had let it run):
+                start = GONE  # the file it exec'd still says it was an interpreter, so it counts (fail closed)
             if (kind in ("exec", "start") and e.get("why") and isinstance(pid, int) and isinstance(start, int)
-                    and start >= since and pid not in skip):
+                    and (start >= since or start == GONE) and pid not in skip):
                 seen.setdefault((pid, start), {"exec": [], "start": []})[str(kind)].append(e)
         return {key: [_seen(s, s.get("argv") or [], s.get("mark")) for s in found["start"]]
                 or [_seen(x, [], None) for x in found["exec"][-1:]] for key, found in seen.items()}

@@ -218,3 +218,15 @@ def test_the_report_says_how_the_census_looked_and_which_look_saw_a_process() ->
                                       "evidence": {"census": evidence}})
     row = next(line for line in census_markdown([gate]) if line.startswith("| rl_step |"))
     assert "| poll only (no fanotify reader was ready within 30 s) | none |" in row, row
+
+
+def test_an_interpreter_exec_read_after_its_process_ended_still_fails() -> None:
+    """Under load the watchdog may let an exec run before the reader got to it; the reader then finds no /proc entry
+    (no start time, no argv), but the file it exec'd was an interpreter: the census fails naming pid and exe."""
+    gone = {"kind": "exec", "pid": 77, "starttime": None, "ppid": None, "exe": "/usr/bin/python3.11",
+            "why": "identity", "t": 10.8}
+    failures, evidence = processes.compare(_census([], _events([*LINES, gone])), [])
+    assert len(failures) == 2 and any("process 77 (/usr/bin/python3.11" in f and "seen by fanotify" in f
+                                      for f in failures), failures
+    row = next(r for r in evidence["nodes"]["n1"]["unrecorded"] if r["pid"] == 77)
+    assert row["source"] == "fanotify" and row["argv"] == [] and row["starttime"] == -1
