@@ -33,7 +33,6 @@ from builder.runners import nodecheck, slurm
 from builder.runners import slurm_runtimes as runtimes
 
 SCRATCH_CACHE = runtimes.CACHE  # the compile caches inside the container's private /tmp (fresh per gate)
-SWEEP_S = 60  # the FUSE sweep after a step that printed no result (one short overlapping step)
 RANK_LOG_MAX = 256 * 1024  # characters of each rank's log kept with the run (its end: where a failure shows)
 
 
@@ -134,43 +133,18 @@ class SlurmRunner:
                  "exit_code": record.get("ExitCode"), "srun_exit": rc, "node": record.get("NodeList"),
                  "seconds": seconds, "argv": ["srun", *argv[:-len(spec.command)]] + spec.command[:4],
                  "nodes": [x.name for x in self.nodes]}
+        shutil.rmtree(out_dir, ignore_errors=True)
         logs = self._rank_logs(outs, errs)
         log_tail = (errs[0] + outs[0])[-gate_runner.TAIL:]
         ended = self._ended(record, name, timed_out, timeout_s, log_tail, facts)
-        gone = _fuse_gone(errs)  # the task ended its own FUSE connection
-        if not gone and self.ended is None and any(gate_runner.last_json(o) is None for o in outs):
-            gone = self._sweep(name, out_dir)  # its shell was killed with the server: the runner ends it
-        shutil.rmtree(out_dir, ignore_errors=True)
-        if gone:  # the node's .sqsh mount failed, not the image
-            return _with_logs(GateResult(name=gate, status="inconclusive", reason=gone, log=log_tail), logs), facts
         if ended is not None:
             return _with_logs(ended, logs), facts
+        gone = _fuse_gone(errs)
+        if gone:  # the task ended its own FUSE connection: the node's mount failed, not the image
+            return _with_logs(GateResult(name=gate, status="inconclusive", reason=gone, log=log_tail), logs), facts
         code = _exit_code(record.get("ExitCode"), rc)
         result = gate_runner.result_from_output(gate, code, outs[0], errs[0], False, timeout_s)
         return _with_logs(_merge_roles(result, [gate_runner.last_json(o) for o in outs[1:]], self.nodes), logs), facts
-
-    def _sweep(self, name: str, out_dir: Path) -> str:
-        """After a step whose task printed no result (killed, cancelled, timed out), while the allocation lives: on
-        every node, the processes still on the .sqsh mount its task recorded (the task's shell died with the FUSE
-        server; another process holds the connection) get the connection aborted and are killed (runtimes.SWEEP,
-        an overlapping step: a stuck step still holds the node). The lines naming each node and process, as one
-        reason; "" when no task recorded a connection or nothing was left on one."""
-        if not list(out_dir.glob("*.fuse")):
-            return ""
-        n = self.place.nodes
-        argv = [f"--jobid={self.job}", "--overlap", f"-N{n}", f"-n{n}", "--ntasks-per-node=1",
-                f"--job-name={name}-sweep", "--time=1", f"--output={self.work}/{name}-sweep-%t.out",
-                f"--error={self.work}/{name}-sweep-%t.err", "/bin/sh", "-c", runtimes.SWEEP, "sweep", str(out_dir)]
-        proc = slurm.start_step(argv, subprocess.DEVNULL, subprocess.DEVNULL)
-        self.live = proc
-        try:
-            proc.wait(timeout=SWEEP_S)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
-            proc.wait()
-        finally:
-            self.live = None
-        return _fuse_gone([_text(self.work / f"{name}-sweep-{t}.err") for t in range(n)])
 
     def _rank_logs(self, outs: list[str], errs: list[str]) -> dict[str, str]:
         """Every rank's log (its stderr, then its stdout; the last RANK_LOG_MAX characters), by "rank<N> <node>":

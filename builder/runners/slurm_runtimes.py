@@ -81,12 +81,12 @@ class Charliecloud:
         if targets:  # the inner shell runs in the new namespaces: the root with mount points, read-only binds, ch-run
             ro = "".join(f" && mount --bind {q(src)} {q(src)} && mount -o remount,bind,ro {q(src)}"
                          for src, _ in spec.mounts)
-            inner = (f"rc=3; {overlay_root(spec.sqsh, targets)}{ro} && {{ {RECORD} || :; }} && "
+            inner = (f"rc=3; {overlay_root(spec.sqsh, targets)}{ro} && "
                      f"{{ {run} & c=$!; {watch('squashfuse, pid $s')} & g=$!; wait $c; rc=$?; kill $g 2>/dev/null; "
                      f'[ -e "$w/fuse-gone" ] && rc={FUSE_GONE}; }}; {UNMOUNT}; exit $rc')
             run = f"exec unshare --user --map-root-user --mount /bin/sh -c {q(inner)} gate \"$@\""
         else:  # ch-run serves its own mount (libsquashfuse_ll): killed while its gate runs, it is the server gone
-            run = f"{run} & c=$!; {CHRUN_FUSE}; {RECORD}; wait $c; rc=$?; {chrun_ended()}; exit $rc"
+            run = f"{run} & c=$!; {CHRUN_FUSE}; wait $c; rc=$?; {chrun_ended()}; exit $rc"
         cache = f'cache="{spec.cache}"; mkdir -p "$cache" || exit 3; export cache; ' if spec.cache else ""
         script = f'out="{spec.out_dir}"; mkdir -p "$out" || exit 3; export out; {cache}{run}'
         return ["/bin/sh", "-c", script, "gate", *spec.command]
@@ -189,38 +189,6 @@ def watch(server: str) -> str:
     return (f"( while {alive('$s')}; do sleep 1; done; if {alive('$c')}; then {abort(server)}; "
             ': > "$w/fuse-gone"; fi )')
 
-
-# the task writes its node and connection beside its output directory ("$out.fuse"): the runner's sweep reads it
-RECORD = '[ -n "$n" ] && echo "$SLURMD_NODENAME $n" > "$out.fuse"'
-
-# When the task's shell is killed with its server (a cancelled step), nothing of the task ends the connection, and
-# the container's processes, orphaned, are no longer the step's (Slurm tracks a task's processes by their parents):
-# they wait on the mount for as long as another process holds its /dev/fuse. After a step whose task printed no
-# result, the runner runs this on every node of the allocation (an overlapping step; $1: the step's output
-# directory): the processes whose mounts still hold the connection a task of this node recorded are the task's
-# leftovers: the connection is aborted (a process in D state on it is released), they are killed, and one line
-# names the node and each process.
-SWEEP = r"""
-for f in "$1"/*.fuse; do
-  [ -e "$f" ] || continue
-  read -r node n < "$f"
-  [ "$node" = "$SLURMD_NODENAME" ] && [ -n "$n" ] && [ -e "/sys/fs/fuse/connections/$n/abort" ] || continue
-  left=; pids=
-  for info in /proc/[0-9]*/mountinfo; do
-    p=${info#/proc/}; p=${p%/mountinfo}
-    awk -v d="0:$n" '$3 == d { for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) ~ /^fuse(\.|$)/) f = 1; break } }
-                     END { exit !f }' "$info" 2>/dev/null || continue
-    state=$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -d ' ' -f 1)
-    left="$left${left:+, }$p ($(cat "/proc/$p/comm" 2>/dev/null), state $state)"; pids="$pids $p"
-  done
-  [ -n "$pids" ] || continue
-  how="FUSE connection $n aborted"
-  echo 1 > "/sys/fs/fuse/connections/$n/abort" 2>/dev/null || how="FUSE connection $n could not be aborted"
-  kill -9 $pids 2>/dev/null
-  echo "FUSE_LINE node $node: the gate's process(es) $left outlived its task on the .sqsh mount (its FUSE server gone, \
-another process holding the connection); $how, the processes killed" >&2
-done
-""".replace("FUSE_LINE", FUSE_LINE)
 
 # the task's own mounts go before its namespace does: squashfuse exits once its mount is gone
 UNMOUNT = 'umount "$w/root" && umount "$w/img" && rm -rf "$w"'

@@ -58,60 +58,6 @@ def test_a_task_ends_its_own_fuse_connection_once_the_server_is_gone() -> None:
     assert _fuse_gone(["a gate's own stderr", ""]) == ""
 
 
-def fake_node(tmp_path: Path, mount: str) -> tuple[Path, Path]:
-    """A node's /proc with one process (pid 100, `python`, in D state, its root the mount `mount`: device and type)
-    and its fusectl with connections 42 and 43; (proc, connections)."""
-    proc, conns = tmp_path / "proc", tmp_path / "connections"
-    (proc / "100").mkdir(parents=True)
-    (proc / "100" / "stat").write_text("100 (python) D 1 100 100 0 -1 4194560\n")
-    (proc / "100" / "comm").write_text("python\n")
-    dev, kind = mount.split()
-    (proc / "100" / "mountinfo").write_text(f"611 610 {dev} / / ro,nosuid,nodev,relatime - {kind} "
-                                            "/shared/img.sqsh ro,user_id=0,group_id=0\n")
-    for n in ("42", "43"):
-        (conns / n).mkdir(parents=True)
-        (conns / n / "abort").write_text("")
-    return proc, conns
-
-
-@pytest.mark.parametrize("mount, ended", [("0:42 fuse.squashfuse_ll", True), ("0:42 fuse", True),
-                                          ("0:44 fuse.squashfuse", False), ("0:42 ext4", False)])
-def test_the_sweep_ends_only_the_recorded_connection_and_the_processes_left_on_it(
-        tmp_path: Path, mount: str, ended: bool) -> None:
-    """After a step whose task printed no result (runtimes.SWEEP, the runner's overlapping step on every node): the
-    processes whose mounts hold the FUSE connection a task of this node recorded are its leftovers: the connection
-    is aborted, they are killed, one line names node and process; a process on another connection or another kind
-    of mount is left alone, and the connection another node's task recorded is never touched here.
-    tests/integration/test_cluster_fuse.py kills a task's shell with its server for real."""
-    proc, conns = fake_node(tmp_path, mount)
-    out = tmp_path / "provenance-1"
-    out.mkdir()
-    (out / "0.fuse").write_text("n1 42\n")
-    (out / "1.fuse").write_text("n2 43\n")
-    assert runtimes.SWEEP.count("kill -9 $pids") == 1  # this node's pids are not real ones: recorded instead
-    script = runtimes.SWEEP.replace("/proc", str(proc)).replace("/sys/fs/fuse/connections", str(conns)).replace(
-        "kill -9 $pids", 'echo $pids > "$1/killed"')
-    done = subprocess.run(["sh", "-c", script, "sweep", str(out)], capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n1"})
-    assert done.returncode == 0, done.stderr
-    assert (conns / "42" / "abort").read_text() == ("1\n" if ended else "") and (conns / "43" / "abort").read_text() == ""
-    assert (out / "killed").read_text() == "100\n" if ended else not (out / "killed").exists()
-    from builder.runners.slurm_runner import _fuse_gone
-
-    assert _fuse_gone([done.stderr]) == ("node n1: the gate's process(es) 100 (python, state D) outlived its task on the "
-                                         ".sqsh mount (its FUSE server gone, another process holding the connection); "
-                                         "FUSE connection 42 aborted, the processes killed" if ended else "")
-
-
-def test_every_task_records_its_fuse_connection_for_the_sweep() -> None:
-    """Both routes write "<node> <connection>" beside the rank's output directory once the mount is up."""
-    plain = runtimes.Charliecloud().argv(SPEC)[2]
-    mounts = runtimes.Charliecloud().argv(runtimes.GateSpec(**{**SPEC.__dict__, "mounts": (("/m", "/data/m"),)}))[2]
-    assert f"{runtimes.CHRUN_FUSE}; {runtimes.RECORD}; wait $c" in plain
-    assert runtimes.q(f"{{ {runtimes.RECORD} || :; }} && ")[1:-1] in mounts
-    assert runtimes.RECORD == '[ -n "$n" ] && echo "$SLURMD_NODENAME $n" > "$out.fuse"'
-
-
 def test_charliecloud_data_mounts_are_read_only_binds_in_a_namespace_of_the_task() -> None:
     spec = runtimes.GateSpec(**{**SPEC.__dict__, "mounts": (("/models/m", "/data/model"),), "pass_env": ("DEMO_X",)})
     script = runtimes.Charliecloud().argv(spec)[2]
