@@ -143,58 +143,54 @@ def run(client: Client, spec: ContainerSpec, timeout_s: int, what: str, beside: 
             remove(client, container.id)
 
 
-def _start_beside(client: Client, spec: ContainerSpec, target: str) -> dict[str, Any]:
-    """Start `spec` in `target`'s pid namespace: {id, caps} or {error}."""
+def engine_errors() -> tuple[type[BaseException], ...]:
+    """What a call to the engine raises when the engine refuses it or cannot be reached (NotFound among them)."""
     import docker  # lazy: docker SDK, slow to import; start-up
     import requests  # lazy: slow to import; start-up
 
+    return docker.errors.APIError, requests.exceptions.RequestException, ConnectionError
+
+
+def _start_beside(client: Client, spec: ContainerSpec, target: str) -> dict[str, Any]:
+    """Start `spec` in `target`'s pid namespace: {id, caps} or {error}."""
     try:
         side = client.containers.create(**spec.sdk_kwargs(), pid_mode=f"container:{target}")
-    except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
+    except engine_errors() as err:
         return {"error": f"cannot create: {err}"}
     try:
         side.start()
-    except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
+    except engine_errors() as err:
         return {"id": side.id, "error": f"cannot start: {err}"}
     return {"id": side.id, "cap_add": list(spec.cap_add), "cap_drop": list(spec.cap_drop), "read_only": spec.read_only}
 
 
 def _ended(client: Client, container_id: str) -> dict[str, Any]:
     """A beside container's end: its exit code and the tail of its stderr (it ends with its pid namespace)."""
-    import docker  # lazy: docker SDK, slow to import; start-up
-    import requests  # lazy: slow to import; start-up
-
     try:
         client.api.wait(container_id, timeout=30)
         state = client.api.inspect_container(container_id).get("State", {})
         err = client.api.logs(container_id, stdout=False, stderr=True).decode("utf-8", "replace")
-    except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as failed:
+    except engine_errors() as failed:
         return {"end": f"unknown: {failed}"}
     return {"exit_code": state.get("ExitCode"), "stderr_tail": err[-1000:]}
 
 
 def tmpfs_volume(client: Client, name: str, labels: dict[str, str]) -> str:
     """A named volume on tmpfs (nothing on the engine's disk), for containers that share files; its name."""
-    import docker  # lazy: docker SDK, slow to import; start-up
-    import requests  # lazy: slow to import; start-up
-
     try:
         client.api.create_volume(name, driver="local", driver_opts={"type": "tmpfs", "device": "tmpfs",
                                                                      "o": "size=64m,mode=0755"},
                                  labels={**labels, **owner_labels()})
-    except (docker.errors.APIError, requests.exceptions.RequestException, ConnectionError) as err:
+    except engine_errors() as err:
         raise InfraError(f"docker engine: cannot create volume {name}: {err}") from None
     return name
 
 
 def remove_volume(client: Client, name: str) -> None:
     """Remove a volume; one already gone (or an engine gone) is left to the orphan sweep."""
-    import docker  # lazy: docker SDK, slow to import; start-up
-    import requests  # lazy: slow to import; start-up
-
     try:
         client.api.remove_volume(name, force=True)
-    except (docker.errors.NotFound, docker.errors.APIError, requests.exceptions.RequestException, ConnectionError):
+    except engine_errors():
         pass
 
 
@@ -216,12 +212,9 @@ def _tar(files: dict[str, bytes]) -> bytes:
 
 def remove(client: Client, container_id: str) -> None:
     """Force-remove a container; one already gone (or an engine gone) is left to the orphan sweep."""
-    import docker  # lazy: docker SDK, slow to import; start-up
-    import requests  # lazy: slow to import; start-up
-
     try:
         client.api.remove_container(container_id, force=True)
-    except (docker.errors.NotFound, docker.errors.APIError, requests.exceptions.RequestException, ConnectionError):
+    except engine_errors():
         pass
 
 
